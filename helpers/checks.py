@@ -1,0 +1,76 @@
+"""Comparing our gradients with PyTorch's: exact vs allclose, said out loud.
+
+``compare`` prints one line with the largest difference and the tolerance used.
+The difference itself is round-off, so it may differ between CPU and CUDA; the
+line keeps it in a fixed ``max|Δ| <number>`` form that the nbval sanitizer
+replaces, while the verdict (✓/✗) and the tolerance stay checked.
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["DEFAULT_TOL", "tolerance", "max_abs_diff", "compare", "expect_tensor"]
+
+# (atol, rtol) per dtype: a few hundred ulps of an O(1) value, enough for a
+# different summation order (CPU vs CUDA, ours vs autograd) and no more.
+DEFAULT_TOL = {
+    torch.float64: (1e-10, 1e-8),
+    torch.float32: (1e-5, 1e-4),
+    torch.float16: (1e-2, 1e-2),
+    torch.bfloat16: (2e-2, 2e-2),
+}
+
+
+def tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    """Default (atol, rtol) for comparing tensors of ``dtype``."""
+    return DEFAULT_TOL.get(dtype, DEFAULT_TOL[torch.float32])
+
+
+def max_abs_diff(a, b) -> float:
+    """max |a - b| computed in float64 on the CPU."""
+    a = torch.as_tensor(a).detach().to("cpu", torch.float64)
+    b = torch.as_tensor(b).detach().to("cpu", torch.float64)
+    return (a - b).abs().max().item() if a.numel() else 0.0
+
+
+def expect_tensor(name: str, x, shape=None, dtype=None, device=None) -> None:
+    """Raise a one-line ValueError unless ``x`` is a tensor of the expected shape/dtype/device."""
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if shape is not None and tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(x.shape)}")
+    if dtype is not None and x.dtype != dtype:
+        raise ValueError(f"{name}: expected dtype {dtype}, got {x.dtype}")
+    if device is not None and x.device.type != torch.device(device).type:
+        raise ValueError(f"{name}: expected device {torch.device(device).type}, got {x.device.type}")
+
+
+def compare(name: str, ours, ref, atol: float | None = None, rtol: float | None = None,
+            exact: bool = False, quiet: bool = False) -> bool:
+    """Print '✓/✗ name: max|Δ| d (tolerance)' and return whether ours ≈ ref.
+
+    ``exact=True`` demands bit equality (used where both sides do the same
+    float operations in the same order); otherwise ``|ours - ref| <= atol + rtol*|ref|``
+    elementwise, with defaults from the dtype (``tolerance``).
+    """
+    ours_t = torch.as_tensor(ours).detach()
+    ref_t = torch.as_tensor(ref).detach()
+    if tuple(ours_t.shape) != tuple(ref_t.shape):
+        if not quiet:
+            print(f"✗ {name}: shape {tuple(ours_t.shape)}, expected {tuple(ref_t.shape)}")
+        return False
+    diff = max_abs_diff(ours_t, ref_t)
+    if exact:
+        ok = diff == 0.0
+        rule = "exact"
+    else:
+        d_atol, d_rtol = tolerance(ref_t.dtype)
+        atol = d_atol if atol is None else atol
+        rtol = d_rtol if rtol is None else rtol
+        a = ours_t.to("cpu", torch.float64)
+        b = ref_t.to("cpu", torch.float64)
+        ok = bool(torch.all((a - b).abs() <= atol + rtol * b.abs()).item())
+        rule = f"atol {atol:g}, rtol {rtol:g}"
+    if not quiet:
+        print(f"{'✓' if ok else '✗'} {name}: max|Δ| {diff:.1e} ({rule})")
+    return ok

@@ -1,0 +1,77 @@
+"""Reproducible printing: the only way the course prints numbers.
+
+Every gradient in the book goes through ``fmt``/``show`` so that the text is the
+same on CPU and CUDA, in float32 or float64: fixed decimals, no ``-0.0000``,
+no ``device=`` or ``grad_fn=`` noise.  nbval compares this text bit for bit.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["fmt", "fmt_scalar", "show", "varies"]
+
+
+def fmt_scalar(v: float, decimals: int = 4) -> str:
+    """One number with a fixed number of decimals; a rounded -0 prints as 0."""
+    v = float(v)
+    if math.isnan(v):
+        return "nan"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    s = f"{v:.{decimals}f}"
+    if s.startswith("-") and float(s) == 0.0:
+        s = s[1:]
+    return s
+
+
+def _rows(values, decimals, width, edge):
+    """Format a nested list of floats, eliding the middle of long dimensions."""
+    if not isinstance(values, list):
+        return fmt_scalar(values, decimals).rjust(width)
+    items = values
+    if edge and len(items) > 2 * edge:
+        items = items[:edge] + ["..."] + items[-edge:]
+    parts = ["...".rjust(width) if it == "..." else _rows(it, decimals, width, edge) for it in items]
+    if values and isinstance(values[0], list):
+        return "[" + (",\n" + " ").join(p.replace("\n", "\n ") for p in parts) + "]"
+    return "[" + ", ".join(parts) + "]"
+
+
+def fmt(x, decimals: int = 4, edge: int = 4) -> str:
+    """Text of a tensor, array, list or number: fixed decimals, same on every device.
+
+    Dimensions longer than ``2 * edge`` show their first and last ``edge`` entries.
+    """
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return fmt_scalar(x, decimals)
+    t = torch.as_tensor(x).detach().to("cpu", torch.float64)
+    if t.dim() == 0:
+        return fmt_scalar(t.item(), decimals)
+    values = t.tolist()
+    flat = t.flatten().tolist()
+    width = max(len(fmt_scalar(v, decimals)) for v in flat) if flat else 1
+    return _rows(values, decimals, width, edge)
+
+
+def show(name: str, x, decimals: int = 4, edge: int = 4) -> None:
+    """Print ``name = value`` (scalars) or ``name (shape)`` then the values (tensors)."""
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        print(f"{name} = {fmt_scalar(x, decimals)}")
+        return
+    t = torch.as_tensor(x)
+    if t.dim() == 0:
+        print(f"{name} = {fmt_scalar(t.item(), decimals)}")
+        return
+    print(f"{name} {tuple(t.shape)}")
+    print(fmt(t, decimals, edge))
+
+
+def varies(text: str) -> None:
+    """Print a line that legitimately varies between runs (timings): '⏱ text'.
+
+    The nbval sanitizer replaces everything after '⏱', so such lines never make
+    a notebook test flaky, and readers can tell measured-here numbers apart.
+    """
+    print(f"⏱ {text}")

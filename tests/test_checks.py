@@ -1,0 +1,36 @@
+import pytest
+import torch
+
+from helpers.checks import compare, expect_tensor, max_abs_diff, tolerance
+
+
+def test_compare_exact_and_tolerant(capsys):
+    a = torch.tensor([1.0, 2.0])
+    assert compare("g", a, a.clone(), exact=True)
+    assert not compare("g", a, a + 1e-7, exact=True)
+    assert compare("g", a, a + 1e-7)
+    assert not compare("g", a, a + 1e-2)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "✓ g: max|Δ| 0.0e+00 (exact)"
+    assert out[1].startswith("✗ g: max|Δ| 1.2e-07 (exact)")
+    assert out[3].startswith("✗")
+
+
+def test_compare_shape_mismatch_is_one_line(capsys):
+    assert not compare("grad_W", torch.zeros(2, 3), torch.zeros(3, 2))
+    assert capsys.readouterr().out == "✗ grad_W: shape (2, 3), expected (3, 2)\n"
+
+
+def test_tolerance_per_dtype():
+    assert tolerance(torch.float64)[0] < tolerance(torch.float32)[0] < tolerance(torch.float16)[0]
+    assert max_abs_diff([1.0, 3.0], [1.5, 2.0]) == 1.0
+
+
+def test_expect_tensor_messages():
+    expect_tensor("x", torch.zeros(2), shape=(2,), dtype=torch.float32, device="cpu")
+    with pytest.raises(ValueError, match=r"x: expected shape \(3,\), got \(2,\)"):
+        expect_tensor("x", torch.zeros(2), shape=(3,))
+    with pytest.raises(ValueError, match="expected a torch.Tensor, got list"):
+        expect_tensor("x", [1.0])
+    with pytest.raises(ValueError, match="expected dtype torch.float64"):
+        expect_tensor("x", torch.zeros(2), dtype=torch.float64)

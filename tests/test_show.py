@@ -1,0 +1,34 @@
+import torch
+
+from helpers.show import fmt, fmt_scalar, show, varies
+
+
+def test_fixed_decimals_and_no_negative_zero():
+    assert fmt_scalar(-0.00001, 4) == "0.0000"
+    assert fmt_scalar(-0.0, 2) == "0.00"
+    assert fmt_scalar(-0.634375, 6) == "-0.634375"
+    assert fmt_scalar(float("nan")) == "nan" and fmt_scalar(float("-inf")) == "-inf"
+
+
+def test_same_text_for_every_dtype_and_no_torch_noise():
+    x = torch.tensor([[-0.4375, -0.875], [0.0, -0.0]], requires_grad=True) * 1
+    texts = {fmt(x.to(dt), 4) for dt in (torch.float32, torch.float64)}
+    assert texts == {"[[-0.4375, -0.8750],\n [ 0.0000,  0.0000]]"}
+    assert "grad_fn" not in fmt(x) and "device" not in fmt(x)
+
+
+def test_show_scalar_and_tensor(capsys):
+    show("L", torch.tensor(0.19140625), 8)
+    show("b", [1.0, -2.0], 1)
+    show("n", 3, 2)
+    assert capsys.readouterr().out == "L = 0.19140625\nb (2,)\n[ 1.0, -2.0]\nn = 3.00\n"
+
+
+def test_long_dimensions_are_elided():
+    text = fmt(torch.arange(20.0), 0, edge=2)
+    assert text == "[ 0,  1, ..., 18, 19]"
+
+
+def test_varies_prefix(capsys):
+    varies("3.2 ms per step")
+    assert capsys.readouterr().out == "⏱ 3.2 ms per step\n"
