@@ -18,5 +18,4 @@ fi
 echo "[install] book and test tooling (requirements.txt) and the helpers package"
 "$PY" -m pip install -q -r requirements.txt
 "$PY" -m pip install -q --no-deps -e .
-"$PY" -m ipykernel install --user --name python3 >/dev/null 2>&1 || true
 "$PY" -c "import torch, helpers; print('[install] torch', torch.__version__, '| cuda available:', torch.cuda.is_available())"
