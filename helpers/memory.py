@@ -7,6 +7,10 @@ Two views of the same thing:
 * ``saved_by_node`` - walks a finished graph from its output and lists, per
   backward node, the tensors it holds (the ``_saved_*`` attributes).
 
+With ``SavedTensors(by_op=True)`` each saved tensor is also labelled with the
+PyTorch function that saved it (``linear``, ``relu``, ``matmul``...), so
+``saved.per_op()`` / ``saved.table()`` say which operation keeps what.
+
 Bytes are counted once per storage (a saved view keeps its whole storage alive): a tensor saved by two operations (or an
 output saved as the next op's input) costs memory only once.  Tensors that
 exist anyway (parameters, inputs you pass in ``exclude``) can be left out, so
@@ -15,6 +19,7 @@ the figure is the *extra* memory backward needs: the activations.
 from __future__ import annotations
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 __all__ = ["SavedTensors", "saved_by_node", "tensor_bytes", "fmt_bytes"]
 
@@ -42,26 +47,61 @@ def _storage_bytes(t: torch.Tensor) -> int:
     return t.untyped_storage().nbytes()
 
 
+def _op_name(func) -> str:
+    name = getattr(func, "__name__", None) or str(func)
+    if name.startswith("__") and name.endswith("__"):   # Tensor.__matmul__ -> matmul
+        name = name[2:-2]
+        if name.startswith("r") and name[1:] in ("add", "sub", "mul", "truediv", "matmul", "pow"):
+            name = name[1:]
+    return name
+
+
+class _OpNamer(TorchFunctionMode):
+    """Tells a SavedTensors which top-level torch function is running (nested calls keep the outer name)."""
+
+    def __init__(self, owner: "SavedTensors"):
+        super().__init__()
+        self.owner = owner
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.owner._op is not None:
+            return func(*args, **kwargs)
+        self.owner._op = _op_name(func)
+        self.owner._call += 1
+        try:
+            return func(*args, **kwargs)
+        finally:
+            self.owner._op = None
+
+
 class SavedTensors:
     """Context manager: record every tensor saved for backward inside the block.
 
     >>> with SavedTensors(exclude=model.parameters()) as saved:
     ...     L = model(x).sum()
     >>> saved.total_bytes, saved.count
+
+    ``by_op=True`` also records which torch function saved each tensor
+    (``saved.per_op()``, ``print(saved.table())``).
     """
 
-    def __init__(self, exclude=()):
+    def __init__(self, exclude=(), by_op: bool = False):
         self._exclude = {_key(t) for t in exclude}
         self.records: list[dict] = []
         self._seen: set = set()
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._op: str | None = None
+        self._call = 0
+        self._namer = _OpNamer(self) if by_op else None
 
     def _pack(self, t: torch.Tensor):
         key = _key(t)
         shared = key in self._seen or key in self._exclude
         self._seen.add(key)
         self.records.append({"shape": tuple(t.shape), "dtype": t.dtype,
-                             "bytes": _storage_bytes(t), "counted": not shared})
+                             "bytes": _storage_bytes(t), "counted": not shared,
+                             "op": self._op or "?", "call": self._call if self._op else None})
         return t
 
     @staticmethod
@@ -70,11 +110,36 @@ class SavedTensors:
 
     def __enter__(self):
         self._hooks.__enter__()
+        if self._namer is not None:
+            self._namer.__enter__()
         return self
 
     def __exit__(self, *exc):
+        if self._namer is not None:
+            self._namer.__exit__(*exc)
         self._hooks.__exit__(*exc)
         return False
+
+    def per_op(self) -> list[dict]:
+        """One row per operation call that saved something, in order: op, tensors saved, bytes counted, shapes."""
+        rows: dict = {}
+        for i, r in enumerate(self.records):
+            key = r["call"] if r.get("call") is not None else f"?{i}"
+            row = rows.setdefault(key, {"op": r["op"], "saved": 0, "bytes": 0, "shapes": []})
+            row["saved"] += 1
+            row["bytes"] += r["bytes"] if r["counted"] else 0
+            row["shapes"].append(tuple(r["shape"]) if r["counted"] else ("shared",) + tuple(r["shape"]))
+        return list(rows.values())
+
+    def table(self) -> str:
+        """The per-operation view as text: op, saved tensors (shared/excluded ones marked), bytes."""
+        lines = [f"{'op':<14s} {'saved tensors':<44s} {'bytes':>10s}"]
+        for row in self.per_op():
+            shapes = ", ".join(("=" + str(s[1:]) if s and s[0] == "shared" else str(s)) for s in row["shapes"])
+            lines.append(f"{row['op']:<14s} {shapes:<44s} {fmt_bytes(row['bytes']):>10s}")
+        lines.append(f"{'total':<14s} {'(= marks a tensor already counted or excluded)':<44s} "
+                     f"{fmt_bytes(self.total_bytes):>10s}")
+        return "\n".join(lines)
 
     @property
     def count(self) -> int:

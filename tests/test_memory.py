@@ -40,3 +40,27 @@ def test_nothing_saved_under_no_grad_and_fmt_bytes():
         model(x)
     assert saved.total_bytes == 0
     assert fmt_bytes(512) == "512 B" and fmt_bytes(3 * 1024**2) == "3.0 MiB"
+
+
+def test_by_op_labels_each_call_and_keeps_totals():
+    model, x = _mlp(), torch.randn(32, 8)
+    with SavedTensors(exclude=[*model.parameters(), x], by_op=True) as saved:
+        L = (model(x) ** 2).mean()
+    rows = saved.per_op()
+    assert [r["op"] for r in rows] == ["linear", "relu", "linear", "pow"]
+    assert [r["bytes"] for r in rows] == [0, 32 * 16 * 4, 0, 32 * 4 * 4]
+    assert sum(r["bytes"] for r in rows) == saved.total_bytes
+    text = saved.table()
+    assert text.splitlines()[2].startswith("relu") and "2.0 KiB" in text
+    L.backward()  # the hooks left the graph usable
+
+
+def test_by_op_matches_plain_counter_and_nested_calls_keep_outer_name():
+    x = torch.randn(16, 8, requires_grad=True)
+    with SavedTensors() as plain:
+        torch.nn.functional.layer_norm(x, (8,)).sum()
+    with SavedTensors(by_op=True) as named:
+        torch.nn.functional.layer_norm(x, (8,)).sum()
+    assert named.total_bytes == plain.total_bytes > 0
+    assert {r["op"] for r in named.per_op()} == {"layer_norm"}
+    assert all(r["op"] == "?" for r in plain.records)
