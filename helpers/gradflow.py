@@ -1,0 +1,221 @@
+"""How gradients flow through a deep network (chapter 5).
+
+* ``GradFlowRecorder`` - module hooks that record, keyed by module **name**, the
+  norm of each layer's output gradient ‖∂L/∂out‖ and of each parameter's gradient
+  ‖∂L/∂θ‖ (the corrected version of seed 000's ``debug_gradient_flow``, which
+  stored activations keyed by module but looked them up by name).
+* ``clip_grad_norm`` - global-norm gradient clipping written out; equals
+  ``torch.nn.utils.clip_grad_norm_``.
+* ``deep_mlp`` / ``layer_grad_norms`` - a configurable deep MLP (activation,
+  residual, LayerNorm, init scale) and its per-layer gradient norms on a batch.
+* ``dead_relu_units`` - hidden ReLU units that output 0 for every example.
+
+No plotting here (see ``helpers.plot_flow``); everything returns plain floats.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from helpers.device import randn
+
+__all__ = ["GradFlowRecorder", "record_grad_flow", "clip_grad_norm", "global_grad_norm",
+           "ACTIVATIONS", "Block", "DeepMLP", "deep_mlp", "fixed_batch", "layer_grad_norms",
+           "dead_relu_units", "fmt_sci"]
+
+
+def fmt_sci(v: float, digits: int = 1) -> str:
+    """A norm in scientific notation, ``digits`` after the point: 1.2e-07 (for values spanning decades)."""
+    v = float(v)
+    if math.isnan(v) or math.isinf(v):
+        return str(v)
+    return f"{abs(v) if v == 0 else v:.{digits}e}"
+
+
+# --------------------------------------------------------------------------- recorder
+
+class GradFlowRecorder:
+    """Record ‖∂L/∂output‖ per module name and ‖∂L/∂θ‖ per parameter name during backward.
+
+    Use as a context manager (hooks are removed on exit) or call ``.remove()``::
+
+        with GradFlowRecorder(model) as rec:
+            loss_fn(model(X), y).backward()
+        rec.output_grad_norms   # {'0': 0.41, '1': 0.23, ...}   keyed by module name
+        rec.param_grad_norms    # {'0.weight': 0.12, ...}       keyed by parameter name
+
+    ``modules``: names to watch (default: every leaf module). A forward hook puts a
+    tensor hook on each output, so the gradient is seen as it flows past; parameters
+    use post-accumulate-grad hooks, so the norm is that of ``.grad`` after backward.
+    """
+
+    def __init__(self, model: nn.Module, modules=None):
+        if not isinstance(model, nn.Module):
+            raise ValueError(f"model: expected an nn.Module, got {type(model).__name__}")
+        named = dict(model.named_modules())
+        if modules is None:
+            modules = [n for n, m in named.items() if n and not list(m.children())]
+        missing = [n for n in modules if n not in named]
+        if missing:
+            raise ValueError(f"modules: expected names from model.named_modules(), got {missing[0]!r}")
+        self.names = list(modules)
+        self.output_grad_norms: dict[str, float] = {}
+        self.param_grad_norms: dict[str, float] = {}
+        self._handles = []
+        for name in self.names:
+            self._handles.append(named[name].register_forward_hook(self._forward_hook(name)))
+        for pname, p in model.named_parameters():
+            if p.requires_grad:
+                self._handles.append(p.register_post_accumulate_grad_hook(self._param_hook(pname)))
+
+    def _forward_hook(self, name):
+        def hook(module, inputs, output):
+            out = output[0] if isinstance(output, (tuple, list)) else output
+            if isinstance(out, torch.Tensor) and out.requires_grad:
+                # The key is the module's NAME, decided here, not the module object.
+                out.register_hook(lambda g: self.output_grad_norms.__setitem__(name, g.norm().item()))
+        return hook
+
+    def _param_hook(self, pname):
+        def hook(p):
+            self.param_grad_norms[pname] = p.grad.norm().item()
+        return hook
+
+    def remove(self) -> None:
+        """Remove every hook this recorder registered."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+        return False
+
+
+def record_grad_flow(model: nn.Module, X, y, loss_fn=F.cross_entropy, modules=None) -> GradFlowRecorder:
+    """One forward + backward of loss_fn(model(X), y) under a recorder; returns the (removed) recorder."""
+    model.zero_grad(set_to_none=True)
+    with GradFlowRecorder(model, modules) as rec:
+        loss_fn(model(X), y).backward()
+    return rec
+
+
+# --------------------------------------------------------------------------- clipping
+
+def global_grad_norm(params) -> torch.Tensor:
+    """‖g‖ = sqrt(Σ_p ‖g_p‖²) over every parameter that has a gradient (a 0-dim tensor)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.tensor(0.0)
+    per_param = torch.stack([torch.linalg.vector_norm(g, 2) for g in grads])   # (P,)
+    return torch.linalg.vector_norm(per_param, 2)
+
+
+def clip_grad_norm(params, max_norm: float) -> torch.Tensor:
+    """If ‖g‖ > max_norm, scale every gradient by max_norm / (‖g‖ + 1e-6) in place; returns ‖g‖ before clipping."""
+    params = [p for p in params if p.grad is not None]
+    total = global_grad_norm(params)
+    clip_coef = max_norm / (total + 1e-6)
+    # Scaling by min(coef, 1) keeps the direction of the whole update, only its length shrinks.
+    clip_coef = torch.clamp(clip_coef, max=1.0)
+    for p in params:
+        p.grad.mul_(clip_coef.to(p.grad.device))
+    return total
+
+
+# --------------------------------------------------------------------------- deep MLP
+
+ACTIVATIONS = {"sigmoid": nn.Sigmoid, "relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh}
+
+
+class Block(nn.Module):
+    """h ↦ act(Linear(LN(h))), plus h itself when residual: h + act(Linear(LN(h)))."""
+
+    def __init__(self, width: int, activation: str, residual: bool, layernorm: bool):
+        super().__init__()
+        self.norm = nn.LayerNorm(width) if layernorm else None
+        self.linear = nn.Linear(width, width)
+        self.act = ACTIVATIONS[activation]()
+        self.residual = residual
+
+    def forward(self, h):
+        a = self.norm(h) if self.norm is not None else h
+        a = self.act(self.linear(a))               # (B, width) @ (width, width).T -> (B, width)
+        return h + a if self.residual else a
+
+
+class DeepMLP(nn.Module):
+    """X (B, width) → depth Blocks → head Linear (B, n_classes)."""
+
+    def __init__(self, depth, width, activation, residual, layernorm, n_classes):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(width, activation, residual, layernorm) for _ in range(depth))
+        self.head = nn.Linear(width, n_classes)
+
+    def forward(self, X):
+        h = X
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h)                         # (B, width) -> (B, n_classes)
+
+
+def deep_mlp(depth: int = 20, width: int = 32, activation: str = "relu", residual: bool = False,
+             layernorm: bool = False, init_scale: float = 1.0, n_classes: int = 10, seed: int = 0,
+             device=None) -> DeepMLP:
+    """A DeepMLP with W ~ init_scale · N(0, 1/fan_in), b = 0, drawn on the CPU from ``seed``."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation: expected one of {sorted(ACTIVATIONS)}, got {activation!r}")
+    if depth < 1 or width < 1:
+        raise ValueError(f"depth, width: expected positive integers, got {depth}, {width}")
+    model = DeepMLP(depth, width, activation, residual, layernorm, n_classes)
+    with torch.no_grad():
+        linears = [b.linear for b in model.blocks] + [model.head]
+        for i, lin in enumerate(linears):
+            fan_in = lin.weight.shape[1]
+            lin.weight.copy_(init_scale * randn(*lin.weight.shape, seed=seed + i) / math.sqrt(fan_in))
+            lin.bias.zero_()
+    return model.to(device or "cpu")
+
+
+def fixed_batch(batch: int = 64, width: int = 32, n_classes: int = 10, seed: int = 1000, device=None):
+    """X ~ N(0, 1) of shape (batch, width) and labels y = i mod n_classes: the same batch everywhere."""
+    X = randn(batch, width, seed=seed, device=device)
+    y = torch.arange(batch, device=device or "cpu") % n_classes
+    return X, y
+
+
+def layer_grad_norms(model: DeepMLP, X, y, which: str = "weight") -> list[float]:
+    """Per block, input side first: ‖∂L/∂W_i‖ (which='weight') or ‖∂L/∂h_i‖ (which='output'), L = CE."""
+    if which not in ("weight", "output"):
+        raise ValueError(f"which: expected 'weight' or 'output', got {which!r}")
+    names = [f"blocks.{i}" for i in range(len(model.blocks))]
+    rec = record_grad_flow(model, X, y, modules=names)
+    if which == "output":
+        return [rec.output_grad_norms[n] for n in names]
+    return [rec.param_grad_norms[f"{n}.linear.weight"] for n in names]
+
+
+# --------------------------------------------------------------------------- dead ReLUs
+
+@torch.no_grad()
+def dead_relu_units(model: nn.Module, X) -> dict[str, tuple[int, int]]:
+    """Per nn.ReLU (by name): (units that are 0 for every row of X, units). A dead unit passes no gradient."""
+    counts, handles = {}, []
+    for name, m in model.named_modules():
+        if isinstance(m, nn.ReLU):
+            def hook(module, inputs, output, name=name):
+                a = output.reshape(-1, output.shape[-1])            # (rows, units)
+                counts[name] = (int((a == 0).all(dim=0).sum().item()), a.shape[-1])
+            handles.append(m.register_forward_hook(hook))
+    try:
+        model(X)
+    finally:
+        for h in handles:
+            h.remove()
+    return counts
