@@ -1,0 +1,287 @@
+"""Self-checks for the labs: run the learner's code, compare with a reference, say it in one line.
+
+    check(linear_backward, expected, args=(grad_Y, X, W), outputs=("grad_X", "grad_W", "grad_b"),
+          name="Exercise 2 · linear_backward")
+
+prints exactly one line and never a traceback:
+
+* ``✓ name: grad_X, grad_W, grad_b match (max|Δ| 2.2e-16; atol 1e-10, rtol 1e-08)``
+* ``✗ name: grad_W is wrong: largest error 1.3e+00 at [2, 0] (got 0.4, expected -0.9; ...)``
+* ``✗ name: grad_W has shape (3, 4), expected (4, 3) (transposed?)`` (or dtype, or type)
+* ``· name: not implemented yet`` - the function raised ``NotImplementedError``,
+  returned ``None``/``...``, or tripped over a ``...`` still in the code
+* ``✗ name: error in your code: ZeroDivisionError: division by zero (in f, line 3)``
+
+The reference is autograd, ``gradcheck`` or the course's tested helpers; the
+``max|Δ| <number>`` on a ✓ line is round-off and nbval's sanitizer replaces it.
+Only torch and ``helpers`` are needed, so the checks run in Colab as they are.
+"""
+from __future__ import annotations
+
+import math
+import traceback
+from dataclasses import dataclass
+
+import torch
+
+from torch.autograd.gradcheck import GradcheckError
+
+from helpers.checks import tolerance
+
+__all__ = ["check", "evaluate", "check_gradcheck", "autograd_grads", "CheckResult"]
+
+TODO = "not implemented yet"
+_MAX_MESSAGE = 160
+
+
+@dataclass
+class CheckResult:
+    """Outcome of one self-check: status is 'pass', 'fail', 'todo' or 'error'; line is what is printed."""
+
+    status: str
+    line: str
+
+    def __bool__(self) -> bool:
+        return self.status == "pass"
+
+
+class _Todo(Exception):
+    """Raised internally when an answer is unfinished."""
+
+
+def _num(v: float) -> str:
+    """A number for a message: 6 significant digits, no '-0'."""
+    if math.isnan(v):
+        return "nan"
+    s = f"{v:.6g}"
+    return s[1:] if s.startswith("-") and float(s) == 0.0 else s
+
+
+def _first_line(text: str) -> str:
+    line = next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")
+    return line if len(line) <= _MAX_MESSAGE else line[: _MAX_MESSAGE - 1] + "…"
+
+
+def _is_todo_value(v) -> bool:
+    return v is None or v is Ellipsis
+
+
+def _is_todo_error(e: BaseException) -> bool:
+    """NotImplementedError, or a TypeError caused by a `...` (Ellipsis) still in the code."""
+    if isinstance(e, NotImplementedError):
+        return True
+    return isinstance(e, TypeError) and "ellipsis" in str(e).lower()
+
+
+def _where(e: BaseException) -> str:
+    """' (in fn, line n)' for the innermost frame that is the learner's code, not torch's or ours."""
+    frames = traceback.extract_tb(e.__traceback__)
+    mine = [f for f in frames
+            if "site-packages" not in f.filename and "dist-packages" not in f.filename
+            and f.filename != __file__ and "/torch/" not in f.filename]
+    if not mine:
+        return ""
+    f = mine[-1]
+    return f" (in {f.name}, line {f.lineno})"
+
+
+def _clone(x):
+    """Copy tensors inside args so the learner's in-place edits cannot change the reference."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().clone().requires_grad_(x.requires_grad)
+    if isinstance(x, tuple):
+        return tuple(_clone(v) for v in x)
+    if isinstance(x, list):
+        return [_clone(v) for v in x]
+    if isinstance(x, dict):
+        return {k: _clone(v) for k, v in x.items()}
+    return x
+
+
+def _call(fn, args, kwargs):
+    return fn(*_clone(tuple(args)), **_clone(dict(kwargs)))
+
+
+def _as_items(value, outputs, what: str):
+    """Name the parts of a returned value: [(name, tensor-ish)]; raise ValueError if the structure is off."""
+    if isinstance(value, dict):
+        return list(value.items())
+    if isinstance(value, (tuple, list)) and outputs is not None and len(outputs) != 1:
+        if len(value) != len(outputs):
+            n = len(value)
+            raise ValueError(f"{what} {n} value{'s' if n != 1 else ''}, expected {len(outputs)} ({', '.join(outputs)})")
+        return list(zip(outputs, value))
+    name = outputs[0] if outputs else "output"
+    return [(name, value)]
+
+
+def _compare_one(name: str, got, exp, atol, rtol):
+    """None if got ≈ exp, else a message; also returns the max |Δ| (float) when comparable."""
+    if isinstance(exp, (int, float)) and not isinstance(exp, bool):
+        like = got.dtype if isinstance(got, torch.Tensor) and got.is_floating_point() else torch.float64
+        exp = torch.tensor(float(exp), dtype=like)
+    exp_t = torch.as_tensor(exp).detach()
+    if isinstance(got, (int, float)) and not isinstance(got, bool) and exp_t.dim() == 0:
+        got = torch.tensor(float(got), dtype=exp_t.dtype)
+    if not isinstance(got, torch.Tensor):
+        return f"{name}: expected a torch.Tensor, got {type(got).__name__}", None
+    got_t = got.detach()
+    if tuple(got_t.shape) != tuple(exp_t.shape):
+        hint = ""
+        if got_t.dim() == 2 and tuple(got_t.shape[::-1]) == tuple(exp_t.shape) and got_t.shape[0] != got_t.shape[1]:
+            hint = " (transposed?)"
+        elif got_t.numel() == exp_t.numel():
+            hint = " (same numbers of elements: a reshape or keepdim?)"
+        return f"{name} has shape {tuple(got_t.shape)}, expected {tuple(exp_t.shape)}{hint}", None
+    if exp_t.is_floating_point() and got_t.dtype != exp_t.dtype:
+        return f"{name} has dtype {got_t.dtype}, expected {exp_t.dtype}", None
+    a = got_t.to("cpu", torch.float64)
+    b = exp_t.to("cpu", torch.float64)
+    if a.numel() == 0:
+        return None, 0.0
+    bad_nan = torch.isnan(a) & ~torch.isnan(b)
+    if bad_nan.any():
+        idx = [int(i) for i in torch.nonzero(bad_nan)[0].tolist()]
+        return f"{name} has NaN at {idx} (expected {_num(b[tuple(idx)].item())})", None
+    d_atol, d_rtol = tolerance(exp_t.dtype if exp_t.is_floating_point() else torch.float64)
+    atol = d_atol if atol is None else atol
+    rtol = d_rtol if rtol is None else rtol
+    both_nan = torch.isnan(a) & torch.isnan(b)
+    err = torch.where(both_nan, torch.zeros_like(a), (a - b).abs())
+    err = torch.nan_to_num(err, nan=math.inf)
+    bad = err > atol + rtol * b.abs()
+    diff = err.max().item()
+    if not bad.any():
+        return None, diff
+    excess = torch.where(bad, err, torch.full_like(err, -1.0))
+    flat = int(torch.argmax(excess).item())
+    idx = list(torch.unravel_index(torch.tensor(flat), a.shape)) if a.dim() else []
+    idx = [int(i) for i in idx]
+    where = f" at {idx}" if idx else ""
+    worst = err.reshape(-1)[flat].item()
+    n_bad = int(bad.sum().item())
+    count = f", {n_bad} of {a.numel()} entries off" if a.numel() > 1 else ""
+    return (f"{name} is wrong: largest error {worst:.1e}{where} (got {_num(a.reshape(-1)[flat].item())}, "
+            f"expected {_num(b.reshape(-1)[flat].item())}{count}; atol {atol:g}, rtol {rtol:g})"), diff
+
+
+def _rule(items_exp, atol, rtol) -> str:
+    dtypes = [v.dtype for _, v in items_exp if isinstance(v, torch.Tensor)]
+    dt = next((d for d in dtypes if d.is_floating_point), torch.float64)
+    d_atol, d_rtol = tolerance(dt)
+    atol = d_atol if atol is None else atol
+    rtol = d_rtol if rtol is None else rtol
+    return f"atol {atol:g}, rtol {rtol:g}"
+
+
+def evaluate(answer, expected, *, args=(), kwargs=None, outputs=None, name: str = "check",
+             atol: float | None = None, rtol: float | None = None, against: str = "") -> CheckResult:
+    """Run ``answer(*args, **kwargs)`` (or take it as a value), compare with ``expected``; no printing.
+
+    ``expected`` is a value (tensor, number, tuple, dict) or a callable called with the same args.
+    ``outputs`` names the elements of a returned tuple, e.g. ``("grad_X", "grad_W", "grad_b")``.
+    """
+    kwargs = kwargs or {}
+    # 1. the learner's answer
+    if callable(answer) and not isinstance(answer, torch.Tensor):
+        try:
+            got = _call(answer, args, kwargs)
+        except Exception as e:  # noqa: BLE001 - any learner error becomes one line
+            if _is_todo_error(e):
+                return CheckResult("todo", f"· {name}: {TODO}")
+            msg = _first_line(e)
+            text = f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+            return CheckResult("error", f"✗ {name}: error in your code: {text}{_where(e)}")
+    else:
+        got = answer
+    # 2. the reference (course code: its errors are ours and propagate)
+    exp = _call(expected, args, kwargs) if callable(expected) and not isinstance(expected, torch.Tensor) else expected
+
+    if _is_todo_value(got):
+        return CheckResult("todo", f"· {name}: {TODO}")
+    try:
+        items_exp = _as_items(exp, outputs, "expected")
+        items_got = _as_items(got, outputs, "returned")
+    except ValueError as e:
+        return CheckResult("fail", f"✗ {name}: {e}")
+    got_map = dict(items_got)
+    if isinstance(exp, dict) and not isinstance(got, dict):
+        return CheckResult("fail", f"✗ {name}: expected a dict with keys {', '.join(map(str, exp))}, "
+                                   f"got {type(got).__name__}")
+    todo, problems, diffs = [], [], []
+    for key, ev in items_exp:
+        if key not in got_map:
+            problems.append(f"{key} is missing from the returned dict")
+            continue
+        gv = got_map[key]
+        if _is_todo_value(gv):
+            todo.append(str(key))
+            continue
+        msg, diff = _compare_one(str(key), gv, ev, atol, rtol)
+        if msg:
+            problems.append(msg)
+        elif diff is not None:
+            diffs.append(diff)
+    if problems:
+        more = f" [+{len(problems) - 1} more wrong]" if len(problems) > 1 else ""
+        return CheckResult("fail", f"✗ {name}: {problems[0]}{more}")
+    if todo and not diffs:
+        return CheckResult("todo", f"· {name}: {TODO}")
+    if todo:
+        done = ""
+        if diffs:
+            done = " (1 other already matches)" if len(diffs) == 1 else f" ({len(diffs)} others already match)"
+        return CheckResult("todo", f"· {name}: {TODO}: {', '.join(todo)} still ...{done}")
+    keys = [str(k) for k, _ in items_exp]
+    what = keys[0] if len(keys) == 1 else ", ".join(keys)
+    verb = "matches" if len(keys) == 1 else "match"
+    against = f" {against}" if against else ""
+    return CheckResult("pass", f"✓ {name}: {what} {verb}{against} "
+                               f"(max|Δ| {max(diffs, default=0.0):.1e}; {_rule(items_exp, atol, rtol)})")
+
+
+def check(answer, expected, *, args=(), kwargs=None, outputs=None, name: str = "check",
+          atol: float | None = None, rtol: float | None = None, against: str = "") -> None:
+    """Print one ✓/✗/· line comparing the learner's function (or value) with the reference."""
+    print(evaluate(answer, expected, args=args, kwargs=kwargs, outputs=outputs, name=name,
+                   atol=atol, rtol=rtol, against=against).line)
+
+
+def autograd_grads(f, inputs, grad_output=None):
+    """(∂L/∂input for each input) by autograd, where L = <f(*inputs), grad_output> (sum if None)."""
+    leaves = tuple(t.detach().clone().requires_grad_(True) for t in inputs)
+    with torch.enable_grad():
+        out = f(*leaves)
+        if grad_output is None:
+            grad_output = torch.ones_like(out)
+        if not out.requires_grad:  # the output does not depend on any input
+            return tuple(torch.zeros_like(x) for x in leaves)
+        grads = torch.autograd.grad(out, leaves, grad_output, allow_unused=True)
+    return tuple(torch.zeros_like(x) if g is None else g.detach() for x, g in zip(leaves, grads))
+
+
+def check_gradcheck(fn, inputs, *, name: str = "gradcheck", eps: float = 1e-6,
+                    atol: float = 1e-5, rtol: float = 1e-3, quiet: bool = False) -> CheckResult:
+    """torch.autograd.gradcheck in float64 (the learner's backward vs finite differences), in one line."""
+    leaves = tuple(t.detach().to(torch.float64).clone().requires_grad_(t.is_floating_point())
+                   if isinstance(t, torch.Tensor) else t for t in inputs)
+    try:
+        torch.autograd.gradcheck(fn, leaves, eps=eps, atol=atol, rtol=rtol, raise_exception=True)
+        res = CheckResult("pass", f"✓ {name}: gradcheck passes (float64, eps {eps:g}, atol {atol:g}, rtol {rtol:g})")
+    except GradcheckError as e:
+        text = str(e)
+        which = ""
+        for ln in text.splitlines():
+            if "output" in ln and "input" in ln:
+                which = _first_line(ln).rstrip(",.")
+                break
+        res = CheckResult("fail", f"✗ {name}: backward disagrees with finite differences"
+                                  f"{': ' + which if which else ''}")
+    except Exception as e:  # noqa: BLE001
+        if _is_todo_error(e):
+            res = CheckResult("todo", f"· {name}: {TODO}")
+        else:
+            res = CheckResult("error", f"✗ {name}: error in your code: {type(e).__name__}: {_first_line(e)}{_where(e)}")
+    if not quiet:
+        print(res.line)
+    return res

@@ -1,0 +1,547 @@
+"""Labs: generate student notebooks and autograders from the sources, check them, grade.
+
+    python tools/labs.py release [LAB ...] [--no-execute]   # sources -> labs/LAB.ipynb + labs/dist/LAB/
+    python tools/labs.py check-stale                         # fail if a student notebook is stale or leaks
+    python tools/labs.py grade LAB SUBMISSIONS_DIR --out gradebook.csv [--timeout 300] [--jobs 1]
+                                                             # [--feedback DIR]
+
+A lab's one source is ``labs/source/LAB.ipynb`` in otter-assign format (solutions between
+``# BEGIN/END SOLUTION`` or on ``# SOLUTION`` lines, hidden tests in ``# BEGIN TESTS`` blocks,
+points per question).  ``release`` executes the source (its self-checks and hidden tests must
+pass), runs ``otter assign`` (which also runs the hidden tests against the solutions), turns
+otter's student notebook into ``labs/LAB.ipynb`` (Colab setup cell, clean metadata) and
+executes it, and leaves otter's autograder in ``labs/dist/LAB/autograder.zip`` (git-ignored).
+``grade`` runs otter's non-containerised grader (the ``otter run`` API, no Docker) on each
+submission in its own process with a timeout, and writes a gradebook CSV plus one feedback
+file per submission.  See labs/README.md.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import contextlib
+import csv
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+import nbformat
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import nbtool  # noqa: E402
+
+LABS = ROOT / "labs"
+SOURCES = LABS / "source"
+DIST = LABS / "dist"
+DEFAULT_TIMEOUT = 300
+
+# ---------------------------------------------------------------- lab sources
+
+
+def labs() -> list[str]:
+    """Every lab, by name (the source notebook's stem), in order."""
+    return sorted(p.stem for p in SOURCES.glob("lab*.ipynb"))
+
+
+def resolve_lab(arg: str) -> str:
+    """'lab01_cat_mlp', 'lab01', '01' or '1' -> 'lab01_cat_mlp'."""
+    names = labs()
+    if arg in names:
+        return arg
+    m = re.fullmatch(r"(?:lab)?0*(\d+)\w*", arg)
+    if m:
+        hits = [n for n in names if re.match(rf"lab0*{int(m.group(1))}(?:_|$)", n)]
+        if len(hits) == 1:
+            return hits[0]
+    raise SystemExit(f"unknown lab {arg!r}; labs: {', '.join(names) or '(none)'}")
+
+
+def source_path(lab: str) -> Path:
+    return SOURCES / f"{lab}.ipynb"
+
+
+def student_path(lab: str) -> Path:
+    return LABS / f"{lab}.ipynb"
+
+
+def read_nb(path: Path):
+    return nbformat.read(path, as_version=4)
+
+
+def questions(src_nb) -> list[tuple[str, float]]:
+    """[(question name, points)] from the source's ``# BEGIN QUESTION`` cells, in order."""
+    out = []
+    for cell in src_nb.cells:
+        if cell.cell_type == "raw" and cell.source.lstrip().startswith("# BEGIN QUESTION"):
+            conf = yaml.safe_load(cell.source.split("\n", 1)[1]) or {}
+            out.append((str(conf["name"]), float(conf.get("points", 0))))
+    return out
+
+
+def title(nb) -> str:
+    """The first Markdown heading ('# Lab 1 · ...'), used to recognise a lab without metadata."""
+    for cell in nb.get("cells", []):
+        if cell.get("cell_type") == "markdown":
+            src = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+            m = re.search(r"^#\s+(.+)$", src, re.M)
+            if m:
+                return m.group(1).strip()
+    return ""
+
+
+def _marker(cell, word: str) -> bool:
+    return cell.cell_type == "raw" and cell.source.strip().startswith(f"# {word}")
+
+
+# --------------------------------------------------------------- otter assign
+
+
+def use_this_python() -> None:
+    """Run notebooks with this interpreter: a private 'python3' kernelspec first on JUPYTER_PATH.
+
+    A user-level kernelspec may point at another environment (e.g. a venv without the
+    helpers); nbclient and otter pick kernels by name, so give them ours.
+    """
+    if os.environ.get("LABS_KERNEL_DIR"):
+        return
+    d = Path(tempfile.mkdtemp(prefix="labs-kernel-"))
+    spec = d / "kernels" / "python3"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python 3", "language": "python"}))
+    os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [str(d), os.environ.get("JUPYTER_PATH")]))
+    os.environ["LABS_KERNEL_DIR"] = str(d)
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Silence otter's chatter (it prints to stdout/stderr and warns freely)."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+        try:
+            yield buf
+        except BaseException:
+            sys.__stderr__.write(buf.getvalue()[-4000:])
+            raise
+
+
+def run_assign(lab: str, out: Path, run_tests: bool) -> Path:
+    """otter assign the source into ``out`` (student/ and autograder/); returns ``out``."""
+    from otter.assign import main as otter_assign
+
+    if out.exists():
+        shutil.rmtree(out)
+    with _quiet():
+        otter_assign(str(source_path(lab)), str(out), no_pdfs=True, no_run_tests=not run_tests)
+    return out
+
+
+def student_from_assign(lab: str, out: Path):
+    """otter's student notebook, cleaned: our setup cell, no jupytext/otter test metadata."""
+    nb = read_nb(out / "student" / f"{lab}.ipynb")
+    otter_meta = nb.metadata.get("otter", {})
+    nb.metadata.pop("jupytext", None)
+    # the assignment name lets the grader refuse another lab's notebook; the tests stay out
+    nb.metadata["otter"] = {"assignment_name": otter_meta.get("assignment_name", lab)}
+    for cell in nb.cells:
+        for key in ("lines_to_next_cell", "editable", "deletable", "otter"):
+            cell.metadata.pop(key, None)
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    nbtool.ensure_setup(nb)
+    nbtool.clean(nb)
+    return nb
+
+
+def _source_hash(lab: str) -> str:
+    """The source's cells (not outputs): an autograder built from another version is stale."""
+    nb = read_nb(source_path(lab))
+    cells = json.dumps([(c.cell_type, c.source) for c in nb.cells])
+    return hashlib.sha256(cells.encode()).hexdigest()
+
+
+def _keep_autograder(lab: str, out: Path) -> Path:
+    """Copy otter's autograder zip to labs/dist/LAB/autograder.zip and its tests to tests/.
+
+    Only these land in labs/dist/: no notebook (pytest's nbval and nbtool would collect it,
+    and otter's autograder notebook holds the solutions).
+    """
+    zips = sorted((out / "autograder").glob("*-autograder_*.zip"))
+    if not zips:
+        raise SystemExit(f"{lab}: otter assign made no autograder zip")
+    dest = DIST / lab
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    shutil.copy(zips[-1], dest / "autograder.zip")
+    (dest / "source.sha256").write_text(_source_hash(lab))
+    with zipfile.ZipFile(zips[-1]) as z:
+        for name in z.namelist():
+            if name.startswith("tests/") and name.endswith(".py"):
+                z.extract(name, dest)
+    return dest / "autograder.zip"
+
+
+def release(lab: str, execute: bool = True) -> None:
+    """Source -> executed source, otter autograder in labs/dist/LAB/, executed labs/LAB.ipynb."""
+    use_this_python()
+    src = source_path(lab)
+    if execute:
+        nbtool.execute(src)  # fresh outputs; its self-checks and hidden tests must pass
+    with tempfile.TemporaryDirectory(prefix="labs-assign-") as d:
+        out = run_assign(lab, Path(d) / "out", run_tests=True)  # otter runs the hidden tests too
+        zip_path = _keep_autograder(lab, out)
+        nb = student_from_assign(lab, out)
+    dest = student_path(lab)
+    nbformat.write(nb, dest)
+    if execute:
+        nbtool.execute(dest)
+    print(f"released {lab}: {dest.relative_to(ROOT)}, {zip_path.relative_to(ROOT)}")
+
+
+def autograder_zip(lab: str) -> Path:
+    """labs/dist/LAB/autograder.zip, made (without executing anything) if missing."""
+    z = DIST / lab / "autograder.zip"
+    stamp = DIST / lab / "source.sha256"
+    if not z.exists() or not stamp.exists() or stamp.read_text() != _source_hash(lab):
+        use_this_python()
+        with tempfile.TemporaryDirectory(prefix="labs-assign-") as d:
+            _keep_autograder(lab, run_assign(lab, Path(d) / "out", run_tests=False))
+    return z
+
+
+# ------------------------------------------------------------ stale and leaks
+
+
+def skeleton(nb) -> list:
+    """What must match between a committed student notebook and a fresh one: cells, not outputs."""
+    cells = [(c.cell_type, c.source, sorted(c.metadata.get("tags", []))) for c in nb.cells]
+    return [nb.metadata.get("otter", {}).get("assignment_name")] + cells
+
+
+def stale(lab: str) -> str | None:
+    """Why labs/LAB.ipynb differs from what the source generates now (None if it does not)."""
+    dest = student_path(lab)
+    if not dest.exists():
+        return f"{dest.relative_to(ROOT)} is missing: run `python tools/labs.py release {lab}`"
+    with tempfile.TemporaryDirectory() as d:
+        fresh = student_from_assign(lab, run_assign(lab, Path(d) / "out", run_tests=False))
+    have, want = skeleton(read_nb(dest)), skeleton(fresh)
+    if have == want:
+        return None
+    first = next((i for i, (a, b) in enumerate(zip(have, want)) if a != b), min(len(have), len(want)))
+    return (f"{dest.relative_to(ROOT)} is stale (first difference at cell {first}): "
+            f"run `python tools/labs.py release {lab}`")
+
+
+_CODE = re.compile(r"\s+#.*$")
+
+
+def _norm(line: str) -> str:
+    """A code line without its trailing comment and outer spaces."""
+    line = line.rstrip()
+    for marker in ("# SOLUTION", "# BEGIN SOLUTION", "# END SOLUTION"):
+        line = line.replace(marker, "")
+    return _CODE.sub("", line).strip()
+
+
+def secret_snippets(src_nb, min_len: int = 8) -> list[str]:
+    """Code that only the solutions and the hidden tests contain (each ≥ min_len characters).
+
+    Lines inside ``# BEGIN/END SOLUTION`` comments, the right-hand side of ``x = ...  # SOLUTION``
+    lines (or the whole line), and every line of a hidden test cell; minus any text that also
+    appears in the public part of the source (prompts, given code, self-checks).
+    """
+    secret, public = [], []
+    in_tests = False
+    for cell in src_nb.cells:
+        if _marker(cell, "BEGIN TESTS"):
+            in_tests = True
+        elif _marker(cell, "END TESTS"):
+            in_tests = False
+        if cell.cell_type != "code":
+            public.append(cell.source)
+            continue
+        if in_tests:
+            lines = cell.source.splitlines()
+            hidden = "hidden: true" in cell.source or (lines and "HIDDEN" in lines[0])
+            end = next((i for i, ln in enumerate(lines) if "END TEST CONFIG" in ln), 0)
+            (secret if hidden else public).extend(_norm(ln) for ln in lines[end + 1:])
+            continue
+        inside = False
+        for ln in cell.source.splitlines():
+            if ln.strip().startswith("# BEGIN SOLUTION"):
+                inside = True
+            elif ln.strip().startswith("# END SOLUTION"):
+                inside = False
+            elif inside:
+                secret.append(_norm(ln))
+            elif ln.rstrip().endswith("# SOLUTION"):
+                code = _norm(ln)
+                secret.append(code.split("=", 1)[1].strip() if re.match(r"^[\w.,\s\[\]'\"]+=[^=]", code) else code)
+            else:
+                public.append(ln)
+    public_text = "\n".join(public)
+    return sorted({s for s in secret if len(s) >= min_len and s not in public_text})
+
+
+def leaks(lab: str, student_text: str | None = None) -> list[str]:
+    """Secret snippets of the source that appear in the student notebook (or in ``student_text``)."""
+    text = student_text if student_text is not None else student_path(lab).read_text()
+    # compare code with code: the notebook's JSON strings decoded
+    try:
+        nb = json.loads(text)
+        text = "\n".join("".join(c["source"]) + "\n" + json.dumps(c.get("outputs", []), ensure_ascii=False)
+                         for c in nb["cells"]) + json.dumps(nb.get("metadata", {}), ensure_ascii=False)
+    except (ValueError, KeyError, TypeError):
+        pass
+    return [s for s in secret_snippets(read_nb(source_path(lab))) if s in text]
+
+
+# ---------------------------------------------------------------------- grade
+
+STATUS_HELP = {
+    "ok": "graded",
+    "errors": "graded; some cells raised an exception (see notes)",
+    "timeout": "still running at the time limit (infinite loop?): not graded, 0 points",
+    "crashed": "the notebook or the grader died (kernel crash, os._exit, out of memory): 0 points",
+    "corrupt": "not a readable notebook (invalid JSON or no cells): 0 points",
+    "wrong-lab": "a notebook for another lab: 0 points",
+    "not-a-notebook": "not an .ipynb file: 0 points",
+}
+
+
+def _descendants(pid: int) -> list[int]:
+    """All descendant pids of ``pid`` (Linux /proc; kernels run in their own session)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    for pid in reversed(_descendants(proc.pid)):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def identify(nb, lab: str) -> tuple[str, str]:
+    """('ok'|'wrong-lab'|'unknown', note) from the otter assignment name, else from the title."""
+    name = (nb.get("metadata", {}).get("otter") or {}).get("assignment_name")
+    if name:
+        return ("ok", "") if name == lab else ("wrong-lab", f"this notebook is {name}, expected {lab}")
+    titles = {other: title(read_nb(student_path(other))) for other in labs() if student_path(other).exists()}
+    got = title(nb)
+    for other, t in titles.items():
+        if t and got == t:
+            if other == lab:
+                return "ok", "lab metadata missing; recognised by its title"
+            return "wrong-lab", f"this notebook is {other} (by its title), expected {lab}"
+    return "unknown", "no lab metadata and an unfamiliar title: graded as " + lab
+
+
+def _error_notes(executed, original) -> list[str]:
+    """'cell N: Type: message' for every cell that raised, numbered as in the submission."""
+    originals = [c.get("source", "") for c in original.get("cells", [])]
+    notes = []
+    for cell in executed.cells:
+        for o in cell.get("outputs", []):
+            if o.get("output_type") == "error":
+                num = next((i + 1 for i, s in enumerate(originals) if s == cell.source), None)
+                where = f"cell {num}" if num else "a cell"
+                msg = (o.get("evalue") or "").splitlines()[0][:120] if o.get("evalue") else ""
+                notes.append(f"{where}: {o.get('ename')}{': ' + msg if msg else ''}")
+    return notes
+
+
+def grade_one_child(ag: str, submission: str, result: str) -> None:
+    """In a child process: grade one notebook with otter, write a JSON summary."""
+    out: dict = {}
+    try:
+        from otter.api import grade_submission
+
+        with _quiet():
+            res = grade_submission(submission, ag, quiet=True)
+        original = json.loads(Path(submission).read_text())
+        out["questions"] = {
+            name: {"score": float(tf.score), "possible": float(tf.possible),
+                   "passed": sum(bool(r.passed) for r in tf.test_case_results),
+                   "cases": len(tf.test_case_results)}
+            for name, tf in res.results.items()}
+        out["errors"] = _error_notes(res.notebook, original) if res.notebook is not None else []
+    except BaseException as e:  # noqa: BLE001 - any failure becomes a row
+        out["exception"] = type(e).__name__
+        out["message"] = (str(e).strip().splitlines() or [""])[0][:200]
+    Path(result).write_text(json.dumps(out))
+
+
+def _row(name, status, qs, scores=None, notes=""):
+    row = {"submission": name, "status": status}
+    for q, _ in qs:
+        row[q] = (scores or {}).get(q, 0.0)
+    row["total"] = sum(row[q] for q, _ in qs)
+    row["possible"] = sum(p for _, p in qs)
+    row["notes"] = notes
+    return row
+
+
+def grade_file(lab: str, path: Path, ag: Path, qs, timeout: float) -> tuple[dict, dict]:
+    """One gradebook row and the details for feedback; never raises for a bad submission."""
+    detail: dict = {}
+    if path.suffix != ".ipynb":
+        return _row(path.name, "not-a-notebook", qs, notes=f"{path.suffix or 'no extension'}, expected .ipynb"), detail
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        nb = nbformat.from_dict(raw)
+        if not isinstance(nb.get("cells"), list) or nb.get("nbformat") != 4:
+            raise ValueError("no cells list or not nbformat 4")
+    except UnicodeDecodeError:
+        return _row(path.name, "corrupt", qs, notes="not text (not UTF-8)"), detail
+    except ValueError as e:
+        return _row(path.name, "corrupt", qs, notes=f"not a notebook: {str(e).splitlines()[0][:120]}"), detail
+    verdict, note = identify(nb, lab)
+    if verdict == "wrong-lab":
+        return _row(path.name, "wrong-lab", qs, notes=note), detail
+    nb.metadata.setdefault("otter", {})["assignment_name"] = lab
+    nb.metadata.setdefault("kernelspec", {"display_name": "Python 3", "language": "python", "name": "python3"})
+    with tempfile.TemporaryDirectory(prefix="labs-grade-") as d:
+        sub = Path(d) / "submission.ipynb"
+        nbformat.write(nb, sub)
+        result = Path(d) / "result.json"
+        cmd = [sys.executable, str(Path(__file__).resolve()), "_grade-one", str(ag), str(sub), str(result)]
+        t0 = time.monotonic()
+        proc = subprocess.Popen(cmd, cwd=d, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                start_new_session=True, env=os.environ.copy())
+        try:
+            _, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_tree(proc)
+            return _row(path.name, "timeout", qs, notes=f"still running after {timeout:g} s: "
+                                                         "an infinite loop or a very slow cell?"), detail
+        detail["seconds"] = time.monotonic() - t0
+        if not result.exists():
+            last = (err.decode(errors="replace").strip().splitlines() or [""])[-1][:200]
+            return _row(path.name, "crashed", qs, notes=f"grader process died (exit {proc.returncode}) {last}"), detail
+        out = json.loads(result.read_text())
+    if "exception" in out:
+        exc, msg = out["exception"], out["message"]
+        if exc == "DeadKernelError":
+            msg = "the kernel died while running the notebook (os._exit, a segfault or out of memory?)"
+        return _row(path.name, "crashed", qs, notes=f"{exc}: {msg}"), detail
+    detail.update(out)
+    scores = {q: v["score"] for q, v in out["questions"].items()}
+    notes = [note] if note else []
+    notes += out["errors"]
+    status = "errors" if out["errors"] else "ok"
+    return _row(path.name, status, qs, scores, "; ".join(notes)), detail
+
+
+def feedback_text(lab: str, row: dict, detail: dict, qs) -> str:
+    """What a student reads: status, points per exercise, how many hidden tests passed, errors."""
+    lines = [f"{title(read_nb(student_path(lab))) or lab}: feedback for {row['submission']}",
+             f"Score: {row['total']:g} / {row['possible']:g}   (status: {row['status']}: "
+             f"{STATUS_HELP[row['status']]})", ""]
+    qd = detail.get("questions", {})
+    for q, pts in qs:
+        d = qd.get(q)
+        tests = f"{d['passed']} of {d['cases']} hidden tests pass" if d else "not graded"
+        lines.append(f"  {q:<6} {row[q]:g} / {pts:g}   {tests}")
+    if row["notes"]:
+        lines += ["", "Notes:"] + [f"  {n}" for n in row["notes"].split("; ")]
+    lines += ["", "Run your notebook top to bottom and read the self-check lines: each exercise's",
+              "self-check names what is wrong. The hidden tests call the same functions on other inputs."]
+    return "\n".join(lines) + "\n"
+
+
+def grade(lab: str, subs_dir: Path, out_csv: Path, timeout: float = DEFAULT_TIMEOUT, jobs: int = 1,
+          feedback_dir: Path | None = None) -> list[dict]:
+    """Grade every file in ``subs_dir``: a CSV row each (sorted by name) and a feedback file each."""
+    use_this_python()
+    qs = questions(read_nb(source_path(lab)))
+    ag = autograder_zip(lab)
+    files = sorted(p for p in Path(subs_dir).iterdir() if p.is_file() and not p.name.startswith("."))
+    with cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        results = list(pool.map(lambda p: grade_file(lab, p, ag, qs, timeout), files))
+    rows = [r for r, _ in results]
+    out_csv = Path(out_csv)
+    out_csv.parent.mkdir(parents=True, exist_ok=True)
+    fields = ["submission", "status"] + [q for q, _ in qs] + ["total", "possible", "notes"]
+    with out_csv.open("w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (f"{v:g}" if isinstance(v, float) else v) for k, v in r.items()})
+    fb = Path(feedback_dir) if feedback_dir else out_csv.with_name(out_csv.stem + "_feedback")
+    fb.mkdir(parents=True, exist_ok=True)
+    for row, detail in results:
+        (fb / (Path(row["submission"]).stem + ".txt")).write_text(feedback_text(lab, row, detail, qs), encoding="utf-8")
+    for r in rows:
+        print(f"{r['submission']:<32} {r['status']:<14} {r['total']:g}/{r['possible']:g}  {r['notes']}")
+    print(f"gradebook: {out_csv}   feedback: {fb}/")
+    return rows
+
+
+# ----------------------------------------------------------------------- main
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["_grade-one"]:
+        grade_one_child(*argv[1:4])
+        return 0
+    ap = argparse.ArgumentParser(prog="tools/labs.py", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("release", help="regenerate student notebooks and autograders")
+    r.add_argument("labs", nargs="*")
+    r.add_argument("--no-execute", action="store_true", help="skip executing the notebooks")
+    sub.add_parser("check-stale", help="fail if a committed student notebook is stale or leaks")
+    g = sub.add_parser("grade", help="grade a folder of submitted notebooks")
+    g.add_argument("lab")
+    g.add_argument("submissions", type=Path)
+    g.add_argument("--out", type=Path, default=Path("gradebook.csv"))
+    g.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per notebook")
+    g.add_argument("--jobs", type=int, default=1, help="notebooks graded at once")
+    g.add_argument("--feedback", type=Path, default=None, help="folder for feedback files")
+    a = ap.parse_args(argv)
+    if a.cmd == "release":
+        for lab in [resolve_lab(x) for x in a.labs] or labs():
+            release(lab, execute=not a.no_execute)
+        return 0
+    if a.cmd == "check-stale":
+        use_this_python()
+        problems = [p for lab in labs() for p in ([stale(lab)] + [f"{lab}: student notebook contains {s!r}"
+                                                                   for s in leaks(lab)]) if p]
+        print("\n".join(problems) or f"student notebooks up to date: {', '.join(labs())}")
+        return 1 if problems else 0
+    if a.cmd == "grade":
+        grade(resolve_lab(a.lab), a.submissions, a.out, a.timeout, a.jobs, a.feedback)
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
