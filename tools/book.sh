@@ -1,9 +1,21 @@
 #!/usr/bin/env bash
 # README command 1: install what is needed, then build the website from committed outputs.
+#   bash tools/book.sh                      # -> _build/html/index.html
+#   bash tools/book.sh --toc /tmp/toc.yml   # extra arguments go to `jupyter-book build`
+#   SKIP_INSTALL=1 bash tools/book.sh       # rebuild without re-running tools/install.sh
+# The site is self-contained (works offline): tools/web/vendor.py installs the pinned npm
+# packages (npm ci) and copies MathJax and the Jupyter widgets JavaScript into _build/offline/,
+# which _config.yml hands to Sphinx (html_extra_path).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash tools/install.sh
 PY=${PYTHON:-python3}
+if [ "${SKIP_INSTALL:-0}" != 1 ]; then
+  bash tools/install.sh
+fi
+start=$(date +%s)
+"$PY" tools/web/vendor.py
 rm -rf _build/html
-jupyter-book build -W -n --keep-going .
-echo "Website built: $(pwd)/_build/html/index.html"
+# -W: any warning fails the build; -n: so does a broken cross-reference.
+"$PY" -c "import sys; from jupyter_book.cli.main import main; sys.argv[0] = 'jupyter-book'; main()" \
+  build -W -n --keep-going "$@" .
+echo "Website built in $(( $(date +%s) - start ))s: $(pwd)/_build/html/index.html"

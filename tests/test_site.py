@@ -1,0 +1,432 @@
+"""The website, checked the way a reader meets it.
+
+* Without a browser: the site builds with ``jupyter-book build -W -n`` (no warnings), every
+  internal link and anchor resolves, and no page asks another host for a script, stylesheet,
+  image or frame.
+* In headless Chromium (marker ``browser``; Debian's ``chromium`` driven by Playwright, no
+  browser download): every page loads with no JavaScript error and no request leaving
+  localhost, its math is typeset, its images load, its Colab button points at its notebook in
+  the repository of _config.yml, and its animations and widgets respond.  Screenshots of the
+  landing page and a chapter at desktop and phone widths go to ``screenshots/``.
+
+Environment: ``CHROMIUM`` (default /usr/bin/chromium; a missing path skips the browser tests),
+``SITE_HTML`` (test an already built site instead of building one), ``SITE_TOC`` (build with
+another table of contents), ``SITE_SOURCE`` (build another copy of the book),
+``SITE_SCREENSHOTS`` (default screenshots/).  See pages/testing.md.
+"""
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import posixpath
+import subprocess
+import sys
+import threading
+import urllib.parse
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE = Path(os.environ.get("SITE_SOURCE", ROOT)).resolve()   # the book to build
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+TOC = Path(os.environ.get("SITE_TOC", SOURCE / "_toc.yml"))
+SCREENSHOTS = Path(os.environ.get("SITE_SCREENSHOTS", ROOT / "screenshots"))
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+LOCAL_HOSTS = {"127.0.0.1", "localhost", "[::1]", "::1"}
+DESKTOP = {"width": 1280, "height": 800}
+PHONE = {"width": 390, "height": 844}
+
+
+# ---------------------------------------------------------------------------------------------
+# what the site should contain
+# ---------------------------------------------------------------------------------------------
+
+def _toc_docnames(toc_path: Path) -> list[str]:
+    """Every document of the table of contents, root first (docnames, no suffix)."""
+    toc = yaml.safe_load(toc_path.read_text())
+    names = [toc["root"]]
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "file" in node:
+                names.append(node["file"])
+            for key in ("parts", "chapters", "sections"):
+                for child in node.get(key, []) or []:
+                    walk(child)
+        elif isinstance(node, list):
+            for child in node:
+                walk(child)
+
+    walk(toc)
+    return [posixpath.splitext(n)[0] if n.endswith((".md", ".ipynb")) else n for n in names]
+
+
+DOCNAMES = _toc_docnames(TOC)
+
+
+def _config() -> dict:
+    return yaml.safe_load((SOURCE / "_config.yml").read_text())
+
+
+def _colab_url(docname: str) -> str:
+    """Where a page's Colab button must point: its notebook in the configured repository."""
+    cfg = _config()
+    repo = cfg["repository"]
+    org_repo = urllib.parse.urlparse(repo["url"]).path.strip("/")
+    book = (repo.get("path_to_book") or "").strip("/")
+    path = posixpath.join(book, docname + ".ipynb") if book else docname + ".ipynb"
+    colab = cfg["launch_buttons"]["colab_url"].rstrip("/")
+    return f"{colab}/github/{org_repo}/blob/{repo.get('branch', 'main')}/{path}"
+
+
+def _is_notebook(docname: str) -> bool:
+    return (SOURCE / (docname + ".ipynb")).exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# build once per session
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def site(tmp_path_factory) -> Path:
+    """The built site's html folder: SITE_HTML, or a fresh -W -n build in a temp folder."""
+    if os.environ.get("SITE_HTML"):
+        html = Path(os.environ["SITE_HTML"]).resolve()
+        assert (html / "index.html").exists(), f"SITE_HTML={html} holds no built site"
+        return html
+    out = tmp_path_factory.mktemp("site")
+    steps = [
+        [sys.executable, str(ROOT / "tools" / "web" / "vendor.py"), "--book", str(SOURCE)],
+        [sys.executable, "-c", "import sys; from jupyter_book.cli.main import main; "
+         "sys.argv[0] = 'jupyter-book'; main()", "build", "-W", "-n", "--keep-going",
+         "--path-output", str(out), "--toc", str(TOC), str(SOURCE)],
+    ]
+    for cmd in steps:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+        if proc.returncode != 0:
+            pytest.fail(f"{'vendor.py' if 'vendor' in cmd[1] else 'jupyter-book build'} failed (exit {proc.returncode}):\n"
+                        + (proc.stdout + proc.stderr)[-6000:], pytrace=False)
+    return out / "_build" / "html"
+
+
+def _pages(site: Path) -> list[Path]:
+    """Every HTML page of the site (not the assets under _static/, _vendor/, _sources/)."""
+    return sorted(p for p in site.rglob("*.html")
+                  if not p.relative_to(site).parts[0].startswith("_"))
+
+
+# ---------------------------------------------------------------------------------------------
+# without a browser: links and anchors, nothing fetched from elsewhere
+# ---------------------------------------------------------------------------------------------
+
+class _Refs(HTMLParser):
+    """Collects a page's ids and the URLs it links to or loads."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.ids: set[str] = set()
+        self.links: list[tuple[str, str]] = []   # (tag, url) for <a href>
+        self.loads: list[tuple[str, str]] = []   # (tag, url) a browser fetches by itself
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        for key in ("id", "name"):
+            if a.get(key) and (key == "id" or tag == "a"):
+                self.ids.add(a[key])
+        if tag == "a" and a.get("href"):
+            self.links.append((tag, a["href"]))
+        elif tag in ("img", "script", "iframe", "source", "video", "audio", "embed") and a.get("src"):
+            self.loads.append((tag, a["src"]))
+        if tag in ("img", "source") and a.get("srcset"):
+            for cand in a["srcset"].split(","):
+                if cand.strip():
+                    self.loads.append((tag, cand.split()[0]))
+        elif tag == "link" and a.get("href"):
+            rel = (a.get("rel") or "").lower()
+            if any(r in rel.split() for r in ("stylesheet", "icon", "preload", "modulepreload")):
+                self.loads.append((tag, a["href"]))
+            else:
+                self.links.append((tag, a["href"]))
+
+
+@functools.lru_cache(maxsize=None)
+def _parse(path: Path) -> _Refs:
+    refs = _Refs()
+    refs.feed(path.read_text(encoding="utf-8"))
+    return refs
+
+
+def _external(url: str) -> bool:
+    return bool(urllib.parse.urlparse(url).scheme) or url.startswith("//")
+
+
+def test_every_toc_page_is_built(site):
+    missing = [d for d in DOCNAMES if not (site / (d + ".html")).exists()]
+    assert not missing, f"pages in {TOC.name} but not in the built site: {missing}"
+
+
+def test_internal_links_and_anchors_resolve(site):
+    broken = []
+    for page in _pages(site):
+        rel_page = page.relative_to(site).as_posix()
+        for tag, url in _parse(page).links + _parse(page).loads:
+            if _external(url) or url.startswith(("mailto:", "javascript:", "data:")):
+                continue
+            parts = urllib.parse.urlsplit(url)
+            target_rel = (posixpath.normpath(posixpath.join(posixpath.dirname(rel_page),
+                                                            urllib.parse.unquote(parts.path)))
+                          if parts.path else rel_page)
+            target = site / target_rel
+            if target.is_dir():
+                target = target / "index.html"
+            if not target.exists():
+                broken.append(f"{rel_page}: <{tag}> {url} (no file {target_rel})")
+                continue
+            frag = urllib.parse.unquote(parts.fragment)
+            if frag and target.suffix == ".html" and frag not in _parse(target).ids:
+                broken.append(f"{rel_page}: <{tag}> {url} (no anchor #{frag})")
+    assert not broken, "broken internal links:\n" + "\n".join(broken)
+
+
+def test_pages_fetch_nothing_from_other_hosts(site):
+    remote = [f"{p.relative_to(site)}: <{tag}> {url}"
+              for p in _pages(site) for tag, url in _parse(p).loads if _external(url)]
+    assert not remote, "the site must work offline; these load from the internet:\n" + "\n".join(remote)
+
+
+def test_mathjax_and_widget_javascript_are_served_locally(site):
+    assert (site / "_vendor" / "mathjax" / "tex-chtml.js").is_file()
+    assert (site / "_vendor" / "widgets" / "embed.js").is_file()
+    fonts = list((site / "_vendor" / "mathjax" / "output" / "chtml" / "fonts" / "woff-v2").glob("*.woff"))
+    assert fonts, "MathJax's CHTML fonts were not copied"
+
+
+def test_notebook_pages_have_colab_and_download_buttons(site):
+    notebooks = [d for d in DOCNAMES if _is_notebook(d)]
+    for d in notebooks:
+        refs = _parse(site / (d + ".html"))
+        hrefs = {url for _, url in refs.links}
+        assert _colab_url(d) in hrefs, f"{d}: no Colab button to {_colab_url(d)}"
+        assert any(h.endswith(f"_sources/{d}.ipynb") for h in hrefs), f"{d}: no .ipynb download"
+
+
+# ---------------------------------------------------------------------------------------------
+# in headless Chromium
+# ---------------------------------------------------------------------------------------------
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="session")
+def server(site):
+    """The built site on http://127.0.0.1:<port>/ (a thread of this process)."""
+    httpd = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(site)))
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"browser tests skipped: no Chromium at {CHROMIUM} "
+                    "(apt-get install chromium, or set CHROMIUM=/path/to/chromium)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("browser tests skipped: playwright is not installed (pip install playwright)")
+    with sync_playwright() as p:
+        # Playwright gives every launch a new, empty user-data-dir of its own.
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+class _Visit:
+    """One page opened in a fresh context, with what it logged and requested."""
+
+    def __init__(self, browser, url, viewport=DESKTOP, phone=False):
+        self.errors: list[str] = []
+        self.remote: list[str] = []
+        opts = {"viewport": viewport}
+        if phone:
+            opts.update(device_scale_factor=2, is_mobile=True, has_touch=True)
+        self.context = browser.new_context(**opts)
+        # Requests to other hosts are recorded and refused: nothing leaves this machine.
+        self.context.route("**/*", self._route)
+        self.page = self.context.new_page()
+        self.page.on("console", lambda m: m.type == "error" and self.errors.append(f"console: {m.text}"))
+        self.page.on("pageerror", lambda e: self.errors.append(f"uncaught: {e}"))
+        self.page.goto(url, wait_until="load")
+        self.page.wait_for_load_state("networkidle")
+
+    def _route(self, route):
+        url = route.request.url
+        parsed = urllib.parse.urlparse(url)
+        if parsed.scheme in ("data", "blob", "about") or parsed.hostname in LOCAL_HOSTS:
+            route.continue_()
+        else:
+            self.remote.append(url)
+            route.abort()
+
+    def close(self):
+        self.context.close()
+
+
+JS_RAW_MATH = """() => {
+  const root = document.querySelector('main') || document.body;
+  const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+  const skip = new Set(['PRE', 'CODE', 'SCRIPT', 'STYLE', 'TEXTAREA', 'MJX-CONTAINER']);
+  const found = [];
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+    let el = n.parentElement, inside = false;
+    while (el && el !== root) { if (skip.has(el.tagName)) { inside = true; break; } el = el.parentElement; }
+    if (inside) continue;
+    const t = n.textContent;
+    if (t.includes('$$') || t.includes('\\\\(') || t.includes('\\\\[')) found.push(t.trim().slice(0, 80));
+  }
+  return found;
+}"""
+
+JS_IMAGES = """async () => {
+  const imgs = Array.from(document.querySelectorAll('main img'));
+  for (const img of imgs) if (img.loading === 'lazy') img.loading = 'eager';
+  await Promise.all(imgs.map(img => img.complete ? null :
+      new Promise(r => { img.addEventListener('load', r); img.addEventListener('error', r); })));
+  return imgs.filter(img => !(img.naturalWidth > 0)).map(img => img.currentSrc || img.src || img.outerHTML.slice(0, 80));
+}"""
+
+
+def _check_math(page) -> list[str]:
+    problems = []
+    n_math = page.locator("main .math").count()
+    if n_math:
+        loaded = page.evaluate("() => !!(window.MathJax && window.MathJax.startup)")
+        if not loaded:
+            page.wait_for_function("() => window.MathJax && window.MathJax.startup && window.MathJax.startup.promise",
+                                   timeout=15000)
+        page.evaluate("() => MathJax.startup.promise")
+        untypeset = page.evaluate(
+            "() => Array.from(document.querySelectorAll('main .math'))"
+            ".filter(e => !e.querySelector('mjx-container')).map(e => e.textContent.slice(0, 60))")
+        if untypeset:
+            problems.append(f"{len(untypeset)} of {n_math} formulas not typeset, e.g. {untypeset[:3]}")
+    raw = page.evaluate(JS_RAW_MATH)
+    if raw:
+        problems.append(f"raw TeX delimiters in the text: {raw[:3]}")
+    return problems
+
+
+def _check_animations(page) -> list[str]:
+    """matplotlib to_jshtml(): moving the slider or clicking 'next frame' changes the frame."""
+    problems = []
+    anims = page.locator("main div.animation")
+    for i in range(anims.count()):
+        anim = anims.nth(i)
+        img, slider = anim.locator("img").first, anim.locator("input.anim-slider").first
+        n_max = int(slider.get_attribute("max") or 0)
+        if n_max < 1:
+            continue
+        before = img.get_attribute("src")
+        slider.fill(str(n_max))
+        after_slider = img.get_attribute("src")
+        if after_slider == before:
+            problems.append(f"animation {i}: moving the slider did not change the frame")
+        anim.locator("button[onclick$='first_frame()']").click()
+        anim.locator("button[onclick$='next_frame()']").click()
+        if slider.input_value() != "1" or img.get_attribute("src") == after_slider:
+            problems.append(f"animation {i}: 'next frame' did not advance (slider {slider.input_value()})")
+    return problems
+
+
+def _check_widgets(page) -> list[str]:
+    """Embedded ipywidgets (saved widget state) render, and sliders answer the keyboard."""
+    views = page.locator("script[type='application/vnd.jupyter.widget-view+json']").count()
+    if not views:
+        return []
+    try:
+        page.wait_for_selector("main .jupyter-widgets", timeout=15000)
+    except Exception:
+        return [f"{views} saved widget views, none rendered"]
+    problems = []
+    sliders = page.locator("main .widget-slider .noUi-handle, main .widget-slider .ui-slider-handle")
+    for i in range(sliders.count()):
+        box = sliders.nth(i).locator("xpath=ancestor::*[contains(@class,'widget-slider')][1]")
+        readout = box.locator(".widget-readout").first
+        if readout.count() == 0 or box.locator("[disabled]").count():
+            continue
+        before = readout.text_content() if readout.count() else None
+        sliders.nth(i).focus()
+        page.keyboard.press("ArrowRight")
+        page.keyboard.press("ArrowLeft") if readout.text_content() == before else None
+        if readout.text_content() == before:
+            problems.append(f"widget slider {i} did not respond to the keyboard")
+    return problems
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("docname", DOCNAMES)
+def test_page_in_browser(browser, server, site, docname):
+    visit = _Visit(browser, server + docname + ".html")
+    try:
+        page = visit.page
+        problems = _check_math(page)
+        broken = page.evaluate(JS_IMAGES)
+        if broken:
+            problems.append(f"images that did not load: {broken}")
+        if _is_notebook(docname):
+            hrefs = page.eval_on_selector_all("a[href*='colab.research.google.com']",
+                                              "els => els.map(e => e.href)")
+            if _colab_url(docname) not in hrefs:
+                problems.append(f"Colab button {hrefs} should point at {_colab_url(docname)}")
+        problems += _check_animations(page)
+        problems += _check_widgets(page)
+        problems += visit.errors
+        if visit.remote:
+            problems.append(f"requests that left localhost: {sorted(set(visit.remote))}")
+    finally:
+        visit.close()
+    assert not problems, f"{docname}:\n  " + "\n  ".join(problems)
+
+
+def _chapter_for_screenshots() -> str:
+    """The first chapter page; a notebook with an animation if there is one."""
+    chapters = [d for d in DOCNAMES if d.startswith("chapters/")] or DOCNAMES[1:2] or DOCNAMES[:1]
+    return chapters[0]
+
+
+@pytest.mark.browser
+def test_screenshots(browser, server, site, capsys):
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    shots = []
+    for name, docname in (("landing", DOCNAMES[0]), ("chapter", _chapter_for_screenshots())):
+        for label, viewport, phone in (("desktop", DESKTOP, False), ("phone", PHONE, True)):
+            visit = _Visit(browser, server + docname + ".html", viewport=viewport, phone=phone)
+            try:
+                page = visit.page
+                if page.locator("main .math").count():
+                    page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise")
+                    page.evaluate("() => MathJax.startup.promise")
+                page.evaluate(JS_IMAGES)
+                height = page.evaluate("() => document.documentElement.scrollHeight")
+                path = SCREENSHOTS / f"{name}-{label}.png"
+                page.screenshot(path=str(path), full_page=True,
+                                clip={"x": 0, "y": 0, "width": viewport["width"],
+                                      "height": min(height, 2600 if label == "desktop" else 3200)})
+                shots.append(path)
+            finally:
+                visit.close()
+    for path in shots:
+        assert path.stat().st_size > 10_000, f"{path} looks empty"
+    with capsys.disabled():
+        print(f"\n[site] screenshots ({DOCNAMES[0]}, {_chapter_for_screenshots()}): {SCREENSHOTS}")
