@@ -25,6 +25,13 @@ def no_tf32() -> None:
     torch.set_float32_matmul_precision("highest")
 
 
+def _shape(shape) -> tuple:
+    """Accept randn(2, 3), randn((2, 3)) and randn() (a 0-d tensor)."""
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
+        shape = shape[0]
+    return tuple(shape)
+
+
 def _generator(seed: int) -> torch.Generator:
     g = torch.Generator(device="cpu")
     g.manual_seed(seed)
@@ -33,14 +40,14 @@ def _generator(seed: int) -> torch.Generator:
 
 def randn(*shape, seed: int = 0, device=None, dtype=torch.float32, requires_grad=False) -> torch.Tensor:
     """Standard-normal tensor drawn on the CPU from ``seed``, then moved to ``device``."""
-    t = torch.randn(*shape, generator=_generator(seed), dtype=torch.float64)
+    t = torch.randn(_shape(shape), generator=_generator(seed), dtype=torch.float64)
     t = t.to(device=device or "cpu", dtype=dtype)
     return t.requires_grad_(requires_grad)
 
 
 def rand(*shape, seed: int = 0, device=None, dtype=torch.float32, requires_grad=False) -> torch.Tensor:
     """Uniform [0, 1) tensor drawn on the CPU from ``seed``, then moved to ``device``."""
-    t = torch.rand(*shape, generator=_generator(seed), dtype=torch.float64)
+    t = torch.rand(_shape(shape), generator=_generator(seed), dtype=torch.float64)
     t = t.to(device=device or "cpu", dtype=dtype)
     return t.requires_grad_(requires_grad)
 

@@ -33,3 +33,8 @@ def test_no_tf32_sets_highest_precision():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_draw_equals_cpu_draw():
     assert torch.equal(randn(8, seed=3, device="cuda").cpu(), randn(8, seed=3))
+
+
+def test_shapes_as_tuple_or_empty():
+    assert randn(seed=0).shape == ()
+    assert torch.equal(randn((2, 3), seed=4), randn(2, 3, seed=4))
