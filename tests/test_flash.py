@@ -1,0 +1,139 @@
+"""helpers.flash: online softmax, tiled forward/backward vs SDPA, gradcheck, memory linear in N."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import helpers.flash as flash
+from helpers.checks import compare
+from helpers.device import randn
+from helpers.flash import (FlashAttention, attention_flops, flash_attention, flash_backward, flash_forward,
+                           naive_attention, online_softmax, online_softmax_trace, saved_bytes)
+
+# float32 tolerances: a tiled sum in a different order than SDPA's, O(1) values and
+# N ≤ 100 terms per row: a few hundred ulps (1e-5 absolute, 1e-4 relative) is plenty.
+ATOL, RTOL = 1e-5, 1e-4
+CASES = [  # (B, H, Nq, Nk, d, block_q, block_k): ragged N, Nq ≠ Nk, several head dims
+    (2, 3, 37, 37, 16, 16, 16),
+    (1, 2, 64, 64, 32, 16, 32),
+    (1, 2, 50, 50, 64, 32, 16),
+    (2, 1, 20, 45, 8, 8, 16),
+    (2, 1, 45, 20, 8, 16, 8),
+]
+
+
+def _qkv(B, H, Nq, Nk, d, dtype=torch.float32, seed=0):
+    Q = randn(B, H, Nq, d, seed=seed, dtype=dtype, requires_grad=True)
+    K = randn(B, H, Nk, d, seed=seed + 1, dtype=dtype, requires_grad=True)
+    V = randn(B, H, Nk, d, seed=seed + 2, dtype=dtype, requires_grad=True)
+    return Q, K, V
+
+
+def _lse_ref(Q, K, causal):
+    S = (Q @ K.transpose(-2, -1)) * Q.shape[-1] ** -0.5                   # (B, H, Nq, Nk)
+    if causal:  # SDPA's is_causal: top-left aligned
+        S = S.masked_fill(~torch.ones(Q.shape[2], K.shape[2], dtype=torch.bool).tril(), -math.inf)
+    return torch.logsumexp(S, dim=-1)
+
+
+def test_online_softmax_equals_softmax_for_any_block():
+    x = randn(3, 5, 23, seed=4) * 10
+    for block in (1, 4, 7, 23, 64):
+        assert compare(f"block {block}", online_softmax(x, block), torch.softmax(x, -1), atol=1e-7, rtol=1e-6, quiet=True)
+
+
+def test_online_softmax_trace_ends_at_max_and_normaliser():
+    x = randn(10, seed=5) * 3
+    steps = online_softmax_trace(x, block=3)
+    assert len(steps) == 4 and steps[0]["rescale"] == 0.0
+    assert steps[-1]["m"] == pytest.approx(x.max().item())
+    assert steps[-1]["ell"] == pytest.approx(torch.exp(x.double() - x.max()).sum().item(), rel=1e-12)
+    assert all(s["m"] >= s["m_old"] for s in steps)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("case", CASES)
+def test_tiled_forward_and_backward_match_sdpa(case, causal):
+    B, H, Nq, Nk, d, bq, bk = case
+    Q, K, V = _qkv(B, H, Nq, Nk, d)
+    O, L = flash_attention(Q, K, V, causal, block_q=bq, block_k=bk, return_lse=True)
+    O_ref = F.scaled_dot_product_attention(Q, K, V, is_causal=causal)
+    grad_O = randn(*O.shape, seed=9)
+    grads = torch.autograd.grad(O, (Q, K, V), grad_O)
+    grads_ref = torch.autograd.grad(O_ref, (Q, K, V), grad_O)
+    assert compare("O", O, O_ref, atol=ATOL, rtol=RTOL, quiet=True)
+    assert compare("L", L, _lse_ref(Q, K, causal), atol=ATOL, rtol=RTOL, quiet=True)
+    for name, g, r in zip(("grad_Q", "grad_K", "grad_V"), grads, grads_ref):
+        assert compare(name, g, r, atol=ATOL, rtol=RTOL, quiet=True), name
+
+
+def test_naive_matches_sdpa_and_tiled_backward_is_a_plain_function():
+    Q, K, V = _qkv(1, 2, 33, 33, 16)
+    for causal in (False, True):
+        O, L = naive_attention(Q, K, V, causal, return_lse=True)
+        assert compare("O", O, F.scaled_dot_product_attention(Q, K, V, is_causal=causal), atol=ATOL, rtol=RTOL, quiet=True)
+        grad_O = randn(*O.shape, seed=3)
+        ref = torch.autograd.grad(O, (Q, K, V), grad_O)
+        with torch.no_grad():
+            O2, L2 = flash_forward(Q, K, V, causal, 8, 8)
+            ours = flash_backward(Q, K, V, O2, L2, grad_O, causal, 8, 8)
+        for g, r in zip(ours, ref):
+            assert compare("grad", g, r, atol=ATOL, rtol=RTOL, quiet=True)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradcheck_float64(causal):
+    Q, K, V = _qkv(1, 2, 7, 7, 4, dtype=torch.float64)
+    assert torch.autograd.gradcheck(lambda q, k, v: flash_attention(q, k, v, causal, block_q=3, block_k=2), (Q, K, V))
+    Q, K, V = _qkv(1, 1, 5, 9, 3, dtype=torch.float64, seed=7)  # Nq ≠ Nk
+    assert torch.autograd.gradcheck(lambda q, k, v: flash_attention(q, k, v, causal, block_q=2, block_k=4), (Q, K, V))
+
+
+def test_saves_only_q_k_v_o_l_and_gates_gradients():
+    Q, K, V = _qkv(1, 2, 20, 20, 8)
+    O = flash_attention(Q, K, V, block_q=8, block_k=8)
+    assert [tuple(t.shape) for t in O.grad_fn.saved_tensors] == [(1, 2, 20, 8)] * 4 + [(1, 2, 20)]
+    K2 = K.detach()
+    grad_Q, = torch.autograd.grad(flash_attention(Q, K2, V).sum(), (Q,))
+    assert K2.grad is None and grad_Q.shape == Q.shape
+
+
+def test_saved_bytes_tiled_linear_naive_quadratic():
+    Ns = [64, 128, 256]
+    tiled = [saved_bytes(flash_attention, 1, 1, N, 8) for N in Ns]
+    naive = [saved_bytes(naive_attention, 1, 1, N, 8) for N in Ns]
+    assert tiled == [N * (8 + 1) * 4 for N in Ns]  # O (N·d) and L (N) in float32: exactly linear
+    assert [b / a for a, b in zip(naive, naive[1:])] == [4.0, 4.0]  # P is N × N
+    assert saved_bytes(flash_attention, 1, 1, 128, 8, causal=True) == tiled[1]
+
+
+def test_bad_input_raises_one_line_value_error():
+    Q, K, V = _qkv(1, 1, 4, 4, 8)
+    with pytest.raises(ValueError, match="expected shape"):
+        flash_attention(Q[0], K[0], V[0])
+    with pytest.raises(ValueError, match="K: expected shape"):
+        flash_attention(Q, K[..., :4], V)
+
+
+def test_flops_formula():
+    assert attention_flops(1, 1, 2, 3) == 4 * 4 * 3
+    assert attention_flops(1, 1, 2, 3, causal=True, backward=True) == 4 * 4 * 3 * 3.5 / 2
+
+
+def _broken_no_D(Q, K, V, O, L, grad_O, *args):
+    """dS = P ∘ dP, forgetting − D: D = rowsum(dO ∘ O) is 0 when O is replaced by zeros."""
+    return flash_backward(Q, K, V, torch.zeros_like(O), L, grad_O, *args)
+
+
+def _broken_unnormalised(Q, K, V, O, L, grad_O, *args):
+    """P = exp(S − m) instead of exp(S − L): skips dividing by ℓ (approximated by shifting L)."""
+    return flash_backward(Q, K, V, O, L - 1.0, grad_O, *args)
+
+
+@pytest.mark.parametrize("broken", [_broken_no_D, _broken_unnormalised])
+def test_a_broken_backward_is_caught(monkeypatch, broken):
+    monkeypatch.setattr(flash, "flash_backward", broken)
+    Q, K, V = _qkv(1, 2, 7, 7, 4, dtype=torch.float64)
+    assert not torch.autograd.gradcheck(lambda q, k, v: flash_attention(q, k, v, block_q=3, block_k=2),
+                                        (Q, K, V), raise_exception=False)
