@@ -1,0 +1,296 @@
+"""Where backward's memory goes: activation bytes, gradient checkpointing, mixed precision (chapter 9).
+
+Three pieces:
+
+* ``activation_bytes_formula`` - the bytes autograd keeps for backward in a stack of
+  ``nn.TransformerEncoderLayer(norm_first=True, dropout=0)`` blocks (chapter 7's TinyGPT), term
+  by term, as measured with ``helpers.memory.SavedTensors`` on PyTorch's CPU kernels;
+* ``Checkpoint`` / ``checkpoint`` - gradient checkpointing by hand: the forward runs under
+  ``torch.no_grad`` and keeps only the block's input; backward re-runs the forward with grad on
+  and takes the vector-Jacobian product with ``torch.autograd.grad``.  The RNG state is saved
+  before the forward and restored for the re-run, so dropout draws the same mask twice;
+* mixed precision: ``float_format_table`` (fp16 / bf16 / fp32 ranges), ``layer_norm_by_hand``
+  (every operation in the input's dtype, so ``eps`` is rounded to it), and loss scaling by hand
+  (``unscale_grads``, ``update_scale``, ``loss_scale_step``) - what ``torch.amp.GradScaler`` does.
+
+Why the parameters are explicit inputs of ``Checkpoint``: autograd asks a Function for gradients
+of its *inputs* only.  A block whose weights are captured inside ``fn`` (a closure, a module's
+attributes) looks to autograd like a function of ``x`` alone, so its weight gradients are never
+produced: they stay ``None`` and the optimizer silently skips those weights.  Passed as inputs,
+they come out of ``backward`` like ``grad_x`` does, and the Function works with both
+``L.backward()`` and ``torch.autograd.grad``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+from torch.autograd.function import once_differentiable
+from torch.func import functional_call
+
+from helpers.checks import expect_tensor
+
+__all__ = [
+    # memory
+    "block_activation_bytes", "activation_bytes_formula",
+    # checkpointing
+    "RNGState", "get_rng_state", "set_rng_state", "recompute_backward", "Checkpoint", "checkpoint",
+    "checkpoint_module", "checkpoint_sequential",
+    # mixed precision
+    "float_format_table", "layer_norm_by_hand", "ScalerState", "unscale_grads", "update_scale",
+    "loss_scale_step",
+]
+
+
+# --------------------------------------------------------------------------- activation bytes
+
+def _positive_ints(where: str, **values) -> None:
+    for name, v in values.items():
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise ValueError(f"{where}: expected a positive int {name}, got {v!r}")
+
+
+def block_activation_bytes(B: int, N: int, d: int, H: int, d_ff: int, bytes: int, attention: str = "fused",
+                           activation: str = "gelu") -> int:
+    """One pre-norm block: B·N·(8d + H + 4 + 2d_ff)·bytes (fused SDPA, GELU); math attention: 10d + H·N instead of 8d + H."""
+    _positive_ints("block_activation_bytes", B=B, N=N, d=d, H=H, d_ff=d_ff, bytes=bytes)
+    if attention not in ("fused", "math"):
+        raise ValueError(f"block_activation_bytes: expected attention 'fused' or 'math', got {attention!r}")
+    if activation not in ("gelu", "relu"):
+        raise ValueError(f"block_activation_bytes: expected activation 'gelu' or 'relu', got {activation!r}")
+    # Elements kept per token, op by op (what SavedTensors(by_op=True) lists for one block):
+    ln1 = d + 2                       # LayerNorm 1: its input X (the block input), μ and 1/σ
+    in_proj = d                       # in_proj: its input, LN1's output
+    if attention == "fused":
+        # SDPA kernel: Q, K, V (views of one packed (B, N, 3d) storage: 3d), its output O (d), the
+        # row log-sum-exp (H); out_proj's input is O merged back, the same storage.
+        attn = 3 * d + d + H
+    else:
+        # Math path: Q·√scale and Kᵀ·√scale (two copies, d each), V (a view that keeps the whole
+        # packed QKV storage alive, 3d), P (H·N per token: the N² term), the merged output (d).
+        attn = d + d + 3 * d + H * N + d
+    ln2 = d + 2                       # LayerNorm 2: its input X1 = X + SA(..), μ and 1/σ
+    linear1 = d                       # linear1: its input, LN2's output
+    # GELU keeps its input, linear2 its input (the GELU output): two tensors.  ReLU keeps its
+    # output, which is linear2's input too: one tensor.
+    ffn = 2 * d_ff if activation == "gelu" else d_ff
+    return B * N * (ln1 + in_proj + attn + ln2 + linear1 + ffn) * bytes
+
+
+def activation_bytes_formula(B: int, N: int, d: int, H: int, n_layers: int, d_ff: int, bytes: int,
+                             attention: str = "fused", activation: str = "gelu", head: bool = False) -> int:
+    """n_layers · B·N·(8d + H + 4 + 2d_ff)·bytes for the block stack (+ B·N·((2d + 2)·bytes + 8) with head=True).
+
+    Exact (not approximated) for ``nn.TransformerEncoderLayer(norm_first=True, dropout=0.0)`` blocks
+    measured with ``SavedTensors`` on PyTorch's CPU kernels, parameters excluded.  ``head=True``
+    adds TinyGPT's ends: the int64 token ids (8 bytes each, the embedding's backward needs them),
+    ln_f's input, μ, 1/σ and the head's input.  Not covered: dropout > 0 (masks), and CUDA's SDPA
+    kernels, which keep a padded log-sum-exp and RNG seeds instead of the CPU kernel's (B, H, N).
+    """
+    _positive_ints("activation_bytes_formula", n_layers=n_layers)
+    total = n_layers * block_activation_bytes(B, N, d, H, d_ff, bytes, attention, activation)
+    if head:
+        total += B * N * ((2 * d + 2) * bytes + 8)
+    return total
+
+
+# --------------------------------------------------------------------------- RNG state
+
+@dataclass(frozen=True)
+class RNGState:
+    """The CPU generator's state and the CUDA generators' states (by device index), taken before a forward."""
+
+    cpu: torch.Tensor
+    cuda: tuple = ()                  # ((device index, state), ...)
+
+
+def _cuda_indices(tensors) -> list[int]:
+    return sorted({t.device.index or 0 for t in tensors if isinstance(t, torch.Tensor) and t.is_cuda})
+
+
+def get_rng_state(tensors=()) -> RNGState:
+    """RNGState of the CPU and of every CUDA device any of ``tensors`` lives on."""
+    cuda = tuple((i, torch.cuda.get_rng_state(i)) for i in _cuda_indices(tensors))
+    return RNGState(torch.get_rng_state(), cuda)
+
+
+def set_rng_state(state: RNGState) -> None:
+    """Put the CPU and CUDA generators back to ``state`` (the next random draws repeat)."""
+    if not isinstance(state, RNGState):
+        raise ValueError(f"set_rng_state: expected an RNGState, got {type(state).__name__}")
+    torch.set_rng_state(state.cpu)
+    for i, s in state.cuda:
+        torch.cuda.set_rng_state(s, i)
+
+
+# --------------------------------------------------------------------------- checkpointing
+
+def recompute_backward(fn, x, params, grad_y, rng_state: RNGState | None = None, needs=None):
+    """Re-run y = fn(x, *params) with grad on (RNG restored), then (grad_x, [grad_θ]) = VJP of fn with grad_y.
+
+    ``needs`` (one bool for x, then one per parameter, like ``ctx.needs_input_grad``) says which
+    gradients to compute; the others come back as ``None``.
+    """
+    params = list(params)
+    needs = tuple(needs) if needs is not None else (True,) * (1 + len(params))
+    if len(needs) != 1 + len(params):
+        raise ValueError(f"recompute_backward: expected {1 + len(params)} flags in needs, got {len(needs)}")
+    # Fresh leaves that share memory with x and θ: the re-run builds a small local graph from them,
+    # which autograd.grad walks once and frees.
+    x_ = x.detach().requires_grad_(bool(needs[0]))
+    ps = [p.detach().requires_grad_(bool(n)) for p, n in zip(params, needs[1:])]
+    devices = [i for i, _ in rng_state.cuda] if rng_state is not None else []
+    # fork_rng: the re-run's draws must not advance the RNG the rest of training uses.
+    with torch.random.fork_rng(devices=devices, enabled=rng_state is not None):
+        if rng_state is not None:
+            set_rng_state(rng_state)
+        with torch.enable_grad():
+            y = fn(x_, *ps)
+    wrt = [t for t, n in zip([x_, *ps], needs) if n]
+    got = iter(torch.autograd.grad(y, wrt, grad_y, allow_unused=True) if wrt else ())
+    grads = [next(got) if n else None for n in needs]
+    return grads[0], grads[1:]
+
+
+class Checkpoint(torch.autograd.Function):
+    """y = fn(x, *params) keeping only x (and the parameters, which exist anyway); backward recomputes fn."""
+
+    @staticmethod
+    def forward(fn, rng_state, x, *params):
+        with torch.no_grad():         # no graph: fn's intermediate tensors are freed as it goes
+            return fn(x, *params)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        fn, rng_state, x, *params = inputs
+        ctx.fn, ctx.rng_state = fn, rng_state          # non-tensors live on ctx
+        ctx.save_for_backward(x, *params)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_y):
+        x, *params = ctx.saved_tensors
+        grad_x, grad_params = recompute_backward(ctx.fn, x, params, grad_y, ctx.rng_state,
+                                                 ctx.needs_input_grad[2:])
+        return (None, None, grad_x, *grad_params)
+
+
+def checkpoint(fn, x, *params, preserve_rng_state: bool = True):
+    """y = fn(x, *params) with gradient checkpointing; fn must use the params it is given, not captured ones."""
+    expect_tensor("x", x)
+    if not callable(fn):
+        raise ValueError(f"checkpoint: expected a callable fn, got {type(fn).__name__}")
+    for i, p in enumerate(params):
+        expect_tensor(f"params[{i}]", p)
+    if not x.is_floating_point():
+        raise ValueError(f"x: expected a floating-point tensor, got {x.dtype}")
+    rng_state = get_rng_state([x, *params]) if preserve_rng_state else None
+    return Checkpoint.apply(fn, rng_state, x, *params)
+
+
+def checkpoint_module(module: nn.Module, x, preserve_rng_state: bool = True, **kwargs):
+    """module(x, **kwargs) checkpointed: its parameters become explicit inputs via torch.func.functional_call."""
+    if not isinstance(module, nn.Module):
+        raise ValueError(f"checkpoint_module: expected an nn.Module, got {type(module).__name__}")
+    names, params = zip(*module.named_parameters()) if any(True for _ in module.parameters()) else ((), ())
+
+    def fn(x, *ps):
+        return functional_call(module, dict(zip(names, ps)), (x,), kwargs)
+
+    return checkpoint(fn, x, *params, preserve_rng_state=preserve_rng_state)
+
+
+def checkpoint_sequential(blocks, x, preserve_rng_state: bool = True, **kwargs):
+    """x_l = block_l(x_{l−1}, **kwargs) for every block, each checkpointed: backward keeps one input per block."""
+    blocks = list(blocks)
+    if not all(isinstance(b, nn.Module) for b in blocks):
+        raise ValueError("checkpoint_sequential: expected an iterable of nn.Module blocks")
+    for block in blocks:
+        x = checkpoint_module(block, x, preserve_rng_state, **kwargs)
+    return x
+
+
+# --------------------------------------------------------------------------- number formats
+
+def float_format_table(dtypes=(torch.float16, torch.bfloat16, torch.float32)) -> list[dict]:
+    """Per dtype: largest finite value, smallest normal (finfo.tiny), smallest subnormal (tiny·eps), eps (1 ulp at 1)."""
+    rows = []
+    for dt in dtypes:
+        fi = torch.finfo(dt)
+        rows.append({"dtype": str(dt).replace("torch.", ""), "bits": fi.bits, "max": fi.max, "tiny": fi.tiny,
+                     "subnormal": fi.tiny * fi.eps, "eps": fi.eps})
+    return rows
+
+
+def layer_norm_by_hand(x, weight=None, bias=None, eps: float = 1e-5):
+    """y = γ (x − μ)/√(σ² + eps) + β with every operation, and eps itself, in x's dtype (no float32 inside)."""
+    expect_tensor("x", x)
+    if not x.is_floating_point():
+        raise ValueError(f"x: expected a floating-point tensor, got {x.dtype}")
+    eps_t = torch.tensor(eps, dtype=x.dtype, device=x.device)   # 1e-12 in float16 is 0
+    mu = x.mean(-1, keepdim=True)                                # (..., 1)
+    var = ((x - mu) ** 2).mean(-1, keepdim=True)                 # (..., 1), biased like nn.LayerNorm
+    y = (x - mu) / torch.sqrt(var + eps_t)                       # (..., d)
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y
+
+
+# --------------------------------------------------------------------------- loss scaling
+
+@dataclass(frozen=True)
+class ScalerState:
+    """Loss-scale state with torch.amp.GradScaler's defaults: scale 2¹⁶, ×2 after 2000 clean steps, ×0.5 on inf."""
+
+    scale: float = 65536.0
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    growth_tracker: int = 0
+
+
+def unscale_grads(grads, scale: float):
+    """g ← g · (1/scale) (1/scale rounded to float32, as GradScaler does); returns (grads, found_inf)."""
+    inv_scale = float(torch.tensor(float(scale), dtype=torch.float64).reciprocal().float())
+    out, found_inf = [], False
+    for g in grads:
+        if g is None:
+            out.append(None)
+            continue
+        expect_tensor("grad", g)
+        found_inf = found_inf or not bool(torch.isfinite(g).all())
+        out.append(g * inv_scale)
+    return out, found_inf
+
+
+def update_scale(state: ScalerState, found_inf: bool) -> ScalerState:
+    """inf/NaN: scale·backoff, tracker 0; else tracker + 1, and on reaching growth_interval: scale·growth, tracker 0."""
+    if not isinstance(state, ScalerState):
+        raise ValueError(f"update_scale: expected a ScalerState, got {type(state).__name__}")
+    if found_inf:
+        return replace(state, scale=state.scale * state.backoff_factor, growth_tracker=0)
+    tracker = state.growth_tracker + 1
+    if tracker == state.growth_interval:
+        return replace(state, scale=state.scale * state.growth_factor, growth_tracker=0)
+    return replace(state, growth_tracker=tracker)
+
+
+@torch.no_grad()
+def loss_scale_step(params, scaled_grads, state: ScalerState, lr: float):
+    """One SGD step with loss scaling: g = scaled_g/scale; skip if any g is inf/NaN, else θ ← θ − lr·g; update the scale.
+
+    ``scaled_grads`` are the gradients of ``scale · L``.  Returns ``(new_state, stepped)``; the
+    parameters are updated in place.
+    """
+    params, scaled_grads = list(params), list(scaled_grads)
+    if len(params) != len(scaled_grads):
+        raise ValueError(f"loss_scale_step: expected one grad per param, got {len(scaled_grads)} for {len(params)}")
+    grads, found_inf = unscale_grads(scaled_grads, state.scale)
+    if not found_inf:
+        for p, g in zip(params, grads):
+            if g is not None:
+                p.add_(g, alpha=-lr)               # torch.optim.SGD's update, same rounding
+    return update_scale(state, found_inf), not found_inf
