@@ -238,7 +238,11 @@ def stale(lab: str) -> str | None:
     if not dest.exists():
         return f"{dest.relative_to(ROOT)} is missing: run `python tools/labs.py release {lab}`"
     with tempfile.TemporaryDirectory() as d:
-        fresh = student_from_assign(lab, run_assign(lab, Path(d) / "out", run_tests=False))
+        try:
+            fresh = student_from_assign(lab, run_assign(lab, Path(d) / "out", run_tests=False))
+        except Exception as exc:  # a broken source is a problem to report, not a crash
+            first = (str(exc).strip().splitlines() or [""])[0]
+            return f"{lab}: cannot generate the student notebook ({type(exc).__name__}: {first})"
     have, want = skeleton(read_nb(dest)), skeleton(fresh)
     if have == want:
         return None
