@@ -304,6 +304,8 @@ def secret_snippets(src_nb, min_len: int = 8) -> list[str]:
 
 def leaks(lab: str, student_text: str | None = None) -> list[str]:
     """Secret snippets of the source that appear in the student notebook (or in ``student_text``)."""
+    if student_text is None and not student_path(lab).exists():
+        return []  # stale() already reports the missing notebook
     text = student_text if student_text is not None else student_path(lab).read_text()
     # compare code with code: the notebook's JSON strings decoded
     try:
