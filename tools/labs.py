@@ -426,6 +426,13 @@ def grade_file(lab: str, path: Path, ag: Path, qs, timeout: float) -> tuple[dict
         nb = nbformat.from_dict(raw)
         if not isinstance(nb.get("cells"), list) or nb.get("nbformat") != 4:
             raise ValueError("no cells list or not nbformat 4")
+        for cell in nb.cells:  # repair what editors get wrong instead of failing the student
+            if not isinstance(cell, dict) or not isinstance(cell.get("source", ""), (str, list)):
+                raise ValueError("a cell has no text source")
+            if cell.get("cell_type") == "code" and not isinstance(cell.get("outputs"), list):
+                cell["outputs"] = []
+            elif cell.get("cell_type") != "code":
+                cell.pop("outputs", None)
     except UnicodeDecodeError:
         return _row(path.name, "corrupt", qs, notes="not text (not UTF-8)"), detail
     except ValueError as e:
