@@ -299,7 +299,35 @@ def secret_snippets(src_nb, min_len: int = 8) -> list[str]:
             else:
                 public.append(ln)
     public_text = "\n".join(public)
-    return sorted({s for s in secret if len(s) >= min_len and s not in public_text})
+    course = _course_code()
+    return sorted({s for s in secret if len(s) >= min_len and s not in public_text
+                   and not _GENERIC.match(s) and not found(s, course)})
+
+
+def found(snippet: str, text: str) -> bool:
+    """``snippet`` occurs in ``text`` as whole code: 'grad_Y @ W' does not occur in 'grad_Y @ W_out'."""
+    if snippet not in text:  # fast path: most snippets are nowhere
+        return False
+    return re.search(r"(?<![\w.])" + re.escape(snippet) + r"(?![\w])", text) is not None
+
+
+# Lines any Python program may contain: finding them on a page proves nothing.
+_GENERIC = re.compile(r"^(import \S+|from \S+ import .*|except\b.*|try:|else:|finally:|continue|break|pass"
+                      r"|return|return None|return True|return False|with torch\.no_grad\(\):)$")
+_COURSE_CODE: str | None = None
+
+
+def _course_code() -> str:
+    """Every chapter (cells and outputs) and the helpers package: public, so never a lab's secret."""
+    global _COURSE_CODE
+    if _COURSE_CODE is None:
+        parts = [p.read_text() for p in sorted((ROOT / "helpers").glob("*.py"))]
+        for p in sorted((ROOT / "chapters").glob("*.ipynb")):
+            for c in read_nb(p).cells:
+                parts.append(c.source)
+                parts += ["".join(o.get("text", "")) for o in c.get("outputs", [])]
+        _COURSE_CODE = "\n".join(parts)
+    return _COURSE_CODE
 
 
 def leaks(lab: str, student_text: str | None = None) -> list[str]:
@@ -314,7 +342,7 @@ def leaks(lab: str, student_text: str | None = None) -> list[str]:
                          for c in nb["cells"]) + json.dumps(nb.get("metadata", {}), ensure_ascii=False)
     except (ValueError, KeyError, TypeError):
         pass
-    return [s for s in secret_snippets(read_nb(source_path(lab))) if s in text]
+    return [s for s in secret_snippets(read_nb(source_path(lab))) if found(s, text)]
 
 
 # ---------------------------------------------------------------------- grade
