@@ -430,3 +430,23 @@ def test_screenshots(browser, server, site, capsys):
         assert path.stat().st_size > 10_000, f"{path} looks empty"
     with capsys.disabled():
         print(f"\n[site] screenshots ({DOCNAMES[0]}, {_chapter_for_screenshots()}): {SCREENSHOTS}")
+
+
+# ---------------------------------------------------------------------------------------------
+# labs: no solution or hidden test anywhere in the built site (checked on the session's build)
+# ---------------------------------------------------------------------------------------------
+
+sys.path.insert(0, str(ROOT / "tools"))
+import labs as _labs  # noqa: E402
+
+
+@pytest.mark.parametrize("lab", _labs.labs())
+def test_no_lab_solution_or_hidden_test_in_the_built_site(site, lab):
+    secrets = _labs.secret_snippets(_labs.read_nb(_labs.source_path(lab)))
+    assert secrets, f"{lab}: found no solution text to look for"
+    for page in site.rglob("*"):
+        if page.suffix in (".html", ".ipynb", ".txt", ".md", ".js") and page.is_file():
+            text = page.read_text(errors="replace").replace("&quot;", '"').replace("&#39;", "'") \
+                .replace("&gt;", ">").replace("&lt;", "<").replace("&amp;", "&")
+            found = [s for s in secrets if _labs.found(s, text)]
+            assert not found, f"{page.relative_to(site)} shows {found[0]!r} from {lab}'s solutions"
