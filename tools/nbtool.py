@@ -108,8 +108,32 @@ def build(src: Path, out: Path) -> None:
     nb = jupytext.read(src)
     nb = nbformat.from_dict(nb)
     ensure_setup(nb)
+    if out.exists():
+        keep_ids(nb, nbformat.read(out, as_version=4))
     nbformat.write(nb, out)
     execute(out)
+
+
+def keep_ids(nb, old) -> None:
+    """Reuse the old notebook's cell ids (same source first, else same position) so diffs show content."""
+    by_source = {}
+    for c in old.cells:
+        by_source.setdefault((c.cell_type, c.source), []).append(c.get("id"))
+    used = set()
+    for i, c in enumerate(nb.cells):
+        same = [x for x in by_source.get((c.cell_type, c.source), []) if x and x not in used]
+        if not same and i < len(old.cells) and old.cells[i].cell_type == c.cell_type:
+            same = [x for x in [old.cells[i].get("id")] if x and x not in used]
+        if same:
+            c["id"] = same[0]
+            used.add(same[0])
+    taken = {c.get("id") for c in nb.cells}
+    if len(taken) != len(nb.cells):              # a positional reuse collided: fresh ids for the rest
+        seen = set()
+        for c in nb.cells:
+            if c.get("id") in seen:
+                c["id"] = nbformat.v4.new_code_cell().id
+            seen.add(c["id"])
 
 
 def export(nb_path: Path, src: Path) -> None:
