@@ -49,7 +49,9 @@ def lora_linear_forward(x, W, b, A, B, scale, x_lora=None):
     xl = x if x_lora is None else x_lora
     xA = xl @ A.T                                                # (..., in) @ (in, r) -> (..., r)
     y = F.linear(x, W, b)                                        # x Wᵀ + b: (..., in) -> (..., out), as nn.Linear
-    y = y + scale * (xA @ B.T)                                   # (..., r) @ (r, out) -> (..., out)
+    y2 = y.view(-1, y.shape[-1])                                 # (..., out) -> (R, out), a view of y
+    # y2 += s·(xA Bᵀ) in one addmm: no (R, out) temporaries for the product and the scaling.
+    y2.addmm_(xA.reshape(-1, xA.shape[-1]), B.T, alpha=scale)    # (R, r) @ (r, out) -> (R, out)
     return y, xA
 
 
@@ -71,8 +73,8 @@ def lora_linear_backward(grad_y, x, W, A, B, xA, scale, needs=(True, False, True
         gB = grad_y @ B                                          # (..., out) @ (out, r) -> (..., r)
     if need_x:
         grad_x = grad_y @ W                                      # (..., out) @ (out, in) -> (..., in)
-        if x_lora is None:
-            grad_x = grad_x + scale * (gB @ A)                   # (..., r) @ (r, in) -> (..., in)
+        if x_lora is None:                                       # += s·(gB A), fused as in the forward
+            grad_x.view(-1, grad_x.shape[-1]).addmm_(gB.reshape(-1, gB.shape[-1]), A, alpha=scale)  # (R, r) @ (r, in)
     if need_xl and x_lora is not None:
         grad_xl = scale * (gB @ A)                               # (..., r) @ (r, in) -> (..., in)
     if need_W:
@@ -326,6 +328,9 @@ class LoRASelfAttention(nn.Module):
             return t.reshape(Bsz, N, H, d).transpose(1, 2)       # (B, N, E) -> (B, H, N, d)
 
         Q, K, V = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
+        if is_causal and attn_mask is None and key_padding_mask is not None:
+            # SDPA takes is_causal or a mask, not both: fold the triangle into the padding mask.
+            attn_mask = torch.ones(N, N, dtype=torch.bool, device=x.device).triu(1)  # (N, N), True = future key
         mask = _additive_mask(attn_mask, key_padding_mask, Bsz, N, x.dtype)
         causal = is_causal and mask is None
         O = F.scaled_dot_product_attention(Q, K, V, attn_mask=mask, is_causal=causal,
@@ -548,5 +553,6 @@ def eval_lm(model: nn.Module, data: torch.Tensor, batches: int = 8, batch_size: 
     total = 0.0
     for s in range(batches):
         idx, targets = get_batch(data, batch_size, n_ctx, seed=seed + s, device=device)
-        total += F.cross_entropy(model(idx).flatten(0, 1), targets.flatten()).item()
+        logits = model(idx).flatten(0, 1)                        # (B, N, V) -> (B·N, V)
+        total += F.cross_entropy(logits, targets.flatten()).item()
     return total / batches

@@ -120,6 +120,13 @@ def test_stream_gradients_and_block_norms():
     stream = []
     grads = gpt_backward(grad_logits, cache, stream)
     assert len(stream) == CFG.n_layers + 1 and stream[0].shape == (2, 8, 16)
+    # input side first: X_0 = wte[idx] + wpe[:N], so ∂L/∂wpe is stream[0] summed over the batch
+    torch.testing.assert_close(stream[0].sum(0), grads["wpe"][:8], atol=1e-12, rtol=0)
+    # output side last: ∂L/∂X_L through ln_f and the head, by autograd
+    X_L = cache["X_L"].clone().requires_grad_(True)
+    Hf = F.layer_norm(X_L, (16,), params["ln_f.weight"], params["ln_f.bias"])
+    (Hf @ params["head.weight"].T).backward(grad_logits)      # (B, N, d) @ (d, V) -> (B, N, V)
+    torch.testing.assert_close(stream[-1], X_L.grad, atol=1e-12, rtol=0)
     norms = block_grad_norms(grads, CFG.n_layers)
     assert len(norms) == 3 and all(v > 0 for v in norms)
 

@@ -138,6 +138,17 @@ def test_frozen_base_saves_fewer_bytes_than_trainable():
     assert frozen.total_bytes < trainable.total_bytes
 
 
+def test_frozen_lora_layer_saves_x_and_xA():
+    """A frozen base + LoRA keeps x (for ∂L/∂A) and x Aᵀ (for ∂L/∂B): R·(in + r) elements."""
+    from helpers.memory import SavedTensors
+    m = _lora(d_in=32, d_out=16, r=4).to(torch.float32)
+    x = randn(64, 32, seed=2, device=DEV, requires_grad=True)
+    h = x * 1.0                                               # a non-leaf input, as inside a model
+    with SavedTensors(exclude=[*m.parameters(), x]) as saved:
+        m(h)
+    assert saved.total_bytes == 4 * 64 * (32 + 4)            # parameters (W, A, B) excluded
+
+
 def test_merge_unmerge_round_trip():
     m = _lora()
     x = randn(4, 7, seed=1, dtype=F64, device=DEV)
@@ -303,6 +314,48 @@ def test_split_attention_equals_multihead_attention(masks):
     torch.testing.assert_close(y, y_ref, **TOL64)
 
 
+def _mha_mask(kind, B=3, H=2, N=5):
+    """Masks for MultiheadAttention: a (B, N) padding mask and/or an (N, N) or (B·H, N, N) attn_mask."""
+    kpm = torch.zeros(B, N, dtype=torch.bool, device=DEV)
+    kpm[0, 3:] = True
+    kpm[2, 4:] = True
+    if kind == "causal+padding":
+        future = torch.ones(N, N, dtype=torch.bool, device=DEV).triu(1)   # (N, N), True = blocked
+        return dict(attn_mask=future, key_padding_mask=kpm)
+    if kind == "3d":
+        m = torch.rand(B * H, N, N, generator=torch.Generator().manual_seed(4)) < 0.3
+        m[..., 0] = False                                     # every query keeps one key
+        return dict(attn_mask=m.to(DEV))
+    raise ValueError(kind)
+
+
+@pytest.mark.parametrize("kind", ["causal+padding", "3d"])
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_split_attention_equals_multihead_attention_masks_and_layouts(kind, batch_first):
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(8, 2, batch_first=batch_first).to(device=DEV, dtype=F64)
+    att = LoRASelfAttention(mha, r=2, alpha=2.0)
+    x = randn(3, 5, 8, seed=1, dtype=F64, device=DEV)
+    if not batch_first:
+        x = x.transpose(0, 1)                                 # (B, N, E) -> (N, B, E)
+    kw = _mha_mask(kind)
+    y_ref, _ = mha(x, x, x, need_weights=False, **kw)
+    y, _ = att(x, x, x, need_weights=False, **kw)
+    torch.testing.assert_close(y, y_ref, **TOL64)
+
+
+def test_is_causal_with_only_a_padding_mask_stays_causal():
+    """is_causal=True with a key_padding_mask but no attn_mask must still hide future keys."""
+    att = LoRASelfAttention(_mha(), r=2, alpha=2.0)
+    x = randn(3, 5, 8, seed=1, dtype=F64, device=DEV)
+    kw = _mha_mask("causal+padding")
+    y_causal, _ = att(x, x, x, key_padding_mask=kw["key_padding_mask"], is_causal=True)
+    y_ref, _ = att(x, x, x, **kw)
+    torch.testing.assert_close(y_causal, y_ref, **TOL64)
+    y_open, _ = att(x, x, x, key_padding_mask=kw["key_padding_mask"])
+    assert not torch.allclose(y_open, y_causal)
+
+
 def test_attention_adapters_on_q_and_v_only_train_and_survive_eval_fast_path():
     layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True, norm_first=True)
     layer = layer.to(device=DEV, dtype=F64)
@@ -343,12 +396,21 @@ def test_attention_bad_inputs():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.gpu
 def test_cuda_float32_matches_cpu():
-    m = _lora()
-    x = randn(4, 7, seed=1, dtype=F64)
-    m_cpu = m.to("cpu")
-    y_cpu = m_cpu(x)
-    m_gpu = m_cpu.to("cuda")
-    torch.testing.assert_close(m_gpu(x.cuda()).cpu(), y_cpu, **TOL64)
+    """float32 on the GPU with TF32 off equals the CPU to float32 round-off, output and grads."""
+    from helpers.device import no_tf32
+    no_tf32()
+    m_cpu = _lora(d_in=64, d_out=48, r=4).to(device="cpu", dtype=torch.float32)
+    m_gpu = _lora(d_in=64, d_out=48, r=4).to(device="cuda", dtype=torch.float32)
+    m_gpu.load_state_dict(m_cpu.state_dict())
+    x = randn(32, 64, seed=1)
+    outs = []
+    for m, xd in ((m_cpu, x.clone()), (m_gpu, x.cuda())):
+        xd.requires_grad_(True)
+        y = m(xd)
+        y.pow(2).sum().backward()
+        outs.append([t.detach().cpu() for t in (y, xd.grad, m.lora_A.grad, m.lora_B.grad)])
+    for a, b in zip(*outs):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
 
 
 def test_add_lora_after_add_lora_attention_keeps_attention_adapters_trainable():
