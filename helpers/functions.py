@@ -76,11 +76,13 @@ class Linear(torch.autograd.Function):
 
     @staticmethod
     def forward(x, W, b):
+        """y = x Wᵀ + b (+ b only when b is given); runs with autograd off."""
         y = x @ W.T                                              # (..., in) @ (in, out) -> (..., out)
         return y if b is None else y + b
 
     @staticmethod
     def setup_context(ctx, inputs, output):
+        """Save x only if grad_W is needed (grad_W = grad_yᵀ x) and W only if grad_x is (grad_x = grad_y W)."""
         x, W, b = inputs
         need_x, need_W = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         # grad_x needs only W and grad_W needs only x: keep neither if nobody asks.
@@ -88,6 +90,7 @@ class Linear(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_y):
+        """grad_x = grad_y W, grad_W = grad_yᵀ x, grad_b = Σ_rows grad_y (each only if needed)."""
         x, W = ctx.saved_tensors
         grad_x, grad_W, grad_b = linear_backward(x, W, grad_y, ctx.needs_input_grad)
         return grad_x, grad_W, grad_b
@@ -117,14 +120,17 @@ class ReLU(torch.autograd.Function):
 
     @staticmethod
     def forward(x):
+        """y = max(x, 0) = x.clamp(min=0)."""
         return x.clamp(min=0)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
+        """Save the output y: [y > 0] = [x > 0] is all backward needs."""
         ctx.save_for_backward(output)
 
     @staticmethod
     def backward(ctx, grad_y):
+        """grad_x = grad_y · [y > 0]."""
         (y,) = ctx.saved_tensors
         if not ctx.needs_input_grad[0]:
             return None
@@ -163,10 +169,12 @@ class GELU(torch.autograd.Function):
 
     @staticmethod
     def forward(x, approximate):
+        """y = x Φ(x) (approximate='none') or ½x(1 + tanh(√(2/π)(x + 0.044715x³))) (approximate='tanh')."""
         return gelu_forward(x, approximate)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
+        """Save x (gelu′(x) needs it) and the form string on ctx."""
         x, approximate = inputs
         ctx.save_for_backward(x)
         ctx.approximate = approximate                            # a str: on ctx, not saved
@@ -174,6 +182,7 @@ class GELU(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_y):
+        """grad_x = grad_y · gelu′(x); no gradient for the form string."""
         (x,) = ctx.saved_tensors
         if not ctx.needs_input_grad[0]:
             return None, None
@@ -217,16 +226,19 @@ class Softmax(torch.autograd.Function):
 
     @staticmethod
     def forward(z, dim):
+        """P = exp(z − max z) / Σ exp(z − max z) along dim."""
         return _stable_softmax(z, dim)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
+        """Save the output P and dim: grad_z = P ∘ (grad_P − ⟨grad_P, P⟩) needs nothing else."""
         ctx.save_for_backward(output)
         ctx.dim = inputs[1]
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_P):
+        """grad_z = P ∘ (grad_P − ⟨grad_P, P⟩) along dim; no gradient for dim."""
         (P,) = ctx.saved_tensors
         if not ctx.needs_input_grad[0]:
             return None, None
@@ -239,6 +251,7 @@ class SoftmaxDiagonalOnly(Softmax):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_P):
+        """WRONG on purpose: grad_z = P ∘ (1 − P) ∘ grad_P (the Jacobian's diagonal only)."""
         (P,) = ctx.saved_tensors
         if not ctx.needs_input_grad[0]:
             return None, None
@@ -263,16 +276,19 @@ class LogSoftmax(torch.autograd.Function):
 
     @staticmethod
     def forward(z, dim):
+        """ℓ = z − logsumexp(z) along dim."""
         return z - torch.logsumexp(z, dim, keepdim=True)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
+        """Save the output ℓ and dim: grad_z = grad_ℓ − exp(ℓ) Σ grad_ℓ needs nothing else."""
         ctx.save_for_backward(output)
         ctx.dim = inputs[1]
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_logP):
+        """grad_z = grad_ℓ − exp(ℓ) · Σ grad_ℓ along dim; no gradient for dim."""
         (logP,) = ctx.saved_tensors
         if not ctx.needs_input_grad[0]:
             return None, None
@@ -319,11 +335,13 @@ class CrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(logits, target, ignore_index, label_smoothing):
+        """(L, lse): L = (1/N_kept) Σ_rows −Σ_c q_c (z_c − lse), lse = log Σ_c exp(z_c) per row."""
         L, lse = cross_entropy_forward(logits, target, ignore_index, label_smoothing)
         return L, lse
 
     @staticmethod
     def setup_context(ctx, inputs, output):
+        """Save logits z, lse (R,) and target; mark lse non-differentiable: softmax(z) = exp(z − lse)."""
         logits, target, ignore_index, label_smoothing = inputs
         _, lse = output
         # lse is a by-product returned only to be saved: one float per row rebuilds softmax(z) = exp(z − lse).
@@ -334,6 +352,7 @@ class CrossEntropy(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_L, _grad_lse):
+        """grad_z = grad_L · (exp(z − lse) − q) / N_kept on kept rows, 0 on ignored ones; none for the rest."""
         logits, lse, target = ctx.saved_tensors
         if not ctx.needs_input_grad[0]:
             return None, None, None, None
@@ -369,15 +388,18 @@ class MSE(torch.autograd.Function):
 
     @staticmethod
     def forward(y_hat, y):
+        """L = mean((ŷ − y)²) over all elements."""
         return ((y_hat - y) ** 2).mean()
 
     @staticmethod
     def setup_context(ctx, inputs, output):
+        """Save ŷ and y: grad_ŷ = 2(ŷ − y)/n needs both."""
         ctx.save_for_backward(*inputs)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_L):
+        """grad_ŷ = grad_L · 2(ŷ − y)/n, grad_y = −grad_ŷ (each only if needed)."""
         y_hat, y = ctx.saved_tensors
         need_y_hat, need_y = ctx.needs_input_grad
         if not (need_y_hat or need_y):
@@ -430,10 +452,12 @@ class LayerNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(x, weight, bias, eps):
+        """(y, μ, 1/σ): y = γ (x − μ)/σ + β, σ = √(var(x) + eps), over the last dim."""
         return layernorm_forward(x, weight, bias, eps)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
+        """Save x, μ, 1/σ, γ (not x̂ = (x − μ)/σ, rebuilt in backward); μ and 1/σ are non-differentiable."""
         x, weight, _, _ = inputs
         _, mu, rstd = output
         # μ and 1/σ are returned only to be saved: two floats per row rebuild x̂ from x,
@@ -444,6 +468,7 @@ class LayerNorm(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_y, _grad_mu, _grad_rstd):
+        """g = grad_y γ: grad_x = (1/σ)(g − mean(g) − x̂ mean(g x̂)), grad_γ = Σ grad_y x̂, grad_β = Σ grad_y."""
         x, mu, rstd, weight = ctx.saved_tensors
         needs = ctx.needs_input_grad[:3]
         if not any(needs):
@@ -489,11 +514,13 @@ class Dropout(torch.autograd.Function):
 
     @staticmethod
     def forward(x, mask, p):
+        """y = x · m / (1 − p) (0 when p = 1)."""
         scale = 0.0 if p >= 1.0 else 1.0 / (1.0 - p)
         return x * mask * scale
 
     @staticmethod
     def setup_context(ctx, inputs, output):
+        """Save the bool mask m (1 byte per element) and p on ctx."""
         _, mask, p = inputs
         ctx.save_for_backward(mask)
         ctx.p = p
@@ -501,6 +528,7 @@ class Dropout(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_y):
+        """grad_x = grad_y · m / (1 − p); no gradient for the mask or p."""
         (mask,) = ctx.saved_tensors
         if not ctx.needs_input_grad[0]:
             return None, None, None
@@ -527,6 +555,7 @@ class MLP(nn.Module):
     """sizes (d0, ..., dL): [Linear → (LayerNorm) → act] per hidden layer, then Linear; our Functions only."""
 
     def __init__(self, sizes, activation="relu", layer_norm=False, seed=0, dtype=torch.float32, device=None):
+        """W_i ~ U(−1/√d_in, 1/√d_in) (out, in), b_i likewise, drawn in float64 from seed; LN γ = 1, β = 0."""
         super().__init__()
         if len(sizes) < 2 or activation not in ("relu", "gelu", "gelu_tanh"):
             raise ValueError(f"MLP: expected >= 2 sizes and activation relu|gelu|gelu_tanh, got {sizes}, {activation!r}")
@@ -545,6 +574,7 @@ class MLP(nn.Module):
                 self.ln_biases.append(nn.Parameter(torch.zeros(d_out, device=device, dtype=dtype)))
 
     def _act(self, h):
+        """act(h) = relu(h), gelu(h) (erf form) or gelu(h) (tanh form), by self.activation."""
         if self.activation == "relu":
             return relu(h)
         return gelu(h, "tanh" if self.activation == "gelu_tanh" else "none")

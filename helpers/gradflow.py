@@ -21,18 +21,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from helpers.device import randn
+from helpers.show import fmt_sci  # re-exported: it used to live here (chapter 7 imports it from here)
 
 __all__ = ["GradFlowRecorder", "record_grad_flow", "clip_grad_norm", "global_grad_norm",
            "ACTIVATIONS", "Block", "DeepMLP", "deep_mlp", "fixed_batch", "layer_grad_norms",
            "dead_relu_units", "fmt_sci"]
-
-
-def fmt_sci(v: float, digits: int = 1) -> str:
-    """A norm in scientific notation, ``digits`` after the point: 1.2e-07 (for values spanning decades)."""
-    v = float(v)
-    if math.isnan(v) or math.isinf(v):
-        return str(v)
-    return f"{abs(v) if v == 0 else v:.{digits}e}"
 
 
 # --------------------------------------------------------------------------- recorder
@@ -53,6 +46,7 @@ class GradFlowRecorder:
     """
 
     def __init__(self, model: nn.Module, modules=None):
+        """One forward hook per watched module name, one post-accumulate-grad hook per trainable parameter."""
         if not isinstance(model, nn.Module):
             raise ValueError(f"model: expected an nn.Module, got {type(model).__name__}")
         named = dict(model.named_modules())
@@ -72,7 +66,9 @@ class GradFlowRecorder:
                 self._handles.append(p.register_post_accumulate_grad_hook(self._param_hook(pname)))
 
     def _forward_hook(self, name):
+        """A forward hook that puts a tensor hook on the output: records ‖∂L/∂out‖ under ``name``."""
         def hook(module, inputs, output):
+            """output → output.register_hook(g ↦ store ‖g‖ under name)."""
             out = output[0] if isinstance(output, (tuple, list)) else output
             if isinstance(out, torch.Tensor) and out.requires_grad:
                 # The key is the module's NAME, decided here, not the module object.
@@ -80,7 +76,9 @@ class GradFlowRecorder:
         return hook
 
     def _param_hook(self, pname):
+        """A post-accumulate-grad hook that records ‖p.grad‖ under ``pname``."""
         def hook(p):
+            """param_grad_norms[pname] = ‖p.grad‖ (after accumulation)."""
             self.param_grad_norms[pname] = p.grad.norm().item()
         return hook
 
@@ -91,9 +89,11 @@ class GradFlowRecorder:
         self._handles = []
 
     def __enter__(self):
+        """The recorder itself; hooks are already registered."""
         return self
 
     def __exit__(self, *exc):
+        """Remove every hook; never swallows an exception."""
         self.remove()
         return False
 
@@ -138,6 +138,7 @@ class Block(nn.Module):
     """h ↦ act(Linear(LN(h))), plus h itself when residual: h + act(Linear(LN(h)))."""
 
     def __init__(self, width: int, activation: str, residual: bool, layernorm: bool):
+        """LN (width) if layernorm, Linear (width → width), the activation by name, and the residual flag."""
         super().__init__()
         self.norm = nn.LayerNorm(width) if layernorm else None
         self.linear = nn.Linear(width, width)
@@ -145,6 +146,7 @@ class Block(nn.Module):
         self.residual = residual
 
     def forward(self, h):
+        """a = act(LN(h) Wᵀ + b); returns h + a if residual else a (no LN without layernorm)."""
         a = self.norm(h) if self.norm is not None else h
         a = self.act(self.linear(a))               # (B, width) @ (width, width).T -> (B, width)
         return h + a if self.residual else a
@@ -154,11 +156,13 @@ class DeepMLP(nn.Module):
     """X (B, width) → depth Blocks → head Linear (B, n_classes)."""
 
     def __init__(self, depth, width, activation, residual, layernorm, n_classes):
+        """depth Blocks of width ``width``, then a head Linear (width → n_classes)."""
         super().__init__()
         self.blocks = nn.ModuleList(Block(width, activation, residual, layernorm) for _ in range(depth))
         self.head = nn.Linear(width, n_classes)
 
     def forward(self, X):
+        """h_0 = X, h_i = Block_i(h_{i−1}), logits = h_depth W_headᵀ + b_head."""
         h = X
         for block in self.blocks:
             h = block(h)
@@ -205,11 +209,16 @@ def layer_grad_norms(model: DeepMLP, X, y, which: str = "weight") -> list[float]
 
 @torch.no_grad()
 def dead_relu_units(model: nn.Module, X) -> dict[str, tuple[int, int]]:
-    """Per nn.ReLU (by name): (units that are 0 for every row of X, units). A dead unit passes no gradient."""
+    """Per nn.ReLU (by name): (units that output 0 on every row of X, units).
+
+    Such a unit is dead *on X*: its own weight row and bias get no gradient from these rows
+    (it may be alive on other inputs, and earlier layers can still change its input).
+    """
     counts, handles = {}, []
     for name, m in model.named_modules():
         if isinstance(m, nn.ReLU):
             def hook(module, inputs, output, name=name):
+                """counts[name] = (#units with output 0 on every row, #units)."""
                 a = output.reshape(-1, output.shape[-1])            # (rows, units)
                 counts[name] = (int((a == 0).all(dim=0).sum().item()), a.shape[-1])
             handles.append(m.register_forward_hook(hook))

@@ -21,12 +21,14 @@ def numerical_grad(f: Callable[..., torch.Tensor], *inputs: torch.Tensor, h: flo
         raise ValueError("numerical_grad: expected at least one input tensor")
     for k, x in enumerate(inputs):
         expect_tensor(f"inputs[{k}]", x)
-    xs = [x.detach().clone() for x in inputs]
+    # contiguous copies: view(-1) below needs them (a transposed or sliced input is not),
+    # and plain clone() keeps a dense input's strides.
+    xs = [x.detach().clone(memory_format=torch.contiguous_format) for x in inputs]
     grads = []
     with torch.no_grad():
         for k, x in enumerate(xs):
-            g = torch.zeros_like(x)
-            flat, gflat = x.view(-1), g.view(-1)   # views: writing flat[i] moves x itself
+            g = torch.zeros_like(x)                # contiguous, like x
+            flat, gflat = x.view(-1), g.view(-1)   # (*x.shape) -> (n,): views, writing flat[i] moves x itself
             for i in range(flat.numel()):
                 old = flat[i].item()
                 flat[i] = old + h
@@ -51,16 +53,16 @@ def _scalar(y) -> float:
 def numerical_jacobian(f: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, h: float = 1e-6) -> torch.Tensor:
     """J[i, j] ≈ (f(x + h e_j)_i - f(x - h e_j)_i) / 2h, flattened to (f(x).numel(), x.numel())."""
     expect_tensor("x", x)
-    x = x.detach().clone()
-    flat = x.view(-1)
+    x = x.detach().clone(memory_format=torch.contiguous_format)   # contiguous, so view(-1) works
+    flat = x.view(-1)                                    # (*x.shape) -> (n,): a view, writing flat[j] moves x
     cols = []
     with torch.no_grad():
         for j in range(flat.numel()):
             old = flat[j].item()
             flat[j] = old + h
-            y_plus = f(x).reshape(-1).clone()
+            y_plus = f(x).reshape(-1).clone()            # (*y.shape) -> (m,)
             flat[j] = old - h
-            y_minus = f(x).reshape(-1).clone()
+            y_minus = f(x).reshape(-1).clone()           # (*y.shape) -> (m,)
             flat[j] = old
             cols.append((y_plus - y_minus) / (2 * h))   # (m,)
     return torch.stack(cols, dim=1)                      # (m, n)
@@ -85,8 +87,8 @@ def autograd_jacobian(f: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor
     for i in range(y.numel()):
         e_i = torch.zeros(y.numel(), dtype=y.dtype, device=y.device)
         e_i[i] = 1.0
-        (g,) = torch.autograd.grad(y, x, grad_outputs=e_i.view_as(y), retain_graph=True)
-        rows.append(g.reshape(-1))                       # (n,)
+        (g,) = torch.autograd.grad(y, x, grad_outputs=e_i.view_as(y), retain_graph=True)   # e_i: (m,) -> y.shape
+        rows.append(g.reshape(-1))                       # x.shape -> (n,)
     return torch.stack(rows, dim=0)                      # (m, n)
 
 

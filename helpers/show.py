@@ -10,7 +10,7 @@ import math
 
 import torch
 
-__all__ = ["fmt", "fmt_scalar", "show", "varies"]
+__all__ = ["fmt", "fmt_scalar", "fmt_sci", "show", "varies"]
 
 
 def fmt_scalar(v: float, decimals: int = 4) -> str:
@@ -21,6 +21,24 @@ def fmt_scalar(v: float, decimals: int = 4) -> str:
     if math.isinf(v):
         return "inf" if v > 0 else "-inf"
     s = f"{v:.{decimals}f}"
+    if s.startswith("-") and float(s) == 0.0:
+        s = s[1:]
+    return s
+
+
+def fmt_sci(v, digits: int = 1) -> str:
+    """One number as m.dde±XX with ``digits`` after the point (1.2e-07); a -0 prints as 0.0e+00.
+
+    For values spanning many decades (gradient norms, finite-difference errors). Only
+    numbers that are the same on every device belong here: round-off (a max|Δ|) goes
+    through ``helpers.checks.compare``, timings through ``varies``.
+    """
+    v = float(v)
+    if math.isnan(v):
+        return "nan"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    s = f"{v:.{digits}e}"
     if s.startswith("-") and float(s) == 0.0:
         s = s[1:]
     return s

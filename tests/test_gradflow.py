@@ -154,5 +154,7 @@ def test_dead_relu_units_counts_all_zero_columns():
     assert counts["1"][1] == 16 and counts["1"][0] < 16
 
 
-def test_fmt_sci():
+def test_fmt_sci_is_reexported_from_show():
+    import helpers.show
+    assert fmt_sci is helpers.show.fmt_sci           # chapter 7 imports it from helpers.gradflow
     assert fmt_sci(1.234e-7) == "1.2e-07" and fmt_sci(-0.0) == "0.0e+00" and fmt_sci(3e5, 2) == "3.00e+05"

@@ -104,3 +104,24 @@ def test_fd_errors_show_truncation_then_round_off():
     assert min(e64) < 1e-9 and e64[-1] > 100 * min(e64)                  # round-off wins for tiny h
     assert min(e32) > 1e3 * min(e64)                                     # float32 cannot get close
     assert hs[e32.index(min(e32))] > hs[e64.index(min(e64))]              # and wants a larger h
+
+
+def test_numerical_grad_and_jacobian_accept_non_contiguous_inputs():
+    base = randn(3, 4, seed=13, dtype=F64)
+    xt = base.t()                            # (4, 3), strides (1, 4): not contiguous
+    assert not xt.is_contiguous() and not xt.clone().is_contiguous()   # plain clone() keeps the strides
+    xs = base[:, ::2]                        # (3, 2), a strided slice
+    W = randn(3, 2, seed=14, dtype=F64)
+
+    def f(a, b):
+        return (torch.sin(a) @ W).sum() + (b ** 3).sum()   # (4, 3) @ (3, 2) -> (4, 2)
+
+    ga, gb = numerical_grad(f, xt, xs)
+    ra, rb = torch.cos(xt) * W.sum(1), 3 * xs ** 2   # ∂f/∂a_ik = cos(a_ik) Σ_j W_kj, ∂f/∂b = 3b²
+    assert ga.shape == xt.shape and gb.shape == xs.shape
+    assert torch.allclose(ga, ra, atol=1e-8) and torch.allclose(gb, rb, atol=1e-8)
+    assert torch.equal(xt, base.t())          # the caller's tensor is untouched
+
+    J = numerical_jacobian(torch.sin, xt)
+    assert J.shape == (12, 12)
+    assert torch.allclose(J, torch.diag(torch.cos(xt).reshape(-1)), atol=1e-8)   # (4, 3) -> (12,)
