@@ -13,17 +13,20 @@ import torch
 __all__ = ["fmt", "fmt_scalar", "fmt_sci", "show", "varies"]
 
 
-def fmt_scalar(v: float, decimals: int = 4) -> str:
-    """One number with a fixed number of decimals; a rounded -0 prints as 0."""
+def _format(v, spec: str) -> str:
+    """format(v, spec) for one float, with nan/inf spelled out and a rounded -0 printed as 0."""
     v = float(v)
     if math.isnan(v):
         return "nan"
     if math.isinf(v):
         return "inf" if v > 0 else "-inf"
-    s = f"{v:.{decimals}f}"
-    if s.startswith("-") and float(s) == 0.0:
-        s = s[1:]
-    return s
+    s = format(v, spec)
+    return s[1:] if s.startswith("-") and float(s) == 0.0 else s
+
+
+def fmt_scalar(v: float, decimals: int = 4) -> str:
+    """One number with a fixed number of decimals; a rounded -0 prints as 0."""
+    return _format(v, f".{decimals}f")
 
 
 def fmt_sci(v, digits: int = 1) -> str:
@@ -33,15 +36,7 @@ def fmt_sci(v, digits: int = 1) -> str:
     numbers that are the same on every device belong here: round-off (a max|Δ|) goes
     through ``helpers.checks.compare``, timings through ``varies``.
     """
-    v = float(v)
-    if math.isnan(v):
-        return "nan"
-    if math.isinf(v):
-        return "inf" if v > 0 else "-inf"
-    s = f"{v:.{digits}e}"
-    if s.startswith("-") and float(s) == 0.0:
-        s = s[1:]
-    return s
+    return _format(v, f".{digits}e")
 
 
 def _rows(values, decimals, width, edge):
