@@ -1,13 +1,15 @@
 """Attention on a CUDA GPU: naive, tiled PyTorch, Triton and every SDPA backend; ms, TFLOP/s, peak memory.
 
     python benchmarks/flash_gpu.py                  # full sweep (a few minutes on an H100/H200)
-    python benchmarks/flash_gpu.py --quick          # d=64, N = 1024, 4096, one dtype
+    python benchmarks/flash_gpu.py --quick          # d=64, N = 1024, 4096, the first dtype this GPU has
     python benchmarks/flash_gpu.py --impl triton sdpa-flash --dtype bf16 --d 64 --N 4096 8192
 
 Shapes: B = max(1, tokens // N) sequences of N tokens, H = width // d heads (defaults
 tokens = 16384, width = 2048), so every N does comparable work per layer.
 FLOPs: 4·B·H·N²·d forward (QKᵀ and PV), backward counted as 2.5× forward (fwd+bwd = 3.5×),
-halved when causal.  Peak memory: max_memory_allocated above what Q, K, V, dO already use.
+halved when causal.  That convention counts 5 N²d matmuls in backward; the Triton backward does
+7 (S and dP are recomputed in both of its kernels), so its TFLOP/s understate its work by 40%.
+Peak memory: max_memory_allocated above what Q, K, V, dO already use.
 Writes benchmarks/results/flash_gpu_<gpu>.{csv,json,png} (or --out DIR) and prints a table.
 bf16 is skipped on GPUs without bf16 support (T4, sm_75); naive attention is skipped where
 its N×N matrices would not fit; the tiled PyTorch version (Python loops) only up to --tiled-max-N.
@@ -123,19 +125,20 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--width", type=int, default=2048, help="H = width // d")
     p.add_argument("--tiled-max-N", type=int, default=4096)
     p.add_argument("--tiled-block", type=int, default=256)
-    p.add_argument("--quick", action="store_true", help="d=64, N=1024 and 4096, first dtype only")
+    p.add_argument("--quick", action="store_true", help="d=64, N=1024 and 4096, first supported dtype only")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("flash_gpu.py needs a CUDA GPU (on a CPU, run benchmarks/flash_cpu.py)")
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("unset TRITON_INTERPRET: on a GPU the Triton kernels must be compiled")
-    if args.quick:
-        args.d, args.N, args.dtype = [64], [1024, 4096], args.dtype[:1]
     from helpers.device import describe, no_tf32
     no_tf32()
     major = torch.cuda.get_device_capability()[0]
     gpu = torch.cuda.get_device_name()
+    if args.quick:  # the first dtype this GPU runs: on a T4 (sm_75) the default bf16 would leave nothing
+        usable = [n for n in args.dtype if not (DTYPES[n] == torch.bfloat16 and major < 8)]
+        args.d, args.N, args.dtype = [64], [1024, 4096], usable[:1]
     print(f"{describe(torch.device('cuda'))}, torch {torch.__version__}")
     rows = []
     header = f"{'impl':<15} {'dtype':<5} {'d':>4} {'causal':<6} {'mode':<8} {'N':>6} {'B':>3} {'H':>3} " \
@@ -176,6 +179,9 @@ def main(argv=None) -> list[dict]:
                             else:
                                 print(f"{name:<15} {dname:<5} {d:>4} {str(causal):<6} {mode:<8} {N:>6} {B:>3} {H:>3} "
                                       f"{row['ms']:>9.3f} {row['tflops']:>8.1f} {row['peak_mib']:>9.1f}")
+    if not rows:
+        print("nothing measured (no dtype this GPU supports among --dtype); nothing written")
+        return rows
     summarize(rows)
     save(rows, args.out, gpu)
     return rows
@@ -185,7 +191,8 @@ def summarize(rows) -> None:
     """The target: Triton fwd+bwd ≥ 0.8× SDPA flash throughput at N ≥ 4096, d = 64, bf16."""
     key = lambda r: (r["dtype"], r["d"], r["causal"], r["mode"], r["N"])  # noqa: E731
     flash = {key(r): r for r in rows if r["impl"] == "sdpa-flash" and r["tflops"]}
-    print("\nTriton / SDPA-flash throughput (target ≥ 0.80 at N ≥ 4096, d = 64, bf16, fwd+bwd):")
+    print("\nTriton / SDPA-flash throughput (target ≥ 0.80 at N ≥ 4096, d = 64, bf16, fwd+bwd;"
+          " both counted with backward = 2.5× forward):")
     for r in rows:
         if r["impl"] == "triton" and r["tflops"] and key(r) in flash:
             ratio = r["tflops"] / flash[key(r)]["tflops"]
@@ -195,6 +202,9 @@ def summarize(rows) -> None:
 
 
 def save(rows, out: Path, gpu: str) -> None:
+    """Write rows to <out>/flash_gpu_<gpu>.csv and .json, and a TFLOP/s plot if matplotlib is there."""
+    if not rows:
+        return
     out.mkdir(parents=True, exist_ok=True)
     stem = out / ("flash_gpu_" + re.sub(r"[^A-Za-z0-9]+", "_", gpu).strip("_"))
     with open(stem.with_suffix(".csv"), "w", newline="") as f:

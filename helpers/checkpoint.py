@@ -8,7 +8,10 @@ Three pieces:
 * ``Checkpoint`` / ``checkpoint`` - gradient checkpointing by hand: the forward runs under
   ``torch.no_grad`` and keeps only the block's input; backward re-runs the forward with grad on
   and takes the vector-Jacobian product with ``torch.autograd.grad``.  The RNG state is saved
-  before the forward and restored for the re-run, so dropout draws the same mask twice;
+  before the forward and restored for the re-run, so dropout draws the same mask twice; the
+  ``torch.autocast`` settings are recorded too and re-entered for the re-run (backward runs
+  outside the caller's autocast region, so without them the re-run would be in float32 and
+  differentiate another function than the one that produced the output);
 * mixed precision: ``float_format_table`` (fp16 / bf16 / fp32 ranges), ``layer_norm_by_hand``
   (every operation in the input's dtype, so ``eps`` is rounded to it), and loss scaling by hand
   (``unscale_grads``, ``update_scale``, ``loss_scale_step``) - what ``torch.amp.GradScaler`` does.
@@ -22,6 +25,7 @@ they come out of ``backward`` like ``grad_x`` does, and the Function works with 
 """
 from __future__ import annotations
 
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 
 import torch
@@ -35,7 +39,8 @@ __all__ = [
     # memory
     "block_activation_bytes", "activation_bytes_formula",
     # checkpointing
-    "RNGState", "get_rng_state", "set_rng_state", "recompute_backward", "Checkpoint", "checkpoint",
+    "RNGState", "get_rng_state", "set_rng_state", "AutocastState", "get_autocast_state", "autocast_from",
+    "recompute_backward", "Checkpoint", "checkpoint",
     "checkpoint_module", "checkpoint_sequential",
     # mixed precision
     "float_format_table", "layer_norm_by_hand", "ScalerState", "unscale_grads", "update_scale",
@@ -86,7 +91,8 @@ def activation_bytes_formula(B: int, N: int, d: int, H: int, n_layers: int, d_ff
     measured with ``SavedTensors`` on PyTorch's CPU kernels, parameters excluded.  ``head=True``
     adds TinyGPT's ends: the int64 token ids (8 bytes each, the embedding's backward needs them),
     ln_f's input, μ, 1/σ and the head's input.  Not covered: dropout > 0 (masks), and CUDA's SDPA
-    kernels, which keep a padded log-sum-exp and RNG seeds instead of the CPU kernel's (B, H, N).
+    kernels, whose own bookkeeping (log-sum-exp layout, dropout seed) may differ from the CPU
+    kernel's (B, H, N) log-sum-exp (not measured here).
     """
     _positive_ints("activation_bytes_formula", n_layers=n_layers)
     total = n_layers * block_activation_bytes(B, N, d, H, d_ff, bytes, attention, activation)
@@ -124,10 +130,48 @@ def set_rng_state(state: RNGState) -> None:
         torch.cuda.set_rng_state(s, i)
 
 
+# --------------------------------------------------------------------------- autocast state
+
+@dataclass(frozen=True)
+class AutocastState:
+    """torch.autocast's settings at forward time: ((device_type, enabled, dtype), ...) and the cast cache flag."""
+
+    devices: tuple = ()               # (("cpu", False, torch.bfloat16), ("cuda", True, torch.float16), ...)
+    cache_enabled: bool = True
+
+
+def _autocast_device_types() -> list[str]:
+    # torch.autocast("cuda", ...) warns on a machine without CUDA; only record it where it exists.
+    return ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+
+
+def get_autocast_state() -> AutocastState:
+    """AutocastState of the CPU (and CUDA, if present): is autocast on, and to which dtype."""
+    devices = tuple((dt, torch.is_autocast_enabled(dt), torch.get_autocast_dtype(dt))
+                    for dt in _autocast_device_types())
+    return AutocastState(devices, torch.is_autocast_cache_enabled())
+
+
+def autocast_from(state: AutocastState | None) -> ExitStack:
+    """A context that re-enters torch.autocast(device_type, dtype, enabled) for each device in ``state``."""
+    stack = ExitStack()
+    if state is None:
+        return stack
+    if not isinstance(state, AutocastState):
+        raise ValueError(f"autocast_from: expected an AutocastState, got {type(state).__name__}")
+    for device_type, enabled, dtype in state.devices:
+        # enabled=False is entered too: a backward called inside someone else's autocast region
+        # must not cast a re-run whose forward was not cast.
+        stack.enter_context(torch.autocast(device_type, dtype=dtype, enabled=enabled,
+                                           cache_enabled=state.cache_enabled))
+    return stack
+
+
 # --------------------------------------------------------------------------- checkpointing
 
-def recompute_backward(fn, x, params, grad_y, rng_state: RNGState | None = None, needs=None):
-    """Re-run y = fn(x, *params) with grad on (RNG restored), then (grad_x, [grad_θ]) = VJP of fn with grad_y.
+def recompute_backward(fn, x, params, grad_y, rng_state: RNGState | None = None, needs=None,
+                       autocast_state: AutocastState | None = None):
+    """Re-run y = fn(x, *params) with grad on (RNG, autocast restored); (grad_x, [grad_θ]) = VJP of fn with grad_y.
 
     ``needs`` (one bool for x, then one per parameter, like ``ctx.needs_input_grad``) says which
     gradients to compute; the others come back as ``None``.
@@ -145,7 +189,7 @@ def recompute_backward(fn, x, params, grad_y, rng_state: RNGState | None = None,
     with torch.random.fork_rng(devices=devices, enabled=rng_state is not None):
         if rng_state is not None:
             set_rng_state(rng_state)
-        with torch.enable_grad():
+        with torch.enable_grad(), autocast_from(autocast_state):
             y = fn(x_, *ps)
     wrt = [t for t, n in zip([x_, *ps], needs) if n]
     got = iter(torch.autograd.grad(y, wrt, grad_y, allow_unused=True) if wrt else ())
@@ -157,14 +201,14 @@ class Checkpoint(torch.autograd.Function):
     """y = fn(x, *params) keeping only x (and the parameters, which exist anyway); backward recomputes fn."""
 
     @staticmethod
-    def forward(fn, rng_state, x, *params):
+    def forward(fn, rng_state, autocast_state, x, *params):
         with torch.no_grad():         # no graph: fn's intermediate tensors are freed as it goes
             return fn(x, *params)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        fn, rng_state, x, *params = inputs
-        ctx.fn, ctx.rng_state = fn, rng_state          # non-tensors live on ctx
+        fn, rng_state, autocast_state, x, *params = inputs
+        ctx.fn, ctx.rng_state, ctx.autocast_state = fn, rng_state, autocast_state   # non-tensors live on ctx
         ctx.save_for_backward(x, *params)
 
     @staticmethod
@@ -172,8 +216,8 @@ class Checkpoint(torch.autograd.Function):
     def backward(ctx, grad_y):
         x, *params = ctx.saved_tensors
         grad_x, grad_params = recompute_backward(ctx.fn, x, params, grad_y, ctx.rng_state,
-                                                 ctx.needs_input_grad[2:])
-        return (None, None, grad_x, *grad_params)
+                                                 ctx.needs_input_grad[3:], ctx.autocast_state)
+        return (None, None, None, grad_x, *grad_params)
 
 
 def checkpoint(fn, x, *params, preserve_rng_state: bool = True):
@@ -185,8 +229,9 @@ def checkpoint(fn, x, *params, preserve_rng_state: bool = True):
         expect_tensor(f"params[{i}]", p)
     if not x.is_floating_point():
         raise ValueError(f"x: expected a floating-point tensor, got {x.dtype}")
+    # Both taken here, before the forward: the RNG before dropout draws, autocast as the caller set it.
     rng_state = get_rng_state([x, *params]) if preserve_rng_state else None
-    return Checkpoint.apply(fn, rng_state, x, *params)
+    return Checkpoint.apply(fn, rng_state, get_autocast_state(), x, *params)
 
 
 def checkpoint_module(module: nn.Module, x, preserve_rng_state: bool = True, **kwargs):

@@ -130,21 +130,27 @@ def flash_forward(Q, K, V, causal: bool = False, block_q: int = 64, block_k: int
 
 
 def flash_backward(Q, K, V, O, L, grad_O, causal: bool = False, block_q: int = 64, block_k: int = 64,
-                   scale: float | None = None):
-    """FlashAttention-2 backward: D = rowsum(dO∘O); per tile P = exp(S − L), dV += Pᵀ dO, dS = P∘(dO Vᵀ − D), dQ += dS K·s, dK += dSᵀ Q·s."""
+                   scale: float | None = None, needs=(True, True, True)):
+    """FlashAttention-2 backward: D = rowsum(dO∘O); per tile P = exp(S − L), dV += Pᵀ dO, dS = P∘(dO Vᵀ − D), dQ += dS K·s, dK += dSᵀ Q·s.
+
+    ``needs`` (for Q, K, V, like ``ctx.needs_input_grad``) skips the matmuls of gradients nobody
+    wants (they come back as ``None``); dV alone needs neither dP nor dS.
+    """
     check_qkv(Q, K, V)
+    need_Q, need_K, need_V = (bool(n) for n in needs)
     B, H, Nq, d = Q.shape
     Nk = K.shape[2]
     scale = d ** -0.5 if scale is None else scale
+    need_dS = need_Q or need_K
     D = (grad_O * O).sum(dim=-1)                                   # (B, H, Nq) = rowsum(P ∘ dP)
-    grad_Q = torch.zeros_like(Q)                                   # (B, H, Nq, d)
-    grad_K = torch.zeros_like(K)                                   # (B, H, Nk, d)
-    grad_V = torch.zeros_like(V)                                   # (B, H, Nk, d)
+    grad_Q = torch.zeros_like(Q) if need_Q else None               # (B, H, Nq, d)
+    grad_K = torch.zeros_like(K) if need_K else None               # (B, H, Nk, d)
+    grad_V = torch.zeros_like(V) if need_V else None               # (B, H, Nk, d)
+    if not (need_dS or need_V):
+        return grad_Q, grad_K, grad_V
     for k0 in range(0, Nk, block_k):                               # outer loop over keys: dK_j, dV_j stay local
         Kj, Vj = K[:, :, k0:k0 + block_k], V[:, :, k0:k0 + block_k]  # (B, H, bk, d)
         bk = Kj.shape[2]
-        grad_Kj = torch.zeros_like(Kj)
-        grad_Vj = torch.zeros_like(Vj)
         q_start = (k0 // block_q) * block_q if causal else 0       # earlier query blocks see none of these keys
         for q0 in range(q_start, Nq, block_q):
             Qi, dOi = Q[:, :, q0:q0 + block_q], grad_O[:, :, q0:q0 + block_q]  # (B, H, bq, d)
@@ -153,13 +159,16 @@ def flash_backward(Q, K, V, O, L, grad_O, causal: bool = False, block_q: int = 6
             P = torch.exp(S - L[:, :, q0:q0 + bq, None])           # normalised: L already holds log ℓ
             if causal and k0 + bk - 1 > q0:
                 P = P.masked_fill(~causal_mask(bq, bk, Q.device, q0, k0), 0.0)
-            grad_Vj += P.transpose(-2, -1) @ dOi                   # (B, H, bk, d)
+            if need_V:
+                grad_V[:, :, k0:k0 + bk] += P.transpose(-2, -1) @ dOi          # (B, H, bk, d)
+            if not need_dS:
+                continue
             dP = dOi @ Vj.transpose(-2, -1)                        # (B, H, bq, bk)
             dS = P * (dP - D[:, :, q0:q0 + bq, None])              # softmax backward, row-wise
-            grad_Q[:, :, q0:q0 + bq] += (dS @ Kj) * scale          # (B, H, bq, d)
-            grad_Kj += (dS.transpose(-2, -1) @ Qi) * scale         # (B, H, bk, d)
-        grad_K[:, :, k0:k0 + bk] = grad_Kj
-        grad_V[:, :, k0:k0 + bk] = grad_Vj
+            if need_Q:
+                grad_Q[:, :, q0:q0 + bq] += (dS @ Kj) * scale      # (B, H, bq, d)
+            if need_K:
+                grad_K[:, :, k0:k0 + bk] += (dS.transpose(-2, -1) @ Qi) * scale  # (B, H, bk, d)
     return grad_Q, grad_K, grad_V
 
 
@@ -183,11 +192,9 @@ class FlashAttention(torch.autograd.Function):
     def backward(ctx, grad_O, grad_L):
         Q, K, V, O, L = ctx.saved_tensors
         # grad_L is zero: L is returned for inspection only (marked non-differentiable).
-        grad_Q, grad_K, grad_V = flash_backward(Q, K, V, O, L, grad_O, ctx.causal,
-                                                ctx.block_q, ctx.block_k, ctx.scale)
-        need_Q, need_K, need_V = ctx.needs_input_grad[:3]
-        return (grad_Q if need_Q else None, grad_K if need_K else None, grad_V if need_V else None,
-                None, None, None, None)
+        grad_Q, grad_K, grad_V = flash_backward(Q, K, V, O, L, grad_O, ctx.causal, ctx.block_q, ctx.block_k,
+                                                ctx.scale, needs=ctx.needs_input_grad[:3])
+        return grad_Q, grad_K, grad_V, None, None, None, None
 
 
 def flash_attention(Q, K, V, causal: bool = False, block_q: int = 64, block_k: int = 64,

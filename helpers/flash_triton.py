@@ -10,24 +10,34 @@ Backward (FlashAttention-2 style, three launches, no atomics):
 
 1. ``_bwd_preprocess``: ``D = rowsum(dO ∘ O)`` per query row;
 2. ``_bwd_dk_dv``: one program per *key* block walks over query blocks, recomputes
-   ``P = exp(S − L)`` and accumulates ``dV = Pᵀ dO`` and ``dK = dSᵀ Q · scale`` in registers;
-3. ``_bwd_dq``: one program per *query* block walks over key blocks for ``dQ = dS K · scale``.
+   ``S`` and ``P = exp(S − L)``, and ``dP = dO Vᵀ``, and accumulates ``dV = Pᵀ dO`` and
+   ``dK = dSᵀ Q · scale`` in registers;
+3. ``_bwd_dq``: one program per *query* block walks over key blocks, recomputes ``S``, ``P``
+   and ``dP`` again, for ``dQ = dS K · scale``.
 
-``dS`` is recomputed in both 2 and 3 (≈ 1 extra matmul) instead of accumulating ``dQ`` with
-``atomic_add`` from kernel 2: atomics would need an fp32 ``dQ`` buffer and make the result
-depend on the order the blocks finish (not bit-reproducible), which a course that prints
-gradients cannot afford.
+So the backward does 7 matmuls of N²d size (kernel 2: S, dV, dP, dK; kernel 3: S, dP, dQ),
+where a single pass that adds each tile's ``dS K`` into ``dQ`` with ``atomic_add`` does 5 (S,
+dV, dP, dK, dQ).  We pay the 2 extra: atomics would need an fp32 ``dQ`` buffer and make the
+result depend on the order the blocks finish (not bit-reproducible), which a course that prints
+gradients cannot afford.  (FLOP counts that use the usual "backward = 2.5× forward", i.e. 5
+matmuls, understate this backward's arithmetic by 40%.)
 
 Runs on a CUDA GPU (fp16, bf16 on sm_80+, fp32 with ``input_precision="ieee"`` so that it is
 not silently TF32) and on a CPU under ``TRITON_INTERPRET=1``, which must be set before
 Triton is imported.  The interpreter gets bf16 ``tl.dot`` wrong, so when interpreting every
-tile is cast to float32 before its dot.  Colab's T4 (sm_75) has no bf16 tensor cores: use
-fp16 or fp32 there.  Causal masking is top-left aligned, as in ``helpers.flash`` and SDPA.
+tile is cast to float32 before its dot.  **Colab's T4 (sm_75)**: Triton's official support
+starts at sm_80, and since Triton 3.3 its ``tl.dot`` on sm_75 is lowered to FMA instructions,
+not tensor-core ``mma``; on a T4 the kernels run (fp16/fp32) without tensor cores: correct but
+slow.  There every tile is cast to float32 before its dot as well (fp16 FMA dots spill
+registers), and bf16 is not offered.  ``tools/compile_triton.py`` compiles every kernel offline
+for sm_75/80/90 and reports registers, spills and which dot instruction was used.
+Causal masking is top-left aligned, as in ``helpers.flash`` and SDPA.
 Importing this module never fails; calling a kernel without Triton raises one clear error.
 """
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -68,12 +78,13 @@ if HAS_TRITON:
                   CAUSAL: tl.constexpr, DOT_F32: tl.constexpr, PRECISION: tl.constexpr):
         """O = softmax(S) V, L = m + log ℓ for one (BLOCK_M, d) query tile; S in log2 units."""
         start_m = tl.program_id(0)
-        bh = tl.program_id(1)
+        bh = tl.program_id(1).to(tl.int64)   # bh·N·d overflows int32 once B·H·N·d ≥ 2³¹
         offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)   # query rows of this program
         offs_n = tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, BLOCK_D)                       # BLOCK_D = next power of 2 ≥ d
         mask_d = offs_d < HEAD_DIM
-        q_ptrs = Q + bh * Nq * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+        # Only the per-(batch, head) base pointers carry the int64 offset; tile offsets stay int32.
+        q_ptrs = (Q + bh * Nq * HEAD_DIM) + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
         q = tl.load(q_ptrs, mask=(offs_m[:, None] < Nq) & mask_d[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)
         if DOT_F32:
             q = q.to(tl.float32)
@@ -106,21 +117,22 @@ if HAS_TRITON:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
         acc = acc / l_i[:, None]
-        o_ptrs = O + bh * Nq * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+        o_ptrs = (O + bh * Nq * HEAD_DIM) + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
         tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=(offs_m[:, None] < Nq) & mask_d[None, :])
-        tl.store(L + bh * Nq + offs_m, (m_i + tl.math.log2(l_i)) * 0.6931471805599453, mask=offs_m < Nq)
+        tl.store((L + bh * Nq) + offs_m, (m_i + tl.math.log2(l_i)) * 0.6931471805599453, mask=offs_m < Nq)
 
     @triton.jit
     def _bwd_preprocess(O, dO, D, Nq, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
         """D = rowsum(dO ∘ O) for BLOCK_M rows (fp32)."""
         offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-        bh = tl.program_id(1)
+        bh = tl.program_id(1).to(tl.int64)   # bh·N·d overflows int32 once B·H·N·d ≥ 2³¹
         offs_d = tl.arange(0, BLOCK_D)
         mask = (offs_m[:, None] < Nq) & (offs_d[None, :] < HEAD_DIM)
-        ptrs = bh * Nq * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
-        o = tl.load(O + ptrs, mask=mask, other=0.0).to(tl.float32)
-        do = tl.load(dO + ptrs, mask=mask, other=0.0).to(tl.float32)
-        tl.store(D + bh * Nq + offs_m, tl.sum(o * do, 1), mask=offs_m < Nq)
+        base = bh * Nq * HEAD_DIM
+        ptrs = offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+        o = tl.load((O + base) + ptrs, mask=mask, other=0.0).to(tl.float32)
+        do = tl.load((dO + base) + ptrs, mask=mask, other=0.0).to(tl.float32)
+        tl.store((D + bh * Nq) + offs_m, tl.sum(o * do, 1), mask=offs_m < Nq)
 
     @triton.jit
     def _bwd_dk_dv(Q, K, V, dO, L, D, dK, dV, Nq, Nk, qk_scale, scale,
@@ -128,15 +140,16 @@ if HAS_TRITON:
                    CAUSAL: tl.constexpr, DOT_F32: tl.constexpr, PRECISION: tl.constexpr):
         """dV = Σ_i Pᵀ dO, dK = Σ_i dSᵀ Q·scale for one key tile, in transposed form (rows = keys)."""
         start_n = tl.program_id(0)
-        bh = tl.program_id(1)
+        bh = tl.program_id(1).to(tl.int64)   # bh·N·d overflows int32 once B·H·N·d ≥ 2³¹
         offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)   # key rows of this program
         offs_m = tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
         mask_d = offs_d < HEAD_DIM
         kv_mask = (offs_n[:, None] < Nk) & mask_d[None, :]
-        kv_off = bh * Nk * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
-        k = tl.load(K + kv_off, mask=kv_mask, other=0.0)     # (BLOCK_N, BLOCK_D)
-        v = tl.load(V + kv_off, mask=kv_mask, other=0.0)
+        kv_base = bh * Nk * HEAD_DIM
+        kv_off = offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+        k = tl.load((K + kv_base) + kv_off, mask=kv_mask, other=0.0)     # (BLOCK_N, BLOCK_D)
+        v = tl.load((V + kv_base) + kv_off, mask=kv_mask, other=0.0)
         if DOT_F32:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
@@ -144,6 +157,8 @@ if HAS_TRITON:
         dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
         Q_bh = Q + bh * Nq * HEAD_DIM
         dO_bh = dO + bh * Nq * HEAD_DIM
+        L_bh = L + bh * Nq
+        D_bh = D + bh * Nq
         lo = 0
         if CAUSAL:  # query rows before this key tile's first key see none of it
             lo = (start_n * BLOCK_N // BLOCK_M) * BLOCK_M
@@ -157,8 +172,8 @@ if HAS_TRITON:
             if DOT_F32:
                 qT = qT.to(tl.float32)
                 do = do.to(tl.float32)
-            l2 = tl.load(L + bh * Nq + rows, mask=row_ok, other=0.0) * 1.4426950408889634
-            Di = tl.load(D + bh * Nq + rows, mask=row_ok, other=0.0)
+            l2 = tl.load(L_bh + rows, mask=row_ok, other=0.0) * 1.4426950408889634
+            Di = tl.load(D_bh + rows, mask=row_ok, other=0.0)
             sT = tl.dot(k, qT, input_precision=PRECISION) * qk_scale                   # (BLOCK_N, BLOCK_M)
             pT = tl.math.exp2(sT - l2[None, :])              # normalised P, recomputed
             valid = row_ok[None, :] & (offs_n[:, None] < Nk)
@@ -170,8 +185,8 @@ if HAS_TRITON:
             dsT = pT * (dpT - Di[None, :])
             dk += tl.dot(dsT.to(qT.dtype), tl.trans(qT), input_precision=PRECISION)   # (BLOCK_N, BLOCK_D)
         dk = dk * scale
-        tl.store(dK + kv_off, dk.to(dK.dtype.element_ty), mask=kv_mask)
-        tl.store(dV + kv_off, dv.to(dV.dtype.element_ty), mask=kv_mask)
+        tl.store((dK + kv_base) + kv_off, dk.to(dK.dtype.element_ty), mask=kv_mask)
+        tl.store((dV + kv_base) + kv_off, dv.to(dV.dtype.element_ty), mask=kv_mask)
 
     @triton.jit
     def _bwd_dq(Q, K, V, dO, L, D, dQ, Nq, Nk, qk_scale, scale,
@@ -179,21 +194,22 @@ if HAS_TRITON:
                 CAUSAL: tl.constexpr, DOT_F32: tl.constexpr, PRECISION: tl.constexpr):
         """dQ = Σ_j dS K·scale for one query tile, dS = P ∘ (dO Vᵀ − D) recomputed."""
         start_m = tl.program_id(0)
-        bh = tl.program_id(1)
+        bh = tl.program_id(1).to(tl.int64)   # bh·N·d overflows int32 once B·H·N·d ≥ 2³¹
         offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, BLOCK_D)
         mask_d = offs_d < HEAD_DIM
         row_ok = offs_m < Nq
         q_mask = row_ok[:, None] & mask_d[None, :]
-        q_off = bh * Nq * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
-        q = tl.load(Q + q_off, mask=q_mask, other=0.0)       # (BLOCK_M, BLOCK_D)
-        do = tl.load(dO + q_off, mask=q_mask, other=0.0)
+        q_base = bh * Nq * HEAD_DIM
+        q_off = offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+        q = tl.load((Q + q_base) + q_off, mask=q_mask, other=0.0)       # (BLOCK_M, BLOCK_D)
+        do = tl.load((dO + q_base) + q_off, mask=q_mask, other=0.0)
         if DOT_F32:
             q = q.to(tl.float32)
             do = do.to(tl.float32)
-        l2 = tl.load(L + bh * Nq + offs_m, mask=row_ok, other=0.0) * 1.4426950408889634
-        Di = tl.load(D + bh * Nq + offs_m, mask=row_ok, other=0.0)
+        l2 = tl.load((L + bh * Nq) + offs_m, mask=row_ok, other=0.0) * 1.4426950408889634
+        Di = tl.load((D + bh * Nq) + offs_m, mask=row_ok, other=0.0)
         dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         K_bh = K + bh * Nk * HEAD_DIM
         V_bh = V + bh * Nk * HEAD_DIM
@@ -220,7 +236,7 @@ if HAS_TRITON:
             ds = p * (dp - Di[:, None])
             dq += tl.dot(ds.to(kT.dtype), tl.trans(kT), input_precision=PRECISION)    # (BLOCK_M, BLOCK_D)
         dq = dq * scale
-        tl.store(dQ + q_off, dq.to(dQ.dtype.element_ty), mask=q_mask)
+        tl.store((dQ + q_base) + q_off, dq.to(dQ.dtype.element_ty), mask=q_mask)
 
 
 def supported_dtypes(device) -> list[torch.dtype]:
@@ -236,30 +252,50 @@ def supported_dtypes(device) -> list[torch.dtype]:
     return out
 
 
-def _config(device: torch.device, d: int, dtype: torch.dtype) -> dict:
-    """Tile sizes per launch (untuned starting points; the interpreter gets 16×16 tiles to stay fast)."""
+def _major(device: torch.device) -> int:
+    """Compute capability major of a CUDA device (0 for a CPU tensor under the interpreter)."""
+    return torch.cuda.get_device_capability(device)[0] if device.type == "cuda" else 0
+
+
+def _config(major: int, d: int, dtype: torch.dtype) -> dict:
+    """Tile sizes per launch for a GPU of compute capability major.x (untuned; the interpreter gets 16×16 tiles)."""
     if INTERPRET:
         t = dict(BLOCK_M=16, BLOCK_N=16)
         return dict(fwd=t, dkdv=t, dq=t, num_warps=1, num_stages=1)
-    major = torch.cuda.get_device_capability(device)[0]
-    big_tiles = dtype == torch.float32 or d > 64  # fp32 tiles / d = 128 take 2× the shared memory
-    if major < 8 and big_tiles or dtype == torch.float32 and d > 64:  # T4: 64 KiB shared memory
-        t = dict(BLOCK_M=16, BLOCK_N=32)
-        return dict(fwd=dict(BLOCK_M=32, BLOCK_N=32), dkdv=t, dq=t, num_warps=4, num_stages=1)
-    if big_tiles or major < 8:
+    if major < 8 or dtype == torch.float32:
+        # No tensor-core dots (sm_75 under Triton >= 3.3, fp32 "ieee" everywhere): every dot is
+        # FMAs on registers, so tiles stay small.  Tiles and warps are the ones for which
+        # tools/compile_triton.py reports 0 spilled bytes on sm_75, sm_80 and sm_90 (Triton 3.9).
+        if d <= 64:
+            return dict(fwd=dict(BLOCK_M=32, BLOCK_N=32), dkdv=dict(BLOCK_M=16, BLOCK_N=32),
+                        dq=dict(BLOCK_M=32, BLOCK_N=16), num_warps=4 if major < 8 and dtype != torch.float32 else 8,
+                        num_stages=1)
+        return dict(fwd=dict(BLOCK_M=16, BLOCK_N=16), dkdv=dict(BLOCK_M=16, BLOCK_N=16),
+                    dq=dict(BLOCK_M=16, BLOCK_N=32), num_warps=4, num_stages=1)
+    if d > 64:
         return dict(fwd=dict(BLOCK_M=64, BLOCK_N=32), dkdv=dict(BLOCK_M=32, BLOCK_N=64),
-                    dq=dict(BLOCK_M=64, BLOCK_N=32), num_warps=4 if d <= 64 else 8, num_stages=2)
-    return dict(fwd=dict(BLOCK_M=128, BLOCK_N=64), dkdv=dict(BLOCK_M=32, BLOCK_N=128),
+                    dq=dict(BLOCK_M=64, BLOCK_N=32), num_warps=8, num_stages=2)
+    return dict(fwd=dict(BLOCK_M=128, BLOCK_N=64), dkdv=dict(BLOCK_M=32, BLOCK_N=64),   # 32 × 128 spills
                 dq=dict(BLOCK_M=128, BLOCK_N=32), num_warps=4, num_stages=3)
 
 
-def _common(Q, K, scale):
-    d = Q.shape[-1]
-    scale = d ** -0.5 if scale is None else float(scale)
+def _meta(d: int, dtype: torch.dtype, major: int) -> dict:
+    """The kernels' constexprs for head dim d: BLOCK_D, whether tiles go to fp32 before tl.dot, dot precision."""
+    # fp32 dots where there are no tensor cores anyway (the interpreter, sm_75): fp16 FMA dots spill.
+    dot_f32 = INTERPRET or major < 8
     # fp32 dots in true fp32 (not TF32): "ieee"; fp16/bf16 dots ignore the flag.
-    precision = "ieee" if (INTERPRET or Q.dtype == torch.float32) else None
-    return dict(HEAD_DIM=d, BLOCK_D=max(16, triton.next_power_of_2(d)), DOT_F32=INTERPRET,
-                PRECISION=precision), scale
+    precision = "ieee" if (dot_f32 or dtype == torch.float32) else None
+    return dict(HEAD_DIM=d, BLOCK_D=max(16, triton.next_power_of_2(d)), DOT_F32=dot_f32, PRECISION=precision)
+
+
+def _scale(d: int, scale) -> float:
+    """The softmax scale: 1/√d unless given."""
+    return d ** -0.5 if scale is None else float(scale)
+
+
+def _on(device: torch.device):
+    """Launch on the tensors' GPU, not the current one (a no-op for CPU tensors under the interpreter)."""
+    return torch.cuda.device(device) if device.type == "cuda" else nullcontext()
 
 
 def _check_dtype(Q) -> None:
@@ -278,36 +314,53 @@ def triton_flash_forward(Q, K, V, causal: bool = False, scale: float | None = No
     Q, K, V = Q.contiguous(), K.contiguous(), V.contiguous()
     B, H, Nq, d = Q.shape
     Nk = K.shape[2]
-    meta, scale = _common(Q, K, scale)
-    cfg = _config(Q.device, d, Q.dtype)
+    major = _major(Q.device)
+    meta, scale = _meta(d, Q.dtype, major), _scale(d, scale)
+    cfg = _config(major, d, Q.dtype)
     O = torch.empty_like(Q)                                                 # (B, H, Nq, d)
     L = torch.empty(B, H, Nq, device=Q.device, dtype=torch.float32)         # (B, H, Nq), fp32 always
     grid = (triton.cdiv(Nq, cfg["fwd"]["BLOCK_M"]), B * H)
-    _attn_fwd[grid](Q, K, V, O, L, Nq, Nk, scale * LOG2E, CAUSAL=bool(causal), **meta, **cfg["fwd"],
-                    num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    with _on(Q.device):
+        _attn_fwd[grid](Q, K, V, O, L, Nq, Nk, scale * LOG2E, CAUSAL=bool(causal), **meta, **cfg["fwd"],
+                        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return O, L
 
 
-def triton_flash_backward(Q, K, V, O, L, grad_O, causal: bool = False, scale: float | None = None):
-    """(dQ, dK, dV) by recomputation: D = rowsum(dO∘O); dK, dV per key tile; dQ per query tile."""
+def triton_flash_backward(Q, K, V, O, L, grad_O, causal: bool = False, scale: float | None = None,
+                          needs=(True, True, True)):
+    """(dQ, dK, dV) by recomputation: D = rowsum(dO∘O); dK, dV per key tile; dQ per query tile.
+
+    ``needs`` (for Q, K, V, like ``ctx.needs_input_grad``): the dQ kernel runs only if Q needs a
+    gradient, the dK/dV kernel only if K or V does; a gradient not needed comes back as ``None``.
+    """
     _require_triton(Q.device)
+    need_Q, need_K, need_V = (bool(n) for n in needs)
     Q, K, V, O, grad_O = (t.contiguous() for t in (Q, K, V, O, grad_O))
     B, H, Nq, d = Q.shape
     Nk = K.shape[2]
-    meta, scale = _common(Q, K, scale)
-    cfg = _config(Q.device, d, Q.dtype)
+    major = _major(Q.device)
+    meta, scale = _meta(d, Q.dtype, major), _scale(d, scale)
+    cfg = _config(major, d, Q.dtype)
     launch = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    grad_Q = grad_K = grad_V = None
+    if not (need_Q or need_K or need_V):
+        return grad_Q, grad_K, grad_V
     D = torch.empty(B, H, Nq, device=Q.device, dtype=torch.float32)         # (B, H, Nq)
     bm = cfg["dq"]["BLOCK_M"]
-    _bwd_preprocess[(triton.cdiv(Nq, bm), B * H)](O, grad_O, D, Nq, HEAD_DIM=d, BLOCK_D=meta["BLOCK_D"],
-                                                  BLOCK_M=bm)
-    grad_Q, grad_K, grad_V = torch.empty_like(Q), torch.empty_like(K), torch.empty_like(V)
     args = (Q, K, V, grad_O, L, D)
-    _bwd_dk_dv[(triton.cdiv(Nk, cfg["dkdv"]["BLOCK_N"]), B * H)](
-        *args, grad_K, grad_V, Nq, Nk, scale * LOG2E, scale, CAUSAL=bool(causal), **meta, **cfg["dkdv"], **launch)
-    _bwd_dq[(triton.cdiv(Nq, bm), B * H)](
-        *args, grad_Q, Nq, Nk, scale * LOG2E, scale, CAUSAL=bool(causal), **meta, **cfg["dq"], **launch)
-    return grad_Q, grad_K, grad_V
+    with _on(Q.device):
+        _bwd_preprocess[(triton.cdiv(Nq, bm), B * H)](O, grad_O, D, Nq, HEAD_DIM=d, BLOCK_D=meta["BLOCK_D"],
+                                                      BLOCK_M=bm)
+        if need_K or need_V:      # one kernel makes both: dK needs dP, whose tile loop also gives dV
+            grad_K, grad_V = torch.empty_like(K), torch.empty_like(V)
+            _bwd_dk_dv[(triton.cdiv(Nk, cfg["dkdv"]["BLOCK_N"]), B * H)](
+                *args, grad_K, grad_V, Nq, Nk, scale * LOG2E, scale, CAUSAL=bool(causal), **meta, **cfg["dkdv"],
+                **launch)
+        if need_Q:
+            grad_Q = torch.empty_like(Q)
+            _bwd_dq[(triton.cdiv(Nq, bm), B * H)](
+                *args, grad_Q, Nq, Nk, scale * LOG2E, scale, CAUSAL=bool(causal), **meta, **cfg["dq"], **launch)
+    return grad_Q, grad_K if need_K else None, grad_V if need_V else None
 
 
 class TritonFlashAttention(torch.autograd.Function):
@@ -329,10 +382,10 @@ class TritonFlashAttention(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_O, grad_L):
         Q, K, V, O, L = ctx.saved_tensors
-        grad_Q, grad_K, grad_V = triton_flash_backward(Q, K, V, O, L, grad_O, ctx.causal, ctx.scale)
-        need_Q, need_K, need_V = ctx.needs_input_grad[:3]
-        return (grad_Q if need_Q else None, grad_K if need_K else None, grad_V if need_V else None,
-                None, None)
+        # Only the kernels whose gradients are wanted run (a frozen K and V skip dK/dV entirely).
+        grad_Q, grad_K, grad_V = triton_flash_backward(Q, K, V, O, L, grad_O, ctx.causal, ctx.scale,
+                                                       needs=ctx.needs_input_grad[:3])
+        return grad_Q, grad_K, grad_V, None, None
 
 
 def triton_flash_attention(Q, K, V, causal: bool = False, scale: float | None = None, return_lse: bool = False):

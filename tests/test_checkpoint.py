@@ -3,10 +3,11 @@ import torch
 import torch.utils.checkpoint as tuc
 from torch import nn
 
-from helpers.checkpoint import (Checkpoint, ScalerState, activation_bytes_formula, block_activation_bytes,
-                                checkpoint, checkpoint_module, checkpoint_sequential, float_format_table,
-                                get_rng_state, layer_norm_by_hand, loss_scale_step, recompute_backward,
-                                set_rng_state, unscale_grads, update_scale)
+import helpers.checkpoint as hc
+from helpers.checkpoint import (AutocastState, Checkpoint, ScalerState, activation_bytes_formula, autocast_from,
+                                block_activation_bytes, checkpoint, checkpoint_module, checkpoint_sequential,
+                                float_format_table, get_autocast_state, get_rng_state, layer_norm_by_hand,
+                                loss_scale_step, recompute_backward, set_rng_state, unscale_grads, update_scale)
 from helpers.memory import SavedTensors
 
 F64 = torch.float64
@@ -109,6 +110,62 @@ def test_needs_input_grad_gating_frozen_params():
     assert x.grad is not None
 
 
+def test_needs_input_grad_gating_skips_data_input():
+    W = torch.randn(2, 5, dtype=F64, requires_grad=True)
+    x = torch.randn(4, 5, dtype=F64)                          # data: no gradient wanted
+    seen = []
+
+    def fn(x, W):
+        seen.append(x.requires_grad)
+        return torch.sin(x @ W.T)                             # (4, 5) @ (5, 2) -> (4, 2)
+
+    (grad_W,) = torch.autograd.grad(checkpoint(fn, x, W).sum(), [W])
+    assert seen == [False, False]                             # forward and re-run: x never made a leaf
+    torch.testing.assert_close(grad_W, (torch.cos(x @ W.T)).T @ x)
+
+
+# --------------------------------------------------------------------------- autocast
+
+def _autocast_grads(mode, dtype=torch.bfloat16):
+    blocks, x = _stack(n_layers=2, dtype=torch.float32), _x(torch.float32)
+    with torch.autocast("cpu", dtype=dtype):
+        y = _run(blocks, x, mode)                             # float32 out (the residual), bf16 matmuls inside
+        L_ = (y.float() ** 2).sum()
+    return torch.autograd.grad(L_, [x, *blocks.parameters()])
+
+
+@pytest.mark.parametrize("mode", ["ours", "torch"])
+def test_autocast_bf16_same_gradients_as_no_checkpointing(mode):
+    ref = _autocast_grads("none")
+    got = _autocast_grads(mode)
+    # The re-run repeats the forward's bf16 ops in the same order: identical, not just close.
+    assert _max_diff(got, ref) == 0.0
+
+
+def test_recompute_outside_autocast_is_caught(monkeypatch):
+    ref = _autocast_grads("none")
+    # The bug being guarded against: the re-run in backward forgets the caller's autocast and
+    # recomputes in float32, so its graph is not the one that produced the output.
+    monkeypatch.setattr(hc, "get_autocast_state", lambda: AutocastState())
+    broken = _autocast_grads("ours")
+    assert _max_diff(broken, ref) > 1e-3
+
+
+def test_autocast_state_roundtrip_and_bad_input():
+    assert get_autocast_state().devices[0][:2] == ("cpu", False)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        s = get_autocast_state()
+    assert s.devices[0] == ("cpu", True, torch.bfloat16)
+    with autocast_from(s):
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    assert not torch.is_autocast_enabled("cpu")
+    with torch.autocast("cpu", dtype=torch.bfloat16), autocast_from(AutocastState((("cpu", False, torch.bfloat16),))):
+        assert not torch.is_autocast_enabled("cpu")           # a disabled forward stays disabled in the re-run
+    with pytest.raises(ValueError):
+        with autocast_from("bf16"):
+            pass
+
+
 # --------------------------------------------------------------------------- saved bytes
 
 def test_checkpoint_saves_only_block_inputs():
@@ -192,6 +249,25 @@ def test_rng_state_roundtrip_and_bad_input():
     assert torch.equal(torch.rand(4), a)
     with pytest.raises(ValueError):
         set_rng_state("not a state")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_dropout_rng_restored():
+    blocks, x = _stack(dropout=0.3, dtype=torch.float32), _x(torch.float32)
+    blocks, x = blocks.cuda(), x.detach().cuda().requires_grad_()
+    state = get_rng_state([x])
+    assert [i for i, _ in state.cuda] == [x.device.index or 0]
+    ref = _grads(blocks, x, "none", seed=123)
+    got = _grads(blocks, x, "ours", seed=123)
+    assert _max_diff(got, ref) == 0.0                          # same CUDA mask drawn twice
+    assert _max_diff(_grads(blocks, x, "ours", seed=123, preserve_rng_state=False), ref) > 1e-3
+    torch.manual_seed(7)
+    _grads(blocks, x, "none")
+    after_ref = torch.rand(3, device="cuda")
+    torch.manual_seed(7)
+    _grads(blocks, x, "ours")
+    assert torch.equal(torch.rand(3, device="cuda"), after_ref)   # the CUDA stream is left alone
 
 
 # --------------------------------------------------------------------------- broken checkpoints fail

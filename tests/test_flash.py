@@ -99,6 +99,29 @@ def test_saves_only_q_k_v_o_l_and_gates_gradients():
     assert K2.grad is None and grad_Q.shape == Q.shape
 
 
+@pytest.mark.parametrize("wanted", ["Q", "K", "V", "KV", "QV"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_only_some_inputs_need_grad(wanted, causal):
+    Q, K, V = (t.detach().requires_grad_(n in wanted) for t, n in zip(_qkv(1, 2, 21, 30, 8), "QKV"))
+    grad_O = randn(1, 2, 21, 8, seed=9)
+    inputs = [t for t in (Q, K, V) if t.requires_grad]
+    ours = torch.autograd.grad(flash_attention(Q, K, V, causal, block_q=8, block_k=8), inputs, grad_O)
+    ref = torch.autograd.grad(F.scaled_dot_product_attention(Q, K, V, is_causal=causal), inputs, grad_O)
+    for g, r in zip(ours, ref):
+        assert compare("grad", g, r, atol=ATOL, rtol=RTOL, quiet=True)
+
+
+def test_flash_backward_skips_unwanted_gradients():
+    Q, K, V = (t.detach() for t in _qkv(1, 1, 12, 12, 4))
+    O, L = flash_forward(Q, K, V, block_q=4, block_k=4)
+    grad_O = randn(1, 1, 12, 4, seed=3)
+    full = flash_backward(Q, K, V, O, L, grad_O, False, 4, 4)
+    for needs in [(True, False, False), (False, True, False), (False, False, True), (False, False, False)]:
+        got = flash_backward(Q, K, V, O, L, grad_O, False, 4, 4, needs=needs)
+        for g, f, n in zip(got, full, needs):
+            assert (g is None) != n and (g is None or torch.equal(g, f))   # same bits as the full backward
+
+
 def test_saved_bytes_tiled_linear_naive_quadratic():
     Ns = [64, 128, 256]
     tiled = [saved_bytes(flash_attention, 1, 1, N, 8) for N in Ns]
@@ -121,14 +144,14 @@ def test_flops_formula():
     assert attention_flops(1, 1, 2, 3, causal=True, backward=True) == 4 * 4 * 3 * 3.5 / 2
 
 
-def _broken_no_D(Q, K, V, O, L, grad_O, *args):
+def _broken_no_D(Q, K, V, O, L, grad_O, *args, **kw):
     """dS = P ∘ dP, forgetting − D: D = rowsum(dO ∘ O) is 0 when O is replaced by zeros."""
-    return flash_backward(Q, K, V, torch.zeros_like(O), L, grad_O, *args)
+    return flash_backward(Q, K, V, torch.zeros_like(O), L, grad_O, *args, **kw)
 
 
-def _broken_unnormalised(Q, K, V, O, L, grad_O, *args):
+def _broken_unnormalised(Q, K, V, O, L, grad_O, *args, **kw):
     """P = exp(S − m) instead of exp(S − L): skips dividing by ℓ (approximated by shifting L)."""
-    return flash_backward(Q, K, V, O, L - 1.0, grad_O, *args)
+    return flash_backward(Q, K, V, O, L - 1.0, grad_O, *args, **kw)
 
 
 @pytest.mark.parametrize("broken", [_broken_no_D, _broken_unnormalised])
