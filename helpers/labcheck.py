@@ -11,6 +11,14 @@ prints exactly one line and never a traceback:
 * ``· name: not implemented yet`` - the function raised ``NotImplementedError``,
   returned ``None``/``...``, or tripped over a ``...`` still in the code
 * ``✗ name: error in your code: ZeroDivisionError: division by zero (in f, line 3)``
+* ``✗ name: changed its argument grad_P in place`` - the learner's function wrote into one of
+  its inputs (the check hands it copies and compares them afterwards, bit for bit)
+
+``counts=("nodes missing",)`` reports those outputs as counts (``✗ name: 9 nodes missing
+(expected 0)``); ``exact=True`` compares with zero tolerance and wants the reference's Python
+type (``✗ name: bytes: returned float, expected int``); a ``str`` is compared for equality
+(``✗ name: layer is 'a', expected 'b'``). More than 4 outputs whose names take over 80
+characters are summed up on a ✓ line (``13 layers match``, with ``noun="layers"``).
 
 The reference is autograd, ``gradcheck`` or the course's tested helpers; the
 ``max|Δ| <number>`` on a ✓ line is round-off and nbval's sanitizer replaces it.
@@ -18,6 +26,7 @@ Only torch and ``helpers`` are needed, so the checks run in Colab as they are.
 """
 from __future__ import annotations
 
+import inspect
 import math
 import traceback
 from dataclasses import dataclass
@@ -32,6 +41,7 @@ __all__ = ["check", "evaluate", "check_gradcheck", "autograd_grads", "CheckResul
 
 TODO = "not implemented yet"
 _MAX_MESSAGE = 160
+_MAX_LISTED, _MAX_NAMES_CHARS = 4, 80  # a ✓ line lists at most this many names, or this long a list
 
 
 @dataclass
@@ -102,6 +112,48 @@ def _call(fn, args, kwargs):
     return fn(*_clone(tuple(args)), **_clone(dict(kwargs)))
 
 
+def _same(a, b) -> bool:
+    """a and b hold the same tensors, bit for bit (NaN equal to NaN), in the same structure."""
+    if isinstance(b, torch.Tensor):
+        if not isinstance(a, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        if torch.equal(a, b):
+            return True
+        return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all()) if a.is_floating_point() else False
+    return True
+
+
+def _changed(given, original, label: str) -> list[str]:
+    """Labels of the tensors in ``given`` (what the learner got) that differ from ``original`` now."""
+    if isinstance(original, torch.Tensor):
+        return [] if _same(given, original) else [label]
+    if isinstance(original, (tuple, list)) and isinstance(given, (tuple, list)) and len(given) == len(original):
+        return [c for i, (g, o) in enumerate(zip(given, original)) for c in _changed(g, o, f"{label}[{i}]")]
+    if isinstance(original, dict) and isinstance(given, dict):
+        return [c for k, o in original.items() if k in given for c in _changed(given[k], o, f"{label}[{k!r}]")]
+    return []
+
+
+def _arg_labels(fn, n: int) -> list[str]:
+    """The names of fn's first n positional parameters ('argument 3' where there is none)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    named = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return [named[i] if i < len(named) else f"argument {i + 1}" for i in range(n)]
+
+
+def _changed_args(fn, args, kwargs, given_args, given_kwargs) -> list[str]:
+    """Which of the learner's arguments it modified in place (it got copies: compare them with ours)."""
+    out = []
+    for label, g, o in zip(_arg_labels(fn, len(args)), given_args, args):
+        out += _changed(g, o, label)
+    for k, o in kwargs.items():
+        out += _changed(given_kwargs.get(k), o, k)
+    return out
+
+
 def _as_items(value, outputs, what: str):
     """Name the parts of a returned value: [(name, tensor-ish)]; raise ValueError if the structure is off."""
     if isinstance(value, dict):
@@ -115,8 +167,19 @@ def _as_items(value, outputs, what: str):
     return [(name, value)]
 
 
-def _compare_one(name: str, got, exp, atol, rtol):
-    """None if got ≈ exp, else a message; also returns the max |Δ| (float) when comparable."""
+def _compare_one(name: str, got, exp, atol, rtol, count: bool = False, exact: bool = False):
+    """None if got ≈ exp, else a message; also returns the max |Δ| (float) when comparable (None for a str)."""
+    if isinstance(exp, str):
+        return (None, None) if got == exp else (f"{name} is {got!r}, expected {exp!r}", None)
+    if exact and isinstance(exp, (int, float)) and not isinstance(exp, bool) and type(got) is not type(exp):
+        return f"{name}: returned {type(got).__name__}, expected {type(exp).__name__}", None
+    if count:
+        try:
+            g = float(got)
+        except (TypeError, ValueError, RuntimeError):
+            return f"{name}: expected a number, got {type(got).__name__}", None
+        e = float(exp)
+        return (None, 0.0) if g == e else (f"{_num(g)} {name} (expected {_num(e)})", None)
     if isinstance(exp, (int, float)) and not isinstance(exp, bool):
         like = got.dtype if isinstance(got, torch.Tensor) and got.is_floating_point() else torch.float64
         exp = torch.tensor(float(exp), dtype=like)
@@ -175,17 +238,27 @@ def _rule(items_exp, atol, rtol) -> str:
 
 
 def evaluate(answer, expected, *, args=(), kwargs=None, outputs=None, name: str = "check",
-             atol: float | None = None, rtol: float | None = None, against: str = "") -> CheckResult:
+             atol: float | None = None, rtol: float | None = None, against: str = "",
+             counts=(), exact: bool = False, noun: str = "outputs") -> CheckResult:
     """Run ``answer(*args, **kwargs)`` (or take it as a value), compare with ``expected``; no printing.
 
-    ``expected`` is a value (tensor, number, tuple, dict) or a callable called with the same args.
+    ``expected`` is a value (tensor, number, str, tuple, dict) or a callable called with the same args.
     ``outputs`` names the elements of a returned tuple, e.g. ``("grad_X", "grad_W", "grad_b")``.
+    ``counts`` names outputs that are counts (said "9 nodes missing (expected 0)"); ``exact``
+    means zero tolerance and the reference's Python type (an int stays an int); ``noun`` is
+    what a long ✓ line counts ("13 layers match"). The learner's function gets copies of the
+    arguments; one that writes into them fails ("changed its argument grad_P in place").
     """
     kwargs = kwargs or {}
+    if exact:
+        atol, rtol = 0.0, 0.0
+    changed = []
     # 1. the learner's answer
     if callable(answer) and not isinstance(answer, torch.Tensor):
         try:
-            got = _call(answer, args, kwargs)
+            given_args, given_kwargs = _clone(tuple(args)), _clone(dict(kwargs))
+            got = answer(*given_args, **given_kwargs)
+            changed = _changed_args(answer, args, kwargs, given_args, given_kwargs)
         except Exception as e:  # noqa: BLE001 - any learner error becomes one line
             if _is_todo_error(e):
                 return CheckResult("todo", f"· {name}: {TODO}")
@@ -199,6 +272,9 @@ def evaluate(answer, expected, *, args=(), kwargs=None, outputs=None, name: str 
 
     if _is_todo_value(got):
         return CheckResult("todo", f"· {name}: {TODO}")
+    if changed:
+        which = f"argument {changed[0]}" if len(changed) == 1 else f"arguments {', '.join(changed)}"
+        return CheckResult("fail", f"✗ {name}: changed its {which} in place")
     try:
         items_exp = _as_items(exp, outputs, "expected")
         items_got = _as_items(got, outputs, "returned")
@@ -208,7 +284,7 @@ def evaluate(answer, expected, *, args=(), kwargs=None, outputs=None, name: str 
     if isinstance(exp, dict) and not isinstance(got, dict):
         return CheckResult("fail", f"✗ {name}: expected a dict with keys {', '.join(map(str, exp))}, "
                                    f"got {type(got).__name__}")
-    todo, problems, diffs = [], [], []
+    todo, problems, diffs, exacts = [], [], [], []
     for key, ev in items_exp:
         if key not in got_map:
             problems.append(f"{key} is missing from the returned dict")
@@ -217,34 +293,39 @@ def evaluate(answer, expected, *, args=(), kwargs=None, outputs=None, name: str 
         if _is_todo_value(gv):
             todo.append(str(key))
             continue
-        msg, diff = _compare_one(str(key), gv, ev, atol, rtol)
+        msg, diff = _compare_one(str(key), gv, ev, atol, rtol, count=key in counts, exact=exact)
         if msg:
             problems.append(msg)
         elif diff is not None:
             diffs.append(diff)
+        else:
+            exacts.append(key)
     if problems:
         more = f" [+{len(problems) - 1} more wrong]" if len(problems) > 1 else ""
         return CheckResult("fail", f"✗ {name}: {problems[0]}{more}")
-    if todo and not diffs:
+    if todo and not diffs and not exacts:
         return CheckResult("todo", f"· {name}: {TODO}")
     if todo:
-        done = ""
-        if diffs:
-            done = " (1 other already matches)" if len(diffs) == 1 else f" ({len(diffs)} others already match)"
+        n_done = len(diffs) + len(exacts)
+        done = " (1 other already matches)" if n_done == 1 else f" ({n_done} others already match)"
         return CheckResult("todo", f"· {name}: {TODO}: {', '.join(todo)} still ...{done}")
     keys = [str(k) for k, _ in items_exp]
     what = keys[0] if len(keys) == 1 else ", ".join(keys)
+    if len(keys) > _MAX_LISTED and len(what) > _MAX_NAMES_CHARS:
+        what = f"{len(keys)} {noun}"
     verb = "matches" if len(keys) == 1 else "match"
     against = f" {against}" if against else ""
-    return CheckResult("pass", f"✓ {name}: {what} {verb}{against} "
-                               f"(max|Δ| {max(diffs, default=0.0):.1e}; {_rule(items_exp, atol, rtol)})")
+    numeric = [(k, v) for k, v in items_exp if not isinstance(v, str) and k not in counts]
+    tail = f" (max|Δ| {max(diffs, default=0.0):.1e}; {_rule(numeric, atol, rtol)})" if numeric else ""
+    return CheckResult("pass", f"✓ {name}: {what} {verb}{against}{tail}")
 
 
 def check(answer, expected, *, args=(), kwargs=None, outputs=None, name: str = "check",
-          atol: float | None = None, rtol: float | None = None, against: str = "") -> None:
-    """Print one ✓/✗/· line comparing the learner's function (or value) with the reference."""
+          atol: float | None = None, rtol: float | None = None, against: str = "",
+          counts=(), exact: bool = False, noun: str = "outputs") -> None:
+    """Print one ✓/✗/· line comparing the learner's function (or value) with the reference (see evaluate)."""
     print(evaluate(answer, expected, args=args, kwargs=kwargs, outputs=outputs, name=name,
-                   atol=atol, rtol=rtol, against=against).line)
+                   atol=atol, rtol=rtol, against=against, counts=counts, exact=exact, noun=noun).line)
 
 
 def autograd_grads(f, inputs, grad_output=None):
@@ -270,13 +351,13 @@ def check_gradcheck(fn, inputs, *, name: str = "gradcheck", eps: float = 1e-6,
         res = CheckResult("pass", f"✓ {name}: gradcheck passes (float64, eps {eps:g}, atol {atol:g}, rtol {rtol:g})")
     except GradcheckError as e:
         text = str(e)
-        which = ""
-        for ln in text.splitlines():
-            if "output" in ln and "input" in ln:
-                which = _first_line(ln).rstrip(",.")
-                break
-        res = CheckResult("fail", f"✗ {name}: backward disagrees with finite differences"
-                                  f"{': ' + which if which else ''}")
+        which = next((_first_line(ln).rstrip(",.") for ln in text.splitlines()
+                      if "output" in ln and "input" in ln), "")
+        if which or not _first_line(text):
+            res = CheckResult("fail", f"✗ {name}: backward disagrees with finite differences"
+                                      f"{': ' + which if which else ''}")
+        else:  # another of gradcheck's checks, e.g. "backward not multiplied by grad_output"
+            res = CheckResult("fail", f"✗ {name}: gradcheck fails: {_first_line(text).rstrip(',.')}")
     except Exception as e:  # noqa: BLE001
         if _is_todo_error(e):
             res = CheckResult("todo", f"· {name}: {TODO}")

@@ -140,3 +140,74 @@ def test_check_gradcheck_passes_a_right_backward_and_fails_a_wrong_one(capsys):
     def todo(x):
         raise NotImplementedError
     assert check_gradcheck(todo, (X,), quiet=True).status == "todo"
+
+
+def test_an_argument_changed_in_place_is_named_in_one_line(capsys):
+    def softmax_backward(P, grad_P):
+        inner = (grad_P * P).sum(-1, keepdim=True)
+        return grad_P.sub_(inner).mul_(P)  # right values, but grad_P is overwritten
+
+    P = torch.softmax(X, -1)
+    ref = lambda P, grad_P: P * (grad_P - (grad_P * P).sum(-1, keepdim=True))  # noqa: E731
+    check(softmax_backward, ref, args=(P, X), name="ex1")
+    assert one_line(capsys) == "✗ ex1: changed its argument grad_P in place"
+    assert torch.equal(X, torch.arange(6.0, dtype=torch.float64).reshape(2, 3))  # ours is untouched
+
+    def nudge(f, x, eps=0.1):  # + eps then - eps: not always the same float again
+        x.view(-1)[0] += eps
+        x.view(-1)[0] -= eps
+        return x.clone()
+    x = torch.tensor([0.3], dtype=torch.float64)
+    assert (0.3 + 0.1) - 0.1 != 0.3
+    assert evaluate(nudge, lambda f, x, eps=0.1: x, args=(None, x)).line == "✗ check: changed its argument x in place"
+    r = evaluate(lambda xs: xs[1].zero_(), X, args=([X, X.clone()],))
+    assert r.line == "✗ check: changed its argument xs[1] in place"
+    nan = torch.tensor([float("nan"), 1.0])
+    assert evaluate(lambda t: t + 0, nan, args=(nan,)).status == "pass"  # a NaN argument left alone is unchanged
+
+
+def test_counts_exact_types_and_strings_read_as_sentences():
+    r = evaluate(lambda: {"nodes missing or repeated": 9, "g": X}, {"nodes missing or repeated": 0, "g": X},
+                 counts=("nodes missing or repeated",), name="ex3")
+    assert r.line == "✗ ex3: 9 nodes missing or repeated (expected 0)"
+    r = evaluate(lambda: {"nodes missing or repeated": 0, "g": X}, {"nodes missing or repeated": 0, "g": X},
+                 counts=("nodes missing or repeated",), name="ex3")
+    assert r.line.startswith("✓ ex3: nodes missing or repeated, g match (max|Δ| 0.0e+00; atol 1e-10")
+    assert evaluate(lambda: 2048.0, 2048, outputs=("bytes",), exact=True).line == \
+        "✗ check: bytes: returned float, expected int"
+    assert evaluate(lambda: 2048.0, 2048, outputs=("bytes",)).status == "pass"  # without exact a float will do
+    r = evaluate(lambda: 2048, 2048, outputs=("bytes",), exact=True)
+    assert r.status == "pass" and "atol 0, rtol 0" in r.line
+    assert evaluate(lambda: 2047, 2048, exact=True).status == "fail"
+    r = evaluate(lambda n, names: "in", "mid.act", args=({}, []), outputs=("the layer returned",), name="ex3")
+    assert r.line == "✗ ex3: the layer returned is 'in', expected 'mid.act'"
+    r = evaluate(lambda: "mid.act", "mid.act", outputs=("the layer returned",), name="ex3", against="the profile")
+    assert r.line == "✓ ex3: the layer returned matches the profile"
+
+
+def test_a_long_list_of_names_on_a_tick_line_becomes_a_count():
+    many = {f"blocks.{i}.linear": X for i in range(13)}
+    r = evaluate(many, many, name="ex2", noun="layers", against="the recorder")
+    assert r.line.startswith("✓ ex2: 13 layers match the recorder (max|Δ|")
+    few = {k: X for k in ("grad_h", "grad_W1", "grad_b1", "grad_W2", "grad_b2")}  # short: still listed
+    assert evaluate(few, few).line.startswith("✓ check: grad_h, grad_W1, grad_b1, grad_W2, grad_b2 match")
+
+
+class _Unscaled(torch.autograd.Function):
+    @staticmethod
+    def forward(x):
+        return x * x
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 2 * x  # forgets g
+
+
+def test_check_gradcheck_says_what_gradcheck_found_when_it_is_not_a_jacobian_mismatch():
+    r = check_gradcheck(lambda x: _Unscaled.apply(x).sum(), (X,), name="ce", quiet=True)
+    assert r.line == "✗ ce: gradcheck fails: backward not multiplied by grad_output"

@@ -83,6 +83,46 @@ def test_instructors_page_links_every_student_notebook_in_colab():
 
 # ------------------------------------------------------------------ grading
 
+def test_error_notes_name_the_cell_even_when_the_saved_source_is_a_list_of_lines():
+    original = {"cells": [{"cell_type": "markdown", "source": ["# Lab\n", "text"]},
+                          {"cell_type": "code", "source": ["x = 1\n", "raise ValueError('bad')"]},
+                          {"cell_type": "code", "source": "y = 2"}]}
+    executed = nbformat.from_dict({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [
+        nbformat.v4.new_markdown_cell("# Lab\ntext"),
+        nbformat.v4.new_code_cell("x = 1\nraise ValueError('bad')", outputs=[nbformat.v4.new_output(
+            "error", ename="ValueError", evalue="bad\nmore", traceback=[])]),
+        nbformat.v4.new_code_cell("y = 2")]})
+    assert labs._error_notes(executed, original) == ["cell 2: ValueError: bad"]
+    original["cells"][1]["source"] = "".join(original["cells"][1]["source"])  # a string works too
+    assert labs._error_notes(executed, original) == ["cell 2: ValueError: bad"]
+
+
+def test_grade_can_leave_an_optional_question_out_of_the_total(tmp_path, monkeypatch):
+    lab = "lab01_cat_mlp"
+    points = {"ex1": 1.0, "ex2": 0.0, "ex3": 2.0, "ex4": 2.0, "ex5": 2.0, "ex6": 3.0}  # earned; possible 1 1 2 2 2 3
+
+    def fake_grade_file(lab_, path, ag, qs, timeout):  # no notebook is run: only the bookkeeping
+        detail = {"questions": {q: {"score": v, "possible": v, "passed": 1, "cases": 1} for q, v in points.items()}}
+        return labs._row(path.name, "ok", qs, points), detail
+    monkeypatch.setattr(labs, "grade_file", fake_grade_file)
+    monkeypatch.setattr(labs, "autograder_zip", lambda lab_: tmp_path / "unused.zip")
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    (subs / "a.ipynb").write_text("{}")
+    out = tmp_path / "g.csv"
+    labs.grade(lab, subs, out, skip=["ex6"])
+    rows = list(csv.DictReader(out.open()))
+    assert list(rows[0]) == ["submission", "status", "ex1", "ex2", "ex3", "ex4", "ex5", "total", "possible", "notes"]
+    assert (rows[0]["total"], rows[0]["possible"]) == ("7", "8")
+    fb = (tmp_path / "g_feedback" / "a.txt").read_text()
+    assert "Score: 7 / 8" in fb and "ex6    optional this time: not graded, not counted" in fb
+    with pytest.raises(SystemExit, match="no question ex9"):
+        labs.grade(lab, subs, out, skip=["ex9"])
+    assert labs.main(["grade", lab, str(subs), "--out", str(out), "--skip-question", "ex5",
+                      "--skip-question", "ex6"]) == 0
+    assert next(csv.DictReader(out.open()))["possible"] == "6"
+
+
 def _solutions(lab):
     """The source's solution cells, otter markers removed, in order."""
     out, inside = [], False
@@ -172,7 +212,12 @@ def test_gradebook_has_one_clear_row_per_submission(gradebook):
 @pytest.mark.slow
 def test_gradebook_notes_and_feedback_say_what_happened(gradebook):
     rows, out = gradebook
-    assert "SyntaxError" in rows["syntax_error.ipynb"]["notes"]
+    # the note names the cell, numbered as in the submission: the answer cell of exercise 5
+    notes = rows["syntax_error.ipynb"]["notes"]
+    assert re.match(r"cell \d+: SyntaxError", notes), notes
+    (sub,) = out.parent.glob("submissions[0-9]*/syntax_error.ipynb")
+    cell = labs.read_nb(sub).cells[int(re.match(r"cell (\d+)", notes).group(1)) - 1]
+    assert "def layer1_backward(grad_h, x)\n" in cell.source
     assert "kernel died" in rows["crash.ipynb"]["notes"]
     assert f"still running after {LOOP_TIMEOUT} s" in rows["loop.ipynb"]["notes"]
     assert "not a notebook" in rows["corrupt.ipynb"]["notes"]

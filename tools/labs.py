@@ -3,7 +3,7 @@
     python tools/labs.py release [LAB ...] [--no-execute]   # sources -> labs/LAB.ipynb + labs/dist/LAB/
     python tools/labs.py check-stale                         # fail if a student notebook is stale or leaks
     python tools/labs.py grade LAB SUBMISSIONS_DIR --out gradebook.csv [--timeout 300] [--jobs 1]
-                                                             # [--feedback DIR]
+                                                             # [--feedback DIR] [--skip-question ex6]
 
 A lab's one source is ``labs/source/LAB.ipynb`` in otter-assign format (solutions between
 ``# BEGIN/END SOLUTION`` or on ``# SOLUTION`` lines, hidden tests in ``# BEGIN TESTS`` blocks,
@@ -401,12 +401,14 @@ def identify(nb, lab: str) -> tuple[str, str]:
 
 def _error_notes(executed, original) -> list[str]:
     """'cell N: Type: message' for every cell that raised, numbered as in the submission."""
-    originals = [c.get("source", "") for c in original.get("cells", [])]
+    def text(s):  # a saved notebook may store a cell's source as a list of lines
+        return "".join(s) if isinstance(s, list) else s
+    originals = [text(c.get("source", "")) for c in original.get("cells", [])]
     notes = []
     for cell in executed.cells:
         for o in cell.get("outputs", []):
             if o.get("output_type") == "error":
-                num = next((i + 1 for i, s in enumerate(originals) if s == cell.source), None)
+                num = next((i + 1 for i, s in enumerate(originals) if s == text(cell.source)), None)
                 where = f"cell {num}" if num else "a cell"
                 msg = (o.get("evalue") or "").splitlines()[0][:120] if o.get("evalue") else ""
                 notes.append(f"{where}: {o.get('ename')}{': ' + msg if msg else ''}")
@@ -502,7 +504,7 @@ def grade_file(lab: str, path: Path, ag: Path, qs, timeout: float) -> tuple[dict
     return _row(path.name, status, qs, scores, "; ".join(notes)), detail
 
 
-def feedback_text(lab: str, row: dict, detail: dict, qs) -> str:
+def feedback_text(lab: str, row: dict, detail: dict, qs, skipped=()) -> str:
     """What a student reads: status, points per exercise, how many hidden tests passed, errors."""
     lines = [f"{title(read_nb(student_path(lab))) or lab}: feedback for {row['submission']}",
              f"Score: {row['total']:g} / {row['possible']:g}   (status: {row['status']}: "
@@ -512,6 +514,8 @@ def feedback_text(lab: str, row: dict, detail: dict, qs) -> str:
         d = qd.get(q)
         tests = f"{d['passed']} of {d['cases']} hidden tests pass" if d else "not graded"
         lines.append(f"  {q:<6} {row[q]:g} / {pts:g}   {tests}")
+    for q in skipped:
+        lines.append(f"  {q:<6} optional this time: not graded, not counted")
     if row["notes"]:
         lines += ["", "Notes:"] + [f"  {n}" for n in row["notes"].split("; ")]
     lines += ["", "Run your notebook top to bottom and read the self-check lines: each exercise's",
@@ -519,11 +523,24 @@ def feedback_text(lab: str, row: dict, detail: dict, qs) -> str:
     return "\n".join(lines) + "\n"
 
 
-def grade(lab: str, subs_dir: Path, out_csv: Path, timeout: float = DEFAULT_TIMEOUT, jobs: int = 1,
-          feedback_dir: Path | None = None) -> list[dict]:
-    """Grade every file in ``subs_dir``: a CSV row each (sorted by name) and a feedback file each."""
-    use_this_python()
+def graded_questions(lab: str, skip=()) -> list[tuple[str, float]]:
+    """The lab's [(question, points)] without the ones the instructor made optional (``skip``)."""
     qs = questions(read_nb(source_path(lab)))
+    unknown = sorted(set(skip) - {q for q, _ in qs})
+    if unknown:
+        raise SystemExit(f"{lab} has no question {', '.join(unknown)}; its questions: {', '.join(q for q, _ in qs)}")
+    return [(q, p) for q, p in qs if q not in skip]
+
+
+def grade(lab: str, subs_dir: Path, out_csv: Path, timeout: float = DEFAULT_TIMEOUT, jobs: int = 1,
+          feedback_dir: Path | None = None, skip=()) -> list[dict]:
+    """Grade every file in ``subs_dir``: a CSV row each (sorted by name) and a feedback file each.
+
+    Questions in ``skip`` (made optional) get no column and count neither in ``total`` nor in ``possible``.
+    """
+    qs = graded_questions(lab, skip)
+    skipped = [q for q, _ in questions(read_nb(source_path(lab))) if q in skip]
+    use_this_python()
     ag = autograder_zip(lab)
     files = sorted(p for p in Path(subs_dir).iterdir() if p.is_file() and not p.name.startswith("."))
     with cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -540,7 +557,8 @@ def grade(lab: str, subs_dir: Path, out_csv: Path, timeout: float = DEFAULT_TIME
     fb = Path(feedback_dir) if feedback_dir else out_csv.with_name(out_csv.stem + "_feedback")
     fb.mkdir(parents=True, exist_ok=True)
     for row, detail in results:
-        (fb / (Path(row["submission"]).stem + ".txt")).write_text(feedback_text(lab, row, detail, qs), encoding="utf-8")
+        (fb / (Path(row["submission"]).stem + ".txt")).write_text(feedback_text(lab, row, detail, qs, skipped),
+                                                                 encoding="utf-8")
     for r in rows:
         print(f"{r['submission']:<32} {r['status']:<14} {r['total']:g}/{r['possible']:g}  {r['notes']}")
     print(f"gradebook: {out_csv}   feedback: {fb}/")
@@ -567,6 +585,8 @@ def main(argv: list[str]) -> int:
     g.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per notebook")
     g.add_argument("--jobs", type=int, default=1, help="notebooks graded at once")
     g.add_argument("--feedback", type=Path, default=None, help="folder for feedback files")
+    g.add_argument("--skip-question", action="append", default=[], metavar="NAME",
+                   help="a question made optional (e.g. ex6): no column, not in total or possible; repeatable")
     a = ap.parse_args(argv)
     if a.cmd == "release":
         for lab in [resolve_lab(x) for x in a.labs] or labs():
@@ -579,7 +599,7 @@ def main(argv: list[str]) -> int:
         print("\n".join(problems) or f"student notebooks up to date: {', '.join(labs())}")
         return 1 if problems else 0
     if a.cmd == "grade":
-        grade(resolve_lab(a.lab), a.submissions, a.out, a.timeout, a.jobs, a.feedback)
+        grade(resolve_lab(a.lab), a.submissions, a.out, a.timeout, a.jobs, a.feedback, skip=a.skip_question)
         return 0
     return 2
 
