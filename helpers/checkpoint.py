@@ -147,9 +147,18 @@ def _autocast_device_types() -> list[str]:
 
 def get_autocast_state() -> AutocastState:
     """AutocastState of the CPU (and CUDA, if present): is autocast on, and to which dtype."""
-    devices = tuple((dt, torch.is_autocast_enabled(dt), torch.get_autocast_dtype(dt))
-                    for dt in _autocast_device_types())
+    devices = tuple((dt, *_autocast_of(dt)) for dt in _autocast_device_types())
     return AutocastState(devices, torch.is_autocast_cache_enabled())
+
+
+def _autocast_of(device_type: str) -> tuple[bool, torch.dtype]:
+    """(enabled, dtype) of autocast on ``device_type``; torch < 2.4 has only per-device functions."""
+    try:
+        return torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
+    except TypeError:                                            # torch 2.1-2.3
+        if device_type == "cpu":
+            return torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()
+        return torch.is_autocast_enabled(), torch.get_autocast_gpu_dtype()
 
 
 def autocast_from(state: AutocastState | None) -> ExitStack:

@@ -20,7 +20,8 @@ where a single pass that adds each tile's ``dS K`` into ``dQ`` with ``atomic_add
 dV, dP, dK, dQ).  We pay the 2 extra: atomics would need an fp32 ``dQ`` buffer and make the
 result depend on the order the blocks finish (not bit-reproducible), which a course that prints
 gradients cannot afford.  (FLOP counts that use the usual "backward = 2.5× forward", i.e. 5
-matmuls, understate this backward's arithmetic by 40%.)
+matmuls, count 5 of these 7: the real work is 1.4× the counted, and TFLOP/s computed that way
+come out 1.4× too low.)
 
 Runs on a CUDA GPU (fp16, bf16 on sm_80+, fp32 with ``input_precision="ieee"`` so that it is
 not silently TF32) and on a CPU under ``TRITON_INTERPRET=1``, which must be set before

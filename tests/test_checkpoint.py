@@ -390,3 +390,21 @@ def test_loss_scale_step_matches_gradscaler():
 def test_loss_scale_step_rejects_mismatched_lengths():
     with pytest.raises(ValueError):
         loss_scale_step([torch.zeros(2)], [], ScalerState(), 0.1)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")   # the old per-device functions, on purpose
+def test_autocast_state_on_torch_before_2_4(monkeypatch):
+    """torch < 2.4 has no device-type argument: the per-device functions are used instead."""
+    import helpers.checkpoint as hc
+    real = torch.is_autocast_enabled
+
+    def old_is_enabled(*args):
+        if args:
+            raise TypeError("is_autocast_enabled() takes 0 positional arguments")
+        return real("cuda") if torch.cuda.is_available() else False
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):   # entered first: autocast itself uses the new API
+        with monkeypatch.context() as m:
+            m.setattr(torch, "is_autocast_enabled", old_is_enabled)
+            state = hc.get_autocast_state()
+    assert ("cpu", True, torch.bfloat16) in state.devices
