@@ -148,7 +148,7 @@ def flash_backward(Q, K, V, O, L, grad_O, causal: bool = False, block_q: int = 6
     grad_V = torch.zeros_like(V) if need_V else None               # (B, H, Nk, d)
     if not (need_dS or need_V):
         return grad_Q, grad_K, grad_V
-    for k0 in range(0, Nk, block_k):                               # outer loop over keys: dK_j, dV_j stay local
+    for k0 in range(0, Nk, block_k):                               # outer loop over keys: only this pass writes dK_j, dV_j
         Kj, Vj = K[:, :, k0:k0 + block_k], V[:, :, k0:k0 + block_k]  # (B, H, bk, d)
         bk = Kj.shape[2]
         q_start = (k0 // block_q) * block_q if causal else 0       # earlier query blocks see none of these keys
