@@ -284,10 +284,11 @@ def evaluate(answer, expected, *, args=(), kwargs=None, outputs=None, name: str 
     if isinstance(exp, dict) and not isinstance(got, dict):
         return CheckResult("fail", f"✗ {name}: expected a dict with keys {', '.join(map(str, exp))}, "
                                    f"got {type(got).__name__}")
-    todo, problems, diffs, exacts = [], [], [], []
+    todo, problems, wrong, diffs, exacts = [], [], [], [], []
     for key, ev in items_exp:
         if key not in got_map:
             problems.append(f"{key} is missing from the returned dict")
+            wrong.append(str(key))
             continue
         gv = got_map[key]
         if _is_todo_value(gv):
@@ -296,12 +297,14 @@ def evaluate(answer, expected, *, args=(), kwargs=None, outputs=None, name: str 
         msg, diff = _compare_one(str(key), gv, ev, atol, rtol, count=key in counts, exact=exact)
         if msg:
             problems.append(msg)
+            wrong.append(str(key))
         elif diff is not None:
             diffs.append(diff)
         else:
             exacts.append(key)
     if problems:
-        more = f" [+{len(problems) - 1} more wrong]" if len(problems) > 1 else ""
+        others = wrong[1:4] + (["…"] if len(wrong) > 4 else [])
+        more = f" [also wrong: {', '.join(others)}]" if others else ""
         return CheckResult("fail", f"✗ {name}: {problems[0]}{more}")
     if todo and not diffs and not exacts:
         return CheckResult("todo", f"· {name}: {TODO}")

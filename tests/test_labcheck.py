@@ -211,3 +211,9 @@ class _Unscaled(torch.autograd.Function):
 def test_check_gradcheck_says_what_gradcheck_found_when_it_is_not_a_jacobian_mismatch():
     r = check_gradcheck(lambda x: _Unscaled.apply(x).sum(), (X,), name="ce", quiet=True)
     assert r.line == "✗ ce: gradcheck fails: backward not multiplied by grad_output"
+
+
+def test_several_wrong_outputs_are_all_named():
+    r = evaluate(lambda x: (x, x, x), lambda x: (2 * x, 3 * x, 4 * x), args=(X,),
+                 outputs=("grad_Q", "grad_K", "grad_V"), name="ex")
+    assert r.status == "fail" and "[also wrong: grad_K, grad_V]" in r.line
