@@ -1,0 +1,322 @@
+"""The grading harness: the hidden tests run here, in a process that no student code ever runs in.
+
+It starts the submission's worker in the sandbox (``sandbox.py``), which runs the notebook, and
+then runs each hidden test of the lab source in this process. A test's references to the
+student's functions and classes are ``Remote`` handles (``wire.py``): calling one sends the
+arguments by value to the worker and brings the result back by value; arguments the student's
+code changed in place are changed here too, so "left its input unchanged" is still tested; a
+call on tensors that need gradients becomes a node of this process's autograd graph whose
+backward asks the worker, so ``gradcheck`` and ``.backward()`` test a student's
+``autograd.Function`` across the boundary. Comparisons (``torch.allclose``, ``assert``) all
+run here, on this process's untouched torch. Scores are computed here and capped.
+
+    python harness.py SPEC.json      # SPEC: source, worker command, limits; writes spec["result"]
+"""
+from __future__ import annotations
+
+import ast
+import builtins
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch.autograd.function import once_differentiable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import wire  # noqa: E402
+
+SAFE_KINDS = {n for n, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException)}
+SAFE_KINDS |= {"ByHandError", "OutOfMemoryError"}
+
+
+@dataclass
+class Case:
+    code: str
+    points: float
+    hidden: bool
+    where: str = "harness"    # or "student": runs in the worker, beside the student's objects
+
+
+@dataclass
+class Question:
+    name: str
+    points: float
+    cases: list[Case] = field(default_factory=list)
+    by_hand: list[str] = field(default_factory=list)   # 'autograd' and reference functions it may not use
+
+
+def _config(code: str) -> tuple[dict, str]:
+    """(test config, test code) of an otter test cell ('\"\"\" # BEGIN TEST CONFIG ... # END TEST CONFIG')."""
+    import yaml
+
+    if "# BEGIN TEST CONFIG" not in code:
+        return {}, code
+    head, _, rest = code.partition("# END TEST CONFIG")
+    conf = yaml.safe_load(head.split("# BEGIN TEST CONFIG", 1)[1].rsplit('"""', 1)[0]) or {}
+    return conf, rest.split("\n", 1)[1] if "\n" in rest else ""
+
+
+def questions(source_path: Path) -> list[Question]:
+    """Every question of an otter-format source with its test cases; points split as otter splits them."""
+    import nbformat
+    import yaml
+
+    nb = nbformat.read(source_path, as_version=4)
+    out, in_tests = [], False
+    for cell in nb.cells:
+        text = cell.source.strip()
+        if cell.cell_type == "raw" and text.startswith("# BEGIN QUESTION"):
+            conf = yaml.safe_load(cell.source.split("\n", 1)[1]) or {}
+            out.append(Question(str(conf["name"]), float(conf.get("points", 0)), by_hand=list(conf.get("by_hand") or [])))
+        elif cell.cell_type == "raw" and text.startswith("# BEGIN TESTS"):
+            in_tests = True
+        elif cell.cell_type == "raw" and text.startswith("# END TESTS"):
+            in_tests = False
+        elif in_tests and cell.cell_type == "code":
+            conf, code = _config(cell.source)
+            where = str(conf.get("runs_in", "harness"))
+            if where not in ("harness", "student"):
+                raise ValueError(f"{source_path.name}: runs_in must be harness or student, not {where!r}")
+            out[-1].cases.append(Case(code, conf.get("points"), bool(conf.get("hidden", False)), where))
+    for q in out:  # otter's rule: given points stay, the rest is shared evenly by the other cases
+        given = sum(c.points for c in q.cases if c.points is not None)
+        rest = [c for c in q.cases if c.points is None]
+        for c in rest:
+            c.points = (q.points - given) / len(rest)
+        for c in q.cases:
+            c.points = float(c.points)
+    return out
+
+
+def free_names(code: str) -> set[str]:
+    """Names a test reads that it does not define itself (the student's functions among them)."""
+    tree = ast.parse(code)
+    loads = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return loads - set(dir(builtins))
+
+
+# --------------------------------------------------------------- the student
+
+
+class Across(torch.autograd.Function):
+    """A student's call in this process's autograd graph: its backward is computed by the worker."""
+
+    @staticmethod
+    def forward(box, *inputs):
+        return tuple(o.detach().clone() for o in box["outs"])
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.box = inputs[0]
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grad_outs):
+        box = ctx.box
+        aligned = [None] * box["n_all"]
+        for i, g in zip(box["diff"], grad_outs):
+            aligned[i] = g
+        grads = box["peer"].request({"op": "backward", "graph": box["graph"]}, aligned, True)
+        return (None, *[g if isinstance(g, torch.Tensor) else None for g in grads])
+
+
+def _tensors(value, out):
+    if isinstance(value, torch.Tensor):
+        out.append(value)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _tensors(v, out)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _tensors(v, out)
+    return out
+
+
+def _replace(value, new: iter):
+    """``value`` with its tensors replaced, in order, by ``new``'s."""
+    if isinstance(value, torch.Tensor):
+        return next(new)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_replace(v, new) for v in value)
+    if isinstance(value, dict):
+        return {k: _replace(v, new) for k, v in value.items()}
+    return value
+
+
+class HarnessPeer(wire.Peer):
+    """The harness's end: calls of the student's functions carry the exercise, echo in-place edits, join autograd."""
+
+    exercise: str | None = None
+
+    def call(self, fn, args, kwargs, **opts):
+        ins = _tensors((args, kwargs), [])
+        track = torch.is_grad_enabled() and any(t.requires_grad for t in ins)
+        reply = self.request({"op": "call", "ref": fn._id, "opts": {"exercise": self.exercise, "track": track}},
+                             (tuple(args), dict(kwargs)), True)
+        with torch.no_grad():
+            for i, value, grad, same_grad in reply["changed"]:
+                t = ins[i]
+                if t.shape == value.shape and t.dtype == value.dtype:
+                    t.copy_(value)
+                else:
+                    t.data = value
+                if not t.is_leaf:
+                    continue
+                if same_grad and t.grad is not None and grad is not None and t.grad.shape == grad.shape:
+                    t.grad.copy_(grad)       # edited in place there: in place here too
+                else:
+                    t.grad = grad
+        result = reply["result"]
+        if not track:
+            return result
+        outs = _tensors(result, [])
+        diff = [i for i, o in enumerate(outs) if o.requires_grad]
+        grad_ins = [t for t in ins if t.requires_grad]
+        if not diff:
+            return result
+        box = {"peer": self, "graph": reply["graph"], "outs": [outs[i] for i in diff], "diff": diff,
+               "n_all": len(outs)}
+        joined = Across.apply(box, *grad_ins)
+        for i, o in zip(diff, joined):
+            outs[i] = o
+        return _replace(result, iter([o if i in diff else o.detach() for i, o in enumerate(outs)]))
+
+
+class Student:
+    """The submission's worker process, reached through a ``HarnessPeer``."""
+
+    def __init__(self, argv: list[str], forbidden: dict, start_timeout: float):
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self.peer = HarnessPeer(self.proc.stdout, self.proc.stdin)
+        self.peer.deadline = time.monotonic() + start_timeout
+        self.errors = self.peer.request({"op": "start"}, {"forbidden": forbidden}, True)["errors"]
+        self.names = set(self.peer.request({"op": "names"}))
+        self.peer.deadline = None
+
+    def bind(self, code: str) -> dict:
+        """A fresh namespace for one test: builtins, plus handles on the student's names it uses."""
+        ns = {"__builtins__": builtins, "__name__": "__hidden_test__"}
+        for name in sorted(free_names(code) & self.names):
+            ns[name] = self.peer.request({"op": "get"}, name, True)
+        return ns
+
+    def violations(self) -> dict:
+        return self.peer.request({"op": "violations"})
+
+    def close(self) -> None:
+        try:
+            self.proc.kill()
+        except OSError:
+            pass
+        self.proc.wait()
+
+
+def kind(exc: BaseException) -> str:
+    """An exception's type name fit for feedback: the student's own class names are not repeated."""
+    k = exc.kind if isinstance(exc, wire.RemoteError) else type(exc).__name__
+    return k if k in SAFE_KINDS else "an exception"
+
+
+def grade(spec: dict) -> dict:
+    """Run every hidden test against the worker; per-question scores, per-case results, notes."""
+    qs = questions(Path(spec["source"]))
+    skip = set(spec.get("skip", ()))
+    forbidden = {q.name: q.by_hand for q in qs if q.by_hand}
+    case_timeout = float(spec.get("case_timeout", 60))
+    started = time.monotonic()
+
+    def start():
+        left = spec["timeout"] - (time.monotonic() - started)
+        if left <= 1:
+            raise TimeoutError("no time left")
+        return Student(spec["worker"], forbidden, left)
+
+    result = {"questions": {}, "errors": [], "notes": [], "restarts": 0}
+    try:
+        student = start()
+    except TimeoutError:
+        return {"status": "timeout"}
+    except (EOFError, wire.WireError, wire.RemoteError, OSError) as e:
+        return {"status": "crashed", "message": f"{type(e).__name__}"}
+    result["errors"] = student.errors
+    for q in qs:
+        if q.name in skip:
+            continue
+        passed = []
+        student.peer.exercise = q.name
+        for k, case in enumerate(q.cases, 1):
+            ok = False
+            try:
+                student.peer.deadline = time.monotonic() + min(case_timeout, spec["timeout"] - (time.monotonic() - started))
+                if case.where == "student":
+                    reply = student.peer.request({"op": "run_test"}, {"code": case.code, "exercise": q.name}, True)
+                    ok = reply.get("ok") is True
+                    if "raised" in reply and reply["raised"] != "AssertionError":
+                        result["notes"].append(f"{q.name}: your code raised {kind(wire.RemoteError(str(reply['raised']), ''))} in hidden test {k}")
+                else:
+                    ns = student.bind(case.code)
+                    with torch.random.fork_rng():
+                        torch.manual_seed(0)
+                        exec(compile(case.code, f"<{q.name} test {k}>", "exec"), ns)
+                    ok = True
+            except AssertionError:
+                pass
+            except (TimeoutError, EOFError, wire.WireError) as e:
+                what = "took too long" if isinstance(e, TimeoutError) else "ended the grading process"
+                result["notes"].append(f"{q.name}: your code {what} in hidden test {k}")
+                student.close()
+                result["restarts"] += 1
+                try:
+                    student = start()
+                except Exception:  # noqa: BLE001 - nothing more can be graded
+                    result["questions"][q.name] = _score(q, passed)
+                    result["notes"].append("grading stopped: the notebook could not be restarted in time")
+                    return _finish(result, qs, skip)
+                student.peer.exercise = q.name
+            except wire.RemoteError as e:
+                result["notes"].append(f"{q.name}: your code raised {kind(e)} in hidden test {k}")
+            except Exception:  # noqa: BLE001 - a wrong return type etc.: the test fails, quietly
+                pass
+            finally:
+                student.peer.deadline = None
+            passed.append(ok)
+        student.peer.exercise = None
+        used = student.violations().get(q.name)
+        if used:
+            asks = "the gradient by hand" if used == "autograd" else "you to write it yourself"
+            result["notes"].append(f"used {used} in {q.name}, which asks for {asks}: 0 points for {q.name}")
+            passed = [False] * len(passed)
+            result.setdefault("by_hand", {})[q.name] = used
+        result["questions"][q.name] = _score(q, passed)
+    student.close()
+    return _finish(result, qs, skip)
+
+
+def _score(q: Question, passed: list[bool]) -> dict:
+    got = sum(c.points for c, ok in zip(q.cases, passed) if ok)
+    return {"score": min(round(got, 6), q.points), "possible": q.points, "passed": sum(passed),
+            "cases": len(q.cases)}
+
+
+def _finish(result: dict, qs, skip) -> dict:
+    for q in qs:
+        if q.name not in skip and q.name not in result["questions"]:
+            result["questions"][q.name] = _score(q, [])
+    result["status"] = "errors" if result["errors"] else "ok"
+    return result
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(Path(argv[0]).read_text())
+    torch.set_num_threads(1)
+    out = grade(spec)
+    Path(spec["result"]).write_text(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

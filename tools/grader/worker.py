@@ -1,0 +1,292 @@
+"""The student's side of grading: run the submitted notebook, then answer the harness's calls.
+
+Runs inside the sandbox (``sandbox.py``), as its own process, with the submission as its only
+file. It never sees a hidden test: the harness (another process) sends values and asks for the
+student's functions to be called on them; this process sends back what they return, by value
+(``wire.py``). Before any student code runs it puts guards on autograd's entry points and on
+the course's reference functions, so that an exercise asking for a gradient "by hand" can tell
+when it was answered with them instead.
+
+    python worker.py NOTEBOOK        # protocol on stdin/stdout; the student's prints go nowhere
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# the protocol keeps the real stdin/stdout; the student's prints and reads get /dev/null
+_IN, _OUT = os.fdopen(os.dup(0), "rb", buffering=0), os.fdopen(os.dup(1), "wb")
+_NULL = os.open(os.devnull, os.O_RDWR)
+for _fd in (0, 1, 2):
+    os.dup2(_NULL, _fd)
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+import torch  # noqa: E402
+
+import wire  # noqa: E402
+
+AUTOGRAD = "autograd"
+STATE = {"exercise": None, "forbidden": {}, "violations": {}, "ours": False}
+
+
+class ByHandError(RuntimeError):
+    """Raised inside a student's function that used what its exercise forbids."""
+
+
+def _violate(what: str):
+    ex = STATE["exercise"]
+    STATE["violations"].setdefault(ex, what)
+    raise ByHandError(f"{what} is not allowed in {ex}, which asks for the gradient by hand")
+
+
+def _forbidden(what: str) -> bool:
+    return STATE["exercise"] is not None and what in STATE["forbidden"].get(STATE["exercise"], ())
+
+
+def _guard(what: str, fn):
+    def guarded(*args, **kwargs):
+        if _forbidden(what):
+            _violate(what)
+        return fn(*args, **kwargs)
+    guarded.__name__, guarded.__doc__ = getattr(fn, "__name__", what), getattr(fn, "__doc__", None)
+    return guarded
+
+
+class _Engine:
+    """autograd's engine behind a guard: every gradient torch computes passes through run_backward."""
+
+    def __init__(self, engine):
+        run = engine.run_backward
+
+        def run_backward(*args, **kwargs):
+            if STATE["ours"]:          # the harness asked for this backward (a Function's test)
+                STATE["ours"] = False
+            elif _forbidden(AUTOGRAD):
+                _violate(AUTOGRAD)
+            return run(*args, **kwargs)
+        self.run_backward = run_backward
+        self.queue_callback = engine.queue_callback
+        self.is_checkpoint_valid = engine.is_checkpoint_valid
+
+
+def install_guards(forbidden: dict) -> None:
+    """Guard autograd and the named reference functions ('helpers.cat_mlp.backward') before student code runs."""
+    import importlib
+
+    import torch.autograd.variable as variable
+
+    STATE["forbidden"] = {ex: set(names) for ex, names in forbidden.items()}
+    variable.Variable._execution_engine = _Engine(variable.Variable._execution_engine)
+    import torch.func as func
+    for name in ("grad", "grad_and_value", "vjp", "jvp", "jacrev", "jacfwd", "hessian", "linearize"):
+        if hasattr(func, name):
+            setattr(func, name, _guard(AUTOGRAD, getattr(func, name)))
+    for what in sorted({n for names in forbidden.values() for n in names if n != AUTOGRAD}):
+        module, _, attr = what.rpartition(".")
+        mod = importlib.import_module(module)
+        setattr(mod, attr, _guard(what, getattr(mod, attr)))
+
+
+PRISTINE: dict = {}
+_MISSING = object()
+# what a hidden test that runs in this process relies on; restored before each such test, so that
+# a submission's `torch.allclose = lambda *a, **k: True` does not reach it
+WATCHED = ("builtins", "math", "operator", "doctest", "unittest", "numpy", "torch", "torch.nn",
+           "torch.nn.functional", "torch.autograd", "torch.autograd.function", "torch.autograd.graph",
+           "torch.testing", "torch.linalg", "torch.nn.utils", "torch.optim", "torch.utils.flop_counter", "wire")
+HELPERS = ("device", "memory", "functions", "attention", "cat_mlp", "numgrad", "micrograd", "gradflow", "block",
+           "lora", "checkpoint", "flash", "optim", "train", "labcheck")
+
+
+def snapshot_pristine() -> None:
+    """Remember the watched modules and classes as they are before any student code runs."""
+    import importlib
+
+    for name in WATCHED + tuple(f"helpers.{h}" for h in HELPERS):
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - an optional module (numpy) may be missing
+            continue
+    PRISTINE["modules"] = dict(sys.modules)
+    PRISTINE["vars"] = {m: dict(vars(m)) for name, m in sys.modules.items()
+                        if m is not None and (name in WATCHED or name.startswith("helpers"))}
+    PRISTINE["classes"] = {c: dict(vars(c)) for c in (torch.Tensor, torch.nn.Module, torch.nn.Parameter,
+                                                       torch.autograd.Function)}
+
+
+def restore_pristine() -> None:
+    """Undo what the submission changed in the watched modules, classes and sys.modules."""
+    for name, m in PRISTINE["modules"].items():
+        if sys.modules.get(name) is not m:
+            sys.modules[name] = m
+    for m, saved in PRISTINE["vars"].items():
+        now = vars(m)
+        for k, v in saved.items():
+            if now.get(k, _MISSING) is not v:
+                setattr(m, k, v)
+    for c, saved in PRISTINE["classes"].items():
+        for k in [k for k in vars(c) if k not in saved]:
+            try:
+                delattr(c, k)
+            except (AttributeError, TypeError):
+                pass
+        for k, v in saved.items():
+            if vars(c).get(k, _MISSING) is not v:
+                try:
+                    setattr(c, k, v)
+                except (AttributeError, TypeError):
+                    pass
+
+
+def _restoring(fn, exercise):
+    """The student's function as a test calls it: under the exercise's guards, restoring the watched modules after."""
+    def call(*args, **kwargs):
+        STATE["exercise"] = exercise
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            STATE["exercise"] = None
+            restore_pristine()
+    return call
+
+
+def run_test(msg, value) -> dict:
+    """A hidden test that must run beside the student's objects (saved tensors, RNG, FLOPs, hooks)."""
+    import builtins
+    import types
+
+    restore_pristine()
+    ex = value["exercise"]
+    # the test's own autograd is allowed: only the student's functions run under the exercise's guards
+    ns = {k: (_restoring(v, ex) if isinstance(v, types.FunctionType) else v) for k, v in STATE["ns"].items()}
+    ns.update({"__builtins__": builtins, "__name__": "__hidden_test__"})
+    torch.manual_seed(0)   # a test that draws unseeded numbers gives the same grade twice
+    try:
+        exec(compile(value["code"], "<hidden test>", "exec"), ns)
+        return {"ok": True}
+    except AssertionError:
+        return {"ok": False}
+    except BaseException as e:  # noqa: BLE001 - the test fails; its type is reported
+        return {"ok": False, "raised": type(e).__name__}
+    finally:
+        STATE["exercise"] = None
+        restore_pristine()
+
+
+def run_notebook(path: str) -> list[dict]:
+    """Execute the code cells in order, in one namespace; [{cell, ename, evalue}] for each that raised."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    nb = json.loads(open(path, encoding="utf-8").read())
+    shell = InteractiveShell.instance()
+    shell.showtraceback = lambda *a, **k: None
+    errors = []
+    for number, cell in enumerate(nb.get("cells", []), 1):
+        if cell.get("cell_type") != "code":
+            continue
+        src = cell.get("source", "")
+        src = "".join(src) if isinstance(src, list) else str(src)
+        try:
+            result = shell.run_cell(src, store_history=False, silent=True)
+            exc = result.error_before_exec or result.error_in_exec
+        except BaseException as e:  # noqa: BLE001 - SystemExit and friends end one cell, not grading
+            exc = e
+        if exc is not None:
+            errors.append({"cell": number, "ename": type(exc).__name__,
+                           "evalue": (str(exc).strip().splitlines() or [""])[0][:160]})
+    STATE["ns"] = shell.user_ns
+    return errors
+
+
+def _tensors(value, out: list) -> list:
+    """Every tensor inside ``value`` (args and kwargs), in a fixed order."""
+    if isinstance(value, torch.Tensor):
+        out.append(value)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _tensors(v, out)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _tensors(v, out)
+    return out
+
+
+def _snapshot(t: torch.Tensor):
+    return (t.detach().clone(), None if t.grad is None else t.grad.detach().clone(), id(t.grad))
+
+
+def _changed(t, snap) -> bool:
+    value, grad, grad_id = snap
+    now = t.grad
+    return (t.shape != value.shape or t.dtype != value.dtype or not torch.equal(t.detach(), value)
+            or id(now) != grad_id or (now is not None and (now.shape != grad.shape or not torch.equal(now, grad))))
+
+
+GRAPHS: dict[int, tuple] = {}
+
+
+def on_call(fn, args, kwargs, opts):
+    """Call a student's function for the harness; report what it changed in its arguments."""
+    ins = _tensors((args, kwargs), [])
+    snaps = [_snapshot(t) for t in ins]
+    STATE["exercise"] = opts.get("exercise")
+    try:
+        if opts.get("track"):
+            with torch.enable_grad():
+                result = fn(*args, **kwargs)
+            outs = _tensors(result, [])
+            GRAPHS[len(GRAPHS) + 1] = ([t for t in ins if t.requires_grad], outs, STATE["exercise"])
+            graph = len(GRAPHS)
+        else:
+            result, graph = fn(*args, **kwargs), None
+    finally:
+        STATE["exercise"] = None
+    # [index, value, .grad, whether .grad is still the same tensor object (edited in place)]
+    changed = [[i, t.detach(), t.grad, id(t.grad) == s[2]] for i, (t, s) in enumerate(zip(ins, snaps)) if _changed(t, s)]
+    return {"result": result, "changed": changed, "graph": graph}
+
+
+def backward(msg, value):
+    """Gradients of a tracked call's outputs with respect to its inputs, for the harness's autograd."""
+    ins, outs, exercise = GRAPHS[int(msg["graph"])]
+    pairs = [(o, g) for o, g in zip(outs, value) if g is not None and o.requires_grad]
+    if not pairs or not ins:
+        return [None] * len(ins)
+    STATE["exercise"], STATE["ours"] = exercise, True
+    try:
+        grads = torch.autograd.grad([o for o, _ in pairs], ins, [g for _, g in pairs],
+                                    allow_unused=True, retain_graph=True)
+    finally:
+        STATE["exercise"], STATE["ours"] = None, False
+    return list(grads)
+
+
+def start(msg, value) -> dict:
+    """Guards, then a snapshot of the pristine modules, then the student's notebook."""
+    install_guards(value.get("forbidden", {}))
+    snapshot_pristine()
+    return {"errors": run_notebook(sys.argv[1])}
+
+
+def main() -> None:
+    peer = wire.Peer(_IN, _OUT, serve_dunder=True, on_call=on_call)
+    peer.handlers = {
+        "start": start,
+        "run_test": run_test,
+        "names": lambda msg, v: sorted(k for k in STATE["ns"] if not k.startswith("_")),
+        "get": lambda msg, v: STATE["ns"][v],
+        "backward": backward,
+        "violations": lambda msg, v: dict(STATE["violations"]),
+    }
+    while True:
+        try:
+            msg, blobs = peer.receive()
+        except EOFError:
+            return
+        peer.serve(msg, blobs)
+
+
+if __name__ == "__main__":
+    main()
