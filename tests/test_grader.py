@@ -1,0 +1,361 @@
+"""Grading that holds against a determined student: the red-team suite for `tools/labs.py grade`.
+
+Every hostile submission below is graded by the real `grade` command, in one batch (two at a
+time, as an instructor would run it), next to honest ones. Each must score exactly what its
+honest work deserves, and leave the repository, the other submissions, their grades and the
+autograder as they were. A correct submission is graded right after (and beside) each hostile one.
+"""
+import csv
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "grader"))
+import labs  # noqa: E402
+import sandbox  # noqa: E402
+
+LAB = "lab01_cat_mlp"
+NO_SANDBOX = sandbox.missing_reason()
+needs_sandbox = pytest.mark.skipif(NO_SANDBOX is not None, reason=f"no sandbox here: {NO_SANDBOX}")
+TIMEOUT = 150        # seconds per notebook; a real one takes 4-10 s
+LOOP_TIMEOUT = 20    # the infinite loop is graded on its own, so the suite need not wait 150 s
+
+
+def _solutions(lab):
+    """The source's solution cells, otter markers removed, in order."""
+    out, inside = [], False
+    for cell in labs.read_nb(labs.source_path(lab)).cells:
+        if cell.cell_type == "raw" and cell.source.strip().startswith("# BEGIN SOLUTION"):
+            inside = True
+        elif cell.cell_type == "raw" and cell.source.strip().startswith("# END SOLUTION"):
+            inside = False
+        elif inside and cell.cell_type == "code":
+            lines = [ln.replace("  # SOLUTION", "") for ln in cell.source.splitlines()
+                     if ln.strip() not in ("# BEGIN SOLUTION", "# END SOLUTION")]
+            out.append("\n".join(lines))
+    return out
+
+
+def _submission(lab, answers=None, insert=None):
+    """The student notebook with answers[i] in answer cell i (None: left as is), cells inserted after slots."""
+    nb = labs.read_nb(labs.student_path(lab))
+    slots = [c for c in nb.cells if "otter_answer_cell" in c.metadata.get("tags", [])]
+    for cell, ans in zip(slots, answers or []):
+        if ans is not None:
+            cell.source = ans
+    for after, code in (insert or []):
+        nb.cells.insert(nb.cells.index(slots[after]) + 1, nbformat.v4.new_code_cell(code))
+    for c in nb.cells:
+        if c.cell_type == "code":
+            c.outputs = []
+    return nbformat.writes(nb)
+
+
+def _tree_hashes(root: Path, skip=(".git", "__pycache__", ".pytest_cache", "_build", "node_modules")) -> dict:
+    """sha256 of every file under root (what a hostile submission must not change)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in skip]
+        for f in filenames:
+            p = Path(dirpath) / f
+            try:
+                out[str(p.relative_to(root))] = hashlib.sha256(p.read_bytes()).hexdigest()
+            except OSError:
+                pass
+    return out
+
+
+# ------------------------------------------------------------------ the hostile submissions
+# Each is code inserted into the empty student notebook (so honest work = 0 points) unless its
+# entry says otherwise. {subs}, {out}, {root} are filled with the real paths: a student who
+# knows where everything lives on the grading machine still gets nowhere.
+
+FORGED = json.dumps({"status": "ok", "errors": [], "notes": [], "questions": {
+    q: {"score": 99.0, "possible": 1.0, "passed": 9, "cases": 9} for q in ("ex1", "ex2", "ex3", "ex4", "ex5", "ex6")}})
+
+HOSTILE = {
+    "fake_output": 'print("All tests passed!\\nScore: 11/11")\nfrom IPython.display import HTML, display\n'
+                   'display(HTML("<p><strong>q1</strong> passed! 🎉</p>"))',
+    "monkeypatch": "import doctest, unittest, math, builtins, operator\nimport numpy as np\nimport torch\n"
+                   "doctest.DocTestRunner.summarize = lambda *a, **k: doctest.TestResults(0, 0)\n"
+                   "torch.allclose = torch.equal = torch.isclose = lambda *a, **k: True\n"
+                   "torch.Tensor.__eq__ = lambda *a: True\ntorch.Tensor.all = lambda *a, **k: True\n"
+                   "torch.testing.assert_close = lambda *a, **k: None\nnp.allclose = lambda *a, **k: True\n"
+                   "unittest.TestCase.assertTrue = lambda *a, **k: None\nmath.isclose = lambda *a, **k: True\n"
+                   "builtins.abs = lambda x: 0\noperator.lt = lambda a, b: True\n"
+                   "builtins.AssertionError = type('Nothing', (Exception,), {{}})",
+    "rewrite_tests": "import os, glob, shutil\nfor p in glob.glob('{root}/labs/source/*') + glob.glob('{root}/labs/dist/**', recursive=True) "
+                     "+ glob.glob('{root}/tools/grader/*.py') + glob.glob('{root}/tests/*.py'):\n"
+                     "    try:\n        open(p, 'w').write('assert True')\n    except Exception:\n        pass\n"
+                     "    try:\n        os.remove(p)\n    except Exception:\n        pass\n"
+                     "shutil.rmtree('{root}/labs', ignore_errors=True)\nshutil.rmtree('/grader', ignore_errors=True)",
+    "forge_results": "import os\nforged = {forged!r}\nfor d, _, _ in os.walk('/'):\n"
+                     "    if d.startswith(('/proc', '/sys', '/dev', '/usr')):\n        continue\n"
+                     "    for name in ('result.json', 'results.json', 'spec.json'):\n        try:\n"
+                     "            open(os.path.join(d, name), 'w').write(forged)\n        except Exception:\n            pass\n"
+                     "for p in ('{out}', '{out}.tmp'):\n    try:\n        open(p, 'w').write('submission,total\\nforge_results,11\\n')\n"
+                     "    except Exception:\n        pass\nprint(forged)",
+    "kill_parent": "import os, signal\nfor pid in (os.getppid(), 1, -1):\n    try:\n        os.kill(pid, signal.SIGKILL)\n"
+                   "    except Exception:\n        pass",
+    "daemon": "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(2)\n"
+              "        for p in ('{out}', '{subs}/zz_classmate.ipynb'):\n            try:\n"
+              "                open(p, 'w').write('daemon,11\\n')\n            except Exception:\n                pass\n"
+              "        os._exit(0)\n    os._exit(0)",
+    "classmates": "import glob, json, os\nmine = {{}}\nfor p in glob.glob('{subs}/*.ipynb') + glob.glob('/proc/*/cwd/*.ipynb') + glob.glob('/proc/*/root{subs}/*.ipynb'):\n"
+                  "    try:\n        nb = json.load(open(p))\n        for c in nb['cells']:\n            if c['cell_type'] == 'code':\n"
+                  "                exec(''.join(c['source']), mine)\n    except Exception:\n        pass\n"
+                  "    try:\n        open(p, 'w').write('{{}}')\n    except Exception:\n        pass\n"
+                  "globals().update({{k: v for k, v in mine.items() if k.endswith(('_pass', '_loss', '_backward', '_batch'))}})",
+    "poison_autograder": "import glob, os\nfor p in glob.glob('{root}/**/*autograder*', recursive=True) + glob.glob('{root}/helpers/*.py'):\n"
+                         "    try:\n        open(p, 'a').write('\\nimport builtins; builtins.__dict__[\"all\"] = lambda *a: True\\n')\n"
+                         "    except Exception:\n        pass\nimport helpers\ntry:\n    open(helpers.__file__, 'a').write('x = 1')\n"
+                         "except Exception:\n    pass",
+    "leak_feedback": "secret = []\nfor p in ('{root}/labs/source/{lab}.ipynb', '{root}/labs/dist/{lab}/tests/ex1.py'):\n    try:\n"
+                     "        secret.append(open(p).read())\n    except Exception as e:\n        secret.append(repr(e))\n"
+                     "raise RuntimeError('LEAK ' + ' '.join(secret) + {snippet!r})",
+    "memory_bomb": "import torch\nx = bytearray(64 * 2 ** 30)",
+    "fork_bomb": "import os\nif os.fork() == 0:\n    while True:\n        try:\n            os.fork()\n        except Exception:\n            pass",
+    "protocol_forgery": "import os, json, struct\nfor fd in range(3, 64):\n    for reply in ({{'kind': 'reply', 'value': {{'result': 1}}}}, {{'kind': 'request', 'op': 'x'}}):\n"
+                        "        head = json.dumps(reply).encode()\n        try:\n"
+                        "            os.write(fd, struct.pack('<QI', len(head), 0) + head)\n        except Exception:\n            pass",
+}
+
+
+@pytest.fixture(scope="module")
+def redteam(tmp_path_factory):
+    """Grade every hostile submission beside honest ones; (rows, feedback dir, paths, snapshots)."""
+    sol = _solutions(LAB)
+    assert len(sol) == 6
+    d = tmp_path_factory.mktemp("subs")
+    out_dir = tmp_path_factory.mktemp("grades")
+    out = out_dir / "gradebook.csv"
+    secrets = labs.secret_snippets(labs.read_nb(labs.source_path(LAB)))
+    fill = {"subs": str(d), "out": str(out), "root": str(ROOT), "lab": LAB, "forged": FORGED, "snippet": secrets[0]}
+    for name, code in HOSTILE.items():
+        (d / f"{name}.ipynb").write_text(_submission(LAB, insert=[(0, code.format(**fill))]))
+        (d / f"{name}_then_correct.ipynb").write_text(_submission(LAB, sol))
+    partial = sol[:3] + [sol[3].replace("(h > 0)", "(h >= 0)"),
+                         sol[4].replace("torch.outer(grad_h, x)", "torch.outer(x, grad_h)"), None]
+    assert partial[3] != sol[3] and partial[4] != sol[4]
+    broken = sol[:4] + [sol[4].replace("def layer1_backward(grad_h, x):", "def layer1_backward(grad_h, x)")] + sol[5:]
+    autograd_ex3 = sol[:2] + ["import torch\n\ndef layer2_backward(grad_y_hat, a, W2):\n"
+                              "    W, b, x = W2.clone().requires_grad_(), torch.zeros(W2.shape[0], dtype=a.dtype).requires_grad_(), a.clone().requires_grad_()\n"
+                              "    return torch.autograd.grad(W @ x + b, (W, b, x), grad_y_hat)"] + sol[3:]
+    reference_ex6 = sol[:5] + ["def cat_backward_batch(X, W1, b1, W2, b2, Y):\n    out = {k: 0 for k in ('W1', 'b1', 'W2', 'b2')}\n"
+                               "    for i in range(X.shape[0]):\n        g = cat_mlp.backward(cat_mlp.forward(X[i], W1, b1, W2, b2, Y[i]), W2, Y[i])\n"
+                               "        out = {k: out[k] + g[k] for k in out}\n    return out"]
+    honest = {
+        "full": _submission(LAB, sol),
+        "partial": _submission(LAB, partial),
+        "empty": _submission(LAB),
+        "syntax_error": _submission(LAB, broken),
+        "exits_midway": _submission(LAB, sol, insert=[(1, "import sys\nsys.exit(1)"), (3, "import os\nos._exit(0)")]),
+        "kills_itself": _submission(LAB, sol, insert=[(5, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")]),
+        "autograd_in_ex3": _submission(LAB, autograd_ex3),
+        "reference_in_ex6": _submission(LAB, reference_ex6),
+        "zz_classmate": _submission(LAB, sol),
+    }
+    for name, text in honest.items():
+        (d / f"{name}.ipynb").write_text(text)
+    (d / "corrupt.ipynb").write_text('{"cells": [ this is not json')
+    (d / "wrong_lab.ipynb").write_text(labs.student_path("lab02_chain_rule").read_text())
+    before_subs, before_root = _tree_hashes(d), _tree_hashes(ROOT)
+    t0 = time.monotonic()
+    labs.grade(LAB, d, out, timeout=TIMEOUT, jobs=2)
+    seconds = time.monotonic() - t0
+    gradebook = out.read_bytes()
+    time.sleep(4)      # the daemon would have struck by now
+    d_loop = tmp_path_factory.mktemp("hanging")
+    (d_loop / "infinite_loop.ipynb").write_text(_submission(LAB, sol, insert=[(0, "while True:\n    pass")]))
+    labs.grade(LAB, d_loop, out_dir / "loop.csv", timeout=LOOP_TIMEOUT, feedback_dir=out_dir / "gradebook_feedback")
+    rows = {}
+    for path in (out, out_dir / "loop.csv"):
+        with path.open(encoding="utf-8") as f:
+            rows.update({r["submission"]: r for r in csv.DictReader(f)})
+    return {"rows": rows, "out": out, "fb": out_dir / "gradebook_feedback", "subs": d, "seconds": seconds,
+            "gradebook": gradebook, "before_subs": before_subs, "before_root": before_root, "secrets": secrets}
+
+
+# submission: (status, ex1..ex6, total) with ex points 1, 1, 2, 2, 2, 3 (11 in all)
+EXPECTED = {
+    "full": ("ok", "1 1 2 2 2 3", "11"),
+    "partial": ("ok", "1 1 2 1 0 0", "5"),  # relu'(0) = 1 fails one of two tests
+    "empty": ("ok", "0 0 0 0 0 0", "0"),
+    "syntax_error": ("errors", "1 1 2 2 0 3", "9"),
+    "exits_midway": ("errors", "1 1 2 2 2 3", "11"),      # sys.exit / os._exit end a cell, not the grading
+    "kills_itself": ("crashed", "0 0 0 0 0 0", "0"),      # a process that is gone has no answers
+    "infinite_loop": ("timeout", "0 0 0 0 0 0", "0"),
+    "corrupt": ("corrupt", "0 0 0 0 0 0", "0"),
+    "wrong_lab": ("wrong-lab", "0 0 0 0 0 0", "0"),
+    "autograd_in_ex3": ("ok", "1 1 0 2 2 3", "9"),
+    "reference_in_ex6": ("ok", "1 1 2 2 2 0", "8"),
+    "zz_classmate": ("ok", "1 1 2 2 2 3", "11"),
+}
+for _name in HOSTILE:
+    EXPECTED[f"{_name}_then_correct"] = ("ok", "1 1 2 2 2 3", "11")
+
+
+def _points(row):
+    return " ".join(row[f"ex{i}"] for i in range(1, 7))
+
+
+@needs_sandbox
+@pytest.mark.slow
+def test_every_hostile_submission_scores_what_its_honest_work_deserves(redteam):
+    rows = redteam["rows"]
+    assert set(rows) == set(EXPECTED) | set(HOSTILE), set(rows) ^ (set(EXPECTED) | set(HOSTILE))
+    for name in HOSTILE:
+        r = rows[name]
+        assert (_points(r), r["total"]) == ("0 0 0 0 0 0", "0"), (name, r)
+        assert r["possible"] == "11"
+
+
+@needs_sandbox
+@pytest.mark.slow
+def test_honest_and_correct_submissions_keep_their_grades_beside_hostile_ones(redteam):
+    rows = redteam["rows"]
+    for name, (status, points, total) in EXPECTED.items():
+        r = rows[name]
+        assert (r["status"], _points(r), r["total"]) == (status, points, total), (name, r)
+
+
+@needs_sandbox
+@pytest.mark.slow
+def test_nothing_outside_a_submissions_scratch_space_changed(redteam):
+    assert _tree_hashes(redteam["subs"]) == redteam["before_subs"]       # no classmate's file touched
+    after = _tree_hashes(ROOT)
+    changed = {k for k in set(after) | set(redteam["before_root"]) if after.get(k) != redteam["before_root"].get(k)}
+    assert not changed, sorted(changed)[:10]                            # tests, sources, autograder, helpers
+    assert redteam["out"].read_bytes() == redteam["gradebook"]          # no daemon rewrote the gradebook
+    assert not list(Path(tempfile.gettempdir()).glob(labs.RUN_PREFIX + "*"))   # scratch folders removed
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert "/grader/worker.py" not in ps and "harness.py" not in ps     # nothing of a submission outlives grading
+
+
+@needs_sandbox
+@pytest.mark.slow
+def test_notes_and_feedback_name_the_cause_and_never_quote_hidden_material(redteam):
+    rows, fb = redteam["rows"], redteam["fb"]
+    assert "used autograd in ex3, which asks for the gradient by hand" in rows["autograd_in_ex3"]["notes"]
+    assert "used helpers.cat_mlp.backward in ex6" in rows["reference_in_ex6"]["notes"]
+    notes = rows["syntax_error"]["notes"]
+    assert re.match(r"cell \d+: SyntaxError", notes), notes
+    cell = labs.read_nb(redteam["subs"] / "syntax_error.ipynb").cells[int(re.match(r"cell (\d+)", notes).group(1)) - 1]
+    assert "def layer1_backward(grad_h, x)\n" in cell.source
+    assert "died" in rows["kills_itself"]["notes"]
+    assert "still running after the time limit" in rows["infinite_loop"]["notes"]
+    assert "not a notebook" in rows["corrupt"]["notes"]
+    assert "lab02_chain_rule" in rows["wrong_lab"]["notes"]
+    assert "MemoryError" in rows["memory_bomb"]["notes"]
+    assert "message withheld" in rows["leak_feedback"]["notes"]
+    assert "ex1: not implemented" in rows["empty"]["notes"]
+    files = sorted(p.name for p in fb.iterdir())
+    assert files == sorted(f"{n}.txt" for n in rows), files
+    partial = (fb / "partial.txt").read_text()
+    assert "Score: 5 / 11" in partial and "ex4    1 / 2   1 of 2 hidden tests pass" in partial
+    for p in fb.iterdir():
+        text = p.read_text()
+        assert not [s for s in redteam["secrets"] if labs.found(s, text)], p.name
+        assert "BEGIN TEST CONFIG" not in text and "assert " not in text
+
+
+@needs_sandbox
+@pytest.mark.slow
+def test_copies_of_the_solutions_are_flagged_in_a_separate_report(redteam):
+    sim = list(csv.DictReader(redteam["out"].with_name("gradebook_similarity.csv").open()))
+    pairs = {(r["a"], r["b"]) for r in sim}
+    assert ("full", "(published solutions)") in pairs and ("full", "zz_classmate") in pairs
+    assert all(float(r["similarity"]) >= 0.8 for r in sim)
+    assert not any("empty" in (r["a"], r["b"]) for r in sim)
+    assert "near-identical to (published solutions)" in redteam["rows"]["full"]["flags"]
+
+
+@needs_sandbox
+@pytest.mark.slow
+def test_grading_a_folder_twice_gives_the_same_gradebook_from_an_lms_export(tmp_path):
+    sol = _solutions(LAB)
+    d = tmp_path / "moodle"
+    for folder, text in (("Ada Lovelace_101_assignsubmission_file_", _submission(LAB, sol)),
+                         ("Alan Turing_102_assignsubmission_file_", _submission(LAB, sol[:2]))):
+        (d / folder).mkdir(parents=True)
+        (d / folder / "lab01_cat_mlp.IPYNB").write_text(text)
+    (d / "Alan Turing_102_assignsubmission_file_" / "old.ipynb").write_text(_submission(LAB))
+    os.utime(d / "Alan Turing_102_assignsubmission_file_" / "old.ipynb", (1, 1))
+    outs = []
+    for k in (1, 2):
+        labs.grade(LAB, d, tmp_path / f"g{k}" / "gradebook.csv", timeout=TIMEOUT, jobs=2)
+        outs.append(((tmp_path / f"g{k}" / "gradebook.csv").read_bytes(),
+                     [p.read_bytes() for p in sorted((tmp_path / f"g{k}" / "gradebook_feedback").iterdir())]))
+    assert outs[0] == outs[1]
+    rows = {r["submission"]: r for r in csv.DictReader((tmp_path / "g1" / "gradebook.csv").open())}
+    assert rows["Ada Lovelace"]["total"] == "11" and rows["Alan Turing"]["graded_file"] == "lab01_cat_mlp.IPYNB"
+    assert "2 notebooks from this student" in rows["Alan Turing"]["notes"]
+    assert rows["Alan Turing"]["total"] == "2"
+
+
+def test_grade_refuses_in_one_line_without_a_sandbox_unless_told_unsafe(tmp_path, monkeypatch):
+    monkeypatch.setattr(sandbox, "bwrap", lambda: None)
+    (tmp_path / "a.ipynb").write_text(_submission(LAB))
+    with pytest.raises(SystemExit) as e:
+        labs.grade(LAB, tmp_path, tmp_path / "g.csv")
+    assert str(e.value).startswith("refusing to grade: bubblewrap (bwrap) is not installed") and "\n" not in str(e.value)
+
+
+def test_a_missing_folder_is_a_one_line_error(tmp_path):
+    with pytest.raises(SystemExit, match=f"submissions folder not found: {re.escape(str(tmp_path / 'nope'))}$"):
+        labs.grade(LAB, tmp_path / "nope", tmp_path / "g.csv", unsafe=True)
+
+
+def test_the_default_gradebook_is_outside_the_repository_and_an_inside_one_is_git_ignored(tmp_path, monkeypatch):
+    assert not labs.default_out(LAB).resolve().is_relative_to(ROOT)
+    monkeypatch.setattr(labs, "ROOT", tmp_path)
+    (tmp_path / ".gitignore").write_text("_build/\n")
+    labs._ensure_ignored(tmp_path / "grades" / "gradebook.csv")
+    labs._ensure_ignored(tmp_path / "grades" / "gradebook.csv")
+    labs._ensure_ignored(Path("/elsewhere/gradebook.csv"))
+    assert (tmp_path / ".gitignore").read_text() == "_build/\n/grades/gradebook.csv\n"
+
+
+def test_grade_can_leave_an_optional_question_out_of_the_total(tmp_path, monkeypatch):
+    earned = {"ex1": 1.0, "ex2": 0.0, "ex3": 2.0, "ex4": 2.0, "ex5": 2.0, "ex6": 3.0}
+
+    def fake_harness(run, lab, name, nb, timeout, skip, unsafe):   # nothing runs: only the bookkeeping
+        return {"status": "ok", "errors": [], "notes": [],
+                "questions": {q: {"score": v, "possible": v, "passed": 1, "cases": 1} for q, v in earned.items()
+                              if q not in skip}}
+    monkeypatch.setattr(labs, "run_harness", fake_harness)
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    (subs / "a.ipynb").write_text(_submission(LAB))
+    out = tmp_path / "g.csv"
+    labs.grade(LAB, subs, out, skip=["ex6"], unsafe=True)
+    rows = list(csv.DictReader(out.open()))
+    assert list(rows[0]) == ["submission", "status", "ex1", "ex2", "ex3", "ex4", "ex5", "total", "possible",
+                             "graded_file", "notes", "flags"]
+    assert (rows[0]["total"], rows[0]["possible"]) == ("7", "8")
+    fb = (tmp_path / "g_feedback" / "a.txt").read_text()
+    assert "Score: 7 / 8" in fb and "ex6    optional this time: not graded, not counted" in fb
+    with pytest.raises(SystemExit, match="no question ex9"):
+        labs.grade(LAB, subs, out, skip=["ex9"], unsafe=True)
+    assert labs.main(["grade", LAB, str(subs), "--out", str(out), "--skip-question", "ex5",
+                      "--skip-question", "ex6", "--unsafe"]) == 0
+    assert next(csv.DictReader(out.open()))["possible"] == "6"
+
+
+def test_scores_are_capped_at_each_exercises_points_whatever_comes_back(tmp_path, monkeypatch):
+    monkeypatch.setattr(labs, "run_harness", lambda *a: {"status": "ok", "errors": [], "notes": [], "questions": {
+        q: {"score": 600.0, "possible": 1.0, "passed": 9, "cases": 1} for q in ("ex1", "ex2", "ex3", "ex4", "ex5", "ex6")}})
+    (tmp_path / "a.ipynb").write_text(_submission(LAB))
+    labs.grade(LAB, tmp_path, tmp_path / "out" / "g.csv", unsafe=True)
+    assert next(csv.DictReader((tmp_path / "out" / "g.csv").open()))["total"] == "11"

@@ -1,0 +1,150 @@
+"""The grading boundary (tools/grader/wire.py): values cross by value, nothing decodes into code, objects stay home."""
+import math
+import os
+import struct
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "grader"))
+import wire  # noqa: E402
+
+
+def roundtrip(value):
+    """Encode on one peer, decode on the other (no pipes needed)."""
+    a, b = wire.Peer(None, None), wire.Peer(None, None)
+    blobs = []
+    node = a.encode(value, blobs)
+    return b.decode(node, blobs)
+
+
+@pytest.mark.parametrize("dtype", sorted(wire.DTYPES.values(), key=str))
+def test_tensors_of_every_allowed_dtype_and_shape_cross_bit_for_bit(dtype):
+    for shape in [(), (0,), (3,), (2, 3, 4)]:
+        t = (torch.arange(math.prod(shape) or 0, dtype=torch.float64).reshape(shape) * 1.7 - 2).to(dtype)
+        back = roundtrip(t)
+        assert back.dtype == dtype and back.shape == t.shape and torch.equal(back, t)
+
+
+def test_grad_flags_parameters_grads_and_containers_survive():
+    w = torch.nn.Parameter(torch.ones(2, 2))
+    w.grad = torch.full((2, 2), 3.0)
+    x = torch.zeros(3, requires_grad=True)
+    value = {"w": w, "x": x, "t": (1, 2.5, float("nan"), float("-inf"), 2 ** 70, None, True, "s"),
+             "l": [torch.float16, torch.Size([2, 3])], 4: "int key"}
+    back = roundtrip(value)
+    assert isinstance(back["w"], torch.nn.Parameter) and torch.equal(back["w"].grad, w.grad)
+    assert back["x"].requires_grad and back["x"].grad is None
+    t = back["t"]
+    assert t[:2] == (1, 2.5) and math.isnan(t[2]) and t[3] == -math.inf and t[4] == 2 ** 70 and t[5:] == (None, True, "s")
+    assert back["l"] == [torch.float16, torch.Size([2, 3])] and back[4] == "int key"
+
+
+def test_a_noncontiguous_view_crosses_as_its_values():
+    t = torch.arange(12.0).reshape(3, 4).T[1:]
+    assert torch.equal(roundtrip(t), t)
+
+
+@pytest.mark.parametrize("node, blobs, why", [
+    ({"tensor": 0, "dtype": "object", "shape": [1]}, [b"x"], "bad tensor header"),
+    ({"tensor": 0, "dtype": "float32", "shape": [2]}, [b"\x00" * 4], "do not match"),
+    ({"tensor": 0, "dtype": "float32", "shape": [-1]}, [b""], "bad tensor header"),
+    ({"pickle": "gASVAAAAAAAAAAB9lC4="}, [], "bad value"),
+    ({"float": "__import__('os')"}, [], "bad value"),
+    ({"yours": 99}, [], "unknown handle"),
+    ({"dtype_of": "torch.storage"}, [], "bad value"),
+])
+def test_malformed_or_code_carrying_values_are_refused(node, blobs, why):
+    with pytest.raises(wire.WireError, match=why):
+        wire.Peer(None, None).decode(node, blobs)
+
+
+def test_oversized_messages_are_refused_before_reading_them():
+    r, w = os.pipe()
+    os.write(w, struct.pack("<QI", wire.MAX_HEADER + 1, 0))
+    peer = wire.Peer(os.fdopen(r, "rb", buffering=0), None)
+    with pytest.raises(wire.WireError, match="too large"):
+        peer.receive()
+
+
+class Thing:
+    """An object that stays on its side: the other side holds a handle."""
+
+    def __init__(self, v):
+        self.v = v
+        self._private = "underscore names are reachable"
+
+    def __add__(self, other):
+        return Thing(self.v + (other.v if isinstance(other, Thing) else other))
+
+    def twice(self, f):
+        return f(self.v) * 2     # f is the other side's callable: a nested call back
+
+
+def serve_forever(peer):
+    try:
+        while True:
+            msg, blobs = peer.receive()
+            peer.serve(msg, blobs)
+    except EOFError:
+        pass
+
+
+@pytest.fixture
+def pair():
+    """(client peer, server peer) over two pipes, the server answering in a thread."""
+    r1, w1 = os.pipe()
+    r2, w2 = os.pipe()
+    client = wire.Peer(os.fdopen(r2, "rb", buffering=0), os.fdopen(w1, "wb"))
+    server = wire.Peer(os.fdopen(r1, "rb", buffering=0), os.fdopen(w2, "wb"))
+    server.handlers["thing"] = lambda msg, v: Thing(v)
+    t = threading.Thread(target=serve_forever, args=(server,), daemon=True)
+    t.start()
+    yield client, server
+    client.wfile.close()
+    t.join(5)
+
+
+def test_objects_cross_as_handles_with_calls_attributes_operators_and_callbacks(pair):
+    client, server = pair
+    thing = client.request({"op": "thing"}, 20, True)
+    assert isinstance(thing, wire.Remote) and thing.v == 20 and thing._private.startswith("underscore")
+    thing.v = 5
+    assert thing.v == 5
+    assert (thing + 1).v == 6                                    # an operator, served on its side
+    assert thing.twice(lambda v: v + 0.5) == 11.0                # the server calls back into the client
+    assert client.request({"op": "thing"}, thing, True).v.v == 5  # a handle sent back is the object itself
+
+
+def test_dunder_attributes_are_not_served_unless_the_peer_allows_it(pair):
+    client, server = pair
+    thing = client.request({"op": "thing"}, 1, True)
+    with pytest.raises(AttributeError):
+        thing.__dict__                                        # refused locally: no request sent
+    with pytest.raises(wire.RemoteError, match="AttributeError"):
+        client.request({"op": "getattr", "ref": thing._id, "name": "__class__"})
+    method = thing.twice
+    with pytest.raises(wire.RemoteError, match="AttributeError"):
+        client.request({"op": "getattr", "ref": method._id, "name": "__globals__"})
+    with pytest.raises(wire.RemoteError, match="cannot be"):
+        client.request({"op": "dunder", "ref": thing._id, "name": "__reduce__"}, (), True)
+
+
+def test_a_raise_on_the_other_side_is_an_error_reply_not_a_hang(pair):
+    client, _ = pair
+    thing = client.request({"op": "thing"}, 1, True)
+    with pytest.raises(wire.RemoteError) as e:
+        thing.twice(lambda v: 1 / 0)
+    assert e.value.kind == "ZeroDivisionError"
+
+
+def test_a_silent_peer_times_out():
+    r, w = os.pipe()
+    peer = wire.Peer(os.fdopen(r, "rb", buffering=0), None)
+    peer.deadline = 0.0
+    with pytest.raises(TimeoutError):
+        peer.receive()
+    os.close(w)
