@@ -359,3 +359,30 @@ def test_scores_are_capped_at_each_exercises_points_whatever_comes_back(tmp_path
     (tmp_path / "a.ipynb").write_text(_submission(LAB))
     labs.grade(LAB, tmp_path, tmp_path / "out" / "g.csv", unsafe=True)
     assert next(csv.DictReader((tmp_path / "out" / "g.csv").open()))["total"] == "11"
+
+
+def test_the_instructors_page_states_the_points_graded_in_the_students_process_as_measured():
+    text, student_pts, total = labs.grading_report()
+    page = " ".join((ROOT / "labs" / "instructors.md").read_text().split())
+    assert f"They carry {student_pts:g} of the {total:g} points of the eleven labs" in page
+    assert student_pts < total / 3 and "lab01_cat_mlp: 11 of 11 points in the harness" in text
+
+
+@needs_sandbox
+@pytest.mark.slow
+def test_a_grading_stopped_with_sigterm_leaves_no_folder_and_no_process(tmp_path):
+    (tmp_path / "subs").mkdir()
+    (tmp_path / "subs" / "loop.ipynb").write_text(_submission(LAB, insert=[(0, "while True:\n    pass")]))
+    before = set(Path(tempfile.gettempdir()).glob(labs.RUN_PREFIX + "*"))
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tools" / "labs.py"), "grade", LAB, str(tmp_path / "subs"),
+                             "--out", str(tmp_path / "g.csv")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and "/grader/worker.py" not in subprocess.run(
+            ["ps", "-eo", "args"], capture_output=True, text=True).stdout:
+        time.sleep(0.5)
+    time.sleep(1)
+    proc.terminate()
+    assert proc.wait(30) == 143
+    time.sleep(1)
+    assert set(Path(tempfile.gettempdir()).glob(labs.RUN_PREFIX + "*")) <= before
+    assert "/grader/worker.py" not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout

@@ -453,6 +453,7 @@ class Run:
         self.dir = Path(tempfile.mkdtemp(prefix=RUN_PREFIX))
         (self.dir / "owner.pid").write_text(str(os.getpid()))
         self.procs: set[subprocess.Popen] = set()
+        self.closing = False
 
     def kill_all(self) -> None:
         for proc in list(self.procs):
@@ -489,6 +490,8 @@ def run_harness(run: Run, lab: str, name: str, nb, timeout: float, skip, unsafe:
     spec = {"source": str(source_path(lab)), "worker": worker, "timeout": timeout, "skip": list(skip),
             "result": str(ctl / "result.json")}
     (ctl / "spec.json").write_text(json.dumps(spec))
+    if run.closing:
+        raise KeyboardInterrupt("grading stopped")
     proc = subprocess.Popen([sys.executable, str(ROOT / "tools" / "grader" / "harness.py"), str(ctl / "spec.json")],
                             cwd=ctl, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     run.procs.add(proc)
@@ -576,6 +579,24 @@ def graded_questions(lab: str, skip=()) -> list[tuple[str, float]]:
     return [(q, p) for q, p in qs if q not in skip]
 
 
+def grading_report() -> tuple[str, float, float]:
+    """Per lab: points graded in the harness vs by tests that run in the student's process; (text, student, total)."""
+    import harness
+
+    lines, student_pts, total = [], 0.0, 0.0
+    for lab in labs():
+        qs = harness.questions(source_path(lab))
+        inside = [(q.name, k, c.points) for q in qs for k, c in enumerate(q.cases, 1) if c.where == "student"]
+        pts, all_pts = sum(p for *_, p in inside), sum(q.points for q in qs)
+        student_pts, total = student_pts + pts, total + all_pts
+        by_hand = [q.name for q in qs if q.by_hand]
+        where = ", ".join(f"{q} test {k}" for q, k, _ in inside) or "none"
+        lines.append(f"{lab}: {all_pts - pts:g} of {all_pts:g} points in the harness; in the student's process: {where}; "
+                     f"by hand: {', '.join(by_hand) or 'none'}")
+    lines.append(f"all labs: {total - student_pts:g} of {total:g} points in the harness, {student_pts:g} in the student's process")
+    return "\n".join(lines), student_pts, total
+
+
 def _ensure_ignored(path: Path) -> None:
     """A gradebook written inside the repository is git-ignored (grades are never committed by accident)."""
     try:
@@ -611,10 +632,14 @@ def grade(lab: str, subs_dir: Path, out_csv: Path | None = None, timeout: float 
     secrets = sorted({x for other in labs() for x in secret_snippets(read_nb(source_path(other)))})
     remove_stale_runs()
     run = Run()
+    pool = cf.ThreadPoolExecutor(max_workers=max(1, jobs))
     try:
-        with cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            results = list(pool.map(lambda s: grade_submission(run, lab, s, qs, timeout, skip, unsafe, secrets), subs))
-    finally:
+        results = list(pool.map(lambda s: grade_submission(run, lab, s, qs, timeout, skip, unsafe, secrets), subs))
+    finally:  # interrupted too: start nothing more, stop what runs, then remove the folders
+        run.closing = True
+        pool.shutdown(wait=False, cancel_futures=True)
+        run.kill_all()
+        pool.shutdown(wait=True)
         run.close()
     import similarity
 
@@ -661,6 +686,7 @@ def main(argv: list[str]) -> int:
     r.add_argument("labs", nargs="*")
     r.add_argument("--no-execute", action="store_true", help="skip executing the notebooks")
     sub.add_parser("check-stale", help="fail if a committed student notebook is stale or leaks")
+    sub.add_parser("grading-report", help="which hidden tests run in the harness, which in the student's process")
     g = sub.add_parser("grade", help="grade a folder of submitted notebooks")
     g.add_argument("lab")
     g.add_argument("submissions", type=Path)
@@ -684,6 +710,9 @@ def main(argv: list[str]) -> int:
                                                                    for s in leaks(lab)]) if p]
         print("\n".join(problems) or f"student notebooks up to date: {', '.join(labs())}")
         return 1 if problems else 0
+    if a.cmd == "grading-report":
+        print(grading_report()[0])
+        return 0
     if a.cmd == "grade":
         # a grading killed with SIGTERM still removes its folders and stops its sandboxes
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
