@@ -386,3 +386,55 @@ def test_a_grading_stopped_with_sigterm_leaves_no_folder_and_no_process(tmp_path
     time.sleep(1)
     assert set(Path(tempfile.gettempdir()).glob(labs.RUN_PREFIX + "*")) <= before
     assert "/grader/worker.py" not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+
+
+def _grade_in_harness(lab, replace=()):
+    """The solutions (with `replace` applied) graded by the harness against a sandboxed worker: {ex: (passed, cases)}."""
+    import harness
+
+    nb = labs.solution_notebook(lab)
+    for old, new in replace:
+        assert any(old in c.source for c in nb.cells), old
+        for c in nb.cells:
+            c.source = c.source.replace(old, new)
+    with tempfile.TemporaryDirectory() as d:
+        home = Path(d) / "home"
+        home.mkdir()
+        nbformat.write(nb, home / "submission.ipynb")
+        cmd = sandbox.command(home, sandbox.worker_argv(), helpers_dir=ROOT / "helpers")
+        out = harness.grade({"source": str(labs.source_path(lab)), "worker": cmd, "timeout": TIMEOUT})
+    return {q: (v["passed"], v["cases"]) for q, v in out["questions"].items()}, out["notes"]
+
+
+@needs_sandbox
+@pytest.mark.slow
+@pytest.mark.parametrize("lab", labs.labs())
+def test_every_labs_solutions_pass_every_hidden_test_across_the_boundary(lab):
+    got, notes = _grade_in_harness(lab)
+    assert all(p == n for p, n in got.values()) and not notes, (got, notes)
+
+
+# a mistake that only shows through what crosses the boundary: in-place edits, saved tensors,
+# the random stream, a test's list appended to, hooks and Parameters of a module, an optimizer
+MUTANTS = {
+    "rng not put back (lab 9)": ("lab09_memory_checkpointing", "ex3", [("            set_rng_state(ctx.rng_state)", "            pass")]),
+    "inputs counted (lab 3)": ("lab03_inside_autograd", "ex4", [("    seen = {t.untyped_storage().data_ptr() for t in inputs}", "    seen = set()")]),
+    "an N x N tensor saved (lab 10)": ("lab10_flash_attention", "ex6", [
+        ("        ctx.save_for_backward(Q, K, V, O, L)", "        ctx.save_for_backward(Q, K, V, O, L, Q @ K.transpose(-1, -2))"),
+        ("        Q, K, V, O, L = ctx.saved_tensors", "        Q, K, V, O, L, _S = ctx.saved_tensors")]),
+    "hooks left on the model (lab 5)": ("lab05_losses_and_flow", "ex2", [("        for h in handles:\n            h.remove()", "        pass")]),
+    "Parameter replaced, not merged in place (lab 8)": ("lab08_lora", "ex4", [
+        ("    with torch.no_grad():\n        layer.weight += s * (B @ A)",
+         "    with torch.no_grad():\n        layer.weight = torch.nn.Parameter(layer.weight + s * (B @ A), requires_grad=layer.weight.requires_grad)")]),
+    "micro-batch losses summed (lab 11)": ("lab11_training_by_hand", "ex5", [("            L = F.mse_loss(model(Xb), Yb) / accum", "            L = F.mse_loss(model(Xb), Yb)")]),
+}
+
+
+@needs_sandbox
+@pytest.mark.slow
+@pytest.mark.parametrize("name", MUTANTS)
+def test_a_mistake_seen_only_through_the_boundary_loses_points(name):
+    lab, ex, replace = MUTANTS[name]
+    got, _ = _grade_in_harness(lab, replace)
+    assert got[ex][0] < got[ex][1], got
+    assert all(p == n for q, (p, n) in got.items() if q != ex and not (lab.startswith("lab09") and q == "ex4")), got

@@ -92,6 +92,39 @@ def questions(source_path: Path) -> list[Question]:
     return out
 
 
+def _portable(fn, source: str):
+    """Mark a test-defined function so that it crosses as its source (wire.Peer.portable)."""
+    fn.__portable_source__ = source
+    return fn
+
+
+class _MarkFunctions(ast.NodeTransformer):
+    """Wrap every lambda and def of a test so the function carries its own source text."""
+
+    def __init__(self, code: str):
+        self.code = code
+
+    def visit_Lambda(self, node):
+        src = ast.get_source_segment(self.code, node)
+        self.generic_visit(node)
+        return ast.Call(ast.Name("__portable__", ast.Load()), [node, ast.Constant(src)], [])
+
+    def _after_def(self, node):
+        src = ast.get_source_segment(self.code, node)
+        self.generic_visit(node)
+        mark = ast.Expr(ast.Call(ast.Name("__portable__", ast.Load()),
+                                 [ast.Name(node.name, ast.Load()), ast.Constant(src)], []))
+        return [node, mark] if not node.decorator_list else [node]
+
+    visit_FunctionDef = _after_def
+
+
+def compile_test(code: str, filename: str):
+    """The test's code object, its functions marked portable."""
+    tree = ast.fix_missing_locations(_MarkFunctions(code).visit(ast.parse(code)))
+    return compile(tree, filename, "exec")
+
+
 def free_names(code: str) -> set[str]:
     """Names a test reads that it does not define itself (the student's functions among them)."""
     tree = ast.parse(code)
@@ -111,7 +144,23 @@ class Across(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        ctx.box = inputs[0]
+        box = ctx.box = inputs[0]
+        # keep what the student's graph keeps (inputs and outputs as themselves), so saved-tensor
+        # hooks here (SavedTensors) and grad_fn.saved_tensors see what the student's code saved
+        entries, storages = box["saved"]
+        outs = dict(zip(box["diff"], output))
+        kept = []
+        for e in entries:
+            if "input" in e:
+                kept.append(box["ins"][e["input"]])
+            elif "output" in e:
+                j = e["output"]
+                kept.append(outs[j] if j in outs else box["all_outs"][j])
+            else:
+                flat = storages[e["storage"]]
+                kept.append(torch.empty(0, dtype=e["dtype"]).set_(flat.untyped_storage(), e["offset"],
+                                                                   e["shape"], e["stride"]))
+        ctx.save_for_backward(*kept)
 
     @staticmethod
     @once_differentiable
@@ -120,7 +169,7 @@ class Across(torch.autograd.Function):
         aligned = [None] * box["n_all"]
         for i, g in zip(box["diff"], grad_outs):
             aligned[i] = g
-        grads = box["peer"].request({"op": "backward", "graph": box["graph"]}, aligned, True)
+        grads = box["peer"].synced({"op": "backward", "graph": box["graph"]}, aligned)["grads"]
         return (None, *[g if isinstance(g, torch.Tensor) else None for g in grads])
 
 
@@ -164,11 +213,20 @@ class HarnessPeer(wire.Peer):
     exercise: str | None = None
     returned_nothing: set = set()
 
+    def synced(self, header: dict, value):
+        """A request that shares this process's random stream with the worker (sent along, brought back),
+        and brings back what the test's own functions appended to the test's lists there."""
+        reply = self.request(header, (value, torch.get_rng_state()), True)
+        torch.set_rng_state(reply["rng"])
+        self.apply_mutated(reply["mutated"])
+        self.apply_echo(reply["modules"])
+        return reply
+
     def call(self, fn, args, kwargs, **opts):
         ins = _tensors((args, kwargs), [])
         track = torch.is_grad_enabled() and any(t.requires_grad for t in ins)
-        reply = self.request({"op": "call", "ref": fn._id, "opts": {"exercise": self.exercise, "track": track}},
-                             (tuple(args), dict(kwargs)), True)
+        reply = self.synced({"op": "call", "ref": fn._id, "opts": {"exercise": self.exercise, "track": track}},
+                            (tuple(args), dict(kwargs)))
         with torch.no_grad():
             for i, value, grad, same_grad in reply["changed"]:
                 t = ins[i]
@@ -193,7 +251,7 @@ class HarnessPeer(wire.Peer):
         if not diff:
             return result
         box = {"peer": self, "graph": reply["graph"], "outs": [outs[i] for i in diff], "diff": diff,
-               "n_all": len(outs)}
+               "n_all": len(outs), "ins": ins, "saved": reply["saved"], "all_outs": outs}
         joined = Across.apply(box, *grad_ins)
         for i, o in zip(diff, joined):
             outs[i] = o
@@ -207,6 +265,7 @@ class Student:
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         self.peer = HarnessPeer(self.proc.stdout, self.proc.stdin)
         self.peer.returned_nothing = set()
+        self.peer.send_code = True
         self.peer.deadline = time.monotonic() + start_timeout
         self.errors = self.peer.request({"op": "start"}, {"forbidden": forbidden}, True)["errors"]
         self.names = set(self.peer.request({"op": "names"}))
@@ -214,7 +273,7 @@ class Student:
 
     def bind(self, code: str) -> dict:
         """A fresh namespace for one test: builtins, plus handles on the student's names it uses."""
-        ns = {"__builtins__": builtins, "__name__": "__hidden_test__"}
+        ns = {"__builtins__": builtins, "__name__": "__hidden_test__", "__portable__": _portable}
         for name in sorted(free_names(code) & self.names):
             ns[name] = self.peer.request({"op": "get"}, name, True)
         return ns
@@ -276,7 +335,7 @@ def grade(spec: dict) -> dict:
                     ns = student.bind(case.code)
                     with torch.random.fork_rng():
                         torch.manual_seed(0)
-                        exec(compile(case.code, f"<{q.name} test {k}>", "exec"), ns)
+                        exec(compile_test(case.code, f"<{q.name} test {k}>"), ns)
                     ok = True
             except AssertionError:
                 pass

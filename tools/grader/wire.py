@@ -44,6 +44,16 @@ class RemoteError(Exception):
         self.kind, self.message = kind, message
 
 
+class Blobs(list):
+    """A message's tensor bytes, plus its identity tables (a tensor met twice is one tensor on arrival)."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.sent: dict[int, int] = {}       # id(tensor) -> its number in this message (encoding)
+        self.got: dict[int, torch.Tensor] = {}   # number -> tensor (decoding)
+        self.keep: list = []                 # objects whose id() is in `sent` stay alive meanwhile
+
+
 class Remote:
     """A handle on an object that lives in the other process."""
 
@@ -97,6 +107,13 @@ class Peer:
         self.ids: dict[int, int] = {}              # id(obj) -> handle
         self.remotes: dict[int, Remote] = {}       # the other side's handles, one Remote each (keeps `is`)
         self.serve_dunder = serve_dunder
+        self.send_code = False       # the harness sends its tests' functions as source (see portable)
+        self.accept_code = False     # only the worker compiles what it receives; the harness never does
+        self.mutables: list[dict] = []   # harness: per portable function, its list/dict globals
+        self.envs: dict = {}             # worker: per portable function, its namespace
+        self.sent_modules: dict[int, torch.nn.Module] = {}   # token -> a module this side sent by value
+        self.module_token: dict[int, int] = {}   # id(module received by value) -> the sender's token
+        self.received_modules: list = []         # (token, module) received by value, echoed back after a call
         self.on_call = on_call or (lambda fn, args, kwargs, opts: fn(*args, **kwargs))
         self.handlers: dict[str, Callable] = {}
 
@@ -115,6 +132,11 @@ class Peer:
         if isinstance(obj, float):
             return obj if math.isfinite(obj) else {"float": repr(obj)}
         if isinstance(obj, torch.Tensor) and type(obj) in (torch.Tensor, torch.nn.Parameter) and obj.layout == torch.strided:
+            if isinstance(blobs, Blobs):
+                if id(obj) in blobs.sent:
+                    return {"same": blobs.sent[id(obj)]}
+                blobs.sent[id(obj)] = len(blobs.sent)
+                blobs.keep.append(obj)
             t = obj.detach().to("cpu").contiguous()
             dtype = str(t.dtype).removeprefix("torch.")
             if dtype not in DTYPES:
@@ -124,6 +146,8 @@ class Peer:
                     "grad": bool(obj.requires_grad), "param": isinstance(obj, torch.nn.Parameter)}
             if obj.is_leaf and obj.grad is not None:  # a leaf's .grad travels with it (clipping edits it)
                 node["dot_grad"] = self.encode(obj.grad, blobs, depth + 1)
+            if isinstance(blobs, Blobs):
+                node["n"] = blobs.sent[id(obj)]
             return node
         if isinstance(obj, torch.dtype):
             return {"dtype_of": str(obj).removeprefix("torch.")}
@@ -135,6 +159,15 @@ class Peer:
             return {"dict": [[k, self.encode(v, blobs, depth + 1)] for k, v in obj.items()]}
         if isinstance(obj, Remote) and obj._peer is self:
             return {"yours": obj._id}
+        if isinstance(obj, torch.nn.Module) and id(obj) in self.module_token:
+            return {"yours_module": self.module_token[id(obj)]}
+        if isinstance(obj, torch.nn.Module) and _importable(type(obj)):
+            return self.encode_module(obj, blobs, depth)
+        if isinstance(obj, torch.optim.Optimizer) and _importable(type(obj), ("torch.optim.",)):
+            return self.encode_optimizer(obj, blobs, depth)
+        portable = self.portable(obj, blobs, depth) if self.send_code else None
+        if portable is not None:
+            return portable
         if id(obj) not in self.ids:
             self.ids[id(obj)] = len(self.objects) + 1
             self.objects[self.ids[id(obj)]] = obj
@@ -167,7 +200,13 @@ class Peer:
                 if not isinstance(g, torch.Tensor) or g.shape != t.shape or g.dtype != t.dtype:
                     raise WireError("a .grad that does not fit its tensor")
                 t.grad = g
+            if isinstance(blobs, Blobs) and "n" in node:
+                blobs.got[int(node["n"])] = t
             return t
+        if "same" in node:
+            if not isinstance(blobs, Blobs) or int(node["same"]) not in blobs.got:
+                raise WireError("bad tensor reference")
+            return blobs.got[int(node["same"])]
         if "float" in node:
             return float(node["float"]) if node["float"] in ("nan", "inf", "-inf") else _bad(node)
         if "ellipsis" in node:
@@ -185,6 +224,23 @@ class Peer:
         if "dict" in node:
             return {(k if isinstance(k, (str, int)) else _bad(node)): self.decode(v, blobs, depth + 1)
                     for k, v in node["dict"]}
+        if "portable" in node:
+            if not self.accept_code:
+                raise WireError("code is not accepted from this side")
+            return self.compile_portable(node, blobs, depth)
+        if "module" in node:
+            if not self.accept_code:
+                raise WireError("code is not accepted from this side")
+            import importlib
+            return importlib.import_module(str(node["module"]))
+        if "nn" in node:
+            return self.decode_module(node, blobs, depth)
+        if "optim" in node:
+            return self.decode_optimizer(node, blobs, depth)
+        if "yours_module" in node:
+            if node["yours_module"] not in self.sent_modules:
+                raise WireError("unknown module")
+            return self.sent_modules[node["yours_module"]]
         if "yours" in node:
             if node["yours"] not in self.objects:
                 raise WireError("unknown handle")
@@ -196,10 +252,201 @@ class Peer:
             return self.remotes[ident]
         raise WireError(f"bad value {str(node)[:40]}")
 
+    # --------------------------------------------------------- modules, optimizers
+    # An nn.Module of torch's or the course's classes (a test's nn.Linear, helpers.gradflow's
+    # DeepMLP) crosses by value: its class by name, its parameters, buffers, submodules and plain
+    # attributes; hooks cross as handles. The receiver sends its state back after the call
+    # (``module_echo``), so the sender's module ends as the student's code left it: same
+    # Parameter objects when they were changed in place, new ones when they were replaced.
+
+    def encode_module(self, m, blobs, depth):
+        token = len(self.sent_modules) + 1
+        self.sent_modules[token] = m
+        return {"nn": _path(type(m)), "token": token, "state": self._module_state(m, blobs, depth)}
+
+    def _module_state(self, m, blobs, depth):
+        state = {"training": m.training,
+                 "_parameters": self.encode(dict(m._parameters), blobs, depth + 1),
+                 "_buffers": self.encode(dict(m._buffers), blobs, depth + 1),
+                 "_modules": {k: (None if v is None else self.encode(v, blobs, depth + 1)) for k, v in m._modules.items()},
+                 "hooks": {k: self.encode(list(getattr(m, k).values()), blobs, depth + 1) for k in _HOOKS}}
+        plain = {}
+        for k, v in vars(m).items():
+            if k.startswith("_") or k == "training":
+                continue
+            try:
+                plain[k] = self.encode(v, Blobs(), depth + 1) if _plain(v) else None
+            except WireError:
+                continue
+            if plain[k] is None and v is not None:
+                del plain[k]
+        state["plain"] = plain
+        return state
+
+    def decode_module(self, node, blobs, depth):
+        import collections
+
+        cls = _resolve(str(node["nn"]), torch.nn.Module)
+        m = cls.__new__(cls)
+        torch.nn.Module.__init__(m)
+        st = node["state"]
+        m.training = bool(st["training"])
+        for key in ("_parameters", "_buffers"):
+            getattr(m, key).update(self.decode(st[key], blobs, depth + 1))
+        for k, v in st["plain"].items():
+            object.__setattr__(m, k, self.decode(v, Blobs(), depth + 1))
+        for k in _HOOKS:
+            setattr(m, k, collections.OrderedDict(enumerate(self.decode(st["hooks"].get(k, {"list": []}), blobs, depth + 1))))
+        m._modules.update({k: (None if v is None else self.decode(v, blobs, depth + 1)) for k, v in st["_modules"].items()})
+        token = int(node["token"])
+        self.module_token[id(m)] = token
+        if not any(t == token for t, *_ in self.received_modules):
+            first = {(path, key, name): t for path, sub in m.named_modules()
+                     for key in ("_parameters", "_buffers") for name, t in getattr(sub, key).items()}
+            self.received_modules.append((token, m, first))
+        return m
+
+    def module_echo(self) -> list:
+        """[token, rows] for each module received by value: what the student's code left in it.
+
+        One row per submodule: its path, training flag, hooks (as handles), and per parameter
+        or buffer its value and whether it is still the tensor object that arrived.
+        """
+        out = []
+        for token, m, first in self.received_modules:
+            rows = []
+            for path, sub in m.named_modules(remove_duplicate=False):
+                slots = {key: {name: [t, t is not None and first.get((path, key, name)) is t]
+                               for name, t in getattr(sub, key).items()} for key in ("_parameters", "_buffers")}
+                rows.append({"path": path, "training": sub.training, **slots,
+                             "hooks": {k: list(getattr(sub, k).values()) for k in _HOOKS}})
+            out.append([token, rows])
+        self.received_modules = []
+        return out
+
+    def apply_echo(self, echo) -> None:
+        """Make each module this side sent what the other side's copy became (in place where it was changed in place)."""
+        import collections
+
+        for token, rows in echo:
+            m = self.sent_modules.get(int(token))
+            if m is None:
+                continue
+            subs = dict(m.named_modules(remove_duplicate=False))
+            for row in rows:
+                sub = subs.get(row["path"])
+                if sub is None:
+                    continue
+                sub.training = bool(row["training"])
+                for key in ("_parameters", "_buffers"):
+                    slots = getattr(sub, key)
+                    for name, (t, same) in row[key].items():
+                        cur = slots.get(name)
+                        if same and isinstance(cur, torch.Tensor) and isinstance(t, torch.Tensor) and cur.shape == t.shape:
+                            with torch.no_grad():
+                                cur.copy_(t)
+                            cur.requires_grad_(t.requires_grad)
+                            cur.grad = t.grad
+                        else:
+                            slots[name] = t
+                for k in _HOOKS:
+                    setattr(sub, k, collections.OrderedDict(enumerate(row["hooks"].get(k, []))))
+
+    def encode_optimizer(self, opt, blobs, depth):
+        params = [p for g in opt.param_groups for p in g["params"]]
+        index = {id(p): i for i, p in enumerate(params)}     # by identity: == on tensors compares values
+        groups = [{k: (v if k != "params" else [index[id(p)] for p in v]) for k, v in g.items()} for g in opt.param_groups]
+        state = [[index[id(p)], s] for p, s in opt.state.items() if id(p) in index]
+        return {"optim": _path(type(opt)), "params": self.encode(params, blobs, depth + 1),
+                "groups": self.encode(groups, blobs, depth + 1), "defaults": self.encode(dict(opt.defaults), blobs, depth + 1),
+                "state": self.encode(state, blobs, depth + 1)}
+
+    def decode_optimizer(self, node, blobs, depth):
+        cls = _resolve(str(node["optim"]), torch.optim.Optimizer, ("torch.optim.",))
+        params = self.decode(node["params"], blobs, depth + 1)
+        groups = self.decode(node["groups"], blobs, depth + 1)
+        for g in groups:
+            g["params"] = [params[i] for i in g["params"]]
+        import inspect
+
+        accepted = inspect.signature(cls.__init__).parameters   # defaults may hold keys the constructor sets itself
+        defaults = {k: v for k, v in self.decode(node["defaults"], blobs, depth + 1).items() if k in accepted}
+        opt = cls(groups, **defaults)
+        for i, s in self.decode(node["state"], blobs, depth + 1):
+            opt.state[params[i]] = s
+        return opt
+
+    # ------------------------------------------------------- portable functions
+    # A function a hidden test defines (`lambda t: (t * t).sum()`, `def _blk(x, W): ...`) and hands
+    # to a student's function must run beside the student's autograd (a checkpoint re-runs it, a
+    # saved-bytes counter watches it). It crosses as its source text plus the values of the names
+    # it reads; the worker compiles it. Only harness -> worker: the harness never compiles code.
+
+    def portable(self, obj, blobs, depth):
+        """A {"portable": ...} node for a test-defined function, else None."""
+        import types
+
+        src = getattr(obj, "__portable_source__", None)
+        if src is None or not isinstance(obj, types.FunctionType):
+            if isinstance(obj, types.ModuleType):
+                return {"module": obj.__name__}
+            return None
+        env, mutable = {}, {}
+        for name in sorted(_names(obj.__code__)):
+            if name in obj.__code__.co_freevars:
+                value = obj.__closure__[obj.__code__.co_freevars.index(name)].cell_contents
+            elif name in obj.__globals__:
+                value = obj.__globals__[name]
+            else:
+                continue   # a builtin
+            if isinstance(value, types.ModuleType):
+                env[name] = {"module": value.__name__}
+            elif (isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type))
+                  and not hasattr(value, "__portable_source__") and getattr(value, "__module__", None)
+                  and "." not in getattr(value, "__qualname__", ".")):
+                env[name] = {"import": value.__module__, "name": value.__qualname__}
+            else:
+                env[name] = self.encode(value, blobs, depth + 1)
+                if type(value) in (list, dict):
+                    mutable[name] = value
+        self.mutables.append(mutable)   # what the function appends to there is appended to here too
+        return {"portable": src, "name": obj.__code__.co_name, "env": env, "pid": len(self.mutables) - 1}
+
+    def compile_portable(self, node, blobs, depth):
+        import builtins
+        import importlib
+
+        ns = {"__builtins__": builtins}
+        for name, v in dict(node.get("env", {})).items():
+            if isinstance(v, dict) and "import" in v:
+                ns[name] = getattr(importlib.import_module(str(v["import"])), str(v["name"]))
+            else:
+                ns[name] = self.decode(v, blobs, depth + 1)
+        src = str(node["portable"])
+        self.envs[int(node.get("pid", -1))] = (ns, [k for k, v in ns.items() if type(v) in (list, dict)])
+        if node.get("name") == "<lambda>":
+            return eval(compile(src, "<hidden test function>", "eval"), ns)
+        exec(compile(src, "<hidden test function>", "exec"), ns)
+        return ns[str(node["name"])]
+
+    def mutated(self) -> list:
+        """[pid, name, value] for every list or dict a portable function's namespace holds (sent back)."""
+        return [[pid, k, ns[k]] for pid, (ns, names) in sorted(self.envs.items()) for k in names]
+
+    def apply_mutated(self, rows) -> None:
+        """Make the harness's lists and dicts what the worker's copies became."""
+        for pid, name, value in rows:
+            obj = self.mutables[pid].get(name) if 0 <= pid < len(self.mutables) else None
+            if isinstance(obj, list) and isinstance(value, list):
+                obj[:] = value
+            elif isinstance(obj, dict) and isinstance(value, dict):
+                obj.clear()
+                obj.update(value)
+
     # ---------------------------------------------------------------- messages
 
     def send(self, header: dict, value=None, has_value: bool = False) -> None:
-        blobs: list[bytes] = []
+        blobs = Blobs()
         if has_value:
             header = dict(header, value=self.encode(value, blobs))
         head = json.dumps(header, allow_nan=False).encode()
@@ -213,7 +460,7 @@ class Peer:
         if n_head > MAX_HEADER or n_blobs > 1 << 20:
             raise WireError("message too large")
         header = json.loads(self._read(n_head))
-        blobs, total = [], 0
+        blobs, total = Blobs(), 0
         for _ in range(n_blobs):
             (n,) = struct.unpack("<Q", self._read(8))
             total += n
@@ -298,6 +545,50 @@ class Peer:
             else:
                 kind, message = type(e).__name__, (str(e).splitlines() or [""])[0][:300]
             self.send({"kind": "reply", "error": kind, "message": message})
+
+
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+_ALLOWED = ("torch.", "helpers.")
+
+
+def _path(cls) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _importable(cls, prefixes=_ALLOWED) -> bool:
+    """A class this boundary may name: torch's or the course's, importable by its module and name."""
+    return cls.__module__.startswith(prefixes) and "." not in cls.__qualname__ and "<" not in cls.__qualname__
+
+
+def _resolve(path: str, base: type, prefixes=_ALLOWED):
+    """The class named by ``path`` ('module:Name'), only from torch or helpers, only a subclass of ``base``."""
+    import importlib
+
+    module, _, name = path.partition(":")
+    if not module.startswith(prefixes) or not name.isidentifier():
+        raise WireError(f"class {path[:60]} cannot cross")
+    cls = getattr(importlib.import_module(module), name, None)
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise WireError(f"class {path[:60]} cannot cross")
+    return cls
+
+
+def _plain(v) -> bool:
+    """A module attribute that is plain data (a flag, a size, an eps), never a function or an object."""
+    if v is None or isinstance(v, (bool, int, float, str, torch.dtype)):
+        return True
+    if isinstance(v, (tuple, list)):
+        return all(_plain(x) for x in v)
+    return False
+
+
+def _names(code) -> set:
+    """Every global or free name a code object (and the code nested in it) reads."""
+    out = set(code.co_names) | set(code.co_freevars)
+    for c in code.co_consts:
+        if hasattr(c, "co_names"):
+            out |= _names(c) - set(c.co_varnames)
+    return out
 
 
 def _bad(node):

@@ -252,13 +252,89 @@ def on_call(fn, args, kwargs, opts):
             result, graph = fn(*args, **kwargs), None
     finally:
         STATE["exercise"] = None
+    saved = saved_tensors(ins, _tensors(result, [])) if graph else [[], []]
     # [index, value, .grad, whether .grad is still the same tensor object (edited in place)]
     changed = [[i, t.detach(), t.grad, id(t.grad) == s[2]] for i, (t, s) in enumerate(zip(ins, snaps)) if _changed(t, s)]
-    return {"result": result, "changed": changed, "graph": graph}
+    return {"result": result, "changed": changed, "graph": graph, "saved": saved}
 
 
-def backward(msg, value):
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and a.shape == b.shape
+            and a.stride() == b.stride() and a.storage_offset() == b.storage_offset() and a.dtype == b.dtype)
+
+
+def saved_tensors(ins: list, outs: list) -> list:
+    """What the graph a call built keeps for backward, as the harness can rebuild it.
+
+    Each saved tensor is one of the call's inputs ({"input": i}), outputs ({"output": j}), or a
+    view of a storage sent whole ({"storage": k, offset, shape, stride, dtype}), so the harness's
+    saved-tensor hooks (``helpers.memory.SavedTensors``) count storages as they would here.
+    """
+    storages, keys, entries, seen = [], {}, [], set()
+    stack = [o.grad_fn for o in outs if o.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        found = []
+        for attr in dir(node):
+            if attr.startswith("_saved_"):
+                try:
+                    v = getattr(node, attr)
+                except RuntimeError:
+                    continue
+                found += [t for t in (v if isinstance(v, (tuple, list)) else [v]) if isinstance(t, torch.Tensor)]
+        if not found and hasattr(node, "saved_tensors"):
+            try:
+                found = list(node.saved_tensors)
+            except RuntimeError:
+                found = []
+        for t in found:
+            i = next((i for i, x in enumerate(ins) if _same(t, x)), None)
+            j = next((j for j, x in enumerate(outs) if _same(t, x)), None)
+            if i is not None:
+                entries.append({"input": i})
+            elif j is not None:
+                entries.append({"output": j})
+            else:
+                ptr = t.untyped_storage().data_ptr()
+                if ptr not in keys:
+                    keys[ptr] = len(storages)
+                    storages.append(torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage()).clone())
+                entries.append({"storage": keys[ptr], "offset": t.storage_offset(), "shape": list(t.shape),
+                                "stride": list(t.stride()), "dtype": t.dtype})
+        stack += [n for n, _ in node.next_functions if n is not None]
+    return [entries, storages]
+
+
+def synced(work):
+    """A handler that runs with the harness's random stream and hands the stream back after."""
+    def handler(msg, value):
+        payload, rng = value
+        torch.set_rng_state(rng)
+        result = work(msg, payload)
+        result["rng"] = torch.get_rng_state()
+        result["mutated"] = PEER.mutated()
+        result["modules"] = PEER.module_echo()
+        return result
+    return handler
+
+
+def harness_call(msg, value) -> dict:
+    fn = PEER.objects.get(msg.get("ref"))
+    if fn is None:
+        raise wire.WireError("unknown handle")
+    args, kwargs = value
+    return on_call(fn, args, kwargs, msg.get("opts") or {})
+
+
+def backward(msg, value) -> dict:
     """Gradients of a tracked call's outputs with respect to its inputs, for the harness's autograd."""
+    return {"grads": _backward(msg, value)}
+
+
+def _backward(msg, value):
     ins, outs, exercise = GRAPHS[int(msg["graph"])]
     pairs = [(o, g) for o, g in zip(outs, value) if g is not None and o.requires_grad]
     if not pairs or not ins:
@@ -279,14 +355,20 @@ def start(msg, value) -> dict:
     return {"errors": run_notebook(sys.argv[1])}
 
 
+PEER: wire.Peer = None  # set by main()
+
+
 def main() -> None:
-    peer = wire.Peer(_IN, _OUT, serve_dunder=True, on_call=on_call)
+    global PEER
+    peer = PEER = wire.Peer(_IN, _OUT, serve_dunder=True, on_call=on_call)
+    peer.accept_code = True     # the harness's test functions (portable) are compiled here
     peer.handlers = {
+        "call": synced(harness_call),
         "start": start,
         "run_test": run_test,
         "names": lambda msg, v: sorted(k for k in STATE["ns"] if not k.startswith("_")),
         "get": lambda msg, v: STATE["ns"][v],
-        "backward": backward,
+        "backward": synced(backward),
         "violations": lambda msg, v: dict(STATE["violations"]),
     }
     while True:
