@@ -238,9 +238,26 @@ def test_nothing_outside_a_submissions_scratch_space_changed(redteam):
     changed = {k for k in set(after) | set(redteam["before_root"]) if after.get(k) != redteam["before_root"].get(k)}
     assert not changed, sorted(changed)[:10]                            # tests, sources, autograder, helpers
     assert redteam["out"].read_bytes() == redteam["gradebook"]          # no daemon rewrote the gradebook
-    assert not list(Path(tempfile.gettempdir()).glob(labs.RUN_PREFIX + "*"))   # scratch folders removed
-    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    assert "/grader/worker.py" not in ps and "harness.py" not in ps     # nothing of a submission outlives grading
+    ours = [d for d in Path(tempfile.gettempdir()).glob(labs.RUN_PREFIX + "*")
+            if (d / "owner.pid").exists() and (d / "owner.pid").read_text() == str(os.getpid())]
+    assert not ours                                                     # scratch folders removed
+    assert not _leftovers()                                             # nothing of a submission outlives grading
+
+
+def _leftovers() -> list[str]:
+    """Grading processes still running that this test process started, or orphaned workers (a daemon that escaped)."""
+    rows = [ln.split(None, 2) for ln in subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True,
+                                                       text=True).stdout.splitlines()[1:]]
+    parent = {int(r[0]): int(r[1]) for r in rows}
+
+    def ours(pid):
+        while pid > 1:
+            pid = parent.get(pid, 0)
+            if pid == os.getpid():
+                return True
+        return False
+    return [r[2] for r in rows if len(r) == 3 and ("/grader/worker.py" in r[2] or "harness.py" in r[2])
+            and (ours(int(r[0])) or int(r[1]) == 1)]
 
 
 @needs_sandbox
@@ -384,8 +401,9 @@ def test_a_grading_stopped_with_sigterm_leaves_no_folder_and_no_process(tmp_path
     proc.terminate()
     assert proc.wait(30) == 143
     time.sleep(1)
-    assert set(Path(tempfile.gettempdir()).glob(labs.RUN_PREFIX + "*")) <= before
-    assert "/grader/worker.py" not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert not [d for d in set(Path(tempfile.gettempdir()).glob(labs.RUN_PREFIX + "*")) - before
+                if (d / "owner.pid").exists() and (d / "owner.pid").read_text() == str(proc.pid)]
+    assert not _leftovers()
 
 
 def _grade_in_harness(lab, replace=()):
@@ -438,3 +456,41 @@ def test_a_mistake_seen_only_through_the_boundary_loses_points(name):
     got, _ = _grade_in_harness(lab, replace)
     assert got[ex][0] < got[ex][1], got
     assert all(p == n for q, (p, n) in got.items() if q != ex and not (lab.startswith("lab09") and q == "ex4")), got
+
+
+@needs_sandbox
+@pytest.mark.slow
+def test_lab6_the_course_reference_and_autograd_score_nothing_where_the_work_is_by_hand(tmp_path):
+    lab = "lab06_attention_backward"
+    sol = _solutions(lab)
+    reference = sol[:2] + ["def attention_backward(Q, K, V, P, grad_O, scale):\n"
+                           "    return ref.attention_backward(Q, K, V, P, grad_O, scale)"] + sol[3:]
+    via_autograd = sol[:3] + ["def attention_grads(Q, K, V, grad_O, causal=False, key_padding_mask=None):\n"
+                              "    Q, K, V = (t.detach().clone().requires_grad_() for t in (Q, K, V))\n"
+                              "    O = ref.attention(Q, K, V, causal=causal, key_padding_mask=key_padding_mask)\n"
+                              "    return torch.autograd.grad(O, (Q, K, V), grad_O)"]
+    (tmp_path / "subs").mkdir()
+    for name, text in {"full": _submission(lab, sol), "reference_in_ex3": _submission(lab, reference),
+                       "autograd_in_ex4": _submission(lab, via_autograd),
+                       "monkeypatch": _submission(lab, insert=[(0, HOSTILE["monkeypatch"].replace("{{}}", "{}"))])}.items():
+        (tmp_path / "subs" / f"{name}.ipynb").write_text(text)
+    labs.grade(lab, tmp_path / "subs", tmp_path / "g.csv", timeout=TIMEOUT, jobs=2)
+    rows = {r["submission"]: r for r in csv.DictReader((tmp_path / "g.csv").open())}
+    pts = {n: " ".join(r[f"ex{i}"] for i in range(1, 5)) for n, r in rows.items()}
+    assert pts == {"full": "2 2 3 3", "reference_in_ex3": "2 2 0 0", "autograd_in_ex4": "2 2 3 0", "monkeypatch": "0 0 0 0"}, pts
+    # ex4 calls their ex3, so it used the reference too
+    assert "used helpers.attention.attention_backward in ex3" in rows["reference_in_ex3"]["notes"]
+    assert "used autograd in ex4, which asks for the gradient by hand" in rows["autograd_in_ex4"]["notes"]
+
+
+def test_a_run_folder_left_by_a_killed_grading_is_removed_by_the_next_and_a_live_ones_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    for name, pid in (("dead", dead.pid), ("alive", os.getpid()), ("nopid", None)):
+        d = tmp_path / f"{labs.RUN_PREFIX}{name}"
+        (d / "sub-x" / "home").mkdir(parents=True)
+        if pid is not None:
+            (d / "owner.pid").write_text(str(pid))
+    labs.remove_stale_runs()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{labs.RUN_PREFIX}alive"]
