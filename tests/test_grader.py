@@ -132,6 +132,36 @@ HOSTILE = {
 }
 
 
+# these go after the last answer cell (so the stubs do not overwrite what they define); from a red-team review
+HOSTILE_LAST = {
+    "guards_off": "import torch\nfrom helpers import cat_mlp\nG = getattr(cat_mlp.forward, '__glo' + 'bals__')\n"
+                  "G['STATE']['forbidden'] = {{}}\n"
+                  "def forward_pass(x, W1, b1, W2, b2, y_true):\n    return cat_mlp.forward(x, W1, b1, W2, b2, y_true)\n"
+                  "def relu_backward(g, h):\n    hh = h.clone().requires_grad_()\n    return torch.autograd.grad(torch.relu(hh), hh, g)[0]\n"
+                  "def cat_backward_batch(X, W1, b1, W2, b2, Y):\n    P = [t.clone().requires_grad_() for t in (W1, b1, W2, b2)]\n"
+                  "    L = ((torch.relu(X @ P[0].T + P[1]) @ P[2].T + P[3] - Y) ** 2).sum()\n"
+                  "    return dict(zip(('W1', 'b1', 'W2', 'b2'), torch.autograd.grad(L, P)))",
+    "forge_worker": "import torch\nG = torch.autograd.variable.Variable._execution_engine.run_backward.__globals__\n"
+                    "P = G['PEER']\nP.handlers['run_test'] = lambda msg, value: {{'ok': True}}\n"
+                    "P.handlers['violations'] = lambda msg, value: {{}}\n_send = P.send\n"
+                    "def send(header, value=None, has_value=False):\n    if isinstance(value, dict) and 'errors' in value:\n"
+                    "        value = {{'errors': [1, {{'cell': 'x'}}, '\\x1b[31m=HYPERLINK(1)']}}\n    return _send(header, value, has_value)\n"
+                    "P.send = send",
+    "zero_inputs": "import torch\ndef forward_pass(x, W1, b1, W2, b2, y_true):\n    for t in (x, W1, b1, W2, b2, y_true):\n        t.zero_()\n"
+                   "    z = lambda *s: torch.zeros(*s, dtype=x.dtype)\n"
+                   "    return {{'h': z(W1.shape[0]), 'a': z(W1.shape[0]), 'y_hat': z(W2.shape[0]), 'L': z(())}}\n"
+                   "def grad_loss(y_hat, y_true):\n    y_hat.zero_(); y_true.zero_()\n    return torch.zeros_like(y_hat)\n"
+                   "def layer2_backward(grad_y_hat, a, W2):\n    return ()\n"
+                   "def relu_backward(grad_a, h):\n    h.zero_()\n    return torch.zeros_like(grad_a)\n"
+                   "def layer1_backward(grad_h, x):\n    return ()\n"
+                   "def cat_backward_batch(X, W1, b1, W2, b2, Y):\n    for t in (X, W1, b1, W2, b2, Y):\n        t.zero_()\n"
+                   "    return {{}}",
+    "huge_returns": "import torch\ndef cat_backward_batch(X, W1, b1, W2, b2, Y):\n"
+                    "    big = lambda: torch.zeros(1, dtype=torch.float64).expand(8 << 20)\n"
+                    "    return {{'W1': big(), 'b1': big(), 'W2': big(), 'b2': big()}}",
+}
+
+
 @pytest.fixture(scope="module")
 def redteam(tmp_path_factory):
     """Grade every hostile submission beside honest ones; (rows, feedback dir, paths, snapshots)."""
@@ -145,6 +175,11 @@ def redteam(tmp_path_factory):
     for name, code in HOSTILE.items():
         (d / f"{name}.ipynb").write_text(_submission(LAB, insert=[(0, code.format(**fill))]))
         (d / f"{name}_then_correct.ipynb").write_text(_submission(LAB, sol))
+    for name, code in HOSTILE_LAST.items():
+        (d / f"{name}.ipynb").write_text(_submission(LAB, insert=[(5, code.format(**fill))]))
+        (d / f"{name}_then_correct.ipynb").write_text(_submission(LAB, sol))
+    (d / "(published solutions).ipynb").write_text(_submission(LAB))      # a name the report uses itself
+    (d / '=HYPERLINK("x").ipynb').write_text(_submission(LAB))             # a formula in a spreadsheet
     partial = sol[:3] + [sol[3].replace("(h > 0)", "(h >= 0)"),
                          sol[4].replace("torch.outer(grad_h, x)", "torch.outer(x, grad_h)"), None]
     assert partial[3] != sol[3] and partial[4] != sol[4]
@@ -182,7 +217,7 @@ def redteam(tmp_path_factory):
     rows = {}
     for path in (out, out_dir / "loop.csv"):
         with path.open(encoding="utf-8") as f:
-            rows.update({r["submission"]: r for r in csv.DictReader(f)})
+            rows.update({r["submission"].removeprefix("'"): r for r in csv.DictReader(f)})
     return {"rows": rows, "out": out, "fb": out_dir / "gradebook_feedback", "subs": d, "seconds": seconds,
             "gradebook": gradebook, "before_subs": before_subs, "before_root": before_root, "secrets": secrets}
 
@@ -202,8 +237,10 @@ EXPECTED = {
     "reference_in_ex6": ("ok", "1 1 2 2 2 0", "8"),
     "zz_classmate": ("ok", "1 1 2 2 2 3", "11"),
 }
-for _name in HOSTILE:
+for _name in list(HOSTILE) + list(HOSTILE_LAST):
     EXPECTED[f"{_name}_then_correct"] = ("ok", "1 1 2 2 2 3", "11")
+EXPECTED["(published solutions)"] = ("ok", "0 0 0 0 0 0", "0")
+EXPECTED['=HYPERLINK("x")'] = ("ok", "0 0 0 0 0 0", "0")
 
 
 def _points(row):
@@ -214,8 +251,9 @@ def _points(row):
 @pytest.mark.slow
 def test_every_hostile_submission_scores_what_its_honest_work_deserves(redteam):
     rows = redteam["rows"]
-    assert set(rows) == set(EXPECTED) | set(HOSTILE), set(rows) ^ (set(EXPECTED) | set(HOSTILE))
-    for name in HOSTILE:
+    everyone = set(EXPECTED) | set(HOSTILE) | set(HOSTILE_LAST)
+    assert set(rows) == everyone, set(rows) ^ everyone
+    for name in list(HOSTILE) + list(HOSTILE_LAST):
         r = rows[name]
         assert (_points(r), r["total"]) == ("0 0 0 0 0 0", "0"), (name, r)
         assert r["possible"] == "11"
@@ -277,6 +315,10 @@ def test_notes_and_feedback_name_the_cause_and_never_quote_hidden_material(redte
     assert "MemoryError" in rows["memory_bomb"]["notes"]
     assert "message withheld" in rows["leak_feedback"]["notes"]
     assert "ex1: not implemented" in rows["empty"]["notes"]
+    assert "__globals__" in rows["guards_off"]["flags"] and "until your instructor has looked at it" in rows["guards_off"]["notes"]
+    assert "changed its input tensors in place" in rows["zero_inputs"]["notes"]
+    assert rows['=HYPERLINK("x")']["submission"].startswith("'=")
+    assert all(ch.isprintable() for r in rows.values() for v in r.values() for ch in v)
     files = sorted(p.name for p in fb.iterdir())
     assert files == sorted(f"{n}.txt" for n in rows), files
     partial = (fb / "partial.txt").read_text()

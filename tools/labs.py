@@ -340,6 +340,7 @@ def leaks(lab: str, student_text: str | None = None) -> list[str]:
 
 sys.path.insert(0, str(ROOT / "tools" / "grader"))
 import collect  # noqa: E402
+import reach  # noqa: E402
 import sandbox  # noqa: E402
 
 STATUS_HELP = {
@@ -351,10 +352,6 @@ STATUS_HELP = {
     "wrong-lab": "a notebook for another lab: 0 points",
     "not-a-notebook": "not an .ipynb file: 0 points",
 }
-# code that can reach around the grader's guards: flagged for a human to look at, not penalised
-REACH_AROUND = ("__closure__", "cell_contents", "__globals__", "_execution_engine", "gc.get_referents",
-                "gc.get_objects", "ctypes", "sys._getframe", "settrace", "setprofile", "sys.modules",
-                "importlib.reload", "__code__", "threading.Thread", "os.fork", "signal.")
 RUN_PREFIX = "labs-grade-"
 
 
@@ -389,10 +386,16 @@ def _row(name, status, qs, scores=None, notes=(), graded="", flags=""):
     return row
 
 
+MAX_NOTEBOOK = 64 << 20   # bytes: a lab notebook with outputs is well under 1 MiB
+MAX_ANSWER = 200_000      # characters of a student's own code compared for similarity
+
+
 def read_submission(path: Path):
     """(notebook, None) or (None, (status, note)) for a file that cannot be graded."""
     if path.suffix.lower() != ".ipynb":
         return None, ("not-a-notebook", f"{path.suffix or 'no extension'}, expected .ipynb")
+    if path.stat().st_size > MAX_NOTEBOOK:
+        return None, ("corrupt", f"{path.stat().st_size >> 20} MiB: too large for a lab notebook")
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
         nb = nbformat.from_dict(raw)
@@ -475,7 +478,7 @@ def remove_stale_runs() -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
-def run_harness(run: Run, lab: str, name: str, nb, timeout: float, skip, unsafe: bool) -> dict:
+def run_harness(run: Run, lab: str, name: str, nb, timeout: float, skip, unsafe: bool, distrust=()) -> dict:
     """Grade one notebook: the worker in the sandbox, the hidden tests in a harness process; its result."""
     work = Path(tempfile.mkdtemp(prefix="sub-", dir=run.dir))
     home, ctl = work / "home", work / "ctl"
@@ -488,7 +491,7 @@ def run_harness(run: Run, lab: str, name: str, nb, timeout: float, skip, unsafe:
     else:
         worker = sandbox.command(home, sandbox.worker_argv(), helpers_dir=ROOT / "helpers", uid=run.next_uid(), **limits)
     spec = {"source": str(source_path(lab)), "worker": worker, "timeout": timeout, "skip": list(skip),
-            "result": str(ctl / "result.json")}
+            "result": str(ctl / "result.json"), "distrust": list(distrust)}
     (ctl / "spec.json").write_text(json.dumps(spec))
     if run.closing:
         raise KeyboardInterrupt("grading stopped")
@@ -517,9 +520,15 @@ def _no_result(err: bytes) -> dict:
 
 
 def _clean(note: str, secrets: list[str]) -> str:
-    """A note as feedback may show it: one line, never quoting a hidden test or a solution."""
-    note = " ".join(note.split())[:240]
+    """A note as feedback may show it: one line of printable text, never quoting a hidden test or a solution."""
+    note = " ".join("".join(ch if ch.isprintable() else " " for ch in str(note)).split())[:240]
     return "(message withheld: it quotes the lab's hidden material)" if any(found(x, note) for x in secrets) else note
+
+
+def _cell(value: str) -> str:
+    """A CSV field a spreadsheet shows as text: no control characters, no leading = + - @ (a formula)."""
+    value = "".join(ch if ch.isprintable() else " " for ch in value)
+    return "'" + value if value[:1] in ("=", "+", "-", "@") else value
 
 
 def grade_submission(run: Run, lab: str, sub, qs, timeout: float, skip, unsafe: bool, secrets) -> tuple[dict, dict]:
@@ -535,8 +544,9 @@ def grade_submission(run: Run, lab: str, sub, qs, timeout: float, skip, unsafe: 
     notes += [note] if note else []
     nb.metadata.setdefault("otter", {})["assignment_name"] = lab
     answer = answer_text(nb, lab)
-    flags = sorted({w.rstrip(".") for w in REACH_AROUND if w in answer})
-    out = run_harness(run, lab, sub.student, nb, timeout, skip, unsafe)
+    given = set(_code(read_nb(student_path(lab))))
+    flags = sorted({c for src in _code(nb) if src not in given for c in reach.reach_around(src)})
+    out = run_harness(run, lab, sub.student, nb, timeout, skip, unsafe, distrust=flags)
     detail = {"questions": out.get("questions", {}), "answer": answer}
     if out.get("status") in ("timeout", "crashed"):
         msg = ("still running after the time limit: an infinite loop or a very slow cell?" if out["status"] == "timeout"
@@ -546,7 +556,8 @@ def grade_submission(run: Run, lab: str, sub, qs, timeout: float, skip, unsafe: 
     notes += [f"cell {e['cell']}: {e['ename']}" + (f": {e['evalue']}" if e.get("evalue") else "") for e in out["errors"]]
     notes += out["notes"]
     scores = {q: v["score"] for q, v in out["questions"].items()}
-    flag_text = "; ".join([f"uses {f} (can reach around the grader's checks: look at it)" for f in flags]
+    flag_text = "; ".join(([f"uses {', '.join(flags)} (can reach around the grader's checks: by-hand exercises "
+                            "and in-process tests not counted; look at it)"] if flags else [])
                           + ([f"{len(sub.others) + 1} notebooks handed in"] if sub.others else []))
     return _row(sub.student, out["status"], qs, scores, [_clean(n, secrets) for n in notes], graded, flag_text), detail
 
@@ -643,9 +654,15 @@ def grade(lab: str, subs_dir: Path, out_csv: Path | None = None, timeout: float 
         run.close()
     import similarity
 
-    answers = {row["submission"]: d.get("answer", "") for row, d in results}
+    # a student named like the solutions' pseudo-submission is renamed in the report, not a crash
+    label = {row["submission"]: row["submission"] + (" (a student)" if row["submission"] == similarity.SOLUTIONS else "")
+             for row, _ in results}
+    answers = {label[row["submission"]]: d.get("answer", "")[:MAX_ANSWER] for row, d in results}
     sol = answer_text(solution_notebook(lab), lab)
     pairs = similarity.similarity_pairs(answers, sol)
+    unlabel = {v: k for k, v in label.items()}
+    for p in pairs:
+        p["a"], p["b"] = unlabel.get(p["a"], p["a"]), unlabel.get(p["b"], p["b"])
     flagged: dict[str, list[str]] = {}
     for p in pairs:
         for a, b in ((p["a"], p["b"]), (p["b"], p["a"])):
@@ -664,14 +681,14 @@ def grade(lab: str, subs_dir: Path, out_csv: Path | None = None, timeout: float 
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         for r in rows:
-            w.writerow({k: (f"{v:g}" if isinstance(v, float) else "; ".join(v) if isinstance(v, list) else v)
+            w.writerow({k: (f"{v:g}" if isinstance(v, float) else _cell("; ".join(v) if isinstance(v, list) else str(v)))
                         for k, v in r.items()})
     similarity.write_report(pairs, similarity_csv)
     fb.mkdir(parents=True, exist_ok=True)
     for row, detail in results:
         (fb / f"{row['submission']}.txt").write_text(feedback_text(lab, row, detail, qs, skipped), encoding="utf-8")
     for r in rows:
-        print(f"{r['submission']:<32} {r['status']:<14} {r['total']:g}/{r['possible']:g}  {'; '.join(r['notes'])[:100]}")
+        print(_cell(f"{r['submission']:<32} {r['status']:<14} {r['total']:g}/{r['possible']:g}  {'; '.join(r['notes'])[:100]}"))
     print(f"gradebook: {out_csv}   feedback: {fb}/   similarity: {similarity_csv} ({len(pairs)} pairs)")
     return rows
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 import json
 import subprocess
 import sys
@@ -47,6 +48,7 @@ class Question:
     points: float
     cases: list[Case] = field(default_factory=list)
     by_hand: list[str] = field(default_factory=list)   # 'autograd' and reference functions it may not use
+    in_place: bool = False    # may the answer change its tensor arguments (an optimizer step, clipping)?
 
 
 def _config(code: str) -> tuple[dict, str]:
@@ -71,7 +73,8 @@ def questions(source_path: Path) -> list[Question]:
         text = cell.source.strip()
         if cell.cell_type == "raw" and text.startswith("# BEGIN QUESTION"):
             conf = yaml.safe_load(cell.source.split("\n", 1)[1]) or {}
-            out.append(Question(str(conf["name"]), float(conf.get("points", 0)), by_hand=list(conf.get("by_hand") or [])))
+            out.append(Question(str(conf["name"]), float(conf.get("points", 0)), by_hand=list(conf.get("by_hand") or []),
+                                in_place=bool(conf.get("in_place", False))))
         elif cell.cell_type == "raw" and text.startswith("# BEGIN TESTS"):
             in_tests = True
         elif cell.cell_type == "raw" and text.startswith("# END TESTS"):
@@ -207,10 +210,15 @@ def _replace(value, new: iter):
     return value
 
 
+class InPlaceEdit(Exception):
+    """A student's function changed a tensor it was given, where its exercise does not allow it."""
+
+
 class HarnessPeer(wire.Peer):
     """The harness's end: calls of the student's functions carry the exercise, echo in-place edits, join autograd."""
 
     exercise: str | None = None
+    in_place: bool = False
     returned_nothing: set = set()
 
     def synced(self, header: dict, value):
@@ -227,6 +235,9 @@ class HarnessPeer(wire.Peer):
         track = torch.is_grad_enabled() and any(t.requires_grad for t in ins)
         reply = self.synced({"op": "call", "ref": fn._id, "opts": {"exercise": self.exercise, "track": track}},
                             (tuple(args), dict(kwargs)))
+        if reply["changed"] and not self.in_place:
+            # the test's own tensors stay as they were, so a reference computed after the call is still right
+            raise InPlaceEdit(f"changed {len(reply['changed'])} of its tensor arguments in place")
         with torch.no_grad():
             for i, value, grad, same_grad in reply["changed"]:
                 t = ins[i]
@@ -267,13 +278,17 @@ class Student:
         self.peer.returned_nothing = set()
         self.peer.send_code = True
         self.peer.deadline = time.monotonic() + start_timeout
-        self.errors = self.peer.request({"op": "start"}, {"forbidden": forbidden}, True)["errors"]
-        self.names = set(self.peer.request({"op": "names"}))
+        reply = self.peer.request({"op": "start"}, {"forbidden": forbidden}, True)
+        self.errors = reply.get("errors") if isinstance(reply, dict) else []
+        names = self.peer.request({"op": "names"})
+        self.names = {n for n in names if isinstance(n, str)} if isinstance(names, list) else set()
         self.peer.deadline = None
 
     def bind(self, code: str) -> dict:
         """A fresh namespace for one test: builtins, plus handles on the student's names it uses."""
-        ns = {"__builtins__": builtins, "__name__": "__hidden_test__", "__portable__": _portable}
+        # zip is strict: `all(... for o, r in zip(answer, reference))` must not pass on an empty answer
+        ns = {"__builtins__": builtins, "__name__": "__hidden_test__", "__portable__": _portable,
+              "zip": functools.partial(zip, strict=True)}
         for name in sorted(free_names(code) & self.names):
             ns[name] = self.peer.request({"op": "get"}, name, True)
         return ns
@@ -310,23 +325,27 @@ def grade(spec: dict) -> dict:
         return Student(spec["worker"], forbidden, left)
 
     result = {"questions": {}, "errors": [], "notes": [], "restarts": 0}
+    # code that can reach around the worker's guards: what only the worker can vouch for counts for nothing
+    distrust = ", ".join(spec.get("distrust", ()))
     try:
         student = start()
     except TimeoutError:
         return {"status": "timeout"}
     except (EOFError, wire.WireError, wire.RemoteError, OSError) as e:
         return {"status": "crashed", "message": f"{type(e).__name__}"}
-    result["errors"] = student.errors
+    result["errors"] = _errors(student.errors)
     for q in qs:
         if q.name in skip:
             continue
-        passed, raised = [], {}
-        student.peer.exercise = q.name
+        passed, raised, edited = [], {}, []
+        student.peer.exercise, student.peer.in_place = q.name, q.in_place
         for k, case in enumerate(q.cases, 1):
             ok = False
             try:
                 student.peer.deadline = time.monotonic() + min(case_timeout, spec["timeout"] - (time.monotonic() - started))
-                if case.where == "student":
+                if case.where == "student" and distrust:
+                    ok = False
+                elif case.where == "student":
                     reply = student.peer.request({"op": "run_test"}, {"code": case.code, "exercise": q.name}, True)
                     ok = reply.get("ok") is True
                     if "raised" in reply and reply["raised"] != "AssertionError":
@@ -339,6 +358,8 @@ def grade(spec: dict) -> dict:
                     ok = True
             except AssertionError:
                 pass
+            except InPlaceEdit:
+                edited.append(k)
             except (TimeoutError, EOFError, wire.WireError) as e:
                 what = "took too long" if isinstance(e, TimeoutError) else "ended the grading process"
                 result["notes"].append(f"{q.name}: your code {what} in hidden test {k}")
@@ -350,7 +371,7 @@ def grade(spec: dict) -> dict:
                     result["questions"][q.name] = _score(q, passed)
                     result["notes"].append("grading stopped: the notebook could not be restarted in time")
                     return _finish(result, qs, skip)
-                student.peer.exercise = q.name
+                student.peer.exercise, student.peer.in_place = q.name, q.in_place
             except wire.RemoteError as e:
                 raised.setdefault(kind(e), []).append(k)
             except Exception:  # noqa: BLE001 - a wrong return type etc.: the test fails, quietly
@@ -361,6 +382,10 @@ def grade(spec: dict) -> dict:
         student.peer.exercise = None
         used = student.violations().get(q.name)
         raised.pop("ByHandError", None)          # said once, below
+        if edited:
+            tests = f"hidden test {edited[0]}" if len(edited) == 1 else f"hidden tests {', '.join(map(str, edited))}"
+            result["notes"].append(f"{q.name}: your function changed its input tensors in place in {tests} "
+                                   "(it must leave them as they were)")
         for what, ks in sorted(raised.items()):
             tests = f"hidden test {ks[0]}" if len(ks) == 1 else f"hidden tests {', '.join(map(str, ks))}"
             result["notes"].append(f"{q.name}: your code raised {what} in {tests}")
@@ -369,11 +394,31 @@ def grade(spec: dict) -> dict:
         if used:
             asks = "for the gradient by hand" if used == "autograd" else "you to write it yourself"
             result["notes"].append(f"used {used} in {q.name}, which asks {asks}: 0 points for {q.name}")
+        elif distrust and q.by_hand:
+            used = distrust
+            result["notes"].append(f"{q.name}: your code uses {distrust}, which can switch off the checks this exercise "
+                                   f"needs: 0 points for {q.name} until your instructor has looked at it")
+        elif distrust and any(c.where == "student" for c in q.cases):
+            result["notes"].append(f"{q.name}: your code uses {distrust}: the hidden tests that run beside your code "
+                                   "were not counted")
+        if used:
             passed = [False] * len(passed)
             result.setdefault("by_hand", {})[q.name] = used
         result["questions"][q.name] = _score(q, passed)
     student.close()
     return _finish(result, qs, skip)
+
+
+def _errors(reported) -> list[dict]:
+    """The worker's list of cells that raised, as plain one-line records (it comes from the student's process)."""
+    out = []
+    for e in reported if isinstance(reported, list) else []:
+        if isinstance(e, dict) and isinstance(e.get("cell"), int) and isinstance(e.get("ename"), str):
+            evalue = e.get("evalue") if isinstance(e.get("evalue"), str) else ""
+            out.append({"cell": e["cell"], "ename": e["ename"][:60], "evalue": evalue[:160]})
+        if len(out) >= 50:
+            break
+    return out
 
 
 def _score(q: Question, passed: list[bool]) -> dict:
@@ -390,8 +435,14 @@ def _finish(result: dict, qs, skip) -> dict:
     return result
 
 
+HARNESS_MEMORY = 6 << 30   # bytes of address space: what a submission sends back cannot exhaust the machine
+
+
 def main(argv: list[str]) -> int:
+    import resource
+
     spec = json.loads(Path(argv[0]).read_text())
+    resource.setrlimit(resource.RLIMIT_AS, (HARNESS_MEMORY, HARNESS_MEMORY))
     torch.set_num_threads(1)
     out = grade(spec)
     Path(spec["result"]).write_text(json.dumps(out))

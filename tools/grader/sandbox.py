@@ -88,6 +88,15 @@ def command(home: Path, argv: list[str], *, helpers_dir: Path, uid: int = SANDBO
     for f in ("/etc/ld.so.cache", "/etc/localtime", "/etc/nsswitch.conf", "/etc/passwd", "/etc/group"):
         if Path(f).exists():
             cmd += ["--ro-bind", f, f]
+    # the private /tmp first: a course or a Python that lives under the host's /tmp is bound over it
+    tmp = home.parent / "tmp"
+    tmp.mkdir(exist_ok=True)
+    for d in (home, tmp):
+        if os.geteuid() == 0:
+            os.chown(d, uid, uid)
+            for f in d.iterdir():
+                os.chown(f, uid, uid)
+    cmd += ["--bind", str(tmp), "/tmp"]
     made = set()
     for p in _readonly_paths(helpers_dir) + [Path(GRADER)]:
         for parent in reversed(p.parents[:-1]):  # parents bwrap would otherwise make 0700
@@ -97,15 +106,7 @@ def command(home: Path, argv: list[str], *, helpers_dir: Path, uid: int = SANDBO
         if p != Path(GRADER):
             cmd += ["--ro-bind", str(p), str(p)]
     cmd += ["--ro-bind", str(HERE), GRADER]
-    tmp = home.parent / "tmp"
-    tmp.mkdir(exist_ok=True)
-    for d in (home, tmp):
-        if os.geteuid() == 0:
-            os.chown(d, uid, uid)
-            for f in d.iterdir():
-                os.chown(f, uid, uid)
-    cmd += ["--bind", str(tmp), "/tmp", "--perms", "0755", "--dir", "/home", "--bind", str(home), HOME,
-            "--chdir", HOME]
+    cmd += ["--perms", "0755", "--dir", "/home", "--bind", str(home), HOME, "--chdir", HOME]
     base_env = {"PATH": "/usr/bin:/bin", "HOME": HOME, "MPLCONFIGDIR": "/tmp", "TMPDIR": "/tmp",
                 "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1",
                 "LANG": "C.UTF-8"}

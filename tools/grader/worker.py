@@ -79,6 +79,7 @@ def install_guards(forbidden: dict) -> None:
 
     STATE["forbidden"] = {ex: set(names) for ex, names in forbidden.items()}
     variable.Variable._execution_engine = _Engine(variable.Variable._execution_engine)
+    # a second, unguarded engine (`torch._C._ImperativeEngine()`) takes `_C`: reach.py flags it
     import torch.func as func
     for name in ("grad", "grad_and_value", "vjp", "jvp", "jacrev", "jacfwd", "hessian", "linearize"):
         if hasattr(func, name):
