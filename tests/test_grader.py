@@ -315,7 +315,7 @@ def test_notes_and_feedback_name_the_cause_and_never_quote_hidden_material(redte
     assert "MemoryError" in rows["memory_bomb"]["notes"]
     assert "message withheld" in rows["leak_feedback"]["notes"]
     assert "ex1: not implemented" in rows["empty"]["notes"]
-    assert "__globals__" in rows["guards_off"]["flags"] and "until your instructor has looked at it" in rows["guards_off"]["notes"]
+    assert "getattr" in rows["guards_off"]["flags"] and "until your instructor has looked at it" in rows["guards_off"]["notes"]
     assert "changed its input tensors in place" in rows["zero_inputs"]["notes"]
     assert rows['=HYPERLINK("x")']["submission"].startswith("'=")
     assert all(ch.isprintable() for r in rows.values() for v in r.values() for ch in v)

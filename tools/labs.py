@@ -664,7 +664,7 @@ def grade(lab: str, subs_dir: Path, out_csv: Path | None = None, timeout: float 
     for p in pairs:
         p["a"], p["b"] = unlabel.get(p["a"], p["a"]), unlabel.get(p["b"], p["b"])
     flagged: dict[str, list[str]] = {}
-    for p in pairs:
+    for p in sorted(pairs, key=lambda p: p["b"] != similarity.SOLUTIONS):   # a copy of the solutions named first
         for a, b in ((p["a"], p["b"]), (p["b"], p["a"])):
             flagged.setdefault(a, []).append(f"near-identical to {b} ({p['similarity']:.2f})")
     rows = [r for r, _ in results]

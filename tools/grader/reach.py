@@ -13,17 +13,20 @@ points, with a note naming the construct, and flags it for the instructor.
 from __future__ import annotations
 
 import ast
+import re
 
 # modules a lab answer may import (the course's own and what its labs use)
 ALLOWED_IMPORTS = ("torch", "math", "numpy", "einops", "helpers", "functools", "itertools", "collections",
                    "typing", "dataclasses", "time", "random", "matplotlib", "__future__", "statistics",
-                   "contextlib", "copy")
+                   "contextlib", "copy", "os", "sys", "signal", "warnings", "re", "string", "abc", "enum")
 # names whose use alone can switch a guard off or run hidden code
 NAMES = {"eval", "exec", "compile", "globals", "vars", "__import__", "getattr", "setattr", "delattr",
          "get_ipython", "breakpoint", "memoryview", "open"}
 # attributes that reach past the public API of torch
-ATTRIBUTES = {"_execution_engine", "_ImperativeEngine", "_EngineBase", "_C", "_getframe",
-              "f_globals", "f_locals", "f_back", "gi_frame", "tb_frame", "cell_contents"}
+ATTRIBUTES = {"_execution_engine", "_ImperativeEngine", "_EngineBase", "_C", "_getframe", "settrace", "setprofile",
+              "f_globals", "f_locals", "f_back", "gi_frame", "tb_frame", "cell_contents", "meta_path", "path_hooks"}
+# attributes flagged on one module only (`sys.modules` reaches the grader's own modules; `model.modules()` is fine)
+MODULE_ATTRIBUTES = {("sys", "modules"), ("os", "environ")}
 # plain attribute names a dunder check would otherwise flag, but which any answer may use
 HARMLESS_DUNDERS = {"__init__", "__name__", "__doc__", "__len__", "__call__", "__repr__", "__str__",
                     "__add__", "__radd__", "__mul__", "__rmul__", "__sub__", "__rsub__", "__neg__",
@@ -67,8 +70,11 @@ def reach_around(code: str) -> list[str]:
         elif isinstance(node, ast.Attribute):
             if node.attr in ATTRIBUTES or _dunder(node.attr):
                 found.add(node.attr)
+            elif isinstance(node.value, ast.Name) and (node.value.id, node.attr) in MODULE_ATTRIBUTES:
+                found.add(f"{node.value.id}.{node.attr}")
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             text = node.value.strip()
-            if (text.startswith("__") or text.endswith("__")) and text not in HARMLESS_DUNDERS:
-                found.add("a string beginning or ending in __")
+            named = {m for m in re.findall(r"__\w+?__", text)} - HARMLESS_DUNDERS
+            if named or ((text.startswith("__") or text.endswith("__")) and text not in HARMLESS_DUNDERS):
+                found.add("a string holding a __name__")
     return sorted(found)
