@@ -176,18 +176,6 @@ class Across(torch.autograd.Function):
         return (None, *[g if isinstance(g, torch.Tensor) else None for g in grads])
 
 
-def _tensors(value, out):
-    if isinstance(value, torch.Tensor):
-        out.append(value)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            _tensors(v, out)
-    elif isinstance(value, dict):
-        for v in value.values():
-            _tensors(v, out)
-    return out
-
-
 def _empty(value) -> bool:
     """None, `...`, or a tuple/list/dict of only those: what a stub returns."""
     if value is None or value is Ellipsis:
@@ -231,7 +219,7 @@ class HarnessPeer(wire.Peer):
         return reply
 
     def call(self, fn, args, kwargs, **opts):
-        ins = _tensors((args, kwargs), [])
+        ins = wire.tensors((args, kwargs))
         track = torch.is_grad_enabled() and any(t.requires_grad for t in ins)
         reply = self.synced({"op": "call", "ref": fn._id, "opts": {"exercise": self.exercise, "track": track}},
                             (tuple(args), dict(kwargs)))
@@ -256,7 +244,7 @@ class HarnessPeer(wire.Peer):
             self.returned_nothing.add(self.exercise)
         if not track:
             return result
-        outs = _tensors(result, [])
+        outs = wire.tensors(result)
         diff = [i for i, o in enumerate(outs) if o.requires_grad]
         grad_ins = [t for t in ins if t.requires_grad]
         if not diff:

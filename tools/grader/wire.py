@@ -593,6 +593,20 @@ def _plain(v) -> bool:
     return False
 
 
+def tensors(value, out: list | None = None) -> list:
+    """Every tensor inside ``value`` (nested lists, tuples, dict values) in a fixed order, the same on both sides."""
+    out = [] if out is None else out
+    if isinstance(value, torch.Tensor):
+        out.append(value)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            tensors(v, out)
+    elif isinstance(value, dict):
+        for v in value.values():
+            tensors(v, out)
+    return out
+
+
 def _names(code) -> set:
     """Every global or free name a code object (and the code nested in it) reads."""
     out = set(code.co_names) | set(code.co_freevars)

@@ -210,19 +210,6 @@ def run_notebook(path: str) -> list[dict]:
     return errors
 
 
-def _tensors(value, out: list) -> list:
-    """Every tensor inside ``value`` (args and kwargs), in a fixed order."""
-    if isinstance(value, torch.Tensor):
-        out.append(value)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            _tensors(v, out)
-    elif isinstance(value, dict):
-        for v in value.values():
-            _tensors(v, out)
-    return out
-
-
 def _snapshot(t: torch.Tensor):
     return (t.detach().clone(), None if t.grad is None else t.grad.detach().clone(), id(t.grad))
 
@@ -239,21 +226,21 @@ GRAPHS: dict[int, tuple] = {}
 
 def on_call(fn, args, kwargs, opts):
     """Call a student's function for the harness; report what it changed in its arguments."""
-    ins = _tensors((args, kwargs), [])
+    ins = wire.tensors((args, kwargs))
     snaps = [_snapshot(t) for t in ins]
     STATE["exercise"] = opts.get("exercise")
     try:
         if opts.get("track"):
             with torch.enable_grad():
                 result = fn(*args, **kwargs)
-            outs = _tensors(result, [])
+            outs = wire.tensors(result)
             GRAPHS[len(GRAPHS) + 1] = ([t for t in ins if t.requires_grad], outs, STATE["exercise"])
             graph = len(GRAPHS)
         else:
             result, graph = fn(*args, **kwargs), None
     finally:
         STATE["exercise"] = None
-    saved = saved_tensors(ins, _tensors(result, [])) if graph else [[], []]
+    saved = saved_tensors(ins, wire.tensors(result)) if graph else [[], []]
     # [index, value, .grad, whether .grad is still the same tensor object (edited in place)]
     changed = [[i, t.detach(), t.grad, id(t.grad) == s[2]] for i, (t, s) in enumerate(zip(ins, snaps)) if _changed(t, s)]
     return {"result": result, "changed": changed, "graph": graph, "saved": saved}
