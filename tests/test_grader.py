@@ -389,7 +389,7 @@ def test_the_default_gradebook_is_outside_the_repository_and_an_inside_one_is_gi
 def test_grade_can_leave_an_optional_question_out_of_the_total(tmp_path, monkeypatch):
     earned = {"ex1": 1.0, "ex2": 0.0, "ex3": 2.0, "ex4": 2.0, "ex5": 2.0, "ex6": 3.0}
 
-    def fake_harness(run, lab, name, nb, timeout, skip, unsafe):   # nothing runs: only the bookkeeping
+    def fake_harness(run, lab, name, nb, timeout, skip, unsafe, **kw):   # nothing runs: only the bookkeeping
         return {"status": "ok", "errors": [], "notes": [],
                 "questions": {q: {"score": v, "possible": v, "passed": 1, "cases": 1} for q, v in earned.items()
                               if q not in skip}}
@@ -413,7 +413,7 @@ def test_grade_can_leave_an_optional_question_out_of_the_total(tmp_path, monkeyp
 
 
 def test_scores_are_capped_at_each_exercises_points_whatever_comes_back(tmp_path, monkeypatch):
-    monkeypatch.setattr(labs, "run_harness", lambda *a: {"status": "ok", "errors": [], "notes": [], "questions": {
+    monkeypatch.setattr(labs, "run_harness", lambda *a, **k: {"status": "ok", "errors": [], "notes": [], "questions": {
         q: {"score": 600.0, "possible": 1.0, "passed": 9, "cases": 1} for q in ("ex1", "ex2", "ex3", "ex4", "ex5", "ex6")}})
     (tmp_path / "a.ipynb").write_text(_submission(LAB))
     labs.grade(LAB, tmp_path, tmp_path / "out" / "g.csv", unsafe=True)
