@@ -44,6 +44,21 @@ class RemoteError(Exception):
         self.kind, self.message = kind, message
 
 
+class InertHook:
+    """A hook the other side's code left on a module: counted (`not m._forward_hooks`), sent back as
+    itself, but never run here, where it could change what a reference computation sees."""
+
+    def __init__(self, remote: "Remote"):
+        self.remote = remote
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError("a hook left on this module by the submission's code")
+
+
+def _inert(hook):
+    return InertHook(hook) if isinstance(hook, Remote) else hook
+
+
 class Blobs(list):
     """A message's tensor bytes, plus its identity tables (a tensor met twice is one tensor on arrival)."""
 
@@ -123,7 +138,7 @@ class Peer:
         self.mutables: list[dict] = []   # harness: per portable function, its list/dict globals
         self.envs: dict = {}             # worker: per portable function, its namespace
         self.sent_modules: dict[int, torch.nn.Module] = {}   # token -> a module this side sent by value
-        self.module_token: dict[int, int] = {}   # id(module received by value) -> the sender's token
+        self.module_token: dict[int, tuple] = {}   # id(module received by value) -> (the sender's token, it)
         self.received_modules: list = []         # (token, module) received by value, echoed back after a call
         self.on_call = on_call or (lambda fn, args, kwargs, opts: fn(*args, **kwargs))
         self.handlers: dict[str, Callable] = {}
@@ -170,8 +185,10 @@ class Peer:
             return {"dict": [[k, self.encode(v, blobs, depth + 1)] for k, v in obj.items()]}
         if isinstance(obj, Remote) and obj._peer is self:
             return {"yours": obj._id}
-        if isinstance(obj, torch.nn.Module) and id(obj) in self.module_token:
-            return {"yours_module": self.module_token[id(obj)]}
+        if isinstance(obj, InertHook) and obj.remote._peer is self:
+            return {"yours": obj.remote._id}
+        if isinstance(obj, torch.nn.Module) and self.module_token.get(id(obj), (0, None))[1] is obj:
+            return {"yours_module": self.module_token[id(obj)][0]}
         if isinstance(obj, torch.nn.Module) and _importable(type(obj)):
             return self.encode_module(obj, blobs, depth)
         if isinstance(obj, torch.optim.Optimizer) and _importable(type(obj), ("torch.optim.",)):
@@ -305,12 +322,14 @@ class Peer:
         for key in ("_parameters", "_buffers"):
             getattr(m, key).update(self.decode(st[key], blobs, depth + 1))
         for k, v in st["plain"].items():
-            object.__setattr__(m, k, self.decode(v, Blobs(), depth + 1))
+            if isinstance(k, str) and k.isidentifier() and not k.startswith("_"):
+                object.__setattr__(m, k, self.decode(v, Blobs(), depth + 1))
         for k in _HOOKS:
-            setattr(m, k, collections.OrderedDict(enumerate(self.decode(st["hooks"].get(k, {"list": []}), blobs, depth + 1))))
+            hooks = self.decode(st["hooks"].get(k, {"list": []}), blobs, depth + 1)
+            setattr(m, k, collections.OrderedDict(enumerate(_inert(h) for h in hooks)))
         m._modules.update({k: (None if v is None else self.decode(v, blobs, depth + 1)) for k, v in st["_modules"].items()})
         token = int(node["token"])
-        self.module_token[id(m)] = token
+        self.module_token[id(m)] = (token, m)   # the module itself too: an id alone could be reused
         if not any(t == token for t, *_ in self.received_modules):
             first = {(path, key, name): t for path, sub in m.named_modules()
                      for key in ("_parameters", "_buffers") for name, t in getattr(sub, key).items()}
@@ -361,7 +380,7 @@ class Peer:
                         else:
                             slots[name] = t
                 for k in _HOOKS:
-                    setattr(sub, k, collections.OrderedDict(enumerate(row["hooks"].get(k, []))))
+                    setattr(sub, k, collections.OrderedDict(enumerate(_inert(h) for h in row["hooks"].get(k, []))))
 
     def encode_optimizer(self, opt, blobs, depth):
         params = [p for g in opt.param_groups for p in g["params"]]
