@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["DEFAULT_TOL", "tolerance", "max_abs_diff", "compare", "expect_tensor"]
+__all__ = ["DEFAULT_TOL", "tolerance", "max_abs_diff", "compare", "expect_tensor", "expect_like",
+           "expect_int", "expect_bool"]
 
 # (atol, rtol) per dtype, for O(1) values summed in a different order (CPU vs CUDA, ours vs
 # autograd). float32: atol 1e-5 is 84 ulps at 1.0, rtol 1e-4 is 840 ulps. float64: round-off is
@@ -36,16 +37,44 @@ def max_abs_diff(a, b) -> float:
     return (a - b).abs().max().item() if a.numel() else 0.0
 
 
-def expect_tensor(name: str, x, shape=None, dtype=None, device=None) -> None:
-    """Raise a one-line ValueError unless ``x`` is a tensor of the expected shape/dtype/device."""
+def expect_tensor(name: str, x, shape=None, dtype=None, device=None, floating: bool = False) -> None:
+    """Raise a one-line ValueError unless ``x`` is a tensor of the expected shape/dtype/device.
+
+    ``floating=True`` also demands a floating dtype (float16/bfloat16/float32/float64).
+    """
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
     if shape is not None and tuple(x.shape) != tuple(shape):
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(x.shape)}")
     if dtype is not None and x.dtype != dtype:
         raise ValueError(f"{name}: expected dtype {dtype}, got {x.dtype}")
+    if floating and not x.is_floating_point():
+        raise ValueError(f"{name}: expected a floating-point tensor, got {x.dtype}")
     if device is not None and x.device.type != torch.device(device).type:
         raise ValueError(f"{name}: expected device {torch.device(device).type}, got {x.device.type}")
+
+
+def expect_like(name: str, x, ref_name: str, ref: torch.Tensor) -> None:
+    """Raise a one-line ValueError unless tensor ``x`` has ``ref``'s dtype and device (torch would fail later)."""
+    expect_tensor(name, x)
+    if x.dtype != ref.dtype or x.device != ref.device:
+        raise ValueError(f"{name}: expected {ref.dtype} on {ref.device} like {ref_name}, "
+                         f"got {x.dtype} on {x.device}")
+
+
+def expect_int(name: str, v, low: int = 1, high: int | None = None) -> int:
+    """Return ``v`` if it is an int (not a bool) with low ≤ v (≤ high); else a one-line ValueError."""
+    if isinstance(v, bool) or not isinstance(v, int) or v < low or (high is not None and v > high):
+        want = f"an int ≥ {low}" if high is None else f"an int in [{low}, {high}]"
+        raise ValueError(f"{name}: expected {want}, got {v!r}")
+    return v
+
+
+def expect_bool(name: str, v) -> bool:
+    """Return ``v`` if it is a bool (``causal='yes'`` is a mistake, not True); else a one-line ValueError."""
+    if not isinstance(v, bool):
+        raise ValueError(f"{name}: expected True or False, got {v!r}")
+    return v
 
 
 def compare(name: str, ours, ref, atol: float | None = None, rtol: float | None = None,
