@@ -75,3 +75,20 @@ def test_instructors_page_links_every_student_notebook_in_colab():
     repo = re.sub(r"^https://github.com/", "", nbtool.repo_url()).rstrip("/")
     for lab in LABS:
         assert f"https://colab.research.google.com/github/{repo}/blob/main/labs/{lab}.ipynb" in page, lab
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_every_by_hand_name_resolves_to_a_course_function(lab):
+    """A renamed helper must not leave a lab's `by_hand:` list naming a function that is gone."""
+    import importlib
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    from grader.harness import questions
+
+    for q in questions(labs.source_path(lab)):
+        for what in q.by_hand:
+            if what == "autograd":
+                continue
+            module, _, attr = what.rpartition(".")
+            assert callable(getattr(importlib.import_module(module), attr, None)), \
+                f"{lab} {q.name}: by_hand names {what}, which does not exist"
