@@ -20,13 +20,17 @@ Mask conventions (the same as PyTorch's, so tests compare against it directly):
   (..., Nq, Nk), **True = may attend** (``F.scaled_dot_product_attention``'s bool mask).
 * ``key_padding_mask`` in ``attention`` / ``mha_forward``: boolean (B, Nk),
   **True = padding, ignore this key** (``nn.MultiheadAttention``'s convention).
-* ``causal=True`` aligns the triangle to the **bottom-right** corner: query i sees keys
-  j ≤ i + (Nk − Nq), so the last query sees every key (a KV cache: the queries are the newest
-  Nq of Nk tokens).  This is FlashAttention ≥ 2.1's convention and
-  ``torch.nn.attention.bias.causal_lower_right``; ``F.scaled_dot_product_attention(is_causal=True)``
-  is aligned top-left (j ≤ i).  Both agree when Nq == Nk.
-* A query row with no visible key (all keys padded, or Nq > Nk under the causal mask)
-  gets P = 0, O = 0 and zero gradients, never NaN (PyTorch's SDPA also returns 0 there).
+* ``causal=True`` is ``F.scaled_dot_product_attention(is_causal=True)``'s mask, in every
+  attention function of the course (here, ``helpers.flash``, ``helpers.flash_triton``): query i
+  sees keys j ≤ i, the triangle aligned to the **top-left** corner.  The other alignment is a
+  named choice, ``align="bottom_right"``: query i sees j ≤ i + (Nk − Nq), so the last query sees
+  every key (a KV cache: the queries are the newest Nq of Nk tokens; FlashAttention ≥ 2.1 and
+  ``torch.nn.attention.bias.causal_lower_right``).  Both agree when Nq == Nk; ``causal_mask`` is
+  the one function that builds either.
+* A query row with no visible key (all keys padded, or Nq > Nk under the bottom-right mask)
+  gets P = 0, O = 0 and zero gradients, never NaN (SDPA with a bool mask also returns 0 there).
+* No keys at all (Nk = 0) is a one-line ValueError rather than SDPA's silent zeros: an empty
+  key set almost always means an empty sequence upstream, and no softmax over nothing exists.
 """
 from __future__ import annotations
 
@@ -36,26 +40,21 @@ import torch
 from einops import rearrange
 from torch.autograd.function import once_differentiable
 
-from helpers.checks import expect_tensor
+from helpers.checks import expect_bool, expect_int, expect_tensor
 from helpers.device import randn
+from helpers.functions import softmax_backward
 
 __all__ = [
-    "softmax_vjp", "masked_softmax", "causal_mask", "attention_forward", "attention_backward",
+    "masked_softmax", "ALIGNS", "causal_mask", "check_causal", "check_qkv", "attention_forward", "attention_backward",
     "Attention", "attention", "split_heads", "merge_heads", "MHA_PARAM_NAMES", "mha_params",
     "mha_params_from", "mha_forward", "mha_backward", "MultiHeadSelfAttention",
     "attention_saved_bytes_formula",
 ]
 
 
-# ---------------------------------------------------------------- softmax
+# ---------------------------------------------------------------- softmax and masks
 
-def softmax_vjp(P: torch.Tensor, grad_P: torch.Tensor) -> torch.Tensor:
-    """grad_S = P ∘ (g − rowsum(g ∘ P)): the VJP of P = softmax(S, dim=-1), O(N) per row."""
-    expect_tensor("P", P)
-    expect_tensor("grad_P", grad_P, shape=P.shape)
-    # Jᵀg with J = diag(p) − p pᵀ, without ever building J.
-    return P * (grad_P - (grad_P * P).sum(dim=-1, keepdim=True))  # (..., N)
-
+# The softmax VJP, grad_S = P ∘ (grad_P − rowsum(grad_P ∘ P)), is chapter 4's softmax_backward.
 
 def masked_softmax(S: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """P = softmax(S) over the last dim where mask is True; a row with nothing visible is all 0."""
@@ -69,28 +68,53 @@ def masked_softmax(S: torch.Tensor, mask: torch.Tensor | None = None) -> torch.T
     return E / torch.where(Z > 0, Z, torch.ones_like(Z))            # 0/1 = 0, not 0/0 = NaN
 
 
-def causal_mask(Nq: int, Nk: int, device=None) -> torch.Tensor:
-    """(Nq, Nk) bool, True = may attend: key j visible to query i iff j ≤ i + (Nk − Nq) (bottom-right)."""
-    if not (isinstance(Nq, int) and isinstance(Nk, int) and Nq > 0 and Nk > 0):
-        raise ValueError(f"causal_mask: expected positive ints Nq, Nk, got {Nq!r}, {Nk!r}")
-    i = torch.arange(Nq, device=device)[:, None]          # (Nq, 1) query index
-    j = torch.arange(Nk, device=device)[None, :]          # (1, Nk) key index
-    return j <= i + (Nk - Nq)                             # (Nq, Nk)
+ALIGNS = ("top_left", "bottom_right")
+
+
+def causal_mask(Nq: int, Nk: int, align: str = "top_left", device=None, tile=None) -> torch.Tensor:
+    """(Nq, Nk) bool, True = may attend: j ≤ i (top_left, SDPA's is_causal) or j ≤ i + Nk − Nq (bottom_right).
+
+    ``tile=(q0, k0, bq, bk)`` returns only rows q0 … q0+bq−1 and columns k0 … k0+bk−1 of that
+    mask, so a tiled kernel never builds the whole (Nq, Nk) matrix.
+    """
+    expect_int("Nq", Nq)
+    expect_int("Nk", Nk)
+    if align not in ALIGNS:
+        raise ValueError(f"align: expected one of {ALIGNS}, got {align!r}")
+    q0, k0, bq, bk = (0, 0, Nq, Nk) if tile is None else tile
+    shift = Nk - Nq if align == "bottom_right" else 0   # the diagonal moves right by Nk − Nq
+    i = torch.arange(q0, q0 + bq, device=device)[:, None]  # (bq, 1) query index
+    j = torch.arange(k0, k0 + bk, device=device)[None, :]  # (1, bk) key index
+    return j <= i + shift                                  # (bq, bk)
+
+
+def check_causal(causal, align) -> None:
+    """One-line ValueErrors for a non-bool ``causal`` (``'yes'`` is not True) or an unknown ``align``."""
+    expect_bool("causal", causal)
+    if align not in ALIGNS:
+        raise ValueError(f"align: expected one of {ALIGNS}, got {align!r}")
 
 
 # ---------------------------------------------------------------- plain forward / backward
 
-def _check_qkv(Q, K, V) -> None:
+def check_qkv(Q, K, V, dims: int | None = None) -> None:
+    """One-line ValueErrors unless Q (..., Nq, d), K (..., Nk, d), V (..., Nk, d_v) are one float dtype on one device.
+
+    ``dims=4`` also demands the (B, H, N, d) layout.  Nk = 0 is refused (see the module docstring).
+    """
     for name, t in (("Q", Q), ("K", K), ("V", V)):
-        expect_tensor(name, t)
-        if t.dim() < 2 or not t.is_floating_point():
-            raise ValueError(f"{name}: expected a floating tensor (..., N, d), got {t.dtype} {tuple(t.shape)}")
-    if not (Q.dtype == K.dtype == V.dtype) or not (Q.device == K.device == V.device):
-        raise ValueError(f"Q, K, V: expected one dtype and device, got {Q.dtype}/{K.dtype}/{V.dtype} "
-                         f"on {Q.device}/{K.device}/{V.device}")
+        expect_tensor(name, t, floating=True)
+        if t.dim() < 2 or (dims is not None and t.dim() != dims):
+            want = "(B, H, N, d)" if dims == 4 else "(..., N, d)"
+            raise ValueError(f"{name}: expected a {want} tensor, got shape {tuple(t.shape)}")
+    for name, t in (("K", K), ("V", V)):
+        if t.dtype != Q.dtype or t.device != Q.device:
+            raise ValueError(f"{name}: expected {Q.dtype} on {Q.device} like Q, got {t.dtype} on {t.device}")
     if Q.shape[:-2] != K.shape[:-2] or K.shape[:-1] != V.shape[:-1] or Q.shape[-1] != K.shape[-1]:
         raise ValueError(f"Q, K, V: expected (..., Nq, d), (..., Nk, d), (..., Nk, d_v), "
                          f"got {tuple(Q.shape)}, {tuple(K.shape)}, {tuple(V.shape)}")
+    if K.shape[-2] == 0:
+        raise ValueError("K, V: expected at least one key, got Nk = 0 (SDPA would return zeros silently)")
 
 
 def _check_mask(mask, Q, K) -> None:
@@ -106,7 +130,7 @@ def _check_mask(mask, Q, K) -> None:
 
 def attention_forward(Q, K, V, mask=None, scale=None):
     """O = softmax(Q Kᵀ · scale, masked) V; returns (O, P). scale defaults to 1/√d."""
-    _check_qkv(Q, K, V)
+    check_qkv(Q, K, V)
     _check_mask(mask, Q, K)
     scale = 1.0 / math.sqrt(Q.shape[-1]) if scale is None else float(scale)
     S = (Q @ K.transpose(-2, -1)) * scale   # (B, H, Nq, d) @ (B, H, d, Nk) -> (B, H, Nq, Nk)
@@ -116,13 +140,13 @@ def attention_forward(Q, K, V, mask=None, scale=None):
 
 
 def attention_backward(Q, K, V, P, grad_O, scale, needs=(True, True, True)):
-    """grad_V = Pᵀ dO, dS = softmax_vjp(P, dO Vᵀ), grad_Q = dS K·scale, grad_K = dSᵀ Q·scale."""
+    """grad_V = Pᵀ dO, dS = softmax_backward(P, dO Vᵀ), grad_Q = dS K·scale, grad_K = dSᵀ Q·scale."""
     grad_Q = grad_K = grad_V = None
     if needs[2]:
         grad_V = P.transpose(-2, -1) @ grad_O         # (B, H, Nk, Nq) @ (B, H, Nq, d_v) -> (B, H, Nk, d_v)
     if needs[0] or needs[1]:
         grad_P = grad_O @ V.transpose(-2, -1)         # (B, H, Nq, d_v) @ (B, H, d_v, Nk) -> (B, H, Nq, Nk)
-        grad_S = softmax_vjp(P, grad_P)               # (B, H, Nq, Nk); masked entries: P = 0 so 0
+        grad_S = softmax_backward(P, grad_P)          # (B, H, Nq, Nk); masked entries: P = 0 so 0
         if needs[0]:
             grad_Q = (grad_S @ K) * scale             # (B, H, Nq, Nk) @ (B, H, Nk, d) -> (B, H, Nq, d)
         if needs[1]:
@@ -159,16 +183,15 @@ class Attention(torch.autograd.Function):
         return grad_Q, grad_K, grad_V, None, None
 
 
-def attention(Q, K, V, causal: bool = False, key_padding_mask=None, scale=None):
-    """O = softmax(Q Kᵀ/√d + masks) V for (B, H, N, d) tensors; causal is bottom-right aligned."""
-    _check_qkv(Q, K, V)
-    if Q.dim() != 4:
-        raise ValueError(f"Q, K, V: expected 4-D (B, H, N, d), got {tuple(Q.shape)}")
+def attention(Q, K, V, causal: bool = False, key_padding_mask=None, scale=None, align: str = "top_left"):
+    """O = softmax(Q Kᵀ/√d + masks) V for (B, H, N, d) tensors; causal as SDPA's is_causal unless align says."""
+    check_qkv(Q, K, V, dims=4)
+    check_causal(causal, align)
     B, _, Nq, _ = Q.shape
     Nk = K.shape[-2]
     mask = None
     if causal:
-        mask = causal_mask(Nq, Nk, device=Q.device)              # (Nq, Nk)
+        mask = causal_mask(Nq, Nk, align, device=Q.device)       # (Nq, Nk)
     if key_padding_mask is not None:
         expect_tensor("key_padding_mask", key_padding_mask, shape=(B, Nk), dtype=torch.bool)
         keep = ~key_padding_mask.to(Q.device)[:, None, None, :]   # (B, 1, 1, Nk), True = attend
@@ -182,7 +205,8 @@ def attention(Q, K, V, causal: bool = False, key_padding_mask=None, scale=None):
 def split_heads(x: torch.Tensor, H: int) -> torch.Tensor:
     """(B, N, H·d) -> (B, H, N, d): head h owns columns h·d … (h+1)·d − 1."""
     expect_tensor("x", x)
-    if x.dim() != 3 or not isinstance(H, int) or H <= 0 or x.shape[-1] % H:
+    expect_int("H", H)
+    if x.dim() != 3 or x.shape[-1] % H:
         raise ValueError(f"split_heads: expected (B, N, H·d) with H | last dim, got {tuple(x.shape)}, H={H!r}")
     return rearrange(x, "b n (h d) -> b h n d", h=H)
 
@@ -203,8 +227,7 @@ MHA_PARAM_NAMES = ("in_proj_weight", "in_proj_bias", "out_proj.weight", "out_pro
 
 def mha_params(E: int, seed: int = 0, dtype=torch.float32, device=None) -> dict:
     """Random weights in nn.MultiheadAttention's layout: in_proj (3E, E) + (3E,), out_proj (E, E) + (E,)."""
-    if not isinstance(E, int) or E <= 0:
-        raise ValueError(f"mha_params: expected a positive int E, got {E!r}")
+    expect_int("E", E)
     shapes = {"in_proj_weight": (3 * E, E), "in_proj_bias": (3 * E,),
               "out_proj.weight": (E, E), "out_proj.bias": (E,)}
     scales = {"in_proj_weight": E ** -0.5, "in_proj_bias": 0.1, "out_proj.weight": E ** -0.5, "out_proj.bias": 0.1}
@@ -238,8 +261,8 @@ def mha_forward(X, params: dict, H: int, causal: bool = False, key_padding_mask=
     Q_, K_, V_ = QKV.chunk(3, dim=-1)                # 3 × (B, N, E), rows q | k | v of W_in
     Q, K, V = (split_heads(t, H) for t in (Q_, K_, V_))   # (B, H, N, d)
     mask = None
-    if causal:
-        mask = causal_mask(N, N, device=X.device)                        # (N, N)
+    if expect_bool("causal", causal):
+        mask = causal_mask(N, N, device=X.device)                        # (N, N): both alignments agree
     if key_padding_mask is not None:
         expect_tensor("key_padding_mask", key_padding_mask, shape=(B, N), dtype=torch.bool)
         keep = ~key_padding_mask.to(X.device)[:, None, None, :]          # (B, 1, 1, N)
@@ -275,8 +298,8 @@ class MultiHeadSelfAttention:
     """Self-attention with nn.MultiheadAttention's weight layout; forward(X) then backward(grad_Y), no autograd."""
 
     def __init__(self, E: int, H: int, seed: int = 0, dtype=torch.float32, device=None, params=None):
-        if not isinstance(H, int) or H <= 0 or E % H:
-            raise ValueError(f"MultiHeadSelfAttention: expected H dividing E, got E={E!r}, H={H!r}")
+        if expect_int("H", H) and expect_int("E", E) % H:
+            raise ValueError(f"H: expected a divisor of E={E}, got {H}")
         self.E, self.H = E, H
         self.params = params if params is not None else mha_params(E, seed, dtype, device)
         self.cache = None
@@ -306,6 +329,5 @@ class MultiHeadSelfAttention:
 def attention_saved_bytes_formula(B: int, H: int, N: int, bytes: int) -> int:
     """B·H·N²·bytes: one (B, H, N, N) tensor, e.g. P kept for backward (bytes per element)."""
     for name, v in (("B", B), ("H", H), ("N", N), ("bytes", bytes)):
-        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-            raise ValueError(f"attention_saved_bytes_formula: expected a positive int {name}, got {v!r}")
+        expect_int(name, v)
     return B * H * N * N * bytes

@@ -5,11 +5,12 @@ Shapes follow the book: ``Q`` is ``(B, H, Nq, d)``, ``K`` and ``V`` are ``(B, H,
 Everything here loops over blocks of keys (and of queries) so that no ``N × N`` tensor
 is ever allocated: memory for backward is ``Q, K, V, O, L``, i.e. linear in ``N``.
 
-Causal masking is *top-left aligned*, exactly like ``F.scaled_dot_product_attention``'s
-``is_causal=True``: query ``i`` sees keys ``j <= i``.  For ``Nq == Nk`` that is the usual
-mask.  For ``Nq != Nk`` we keep SDPA's convention (query ``i`` still sees keys ``0..i``);
-the flash-attn library (>= 2.1) aligns to the *bottom right* instead, so compare like
-with like.  Top-left alignment never leaves a row without keys (key 0 is always visible).
+``causal=True`` means what it means everywhere in the course (``helpers.attention``):
+``F.scaled_dot_product_attention``'s ``is_causal=True``, query ``i`` sees keys ``j <= i``
+(top-left aligned).  ``align="bottom_right"`` is the named alternative (the flash-attn library
+>= 2.1, a KV cache: query ``i`` sees ``j <= i + Nk - Nq``); both come from
+``helpers.attention.causal_mask``, built one tile at a time here.  A query row that sees no key
+(bottom-right with ``Nq > Nk``) gets ``O = 0``, ``L = -inf`` and zero gradients, like SDPA.
 """
 from __future__ import annotations
 
@@ -18,12 +19,12 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
-from helpers.checks import expect_tensor
+from helpers.attention import causal_mask, check_causal, check_qkv
+from helpers.checks import expect_int
 
 __all__ = [
     "online_softmax", "online_softmax_trace", "naive_attention", "flash_forward",
-    "flash_backward", "FlashAttention", "flash_attention", "check_qkv", "causal_mask",
-    "attention_flops", "saved_bytes",
+    "flash_backward", "FlashAttention", "flash_attention", "attention_flops", "saved_bytes",
 ]
 
 
@@ -63,83 +64,87 @@ def online_softmax_trace(x: torch.Tensor, block: int = 4) -> list[dict]:
 
 # ----------------------------------------------------------------------------- reference
 
-def check_qkv(Q, K, V) -> None:
-    """Raise a one-line ValueError unless Q (B, H, Nq, d), K and V (B, H, Nk, d) agree."""
-    expect_tensor("Q", Q)
-    expect_tensor("K", K)
-    expect_tensor("V", V)
-    if Q.dim() != 4:
-        raise ValueError(f"Q: expected shape (B, H, N, d), got {tuple(Q.shape)}")
-    B, H, _, d = Q.shape
-    expect_tensor("K", K, shape=(B, H, K.shape[2], d), dtype=Q.dtype)
-    expect_tensor("V", V, shape=K.shape, dtype=Q.dtype)
+def _shift(Nq: int, Nk: int, align: str) -> int:
+    """How far right the causal diagonal sits: key j is visible to query i iff j <= i + shift."""
+    return Nk - Nq if align == "bottom_right" else 0
 
 
-def causal_mask(Nq: int, Nk: int, device=None, q0: int = 0, k0: int = 0) -> torch.Tensor:
-    """allowed[i, j] = (k0 + j <= q0 + i): top-left-aligned causal mask of a (Nq, Nk) tile."""
-    rows = torch.arange(q0, q0 + Nq, device=device)[:, None]
-    cols = torch.arange(k0, k0 + Nk, device=device)[None, :]
-    return cols <= rows  # (Nq, Nk) bool
+def _check(Q, K, V, causal, align, block_q=1, block_k=1) -> None:
+    """The one-line ValueErrors every entry point here gives for bad input, before any work."""
+    check_qkv(Q, K, V, dims=4)
+    check_causal(causal, align)
+    expect_int("block_q", block_q)
+    expect_int("block_k", block_k)
 
 
-def naive_attention(Q, K, V, causal: bool = False, scale: float | None = None, return_lse: bool = False):
+def naive_attention(Q, K, V, causal: bool = False, scale: float | None = None, return_lse: bool = False,
+                    align: str = "top_left"):
     """O = softmax(scale·Q Kᵀ [+ causal −inf]) V with the full (B, H, Nq, Nk) matrix P (autograd backward)."""
-    check_qkv(Q, K, V)
+    _check(Q, K, V, causal, align)
+    Nq, Nk = Q.shape[2], K.shape[2]
     scale = Q.shape[-1] ** -0.5 if scale is None else scale
     S = (Q @ K.transpose(-2, -1)) * scale                          # (B, H, Nq, Nk)
     if causal:
-        S = S.masked_fill(~causal_mask(Q.shape[2], K.shape[2], Q.device), -math.inf)
+        S = S.masked_fill(~causal_mask(Nq, Nk, align, Q.device), -math.inf)
     P = torch.softmax(S, dim=-1)                                   # (B, H, Nq, Nk)
-    O = P @ V                                                      # (B, H, Nq, d)
+    if causal and _shift(Nq, Nk, align) < 0:
+        P = P.nan_to_num(0.0)  # rows that see no key: softmax of all −inf is NaN; SDPA gives 0
+    O = P @ V                                                      # (B, H, Nq, d_v)
     return (O, torch.logsumexp(S, dim=-1)) if return_lse else O
 
 
 # ----------------------------------------------------------------------------- tiled forward / backward
 
 def flash_forward(Q, K, V, causal: bool = False, block_q: int = 64, block_k: int = 64,
-                  scale: float | None = None):
+                  scale: float | None = None, align: str = "top_left"):
     """O = softmax(scale·Q Kᵀ) V and L = logsumexp rows, one (block_q × block_k) tile of S at a time."""
-    check_qkv(Q, K, V)
+    _check(Q, K, V, causal, align, block_q, block_k)
     B, H, Nq, d = Q.shape
-    Nk = K.shape[2]
+    Nk, d_v = K.shape[2], V.shape[3]
+    shift = _shift(Nq, Nk, align)
     scale = d ** -0.5 if scale is None else scale
-    O = torch.empty_like(Q)                                        # (B, H, Nq, d)
+    O = Q.new_empty(B, H, Nq, d_v)                                 # (B, H, Nq, d_v)
     L = torch.empty(B, H, Nq, dtype=Q.dtype, device=Q.device)      # (B, H, Nq)
     for q0 in range(0, Nq, block_q):
         Qi = Q[:, :, q0:q0 + block_q]                              # (B, H, bq, d)
         bq = Qi.shape[2]
         m = torch.full((B, H, bq), -math.inf, dtype=Q.dtype, device=Q.device)  # running max
         ell = torch.zeros(B, H, bq, dtype=Q.dtype, device=Q.device)            # running normaliser
-        acc = torch.zeros(B, H, bq, d, dtype=Q.dtype, device=Q.device)         # un-normalised O
-        # Causal: key blocks that start after this query block's last row are all masked.
-        k_stop = min(Nk, q0 + bq) if causal else Nk
+        acc = torch.zeros(B, H, bq, d_v, dtype=Q.dtype, device=Q.device)       # un-normalised O
+        # Causal: key blocks that start after this query block's last visible key are all masked.
+        k_stop = max(0, min(Nk, q0 + bq + shift)) if causal else Nk
         for k0 in range(0, k_stop, block_k):
             Kj, Vj = K[:, :, k0:k0 + block_k], V[:, :, k0:k0 + block_k]  # (B, H, bk, d)
+            bk = Kj.shape[2]
             S = (Qi @ Kj.transpose(-2, -1)) * scale                # (B, H, bq, bk)
-            if causal and k0 + Kj.shape[2] - 1 > q0:               # tile crosses the diagonal
-                S = S.masked_fill(~causal_mask(bq, Kj.shape[2], Q.device, q0, k0), -math.inf)
-            m_new = torch.maximum(m, S.amax(dim=-1))               # (B, H, bq), finite: key 0 is in block 0
-            P = torch.exp(S - m_new[..., None])                    # (B, H, bq, bk)
-            alpha = torch.exp(m - m_new)                           # rescales what was summed against m
+            if causal and k0 + bk - 1 > q0 + shift:                # tile crosses the diagonal
+                S = S.masked_fill(~causal_mask(Nq, Nk, align, Q.device, tile=(q0, k0, bq, bk)), -math.inf)
+            m_new = torch.maximum(m, S.amax(dim=-1))               # (B, H, bq)
+            # A row that has seen no key yet has m_new = −inf: subtract 0 there, not −inf (NaN).
+            m_safe = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
+            P = torch.exp(S - m_safe[..., None])                   # (B, H, bq, bk)
+            alpha = torch.exp(m - m_safe)                          # rescales what was summed against m
             ell = alpha * ell + P.sum(dim=-1)
-            acc = alpha[..., None] * acc + P @ Vj                  # (B, H, bq, d)
+            acc = alpha[..., None] * acc + P @ Vj                  # (B, H, bq, bk) @ (B, H, bk, d_v)
             m = m_new
-        O[:, :, q0:q0 + bq] = acc / ell[..., None]
+        # ℓ = 0 only for a row with no visible key: O = 0 there (as SDPA), L = log 0 = −inf.
+        O[:, :, q0:q0 + bq] = acc / torch.where(ell > 0, ell, torch.ones_like(ell))[..., None]
         L[:, :, q0:q0 + bq] = m + torch.log(ell)
     return O, L
 
 
 def flash_backward(Q, K, V, O, L, grad_O, causal: bool = False, block_q: int = 64, block_k: int = 64,
-                   scale: float | None = None, needs=(True, True, True)):
+                   scale: float | None = None, needs=(True, True, True), align: str = "top_left"):
     """FlashAttention-2 backward: D = rowsum(dO∘O); per tile P = exp(S − L), dV += Pᵀ dO, dS = P∘(dO Vᵀ − D), dQ += dS K·s, dK += dSᵀ Q·s.
 
     ``needs`` (for Q, K, V, like ``ctx.needs_input_grad``) skips the matmuls of gradients nobody
     wants (they come back as ``None``); dV alone needs neither dP nor dS.
     """
-    check_qkv(Q, K, V)
+    _check(Q, K, V, causal, align, block_q, block_k)
     need_Q, need_K, need_V = (bool(n) for n in needs)
     B, H, Nq, d = Q.shape
     Nk = K.shape[2]
+    shift = _shift(Nq, Nk, align)
     scale = d ** -0.5 if scale is None else scale
     need_dS = need_Q or need_K
     D = (grad_O * O).sum(dim=-1)                                   # (B, H, Nq) = rowsum(P ∘ dP)
@@ -151,16 +156,17 @@ def flash_backward(Q, K, V, O, L, grad_O, causal: bool = False, block_q: int = 6
     for k0 in range(0, Nk, block_k):                               # outer loop over keys: only this pass writes dK_j, dV_j
         Kj, Vj = K[:, :, k0:k0 + block_k], V[:, :, k0:k0 + block_k]  # (B, H, bk, d)
         bk = Kj.shape[2]
-        q_start = (k0 // block_q) * block_q if causal else 0       # earlier query blocks see none of these keys
+        # Earlier query blocks see none of these keys (query i sees key j iff j <= i + shift).
+        q_start = max(0, (k0 - shift) // block_q * block_q) if causal else 0
         for q0 in range(q_start, Nq, block_q):
             Qi, dOi = Q[:, :, q0:q0 + block_q], grad_O[:, :, q0:q0 + block_q]  # (B, H, bq, d)
             bq = Qi.shape[2]
             S = (Qi @ Kj.transpose(-2, -1)) * scale                # (B, H, bq, bk), recomputed
             P = torch.exp(S - L[:, :, q0:q0 + bq, None])           # normalised: L already holds log ℓ
-            if causal and k0 + bk - 1 > q0:
-                P = P.masked_fill(~causal_mask(bq, bk, Q.device, q0, k0), 0.0)
+            if causal and k0 + bk - 1 > q0 + shift:                # (rows with L = −inf: all masked)
+                P = P.masked_fill(~causal_mask(Nq, Nk, align, Q.device, tile=(q0, k0, bq, bk)), 0.0)
             if need_V:
-                grad_V[:, :, k0:k0 + bk] += P.transpose(-2, -1) @ dOi          # (B, H, bk, d)
+                grad_V[:, :, k0:k0 + bk] += P.transpose(-2, -1) @ dOi          # (B, H, bk, d_v)
             if not need_dS:
                 continue
             dP = dOi @ Vj.transpose(-2, -1)                        # (B, H, bq, bk)
@@ -176,15 +182,15 @@ class FlashAttention(torch.autograd.Function):
     """(O, L) = flash_forward(Q, K, V); backward recomputes P tile by tile from Q, K, V, O, L."""
 
     @staticmethod
-    def forward(Q, K, V, causal, block_q, block_k, scale):
-        return flash_forward(Q, K, V, causal, block_q, block_k, scale)
+    def forward(Q, K, V, causal, block_q, block_k, scale, align):
+        return flash_forward(Q, K, V, causal, block_q, block_k, scale, align)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        Q, K, V, causal, block_q, block_k, scale = inputs
+        Q, K, V, causal, block_q, block_k, scale, align = inputs
         O, L = output
         ctx.save_for_backward(Q, K, V, O, L)  # O(N·d) memory: no P, no S
-        ctx.causal, ctx.block_q, ctx.block_k, ctx.scale = causal, block_q, block_k, scale
+        ctx.causal, ctx.block_q, ctx.block_k, ctx.scale, ctx.align = causal, block_q, block_k, scale, align
         ctx.mark_non_differentiable(L)
 
     @staticmethod
@@ -193,17 +199,15 @@ class FlashAttention(torch.autograd.Function):
         Q, K, V, O, L = ctx.saved_tensors
         # grad_L is zero: L is returned for inspection only (marked non-differentiable).
         grad_Q, grad_K, grad_V = flash_backward(Q, K, V, O, L, grad_O, ctx.causal, ctx.block_q, ctx.block_k,
-                                                ctx.scale, needs=ctx.needs_input_grad[:3])
-        return grad_Q, grad_K, grad_V, None, None, None, None
+                                                ctx.scale, needs=ctx.needs_input_grad[:3], align=ctx.align)
+        return grad_Q, grad_K, grad_V, None, None, None, None, None
 
 
 def flash_attention(Q, K, V, causal: bool = False, block_q: int = 64, block_k: int = 64,
-                    scale: float | None = None, return_lse: bool = False):
+                    scale: float | None = None, return_lse: bool = False, align: str = "top_left"):
     """O = softmax(scale·Q Kᵀ) V for (B, H, N, d) tensors, tiled; (O, L) if return_lse."""
-    check_qkv(Q, K, V)
-    if block_q < 1 or block_k < 1:
-        raise ValueError(f"block_q, block_k: expected positive ints, got {block_q}, {block_k}")
-    O, L = FlashAttention.apply(Q, K, V, bool(causal), int(block_q), int(block_k), scale)
+    _check(Q, K, V, causal, align, block_q, block_k)
+    O, L = FlashAttention.apply(Q, K, V, causal, block_q, block_k, scale, align)
     return (O, L) if return_lse else O
 
 

@@ -32,7 +32,8 @@ not tensor-core ``mma``; on a T4 the kernels run (fp16/fp32) without tensor core
 slow.  There every tile is cast to float32 before its dot as well (fp16 FMA dots spill
 registers), and bf16 is not offered.  ``tools/compile_triton.py`` compiles every kernel offline
 for sm_75/80/90 and reports registers, spills and which dot instruction was used.
-Causal masking is top-left aligned, as in ``helpers.flash`` and SDPA.
+``causal=True`` is top-left aligned, as everywhere in the course (SDPA's ``is_causal``); the kernels do
+not compute ``align="bottom_right"`` and refuse it in one line (``helpers.flash`` has it).
 Importing this module never fails; calling a kernel without Triton raises one clear error.
 """
 from __future__ import annotations
@@ -43,7 +44,7 @@ from contextlib import nullcontext
 import torch
 from torch.autograd.function import once_differentiable
 
-from helpers.flash import check_qkv
+from helpers.attention import check_causal, check_qkv
 
 __all__ = ["HAS_TRITON", "INTERPRET", "triton_flash_forward", "triton_flash_backward",
            "TritonFlashAttention", "triton_flash_attention", "supported_dtypes"]
@@ -299,19 +300,25 @@ def _on(device: torch.device):
     return torch.cuda.device(device) if device.type == "cuda" else nullcontext()
 
 
-def _check_dtype(Q) -> None:
-    """On a GPU: a supported dtype and a head dim of at most 128 (the tile sizes assume it)."""
-    if Q.device.type == "cuda" and Q.dtype not in supported_dtypes(Q.device):
-        raise ValueError(f"Q: expected one of {supported_dtypes(Q.device)} on this GPU, got {Q.dtype}")
-    if Q.device.type == "cuda" and not INTERPRET and Q.shape[-1] > 128:
-        raise ValueError(f"Q: expected head dim d <= 128 for the GPU kernels, got {Q.shape[-1]}")
-
-
-def triton_flash_forward(Q, K, V, causal: bool = False, scale: float | None = None):
-    """(O, L) = (softmax(scale·Q Kᵀ) V, logsumexp rows) by the Triton forward kernel; Q (B, H, Nq, d)."""
-    check_qkv(Q, K, V)
+def _check(Q, K, V, causal, align) -> None:
+    """One-line ValueErrors for anything the kernels do not compute: they never silently cast or truncate."""
+    check_qkv(Q, K, V, dims=4)
+    check_causal(causal, align)
     _require_triton(Q.device)
-    _check_dtype(Q)
+    if align != "top_left":
+        raise ValueError(f"align: the Triton kernels compute only 'top_left' (SDPA's is_causal), got {align!r}; "
+                         "helpers.flash.flash_attention has 'bottom_right'")
+    if Q.dtype not in supported_dtypes(Q.device):
+        where = "under TRITON_INTERPRET=1" if INTERPRET else "on this GPU"
+        raise ValueError(f"Q: expected one of {supported_dtypes(Q.device)} {where}, got {Q.dtype}")
+    if Q.shape[-1] > 128 or V.shape[-1] != Q.shape[-1]:
+        raise ValueError(f"V: expected head dims d = d_v <= 128 (the kernels' tiles), got d={Q.shape[-1]}, "
+                         f"d_v={V.shape[-1]}")
+
+
+def triton_flash_forward(Q, K, V, causal: bool = False, scale: float | None = None, align: str = "top_left"):
+    """(O, L) = (softmax(scale·Q Kᵀ) V, logsumexp rows) by the Triton forward kernel; Q (B, H, Nq, d)."""
+    _check(Q, K, V, causal, align)
     Q, K, V = Q.contiguous(), K.contiguous(), V.contiguous()
     B, H, Nq, d = Q.shape
     Nk = K.shape[2]
@@ -389,9 +396,9 @@ class TritonFlashAttention(torch.autograd.Function):
         return grad_Q, grad_K, grad_V, None, None
 
 
-def triton_flash_attention(Q, K, V, causal: bool = False, scale: float | None = None, return_lse: bool = False):
+def triton_flash_attention(Q, K, V, causal: bool = False, scale: float | None = None, return_lse: bool = False,
+                           align: str = "top_left"):
     """O = softmax(scale·Q Kᵀ) V for (B, H, N, d) tensors by Triton kernels; (O, L) if return_lse (L fp32)."""
-    check_qkv(Q, K, V)
-    _require_triton(Q.device)
-    O, L = TritonFlashAttention.apply(Q, K, V, bool(causal), scale)
+    _check(Q, K, V, causal, align)
+    O, L = TritonFlashAttention.apply(Q, K, V, causal, scale)
     return (O, L) if return_lse else O

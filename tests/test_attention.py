@@ -8,9 +8,19 @@ from torch.autograd import gradcheck
 
 import helpers.attention as attn_mod
 from helpers.attention import (
-    Attention, MultiHeadSelfAttention, attention, attention_backward, attention_forward,
-    attention_saved_bytes_formula, causal_mask, masked_softmax, merge_heads, mha_backward, mha_forward,
-    mha_params, softmax_vjp, split_heads,
+    Attention,
+    MultiHeadSelfAttention,
+    attention,
+    attention_backward,
+    attention_forward,
+    attention_saved_bytes_formula,
+    causal_mask,
+    masked_softmax,
+    merge_heads,
+    mha_backward,
+    mha_forward,
+    mha_params,
+    split_heads,
 )
 from helpers.device import randn
 from helpers.memory import SavedTensors
@@ -37,11 +47,11 @@ def padding(B, Nk, pads):
     return kpm
 
 
-def sdpa_mask(Nq, Nk, causal, kpm):
+def sdpa_mask(Nq, Nk, causal, kpm, align="top_left"):
     """The same keep-mask for F.scaled_dot_product_attention (True = attend), built independently."""
     keep = torch.ones(1, 1, Nq, Nk, dtype=torch.bool)
-    if causal:  # bottom-right: query i is position i + Nk - Nq of the key sequence
-        i = torch.arange(Nq)[:, None] + (Nk - Nq)
+    if causal:  # bottom-right: query i is position i + Nk - Nq of the key sequence; top-left: i
+        i = torch.arange(Nq)[:, None] + (Nk - Nq if align == "bottom_right" else 0)
         keep = keep & (torch.arange(Nk)[None, :] <= i)
     if kpm is not None:
         keep = keep & ~kpm[:, None, None, :]
@@ -49,18 +59,6 @@ def sdpa_mask(Nq, Nk, causal, kpm):
 
 
 # ---------------------------------------------------------------- softmax
-
-def test_softmax_vjp_equals_jacobian_transpose_times_g():
-    S = randn(3, 6, seed=1, dtype=F64)
-    g = randn(3, 6, seed=2, dtype=F64)
-    P = torch.softmax(S, -1)
-    for r in range(3):
-        p = P[r]
-        J = torch.diag(p) - torch.outer(p, p)   # (6, 6), symmetric
-        assert torch.allclose(softmax_vjp(P, g)[r], J.T @ g[r], atol=1e-14)
-    (ref,) = torch.autograd.grad(torch.softmax(S.requires_grad_(), -1), S, g)
-    assert torch.allclose(softmax_vjp(P, g), ref, atol=1e-14)
-
 
 def test_masked_softmax_matches_torch_and_gives_zero_rows():
     S = randn(4, 7, seed=3, dtype=F64)
@@ -77,18 +75,21 @@ def test_masked_softmax_matches_torch_and_gives_zero_rows():
 
 # ---------------------------------------------------------------- gradcheck (float64)
 
-@pytest.mark.parametrize("Nq,Nk,causal,pads", [
-    (5, 5, False, None),        # no mask
-    (5, 5, True, None),         # causal, square
-    (3, 6, True, None),         # causal, fewer queries than keys (KV cache)
-    (6, 4, True, None),         # causal, more queries than keys: two rows see nothing
-    (5, 5, False, (0, 2)),      # key padding
-    (4, 6, True, (1, 6)),       # both, and a fully padded sequence
+@pytest.mark.parametrize("Nq,Nk,causal,pads,align", [
+    (5, 5, False, None, "top_left"),        # no mask
+    (5, 5, True, None, "top_left"),         # causal, square
+    (3, 6, True, None, "top_left"),         # causal, fewer queries than keys
+    (3, 6, True, None, "bottom_right"),     # the KV-cache alignment
+    (6, 4, True, None, "bottom_right"),     # more queries than keys: two rows see nothing
+    (6, 4, True, None, "top_left"),         # ... but every row sees key 0 top-left
+    (5, 5, False, (0, 2), "top_left"),      # key padding
+    (4, 6, True, (1, 6), "bottom_right"),   # both, and a fully padded sequence
 ])
-def test_gradcheck_attention(Nq, Nk, causal, pads):
+def test_gradcheck_attention(Nq, Nk, causal, pads, align):
     Q, K, V = qkv(H=2, Nq=Nq, Nk=Nk, d=3)
     kpm = None if pads is None else padding(2, Nk, pads)
-    assert gradcheck(lambda q, k, v: attention(q, k, v, causal=causal, key_padding_mask=kpm), (Q, K, V))
+    assert gradcheck(lambda q, k, v: attention(q, k, v, causal=causal, key_padding_mask=kpm, align=align),
+                     (Q, K, V))
 
 
 def test_gradcheck_explicit_scale_and_dv_not_equal_d():
@@ -109,17 +110,19 @@ def test_needs_input_grad_is_respected():
 
 # ---------------------------------------------------------------- vs PyTorch (float32)
 
-@pytest.mark.parametrize("Nq,Nk,causal,pads", [
-    (6, 6, False, None), (6, 6, True, None), (3, 7, True, None), (5, 5, True, (0, 2)), (4, 6, False, (3, 0)),
+@pytest.mark.parametrize("Nq,Nk,causal,pads,align", [
+    (6, 6, False, None, "top_left"), (6, 6, True, None, "top_left"), (3, 7, True, None, "top_left"),
+    (3, 7, True, None, "bottom_right"), (7, 3, True, None, "top_left"), (5, 5, True, (0, 2), "bottom_right"),
+    (4, 6, False, (3, 0), "top_left"),
 ])
-def test_forward_and_grads_match_sdpa_float32(Nq, Nk, causal, pads):
+def test_forward_and_grads_match_sdpa_float32(Nq, Nk, causal, pads, align):
     Q, K, V = qkv(Nq=Nq, Nk=Nk, d=8, dtype=torch.float32, seed=5)
     Q2, K2, V2 = (t.detach().clone().requires_grad_() for t in (Q, K, V))
     kpm = None if pads is None else padding(2, Nk, pads)
     G = randn(2, 3, Nq, 8, seed=11)
-    O = attention(Q, K, V, causal=causal, key_padding_mask=kpm)
+    O = attention(Q, K, V, causal=causal, key_padding_mask=kpm, align=align)
     O.backward(G)
-    mask = sdpa_mask(Nq, Nk, causal, kpm) if (causal or kpm is not None) else None
+    mask = sdpa_mask(Nq, Nk, causal, kpm, align) if (causal or kpm is not None) else None
     O_ref = F.scaled_dot_product_attention(Q2, K2, V2, attn_mask=mask)
     O_ref.backward(G)
     assert torch.allclose(O, O_ref, atol=ATOL32, rtol=RTOL32)
@@ -127,18 +130,23 @@ def test_forward_and_grads_match_sdpa_float32(Nq, Nk, causal, pads):
         assert torch.allclose(ours, ref, atol=ATOL32, rtol=RTOL32)
 
 
-def test_causal_is_bottom_right_and_square_matches_is_causal():
-    M = causal_mask(3, 5)
-    assert M.tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+def test_causal_means_sdpa_is_causal_and_bottom_right_is_named():
+    assert torch.equal(causal_mask(3, 5), torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0]]).bool())
+    assert torch.equal(causal_mask(3, 5, "bottom_right"),
+                       torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]).bool())
+    assert torch.equal(causal_mask(4, 4), causal_mask(4, 4, "bottom_right"))
     assert torch.equal(causal_mask(4, 4), torch.ones(4, 4, dtype=torch.bool).tril())
-    Q, K, V = qkv(Nq=6, Nk=6, dtype=torch.float32)
-    ref = F.scaled_dot_product_attention(Q, K, V, is_causal=True)
-    assert torch.allclose(attention(Q, K, V, causal=True), ref, atol=ATOL32, rtol=RTOL32)
-    # With Nq != Nk, is_causal=True (top-left) is a different mask; the lower-right bias is ours.
+    # a tile is the same block of the whole mask, for both alignments
+    for align in ("top_left", "bottom_right"):
+        assert torch.equal(causal_mask(7, 9, align, tile=(2, 3, 4, 5)), causal_mask(7, 9, align)[2:6, 3:8])
+    from torch.nn.attention.bias import causal_lower_right, causal_upper_left
     Q, K, V = qkv(Nq=3, Nk=6, dtype=torch.float32)
     ours = attention(Q, K, V, causal=True)
+    assert torch.allclose(ours, F.scaled_dot_product_attention(Q, K, V, is_causal=True), atol=ATOL32, rtol=RTOL32)
+    assert torch.allclose(ours, F.scaled_dot_product_attention(Q, K, V, attn_mask=causal_upper_left(3, 6)),
+                          atol=ATOL32, rtol=RTOL32)
+    ours = attention(Q, K, V, causal=True, align="bottom_right")
     assert not torch.allclose(ours, F.scaled_dot_product_attention(Q, K, V, is_causal=True), atol=1e-3)
-    from torch.nn.attention.bias import causal_lower_right
     ref = F.scaled_dot_product_attention(Q, K, V, attn_mask=causal_lower_right(3, 6))
     assert torch.allclose(ours, ref, atol=ATOL32, rtol=RTOL32)
 
@@ -146,7 +154,7 @@ def test_causal_is_bottom_right_and_square_matches_is_causal():
 def test_fully_masked_rows_give_zeros_not_nan():
     Q, K, V = qkv(Nq=6, Nk=4)
     kpm = padding(2, 4, (0, 4))
-    O = attention(Q, K, V, causal=True, key_padding_mask=kpm)
+    O = attention(Q, K, V, causal=True, key_padding_mask=kpm, align="bottom_right")
     O.sum().backward()
     assert not torch.isnan(O).any() and not torch.isnan(Q.grad).any()
     assert torch.equal(O[0, :, :2], torch.zeros_like(O[0, :, :2]))  # rows 0, 1 see no key (6 > 4)
@@ -209,8 +217,8 @@ def test_broken_backward_missing_scale_fails_gradcheck(monkeypatch):
     assert not gradcheck(lambda q, k, v: attention(q, k, v), (Q, K, V), raise_exception=False)
 
 
-def test_broken_softmax_vjp_fails_gradcheck(monkeypatch):
-    monkeypatch.setattr(attn_mod, "softmax_vjp", lambda P, g: P * (1 - P) * g)
+def test_broken_softmax_backward_fails_gradcheck(monkeypatch):
+    monkeypatch.setattr(attn_mod, "softmax_backward", lambda P, g: P * (1 - P) * g)
     Q, K, V = qkv()
     assert not gradcheck(lambda q, k, v: attention(q, k, v), (Q, K, V), raise_exception=False)
 
@@ -304,8 +312,14 @@ def test_saved_bytes_equal_formula_for_the_function_and_for_naive_attention():
     lambda: attention(torch.zeros(1, 1, 2, 4, dtype=torch.long), *qkv(1, 1, 2, 2)[1:]),
     lambda: split_heads(torch.zeros(2, 3, 8), 3),
     lambda: merge_heads(torch.zeros(2, 3, 8)),
-    lambda: softmax_vjp(torch.zeros(2, 3), torch.zeros(3, 2)),
     lambda: causal_mask(0, 3),
+    lambda: causal_mask(3, 3.0),
+    lambda: causal_mask(3, 3, "diagonal"),
+    lambda: attention(*qkv(), causal="yes"),
+    lambda: attention(*qkv(), causal=True, align="bottom-right"),
+    lambda: attention(*qkv(Nk=0)),                                                              # no keys
+    lambda: attention(qkv()[0], qkv()[1].float(), qkv()[2]),                                    # mixed dtypes
+    lambda: attention(qkv()[0], qkv()[1].to("meta"), qkv()[2]),                                 # mixed devices
     lambda: attention_saved_bytes_formula(16, 12, 512, 0),
     lambda: MultiHeadSelfAttention(8, 3),
     lambda: mha_forward(torch.zeros(2, 3, 8), {}, 2),

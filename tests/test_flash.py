@@ -8,8 +8,16 @@ import torch.nn.functional as F
 import helpers.flash as flash
 from helpers.checks import compare
 from helpers.device import randn
-from helpers.flash import (FlashAttention, attention_flops, flash_attention, flash_backward, flash_forward,
-                           naive_attention, online_softmax, online_softmax_trace, saved_bytes)
+from helpers.flash import (
+    attention_flops,
+    flash_attention,
+    flash_backward,
+    flash_forward,
+    naive_attention,
+    online_softmax,
+    online_softmax_trace,
+    saved_bytes,
+)
 
 # float32 tolerances: a tiled sum in a different order than SDPA's, O(1) values and
 # N ≤ 100 terms per row: 1e-5 absolute (84 ulps at 1.0) and 1e-4 relative (840 ulps) is plenty.
@@ -131,12 +139,90 @@ def test_saved_bytes_tiled_linear_naive_quadratic():
     assert saved_bytes(flash_attention, 1, 1, 128, 8, causal=True) == tiled[1]
 
 
-def test_bad_input_raises_one_line_value_error():
-    Q, K, V = _qkv(1, 1, 4, 4, 8)
-    with pytest.raises(ValueError, match="expected shape"):
-        flash_attention(Q[0], K[0], V[0])
-    with pytest.raises(ValueError, match="K: expected shape"):
-        flash_attention(Q, K[..., :4], V)
+_Q, _K, _V = _qkv(1, 1, 4, 4, 8)
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: flash_attention(_Q[0], _K[0], _V[0]), r"Q: expected a \(B, H, N, d\) tensor"),
+    (lambda: flash_attention(_Q, _K[..., :4], _V), "Q, K, V: expected"),
+    (lambda: flash_attention(_Q, _K[:, :, :0], _V[:, :, :0]), "K, V: expected at least one key, got Nk = 0"),
+    (lambda: flash_attention(_Q, _K.double(), _V), "K: expected torch.float32 on cpu like Q"),
+    (lambda: flash_attention(_Q, _K.to("meta"), _V), "K: expected torch.float32 on cpu like Q, got .* on meta"),
+    (lambda: flash_attention(_Q.long(), _K.long(), _V.long()), "Q: expected a floating-point tensor"),
+    (lambda: flash_attention(_Q, _K, _V, block_q=2.5), r"block_q: expected an int ≥ 1, got 2.5"),
+    (lambda: flash_attention(_Q, _K, _V, block_k=0), r"block_k: expected an int ≥ 1, got 0"),
+    (lambda: flash_attention(_Q, _K, _V, causal="yes"), "causal: expected True or False, got 'yes'"),
+    (lambda: flash_attention(_Q, _K, _V, True, align="lower_right"), "align: expected one of"),
+    (lambda: naive_attention(_Q, _K, _V, causal=1), "causal: expected True or False, got 1"),
+    (lambda: flash_backward(_Q, _K, _V, _Q, _Q[..., 0], _Q, block_q=-1), r"block_q: expected an int ≥ 1"),
+])
+def test_bad_input_raises_one_line_value_error(call, match):
+    with pytest.raises(ValueError, match=match) as e:
+        call()
+    assert "\n" not in str(e.value)
+
+
+# ---------------------------------------------------------------- one meaning of `causal`
+
+def _apis():
+    """Every attention API of the course that takes Q, K, V with Nq ≠ Nk and a `causal` flag."""
+    from helpers.attention import attention
+    apis = {"attention.attention": attention, "flash.naive_attention": naive_attention,
+            "flash.flash_attention": lambda *a, **k: flash_attention(*a, block_q=4, block_k=3, **k)}
+    try:
+        import helpers.flash_triton as ft
+        if ft.HAS_TRITON and ft.INTERPRET:
+            apis["flash_triton.triton_flash_attention"] = ft.triton_flash_attention
+    except ImportError:  # pragma: no cover - the module imports without triton
+        pass
+    return apis
+
+
+@pytest.mark.parametrize("api", sorted(_apis()))
+@pytest.mark.parametrize("Nq,Nk", [(1, 9), (5, 11), (11, 5), (7, 7)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_attention_api_agrees_with_sdpa_for_the_same_causal(api, Nq, Nk, causal):
+    """causal=True means SDPA's is_causal (top-left) in every API, decode steps (Nq = 1) included."""
+    fn = _apis()[api]
+    Q, K, V = _qkv(1, 2, Nq, Nk, 16, seed=3)
+    grad_O = randn(1, 2, Nq, 16, seed=4)
+    ours = fn(Q, K, V, causal=causal)
+    ref = F.scaled_dot_product_attention(Q, K, V, is_causal=causal)
+    assert compare("O", ours, ref, atol=ATOL, rtol=RTOL, quiet=True)
+    for g, r in zip(torch.autograd.grad(ours, (Q, K, V), grad_O), torch.autograd.grad(ref, (Q, K, V), grad_O)):
+        assert compare("grad", g, r, atol=ATOL, rtol=RTOL, quiet=True)
+
+
+@pytest.mark.parametrize("api", ["attention.attention", "flash.naive_attention", "flash.flash_attention"])
+@pytest.mark.parametrize("Nq,Nk", [(1, 9), (5, 11), (11, 5), (7, 7)])
+def test_bottom_right_is_the_named_alternative_and_matches_sdpa_lower_right(api, Nq, Nk):
+    """align='bottom_right' = torch.nn.attention.bias.causal_lower_right; rows that see no key give 0, not NaN."""
+    from torch.nn.attention.bias import causal_lower_right
+    fn = _apis()[api]
+    Q, K, V = _qkv(1, 2, Nq, Nk, 16, seed=5)
+    grad_O = randn(1, 2, Nq, 16, seed=6)
+    ours = fn(Q, K, V, causal=True, align="bottom_right")
+    ref = F.scaled_dot_product_attention(Q, K, V, attn_mask=causal_lower_right(Nq, Nk))
+    ref = ref.nan_to_num(0.0)  # SDPA's lower-right bias gives NaN rows where no key is visible (its bool mask: 0)
+    assert compare("O", ours, ref, atol=ATOL, rtol=RTOL, quiet=True)
+    assert not ours.isnan().any()
+    for g, r in zip(torch.autograd.grad(ours, (Q, K, V), grad_O), torch.autograd.grad(ref, (Q, K, V), grad_O)):
+        assert compare("grad", g, r.nan_to_num(0.0), atol=ATOL, rtol=RTOL, quiet=True)
+
+
+@pytest.mark.parametrize("align", ["top_left", "bottom_right"])
+def test_gradcheck_float64_both_alignments_nq_ne_nk(align):
+    for Nq, Nk in ((3, 7), (7, 3)):
+        Q, K, V = _qkv(1, 2, Nq, Nk, 4, dtype=torch.float64, seed=7)
+        assert torch.autograd.gradcheck(
+            lambda q, k, v: flash_attention(q, k, v, True, block_q=2, block_k=3, align=align), (Q, K, V))
+
+
+def test_flash_accepts_d_v_other_than_d():
+    Q, K, _ = _qkv(1, 2, 6, 9, 8, seed=8)
+    V = randn(1, 2, 9, 5, seed=9, requires_grad=True)
+    ours = flash_attention(Q, K, V, True, block_q=4, block_k=4)
+    assert compare("O", ours, F.scaled_dot_product_attention(Q, K, V, is_causal=True), atol=ATOL, rtol=RTOL)
 
 
 def test_flops_formula():

@@ -8,6 +8,7 @@ if not torch.cuda.is_available():  # must precede the first import of triton
 
 import itertools  # noqa: E402
 import math  # noqa: E402
+import re  # noqa: E402
 
 import pytest  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -149,10 +150,29 @@ def test_broken_backward_without_D_is_caught(monkeypatch):
     assert not _check(*_qkv(1, 1, 20, 20, 16), causal=False)
 
 
-def test_clear_errors():
-    Q, K, V = _qkv(1, 1, 4, 4, 8)
-    with pytest.raises(ValueError, match="K: expected shape"):
-        ft.triton_flash_attention(Q, K[..., :4], V)
+_Q, _K, _V = _qkv(1, 1, 4, 4, 16)
+_SUPPORTED = ft.supported_dtypes(DEV)
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: ft.triton_flash_attention(_Q, _K[..., :4], _V), "Q, K, V: expected"),
+    (lambda: ft.triton_flash_attention(_Q.long(), _K.long(), _V.long()), "Q: expected a floating-point tensor"),
+    (lambda: ft.triton_flash_attention(*(t.double() for t in (_Q, _K, _V))),
+     rf"Q: expected one of {re.escape(str(_SUPPORTED))}.*, got torch.float64"),
+    (lambda: ft.triton_flash_attention(*(t.to(torch.int32) for t in (_Q, _K, _V))),
+     "Q: expected a floating-point tensor, got torch.int32"),
+    (lambda: ft.triton_flash_attention(*_qkv(1, 1, 4, 4, 200)), r"expected head dims d = d_v <= 128"),
+    (lambda: ft.triton_flash_attention(_Q, _K, _V[..., :8]), r"expected head dims d = d_v <= 128"),
+    (lambda: ft.triton_flash_attention(_Q, _K[:, :, :0], _V[:, :, :0]), "expected at least one key"),
+    (lambda: ft.triton_flash_attention(_Q, _K, _V, causal=True, align="bottom_right"),
+     "align: the Triton kernels compute only 'top_left'"),
+    (lambda: ft.triton_flash_attention(_Q, _K, _V, causal="yes"), "causal: expected True or False"),
+])
+def test_clear_errors(call, match):
+    """What the kernels do not compute in is refused in one line, never silently cast or truncated."""
+    with pytest.raises(ValueError, match=match) as e:
+        call()
+    assert "\n" not in str(e.value)
 
 
 # fp16/bf16: inputs and P, dS are rounded to 8-11 bits before each dot; fp32 accumulation.

@@ -8,8 +8,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
-import labs  # noqa: E402
 import nbtool  # noqa: E402
+
+import labs  # noqa: E402
 
 LABS = labs.labs()
 
