@@ -47,7 +47,7 @@ from torch.autograd.function import once_differentiable
 from helpers.attention import check_causal, check_qkv
 
 __all__ = ["HAS_TRITON", "INTERPRET", "triton_flash_forward", "triton_flash_backward",
-           "TritonFlashAttention", "triton_flash_attention", "supported_dtypes"]
+           "TritonFlashAttention", "triton_flash_attention", "supported_dtypes", "kernel_source"]
 
 try:
     import triton
@@ -98,6 +98,7 @@ if HAS_TRITON:
         hi = Nk
         if CAUSAL:  # key blocks past the last row of this tile are fully masked
             hi = tl.minimum(Nk, (start_m + 1) * BLOCK_M)
+        # <listing: forward loop>  (chapter 10 prints the lines up to the closing marker)
         for start_n in range(0, hi, BLOCK_N):
             cols = start_n + offs_n
             kT = tl.load(K_bh + cols[None, :] * HEAD_DIM + offs_d[:, None],
@@ -118,6 +119,7 @@ if HAS_TRITON:
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
+        # </listing: forward loop>
         acc = acc / l_i[:, None]
         o_ptrs = (O + bh * Nq * HEAD_DIM) + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
         tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=(offs_m[:, None] < Nq) & mask_d[None, :])
@@ -239,6 +241,26 @@ if HAS_TRITON:
             dq += tl.dot(ds.to(kT.dtype), tl.trans(kT), input_precision=PRECISION)    # (BLOCK_M, BLOCK_D)
         dq = dq * scale
         tl.store((dQ + q_base) + q_off, dq.to(dQ.dtype.element_ty), mask=q_mask)
+
+
+def kernel_source(name: str, listing: str | None = None) -> str:
+    """The text of kernel ``name`` in this file, or only its ``# <listing: …>`` block; needs no Triton."""
+    import ast
+    import inspect
+    import textwrap
+
+    text = inspect.getsource(inspect.getmodule(kernel_source))
+    fn = next((n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef) and n.name == name), None)
+    if fn is None:
+        raise ValueError(f"name: expected a function of helpers.flash_triton, got {name!r}")
+    lines = text.splitlines()[fn.lineno - 1:fn.end_lineno]
+    if listing is not None:
+        opens = [i for i, line in enumerate(lines) if line.strip().startswith(f"# <listing: {listing}>")]
+        closes = [i for i, line in enumerate(lines) if line.strip() == f"# </listing: {listing}>"]
+        if len(opens) != 1 or len(closes) != 1:
+            raise ValueError(f"listing: expected one '# <listing: {listing}>' block in {name}, found {len(opens)}")
+        lines = lines[opens[0] + 1:closes[0]]
+    return textwrap.dedent("\n".join(lines)) + "\n"
 
 
 def supported_dtypes(device) -> list[torch.dtype]:

@@ -231,7 +231,18 @@ def test_import_without_triton_does_not_fail():
     code = ("import sys; sys.modules['triton'] = None\n"
             "import helpers.flash_triton as ft, torch\nassert not ft.HAS_TRITON\n"
             "try:\n    ft.triton_flash_attention(*[torch.zeros(1, 1, 2, 4)] * 3)\n"
-            "except RuntimeError as e:\n    assert 'triton is not installed' in str(e); print('ok')\n")
+            "except RuntimeError as e:\n    assert 'triton is not installed' in str(e); print('ok')\n"
+            "assert ft.kernel_source('_attn_fwd', 'forward loop').startswith('for start_n')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_kernel_source_reads_kernels_and_marked_listings():
+    loop = ft.kernel_source("_attn_fwd", "forward loop")
+    assert loop.startswith("for start_n in range(0, hi, BLOCK_N):") and loop.rstrip().endswith("m_i = m_new")
+    assert [ft.kernel_source(n).count("tl.dot(") for n in ("_attn_fwd", "_bwd_dk_dv", "_bwd_dq")] == [2, 4, 3]
+    with pytest.raises(ValueError, match="name: expected a function of helpers.flash_triton, got 'nope'"):
+        ft.kernel_source("nope")
+    with pytest.raises(ValueError, match="listing: expected one '# <listing: nope>' block in _bwd_dq"):
+        ft.kernel_source("_bwd_dq", "nope")
