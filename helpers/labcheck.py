@@ -196,7 +196,8 @@ def _compare_one(name: str, got, exp, atol, rtol, count: bool = False, exact: bo
         elif got_t.numel() == exp_t.numel():
             hint = " (same numbers of elements: a reshape or keepdim?)"
         return f"{name} has shape {tuple(got_t.shape)}, expected {tuple(exp_t.shape)}{hint}", None
-    if exp_t.is_floating_point() and got_t.dtype != exp_t.dtype:
+    # A float 0/1 mask is not a bool mask (masked_fill(~mask) fails on it): bool must stay bool.
+    if (exp_t.is_floating_point() or exp_t.dtype == torch.bool) and got_t.dtype != exp_t.dtype:
         return f"{name} has dtype {got_t.dtype}, expected {exp_t.dtype}", None
     a = got_t.to("cpu", torch.float64)
     b = exp_t.to("cpu", torch.float64)

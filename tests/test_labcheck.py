@@ -45,6 +45,8 @@ def test_shape_dtype_and_type_mismatches_say_what_was_expected():
     assert "has shape (6,), expected (2, 3) (same numbers of elements" in evaluate(
         lambda x: x.flatten(), X, args=(X,)).line
     assert "has dtype torch.float32, expected torch.float64" in evaluate(X.float(), X).line
+    mask = torch.ones(2, 3, dtype=torch.bool).tril()
+    assert "has dtype torch.float32, expected torch.bool" in evaluate(mask.float(), mask).line
     assert "expected a torch.Tensor, got list" in evaluate(X.tolist(), X).line
     assert "returned 2 values, expected 3 (a, b, c)" in evaluate((X, X), (X, X, X), outputs=("a", "b", "c")).line
     assert "b1 is missing from the returned dict" in evaluate({"W1": X}, {"W1": X, "b1": X}).line
