@@ -1,0 +1,50 @@
+"""Mistake catalogs (tools/mutants.py): every typical wrong answer turns its self-check into ✗ and loses points."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import mutants  # noqa: E402
+
+LABS = mutants.labs_with_catalogs()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lab", LABS)
+def test_every_cataloged_mistake_is_caught(lab, capsys):
+    """One process per lab: its solutions pass, and each mutant gets ✗ (with its cause where asked) and fails a hidden test."""
+    out = subprocess.run([sys.executable, str(ROOT / "tools" / "mutants.py"), lab], capture_output=True, text=True,
+                         timeout=900, cwd=ROOT)
+    lines = out.stdout.splitlines()
+    bad = [ln for ln in lines if ln.startswith("BAD")]
+    assert out.returncode == 0 and not bad and lines, "\n".join(bad) or out.stderr[-3000:]
+    with capsys.disabled():  # the catalog's size and kill rate, in the test log
+        print(f"\n[{lab}] {lines[-1]}")
+
+
+def test_the_catalogs_are_big_enough_and_well_formed():
+    """At least five mistakes judged by each graded exercise of every cataloged lab; each names its edits."""
+    import yaml
+
+    import labs as labtools
+    for lab in LABS:
+        counts = {}
+        for e in yaml.safe_load(mutants.catalog_path(lab).read_text()):
+            assert {"exercise", "mistake", "replace"} <= set(e), (lab, e)
+            assert all(len(edit) == 2 for edit in e["replace"]), (lab, e)
+            judge = e.get("checked_by", e["exercise"])
+            counts[judge] = counts.get(judge, 0) + 1
+        graded = [q for q, points in labtools.questions(labtools.read_nb(labtools.source_path(lab))) if points > 0]
+        assert all(counts.get(q, 0) >= 5 for q in graded), (lab, counts)
+
+
+def test_a_mutant_that_slips_through_is_reported(tmp_path, monkeypatch):
+    """The runner is not vacuous: an edit that changes nothing ('a mistake' that is correct) is reported BAD."""
+    lab = LABS[0]
+    first = mutants.exercises(lab)
+    ex = next(iter(first.values()))
+    v = mutants.run_one(lab, ex, ex.solution, "no change at all", None)
+    assert not v.caught_by_selfcheck and not v.caught_by_tests
