@@ -1,0 +1,713 @@
+# %% [raw]
+# # ASSIGNMENT CONFIG
+# name: lab03_inside_autograd
+# init_cell: false
+# check_all_cell: false
+# export_cell: false
+# run_tests: true
+# generate:
+#   pdf: false
+#   show_stdout: false
+
+# %% [markdown]
+# # Lab 3 · Inside autograd: extend the engine
+#
+# Chapter 3 opened autograd up: a graph of nodes, each with a local backward rule, walked
+# from the output back in topological order, with `+=` wherever a value is used twice. Here
+# you write those pieces yourself, on a scalar engine small enough to read in one screen, and
+# then count what PyTorch's own graph keeps for backward. This lab goes with
+# [Chapter 3](../chapters/03_inside_autograd.ipynb).
+#
+# **Learning goals.** After this lab you can
+# * write the local backward rule of an operation as a closure that *adds* into its inputs' `.grad`;
+# * say why `+=`, not `=`, is what makes a value used twice get the sum of its gradients;
+# * order a graph topologically, without recursion, and run backward over it;
+# * count the bytes autograd saves for backward with `saved_tensors_hooks`.
+#
+# **How a lab works.** Each exercise states its goal and its points (10 in all). Replace every
+# `...` with your code, keep the function names and signatures, then run the **self-check**
+# cell right below. It answers in one line: `✓` matches (the `max|Δ|` is round-off), `✗`
+# what is wrong and where, or `·` not implemented yet. Your instructor grades the notebook
+# you hand in with hidden tests that call the same functions on other inputs.
+
+# %% tags=["remove-cell"]
+# Colab setup (hidden on the site): in Colab, install the course helpers; elsewhere do nothing.
+import sys
+if "google.colab" in sys.modules:
+    # %pip install -q "backprop-by-hand @ git+https://github.com/backprop-by-hand/course"
+
+# %%
+import torch
+
+from helpers.device import get_device, no_tf32, randn
+from helpers.labcheck import autograd_grads, check
+from helpers.memory import SavedTensors
+from helpers import micrograd
+
+dev = get_device()
+no_tf32()
+dtype = torch.float64  # the engine works in Python floats (float64): compare in float64
+
+# %% [markdown]
+# ## The engine you extend
+#
+# `Value` holds a number, its gradient, its parents and a `_backward` closure. Addition is
+# written out as the worked example; every other operation calls a function **you** write
+# below (`mul`, `power`, `relu`, `tanh`, `exp`, `backward`). Python looks those names up when
+# the operator runs, so the class works as soon as your function exists. Subtraction,
+# negation and division are built from `+`, `*` and `**`, so they need no rule of their own.
+
+# %%
+def as_value(x):
+    """x itself if it is a Value, else a constant Value(x) (a leaf nobody reads the grad of)."""
+    return x if isinstance(x, Value) else Value(x)
+
+
+class Value:
+    """A scalar that remembers how it was made: data, grad = ∂out/∂self, parents, backward rule."""
+
+    def __init__(self, data, _parents=(), _op=""):
+        self.data = float(data)
+        self.grad = 0.0
+        self._parents = tuple(_parents)
+        self._op = _op
+        self._backward = lambda: None  # a leaf has nothing to pass on
+
+    def __repr__(self):
+        return f"Value({self.data:.4f}, grad={self.grad:.4f})"
+
+    def __add__(self, other):
+        """out = a + b;  ∂out/∂a = 1, ∂out/∂b = 1 (the worked example: copy its pattern)."""
+        other = as_value(other)
+        out = Value(self.data + other.data, (self, other), "+")
+
+        def _backward():
+            # +=, never =: if self feeds two ops, each adds its share (and a + a adds twice)
+            self.grad += 1.0 * out.grad
+            other.grad += 1.0 * out.grad
+        out._backward = _backward
+        return out
+
+    # the operations you write in the exercises
+    def __mul__(self, other):
+        return mul(self, as_value(other))
+
+    def __pow__(self, k):
+        return power(self, k)
+
+    def relu(self):
+        return relu(self)
+
+    def tanh(self):
+        return tanh(self)
+
+    def exp(self):
+        return exp(self)
+
+    def backward(self):
+        return backward(self)
+
+    # derived from the ones above: no new backward rules
+    def __neg__(self):
+        return self * -1.0
+
+    def __sub__(self, other):
+        return self + (-as_value(other))
+
+    def __truediv__(self, other):
+        return self * as_value(other) ** -1
+
+    def __radd__(self, other):
+        return self + other
+
+    def __rmul__(self, other):
+        return self * other
+
+    def __rsub__(self, other):
+        return as_value(other) - self
+
+
+def engine_grads(f, *numbers):
+    """(f(x...), ∂f/∂x...) as float64 tensors, running f on Values and backward in the course's order.
+
+    Used by the self-checks of exercises 1 and 2 (they do not need your exercise 3 yet).
+    None if one of your operations still returns None (not implemented yet).
+    """
+    for op in OPS_USED.get(f, ()):
+        probe = (Value(1.5), 2) if op is power else (Value(1.5), Value(2.0)) if op is mul else (Value(1.5),)
+        result = op(*probe)
+        if result is None:
+            return None
+        if not isinstance(result, Value):
+            raise TypeError(f"{op.__name__} returned a {type(result).__name__}, expected a Value")
+    xs = [Value(x) for x in numbers]
+    out = f(*xs)
+    if not isinstance(out, Value):
+        raise TypeError(f"the expression gave a {type(out).__name__}, expected a Value: "
+                        "does every operation return its out?")
+    out.grad = 1.0
+    for v in reversed(micrograd.topological_order(out)):
+        v._backward()
+    return tuple(torch.tensor(v, dtype=torch.float64) for v in (out.data, *(x.grad for x in xs)))
+
+
+def torch_grads(f, *numbers):
+    """The same (f(x...), ∂f/∂x...) by PyTorch's autograd, the reference."""
+    xs = tuple(torch.tensor(float(x), dtype=torch.float64) for x in numbers)
+    value = f(*xs).detach()
+    return (value, *autograd_grads(f, xs))
+
+
+OPS_USED = {}  # expression -> the operations it needs (so an unfinished one reads "not implemented yet")
+
+# %% [raw]
+# # BEGIN QUESTION
+# name: ex1
+# points: 2
+
+# %% [markdown]
+# ## Exercise 1 · Multiply and power (2 points)
+#
+# **Goal:** a local backward rule is a closure that adds *local derivative × `out.grad`* into
+# each input's `.grad`.
+#
+# Write `mul(a, b)` ($\partial(ab)/\partial a = b$, $\partial(ab)/\partial b = a$) and
+# `power(a, k)` for a constant number `k` ($\partial a^k/\partial a = k\,a^{k-1}$). Each
+# creates `out = Value(forward value, parents, op name)`, sets `out._backward` to a closure, and
+# returns `out`; copy the pattern of `Value.__add__`. Use `+=` in the closure: in `x * x` the
+# same Value is both `a` and `b`, and it must receive both shares, $2x$.
+
+# %% [raw]
+# # BEGIN SOLUTION
+
+# %%
+def mul(a, b):
+    """out = a·b;  ∂out/∂a = b, ∂out/∂b = a."""
+    # BEGIN SOLUTION
+    out = Value(a.data * b.data, (a, b), "*")
+
+    def _backward():
+        a.grad += b.data * out.grad
+        b.grad += a.data * out.grad
+    out._backward = _backward
+    return out
+    # END SOLUTION
+
+
+def power(a, k):
+    """out = aᵏ for a constant number k;  ∂out/∂a = k·aᵏ⁻¹."""
+    # BEGIN SOLUTION
+    out = Value(a.data ** k, (a,), f"**{k}")
+
+    def _backward():
+        a.grad += k * a.data ** (k - 1) * out.grad
+    out._backward = _backward
+    return out
+    # END SOLUTION
+
+
+# %% [raw]
+# # END SOLUTION
+
+# %% [raw]
+# # BEGIN TESTS
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+from helpers.micrograd import topological_order as _topo
+_a, _b = Value(-1.25), Value(0.75)
+_out = mul(mul(_a, _b), _a)        # a²b: ∂/∂a = 2ab, ∂/∂b = a²
+_out.grad = 1.0
+for _v in reversed(_topo(_out)):
+    _v._backward()
+assert abs(_out.data - 1.171875) < 1e-12
+assert abs(_a.grad - 2 * -1.25 * 0.75) < 1e-12 and abs(_b.grad - 1.5625) < 1e-12
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+from helpers.micrograd import topological_order as _topo
+_x = Value(3.0)
+_sq = mul(_x, _x)                  # the same Value as both inputs: 2x, not x
+_sq.grad = 1.0
+_sq._backward()
+assert abs(_x.grad - 6.0) < 1e-12
+_y = Value(4.0)
+_out = power(_y, 0.5) + power(_y, -1)   # ∂/∂y = 0.5·y^-0.5 − y^-2
+_out.grad = 1.0
+for _v in reversed(_topo(_out)):
+    _v._backward()
+assert abs(_out.data - 2.25) < 1e-12 and abs(_y.grad - (0.25 - 1 / 16)) < 1e-12
+
+# %% [raw]
+# # END TESTS
+
+# %% [raw]
+# # END QUESTION
+
+# %% [markdown]
+# **Self-check 1** (reference: autograd on the same expression, $f(x, y) = x\,y\,x + y^3 - x/y$,
+# where $x$ is used three times):
+
+# %%
+def f1(x, y):
+    """x·y·x + y³ − x/y: x feeds three products, so its gradient is a sum of three terms."""
+    return x * y * x + y ** 3 - x / y
+
+
+OPS_USED[f1] = (mul, power)
+check(engine_grads, torch_grads, args=(f1, 0.7, -1.3), outputs=("f", "∂f/∂x", "∂f/∂y"),
+      name="Exercise 1 · mul, power", against="autograd")
+
+# %% [raw]
+# # BEGIN QUESTION
+# name: ex2
+# points: 2
+
+# %% [markdown]
+# ## Exercise 2 · ReLU, tanh and exp (2 points)
+#
+# **Goal:** the derivative of a nonlinearity is often cheapest from its **output**:
+# $\tanh' = 1 - \tanh^2$, $\exp' = \exp$; ReLU's is 1 where the input is positive, else 0
+# (PyTorch's choice at exactly 0 is 0).
+#
+# Write `relu(a)`, `tanh(a)` and `exp(a)` in the same pattern (use `math.tanh`, `math.exp`),
+# with `+=` again: in `relu(x) + relu(x)` both ReLUs add their share into `x.grad`.
+
+# %% [raw]
+# # BEGIN SOLUTION
+
+# %%
+import math
+
+
+def relu(a):
+    """out = max(a, 0);  ∂out/∂a = 1 if a > 0 else 0."""
+    # BEGIN SOLUTION
+    out = Value(a.data if a.data > 0 else 0.0, (a,), "relu")
+
+    def _backward():
+        a.grad += (1.0 if a.data > 0 else 0.0) * out.grad
+    out._backward = _backward
+    return out
+    # END SOLUTION
+
+
+def tanh(a):
+    """out = tanh(a);  ∂out/∂a = 1 − out²."""
+    # BEGIN SOLUTION
+    t = math.tanh(a.data)
+    out = Value(t, (a,), "tanh")
+
+    def _backward():
+        a.grad += (1.0 - t * t) * out.grad
+    out._backward = _backward
+    return out
+    # END SOLUTION
+
+
+def exp(a):
+    """out = eᵃ;  ∂out/∂a = out."""
+    # BEGIN SOLUTION
+    e = math.exp(a.data)
+    out = Value(e, (a,), "exp")
+
+    def _backward():
+        a.grad += e * out.grad
+    out._backward = _backward
+    return out
+    # END SOLUTION
+
+
+# %% [raw]
+# # END SOLUTION
+
+# %% [raw]
+# # BEGIN TESTS
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import math
+for _x0, _d in ((0.8, 1.0), (-0.3, 0.0), (0.0, 0.0)):
+    _x = Value(_x0)
+    _r = relu(_x)
+    _r.grad = 2.0
+    _r._backward()
+    assert abs(_r.data - max(_x0, 0.0)) < 1e-12 and abs(_x.grad - 2.0 * _d) < 1e-12, (_x0, _x.grad)
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import math
+_x = Value(-0.4)
+_t, _e = tanh(_x), exp(_x)        # x used twice: both rules must add into x.grad
+_t.grad, _e.grad = 1.5, -0.5
+_t._backward()
+_e._backward()
+assert abs(_t.data - math.tanh(-0.4)) < 1e-12 and abs(_e.data - math.exp(-0.4)) < 1e-12
+assert abs(_x.grad - (1.5 * (1 - math.tanh(-0.4) ** 2) - 0.5 * math.exp(-0.4))) < 1e-12
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+points: 1
+""" # END TEST CONFIG
+import math
+# each operation used twice on one Value: both uses add into x.grad, 2 × the local derivative
+for _op, _x0, _d in ((relu, 0.6, 1.0), (tanh, 0.3, 1 - math.tanh(0.3) ** 2), (exp, -0.2, math.exp(-0.2))):
+    _x = Value(_x0)
+    _u, _w = _op(_x), _op(_x)
+    _u.grad = _w.grad = 1.0
+    _u._backward()
+    _w._backward()
+    assert abs(_x.grad - 2 * _d) < 1e-12, (_op.__name__, _x.grad)
+
+# %% [raw]
+# # END TESTS
+
+# %% [raw]
+# # END QUESTION
+
+# %% [markdown]
+# **Self-check 2** (reference: autograd on
+# $f(x, y) = 2\,\mathrm{relu}(u) + \tanh(v) + e^{\tanh(v)} + \mathrm{relu}(y + 0.2) + 2e^{x}$ with
+# $u = x + 1$, $v = x + y$, each written as two uses of the same Value (`u.relu() + u.relu()`),
+# so an `=` instead of `+=` shows; one ReLU is active and one not; it uses only `+` and your
+# three functions):
+
+# %%
+def f2(x, y):
+    """relu(u) + relu(u) + tanh(v) + exp(tanh(v)) + relu(y + 0.2) + exp(x) + exp(x): each op used twice on one Value."""
+    u, v = x + 1.0, x + y
+    return u.relu() + u.relu() + v.tanh() + v.tanh().exp() + (y + 0.2).relu() + x.exp() + x.exp()
+
+
+OPS_USED[f2] = (relu, tanh, exp)
+check(engine_grads, torch_grads, args=(f2, 0.5, -0.7), outputs=("f", "∂f/∂x", "∂f/∂y"),
+      name="Exercise 2 · relu, tanh, exp", against="autograd")
+
+# %% [raw]
+# # BEGIN QUESTION
+# name: ex3
+# points: 3
+# by_hand: [helpers.micrograd.topological_order]
+
+# %% [markdown]
+# ## Exercise 3 · Topological order and backward (3 points)
+#
+# **Goal:** backward may run a node's rule only once every node that *uses* it has added its
+# share to its `.grad`; a topological order guarantees that.
+#
+# * `topological_order(root)`: every node reachable from `root` through `_parents`, **each
+#   once**, each **after all of its parents** (so `root` is last). A graph can be deep (a chain
+#   of 5000 operations): do not recurse; keep your own stack (a depth-first post-order), or a
+#   queue of nodes whose children are done. Compare nodes by identity (`id(v)`), not by value.
+# * `backward(root)`: set `root.grad = 1.0`, then call every node's `_backward()` in
+#   **reverse** topological order (output first). Assume every `.grad` starts at 0.
+#
+# The self-check runs your two functions on a graph built by the course's engine
+# (`helpers.micrograd.Value`), so it does not depend on exercises 1–2.
+
+# %% [raw]
+# # BEGIN SOLUTION
+
+# %%
+def topological_order(root):
+    """Every node reachable from root, each once and after all of its parents (root last)."""
+    # BEGIN SOLUTION
+    order, seen, stack = [], set(), [(root, False)]
+    while stack:
+        v, children_done = stack.pop()
+        if children_done:
+            order.append(v)
+            continue
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        stack.append((v, True))              # come back to v after its parents
+        stack.extend((p, False) for p in v._parents if id(p) not in seen)
+    return order
+    # END SOLUTION
+
+
+def backward(root):
+    """root.grad = 1, then each node's local rule, output first (reverse topological order)."""
+    # BEGIN SOLUTION
+    root.grad = 1.0
+    for v in reversed(topological_order(root)):
+        v._backward()
+    # END SOLUTION
+
+
+# %% [raw]
+# # END SOLUTION
+
+# %% [raw]
+# # BEGIN TESTS
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+from helpers.micrograd import Value as _V
+_a, _b = _V(0.5), _V(-2.0)
+_c = _a * _b
+_d = _c + _a                        # a diamond: a reaches d twice
+_e = _d * _c
+_order = topological_order(_e)
+assert len(_order) == 5 and len({id(v) for v in _order}) == 5 and _order[-1] is _e
+_pos = {id(v): i for i, v in enumerate(_order)}
+assert all(_pos[id(p)] < _pos[id(v)] for v in _order for p in v._parents)
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+from helpers.micrograd import Value as _V
+_x = _V(0.3)
+_h = _x
+for _ in range(5000):               # deeper than Python's recursion limit
+    _h = _h * 1.0001 + 0.0
+_order = topological_order(_h)
+assert len(_order) == 1 + 5000 * 4 and _order[-1] is _h   # x, then per step: 2 constants, *, +
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import math
+from helpers.micrograd import Value as _V
+_x, _y = _V(0.9), _V(-0.4)
+_z = (_x * _y).tanh() + _x * _x + (_y + 1.0).exp()
+backward(_z)
+_t = math.tanh(0.9 * -0.4)
+assert abs(_z.grad - 1.0) < 1e-12
+assert abs(_x.grad - ((1 - _t * _t) * -0.4 + 1.8)) < 1e-12
+assert abs(_y.grad - ((1 - _t * _t) * 0.9 + math.exp(0.6))) < 1e-12
+
+# %% [raw]
+# # END TESTS
+
+# %% [raw]
+# # END QUESTION
+
+# %% [markdown]
+# **Self-check 3** (reference: every node reachable from the output, and autograd's gradients,
+# on a small MLP-like expression where every input feeds several nodes, plus a chain 5000
+# operations deep). It reports three things: nodes your order misses or repeats, nodes it puts
+# before one of their parents, and the gradients your `backward` leaves in the inputs.
+
+# %%
+def reachable(root):
+    """{id: node} of every node reachable from root through _parents (with a stack: no recursion)."""
+    nodes, stack = {}, [root]
+    while stack:
+        v = stack.pop()
+        if id(v) not in nodes:
+            nodes[id(v)] = v
+            stack.extend(v._parents)
+    return nodes
+
+
+def order_mistakes(root):
+    """(nodes missing or repeated, nodes before a parent) in the learner's topological_order(root)."""
+    order = topological_order(root)
+    if order is None:
+        return None
+    ids = [id(v) for v in order]
+    reference = set(reachable(root))
+    missing_or_repeated = len(reference - set(ids)) + (len(ids) - len(set(ids))) + len(set(ids) - reference)
+    pos = {i: k for k, i in enumerate(ids)}
+    misplaced = sum(1 for v in order for p in v._parents if id(p) in pos and pos[id(p)] > pos[id(v)])
+    return missing_or_repeated, misplaced
+
+
+def order_and_grads(xs):
+    """Run the learner's topological_order and backward on micrograd graphs; count mistakes."""
+    V = [micrograd.Value(x) for x in xs.tolist()]
+    a, b, c = V
+    out = ((a * b + c).tanh() * a + (b * c - a).relu() * b + (a + c).exp() * c) ** 2
+    chain = a
+    for _ in range(5000):                    # deeper than Python's recursion limit
+        chain = chain * 1.0001 + 0.0
+    mistakes = [order_mistakes(out), order_mistakes(chain)]
+    if None in mistakes:
+        return None
+    counts = {"nodes missing or repeated": sum(m[0] for m in mistakes),
+              "nodes before a parent": sum(m[1] for m in mistakes)}
+    if backward(out) is None and out.grad == 0.0:
+        return {**counts, "gradients": None}
+    return {**counts, "gradients": torch.tensor([v.grad for v in V], dtype=torch.float64)}
+
+
+def reference_order_and_grads(xs):
+    """No mistakes, and autograd's gradients."""
+    f = lambda a, b, c: ((a * b + c).tanh() * a + (b * c - a).relu() * b + (a + c).exp() * c) ** 2
+    (g,) = autograd_grads(lambda t: f(*t.unbind()), (xs,))
+    return {"nodes missing or repeated": 0, "nodes before a parent": 0, "gradients": g}
+
+
+xs3 = torch.tensor([0.6, -0.8, 0.3], dtype=dtype)
+check(order_and_grads, reference_order_and_grads, args=(xs3,),
+      counts=("nodes missing or repeated", "nodes before a parent"),
+      name="Exercise 3 · topological_order, backward", against="the course engine and autograd")
+
+# %% [raw]
+# # BEGIN QUESTION
+# name: ex4
+# points: 3
+
+# %% [markdown]
+# ## Exercise 4 · Count what autograd saves for backward (3 points)
+#
+# **Goal:** the memory backward costs is the tensors each node **saves** in forward; a
+# `torch.autograd.graph.saved_tensors_hooks(pack, unpack)` context sees every one of them.
+#
+# Write `saved_bytes(f, inputs)`: run `f(*inputs)` inside a `saved_tensors_hooks` context
+# whose `pack(t)` records `t` and returns it unchanged (`unpack` returns what `pack`
+# returned), and return, as an `int`, the bytes of everything saved, where
+#
+# * a tensor's bytes are those of its whole storage, `t.untyped_storage().nbytes()` (a saved
+#   view, `W.T` or a slice, keeps all of its storage alive);
+# * each storage counts **once**, however many ops save it (key: `t.untyped_storage().data_ptr()`);
+# * storages of `inputs` count **zero**: they exist anyway; the extra memory is the activations.
+
+# %% [raw]
+# # BEGIN SOLUTION
+
+# %%
+def saved_bytes(f, inputs):
+    """Σ storage bytes of the tensors saved for backward while f(*inputs) runs, each once, inputs excluded."""
+    # BEGIN SOLUTION
+    seen = {t.untyped_storage().data_ptr() for t in inputs}
+    total = 0
+
+    def pack(t):
+        nonlocal total
+        key = t.untyped_storage().data_ptr()
+        if key not in seen:
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        f(*inputs)
+    return total
+    # END SOLUTION
+
+
+# %% [raw]
+# # END SOLUTION
+
+# %% [raw]
+# # BEGIN TESTS
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+_x = torch.randn(7, 5, dtype=torch.float64, requires_grad=True)
+assert saved_bytes(lambda t: (t * t).sum(), (_x,)) == 0           # mul saves x twice: an input
+_n = saved_bytes(lambda t: (t.exp() * t.exp()).sum(), (_x,))      # two exps: two saved outputs
+assert _n == 2 * 7 * 5 * 8, _n
+_n = saved_bytes(lambda t: (lambda y: y * y)(t.exp()).sum(), (_x,))  # one exp output, saved by exp and twice by mul
+assert _n == 7 * 5 * 8, _n
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+from helpers.device import randn
+from helpers.memory import SavedTensors
+_X = randn(16, 8, seed=401, dtype=torch.float32)
+_W1 = randn(12, 8, seed=402, dtype=torch.float32).requires_grad_()
+_W2 = randn(3, 12, seed=403, dtype=torch.float32).requires_grad_()
+_f = lambda X, W1, W2: (torch.tanh(X @ W1.T).relu() @ W2.T).sum()
+with SavedTensors(exclude=(_X, _W1, _W2)) as _s:
+    _ = _f(_X, _W1, _W2)
+assert saved_bytes(_f, (_X, _W1, _W2)) == _s.total_bytes > 0
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+points: 0.75
+""" # END TEST CONFIG
+import torch
+from helpers.device import randn
+# sin saves its input, a (5, 2) slice of the (5, 6) product: the whole product's storage stays alive
+_t = randn(5, 3, seed=404, dtype=torch.float64).requires_grad_()
+_W = randn(3, 6, seed=405, dtype=torch.float64).requires_grad_()
+_n = saved_bytes(lambda t, W: (t @ W)[:, :2].sin().sum(), (_t, _W))
+assert _n == 5 * 6 * 8, _n
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+points: 0.25
+""" # END TEST CONFIG
+import torch
+from helpers.device import randn
+_x = randn(4, 3, seed=406, dtype=torch.float32).requires_grad_()
+_n = saved_bytes(lambda t: t.exp().sum(), (_x,))
+assert isinstance(_n, int) and not isinstance(_n, bool) and _n == 4 * 3 * 4, _n
+
+# %% [raw]
+# # END TESTS
+
+# %% [raw]
+# # END QUESTION
+
+# %% [markdown]
+# **Self-check 4** (reference: `helpers.memory.SavedTensors`, chapter 3's counter, on a
+# two-layer MLP with a softmax, and on a slice of a product followed by `sin` (which saves the
+# slice: a view of the whole product); `X` and the weights are inputs, so only activations
+# count; the answer must be an `int`):
+
+# %%
+X4 = randn(32, 16, seed=41, device=dev)
+W4a = randn(64, 16, seed=42, device=dev).requires_grad_()
+W4b = randn(10, 64, seed=43, device=dev).requires_grad_()
+
+
+def mlp4(X, Wa, Wb):
+    """softmax(relu(X Waᵀ) Wbᵀ): linear, relu, linear, softmax, summed."""
+    H = (X @ Wa.T).relu()                     # (32, 16) @ (16, 64) -> (32, 64)
+    return torch.softmax(H @ Wb.T, dim=-1).sum()  # (32, 64) @ (64, 10) -> (32, 10)
+
+
+def reference_saved_bytes(f, inputs):
+    """Chapter 3's SavedTensors, the inputs excluded."""
+    with SavedTensors(exclude=inputs) as saved:
+        f(*inputs)
+    return saved.total_bytes
+
+
+def sliced4(X, Wa):
+    """sin of two columns of X Waᵀ, summed: sin saves a view of the whole product."""
+    return (X @ Wa.T)[:, :2].sin().sum()     # (32, 16) @ (16, 64) -> (32, 64) -> (32, 2)
+
+
+def saved_bytes_cases(count):
+    """count(f, inputs) on the two cases."""
+    return {"bytes saved by the MLP": count(mlp4, (X4, W4a, W4b)),
+            "bytes saved by sin of a slice": count(sliced4, (X4, W4a))}
+
+
+check(lambda: saved_bytes_cases(saved_bytes), lambda: saved_bytes_cases(reference_saved_bytes),
+      name="Exercise 4 · saved_bytes", against="SavedTensors", exact=True)
+
+# %% [markdown]
+# ## Before you hand in
+#
+# Run *Runtime → Restart and run all* (Colab) or *Kernel → Restart & Run All* (Jupyter) and
+# look at the self-check lines: each should be a `✓`. Then download the notebook (`.ipynb`)
+# and hand it in. Keep the function names: the grader calls `mul`, `power`, `relu`, `tanh`,
+# `exp`, `topological_order`, `backward` and `saved_bytes`.

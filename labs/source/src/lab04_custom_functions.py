@@ -1,0 +1,551 @@
+# %% [raw]
+# # ASSIGNMENT CONFIG
+# name: lab04_custom_functions
+# init_cell: false
+# check_all_cell: false
+# export_cell: false
+# run_tests: true
+# generate:
+#   pdf: false
+#   show_stdout: false
+
+# %% [markdown]
+# # Lab 4 · Custom autograd Functions: softmax, LayerNorm, cross-entropy
+#
+# Chapter 4 wrote `torch.autograd.Function`s with a hand-written backward and checked them
+# with `gradcheck`. Here you write three of the most used ones yourself, in the modern form
+# (`forward` without `ctx`, plus `setup_context`), and they must pass `gradcheck` in float64.
+# This lab goes with [Chapter 4](../chapters/04_custom_functions.ipynb).
+#
+# **Learning goals.** After this lab you can
+# * compute softmax's vector–Jacobian product without building the Jacobian;
+# * write a `Function` in the modern form: what `forward`, `setup_context` and `backward` each
+#   do, what to save, and why `backward` never writes into `grad_output`;
+# * derive LayerNorm's input gradient, with its two hidden paths (through the mean and the
+#   variance), and its parameters' gradients;
+# * write cross-entropy from logits that never overflows, and whose ignored rows get exactly
+#   zero gradient.
+#
+# **How a lab works.** Each exercise states its goal and its points (10 in all). Replace every
+# `...` with your code, keep the function names and signatures, then run the **self-check**
+# cell right below. It answers in one line: `✓` matches (the `max|Δ|` is round-off), `✗`
+# what is wrong and where, or `·` not implemented yet. Your instructor grades the notebook
+# you hand in with hidden tests that call the same functions on other inputs.
+
+# %% tags=["remove-cell"]
+# Colab setup (hidden on the site): in Colab, install the course helpers; elsewhere do nothing.
+import sys
+if "google.colab" in sys.modules:
+    # %pip install -q "backprop-by-hand @ git+https://github.com/backprop-by-hand/course"
+
+# %%
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from helpers.device import get_device, no_tf32, randn
+from helpers.labcheck import autograd_grads, check, check_gradcheck, evaluate
+from helpers.memory import SavedTensors
+
+dev = get_device()
+no_tf32()
+dtype = torch.float64  # gradcheck compares with finite differences: float64 only
+
+
+def applied(fn):
+    """fn, but an unfinished forward (one that returns None) reads as 'not implemented yet'."""
+    def run(*args):
+        out = fn(*args)
+        if out is None:
+            raise NotImplementedError
+        return out
+    return run
+
+
+def count_saved(fn, inputs):
+    """How many distinct tensors fn's graph saves for backward (chapter 3's SavedTensors)."""
+    leaves = [x.detach().clone().requires_grad_() for x in inputs]
+    with SavedTensors() as saved:
+        applied(fn)(*leaves)
+    return saved.count
+
+
+def check_function(name, fn, reference, inputs, grad_out, outputs, saves=None):
+    """One line: fn's output and input gradients vs the reference's (autograd), then the number of
+    tensors it saves (if saves = (n, which)), then gradcheck (float64)."""
+    def both(f):
+        return lambda *xs: (f(*xs), *autograd_grads(f, xs, grad_out))
+    result = evaluate(both(applied(fn)), both(reference), args=inputs, outputs=outputs,
+                      name=name, against="autograd")
+    if result.status == "pass" and saves is not None:
+        n_saved = evaluate(count_saved(fn, inputs), saves[0], outputs=("tensors saved for backward",),
+                           counts=("tensors saved for backward",), name=f"{name} (saves only {saves[1]})")
+        if n_saved:
+            result.line += f"; saves only {saves[1]}"
+        else:
+            result = n_saved
+    if result.status == "pass":
+        gc = check_gradcheck(applied(fn), inputs, name=name, quiet=True)
+        result = gc if not gc else result
+        if gc:
+            result.line += "; gradcheck passes"
+    print(result.line)
+
+# %% [raw]
+# # BEGIN QUESTION
+# name: ex1
+# points: 2
+# by_hand: [autograd, helpers.functions.softmax_backward, helpers.functions.softmax_jacobian, helpers.attention.softmax_vjp]
+
+# %% [markdown]
+# ## Exercise 1 · Softmax's backward, without the Jacobian (2 points)
+#
+# **Goal:** the Jacobian of $p = \mathrm{softmax}(z)$ is $J = \mathrm{diag}(p) - p\,p^\top$,
+# an $n \times n$ matrix per row; backward needs only $J^\top g$, which costs $O(n)$.
+#
+# Write `softmax_backward(P, grad_P)` for `P = softmax(Z, dim=-1)` of any shape `(..., n)` and
+# `grad_P` = ∂L/∂P of the same shape: return ∂L/∂Z $= p \odot (g - \langle g, p\rangle)$, the
+# inner product taken along the last dim per row (`keepdim=True`). Do not build $J$, and do
+# not modify `grad_P`.
+
+# %% [raw]
+# # BEGIN SOLUTION
+
+# %%
+def softmax_backward(P, grad_P):
+    """grad_Z = P ⊙ (grad_P − Σ_last(grad_P ⊙ P)): Jᵀg for J = diag(p) − p pᵀ, per row."""
+    # BEGIN SOLUTION
+    inner = (grad_P * P).sum(-1, keepdim=True)   # (..., 1): one ⟨g, p⟩ per row
+    return P * (grad_P - inner)                  # (..., n)
+    # END SOLUTION
+
+
+# %% [raw]
+# # END SOLUTION
+
+# %% [raw]
+# # BEGIN TESTS
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+from helpers.device import randn
+_Z = randn(2, 3, 7, seed=101, dtype=torch.float64)
+_g = randn(2, 3, 7, seed=102, dtype=torch.float64)
+_leaf = _Z.clone().requires_grad_()
+(_ref,) = torch.autograd.grad(torch.softmax(_leaf, -1), _leaf, _g)
+_g0 = _g.clone()
+_out = softmax_backward(torch.softmax(_Z, -1), _g)
+assert _out.shape == _Z.shape and torch.allclose(_out, _ref, atol=1e-12)
+assert torch.equal(_g, _g0)   # grad_P untouched
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+# a constant upstream gradient moves nothing: softmax is invariant to adding a constant
+_P = torch.softmax(torch.tensor([[1.0, 2.0, 3.0, -1.0]], dtype=torch.float64), -1)
+assert torch.allclose(softmax_backward(_P, torch.full_like(_P, 2.5)), torch.zeros_like(_P), atol=1e-15)
+_n = 4096                            # a long row: no n × n Jacobian needed
+_P = torch.softmax(torch.linspace(-3, 3, _n, dtype=torch.float64), -1)[None]
+_g = torch.zeros_like(_P)
+_g[0, 0] = 1.0
+_out = softmax_backward(_P, _g)
+assert torch.allclose(_out[0], _P[0, 0] * ((torch.arange(_n) == 0).double() - _P[0]), atol=1e-15)
+
+# %% [raw]
+# # END TESTS
+
+# %% [raw]
+# # END QUESTION
+
+# %% [markdown]
+# **Self-check 1** (reference: autograd through `torch.softmax`, on a (4, 3, 6) batch):
+
+# %%
+Z1 = randn(4, 3, 6, seed=1, dtype=dtype, device=dev)
+grad_P1 = randn(4, 3, 6, seed=2, dtype=dtype, device=dev)
+(expected,) = autograd_grads(lambda Z: torch.softmax(Z, -1), (Z1,), grad_P1)
+check(softmax_backward, expected, args=(torch.softmax(Z1, -1), grad_P1), outputs=("grad_Z",),
+      name="Exercise 1 · softmax_backward", against="autograd")
+
+# %% [raw]
+# # BEGIN QUESTION
+# name: ex2
+# points: 2
+# by_hand: [autograd, helpers.functions.softmax_backward, helpers.attention.softmax_vjp]
+
+# %% [markdown]
+# ## Exercise 2 · A `Softmax` Function that saves only its output (2 points)
+#
+# **Goal:** the anatomy of a modern `autograd.Function`: `forward` computes (no `ctx`),
+# `setup_context` saves what backward needs, `backward` turns ∂L/∂output into ∂L/∂input.
+#
+# Fill in `Softmax` (softmax over the last dim, one input `Z`):
+# * `forward(Z)`: the **stable** softmax, $e^{z - \max z} / \sum e^{z - \max z}$ along the last
+#   dim (without the shift, $e^{1000}$ overflows to `inf`);
+# * `setup_context(ctx, inputs, output)`: save **only** the output `P`
+#   (`ctx.save_for_backward(output)`): your exercise 1 needs nothing else, and `Z` would
+#   cost a second tensor of the same size;
+# * `backward(ctx, grad_P)`: unpack `ctx.saved_tensors`, return `None` if
+#   `ctx.needs_input_grad[0]` is false, else your `softmax_backward`.
+
+# %% [raw]
+# # BEGIN SOLUTION
+
+# %%
+class Softmax(torch.autograd.Function):
+    """P = softmax(Z) over the last dim; saves only P."""
+
+    @staticmethod
+    def forward(Z):
+        # BEGIN SOLUTION
+        E = torch.exp(Z - Z.amax(-1, keepdim=True))   # (..., n), every exponent ≤ 0
+        return E / E.sum(-1, keepdim=True)
+        # END SOLUTION
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        # BEGIN SOLUTION
+        ctx.save_for_backward(output)
+        # END SOLUTION
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_P):
+        # BEGIN SOLUTION
+        (P,) = ctx.saved_tensors
+        if not ctx.needs_input_grad[0]:
+            return None
+        return softmax_backward(P, grad_P)
+        # END SOLUTION
+
+
+# %% [raw]
+# # END SOLUTION
+
+# %% [raw]
+# # BEGIN TESTS
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+from helpers.device import randn
+_Z = randn(5, 9, seed=201, dtype=torch.float64).requires_grad_()
+assert torch.autograd.gradcheck(Softmax.apply, (_Z,), eps=1e-6, atol=1e-6)
+_big = torch.tensor([[1000.0, 0.0, -1000.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
+_P = Softmax.apply(_big)
+assert torch.isfinite(_P).all() and torch.allclose(_P, torch.softmax(_big, -1), atol=1e-15)
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+from helpers.device import randn
+from helpers.memory import SavedTensors
+_Z = randn(6, 4, seed=202, dtype=torch.float64).requires_grad_()
+with SavedTensors() as _s:
+    _P = Softmax.apply(_Z)
+assert _s.count == 1 and _s.records[0]["shape"] == (6, 4)          # P only
+_g = randn(6, 4, seed=203, dtype=torch.float64)
+_g0 = _g.clone()
+(_gZ,) = torch.autograd.grad(_P, _Z, _g)
+assert torch.equal(_g, _g0) and torch.allclose(_gZ, softmax_backward(torch.softmax(_Z.detach(), -1), _g0), atol=1e-12)
+
+# %% [raw]
+# # END TESTS
+
+# %% [raw]
+# # END QUESTION
+
+# %% [markdown]
+# **Self-check 2** (reference: `torch.softmax` and autograd, on rows that include logits of
+# ±1000; then the number of tensors your `Softmax` saves, which must be 1; then `gradcheck` on
+# your backward):
+
+# %%
+Z2 = randn(3, 5, seed=3, dtype=dtype, device=dev) * 4
+Z2[1] = torch.tensor([1000.0, 0.0, -1000.0, 500.0, -500.0], dtype=dtype)   # e^1000 overflows without the max shift
+grad_P2 = randn(3, 5, seed=4, dtype=dtype, device=dev)
+check_function("Exercise 2 · Softmax", Softmax.apply, lambda Z: torch.softmax(Z, -1), (Z2,), grad_P2,
+               outputs=("P", "grad_Z"), saves=(1, "P"))
+
+# %% [raw]
+# # BEGIN QUESTION
+# name: ex3
+# points: 3
+# by_hand: [autograd, helpers.functions.layernorm_backward]
+
+# %% [markdown]
+# ## Exercise 3 · LayerNorm (3 points)
+#
+# **Goal:** $x$ reaches the output three ways, directly and through the mean and the
+# variance; the gradient is the sum over all three.
+#
+# Over the last dim (size $D$): $\mu = \mathrm{mean}(x)$, $\sigma = \sqrt{\mathrm{var}(x) +
+# \varepsilon}$ (biased variance, as `nn.LayerNorm`), $\hat x = (x - \mu)/\sigma$,
+# $y = \gamma \odot \hat x + \beta$, with `weight` $\gamma$ and `bias` $\beta$ of shape `(D,)`.
+# With $g = \partial L/\partial y \odot \gamma$:
+#
+# $$\frac{\partial L}{\partial x} = \frac{1}{\sigma}\Big(g - \mathrm{mean}(g) - \hat x\,
+# \mathrm{mean}(g \odot \hat x)\Big),\quad \frac{\partial L}{\partial \gamma} = \sum_{\text{rows}}
+# \frac{\partial L}{\partial y} \odot \hat x,\quad \frac{\partial L}{\partial \beta} =
+# \sum_{\text{rows}} \frac{\partial L}{\partial y}$$
+#
+# (means along the last dim, `keepdim=True`; "rows" = every leading dim, so `x` may be
+# `(B, N, D)`). Fill in `LayerNorm.forward(x, weight, bias, eps)`, `setup_context` (save `x` and
+# `weight`; keep `eps` on `ctx`: it is a float, not a tensor) and `backward`, which recomputes
+# $\mu$ and $\sigma$ from `x` (two cheap reductions) and returns
+# `(grad_x, grad_weight, grad_bias, None)`, each gated on `ctx.needs_input_grad`.
+
+# %% [raw]
+# # BEGIN SOLUTION
+
+# %%
+class LayerNorm(torch.autograd.Function):
+    """y = γ (x − μ)/√(var + eps) + β over the last dim; saves x and γ."""
+
+    @staticmethod
+    def forward(x, weight, bias, eps):
+        # BEGIN SOLUTION
+        mu = x.mean(-1, keepdim=True)                              # (..., 1)
+        rstd = torch.rsqrt(((x - mu) ** 2).mean(-1, keepdim=True) + eps)  # (..., 1)
+        return (x - mu) * rstd * weight + bias                     # (..., D)
+        # END SOLUTION
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        # BEGIN SOLUTION
+        x, weight, _, eps = inputs
+        ctx.save_for_backward(x, weight)
+        ctx.eps = eps
+        # END SOLUTION
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_y):
+        # BEGIN SOLUTION
+        x, weight = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        mu = x.mean(-1, keepdim=True)                              # (..., 1)
+        rstd = torch.rsqrt(((x - mu) ** 2).mean(-1, keepdim=True) + ctx.eps)
+        x_hat = (x - mu) * rstd                                    # (..., D)
+        grad_x = grad_w = grad_b = None
+        D = x.shape[-1]
+        if need_x:
+            g = grad_y * weight                                    # (..., D)
+            grad_x = rstd * (g - g.mean(-1, keepdim=True) - x_hat * (g * x_hat).mean(-1, keepdim=True))
+        if need_w:
+            grad_w = (grad_y * x_hat).reshape(-1, D).sum(0)         # (..., D) -> (R, D) -> (D,)
+        if need_b:
+            grad_b = grad_y.reshape(-1, D).sum(0)                   # (..., D) -> (R, D) -> (D,)
+        return grad_x, grad_w, grad_b, None
+        # END SOLUTION
+
+
+# %% [raw]
+# # END SOLUTION
+
+# %% [raw]
+# # BEGIN TESTS
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+from helpers.device import randn
+_x = randn(2, 3, 8, seed=301, dtype=torch.float64).requires_grad_()
+_w = (1 + 0.3 * randn(8, seed=302, dtype=torch.float64)).requires_grad_()
+_b = randn(8, seed=303, dtype=torch.float64).requires_grad_()
+assert torch.autograd.gradcheck(lambda x, w, b: LayerNorm.apply(x, w, b, 1e-5), (_x, _w, _b), eps=1e-6, atol=1e-6)
+assert torch.allclose(LayerNorm.apply(_x, _w, _b, 1e-5), torch.nn.functional.layer_norm(_x, (8,), _w, _b, 1e-5), atol=1e-12)
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+from helpers.device import randn
+# only x needs a gradient: weight and bias get None, and x's is still right
+_x = randn(5, 6, seed=304, dtype=torch.float64).requires_grad_()
+_w, _b = randn(6, seed=305, dtype=torch.float64), randn(6, seed=306, dtype=torch.float64)
+_g = randn(5, 6, seed=307, dtype=torch.float64)
+(_gx,) = torch.autograd.grad(LayerNorm.apply(_x, _w, _b, 0.1), _x, _g)
+_leaf = _x.detach().clone().requires_grad_()
+(_ref,) = torch.autograd.grad(torch.nn.functional.layer_norm(_leaf, (6,), _w, _b, 0.1), _leaf, _g)
+assert torch.allclose(_gx, _ref, atol=1e-12)
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+from helpers.device import randn
+# a constant row: var = 0, σ = √eps; the gradient must stay finite and match
+_x = torch.cat([torch.full((1, 4), 3.0, dtype=torch.float64), randn(1, 4, seed=308, dtype=torch.float64)]).requires_grad_()
+_w, _b = torch.ones(4, dtype=torch.float64, requires_grad=True), torch.zeros(4, dtype=torch.float64, requires_grad=True)
+_g = randn(2, 4, seed=309, dtype=torch.float64)
+_ours = torch.autograd.grad(LayerNorm.apply(_x, _w, _b, 1e-5), (_x, _w, _b), _g)
+_leaves = [t.detach().clone().requires_grad_() for t in (_x, _w, _b)]
+_ref = torch.autograd.grad(torch.nn.functional.layer_norm(_leaves[0], (4,), _leaves[1], _leaves[2], 1e-5), _leaves, _g)
+assert all(torch.isfinite(o).all() and torch.allclose(o, r, atol=1e-8) for o, r in zip(_ours, _ref))
+
+# %% [raw]
+# # END TESTS
+
+# %% [raw]
+# # END QUESTION
+
+# %% [markdown]
+# **Self-check 3** (reference: `F.layer_norm` and autograd on `x` (2, 4, 5), then `gradcheck`;
+# `eps` is 1e-5 as in `nn.LayerNorm`):
+
+# %%
+x3 = randn(2, 4, 5, seed=5, dtype=dtype, device=dev) * 2 + 1
+w3 = 1 + 0.5 * randn(5, seed=6, dtype=dtype, device=dev)
+b3 = randn(5, seed=7, dtype=dtype, device=dev)
+grad_y3 = randn(2, 4, 5, seed=8, dtype=dtype, device=dev)
+check_function("Exercise 3 · LayerNorm", lambda x, w, b: LayerNorm.apply(x, w, b, 1e-5),
+               lambda x, w, b: F.layer_norm(x, (5,), w, b, 1e-5), (x3, w3, b3), grad_y3,
+               outputs=("y", "grad_x", "grad_weight", "grad_bias"))
+
+# %% [raw]
+# # BEGIN QUESTION
+# name: ex4
+# points: 3
+# by_hand: [autograd, helpers.functions.cross_entropy_backward]
+
+# %% [markdown]
+# ## Exercise 4 · Cross-entropy from logits, with `ignore_index` (3 points)
+#
+# **Goal:** fuse log-softmax and the negative log-likelihood: the forward never overflows and
+# the backward is simply $(\mathrm{softmax}(z) - \text{one-hot})/N$.
+#
+# For `logits` (R, C) and an int64 `target` (R,): row $r$ is **kept** unless
+# `target[r] == ignore_index`; $N$ = number of kept rows;
+# $L = \frac{1}{N}\sum_{\text{kept } r} \big(\mathrm{lse}(z_r) - z_{r, t_r}\big)$ with
+# $\mathrm{lse}(z) = m + \log\sum_c e^{z_c - m}$, $m = \max_c z_c$ (or `torch.logsumexp`).
+# Backward: $\partial L/\partial z_r = \frac{\partial L}{\partial L}\cdot(\mathrm{softmax}(z_r) -
+# \text{one-hot}(t_r))/N$ on kept rows, exactly **0** on ignored rows; `target` and
+# `ignore_index` get `None`. Hint: an ignored row's target (e.g. -100) is no valid index;
+# replace it by 0 before `scatter`/`one_hot`, then zero the row.
+
+# %% [raw]
+# # BEGIN SOLUTION
+
+# %%
+class CrossEntropy(torch.autograd.Function):
+    """L = mean over kept rows of lse(z) − z[target]; rows with target == ignore_index are left out."""
+
+    @staticmethod
+    def forward(logits, target, ignore_index):
+        # BEGIN SOLUTION
+        keep = target != ignore_index                                   # (R,)
+        safe = torch.where(keep, target, torch.zeros_like(target))      # (R,) a valid class everywhere
+        lse = torch.logsumexp(logits, dim=-1)                           # (R,)
+        picked = logits.gather(1, safe[:, None])[:, 0]                  # (R, C) -> (R,)
+        return ((lse - picked) * keep).sum() / keep.sum()
+        # END SOLUTION
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        # BEGIN SOLUTION
+        logits, target, ignore_index = inputs
+        ctx.save_for_backward(logits, target)
+        ctx.ignore_index = ignore_index
+        # END SOLUTION
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_L):
+        # BEGIN SOLUTION
+        logits, target = ctx.saved_tensors
+        if not ctx.needs_input_grad[0]:
+            return None, None, None
+        keep = target != ctx.ignore_index                               # (R,)
+        safe = torch.where(keep, target, torch.zeros_like(target))
+        P = torch.softmax(logits, dim=-1)                               # (R, C)
+        onehot = F.one_hot(safe, logits.shape[-1]).to(logits.dtype)     # (R, C)
+        grad = (P - onehot) * keep[:, None] * (grad_L / keep.sum())
+        return grad, None, None
+        # END SOLUTION
+
+
+# %% [raw]
+# # END SOLUTION
+
+# %% [raw]
+# # BEGIN TESTS
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+from helpers.device import randn
+_z = randn(7, 5, seed=401, dtype=torch.float64).requires_grad_()
+_t = torch.tensor([0, 4, 2, 2, 1, 3, 0])
+assert torch.autograd.gradcheck(lambda z: CrossEntropy.apply(z, _t, -100), (_z,), eps=1e-6, atol=1e-6)
+assert torch.allclose(CrossEntropy.apply(_z, _t, -100), torch.nn.functional.cross_entropy(_z, _t), atol=1e-12)
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+# huge logits: no inf/nan in the loss or the gradient
+_z = torch.tensor([[1000.0, -1000.0, 0.0], [-500.0, 800.0, 790.0]], dtype=torch.float64, requires_grad=True)
+_t = torch.tensor([1, 2])
+_L = CrossEntropy.apply(_z, _t, -100)
+(_g,) = torch.autograd.grad(3.0 * _L, _z)
+_leaf = _z.detach().clone().requires_grad_()
+(_ref,) = torch.autograd.grad(3.0 * torch.nn.functional.cross_entropy(_leaf, _t), _leaf)
+assert torch.isfinite(_L) and abs(_L.item() - torch.nn.functional.cross_entropy(_z, _t).item()) < 1e-9
+assert torch.isfinite(_g).all() and torch.allclose(_g, _ref, atol=1e-12)
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+from helpers.device import randn
+# ignored rows: not in the mean, exactly zero gradient; a custom ignore_index
+_z = randn(6, 4, seed=402, dtype=torch.float64).requires_grad_()
+_t = torch.tensor([3, 7, 0, 7, 7, 1])
+_L = CrossEntropy.apply(_z, _t, 7)
+(_g,) = torch.autograd.grad(_L, _z)
+assert abs(_L.item() - torch.nn.functional.cross_entropy(_z, _t, ignore_index=7).item()) < 1e-12
+assert torch.equal(_g[[1, 3, 4]], torch.zeros(3, 4, dtype=torch.float64))
+assert torch.allclose(_g.sum(1), torch.zeros(6, dtype=torch.float64), atol=1e-15)
+
+# %% [raw]
+# # END TESTS
+
+# %% [raw]
+# # END QUESTION
+
+# %% [markdown]
+# **Self-check 4** (reference: `F.cross_entropy` and autograd on 6 rows of 5 classes, two of
+# them ignored, then `gradcheck`):
+
+# %%
+z4 = randn(6, 5, seed=9, dtype=dtype, device=dev) * 3
+t4 = torch.tensor([1, -100, 4, 0, -100, 2], device=dev)
+check_function("Exercise 4 · CrossEntropy", lambda z: CrossEntropy.apply(z, t4, -100),
+               lambda z: F.cross_entropy(z, t4, ignore_index=-100), (z4,), torch.tensor(1.0, dtype=dtype, device=dev),
+               outputs=("L", "grad_logits"))
+
+# %% [markdown]
+# ## Before you hand in
+#
+# Run *Runtime → Restart and run all* (Colab) or *Kernel → Restart & Run All* (Jupyter) and
+# look at the self-check lines: each should be a `✓`. Then download the notebook (`.ipynb`)
+# and hand it in. Keep the names: the grader calls `softmax_backward`, `Softmax`, `LayerNorm`
+# and `CrossEntropy`.

@@ -1,0 +1,492 @@
+# %% [raw]
+# # ASSIGNMENT CONFIG
+# name: lab05_losses_and_flow
+# init_cell: false
+# check_all_cell: false
+# export_cell: false
+# run_tests: true
+# generate:
+#   pdf: false
+#   show_stdout: false
+
+# %% [markdown]
+# # Lab 5 · Losses and the flow of gradients: diagnose a broken model
+#
+# A colleague's model stopped learning. Its loss is stuck near $\log 10$ and its early layers
+# barely move. You write the tools chapter 5 used (the cross-entropy gradient, a gradient-flow
+# recorder keyed by name, clipping by global norm) and use them to find the layer that is
+# broken. This lab goes with [Chapter 5](../chapters/05_losses_and_flow.ipynb).
+#
+# **Learning goals.** After this lab you can
+# * write the gradient of cross-entropy with label smoothing and `ignore_index` from its formula;
+# * record ‖∂L/∂output‖ of every layer during backward with hooks, keyed by the layer's
+#   **name**, and leave no hook behind;
+# * read a gradient-flow profile and point at the layer where the gradient collapses;
+# * clip gradients by their global norm, in place, as `torch.nn.utils.clip_grad_norm_` does.
+#
+# **How a lab works.** Each exercise states its goal and its points (10 in all). Replace every
+# `...` with your code, keep the function names and signatures, then run the **self-check**
+# cell right below. It answers in one line: `✓` matches (the `max|Δ|` is round-off), `✗`
+# what is wrong and where, or `·` not implemented yet. Your instructor grades the notebook
+# you hand in with hidden tests that call the same functions on other inputs.
+
+# %% tags=["remove-cell"]
+# Colab setup (hidden on the site): in Colab, install the course helpers; elsewhere do nothing.
+import sys
+if "google.colab" in sys.modules:
+    # %pip install -q "backprop-by-hand @ git+https://github.com/backprop-by-hand/course"
+
+# %%
+import torch
+import torch.nn.functional as F
+
+from helpers.device import get_device, no_tf32, randn
+from helpers.gradflow import deep_mlp, fixed_batch, record_grad_flow
+from helpers.labcheck import autograd_grads, check, evaluate
+
+dev = get_device()
+no_tf32()
+dtype = torch.float64
+
+# %% [markdown]
+# ## The model that stopped learning
+#
+# Six blocks `Linear(32, 32) → ReLU`, then a `Linear(32, 10)` head (chapter 5's `deep_mlp`).
+# One thing went wrong when it was built. Do not go looking for it in this cell: in real life
+# the bug is in somebody else's code, and your tools must find it.
+
+# %%
+def colleagues_model(device=None):
+    """The model that stopped learning (6 ReLU blocks of width 32, a 10-class head)."""
+    model = deep_mlp(depth=6, width=32, activation="relu", seed=11, device=device)
+    with torch.no_grad():
+        model.blocks[3].linear.weight.mul_(1e-3)
+    return model
+
+
+def layer_names(model):
+    """The names of the model's leaf modules (those without children), in forward order."""
+    return [name for name, m in model.named_modules() if name and not list(m.children())]
+
+
+model = colleagues_model(device=dev)
+X, y = fixed_batch(batch=64, width=32, seed=12, device=dev)
+print(layer_names(model))
+
+# %% [raw]
+# # BEGIN QUESTION
+# name: ex1
+# points: 2
+# by_hand: [autograd, helpers.functions.cross_entropy_backward]
+
+# %% [markdown]
+# ## Exercise 1 · The cross-entropy gradient, smoothed and masked (2 points)
+#
+# **Goal:** the gradient of mean cross-entropy w.r.t. the logits is $(\mathrm{softmax}(z) -
+# q)/N$; label smoothing changes the target $q$, `ignore_index` removes rows.
+#
+# Write `ce_grad(logits, target, ignore_index=-100, label_smoothing=0.0)` for `logits` (R, C),
+# int64 `target` (R,): return ∂L/∂logits (R, C) for
+# `L = F.cross_entropy(logits, target, ignore_index=..., label_smoothing=ε)`, where
+# * row $r$ is kept unless `target[r] == ignore_index`; $N$ = number of kept rows;
+# * kept rows: $q = (1 - \varepsilon)\,\text{one-hot}(t_r) + \varepsilon / C$ and the gradient is
+#   $(\mathrm{softmax}(z_r) - q)/N$; ignored rows: exactly 0.
+
+# %% [raw]
+# # BEGIN SOLUTION
+
+# %%
+def ce_grad(logits, target, ignore_index=-100, label_smoothing=0.0):
+    """∂L/∂z = (softmax(z) − q)/N on kept rows (q = (1 − ε)·one-hot + ε/C), 0 on ignored rows."""
+    # BEGIN SOLUTION
+    R, C = logits.shape
+    keep = target != ignore_index                                   # (R,)
+    safe = torch.where(keep, target, torch.zeros_like(target))      # (R,) a valid class everywhere
+    q = (1 - label_smoothing) * F.one_hot(safe, C).to(logits.dtype) + label_smoothing / C  # (R, C)
+    P = torch.softmax(logits, dim=-1)                               # (R, C)
+    return (P - q) * keep[:, None] / keep.sum()
+    # END SOLUTION
+
+
+# %% [raw]
+# # END SOLUTION
+
+# %% [raw]
+# # BEGIN TESTS
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+from helpers.device import randn
+_z = randn(9, 4, seed=101, dtype=torch.float64)
+_t = torch.tensor([0, 3, 1, 1, 2, 0, 3, 2, 1])
+_leaf = _z.clone().requires_grad_()
+(_ref,) = torch.autograd.grad(torch.nn.functional.cross_entropy(_leaf, _t), _leaf)
+_g = ce_grad(_z, _t)
+assert _g.shape == (9, 4) and torch.allclose(_g, _ref, atol=1e-12)
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+from helpers.device import randn
+_z = randn(5, 6, seed=102, dtype=torch.float64) * 3
+_t = torch.tensor([5, -1, 2, -1, 0])
+_leaf = _z.clone().requires_grad_()
+(_ref,) = torch.autograd.grad(torch.nn.functional.cross_entropy(_leaf, _t, ignore_index=-1, label_smoothing=0.2), _leaf)
+_g = ce_grad(_z, _t, ignore_index=-1, label_smoothing=0.2)
+assert torch.allclose(_g, _ref, atol=1e-12) and torch.equal(_g[[1, 3]], torch.zeros(2, 6, dtype=torch.float64))
+
+# %% [raw]
+# # END TESTS
+
+# %% [raw]
+# # END QUESTION
+
+# %% [markdown]
+# **Self-check 1** (reference: autograd through `F.cross_entropy` with `label_smoothing=0.1`
+# and two rows ignored):
+
+# %%
+z1 = randn(8, 5, seed=1, dtype=dtype, device=dev) * 2
+t1 = torch.tensor([4, 0, -100, 2, 2, -100, 1, 3], device=dev)
+(expected,) = autograd_grads(lambda z: F.cross_entropy(z, t1, label_smoothing=0.1), (z1,))
+check(ce_grad, expected, args=(z1, t1), kwargs={"label_smoothing": 0.1}, outputs=("grad_logits",),
+      name="Exercise 1 · ce_grad", against="autograd")
+
+# %% [raw]
+# # BEGIN QUESTION
+# name: ex2
+# points: 3
+# by_hand: [helpers.gradflow.record_grad_flow]
+
+# %% [markdown]
+# ## Exercise 2 · A gradient-flow recorder keyed by name (3 points)
+#
+# **Goal:** see the gradient *as it flows past* each layer, with hooks, and label each
+# measurement with the layer's name (seed 000's recorder stored by module and looked up by
+# name, so it recorded nothing).
+#
+# Write `record_output_grad_norms(model, X, y)`: for every leaf module (see `layer_names`),
+# register a **forward hook** that, when the module runs, registers a **tensor hook** on its
+# output; the tensor hook stores `grad.norm().item()` under the module's **name**. Then run
+# `L = F.cross_entropy(model(X), y)` and `L.backward()`, remove every hook you registered (even if
+# something raised: `try`/`finally`), and return the dict `{name: ‖∂L/∂output‖}`.
+# Hint: a closure in a loop must capture the name as a default argument, `def hook(m, i, o, name=name)`.
+
+# %% [raw]
+# # BEGIN SOLUTION
+
+# %%
+def record_output_grad_norms(model, X, y):
+    """{leaf module name: ‖∂L/∂(its output)‖} for L = cross_entropy(model(X), y); no hook left behind."""
+    # BEGIN SOLUTION
+    norms, handles = {}, []
+    modules = dict(model.named_modules())
+
+    def forward_hook(module, inputs, output, name):
+        if output.requires_grad:
+            output.register_hook(lambda g: norms.__setitem__(name, g.norm().item()))
+
+    try:
+        for name in layer_names(model):
+            handles.append(modules[name].register_forward_hook(
+                lambda m, i, o, name=name: forward_hook(m, i, o, name)))
+        F.cross_entropy(model(X), y).backward()
+    finally:
+        for h in handles:
+            h.remove()
+    return norms
+    # END SOLUTION
+
+
+# %% [raw]
+# # END SOLUTION
+
+# %% [raw]
+# # BEGIN TESTS
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import math
+from helpers.gradflow import deep_mlp, fixed_batch, record_grad_flow
+_m = deep_mlp(depth=3, width=16, activation="tanh", residual=True, layernorm=True, n_classes=4, seed=201)
+_X, _y = fixed_batch(batch=12, width=16, n_classes=4, seed=202)
+_ref = record_grad_flow(_m, _X, _y).output_grad_norms
+_m.zero_grad(set_to_none=True)
+_got = record_output_grad_norms(_m, _X, _y)
+assert set(_got) == set(_ref) and all(isinstance(k, str) for k in _got)
+assert all(math.isclose(_got[k], _ref[k], rel_tol=1e-5, abs_tol=1e-9) for k in _ref)
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import math
+from helpers.gradflow import deep_mlp, fixed_batch
+_m = deep_mlp(depth=2, width=8, n_classes=3, seed=203)
+_X, _y = fixed_batch(batch=6, width=8, n_classes=3, seed=204)
+_a = record_output_grad_norms(_m, _X, _y)
+assert all(not m._forward_hooks for m in _m.modules())      # every hook removed
+_b = record_output_grad_norms(_m, _X, _y)                   # no stale hook adds a second entry
+assert _a.keys() == _b.keys() and all(math.isclose(_a[k], _b[k], rel_tol=1e-6) for k in _a)
+assert len(_a) == 5                                         # 2 × (linear, act) + head
+
+# %% [raw]
+# # END TESTS
+
+# %% [raw]
+# # END QUESTION
+
+# %% [markdown]
+# **Self-check 2** (reference: chapter 5's `GradFlowRecorder`, on the colleague's model; then
+# it counts the hooks left on the model, which must be none):
+
+# %%
+def reference_norms(model, X, y):
+    """Chapter 5's recorder: one forward + backward, output-gradient norms by name."""
+    return record_grad_flow(model, X, y).output_grad_norms
+
+
+def fresh_norms(fn):
+    """fn on the model with its .grad reset (so earlier runs do not matter)."""
+    def run(model, X, y):
+        model.zero_grad(set_to_none=True)
+        return fn(model, X, y)
+    return run
+
+
+def hooks_left(model):
+    """Forward and backward hooks still registered on the model's modules."""
+    return sum(len(m._forward_hooks) + len(m._backward_hooks) for m in model.modules())
+
+
+result = evaluate(fresh_norms(record_output_grad_norms), reference_norms, args=(model, X, y),
+                  name="Exercise 2 · record_output_grad_norms", against="GradFlowRecorder",
+                  atol=1e-9, rtol=1e-5, noun="layers")
+if result.status in ("pass", "fail") and hooks_left(model):
+    result = evaluate(hooks_left(model), 0, outputs=("hooks left on the model",), counts=("hooks left on the model",),
+                      name="Exercise 2 · record_output_grad_norms")
+    for m in model.modules():  # so that the cells below run on a clean model
+        m._forward_hooks.clear()
+        m._backward_hooks.clear()
+print(result.line)
+
+# %% [raw]
+# # BEGIN QUESTION
+# name: ex3
+# points: 2
+
+# %% [markdown]
+# ## Exercise 3 · Find the broken layer (2 points)
+#
+# **Goal:** in a healthy network the output-gradient norm changes by a factor of order 1 from
+# one layer to the previous one (a ReLU roughly halves it, a well-initialised linear layer keeps
+# it); a broken layer that kills the signal shows up as a collapse **across it**: the gradient
+# leaves it far smaller than it entered. (A layer that blows the gradient up would show the
+# opposite, a ratio far above 1; here you look for the collapse.)
+#
+# Write `steepest_drop(norms, names)`: `names` lists the layers in forward order and `norms`
+# maps each to its ‖∂L/∂output‖. For every layer `names[i]` with `i ≥ 1`, the gradient enters
+# it (backward) with norm `norms[names[i]]` and leaves it with norm `norms[names[i - 1]]` (the
+# previous layer's output is this layer's input). Return the name with the smallest ratio
+# leaves / enters. Then run it on the colleague's model (the cell below the self-check does).
+
+# %% [raw]
+# # BEGIN SOLUTION
+
+# %%
+def steepest_drop(norms, names):
+    """The layer names[i] (i ≥ 1) with the smallest norms[names[i-1]] / norms[names[i]]."""
+    # BEGIN SOLUTION
+    ratios = {names[i]: norms[names[i - 1]] / norms[names[i]] for i in range(1, len(names))}
+    return min(ratios, key=ratios.get)
+    # END SOLUTION
+
+
+# %% [raw]
+# # END SOLUTION
+
+# %% [raw]
+# # BEGIN TESTS
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+_n = {"a": 1e-3, "b": 2e-3, "c": 1.0, "d": 1.4, "e": 0.9}
+assert steepest_drop(_n, ["a", "b", "c", "d", "e"]) == "c"
+assert steepest_drop({"x": 5.0, "y": 1.0, "z": 0.5}, ["x", "y", "z"]) == "z"   # ratios: y 5.0, z 2.0
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+from helpers.gradflow import fixed_batch as _fb, record_grad_flow as _rgf
+_m = colleagues_model()
+_X, _y = _fb(batch=64, width=32, seed=12)
+assert steepest_drop(_rgf(_m, _X, _y).output_grad_norms, layer_names(_m)) == "blocks.3.linear"
+
+# %% [raw]
+# # END TESTS
+
+# %% [raw]
+# # END QUESTION
+
+# %% [markdown]
+# **Self-check 3** (on a made-up profile; reference: the layer where the profile was built to
+# collapse):
+
+# %%
+profile = {"in": 0.02, "in.act": 0.03, "mid": 0.05, "mid.act": 40.0, "out": 55.0, "out.act": 60.0}
+check(steepest_drop, "mid.act", args=(profile, list(profile)), outputs=("the layer returned",),
+      name="Exercise 3 · steepest_drop", against="the profile's collapse")
+
+# %% [markdown]
+# Now the colleague's model: the broken layer is the one your function names here (compare
+# it with the norms of exercise 2, then explain to yourself what must be wrong with it).
+
+# %%
+broken = steepest_drop(reference_norms(model, X, y), layer_names(model))
+print("broken layer:", broken)
+
+# %% [raw]
+# # BEGIN QUESTION
+# name: ex4
+# points: 3
+# by_hand: [torch.nn.utils.clip_grad_norm_, helpers.gradflow.clip_grad_norm, helpers.train.clip_grads]
+# in_place: true
+
+# %% [markdown]
+# ## Exercise 4 · Clipping by global norm, by hand (3 points)
+#
+# **Goal:** clipping rescales **all** gradients by one factor, so the update keeps its
+# direction and only its length shrinks.
+#
+# Write `clip_by_global_norm(params, max_norm)`: over the parameters whose `.grad` is not
+# `None`, the global norm is $\lVert g\rVert = \sqrt{\sum_p \lVert g_p\rVert^2}$; if it exceeds
+# `max_norm`, multiply every gradient **in place** by `max_norm / (‖g‖ + 1e-6)` (as
+# `torch.nn.utils.clip_grad_norm_`); else leave them alone. Return $\lVert g\rVert$ before
+# clipping, as a 0-dim tensor.
+
+# %% [raw]
+# # BEGIN SOLUTION
+
+# %%
+def clip_by_global_norm(params, max_norm):
+    """‖g‖ = √Σ‖g_p‖²; if ‖g‖ > max_norm scale every g_p by max_norm / (‖g‖ + 1e-6) in place; return ‖g‖."""
+    # BEGIN SOLUTION
+    grads = [p.grad for p in params if p.grad is not None]
+    total = torch.sqrt(sum((g.double() ** 2).sum() for g in grads))
+    coef = max_norm / (total + 1e-6)
+    if coef < 1:
+        for g in grads:
+            g.mul_(coef.to(g.dtype))
+    return total.to(grads[0].dtype)
+    # END SOLUTION
+
+
+# %% [raw]
+# # END SOLUTION
+
+# %% [raw]
+# # BEGIN TESTS
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+from helpers.device import randn
+_ps = [torch.zeros(3, 4, dtype=torch.float64, requires_grad=True), torch.zeros(5, dtype=torch.float64, requires_grad=True)]
+_ps[0].grad, _ps[1].grad = randn(3, 4, seed=401, dtype=torch.float64) * 3, randn(5, seed=402, dtype=torch.float64) * 3
+_qs = [p.detach().clone().requires_grad_() for p in _ps]
+for _q, _p in zip(_qs, _ps):
+    _q.grad = _p.grad.clone()
+_tot = clip_by_global_norm(_ps, 1.0)
+_ref = torch.nn.utils.clip_grad_norm_(_qs, 1.0)
+assert abs(float(_tot) - float(_ref)) < 1e-10 and float(_tot) > 1.0
+assert all(torch.allclose(p.grad, q.grad, atol=1e-12) for p, q in zip(_ps, _qs))
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+from helpers.device import randn
+# below the threshold: untouched; a parameter without a gradient is skipped
+_a = torch.zeros(4, dtype=torch.float64, requires_grad=True)
+_b = torch.zeros(2, dtype=torch.float64, requires_grad=True)
+_a.grad = torch.tensor([0.3, -0.4, 0.0, 0.0], dtype=torch.float64)
+_g0 = _a.grad.clone()
+_tot = clip_by_global_norm([_a, _b], 10.0)
+assert abs(float(_tot) - 0.5) < 1e-12 and torch.equal(_a.grad, _g0) and _b.grad is None
+_grad_obj = _a.grad
+_ = clip_by_global_norm([_a, _b], 0.25)
+assert _a.grad is _grad_obj and torch.allclose(_a.grad, _g0 * 0.25 / (0.5 + 1e-6), atol=1e-12)   # in place
+
+# %% [raw]
+# # END TESTS
+
+# %% [raw]
+# # END QUESTION
+
+# %% [markdown]
+# **Self-check 4** (reference: `torch.nn.utils.clip_grad_norm_` on copies of the colleague's
+# model's gradients, with `max_norm = 0.05`, below their norm so clipping happens; then it
+# checks that every `.grad` is still the same tensor, scaled in place):
+
+# %%
+def copies():
+    """Copies of the model's parameters, each with a copy of its gradient."""
+    params = [p.detach().clone().requires_grad_() for p in model.parameters()]
+    for q, p in zip(params, model.parameters()):
+        q.grad = p.grad.detach().clone()
+    return params
+
+
+def clip_copies(clip_fn, max_norm):
+    """Clip copies of the model's gradients with clip_fn: (‖g‖, every grad after)."""
+    params = copies()
+    total = clip_fn(params, max_norm)
+    if total is None:
+        return None
+    return {"total norm": torch.as_tensor(float(total), dtype=dtype),
+            "clipped grads": torch.cat([q.grad.reshape(-1) for q in params])}
+
+
+def grads_replaced(clip_fn, max_norm):
+    """How many .grad tensors clip_fn replaced by new ones instead of scaling them in place."""
+    params = copies()
+    before = [q.grad for q in params]
+    clip_fn(params, max_norm)
+    return sum(q.grad is not g for q, g in zip(params, before))
+
+
+model.zero_grad(set_to_none=True)
+F.cross_entropy(model(X), y).backward()
+result = evaluate(clip_copies, lambda fn, m: clip_copies(torch.nn.utils.clip_grad_norm_, m),
+                  args=(clip_by_global_norm, 0.05), name="Exercise 4 · clip_by_global_norm",
+                  against="clip_grad_norm_", atol=1e-7, rtol=1e-5)
+if result:
+    what = "gradients replaced by new tensors instead of scaled in place"
+    in_place = evaluate(grads_replaced(clip_by_global_norm, 0.05), 0, outputs=(what,), counts=(what,),
+                        name="Exercise 4 · clip_by_global_norm")
+    if in_place:
+        result.line += "; scales in place"
+    else:
+        result = in_place
+print(result.line)
+
+# %% [markdown]
+# ## Before you hand in
+#
+# Run *Runtime → Restart and run all* (Colab) or *Kernel → Restart & Run All* (Jupyter) and
+# look at the self-check lines: each should be a `✓`. Then download the notebook (`.ipynb`)
+# and hand it in. Keep the names: the grader calls `ce_grad`, `record_output_grad_norms`,
+# `steepest_drop` and `clip_by_global_norm`.

@@ -1,0 +1,687 @@
+# %% [raw]
+# # ASSIGNMENT CONFIG
+# name: lab07_transformer_block
+# init_cell: false
+# check_all_cell: false
+# export_cell: false
+# run_tests: true
+# generate:
+#   pdf: false
+#   show_stdout: false
+
+# %% [markdown]
+# # Lab 7 · One Transformer block's manual backward
+#
+# Chapter 7 walked a whole Transformer block backward with no autograd at all and matched
+# `nn.TransformerEncoderLayer` on every parameter. Here you write that backward yourself, piece
+# by piece: LayerNorm from what the forward saved, the feed-forward network, a residual
+# sub-layer, the embedding's scatter-add, and finally the whole pre-norm block, checked against
+# autograd on `nn.TransformerEncoderLayer(norm_first=True, batch_first=True, dropout=0)` in
+# float64. This lab goes with [Chapter 7](../chapters/07_transformer_block.ipynb).
+#
+# **Learning goals.** After this lab you can
+# * write LayerNorm's backward from the saved $x$, $\mu$ and $1/\sigma$, with its paths through
+#   the mean and the variance;
+# * write the FFN backward (Linear → ReLU/GELU → Linear), weight gradients summed over every row;
+# * say what a residual connection does to the gradient (it copies it to both branches and adds
+#   what comes back) and write it;
+# * write an embedding's backward as a scatter-**add**, right for a token that occurs twice;
+# * chain all of it, with chapter 6's attention backward, into the backward of a whole pre-norm
+#   block that returns the gradient of the input and of every parameter under
+#   `nn.TransformerEncoderLayer`'s names.
+#
+# You may use the tested helpers of earlier chapters for the pieces they already taught:
+# `linear_backward` (chapter 2/4), `gelu_backward` (chapter 4), `attention_backward`,
+# `split_heads`, `merge_heads` (chapter 6), and every forward function. The backward of this
+# chapter's new pieces is yours.
+#
+# **How a lab works.** Each exercise states its goal and its points (10 in all). Replace every
+# `...` with your code, keep the function names and signatures, then run the **self-check**
+# cell right below. It answers in one line: `✓` matches (the `max|Δ|` is round-off), `✗`
+# what is wrong and where (for a block: which parameter's gradient), or `·` not implemented
+# yet. Your instructor grades the notebook you hand in with hidden tests that call the same
+# functions on other inputs.
+
+# %% tags=["remove-cell"]
+# Colab setup (hidden on the site): in Colab, install the course helpers; elsewhere do nothing.
+import sys
+if "google.colab" in sys.modules:
+    # %pip install -q "backprop-by-hand @ git+https://github.com/backprop-by-hand/course"
+
+# %%
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from helpers.attention import attention_backward, attention_forward, causal_mask, merge_heads, split_heads
+from helpers.block import BLOCK_PARAM_NAMES, block_params, load_params_into_layer
+from helpers.checks import compare
+from helpers.device import get_device, no_tf32, randn
+from helpers.functions import gelu_backward, layernorm_forward, linear_backward
+from helpers.labcheck import autograd_grads, check
+
+dev = get_device()
+no_tf32()
+dtype = torch.float64  # tight comparisons: the two sides only round differently
+
+# %% [raw]
+# # BEGIN QUESTION
+# name: ex1
+# points: 2
+# by_hand: [autograd, helpers.block.block_manual_backward, helpers.functions.layernorm_backward]
+
+# %% [markdown]
+# ## Exercise 1 · LayerNorm backward from the saved μ and 1/σ (2 points)
+#
+# **Goal:** the backward of $y = \gamma \odot \hat x + \beta$, $\hat x = (x - \mu)/\sigma$, with
+# $\mu$ and $1/\sigma$ taken from the forward's cache (two floats per row) instead of recomputed.
+# $x$ reaches the output directly, through the mean and through the variance: three terms.
+#
+# Write `layernorm_backward(x, mu, rstd, weight, grad_y)` for `x` of shape `(..., D)`, `mu` and
+# `rstd` $= 1/\sigma$ of shape `(..., 1)` (what `helpers.functions.layernorm_forward` returns),
+# `weight` $\gamma$ of shape `(D,)` and `grad_y` $= \partial L/\partial y$ like `x`. Return
+# `(grad_x, grad_weight, grad_bias)`: with $g = \partial L/\partial y \odot \gamma$,
+#
+# $$\frac{\partial L}{\partial x} = \frac{1}{\sigma}\Big(g - \underbrace{\mathrm{mean}(g)}_{\text{through }\mu}
+# - \underbrace{\hat x\,\mathrm{mean}(g \odot \hat x)}_{\text{through }\sigma}\Big),\quad
+# \frac{\partial L}{\partial \gamma} = \sum_{\text{rows}} \frac{\partial L}{\partial y} \odot \hat x,\quad
+# \frac{\partial L}{\partial \beta} = \sum_{\text{rows}} \frac{\partial L}{\partial y}$$
+#
+# (means along the last dim with `keepdim=True`; "rows" = every leading dim, so `x` may be
+# `(B, N, D)` and the parameter gradients are `(D,)`).
+
+# %% [raw]
+# # BEGIN SOLUTION
+
+# %%
+def layernorm_backward(x, mu, rstd, weight, grad_y):
+    """g = grad_y·γ: grad_x = (1/σ)(g − mean(g) − x̂·mean(g·x̂)), grad_γ = Σ grad_y·x̂, grad_β = Σ grad_y."""
+    # BEGIN SOLUTION
+    x_hat = (x - mu) * rstd                                        # (..., D)
+    g = grad_y * weight                                            # (..., D)
+    grad_x = rstd * (g - g.mean(-1, keepdim=True) - x_hat * (g * x_hat).mean(-1, keepdim=True))
+    D = x.shape[-1]
+    grad_weight = (grad_y * x_hat).reshape(-1, D).sum(0)           # (..., D) -> (R, D) -> (D,)
+    grad_bias = grad_y.reshape(-1, D).sum(0)                       # (..., D) -> (R, D) -> (D,)
+    return grad_x, grad_weight, grad_bias
+    # END SOLUTION
+
+
+# %% [raw]
+# # END SOLUTION
+
+# %% [raw]
+# # BEGIN TESTS
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+from helpers.device import randn
+from helpers.functions import layernorm_forward as _lnf
+_x = randn(2, 3, 7, seed=101, dtype=torch.float64) * 3 + 1
+_w = 1 + 0.3 * randn(7, seed=102, dtype=torch.float64)
+_b = randn(7, seed=103, dtype=torch.float64)
+_g = randn(2, 3, 7, seed=104, dtype=torch.float64)
+_, _mu, _rstd = _lnf(_x, _w, _b)
+_ours = layernorm_backward(_x, _mu, _rstd, _w, _g)
+_leaves = [t.clone().requires_grad_() for t in (_x, _w, _b)]
+_ref = torch.autograd.grad(torch.nn.functional.layer_norm(_leaves[0], (7,), _leaves[1], _leaves[2], 1e-5), _leaves, _g)
+assert all(o.shape == r.shape and torch.allclose(o, r, atol=1e-10) for o, r in zip(_ours, _ref))
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+from helpers.device import randn
+from helpers.functions import layernorm_forward as _lnf
+# 2-D input, a large eps (so σ ≠ std): μ and 1/σ must come from the arguments, not be recomputed
+_x = randn(5, 4, seed=105, dtype=torch.float64)
+_w, _b = randn(4, seed=106, dtype=torch.float64), randn(4, seed=107, dtype=torch.float64)
+_g = randn(5, 4, seed=108, dtype=torch.float64)
+_, _mu, _rstd = _lnf(_x, _w, _b, eps=0.5)
+_gx, _gw, _gb = layernorm_backward(_x, _mu, _rstd, _w, _g)
+_leaves = [t.clone().requires_grad_() for t in (_x, _w, _b)]
+_ref = torch.autograd.grad(torch.nn.functional.layer_norm(_leaves[0], (4,), _leaves[1], _leaves[2], 0.5), _leaves, _g)
+assert torch.allclose(_gx, _ref[0], atol=1e-10) and torch.allclose(_gw, _ref[1], atol=1e-10)
+assert torch.allclose(_gb, _ref[2], atol=1e-10)
+assert torch.allclose(_gx.sum(-1), torch.zeros(5, dtype=torch.float64), atol=1e-12)   # the mean path
+
+# %% [raw]
+# # END TESTS
+
+# %% [raw]
+# # END QUESTION
+
+# %% [markdown]
+# **Self-check 1** (reference: autograd through `F.layer_norm` on `x` (2, 4, 6), $\gamma \ne 1$,
+# $\beta \ne 0$, `eps` 1e-5 as in `nn.LayerNorm`, then a large `eps` 0.5; μ and 1/σ from
+# `layernorm_forward`):
+
+# %%
+x1 = randn(2, 4, 6, seed=1, dtype=dtype, device=dev) * 2 + 1
+w1 = 1 + 0.3 * randn(6, seed=2, dtype=dtype, device=dev)
+b1 = 0.5 * randn(6, seed=3, dtype=dtype, device=dev)
+grad_y1 = randn(2, 4, 6, seed=4, dtype=dtype, device=dev)
+_, mu1, rstd1 = layernorm_forward(x1, w1, b1)
+expected = autograd_grads(lambda x, w, b: F.layer_norm(x, (6,), w, b, 1e-5), (x1, w1, b1), grad_y1)
+check(layernorm_backward, expected, args=(x1, mu1, rstd1, w1, grad_y1),
+      outputs=("grad_x", "grad_weight", "grad_bias"), name="Exercise 1 · layernorm_backward", against="autograd")
+# the same with eps = 0.5: your backward must use the saved μ and 1/σ, not recompute them
+_, mu1b, rstd1b = layernorm_forward(x1, w1, b1, eps=0.5)
+expected_b = autograd_grads(lambda x, w, b: F.layer_norm(x, (6,), w, b, 0.5), (x1, w1, b1), grad_y1)
+check(layernorm_backward, expected_b, args=(x1, mu1b, rstd1b, w1, grad_y1),
+      outputs=("grad_x", "grad_weight", "grad_bias"), name="Exercise 1 · layernorm_backward, eps 0.5",
+      against="autograd")
+
+# %% [raw]
+# # BEGIN QUESTION
+# name: ex2
+# points: 2
+# by_hand: [autograd, helpers.block.block_manual_backward]
+
+# %% [markdown]
+# ## Exercise 2 · The FFN backward: Linear → activation → Linear (2 points)
+#
+# **Goal:** chapter 4's pieces in reverse order. With $U = h W_1^\top + b_1$, $a = \mathrm{act}(U)$
+# and $F = a W_2^\top + b_2$ ($W_1$ is `(d_ff, d)`, $W_2$ is `(d, d_ff)`, `nn.Linear`'s layout):
+#
+# | step | forward | backward |
+# | --- | --- | --- |
+# | 1 | $F = aW_2^\top + b_2$ | $da = dF\,W_2$, $\;dW_2 = dF^\top a$, $\;db_2 = \sum dF$ |
+# | 2 | $a = \mathrm{act}(U)$ | $dU = da \odot \mathrm{act}'(U)$ |
+# | 3 | $U = hW_1^\top + b_1$ | $dh = dU\,W_1$, $\;dW_1 = dU^\top h$, $\;db_1 = \sum dU$ |
+#
+# where the weight and bias gradients sum over **every row**: flatten all leading dims to
+# `(R, ·)` first (`h` may be `(B, N, d)` or `(R, d)`).
+#
+# Write `ffn_backward(h, W1, b1, W2, b2, grad_F, activation="relu")` returning
+# `(grad_h, grad_W1, grad_b1, grad_W2, grad_b2)`. It gets no cache: recompute $U$ and $a$ from
+# `h` first. Write the two linear steps with matmuls yourself (not `linear_backward`), and the
+# ReLU's derivative $[U > 0]$ too; for `activation="gelu"` (PyTorch's exact GELU) use
+# `gelu_backward(U, grad_a)` from chapter 4.
+
+# %% [raw]
+# # BEGIN SOLUTION
+
+# %%
+def ffn_backward(h, W1, b1, W2, b2, grad_F, activation="relu"):
+    """F = act(h W1ᵀ + b1) W2ᵀ + b2  ⇒  (grad_h, grad_W1, grad_b1, grad_W2, grad_b2)."""
+    # BEGIN SOLUTION
+    U = h @ W1.T + b1                                    # (..., d) @ (d, d_ff) -> (..., d_ff)
+    a = U.clamp(min=0) if activation == "relu" else F.gelu(U)
+    d_ff, d = W1.shape
+    a2, h2 = a.reshape(-1, d_ff), h.reshape(-1, d)      # (R, d_ff), (R, d)
+    gF2 = grad_F.reshape(-1, d)                          # (..., d) -> (R, d)
+    grad_a = grad_F @ W2                                 # (..., d) @ (d, d_ff) -> (..., d_ff)
+    grad_W2 = gF2.T @ a2                                 # (d, R) @ (R, d_ff) -> (d, d_ff)
+    grad_b2 = gF2.sum(0)                                 # (d,)
+    grad_U = grad_a * (U > 0) if activation == "relu" else gelu_backward(U, grad_a)
+    gU2 = grad_U.reshape(-1, d_ff)                       # (..., d_ff) -> (R, d_ff)
+    grad_h = grad_U @ W1                                 # (..., d_ff) @ (d_ff, d) -> (..., d)
+    grad_W1 = gU2.T @ h2                                 # (d_ff, R) @ (R, d) -> (d_ff, d)
+    grad_b1 = gU2.sum(0)                                 # (d_ff,)
+    return grad_h, grad_W1, grad_b1, grad_W2, grad_b2
+    # END SOLUTION
+
+
+# %% [raw]
+# # END SOLUTION
+
+# %% [raw]
+# # BEGIN TESTS
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+from helpers.device import randn
+_h = randn(2, 3, 4, seed=201, dtype=torch.float64)
+_W1, _b1 = randn(10, 4, seed=202, dtype=torch.float64) / 2, 0.3 * randn(10, seed=203, dtype=torch.float64)
+_W2, _b2 = randn(4, 10, seed=204, dtype=torch.float64) / 3, randn(4, seed=205, dtype=torch.float64)
+_gF = randn(2, 3, 4, seed=206, dtype=torch.float64)
+_leaves = [t.clone().requires_grad_() for t in (_h, _W1, _b1, _W2, _b2)]
+_F = torch.nn.functional.linear(torch.relu(torch.nn.functional.linear(_leaves[0], _leaves[1], _leaves[2])), _leaves[3], _leaves[4])
+_ref = torch.autograd.grad(_F, _leaves, _gF)
+_ours = ffn_backward(_h, _W1, _b1, _W2, _b2, _gF, "relu")
+assert len(_ours) == 5 and all(o.shape == r.shape and torch.allclose(o, r, atol=1e-10) for o, r in zip(_ours, _ref))
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+from helpers.device import randn
+# GELU, and 2-D rows (R, d) instead of (B, N, d)
+_h = randn(7, 3, seed=207, dtype=torch.float64)
+_W1, _b1 = randn(5, 3, seed=208, dtype=torch.float64), randn(5, seed=209, dtype=torch.float64)
+_W2, _b2 = randn(3, 5, seed=210, dtype=torch.float64), randn(3, seed=211, dtype=torch.float64)
+_gF = randn(7, 3, seed=212, dtype=torch.float64)
+_leaves = [t.clone().requires_grad_() for t in (_h, _W1, _b1, _W2, _b2)]
+_F = torch.nn.functional.linear(torch.nn.functional.gelu(torch.nn.functional.linear(_leaves[0], _leaves[1], _leaves[2])), _leaves[3], _leaves[4])
+_ref = torch.autograd.grad(_F, _leaves, _gF)
+_ours = ffn_backward(_h, _W1, _b1, _W2, _b2, _gF, activation="gelu")
+assert all(o.shape == r.shape and torch.allclose(o, r, atol=1e-10) for o, r in zip(_ours, _ref))
+
+# %% [raw]
+# # END TESTS
+
+# %% [raw]
+# # END QUESTION
+
+# %% [markdown]
+# **Self-check 2** (reference: autograd through `F.linear` → `F.relu` / `F.gelu` → `F.linear`
+# on `h` (2, 5, 8) with `d_ff` 16, one line per activation):
+
+# %%
+h2 = randn(2, 5, 8, seed=11, dtype=dtype, device=dev)
+W1_2, b1_2 = randn(16, 8, seed=12, dtype=dtype, device=dev) / 8**0.5, 0.3 * randn(16, seed=13, dtype=dtype, device=dev)
+W2_2, b2_2 = randn(8, 16, seed=14, dtype=dtype, device=dev) / 4, 0.3 * randn(8, seed=15, dtype=dtype, device=dev)
+grad_F2 = randn(2, 5, 8, seed=16, dtype=dtype, device=dev)
+for act, act_fn in (("relu", F.relu), ("gelu", F.gelu)):
+    expected = autograd_grads(lambda h, W1, b1, W2, b2: F.linear(act_fn(F.linear(h, W1, b1)), W2, b2),
+                              (h2, W1_2, b1_2, W2_2, b2_2), grad_F2)
+    check(ffn_backward, expected, args=(h2, W1_2, b1_2, W2_2, b2_2, grad_F2, act),
+          outputs=("grad_h", "grad_W1", "grad_b1", "grad_W2", "grad_b2"),
+          name=f"Exercise 2 · ffn_backward ({act})", against="autograd")
+
+# %% [raw]
+# # BEGIN QUESTION
+# name: ex3
+# points: 2
+# by_hand: [autograd, helpers.block.block_manual_backward]
+
+# %% [markdown]
+# ## Exercise 3 · A residual sub-layer: the gradient goes both ways (2 points)
+#
+# **Goal:** a residual connection $Y = X_1 + f(X_1)$ has Jacobian $I + J_f$, so
+# $\partial L/\partial X_1 = \partial L/\partial Y + J_f^\top\,\partial L/\partial Y$: the incoming
+# gradient goes **unchanged** down the skip path, a **copy** goes into the branch, and what comes
+# back out of the branch is **added** to it.
+#
+# The second half of a pre-norm block is such a sub-layer, with $f = \mathrm{FF} \circ \mathrm{LN}_2$:
+#
+# $$Y = X_1 + \mathrm{FF}(h_2),\qquad h_2 = \mathrm{LN}_2(X_1) = \gamma_2 \odot (X_1 - \mu_2)\cdot\tfrac{1}{\sigma_2} + \beta_2 .$$
+#
+# Write `ffn_sublayer_backward(X1, mu2, rstd2, params, grad_Y, activation="relu")`: `X1` is
+# `(B, N, d)`, `mu2` and `rstd2` $= 1/\sigma_2$ are LN₂'s saved `(B, N, 1)` statistics, `params` is
+# a dict with `nn.TransformerEncoderLayer`'s names (`"norm2.weight"`, `"norm2.bias"`,
+# `"linear1.weight"`, `"linear1.bias"`, `"linear2.weight"`, `"linear2.bias"`). Recompute $h_2$
+# from the saved statistics, send `grad_Y` through your `ffn_backward` and your
+# `layernorm_backward`, add the skip path, and return a dict with the key `"X1"` (∂L/∂X₁) and the
+# six parameter names above. It must not use autograd: the grader runs it under `torch.no_grad()`.
+
+# %% [raw]
+# # BEGIN SOLUTION
+
+# %%
+def ffn_sublayer_backward(X1, mu2, rstd2, params, grad_Y, activation="relu"):
+    """Y = X1 + FF(LN2(X1))  ⇒  grad_X1 = grad_Y (skip) + LN2ᵀ(FFᵀ(grad_Y)) (branch), and the six parameter grads."""
+    # BEGIN SOLUTION
+    p = params
+    h2 = (X1 - mu2) * rstd2 * p["norm2.weight"] + p["norm2.bias"]                  # (B, N, d), recomputed
+    grad_h2, gW1, gb1, gW2, gb2 = ffn_backward(h2, p["linear1.weight"], p["linear1.bias"],
+                                               p["linear2.weight"], p["linear2.bias"], grad_Y, activation)
+    grad_X1_branch, g_gamma, g_beta = layernorm_backward(X1, mu2, rstd2, p["norm2.weight"], grad_h2)
+    return {"X1": grad_Y + grad_X1_branch,                                          # skip + branch
+            "norm2.weight": g_gamma, "norm2.bias": g_beta,
+            "linear1.weight": gW1, "linear1.bias": gb1, "linear2.weight": gW2, "linear2.bias": gb2}
+    # END SOLUTION
+
+
+# %% [raw]
+# # END SOLUTION
+
+# %% [raw]
+# # BEGIN TESTS
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+import torch.nn.functional as _F
+from helpers.block import block_params as _bp
+from helpers.device import randn
+from helpers.functions import layernorm_forward as _lnf
+_names = ("norm2.weight", "norm2.bias", "linear1.weight", "linear1.bias", "linear2.weight", "linear2.bias")
+_p = _bp(6, 12, seed=300, dtype=torch.float64)
+_X1 = randn(2, 3, 6, seed=301, dtype=torch.float64)
+_gY = randn(2, 3, 6, seed=302, dtype=torch.float64)
+_, _mu, _rstd = _lnf(_X1, _p["norm2.weight"], _p["norm2.bias"])
+_leaves = [_X1.clone().requires_grad_()] + [_p[n].clone().requires_grad_() for n in _names]
+_Y = _leaves[0] + _F.linear(_F.relu(_F.linear(_F.layer_norm(_leaves[0], (6,), _leaves[1], _leaves[2], 1e-5), _leaves[3], _leaves[4])), _leaves[5], _leaves[6])
+_ref = dict(zip(("X1",) + _names, torch.autograd.grad(_Y, _leaves, _gY)))
+_ours = ffn_sublayer_backward(_X1, _mu, _rstd, _p, _gY)
+assert all(torch.allclose(_ours[k], _ref[k], atol=1e-10) for k in _ref)
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+import torch.nn.functional as _F
+from helpers.block import block_params as _bp
+from helpers.device import randn
+from helpers.functions import layernorm_forward as _lnf
+# GELU, under no_grad (no autograd inside); the skip path alone carries grad_Y unchanged
+_names = ("norm2.weight", "norm2.bias", "linear1.weight", "linear1.bias", "linear2.weight", "linear2.bias")
+_p = _bp(4, 8, seed=310, dtype=torch.float64)
+_X1 = randn(1, 5, 4, seed=311, dtype=torch.float64)
+_gY = randn(1, 5, 4, seed=312, dtype=torch.float64)
+_, _mu, _rstd = _lnf(_X1, _p["norm2.weight"], _p["norm2.bias"])
+_leaves = [_X1.clone().requires_grad_()] + [_p[n].clone().requires_grad_() for n in _names]
+_Y = _leaves[0] + _F.linear(_F.gelu(_F.linear(_F.layer_norm(_leaves[0], (4,), _leaves[1], _leaves[2], 1e-5), _leaves[3], _leaves[4])), _leaves[5], _leaves[6])
+_ref = dict(zip(("X1",) + _names, torch.autograd.grad(_Y, _leaves, _gY)))
+with torch.no_grad():
+    _ours = ffn_sublayer_backward(_X1, _mu, _rstd, _p, _gY, activation="gelu")
+assert all(torch.allclose(_ours[k], _ref[k], atol=1e-10) for k in _ref)
+_z = {k: (torch.zeros_like(v) if k.startswith("linear2.weight") else v) for k, v in _p.items()}
+with torch.no_grad():
+    _ours = ffn_sublayer_backward(_X1, _mu, _rstd, _z, _gY, activation="gelu")
+assert torch.allclose(_ours["X1"], _gY, atol=1e-14)   # W2 = 0: no branch gradient, only the skip's copy
+
+# %% [raw]
+# # END TESTS
+
+# %% [raw]
+# # END QUESTION
+
+# %% [markdown]
+# **Self-check 3** (reference: autograd through `X1 + FF(F.layer_norm(X1))`, ReLU, on `X1`
+# (2, 5, 8) with `d_ff` 16; the dict is compared key by key in the order backward computes them,
+# so the first gradient named wrong is where your backward first goes off; forgetting the skip
+# path shows up as `X1 is wrong` while the six parameter gradients already match):
+
+# %%
+NAMES3 = ("norm2.weight", "norm2.bias", "linear1.weight", "linear1.bias", "linear2.weight", "linear2.bias")
+params3 = block_params(8, 16, seed=30, dtype=dtype, device=dev)
+X1_3 = randn(2, 5, 8, seed=31, dtype=dtype, device=dev)
+grad_Y3 = randn(2, 5, 8, seed=32, dtype=dtype, device=dev)
+_, mu2_3, rstd2_3 = layernorm_forward(X1_3, params3["norm2.weight"], params3["norm2.bias"])
+
+
+def ffn_sublayer_reference(X1, g2, be2, W1, b1, W2, b2):
+    """Y = X1 + FF(LN2(X1)) with torch's own functions (autograd's reference)."""
+    return X1 + F.linear(F.relu(F.linear(F.layer_norm(X1, (8,), g2, be2, 1e-5), W1, b1)), W2, b2)
+
+
+grads3 = dict(zip(("X1", *NAMES3), autograd_grads(ffn_sublayer_reference, (X1_3, *(params3[n] for n in NAMES3)), grad_Y3)))
+# in the order backward computes them: the first one named wrong is where your backward first goes off
+expected = {k: grads3[k] for k in ("linear2.weight", "linear2.bias", "linear1.weight", "linear1.bias",
+                                   "norm2.weight", "norm2.bias", "X1")}
+check(ffn_sublayer_backward, expected, args=(X1_3, mu2_3, rstd2_3, params3, grad_Y3),
+      name="Exercise 3 · ffn_sublayer_backward", against="autograd")
+
+# %% [raw]
+# # BEGIN QUESTION
+# name: ex4
+# points: 1
+# by_hand: [autograd, helpers.block.block_manual_backward]
+
+# %% [markdown]
+# ## Exercise 4 · The embedding backward is a scatter-add (1 point)
+#
+# **Goal:** a GPT's input is $X_0[b, n] = W_{te}[\mathrm{idx}_{b,n}] + W_{pe}[n]$: a gather of rows.
+# Its backward sends each position's gradient back to the row it came from, and a token that
+# occurs several times must receive the **sum** of all its positions' gradients.
+# `grad_wte[idx] = grad_X0` looks right and passes any test whose tokens are all different, but
+# keeps only one occurrence; `grad_wte.index_add_(0, ids, rows)` adds them all.
+#
+# Write `embedding_backward(idx, grad_X0, vocab_size, n_ctx)` for `idx` (B, N) int64 token ids and
+# `grad_X0` (B, N, d), returning `(grad_wte, grad_wpe)` of shapes `(vocab_size, d)` and
+# `(n_ctx, d)`: zero rows for tokens that do not occur and for positions `N …` `n_ctx − 1`
+# (the sequence may be shorter than the context), and for position $n < N$ the sum over the batch.
+
+# %% [raw]
+# # BEGIN SOLUTION
+
+# %%
+def embedding_backward(idx, grad_X0, vocab_size, n_ctx):
+    """X0 = wte[idx] + wpe[:N]  ⇒  grad_wte = scatter-add of grad_X0's rows at idx, grad_wpe[:N] = Σ_batch grad_X0."""
+    # BEGIN SOLUTION
+    B, N, d = grad_X0.shape
+    grad_wte = torch.zeros(vocab_size, d, dtype=grad_X0.dtype, device=grad_X0.device)
+    grad_wte.index_add_(0, idx.flatten(), grad_X0.reshape(B * N, d))    # (B·N,) ids, (B·N, d) rows
+    grad_wpe = torch.zeros(n_ctx, d, dtype=grad_X0.dtype, device=grad_X0.device)
+    grad_wpe[:N] = grad_X0.sum(0)                                        # (B, N, d) -> (N, d)
+    return grad_wte, grad_wpe
+    # END SOLUTION
+
+
+# %% [raw]
+# # END SOLUTION
+
+# %% [raw]
+# # BEGIN TESTS
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+from helpers.device import randn
+# every token the same: its row is the sum of all 2·4 gradients
+_idx = torch.full((2, 4), 3, dtype=torch.long)
+_g = randn(2, 4, 5, seed=401, dtype=torch.float64)
+_gwte, _gwpe = embedding_backward(_idx, _g, 6, 4)
+assert _gwte.shape == (6, 5) and torch.allclose(_gwte[3], _g.sum((0, 1)), atol=1e-12)
+assert torch.equal(_gwte[[0, 1, 2, 4, 5]], torch.zeros(5, 5, dtype=torch.float64))
+assert torch.allclose(_gwpe, _g.sum(0), atol=1e-12)
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+from helpers.device import randn
+# repeated tokens in a sequence shorter than the context, vs autograd
+_idx = torch.tensor([[5, 0, 5, 2, 0], [1, 5, 5, 2, 7]])
+_g = randn(2, 5, 3, seed=402, dtype=torch.float64)
+_wte, _wpe = randn(8, 3, seed=403, dtype=torch.float64).requires_grad_(), randn(9, 3, seed=404, dtype=torch.float64).requires_grad_()
+_ref = torch.autograd.grad(torch.nn.functional.embedding(_idx, _wte) + _wpe[:5], (_wte, _wpe), _g)
+_ours = embedding_backward(_idx, _g, 8, 9)
+assert _ours[1].shape == (9, 3) and all(torch.allclose(o, r, atol=1e-12) for o, r in zip(_ours, _ref))
+
+# %% [raw]
+# # END TESTS
+
+# %% [raw]
+# # END QUESTION
+
+# %% [markdown]
+# **Self-check 4** (reference: autograd through `F.embedding(idx, wte) + wpe[:N]`; vocabulary 10,
+# context 8, two sequences of 6 tokens in which token 5 occurs three times and token 1 twice):
+
+# %%
+idx4 = torch.tensor([[3, 1, 4, 1, 5, 9], [2, 6, 5, 3, 5, 8]], device=dev)        # (B, N) = (2, 6)
+grad_X0_4 = randn(2, 6, 4, seed=41, dtype=dtype, device=dev)
+wte4, wpe4 = randn(10, 4, seed=42, dtype=dtype, device=dev), randn(8, 4, seed=43, dtype=dtype, device=dev)
+expected = autograd_grads(lambda wte, wpe: F.embedding(idx4, wte) + wpe[:6], (wte4, wpe4), grad_X0_4)
+check(embedding_backward, expected, args=(idx4, grad_X0_4, 10, 8), outputs=("grad_wte", "grad_wpe"),
+      name="Exercise 4 · embedding_backward", against="autograd")
+
+# %% [markdown]
+# ## The block's forward, and its cache (given)
+#
+# Exercise 5 walks this forward backward. It is `nn.TransformerEncoderLayer(norm_first=True,
+# batch_first=True, dropout=0)` written out, with the parameters in a dict keyed by that
+# module's names (`BLOCK_PARAM_NAMES`); `SA` is multi-head self-attention with the packed
+# `in_proj` of `nn.MultiheadAttention` (rows `0…d−1` make Q, `d…2d−1` K, `2d…3d−1` V):
+#
+# $$h_1 = \mathrm{LN}_1(X),\quad [Q\,K\,V] = h_1 W_{in}^\top + b_{in},\quad
+# A = \mathrm{merge}\big(\mathrm{softmax}(QK^\top/\sqrt{d_h})\,V\big),\quad
+# X_1 = X + A W_{o}^\top + b_{o},\quad Y = X_1 + \mathrm{FF}(\mathrm{LN}_2(X_1)).$$
+#
+# The cache keeps what backward needs: the input, each LayerNorm's μ and 1/σ, the LN₁ output
+# `h1`, the heads `Q`, `K`, `V` (B, H, N, d_h), the attention weights `P` (B, H, N, N), the
+# merged head outputs `A` (B, N, d), `X1`, and the settings. The cell below checks that it is
+# the same block as PyTorch's.
+
+# %%
+def block_forward(X, params, H, causal=False, activation="relu", eps=1e-5):
+    """Pre-norm block: X1 = X + SA(LN1(X)), Y = X1 + FF(LN2(X1)); returns (Y, cache)."""
+    p = params
+    h1, mu1, rstd1 = layernorm_forward(X, p["norm1.weight"], p["norm1.bias"], eps)      # (B, N, d)
+    QKV = h1 @ p["self_attn.in_proj_weight"].T + p["self_attn.in_proj_bias"]            # (B, N, d) @ (d, 3d) -> (B, N, 3d)
+    Q, K, V = (split_heads(t, H) for t in QKV.chunk(3, dim=-1))                         # 3 × (B, H, N, d_h)
+    mask = causal_mask(X.shape[1], X.shape[1], device=X.device) if causal else None
+    O, P = attention_forward(Q, K, V, mask)                                              # (B, H, N, d_h), (B, H, N, N)
+    A = merge_heads(O)                                                                   # (B, H, N, d_h) -> (B, N, d)
+    X1 = X + A @ p["self_attn.out_proj.weight"].T + p["self_attn.out_proj.bias"]        # (B, N, d) @ (d, d) -> (B, N, d)
+    h2, mu2, rstd2 = layernorm_forward(X1, p["norm2.weight"], p["norm2.bias"], eps)     # (B, N, d)
+    U = h2 @ p["linear1.weight"].T + p["linear1.bias"]                                  # (B, N, d) @ (d, d_ff) -> (B, N, d_ff)
+    a = F.relu(U) if activation == "relu" else F.gelu(U)
+    Y = X1 + a @ p["linear2.weight"].T + p["linear2.bias"]                              # (B, N, d_ff) @ (d_ff, d) -> (B, N, d)
+    cache = {"X": X, "mu1": mu1, "rstd1": rstd1, "h1": h1, "Q": Q, "K": K, "V": V, "P": P, "A": A,
+             "X1": X1, "mu2": mu2, "rstd2": rstd2, "params": p, "H": H, "activation": activation}
+    return Y, cache
+
+
+B5, N5, d5, H5, d_ff5 = 2, 5, 8, 2, 16
+layer5 = nn.TransformerEncoderLayer(d5, H5, d_ff5, dropout=0.0, activation="relu", batch_first=True,
+                                    norm_first=True, device=dev, dtype=dtype)
+params5 = block_params(d5, d_ff5, seed=50, dtype=dtype, device=dev)   # γ ≠ 1, β ≠ 0: every term shows
+load_params_into_layer(layer5, params5)
+X5 = randn(B5, N5, d5, seed=51, dtype=dtype, device=dev)
+grad_Y5 = randn(B5, N5, d5, seed=52, dtype=dtype, device=dev)
+Y5, cache5 = block_forward(X5, params5, H5)
+_ = compare("block_forward vs nn.TransformerEncoderLayer", Y5, layer5(X5), atol=1e-10, rtol=0)
+
+# %% [raw]
+# # BEGIN QUESTION
+# name: ex5
+# points: 3
+# by_hand: [autograd, helpers.block.block_manual_backward]
+
+# %% [markdown]
+# ## Exercise 5 · The whole pre-norm block, backward by hand (3 points)
+#
+# **Goal:** chain everything into the block's backward, with no autograd: every one of the 12
+# parameters of `nn.TransformerEncoderLayer` and the input, from a cache. Walking up:
+#
+# 1. **FFN sub-layer**: your `ffn_sublayer_backward(X1, mu2, rstd2, params, grad_Y, activation)`
+#    gives `grad_X1` (skip + branch) and six parameter gradients.
+# 2. **out_proj**: $X_1 = X + A W_o^\top + b_o$, so the attention branch receives a copy of
+#    `grad_X1`: `linear_backward(A, W_o, grad_X1)` gives `grad_A` and the out_proj gradients.
+# 3. **attention**: split `grad_A` (B, N, d) into heads, `grad_O` (B, H, N, d_h), then chapter 6's
+#    `attention_backward(Q, K, V, P, grad_O, scale)` with scale $1/\sqrt{d_h}$. No mask is needed
+#    in backward: a masked entry already has $P = 0$.
+# 4. **in_proj**: merge the three gradients back to (B, N, d) each and concatenate them in the
+#    packed order Q, K, V along the last dim, (B, N, 3d); `linear_backward(h1, W_in, grad_QKV)`
+#    gives `grad_h1` and the in_proj gradients.
+# 5. **LN₁ and the first residual**: your `layernorm_backward(X, mu1, rstd1, γ₁, grad_h1)` gives the
+#    branch's gradient of `X` and the norm1 gradients; $\partial L/\partial X$ = `grad_X1` (the skip) + that.
+#
+# Write `block_backward(grad_Y, cache)` for the cache of `block_forward` above, returning a dict
+# with the key `"X"` and every name of `BLOCK_PARAM_NAMES` (`"self_attn.in_proj_weight"`,
+# `"self_attn.in_proj_bias"`, `"self_attn.out_proj.weight"`, `"self_attn.out_proj.bias"`,
+# `"linear1.weight"`, …, `"norm2.bias"`). The grader runs it under `torch.no_grad()`, with a
+# causal mask and GELU too.
+
+# %% [raw]
+# # BEGIN SOLUTION
+
+# %%
+def block_backward(grad_Y, cache):
+    """X1 = X + SA(LN1(X)), Y = X1 + FF(LN2(X1))  ⇒  {"X": ∂L/∂X, name: ∂L/∂θ for every parameter}."""
+    # BEGIN SOLUTION
+    p, H = cache["params"], cache["H"]
+    grads = ffn_sublayer_backward(cache["X1"], cache["mu2"], cache["rstd2"], p, grad_Y, cache["activation"])
+    grad_X1 = grads.pop("X1")                                                    # (B, N, d)
+    grad_A, grads["self_attn.out_proj.weight"], grads["self_attn.out_proj.bias"] = linear_backward(
+        cache["A"], p["self_attn.out_proj.weight"], grad_X1)                     # (B, N, d)
+    grad_O = split_heads(grad_A, H)                                              # (B, N, d) -> (B, H, N, d_h)
+    Q, K, V = cache["Q"], cache["K"], cache["V"]
+    grad_Q, grad_K, grad_V = attention_backward(Q, K, V, cache["P"], grad_O, 1.0 / math.sqrt(Q.shape[-1]))
+    grad_QKV = torch.cat([merge_heads(g) for g in (grad_Q, grad_K, grad_V)], dim=-1)   # 3 × (B, N, d) -> (B, N, 3d)
+    grad_h1, grads["self_attn.in_proj_weight"], grads["self_attn.in_proj_bias"] = linear_backward(
+        cache["h1"], p["self_attn.in_proj_weight"], grad_QKV)                    # (B, N, 3d) -> (B, N, d)
+    grad_X_branch, grads["norm1.weight"], grads["norm1.bias"] = layernorm_backward(
+        cache["X"], cache["mu1"], cache["rstd1"], p["norm1.weight"], grad_h1)
+    grads["X"] = grad_X1 + grad_X_branch                                         # skip + branch
+    return grads
+    # END SOLUTION
+
+
+# %% [raw]
+# # END SOLUTION
+
+# %% [raw]
+# # BEGIN TESTS
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+from helpers.block import BLOCK_PARAM_NAMES as _NAMES, block_params as _bp, layer_from_params as _layer
+from helpers.device import randn
+# ReLU, no mask, other sizes (3 heads of width 4)
+_p = _bp(12, 20, seed=500, dtype=torch.float64)
+_X = randn(2, 4, 12, seed=501, dtype=torch.float64)    # B = 2: weight gradients are sums over the batch
+_gY = randn(2, 4, 12, seed=502, dtype=torch.float64)
+_L = _layer(_p, 3, norm_first=True, activation="relu")
+_Xr = _X.clone().requires_grad_()
+_ref = dict(zip(("X",) + tuple(_NAMES), torch.autograd.grad(_L(_Xr), [_Xr] + [_L.get_parameter(n) for n in _NAMES], _gY)))
+_, _c = block_forward(_X, _p, 3)
+with torch.no_grad():
+    _ours = block_backward(_gY, _c)
+assert all(_ours[k].shape == _ref[k].shape and torch.allclose(_ours[k], _ref[k], atol=1e-10) for k in _ref)
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+from helpers.block import BLOCK_PARAM_NAMES as _NAMES, block_params as _bp, layer_from_params as _layer
+from helpers.device import randn
+# GELU with a causal mask
+_p = _bp(8, 12, seed=510, dtype=torch.float64)
+_X = randn(2, 6, 8, seed=511, dtype=torch.float64)
+_gY = randn(2, 6, 8, seed=512, dtype=torch.float64)
+_L = _layer(_p, 4, norm_first=True, activation="gelu")
+_Xr = _X.clone().requires_grad_()
+_mask = torch.nn.Transformer.generate_square_subsequent_mask(6, dtype=torch.float64)
+_Y = _L(_Xr, src_mask=_mask, is_causal=True)
+_ref = dict(zip(("X",) + tuple(_NAMES), torch.autograd.grad(_Y, [_Xr] + [_L.get_parameter(n) for n in _NAMES], _gY)))
+_, _c = block_forward(_X, _p, 4, causal=True, activation="gelu")
+with torch.no_grad():
+    _ours = block_backward(_gY, _c)
+assert all(torch.allclose(_ours[k], _ref[k], atol=1e-10) for k in _ref)
+
+# %% [raw]
+# # END TESTS
+
+# %% [raw]
+# # END QUESTION
+
+# %% [markdown]
+# **Self-check 5** (reference: autograd on `layer5`, the `nn.TransformerEncoderLayer(norm_first=True,
+# batch_first=True, dropout=0)` above, float64, 2 heads; the 13 gradients are compared by name in
+# the order backward computes them, from `linear2.weight` to `X`, so the first one named wrong,
+# e.g. `self_attn.in_proj_weight is wrong: …`, is where your backward first goes off):
+
+# %%
+X5r = X5.clone().requires_grad_()
+weights5 = [layer5.get_parameter(n) for n in BLOCK_PARAM_NAMES]
+grads5 = dict(zip(("X", *BLOCK_PARAM_NAMES), torch.autograd.grad(layer5(X5r), [X5r, *weights5], grad_Y5)))
+BACKWARD_ORDER = ("linear2.weight", "linear2.bias", "linear1.weight", "linear1.bias", "norm2.weight", "norm2.bias",
+                  "self_attn.out_proj.weight", "self_attn.out_proj.bias", "self_attn.in_proj_weight",
+                  "self_attn.in_proj_bias", "norm1.weight", "norm1.bias", "X")
+expected = {k: grads5[k] for k in BACKWARD_ORDER}   # the first one named wrong is where backward first goes off
+check(block_backward, expected, args=(grad_Y5, cache5), name="Exercise 5 · block_backward",
+      against="autograd on nn.TransformerEncoderLayer")
+
+# %% [markdown]
+# ## Before you hand in
+#
+# Run *Runtime → Restart and run all* (Colab) or *Kernel → Restart & Run All* (Jupyter) and
+# look at the self-check lines: each should be a `✓`. Then download the notebook (`.ipynb`)
+# and hand it in. Keep the names: the grader calls `layernorm_backward`, `ffn_backward`,
+# `ffn_sublayer_backward`, `embedding_backward`, `block_forward` and `block_backward`.

@@ -1,0 +1,949 @@
+# %% [raw]
+# # ASSIGNMENT CONFIG
+# name: lab09_memory_checkpointing
+# init_cell: false
+# check_all_cell: false
+# export_cell: false
+# run_tests: true
+# generate:
+#   pdf: false
+#   show_stdout: false
+
+# %% [markdown]
+# # Lab 9 · Memory, checkpointing and loss scaling by hand
+#
+# Chapter 9 counted what the forward pass keeps for backward, traded it for compute with
+# gradient checkpointing, and scaled a float16 loss so its gradients survive. Here you do each of
+# them yourself: predict the bytes, write the checkpoint `Function` (weights as inputs, dropout
+# repeated exactly), checkpoint a stack in segments, and write the loss-scaling step that
+# `torch.amp.GradScaler` automates. This lab goes with
+# [Chapter 9](../chapters/09_memory_checkpointing.ipynb).
+#
+# **Learning goals.** After this lab you can
+# * predict, operation by operation, the bytes a LayerNorm + MLP block keeps for backward;
+# * write gradient checkpointing as a `torch.autograd.Function` that keeps only the block's
+#   input, recomputes the forward in backward, and gives the weights their gradients;
+# * make the recomputation draw the same dropout mask, without disturbing the random stream
+#   the rest of training uses;
+# * checkpoint a stack in segments and say what stays in memory;
+# * do loss scaling by hand: scale, unscale, skip the step on `inf`, update the scale.
+#
+# **How a lab works.** Each exercise states its goal and its points (12 in all). Replace every
+# `...` with your code, keep the function names and signatures, then run the **self-check**
+# cell right below. It answers in one line: `✓` matches (the `max|Δ|` is round-off), `✗`
+# what is wrong and where, or `·` not implemented yet. Your instructor grades the notebook
+# you hand in with hidden tests that call the same functions on other inputs.
+
+# %% tags=["remove-cell"]
+# Colab setup (hidden on the site): in Colab, install the course helpers; elsewhere do nothing.
+import sys
+if "google.colab" in sys.modules:
+    # %pip install -q "backprop-by-hand @ git+https://github.com/backprop-by-hand/course"
+
+# %%
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from helpers.checkpoint import ScalerState, get_rng_state, loss_scale_step, set_rng_state
+from helpers.device import get_device, no_tf32, randn
+from helpers.labcheck import autograd_grads, check
+from helpers.memory import SavedTensors, fmt_bytes
+
+dev = get_device()
+no_tf32()
+cpu = torch.device("cpu")
+F64 = torch.float64  # recomputation repeats the same operations: float64 lets us ask for 1e-12
+
+
+def applied(fn):
+    """fn, but an unfinished answer (one that returns None) reads as 'not implemented yet'."""
+    def run(*args):
+        out = fn(*args)
+        if out is None:
+            raise NotImplementedError
+        return out
+    return run
+
+
+def grads_of(y, inputs, names, grad_y):
+    """torch.autograd.grad(y, inputs, grad_y), with one readable error when an input got no gradient."""
+    try:
+        grads = torch.autograd.grad(y, inputs, grad_y, allow_unused=True)
+    except RuntimeError as e:
+        if "incorrect number of gradients" not in str(e):
+            raise
+        raise RuntimeError("backward must return one gradient per input of forward (None for non-tensors): "
+                           + str(e).split("returned ")[-1]) from None
+    missing = [n for n, g in zip(names, grads) if g is None]
+    if missing:
+        raise RuntimeError(f"no gradient reached {', '.join(missing)}: "
+                           "is it an input of the Function, and does backward return its gradient?")
+    return grads
+
+
+def mlp_block(x, ln_w, ln_b, W1, b1, W2, b2, activation="relu"):
+    """y = x + act(LN(x) W1ᵀ + b1) W2ᵀ + b2 with x (B, d), W1 (d_ff, d), W2 (d, d_ff)."""
+    h = F.layer_norm(x, x.shape[-1:], ln_w, ln_b)                 # (B, d)
+    z = h @ W1.T + b1                                              # (B, d) @ (d, d_ff) -> (B, d_ff)
+    a = F.relu(z) if activation == "relu" else F.gelu(z)          # (B, d_ff)
+    return x + a @ W2.T + b2                                       # (B, d_ff) @ (d_ff, d) -> (B, d)
+
+
+def ffn(x, W1, b1, W2, b2):
+    """y = x + GELU(x W1ᵀ + b1) W2ᵀ + b2: a residual MLP block, its weights passed in."""
+    return x + F.gelu(x @ W1.T + b1) @ W2.T + b2                   # (B, d) @ (d, f) @ (f, d) -> (B, d)
+
+
+def ffn_dropout(x, W1, b1, W2, b2):
+    """y = x + dropout₀.₃(GELU(x W1ᵀ + b1)) W2ᵀ + b2: every call draws a fresh mask."""
+    a = F.dropout(F.gelu(x @ W1.T + b1), p=0.3, training=True)    # (B, d) @ (d, f) -> (B, f)
+    return x + a @ W2.T + b2                                       # (B, f) @ (f, d) -> (B, d)
+
+
+def ffn_params(d, d_ff, seed, dtype=F64, device=dev):
+    """[W1 (d_ff, d), b1 (d_ff,), W2 (d, d_ff), b2 (d,)], leaves that require grad."""
+    return [randn(d_ff, d, seed=seed, dtype=dtype, device=device, requires_grad=True),
+            randn(d_ff, seed=seed + 1, dtype=dtype, device=device, requires_grad=True),
+            randn(d, d_ff, seed=seed + 2, dtype=dtype, device=device, requires_grad=True),
+            randn(d, seed=seed + 3, dtype=dtype, device=device, requires_grad=True)]
+
+
+# %% [raw]
+# # BEGIN QUESTION
+# name: ex1
+# points: 2
+
+# %% [markdown]
+# ## Exercise 1 · Predict the bytes a block keeps for backward (2 points)
+#
+# **Goal:** read a block as a list of operations and say, without running it, what each one
+# keeps for backward and how many bytes that is.
+#
+# The block is `mlp_block` above: $y = x + \mathrm{act}(\mathrm{LN}(x) W_1^\top + b_1) W_2^\top +
+# b_2$ with `x` of shape (B, d), hidden width `d_ff`, `act` ReLU or GELU. What PyTorch's CPU
+# kernels keep (chapter 9, section 1):
+# * `layer_norm` keeps its input, and the row mean $\mu$ and $1/\sigma$, one number per row each;
+# * a matmul `h @ W.T` keeps its input `h` (and the weight, which exists anyway);
+# * ReLU keeps its **output**; GELU keeps its **input**;
+# * additions (`+ b`, the residual `x + ...`) keep nothing;
+# * a tensor kept by two operations costs its bytes once.
+#
+# Write `predict_saved_bytes(B, d, d_ff, activation, bytes_per_element)`: the bytes kept, as
+# an `int`, parameters (`ln_w`, `ln_b`, `W1`, `b1`, `W2`, `b2`) **not** counted. The input `x`
+# itself **does** count here (unlike lab 3's exercise 4, which excluded inputs): the block keeps it. Hint: with
+# ReLU one tensor is kept by two operations; with GELU it is not.
+
+# %% [raw]
+# # BEGIN SOLUTION
+
+# %%
+def predict_saved_bytes(B, d, d_ff, activation, bytes_per_element):
+    """Bytes the block keeps for backward (an int), its parameters not counted."""
+    # BEGIN SOLUTION
+    ln = d + 2                    # LN: x, μ, 1/σ
+    mm1 = d                       # W1's matmul: LN's output
+    # ReLU's output is W2's input (one tensor); GELU keeps z, W2 keeps GELU(z) (two)
+    act = d_ff if activation == "relu" else 2 * d_ff
+    return B * (ln + mm1 + act) * bytes_per_element
+    # END SOLUTION
+
+
+# %% [raw]
+# # END SOLUTION
+
+# %% [raw]
+# # BEGIN TESTS
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+import torch.nn.functional as _F
+from helpers.device import randn
+from helpers.memory import SavedTensors
+
+
+def _measure(B, d, f, act, dt):
+    _x = randn(B, d, seed=1, dtype=dt, requires_grad=True)
+    _ps = [randn(*s, seed=2 + i, dtype=dt, requires_grad=True) for i, s in enumerate([(d,), (d,), (f, d), (f,), (d, f), (d,)])]
+    with SavedTensors(exclude=_ps) as _s:
+        _h = _F.layer_norm(_x, (d,), _ps[0], _ps[1]) @ _ps[2].T + _ps[3]
+        _a = _F.relu(_h) if act == "relu" else _F.gelu(_h)
+        _ = _x + _a @ _ps[4].T + _ps[5]
+    return _s.total_bytes
+
+
+for _B, _d, _f in [(2, 3, 11), (7, 16, 4), (1, 9, 9)]:
+    assert int(predict_saved_bytes(_B, _d, _f, "relu", 4)) == _measure(_B, _d, _f, "relu", torch.float32)
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+import torch.nn.functional as _F
+from helpers.device import randn
+from helpers.memory import SavedTensors
+
+
+def _measure(B, d, f, act, dt):
+    _x = randn(B, d, seed=1, dtype=dt, requires_grad=True)
+    _ps = [randn(*s, seed=2 + i, dtype=dt, requires_grad=True) for i, s in enumerate([(d,), (d,), (f, d), (f,), (d, f), (d,)])]
+    with SavedTensors(exclude=_ps) as _s:
+        _h = _F.layer_norm(_x, (d,), _ps[0], _ps[1]) @ _ps[2].T + _ps[3]
+        _a = _F.relu(_h) if act == "relu" else _F.gelu(_h)
+        _ = _x + _a @ _ps[4].T + _ps[5]
+    return _s.total_bytes
+
+
+for _B, _d, _f in [(2, 3, 11), (5, 8, 32)]:
+    assert int(predict_saved_bytes(_B, _d, _f, "gelu", 8)) == _measure(_B, _d, _f, "gelu", torch.float64)
+    assert int(predict_saved_bytes(_B, _d, _f, "gelu", 4)) == _measure(_B, _d, _f, "gelu", torch.float32)
+
+# %% [raw]
+# # END TESTS
+
+# %% [raw]
+# # END QUESTION
+
+# %% [markdown]
+# **Self-check 1** (reference: the bytes `SavedTensors` measures while `mlp_block` runs, on the
+# CPU, parameters excluded):
+
+# %%
+def measured_saved_bytes(B, d, d_ff, activation, dtype):
+    """Bytes SavedTensors records for one mlp_block forward, parameters excluded."""
+    x = randn(B, d, seed=1, dtype=dtype, requires_grad=True)
+    params = [randn(*shape, seed=2 + i, dtype=dtype, requires_grad=True)
+              for i, shape in enumerate([(d,), (d,), (d_ff, d), (d_ff,), (d, d_ff), (d,)])]
+    with SavedTensors(exclude=params) as saved:
+        mlp_block(x, *params, activation=activation)
+    return saved.total_bytes
+
+
+cases = {"ReLU/float32": (4, 6, 10, "relu", torch.float32), "GELU/float64": (3, 5, 12, "gelu", torch.float64)}
+check(lambda: {k: predict_saved_bytes(*c[:4], torch.finfo(c[4]).bits // 8) for k, c in cases.items()},
+      {k: measured_saved_bytes(*c) for k, c in cases.items()},
+      name="Exercise 1 · predict_saved_bytes", against="SavedTensors")
+
+# %% [raw]
+# # BEGIN QUESTION
+# name: ex2
+# points: 3
+# by_hand: [torch.utils.checkpoint.checkpoint, helpers.checkpoint.checkpoint, helpers.checkpoint.recompute_backward, helpers.checkpoint.checkpoint_sequential]
+
+# %% [markdown]
+# ## Exercise 2 · A checkpoint `Function` that keeps only the input (3 points)
+#
+# **Goal:** trade memory for compute. The forward runs without building a graph and keeps only
+# the block's input; backward runs the block again, this time with a graph, and differentiates it.
+#
+# Fill in `Checkpoint` for a block `y = fn(x, *params)`:
+# * `forward(fn, x, *params)`: return `fn(x, *params)` computed under `torch.no_grad()`, so no
+#   graph is built and none of `fn`'s intermediate tensors is kept (autograd already runs a
+#   `Function`'s forward with grad off; `no_grad` says it where the reader sees it);
+# * `setup_context(ctx, inputs, output)`: keep `fn` on `ctx` (it is not a tensor) and save `x`
+#   and the parameters with `ctx.save_for_backward` (the parameters exist anyway: they cost
+#   nothing extra);
+# * `backward(ctx, grad_y)`: unpack `ctx.saved_tensors`; read `needs = ctx.needs_input_grad[1:]`
+#   (one flag for `x`, one per parameter: which inputs want a gradient); make fresh leaves
+#   `t.detach().requires_grad_(n)` for `x` and every parameter, so that only the wanted ones
+#   require a gradient; run `fn` on them inside `torch.enable_grad()` (backward runs with grad
+#   off); take `torch.autograd.grad(y, wanted_leaves, grad_y)` for the wanted leaves only and
+#   return `(None, grad_x, *grad_params)`: one entry per input of `forward`, `None` for `fn` and
+#   for every input that needs no gradient (a data input, a frozen weight).
+#
+# Why the parameters are inputs: autograd asks a `Function` for the gradients of its inputs
+# only. Weights captured inside `fn` would silently get no gradient (chapter 9,
+# `ClosureCheckpoint`).
+
+# %% [raw]
+# # BEGIN SOLUTION
+
+# %%
+class Checkpoint(torch.autograd.Function):
+    """y = fn(x, *params), keeping only x (and the params); backward recomputes fn and differentiates it."""
+
+    @staticmethod
+    def forward(fn, x, *params):
+        # BEGIN SOLUTION
+        with torch.no_grad():
+            return fn(x, *params)
+        # END SOLUTION
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        # BEGIN SOLUTION
+        fn, x, *params = inputs
+        ctx.fn = fn
+        ctx.save_for_backward(x, *params)
+        # END SOLUTION
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_y):
+        # BEGIN SOLUTION
+        x, *params = ctx.saved_tensors
+        needs = ctx.needs_input_grad[1:]                                # x, then each parameter
+        leaves = [t.detach().requires_grad_(n) for t, n in zip((x, *params), needs)]   # share memory with x, θ
+        with torch.enable_grad():
+            y = ctx.fn(*leaves)                                         # the forward again, with a graph
+        got = iter(torch.autograd.grad(y, [t for t, n in zip(leaves, needs) if n], grad_y))
+        return (None, *(next(got) if n else None for n in needs))
+        # END SOLUTION
+
+
+# %% [raw]
+# # END SOLUTION
+
+# %% [raw]
+# # BEGIN TESTS
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+import torch.nn.functional as _F
+from helpers.device import randn
+
+
+def _blk(x, W, c, V):
+    return x + torch.tanh(x @ W.T + c) @ V.T
+
+
+_x = randn(5, 3, seed=501, dtype=torch.float64, requires_grad=True)
+_ps = [randn(4, 3, seed=502, dtype=torch.float64, requires_grad=True), randn(4, seed=503, dtype=torch.float64, requires_grad=True),
+       randn(3, 4, seed=504, dtype=torch.float64, requires_grad=True)]
+_ref = torch.autograd.grad((_blk(_x, *_ps) ** 3).sum(), [_x, *_ps])
+(Checkpoint.apply(_blk, _x, *_ps) ** 3).sum().backward()       # .backward(): the weights' .grad must be set
+for _t, _r in zip([_x, *_ps], _ref):
+    assert _t.grad is not None and torch.allclose(_t.grad, _r, atol=1e-12)
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+import torch.nn.functional as _F
+from helpers.device import randn
+from helpers.memory import SavedTensors
+
+
+def _blk(x, W1, W2):
+    return x + _F.gelu(x @ W1.T) @ W2.T
+
+
+_x = randn(2, 6, 3, seed=511, dtype=torch.float64, requires_grad=True)
+_ps = [randn(8, 3, seed=512, dtype=torch.float64, requires_grad=True), randn(3, 8, seed=513, dtype=torch.float64, requires_grad=True)]
+with SavedTensors(exclude=_ps) as _s:
+    _y = Checkpoint.apply(_blk, _x, *_ps)
+assert _s.count == 1 and _s.total_bytes == _x.numel() * 8       # x only
+assert torch.allclose(_y, _blk(_x, *_ps), atol=1e-12)
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+from helpers.device import randn
+
+
+def _blk(x, W):
+    return torch.sin(x @ W.T)
+
+
+# x is data (no grad wanted), W is trained; grad_output is not modified
+_x = randn(4, 5, seed=521, dtype=torch.float64)
+_W = randn(2, 5, seed=522, dtype=torch.float64, requires_grad=True)
+_g = randn(4, 2, seed=523, dtype=torch.float64)
+_g0 = _g.clone()
+(_gW,) = torch.autograd.grad(Checkpoint.apply(_blk, _x, _W), [_W], _g)
+_Wl = _W.detach().clone().requires_grad_()
+(_ref,) = torch.autograd.grad(_blk(_x, _Wl), [_Wl], _g0)
+assert torch.allclose(_gW, _ref, atol=1e-12) and torch.equal(_g, _g0)
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+from helpers.device import randn
+
+# needs_input_grad gating: the re-run must not make a data input x require a gradient
+_seen = []
+
+
+def _blk(x, W):
+    _seen.append(x.requires_grad)
+    return torch.cos(x @ W.T)
+
+
+_x = randn(3, 4, seed=531, dtype=torch.float64)
+_W = randn(2, 4, seed=532, dtype=torch.float64, requires_grad=True)
+_ = torch.autograd.grad(Checkpoint.apply(_blk, _x, _W).sum(), [_W])
+assert _seen == [False, False]
+
+# %% [raw]
+# # END TESTS
+
+# %% [raw]
+# # END QUESTION
+
+# %% [markdown]
+# **Self-check 2** (reference: autograd through `ffn` without checkpointing; "bytes kept" is
+# what `SavedTensors` records during your forward, parameters excluded, against the bytes of `x`):
+
+# %%
+def with_saved_bytes(run):
+    """(y, grad_x, grad_W1, grad_b1, grad_W2, grad_b2, bytes kept) for y = run(x, *params), upstream grad_y."""
+    def go(x, *params):
+        with SavedTensors(exclude=params) as saved:
+            y = run(x, *params)
+        return (y, *grads_of(y, [x, *params], ["x", "W1", "b1", "W2", "b2"], grad_y2), saved.total_bytes)
+    return go
+
+
+x2 = randn(6, 5, seed=1, dtype=F64, device=dev, requires_grad=True)
+params2 = ffn_params(5, 9, seed=2)
+grad_y2 = randn(6, 5, seed=6, dtype=F64, device=dev)
+expected = (ffn(x2, *params2), *autograd_grads(ffn, (x2, *params2), grad_y2), x2.numel() * x2.element_size())
+check(with_saved_bytes(lambda x, *p: applied(Checkpoint.apply)(ffn, x, *p)), expected, args=(x2, *params2),
+      outputs=("y", "grad_x", "grad_W1", "grad_b1", "grad_W2", "grad_b2", "bytes kept"),
+      name="Exercise 2 · Checkpoint", against="autograd", atol=1e-12, rtol=0)
+
+# %% [markdown]
+# The tolerance is `atol 1e-12, rtol 0` in float64: backward repeats the very same operations
+# in the same order, so the gradients are equal up to (at most) round-off far below 1e-12.
+
+# %% [raw]
+# # BEGIN QUESTION
+# name: ex3
+# points: 2
+# by_hand: [torch.utils.checkpoint.checkpoint, helpers.checkpoint.checkpoint, helpers.checkpoint.recompute_backward, helpers.checkpoint.checkpoint_sequential]
+
+# %% [markdown]
+# ## Exercise 3 · Dropout must draw the same mask twice (2 points)
+#
+# **Goal:** a recomputation is only correct if it recomputes *the same* function; with
+# dropout that means the same random mask, so the RNG state must be taken before the forward
+# and put back for the re-run.
+#
+# Your `Checkpoint` on `ffn_dropout` gives wrong gradients: the re-run in backward draws a new
+# mask. Write
+# * `CheckpointRNG`: like `Checkpoint`, with one more input, `forward(fn, rng_state, x,
+#   *params)`; keep `rng_state` on `ctx` too; in `backward`, re-run `fn` inside
+#   `torch.random.fork_rng(devices=[i for i, _ in ctx.rng_state.cuda])`, calling
+#   `set_rng_state(ctx.rng_state)` first. Gate on `ctx.needs_input_grad[2:]` as in `Checkpoint`
+#   and return one gradient per input (`None` for `fn`, `rng_state` and every input that needs
+#   no gradient);
+# * `checkpoint_rng(fn, x, *params)`: take `rng_state = get_rng_state([x, *params])` (from
+#   `helpers.checkpoint`: the CPU generator's state, and the CUDA one's if a tensor is on a GPU)
+#   **before** the forward runs, then return `CheckpointRNG.apply(fn, rng_state, x, *params)`.
+#   Why not take it in `setup_context`? It runs *after* `forward`, when the mask is already drawn.
+#
+# Why `fork_rng`: `set_rng_state` rewinds the global generator; inside `fork_rng` the rewind is
+# undone when the block ends, so the random numbers the rest of training draws after backward
+# are the ones it would have drawn without checkpointing.
+
+# %% [raw]
+# # BEGIN SOLUTION
+
+# %%
+class CheckpointRNG(torch.autograd.Function):
+    """y = fn(x, *params) keeping x; backward recomputes fn with the RNG put back to rng_state."""
+
+    @staticmethod
+    def forward(fn, rng_state, x, *params):
+        # BEGIN SOLUTION
+        with torch.no_grad():
+            return fn(x, *params)
+        # END SOLUTION
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        # BEGIN SOLUTION
+        fn, rng_state, x, *params = inputs
+        ctx.fn, ctx.rng_state = fn, rng_state
+        ctx.save_for_backward(x, *params)
+        # END SOLUTION
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_y):
+        # BEGIN SOLUTION
+        x, *params = ctx.saved_tensors
+        needs = ctx.needs_input_grad[2:]                                # x, then each parameter
+        leaves = [t.detach().requires_grad_(n) for t, n in zip((x, *params), needs)]
+        # fork_rng: the rewind below must not leak into the random stream after backward
+        with torch.random.fork_rng(devices=[i for i, _ in ctx.rng_state.cuda]):
+            set_rng_state(ctx.rng_state)
+            with torch.enable_grad():
+                y = ctx.fn(*leaves)                                     # same mask as the forward's
+        got = iter(torch.autograd.grad(y, [t for t, n in zip(leaves, needs) if n], grad_y))
+        return (None, None, *(next(got) if n else None for n in needs))
+        # END SOLUTION
+
+
+def checkpoint_rng(fn, x, *params):
+    """fn(x, *params) checkpointed, the RNG state taken before the forward so dropout repeats its mask."""
+    # BEGIN SOLUTION
+    rng_state = get_rng_state([x, *params])
+    return CheckpointRNG.apply(fn, rng_state, x, *params)
+    # END SOLUTION
+
+
+# %% [raw]
+# # END SOLUTION
+
+# %% [raw]
+# # BEGIN TESTS
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+import torch.nn.functional as _F
+from helpers.device import randn
+
+
+def _blk(x, W1, W2):
+    return x + _F.dropout(torch.tanh(x @ W1.T), p=0.5, training=True) @ W2.T
+
+
+_x = randn(7, 4, seed=601, dtype=torch.float64, requires_grad=True)
+_ps = [randn(6, 4, seed=602, dtype=torch.float64, requires_grad=True), randn(4, 6, seed=603, dtype=torch.float64, requires_grad=True)]
+_ = torch.manual_seed(11)
+_ref = torch.autograd.grad((_blk(_x, *_ps) ** 2).sum(), [_x, *_ps])
+_ = torch.manual_seed(11)
+_y = checkpoint_rng(_blk, _x, *_ps)
+_ours = torch.autograd.grad((_y ** 2).sum(), [_x, *_ps])
+assert all(torch.allclose(_a, _b, atol=1e-12) for _a, _b in zip(_ours, _ref))
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+import torch.nn.functional as _F
+from helpers.device import randn
+
+
+def _blk(x, W):
+    return _F.dropout(x @ W.T, p=0.5, training=True)
+
+
+_x = randn(3, 4, seed=611, dtype=torch.float64, requires_grad=True)
+_W = randn(5, 4, seed=612, dtype=torch.float64, requires_grad=True)
+_ = torch.manual_seed(12)
+_y = _blk(_x, _W)
+_ = torch.rand(2)                       # training draws something between forward and backward
+_ = torch.autograd.grad(_y.sum(), [_x, _W])
+_after_ref = torch.rand(5)
+_ = torch.manual_seed(12)
+_y = checkpoint_rng(_blk, _x, _W)
+_ = torch.rand(2)
+_ = torch.autograd.grad(_y.sum(), [_x, _W])
+assert torch.equal(torch.rand(5), _after_ref)   # backward left the random stream alone
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+import torch.nn.functional as _F
+from helpers.device import randn
+
+# needs_input_grad gating: a data input x stays without requires_grad in the re-run
+_seen = []
+
+
+def _blk(x, W):
+    _seen.append(x.requires_grad)
+    return _F.dropout(x @ W.T, p=0.5, training=True)
+
+
+_x = randn(3, 4, seed=621, dtype=torch.float64)
+_W = randn(5, 4, seed=622, dtype=torch.float64, requires_grad=True)
+_ = torch.autograd.grad(checkpoint_rng(_blk, _x, _W).sum(), [_W])
+assert _seen == [False, False]
+
+# %% [raw]
+# # END TESTS
+
+# %% [raw]
+# # END QUESTION
+
+# %% [markdown]
+# **Self-check 3** (reference: autograd through `ffn_dropout` without checkpointing, the RNG
+# seeded the same way; "random stream after backward" is one draw made after backward, when
+# something else was drawn between forward and backward):
+
+# %%
+def dropout_run(run, seed=5):
+    """(y, grads..., next draw) for y = run(x, *params) on ffn_dropout, seeded; a draw in between."""
+    def go(x, *params):
+        torch.manual_seed(seed)
+        y = run(x, *params)
+        torch.rand(3, device=x.device)                             # e.g. the next batch's dropout
+        grads = grads_of(y, [x, *params], ["x", "W1", "b1", "W2", "b2"], grad_y3)
+        return (y, *grads, torch.rand(4, device=x.device))
+    return go
+
+
+x3 = randn(8, 5, seed=7, dtype=F64, device=dev, requires_grad=True)
+params3 = ffn_params(5, 9, seed=8)
+grad_y3 = randn(8, 5, seed=12, dtype=F64, device=dev)
+expected = dropout_run(ffn_dropout)(x3, *params3)
+check(dropout_run(lambda x, *p: applied(checkpoint_rng)(ffn_dropout, x, *p)), expected, args=(x3, *params3),
+      outputs=("y", "grad_x", "grad_W1", "grad_b1", "grad_W2", "grad_b2", "random stream after backward"),
+      name="Exercise 3 · checkpoint_rng", against="autograd", atol=1e-12, rtol=0)
+
+# %% [raw]
+# # BEGIN QUESTION
+# name: ex4
+# points: 2
+# by_hand: [torch.utils.checkpoint.checkpoint, helpers.checkpoint.checkpoint, helpers.checkpoint.recompute_backward, helpers.checkpoint.checkpoint_sequential]
+
+# %% [markdown]
+# ## Exercise 4 · Checkpoint a stack in segments (2 points)
+#
+# **Goal:** what checkpointing leaves in memory is one tensor per checkpointed segment; the
+# segment length trades that against the activations of one segment during backward.
+#
+# `layers` is a list of parameter tuples `(W1, b1, W2, b2)`, one per `ffn_dropout` block; the
+# stack computes $x_l = \mathrm{ffn\_dropout}(x_{l-1}, \theta_l)$. Write
+# `checkpoint_stack(x, layers, segment)`: cut the list into consecutive segments of `segment`
+# blocks (the last one may be shorter: 5 blocks, `segment=2` → 2 + 2 + 1), and run each segment
+# through your `checkpoint_rng` **as one function**. That function must take the segment's
+# parameters as explicit arguments: pass them flattened (`*W1, b1, W2, b2` of every block in
+# the segment, 4 per block) and regroup them by 4 inside. Return the stack's output.
+#
+# With $L$ blocks, what is kept for backward is then $\lceil L/\text{segment} \rceil$ segment
+# inputs, each of the shape of `x`.
+
+# %% [raw]
+# # BEGIN SOLUTION
+
+# %%
+def checkpoint_stack(x, layers, segment):
+    """x_L of the ffn_dropout stack, each run of `segment` consecutive blocks checkpointed as one function."""
+    # BEGIN SOLUTION
+    def run_segment(h, *flat):
+        for i in range(0, len(flat), 4):                    # regroup (W1, b1, W2, b2) per block
+            h = ffn_dropout(h, *flat[i:i + 4])
+        return h
+
+    for start in range(0, len(layers), segment):
+        flat = [p for block in layers[start:start + segment] for p in block]
+        x = checkpoint_rng(run_segment, x, *flat)
+    return x
+    # END SOLUTION
+
+
+# %% [raw]
+# # END SOLUTION
+
+# %% [raw]
+# # BEGIN TESTS
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+import torch.nn.functional as _F
+from helpers.device import randn
+
+
+def _mk(d, f, s):
+    return tuple(randn(*sh, seed=s + i, dtype=torch.float64, requires_grad=True) for i, sh in enumerate([(f, d), (f,), (d, f), (d,)]))
+
+
+def _plain(x, layers):
+    for _W1, _b1, _W2, _b2 in layers:
+        x = x + _F.dropout(_F.gelu(x @ _W1.T + _b1), p=0.3, training=True) @ _W2.T + _b2
+    return x
+
+
+_layers = [_mk(3, 5, 700 + 10 * l) for l in range(3)]
+_x = randn(4, 3, seed=790, dtype=torch.float64, requires_grad=True)
+_all = [_x, *[p for _b in _layers for p in _b]]
+_ = torch.manual_seed(21)
+_ref = torch.autograd.grad((_plain(_x, _layers) ** 2).sum(), _all)
+_ = torch.manual_seed(21)
+_ours = torch.autograd.grad((checkpoint_stack(_x, _layers, 2) ** 2).sum(), _all)
+assert len(_ours) == 13 and all(torch.allclose(_a, _b, atol=1e-12) for _a, _b in zip(_ours, _ref))
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import math
+import torch
+from helpers.device import randn
+from helpers.memory import SavedTensors
+
+
+def _mk(d, f, s):
+    return tuple(randn(*sh, seed=s + i, dtype=torch.float32, requires_grad=True) for i, sh in enumerate([(f, d), (f,), (d, f), (d,)]))
+
+
+_layers = [_mk(4, 6, 800 + 10 * l) for l in range(6)]
+_x = randn(3, 4, seed=890, requires_grad=True)
+for _seg in (1, 4, 6):
+    with SavedTensors(exclude=[p for _b in _layers for p in _b]) as _s:
+        _y = checkpoint_stack(_x, _layers, _seg)
+    assert _y.shape == (3, 4) and _s.total_bytes == math.ceil(6 / _seg) * 3 * 4 * 4
+
+# %% [raw]
+# # END TESTS
+
+# %% [raw]
+# # END QUESTION
+
+# %% [markdown]
+# **Self-check 4** (reference: autograd through the same 5-block stack without checkpointing,
+# seeded the same way; `segment=2`, so "bytes kept" must be 3 inputs of the shape of `x`):
+
+# %%
+def stack_run(run, seed=9):
+    """(y, grad_x, all parameter gradients in one vector, bytes kept) for y = run(x, layers), seeded."""
+    def go(x, *flat):
+        layers = [flat[i:i + 4] for i in range(0, len(flat), 4)]
+        torch.manual_seed(seed)
+        with SavedTensors(exclude=flat) as saved:
+            y = run(x, layers)
+        names = ["x"] + [f"{n} of block {i // 4}" for i, n in enumerate(["W1", "b1", "W2", "b2"] * len(layers))]
+        grads = grads_of(y, [x, *flat], names, grad_y4)
+        return y, grads[0], torch.cat([g.flatten() for g in grads[1:]]), saved.total_bytes
+    return go
+
+
+def plain_stack(x, layers):
+    """The stack without checkpointing."""
+    for block in layers:
+        x = ffn_dropout(x, *block)
+    return x
+
+
+x4 = randn(6, 5, seed=13, dtype=F64, device=dev, requires_grad=True)
+flat4 = [p for l in range(5) for p in ffn_params(5, 7, seed=20 + 4 * l)]
+grad_y4 = randn(6, 5, seed=50, dtype=F64, device=dev)
+y_ref, gx_ref, gp_ref, _ = stack_run(plain_stack)(x4, *flat4)
+expected = (y_ref, gx_ref, gp_ref, 3 * x4.numel() * x4.element_size())
+check(stack_run(lambda x, layers: applied(checkpoint_stack)(x, layers, 2)), expected, args=(x4, *flat4),
+      outputs=("y", "grad_x", "grad_params", "bytes kept"),
+      name="Exercise 4 · checkpoint_stack", against="autograd", atol=1e-12, rtol=0)
+
+# %% [markdown]
+# What the segment length buys, on the same 5-block stack (this cell runs once your
+# `checkpoint_stack` returns something):
+
+# %%
+with SavedTensors(exclude=flat4) as saved:
+    plain_stack(x4, [flat4[i:i + 4] for i in range(0, 20, 4)])
+print(f"no checkpointing: {fmt_bytes(saved.total_bytes)} kept")
+for seg in (1, 2, 5):
+    with SavedTensors(exclude=flat4) as saved:
+        out = checkpoint_stack(x4, [flat4[i:i + 4] for i in range(0, 20, 4)], seg)
+    if out is None:
+        print("checkpoint_stack: not implemented yet")
+        break
+    n_in = math.ceil(5 / seg)
+    print(f"segment={seg}: {fmt_bytes(saved.total_bytes)} kept ({n_in} input{'s' if n_in > 1 else ''} of {fmt_bytes(x4.numel() * 8)})")
+
+# %% [markdown]
+# The kept bytes are only part of the story: during backward, one segment is recomputed with
+# its full activations, so the peak is the kept inputs **plus one segment's activations**.
+# With $L$ blocks, segments of about $\sqrt{L}$ blocks balance the two.
+
+# %% [raw]
+# # BEGIN QUESTION
+# name: ex5
+# points: 3
+# by_hand: [helpers.checkpoint.loss_scale_step]
+# in_place: true
+
+# %% [markdown]
+# ## Exercise 5 · Loss scaling by hand (3 points)
+#
+# **Goal:** float16 gradients below $2^{-24}$ become 0 and above 65504 become `inf`; scaling
+# the loss moves them into range, and a scale that adapts handles both, which is what
+# `torch.amp.GradScaler` does.
+#
+# `loss_fn(*params)` computes a loss whose forward runs in float16 from float32 parameters
+# (like chapter 9's `fp16_forward_loss`). Write `scaled_step(params, loss_fn, scale, tracker,
+# lr, growth_interval=2000)`, one SGD step with dynamic loss scaling:
+# 1. the scaled gradients: `torch.autograd.grad(scale * loss_fn(*params), params)`;
+# 2. unscale: multiply each by `1 / scale` (float32, like the parameters);
+# 3. if any unscaled gradient has an `inf` or `NaN` (`torch.isfinite`): **skip** the step
+#    (parameters untouched), halve the scale, reset `tracker` to 0;
+# 4. else update every parameter in place, $\theta \leftarrow \theta - \text{lr}\cdot g$
+#    (under `torch.no_grad()`, e.g. `p.sub_(lr * g)`), and count the clean step,
+#    `tracker + 1`; when it reaches `growth_interval`, double the scale and reset `tracker` to 0.
+#
+# Return `(scale, tracker, stepped)` with `stepped` a bool.
+
+# %% [raw]
+# # BEGIN SOLUTION
+
+# %%
+def scaled_step(params, loss_fn, scale, tracker, lr, growth_interval=2000):
+    """g = ∇(scale·L)/scale; inf/NaN → skip, scale/2; else θ -= lr·g, and ×2 after growth_interval clean steps."""
+    # BEGIN SOLUTION
+    scaled = torch.autograd.grad(scale * loss_fn(*params), params)
+    grads = [g * (1.0 / scale) for g in scaled]
+    if not all(bool(torch.isfinite(g).all()) for g in grads):
+        return scale * 0.5, 0, False
+    with torch.no_grad():
+        for p, g in zip(params, grads):
+            p.sub_(lr * g)
+    tracker += 1
+    if tracker == growth_interval:
+        return scale * 2.0, 0, True
+    return scale, tracker, True
+    # END SOLUTION
+
+
+# %% [raw]
+# # END SOLUTION
+
+# %% [raw]
+# # BEGIN TESTS
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+from helpers.device import randn
+
+# underflow: with c = 1e-9 the float16 gradients are 0 unscaled; scaled by 2^16 the step is the float32 one
+_W = randn(3, 4, seed=901, requires_grad=True)
+_x, _t = randn(16, 4, seed=902), randn(16, 3, seed=903)
+
+
+def _loss(W):
+    return 1e-9 * ((torch.tanh(_x.half() @ W.half().T).float() - _t) ** 2).sum()
+
+
+_W32 = _W.detach().clone().requires_grad_()
+(_g32,) = torch.autograd.grad(1e-9 * ((torch.tanh(_x @ _W32.T) - _t) ** 2).sum(), [_W32])
+_W0 = _W.detach().clone()
+_scale, _tr, _st = scaled_step([_W], _loss, 2.0 ** 16, 0, 1e6)
+assert _st and _scale == 2.0 ** 16 and _tr == 1
+assert torch.allclose((_W0 - _W.detach()) / 1e6, _g32, atol=0, rtol=2e-2)
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+from helpers.device import randn
+
+# overflow: a huge scale gives inf gradients; nothing moves, the scale halves, the tracker resets
+_W = randn(2, 3, seed=911, requires_grad=True)
+_b = randn(2, seed=912, requires_grad=True)
+_x = 4 * randn(32, 3, seed=913)
+
+
+def _loss(W, b):
+    return ((_x.half() @ W.half().T + b.half()).float() ** 2).sum()
+
+
+_W0, _b0 = _W.detach().clone(), _b.detach().clone()
+_scale, _tr, _st = scaled_step([_W, _b], _loss, 2.0 ** 20, 7, 0.1)
+assert not _st and _scale == 2.0 ** 19 and _tr == 0
+assert torch.equal(_W.detach(), _W0) and torch.equal(_b.detach(), _b0)
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+""" # END TEST CONFIG
+import torch
+from helpers.checkpoint import ScalerState, loss_scale_step
+from helpers.device import randn
+
+# a run of steps: skips, then growth after growth_interval clean steps, against the course's helper
+_W = randn(3, 4, seed=921, requires_grad=True)
+_Wr = _W.detach().clone().requires_grad_()
+_state, _scale, _tr = ScalerState(scale=2.0 ** 17, growth_interval=2), 2.0 ** 17, 0
+for _k in range(9):
+    _x, _t = 3 * randn(16, 4, seed=930 + _k), randn(16, 3, seed=940 + _k)
+
+    def _loss(W):
+        return ((torch.tanh(_x.half() @ W.half().T).float() - _t) ** 2).sum()
+
+    _scale, _tr, _st = scaled_step([_W], _loss, _scale, _tr, 0.01, growth_interval=2)
+    _sg = torch.autograd.grad(_state.scale * _loss(_Wr), [_Wr])
+    _state, _str = loss_scale_step([_Wr], _sg, _state, lr=0.01)
+    assert (float(_scale), int(_tr), bool(_st)) == (_state.scale, _state.growth_tracker, _str)
+    assert torch.allclose(_W.detach(), _Wr.detach(), atol=1e-6, rtol=1e-5)
+
+# %% [raw]
+# # END TESTS
+
+# %% [raw]
+# # END QUESTION
+
+# %% [markdown]
+# **Self-check 5** (reference: `helpers.checkpoint.loss_scale_step`, chapter 9's version of what
+# `GradScaler` does, checked there against `GradScaler` bit for bit; 8 SGD steps from scale
+# $2^{16}$ with `growth_interval=3`, a summed float16 loss whose gradients overflow at first):
+
+# %%
+def fp16_loss(W, b, x, t):
+    """L = Σ (tanh(x Wᵀ + b) − t)², the layer in float16 from float32 weights; L in float32."""
+    h = torch.tanh(x.half() @ W.half().T + b.half())              # (n, 4) @ (4, 3) -> (n, 3), float16
+    return ((h.float() - t) ** 2).sum()
+
+
+def batches(n_steps=8):
+    """The same (x, t) batches for both runs."""
+    return [(3 * randn(16, 4, seed=100 + k, device=dev), randn(16, 3, seed=200 + k, device=dev))
+            for k in range(n_steps)]
+
+
+def run_ours(W, b):
+    """(W, b, scales, stepped) after 8 steps of your scaled_step."""
+    W, b = W.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+    scale, tracker, scales, stepped = 2.0 ** 16, 2, [], []     # mid-interval: a skip must reset it
+    for x, t in batches():
+        out = scaled_step([W, b], lambda W, b: fp16_loss(W, b, x, t), scale, tracker, 0.01, growth_interval=3)
+        if out is None:
+            raise NotImplementedError
+        scale, tracker, did = out
+        scales.append(float(scale))
+        stepped.append(bool(did))
+    return W, b, torch.tensor(scales, dtype=F64), torch.tensor(stepped)
+
+
+def run_reference(W, b):
+    """The same 8 steps with helpers.checkpoint.loss_scale_step."""
+    W, b = W.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+    state, scales, stepped = ScalerState(scale=2.0 ** 16, growth_interval=3, growth_tracker=2), [], []
+    for x, t in batches():
+        scaled = torch.autograd.grad(state.scale * fp16_loss(W, b, x, t), [W, b])
+        state, did = loss_scale_step([W, b], scaled, state, lr=0.01)
+        scales.append(state.scale)
+        stepped.append(did)
+    return W, b, torch.tensor(scales, dtype=F64), torch.tensor(stepped)
+
+
+W5, b5 = randn(3, 4, seed=30, device=dev), randn(3, seed=31, device=dev)
+check(run_ours, run_reference, args=(W5, b5), outputs=("W", "b", "scale after each step", "stepped"),
+      name="Exercise 5 · scaled_step", against="loss_scale_step")
+
+# %% [markdown]
+# ## Before you hand in
+#
+# Run *Runtime → Restart and run all* (Colab) or *Kernel → Restart & Run All* (Jupyter) and
+# look at the self-check lines: each should be a `✓`. Then download the notebook (`.ipynb`)
+# and hand it in. Keep the function names: the grader calls `predict_saved_bytes`,
+# `Checkpoint`, `CheckpointRNG`, `checkpoint_rng`, `checkpoint_stack` and `scaled_step`.
