@@ -30,7 +30,6 @@ def test_no_tf32_sets_highest_precision():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_draw_equals_cpu_draw():
     assert torch.equal(randn(8, seed=3, device="cuda").cpu(), randn(8, seed=3))
 

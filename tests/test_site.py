@@ -9,7 +9,8 @@
   the repository of _config.yml, and its animations and widgets respond.  Screenshots of the
   landing page and a chapter at desktop and phone widths go to ``screenshots/``.
 
-Environment: ``CHROMIUM`` (default /usr/bin/chromium; a missing path skips the browser tests),
+Environment: ``CHROMIUM`` (default /usr/bin/chromium; a missing path skips the browser tests:
+``tests/conftest.py``),
 ``SITE_HTML`` (test an already built site instead of building one), ``SITE_TOC`` (build with
 another table of contents), ``SITE_SOURCE`` (build another copy of the book),
 ``SITE_SCREENSHOTS`` (default screenshots/).  See pages/testing.md.
@@ -238,13 +239,9 @@ def server(site):
 
 @pytest.fixture(scope="session")
 def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"browser tests skipped: no Chromium at {CHROMIUM} "
-                    "(apt-get install chromium, or set CHROMIUM=/path/to/chromium)")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.skip("browser tests skipped: playwright is not installed (pip install playwright)")
+    """Headless Chromium (only for tests marked ``browser``: conftest skips them without it)."""
+    from playwright.sync_api import sync_playwright
+
     with sync_playwright() as p:
         # Playwright gives every launch a new, empty user-data-dir of its own.
         b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)

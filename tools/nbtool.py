@@ -132,7 +132,7 @@ def build(src: Path, out: Path | None = None) -> None:
         nb = combine_inputs_with_outputs(nb, nbformat.read(out, as_version=4), fmt=TEXT_FORMAT)
     nbformat.write(nb, out)
     execute(out)
-    if out.resolve() in [p.resolve() for p in paired_notebooks()]:
+    if text_of(out).exists() or out.resolve() in paired_notebooks():
         write_text(out)             # the setup cell may have been refreshed: keep the pair equal
 
 
@@ -255,7 +255,8 @@ def check() -> list[str]:
             problems.append(f"{rel}: first code cell is not the Colab setup cell")
             continue
         if code[0].source != setup_source(_extra_of(code[0].source)):
-            problems.append(f"{rel}: setup cell differs from _config.yml's repository URL")
+            problems.append(f"{rel}: setup cell is not the one nbtool writes from _config.yml; "
+                            "run `python tools/nbtool.py sync-setup`")
         if "remove-cell" not in code[0].metadata.get("tags", []):
             problems.append(f"{rel}: setup cell is not tagged remove-cell")
     return problems

@@ -163,9 +163,16 @@ check(lambda: masks(causal_mask), masks(ref.causal_mask), name="Exercise 1 · ca
 #
 # Write `attention_forward(Q, K, V, mask=None)` returning `(O, P)`: scale $= 1/\sqrt d$
 # ($d$ = `Q.shape[-1]`); $S = Q K^\top \cdot$ scale; where `mask` (broadcastable to
-# (..., Nq, Nk)) is False, $S = -\infty$; $P$ = the row softmax, stable (subtract the row max,
-# but a row whose max is $-\infty$ must subtract 0 instead), with the row sum replaced by 1 where
-# it is 0; $O = P V$.
+# (..., Nq, Nk)) is False, $S = -\infty$; $P$ = the row softmax, computed stably; $O = P V$.
+# Work out first what a stable softmax does with a row whose every entry is $-\infty$, and
+# where that turns into NaN.
+#
+# <details><summary>Hint: the two places a fully masked row breaks</summary>
+#
+# Subtracting the row max: the max is $-\infty$ and $-\infty - (-\infty)$ is NaN, so subtract 0
+# for such a row. Dividing by the row sum: it is 0, so divide by 1 there ($0/1 = 0$).
+#
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION
@@ -264,17 +271,32 @@ check(masked_P_nonzero, 0, args=(Q2, K2, V2, mask2), outputs=("masked entries of
 # %% [markdown]
 # ## Exercise 3 · Attention's backward (3 points)
 #
-# **Goal:** from $P$ and $dO = \partial L/\partial O$, the three gradients in five lines, with
-# the softmax VJP instead of the $N\times N$ Jacobian, and **no mask**: a masked entry has
-# $P = 0$, so its $dS = P \odot (\dots)$ is already 0.
+# **Goal:** from $P$ and $dO = \partial L/\partial O$, **derive** the three gradients of
+# $S = QK^\top\cdot\text{scale}$, $P = \mathrm{softmax}(S)$ (over keys), $O = PV$, with batch
+# dimensions in front, and write them in about five lines: the softmax's vector–Jacobian
+# product, never its $N\times N$ Jacobian, and **no mask** (say to yourself why none is needed).
 #
-# Write `attention_backward(Q, K, V, P, grad_O, scale)` returning `(grad_Q, grad_K, grad_V)`:
+# Write `attention_backward(Q, K, V, P, grad_O, scale)` returning `(grad_Q, grad_K, grad_V)`.
+# Derive on paper first: walk the forward backwards, one step per line, and check each
+# gradient has the shape of what it is the gradient of. Open a hint only when stuck.
 #
-# $$dV = P^\top dO,\quad dP = dO\,V^\top,\quad dS = P \odot \big(dP - \textstyle\sum_{\text{keys}}
-# dP \odot P\big),\quad dQ = dS\,K \cdot \text{scale},\quad dK = dS^\top Q \cdot \text{scale}$$
+# <details><summary>Hint 1: the order of the steps</summary>
 #
-# (transposes of the last two dims, `.transpose(-2, -1)`; the sum over the last dim with
-# `keepdim=True`).
+# $O = PV$ is a matrix product: it gives $dV$ and $dP$. The softmax turns $dP$ into $dS$ (chapter
+# 4's VJP, row by row). $S = QK^\top\cdot\text{scale}$ is a matrix product again: it gives
+# $dQ$ and $dK$, each with the scale. A masked entry has $P = 0$, and the softmax VJP multiplies
+# by $P$.
+#
+# </details>
+#
+# <details><summary>Hint 2: the formulas (check yours against them)</summary>
+#
+# $dV = P^\top dO$, $\;dP = dO\,V^\top$, $\;dS = P \odot \big(dP - \textstyle\sum_{\text{keys}}
+# dP \odot P\big)$, $\;dQ = dS\,K \cdot \text{scale}$, $\;dK = dS^\top Q \cdot \text{scale}$:
+# transposes of the last two dims (`.transpose(-2, -1)`), the sum over the last dim with
+# `keepdim=True`.
+#
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION

@@ -46,9 +46,12 @@
 
 # %% tags=["remove-cell"]
 # Colab setup (hidden on the site): in Colab, install the course helpers; elsewhere do nothing.
+import subprocess
 import sys
+
 if "google.colab" in sys.modules:
-    # %pip install -q "backprop-by-hand @ git+https://github.com/backprop-by-hand/course"
+    spec = "backprop-by-hand @ git+https://github.com/backprop-by-hand/course"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", spec], check=True)
 
 # %%
 import math
@@ -92,10 +95,16 @@ def named(names, fn, *args, **kwargs):
 #
 # Write `online_softmax_stats(x, block)` for `x` of shape `(..., n)`. Walk over the last
 # dimension in blocks of `block` entries (the last block may be shorter), keeping per row a
-# running max `m` and a running normaliser `ℓ = Σ exp(x − m)` *relative to the current `m`*:
+# running max `m` and a running normaliser `ℓ = Σ exp(x − m)` *relative to the current `m`*.
+# **Derive** the update first: when a block raises the max from $m$ to $m_\text{new}$, what
+# must happen to the $\ell$ you had, which was a sum of $e^{x_j - m}$?
+#
+# <details><summary>Hint: the update</summary>
 #
 # $$m_\text{new} = \max(m, \max x_\text{block}),\qquad
 #   \ell_\text{new} = \ell\, e^{\,m - m_\text{new}} + \sum_{j \in \text{block}} e^{\,x_j - m_\text{new}}.$$
+#
+# </details>
 #
 # Start from `m = −∞` and `ℓ = 0` (`exp(−∞) = 0`, so the first block needs no special case).
 # Return `(m, ell)`, both of shape `(...)`: then `softmax(x) = exp(x − m[..., None]) / ell[..., None]`.
@@ -315,9 +324,16 @@ check(tiled_forward, naive_attention(Q, K, V, return_lse=True), args=(Q, K, V, 4
 #
 # * `row_D(O, grad_O)` → `D` of shape `(B, H, Nq)`, as `rowsum(dO ∘ O)`;
 # * `attention_backward_from_L(Q, K, V, O, L, grad_O)` → `(grad_Q, grad_K, grad_V)`, using only
-#   these inputs: recompute `S = Q Kᵀ · s`, then `P = exp(S − L)` (already normalised: `L`
-#   holds `log ℓ`), `grad_V = Pᵀ dO`, `dP = dO Vᵀ`, `dS = P ∘ (dP − D)`, `grad_Q = dS K · s`,
-#   `grad_K = dSᵀ Q · s`. Do not call `torch.softmax` or autograd.
+#   these inputs. First work out how to get `P` back from `S` and `L` alone (what is `L`?), then
+#   reuse chapter 6's backward with `D` in place of the row sum. Do not call `torch.softmax`
+#   or autograd.
+#
+# <details><summary>Hint: the recipe</summary>
+#
+# Recompute `S = Q Kᵀ · s`, then `P = exp(S − L)` (already normalised: `L` holds `m + log ℓ`),
+# `grad_V = Pᵀ dO`, `dP = dO Vᵀ`, `dS = P ∘ (dP − D)`, `grad_Q = dS K · s`, `grad_K = dSᵀ Q · s`.
+#
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION
@@ -442,11 +458,17 @@ check(exercise_3, expected, args=(Q, K, V, O_ref, L_ref, grad_O),
 # Write `tiled_backward(Q, K, V, O, L, grad_O, block_q, block_k, causal=False)` returning
 # `(grad_Q, grad_K, grad_V)` with the shapes of `Q, K, V`. Compute `D = rowsum(dO ∘ O)` once,
 # start the three gradients at zero, then loop **outer over key blocks** `Kj, Vj` and **inner
-# over query blocks** `Qi, dOi` (so `dKj`, `dVj` stay local to the outer loop); per tile:
+# over query blocks** `Qi, dOi` (so `dKj`, `dVj` stay local to the outer loop); per tile, the
+# lines of Exercise 3 restricted to that tile: which rows of `L` and `D` belong to it, and
+# which slice of each gradient it adds to?
+#
+# <details><summary>Hint: one tile</summary>
 #
 # * `S = Qi Kjᵀ · s` and `P = exp(S − Li)` — recomputed, normalised;
 # * `dVj += Pᵀ dOi`, `dP = dOi Vjᵀ`, `dS = P ∘ (dP − Di)`;
 # * `dQi += dS Kj · s` and `dKj += dSᵀ Qi · s`, with `s = 1/√d`.
+#
+# </details>
 #
 # Every gradient is a **sum over tiles**: accumulate with `+=` into the right slice, never
 # overwrite. Leave every input as it came (`Q, K, V, O, L, grad_O`: a backward never edits its
