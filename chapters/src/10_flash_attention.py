@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 10. Flash-style attention: tiles, online softmax and a backward that recomputes
 #
-# Attention as chapter 6 wrote it builds the whole `N × N` matrix `P = softmax(S)` and keeps it
+# Attention as chapter 6 wrote it builds the whole $N \times N$ matrix $P = \mathrm{softmax}(S)$ and keeps it
 # for backward. This chapter removes that matrix: the forward walks over blocks of keys with a
 # *running* softmax, the backward *recomputes* each block of `P` from one number per row. We write
 # it in plain PyTorch first, check it against `F.scaled_dot_product_attention` (SDPA), then write
@@ -9,20 +9,24 @@
 #
 # **Learning goals**
 #
-# * compute a softmax in one pass with a running max `m` and normaliser `ℓ`, and say why the
-#   accumulated sum must be *rescaled* whenever `m` grows;
-# * write a tiled attention forward that never materialises `N × N` and returns `O` and the row
-#   log-sum-exp `L`;
-# * derive the FlashAttention-2 backward: `D = rowsum(dO ∘ O)`, `P = exp(S − L)` recomputed per tile;
-# * wrap it in an `autograd.Function` that saves only `Q, K, V, O, L`, and check it (SDPA, gradcheck);
+# * compute a softmax in one pass with a running max $m$ and normaliser $\ell$, and say why the
+#   accumulated sum must be *rescaled* whenever $m$ grows;
+# * write a tiled attention forward that never materialises $N \times N$ and returns $O$ and the
+#   row log-sum-exp $L$;
+# * derive the FlashAttention-2 backward: $D = \mathrm{rowsum}(dO \circ O)$, $P = e^{S - L}$
+#   recomputed per tile;
+# * wrap it in an `autograd.Function` that saves only $Q, K, V, O, L$, and check it (SDPA, gradcheck);
 # * read a Triton kernel that does the same, and run it on a CPU under `TRITON_INTERPRET=1`;
-# * measure saved bytes: quadratic in `N` for naive attention, linear for the tiled one.
+# * measure saved bytes: quadratic in $N$ for naive attention, linear for the tiled one.
 
 # %% tags=["remove-cell"]
 # Colab setup (hidden on the site): in Colab, install the course helpers; elsewhere do nothing.
+import subprocess
 import sys
+
 if "google.colab" in sys.modules:
-    # %pip install -q "backprop-by-hand[triton] @ git+https://github.com/backprop-by-hand/course"
+    spec = "backprop-by-hand[triton] @ git+https://github.com/backprop-by-hand/course"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", spec], check=True)
 
 # %%
 import os
@@ -50,18 +54,19 @@ no_tf32()  # fp32 matmuls in true fp32 on GPUs, so CPU and GPU agree to fp32 rou
 # %% [markdown]
 # ## 1. Online softmax
 #
-# Softmax of a row `x` is `exp(xᵢ − m) / ℓ` with `m = max x` (for safety: no `exp` overflows)
-# and `ℓ = Σⱼ exp(xⱼ − m)`. Written like that it needs two passes: one for `m`, one for `ℓ`.
-# Milakov & Gimelshein (2018) build both in **one** pass over blocks of `x`. Keep a running max
-# `m` and a running sum `ℓ` *of `exp(x − m)` for the current `m`*. When a new block raises the max
-# to `m_new`, every term already in `ℓ` was computed against the old `m`; since
-# `exp(x − m_new) = exp(x − m) · exp(m − m_new)`, one multiplication re-bases them all:
+# Softmax of a row $x$ is $e^{x_i - m} / \ell$ with $m = \max x$ (for safety: no $\exp$
+# overflows) and $\ell = \sum_j e^{x_j - m}$. Written like that it needs two passes: one for
+# $m$, one for $\ell$. Milakov & Gimelshein (2018) build both in **one** pass over blocks of
+# $x$. Keep a running max $m$ and a running sum $\ell$ *of $e^{x - m}$ for the current $m$*.
+# When a new block raises the max to $m_\text{new}$, every term already in $\ell$ was computed
+# against the old $m$; since $e^{x - m_\text{new}} = e^{x - m}\, e^{m - m_\text{new}}$, one
+# multiplication re-bases them all:
 #
 # $$m_\text{new} = \max(m, \max x_\text{block}),\qquad
 #   \ell_\text{new} = \ell\, e^{\,m - m_\text{new}} + \sum_{j \in \text{block}} e^{\,x_j - m_\text{new}}.$$
 #
-# That factor `exp(m − m_new) ≤ 1` is **the rescaling step**. Forgetting it gives a wrong `ℓ` as
-# soon as a later block holds a bigger value.
+# That factor $e^{m - m_\text{new}} \le 1$ is **the rescaling step**. Forgetting it gives a wrong
+# $\ell$ as soon as a later block holds a bigger value.
 
 # %%
 def online_softmax_1d(x, block):
@@ -122,9 +127,9 @@ plt.show()
 
 # %% [markdown]
 # Blocks 1 and 2 both raise the max (to 2.3228, then to 5.0000); each time the rescale factor
-# (0.0539, then 0.0688) shrinks the old `ℓ` (pale bar) to the dark blue one before the new block's
-# terms are added. Block 3 does not raise the max, so its factor is 1.0000. The last row of the
-# table equals the two-pass `m` and `ℓ` (5.0000 and 1.2529).
+# (0.0539, then 0.0688) shrinks the old $\ell$ (pale bar) to the dark blue one before the new
+# block's terms are added. Block 3 does not raise the max, so its factor is 1.0000. The last row
+# of the table equals the two-pass $m$ and $\ell$ (5.0000 and 1.2529).
 # `helpers.flash.online_softmax` is the same loop, vectorised over leading dimensions:
 
 # %%
@@ -134,12 +139,13 @@ ok = compare("helpers.flash.online_softmax (block 4)", online_softmax(X, 4), tor
 # %% [markdown]
 # ## 2. The tiled forward
 #
-# Attention per row is a softmax-weighted average, `Oᵢ = Σⱼ exp(Sᵢⱼ − m) Vⱼ / ℓ`. The numerator
-# is a sum over keys too, so the same trick applies to a whole output row: keep an **accumulator**
-# `acc = Σⱼ exp(Sᵢⱼ − m) Vⱼ` and rescale it with the same `exp(m − m_new)` as `ℓ`. After the last
-# block, `O = acc / ℓ`, and the row's log-sum-exp is `L = m + log ℓ` — one number per row that
-# summarises the whole softmax. For a block of queries `Qᵢ` (`b_q × d`) and a block of keys
-# `Kⱼ, Vⱼ` (`b_k × d`), only the tile `Sᵢⱼ = scale · Qᵢ Kⱼᵀ` (`b_q × b_k`) ever exists.
+# Attention per row is a softmax-weighted average, $O_i = \sum_j e^{S_{ij} - m} V_j / \ell$. The
+# numerator is a sum over keys too, so the same trick applies to a whole output row: keep an
+# **accumulator** $\mathrm{acc} = \sum_j e^{S_{ij} - m} V_j$ and rescale it with the same
+# $e^{m - m_\text{new}}$ as $\ell$. After the last block, $O = \mathrm{acc} / \ell$, and the row's
+# log-sum-exp is $L = m + \log \ell$: one number per row that summarises the whole softmax. For a
+# block of queries $Q_i$ ($b_q \times d$) and a block of keys $K_j, V_j$ ($b_k \times d$), only
+# the tile $S_{ij} = s\, Q_i K_j^\top$ ($b_q \times b_k$, $s$ the scale) ever exists.
 # One head, written inline:
 
 # %%
@@ -176,15 +182,15 @@ ok = compare("L vs logsumexp(Q Kᵀ/√d)", L1, torch.logsumexp(Q1 @ K1.T / 4.0,
 #
 # `helpers.flash.flash_forward(Q, K, V, causal, block_q, block_k, scale)` is the same for
 # `(B, H, N, d)` tensors, plus **causal masking**. `causal=True` means what it means in chapter 6
-# and in SDPA's `is_causal=True`: query `i` may look at keys `j ≤ i` (*top-left aligned*). Two
+# and in SDPA's `is_causal=True`: query $i$ may look at keys $j \le i$ (*top-left aligned*). Two
 # consequences: key blocks that start after a query block's last row are skipped entirely (about
-# half the work), and a tile that crosses the diagonal gets `−∞` above it. Row `i` always sees
-# key 0, so `m` is finite after the first block and no row divides by `ℓ = 0`.
+# half the work), and a tile that crosses the diagonal gets $-\infty$ above it. Row $i$ always
+# sees key 0, so $m$ is finite after the first block and no row divides by $\ell = 0$.
 #
 # The other alignment is chapter 6's named choice, `align="bottom_right"` (query $i$ sees keys
-# $j \le i + N_k - N_q$, the flash-attn library ≥ 2.1). The two agree when `Nq = Nk`, the
-# training case. They differ most in decoding with a KV cache: one new query (`Nq = 1`) against
-# all `Nk` cached keys. Top-left, that query sees key 0 only; bottom-right, it sees them all,
+# $j \le i + N_k - N_q$, the flash-attn library ≥ 2.1). The two agree when $N_q = N_k$, the
+# training case. They differ most in decoding with a KV cache: one new query ($N_q = 1$) against
+# all $N_k$ cached keys. Top-left, that query sees key 0 only; bottom-right, it sees them all,
 # which is what decoding with a KV cache needs. The tiled code builds each tile's mask with the
 # same `causal_mask`, asking for one tile (`tile=(q0, k0, bq, bk)`) instead of the whole matrix:
 
@@ -228,20 +234,30 @@ for (Nq, Nk, d) in [(50, 50, 16), (37, 37, 64), (20, 45, 32)]:
 #
 # Chapter 6 derived attention's backward with `P` in hand:
 #
-# $$dV = P^\top dO,\quad dP = dO\, V^\top,\quad dS_{ij} = P_{ij}\big(dP_{ij} - \textstyle\sum_k P_{ik}\, dP_{ik}\big),\quad
-#   dQ = dS\, K \cdot s,\quad dK = dS^\top Q \cdot s$$
+# $$\begin{aligned}
+# dV &= P^\top dO, & dP &= dO\, V^\top, \\
+# dS_{ij} &= P_{ij}\Big(dP_{ij} - \sum_k P_{ik}\, dP_{ik}\Big), & & \\
+# dQ &= dS\, K \cdot s, & dK &= dS^\top Q \cdot s,
+# \end{aligned}$$
 #
-# with `s` the scale `1/√d`. Two observations remove the need to store `P`:
+# with $s$ the scale $1/\sqrt d$. Two observations remove the need to store $P$:
 #
-# 1. **The row sum is cheap.** `Σₖ Pᵢₖ dPᵢₖ = Σₖ Pᵢₖ (dOᵢ · Vₖ) = dOᵢ · (Σₖ Pᵢₖ Vₖ) = dOᵢ · Oᵢ`.
-#    So `D = rowsum(dO ∘ O)` is one number per row, computed from `O` and `dO` (`N × d`), before
-#    any tile.
-# 2. **`P` is one `exp` away.** `L = m + log ℓ` gives `Pᵢⱼ = exp(Sᵢⱼ − Lᵢ)`: the *normalised*
-#    probabilities, recomputed for each tile from `Sᵢⱼ = s · Qᵢ Kⱼᵀ` (one extra matmul).
+# 1. **The row sum is cheap.**
+#    $\sum_k P_{ik}\, dP_{ik} = \sum_k P_{ik}\,(dO_i \cdot V_k) = dO_i \cdot \big(\sum_k P_{ik} V_k\big) = dO_i \cdot O_i.$
+#    So $D = \mathrm{rowsum}(dO \circ O)$ is one number per row, computed from $O$ and $dO$
+#    ($N \times d$), before any tile.
+# 2. **$P$ is one $\exp$ away.** $L = m + \log \ell$ gives $P_{ij} = e^{S_{ij} - L_i}$: the
+#    *normalised* probabilities, recomputed for each tile from $S_{ij} = s\, Q_i K_j^\top$ (one
+#    extra matmul).
 #
-# Per tile (FlashAttention-2 order: outer loop over key blocks, so `dKⱼ, dVⱼ` stay local):
-# `P = exp(S − L)`, `dVⱼ += Pᵀ dOᵢ`, `dP = dOᵢ Vⱼᵀ`, `dS = P ∘ (dP − Dᵢ)`, `dQᵢ += dS Kⱼ · s`,
-# `dKⱼ += dSᵀ Qᵢ · s`. One head, inline, against autograd on the naive version:
+# Per tile (FlashAttention-2 order: outer loop over key blocks, so $dK_j, dV_j$ stay local):
+#
+# $$\begin{aligned}
+# P &= e^{S - L_i}, & dV_j &\mathrel{+}= P^\top dO_i, & dP &= dO_i\, V_j^\top, \\
+# dS &= P \circ (dP - D_i), & dQ_i &\mathrel{+}= dS\, K_j \cdot s, & dK_j &\mathrel{+}= dS^\top Q_i \cdot s.
+# \end{aligned}$$
+#
+# One head, inline, against autograd on the naive version:
 
 # %%
 def tiled_backward_1head(Q, K, V, O, L, grad_O, block):
@@ -282,8 +298,9 @@ for i, t in enumerate(O.grad_fn.saved_tensors):
     print(f"saved_tensors[{i}]: {tuple(t.shape)}")
 
 # %% [markdown]
-# Four `(B, H, N, d)` tensors and one `(B, H, N)`: `Q, K, V, O, L`. Now the gradients against
-# SDPA's, causal and not, for ragged `N`, `Nq ≠ Nk` and three head dims (same float32 tolerance):
+# Four `(B, H, N, d)` tensors and one `(B, H, N)`: $Q, K, V, O, L$. Now the gradients against
+# SDPA's, causal and not, for ragged $N$, $N_q \ne N_k$ and three head dims (same float32
+# tolerance):
 
 # %%
 for (Nq, Nk, d) in [(50, 50, 16), (37, 37, 64), (20, 45, 32)]:
