@@ -546,7 +546,9 @@ import helpers
 
 results = sorted((Path(helpers.__file__).resolve().parents[1] / "benchmarks" / "results").glob("flash_gpu_*.json"))
 if not results:
-    print("No GPU results committed yet: run  python benchmarks/flash_gpu.py  on a CUDA machine.")
+    print("No GPU results committed yet. Once  python benchmarks/flash_gpu.py  has run on a CUDA GPU and its\n"
+          "benchmarks/results/flash_gpu_<gpu>.json is committed, this cell prints its TFLOP/s table here\n"
+          "(naive, tiled, Triton and SDPA's flash backend, forward + backward, bf16, d = 64).")
 for path in results:
     data = json.loads(path.read_text())
     rows = [r for r in data["rows"] if r["tflops"] and r["d"] == 64 and r["mode"] == "fwd+bwd" and not r["causal"]
@@ -558,12 +560,15 @@ for path in results:
 # %% [markdown]
 # ## Summary
 #
-# * **Online softmax**: a running max `m` and normaliser `ℓ`; whenever `m` grows, rescale what was
-#   summed by `exp(m_old − m_new)`. Attention's output accumulator is rescaled by the same factor.
-# * **Tiled forward**: only `b_q × b_k` tiles of `S` exist; it returns `O` and `L = m + log ℓ`.
-# * **Backward by recomputation**: `D = rowsum(dO ∘ O)` replaces `rowsum(P ∘ dP)`; each tile's
-#   `P = exp(S − L)` is recomputed; `dV += Pᵀ dO`, `dS = P ∘ (dO Vᵀ − D)`, `dQ += dS K · s`,
-#   `dK += dSᵀ Q · s`. Saved: `Q, K, V, O, L` — linear in `N`, measured above.
+# * **Online softmax**: a running max $m$ and normaliser $\ell$; whenever $m$ grows, rescale what
+#   was summed by $e^{m_\text{old} - m_\text{new}}$. Attention's output accumulator is rescaled by
+#   the same factor.
+# * **Tiled forward**: only $b_q \times b_k$ tiles of $S$ exist; it returns $O$ and
+#   $L = m + \log \ell$.
+# * **Backward by recomputation**: $D = \mathrm{rowsum}(dO \circ O)$ replaces
+#   $\mathrm{rowsum}(P \circ dP)$; each tile's $P = e^{S - L}$ is recomputed;
+#   $dV \mathrel{+}= P^\top dO$, $dS = P \circ (dO\,V^\top - D)$, $dQ \mathrel{+}= dS\,K \cdot s$,
+#   $dK \mathrel{+}= dS^\top Q \cdot s$. Saved: $Q, K, V, O, L$, linear in $N$, measured above.
 # * The same algorithm as Triton kernels: one program per tile, statistics in registers, three
 #   backward launches without atomics (7 matmuls of `N²d` size instead of 5); checked under the
 #   interpreter on a CPU. On a T4 they run without tensor cores.
