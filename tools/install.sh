@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install everything the book and its tests need into the current Python.
+# Install everything the book, its tests and local Jupyter (`jupyter lab`) need into the current Python.
 # A CPU build of torch is installed unless torch is already importable
 # (on a GPU machine, install CUDA torch first: see README).
 set -euo pipefail
@@ -19,3 +19,6 @@ echo "[install] book and test tooling (requirements.txt) and the helpers package
 "$PY" -m pip install -q -r requirements.txt
 "$PY" -m pip install -q --no-deps -e .
 "$PY" -c "import torch, helpers; print('[install] torch', torch.__version__, '| cuda available:', torch.cuda.is_available())"
+# README's local command: `jupyter lab` (JupyterLab comes from requirements.txt)
+JUPYTERLAB=$("$PY" -m jupyter lab --version) || { echo "[install] 'jupyter lab' does not run" >&2; exit 1; }
+echo "[install] jupyter lab $JUPYTERLAB (run: jupyter lab chapters/01_cat_mlp.ipynb)"
