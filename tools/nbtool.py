@@ -116,7 +116,9 @@ def execute(path: Path, timeout: int = 600) -> None:
     if leaks:
         raise SystemExit(f"{path}: outputs show machine paths, e.g. {leaks[0]}")
     nbformat.write(nb, path)
-    print(f"executed {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+    if text_of(path).exists() or path.resolve() in paired_notebooks():
+        write_text(path)            # the setup cell may have been refreshed: keep the pair equal
+    print(f"executed {_rel(path)}")
 
 
 def build(src: Path, out: Path | None = None) -> None:
@@ -132,8 +134,6 @@ def build(src: Path, out: Path | None = None) -> None:
         nb = combine_inputs_with_outputs(nb, nbformat.read(out, as_version=4), fmt=TEXT_FORMAT)
     nbformat.write(nb, out)
     execute(out)
-    if text_of(out).exists() or out.resolve() in paired_notebooks():
-        write_text(out)             # the setup cell may have been refreshed: keep the pair equal
 
 
 def export(nb_path: Path, src: Path) -> None:
