@@ -4,8 +4,9 @@
   norm of each layer's output gradient ‖∂L/∂out‖ and of each parameter's gradient
   ‖∂L/∂θ‖ (the corrected version of seed 000's ``debug_gradient_flow``, which
   stored activations keyed by module but looked them up by name).
-* ``clip_grad_norm`` - global-norm gradient clipping written out; equals
-  ``torch.nn.utils.clip_grad_norm_``.
+* ``global_grad_norm`` / ``clip_grad_norm`` - the global gradient norm and clipping by it,
+  written out (equals ``torch.nn.utils.clip_grad_norm_``); the course's only copy: chapter 11's
+  loop clips its hand-computed gradients with ``are_grads=True``.
 * ``deep_mlp`` / ``layer_grad_norms`` - a configurable deep MLP (activation,
   residual, LayerNorm, init scale) and its per-layer gradient norms on a batch.
 * ``dead_relu_units`` - hidden ReLU units that output 0 for every example.
@@ -20,6 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from helpers.checks import expect_bool, expect_tensor
 from helpers.device import randn
 from helpers.show import fmt_sci  # re-exported: it used to live here (chapter 7 imports it from here)
 
@@ -108,24 +110,49 @@ def record_grad_flow(model: nn.Module, X, y, loss_fn=F.cross_entropy, modules=No
 
 # --------------------------------------------------------------------------- clipping
 
-def global_grad_norm(params) -> torch.Tensor:
-    """‖g‖ = sqrt(Σ_p ‖g_p‖²) over every parameter that has a gradient (a 0-dim tensor)."""
-    grads = [p.grad for p in params if p.grad is not None]
+def _grads_of(tensors, are_grads: bool) -> list:
+    """The gradients to measure: each parameter's .grad (skipping None), or the tensors themselves."""
+    expect_bool("are_grads", are_grads)
+    tensors = list(tensors.values()) if isinstance(tensors, dict) else list(tensors)
+    if are_grads:
+        for i, g in enumerate(tensors):
+            expect_tensor(f"grads[{i}]", g, floating=True)
+        return tensors
+    for i, p in enumerate(tensors):
+        expect_tensor(f"params[{i}]", p)
+    return [p.grad for p in tensors if p.grad is not None]
+
+
+def global_grad_norm(tensors, *, are_grads: bool = False) -> torch.Tensor:
+    """‖g‖ = sqrt(Σ_p ‖g_p‖²), a 0-dim tensor (0 when there is no gradient).
+
+    ``tensors``: parameters (a list, an iterator or a dict of them), whose ``.grad`` is read; or,
+    with ``are_grads=True``, the gradients themselves (chapter 11's manual mode, where no
+    ``.grad`` exists).
+    """
+    grads = _grads_of(tensors, are_grads)
     if not grads:
         return torch.tensor(0.0)
     per_param = torch.stack([torch.linalg.vector_norm(g, 2) for g in grads])   # (P,)
     return torch.linalg.vector_norm(per_param, 2)
 
 
-def clip_grad_norm(params, max_norm: float) -> torch.Tensor:
-    """If ‖g‖ > max_norm, scale every gradient by max_norm / (‖g‖ + 1e-6) in place; returns ‖g‖ before clipping."""
-    params = [p for p in params if p.grad is not None]
-    total = global_grad_norm(params)
+@torch.no_grad()
+def clip_grad_norm(tensors, max_norm: float, *, are_grads: bool = False) -> torch.Tensor:
+    """If ‖g‖ > max_norm, scale every gradient by max_norm / (‖g‖ + 1e-6) in place; returns ‖g‖ before clipping.
+
+    ``tensors`` as in ``global_grad_norm``: parameters (their ``.grad`` is scaled) or, with
+    ``are_grads=True``, the gradient tensors themselves.  Equals ``torch.nn.utils.clip_grad_norm_``.
+    """
+    if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or not max_norm > 0:
+        raise ValueError(f"max_norm: expected a number > 0 (inf: measure only), got {max_norm!r}")
+    grads = _grads_of(tensors, are_grads)
+    total = global_grad_norm(grads, are_grads=True)
     clip_coef = max_norm / (total + 1e-6)
     # Scaling by min(coef, 1) keeps the direction of the whole update, only its length shrinks.
     clip_coef = torch.clamp(clip_coef, max=1.0)
-    for p in params:
-        p.grad.mul_(clip_coef.to(p.grad.device))
+    for g in grads:
+        g.mul_(clip_coef.to(g.device))
     return total
 
 

@@ -14,6 +14,9 @@ The classes ``SGD``, ``Adam`` and ``AdamW`` hold the per-parameter state (moment
 m, v, t) for a list or a dict of tensors.  ``step(grads)`` takes the gradients explicitly
 (the manual-backward mode: a dict or list shaped like the parameters) or, without an
 argument, reads ``theta.grad`` (the autograd mode).  Parameters are updated in place.
+Setting the learning rate a schedule gives (``set_lr``, ``get_lr``) belongs to the loop,
+``helpers.train``; the bytes of an optimizer's state are counted by
+``helpers.lora_model.optimizer_state_bytes`` (chapter 8), for these optimizers and torch's.
 """
 from __future__ import annotations
 
@@ -21,8 +24,7 @@ import math
 
 import torch
 
-__all__ = ["sgd_update", "adam_update", "SGD", "Adam", "AdamW", "lr_warmup_cosine",
-           "set_lr", "get_lr", "optimizer_state_bytes"]
+__all__ = ["sgd_update", "adam_update", "SGD", "Adam", "AdamW", "lr_warmup_cosine"]
 
 
 # --------------------------------------------------------------------------- one tensor
@@ -161,7 +163,7 @@ class AdamW(Adam):
         super().__init__(params, lr, betas, eps, weight_decay)
 
 
-# --------------------------------------------------------------------------- schedule, state
+# --------------------------------------------------------------------------- schedule
 
 def lr_warmup_cosine(step: int, warmup: int, total: int, lr_max: float, lr_min: float = 0.0) -> float:
     """η(s) = η_max(s+1)/W for s < W, then η_min + ½(η_max − η_min)(1 + cos π(s−W)/(T−W)), η_min for s ≥ T."""
@@ -173,26 +175,3 @@ def lr_warmup_cosine(step: int, warmup: int, total: int, lr_max: float, lr_min: 
         return lr_min
     progress = (step - warmup) / max(1, total - warmup)
     return lr_min + 0.5 * (lr_max - lr_min) * (1 + math.cos(math.pi * progress))
-
-
-def set_lr(opt, lr: float) -> None:
-    """Set the learning rate of our optimizers (``opt.lr``) or of a torch.optim one (every param group)."""
-    if isinstance(opt, torch.optim.Optimizer):
-        for group in opt.param_groups:
-            group["lr"] = lr
-    else:
-        opt.lr = float(lr)
-
-
-def get_lr(opt) -> float:
-    """The learning rate of our optimizers or of a torch.optim one (its first param group)."""
-    if isinstance(opt, torch.optim.Optimizer):
-        return float(opt.param_groups[0]["lr"])
-    return opt.lr
-
-
-def optimizer_state_bytes(opt) -> int:
-    """Σ bytes of the per-parameter state tensors (momentum b; Adam's m, v), step counters left out."""
-    states = opt.state.values()
-    return sum(t.numel() * t.element_size() for s in states for t in s.values()
-               if isinstance(t, torch.Tensor) and t.dim() > 0)

@@ -1,6 +1,7 @@
-"""A training loop in the order the seeds teach: zero_grad → forward → backward → clip → step (chapter 11).
+"""The course's one training loop, in the order the seeds teach: zero_grad → forward → backward → clip → step (chapter 8).
 
-``train`` runs one loop for two kinds of gradient:
+Chapter 8 fine-tunes with it (autograd mode, ``torch.optim.Adam``); chapter 11 takes it apart
+(manual mode, accumulation, schedules).  ``train`` runs one loop for two kinds of gradient:
 
 * autograd mode, ``loss_fn(*batch) -> L`` (a tensor with a graph): ``L.backward()`` accumulates
   into ``θ.grad``; so the loop must clear them first (``zero_grad``), or each step adds the
@@ -14,8 +15,9 @@ first); with ``accum = k`` it is cut into k micro-batches, each forward/backward
 (a k-th of the activation memory), and the micro-gradients are summed with weights
 ``b_i / B`` so the step uses exactly the full-batch mean gradient.
 
-Clipping (global norm, ``helpers.gradflow``'s formula) happens after the last backward and
-before ``step``: clipping after the step would change nothing that step did.
+Clipping (``helpers.gradflow.clip_grad_norm``, chapter 5) happens after the last backward and
+before ``step``: clipping after the step would change nothing that step did.  ``lm_loss`` and
+``eval_lm`` are the next-token loss of a language model and its held-out value.
 The progress bar is ``tqdm.auto`` (a widget in Jupyter, text on stderr elsewhere); set the
 environment variable ``BPBH_NO_PROGRESS=1`` (or ``progress=False``) to switch it off.
 """
@@ -24,11 +26,12 @@ from __future__ import annotations
 import os
 
 import torch
+import torch.nn.functional as F
 
-from helpers.gradflow import clip_grad_norm
-from helpers.optim import get_lr, set_lr
+from helpers.gpt import get_batch
+from helpers.gradflow import clip_grad_norm, global_grad_norm
 
-__all__ = ["train", "split_batch", "clip_grads", "global_norm"]
+__all__ = ["train", "split_batch", "set_lr", "get_lr", "lm_loss", "eval_lm"]
 
 
 def split_batch(batch, accum: int) -> list[tuple]:
@@ -43,21 +46,20 @@ def split_batch(batch, accum: int) -> list[tuple]:
     return [(*(p[i] for p in parts), parts[0][i].shape[0] / B) for i in range(accum)]
 
 
-def global_norm(grads) -> torch.Tensor:
-    """‖g‖ = sqrt(Σ_p ‖g_p‖²) over a dict or list of gradient tensors (a 0-dim tensor)."""
-    gs = list(grads.values()) if isinstance(grads, dict) else list(grads)
-    per_tensor = torch.stack([torch.linalg.vector_norm(g, 2) for g in gs])   # (P,)
-    return torch.linalg.vector_norm(per_tensor, 2)
+def set_lr(opt, lr: float) -> None:
+    """Set the learning rate of ``helpers.optim``'s optimizers (``opt.lr``) or of a torch.optim one (every group)."""
+    if isinstance(opt, torch.optim.Optimizer):
+        for group in opt.param_groups:
+            group["lr"] = lr
+    else:
+        opt.lr = float(lr)
 
 
-@torch.no_grad()
-def clip_grads(grads, max_norm: float) -> torch.Tensor:
-    """g ← g · min(1, max_norm / (‖g‖ + 1e-6)) in place for a dict or list of gradients; returns ‖g‖ before."""
-    total = global_norm(grads)
-    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-    for g in (grads.values() if isinstance(grads, dict) else grads):
-        g.mul_(coef.to(g.device))
-    return total
+def get_lr(opt) -> float:
+    """The learning rate of ``helpers.optim``'s optimizers or of a torch.optim one (its first param group)."""
+    if isinstance(opt, torch.optim.Optimizer):
+        return float(opt.param_groups[0]["lr"])
+    return opt.lr
 
 
 def _zero_grad(opt) -> None:
@@ -108,7 +110,7 @@ def train(opt, get_batch, steps: int, loss_fn=None, grads_fn=None, params=None, 
                 (L * w).backward()                            # 3. backward: .grad += w ∂L_i/∂θ
                 L_step += w * L.item()
             total = (clip_grad_norm(theta, clip) if clip is not None      # 4. clip, after backward
-                     else clip_grad_norm(theta, float("inf")))
+                     else global_grad_norm(theta))
             opt.step()                                        # 5. step
         else:
             grads = None
@@ -120,7 +122,8 @@ def train(opt, get_batch, steps: int, loss_fn=None, grads_fn=None, params=None, 
                 else:
                     for k in (g.keys() if isinstance(g, dict) else range(len(g))):
                         grads[k].add_(g[k], alpha=w)
-            total = clip_grads(grads, clip if clip is not None else float("inf"))   # 4. clip
+            total = (clip_grad_norm(grads, clip, are_grads=True) if clip is not None   # 4. clip
+                     else global_grad_norm(grads, are_grads=True))
             opt.step(grads)                                   # 5. step with the given gradients
         history["loss"].append(L_step)
         history["lr"].append(get_lr(opt))
@@ -129,3 +132,21 @@ def train(opt, get_batch, steps: int, loss_fn=None, grads_fn=None, params=None, 
             bar.set_postfix(loss=f"{L_step:.4f}", refresh=False)
     bar.close()
     return history
+
+
+def lm_loss(model, idx, targets) -> torch.Tensor:
+    """L = mean over (b, n) of −log softmax(model(idx))[b, n, targets[b, n]]: next-token cross-entropy."""
+    logits = model(idx)                                                   # (B, N, V)
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())      # (B·N, V) vs (B·N,)
+
+
+@torch.no_grad()
+def eval_lm(model, data: torch.Tensor, batches: int = 8, batch_size: int = 16, n_ctx: int = 32,
+            seed: int = 10_000) -> float:
+    """Mean of lm_loss over ``batches`` fixed random windows of ``data`` (batch s uses seed + s; no training)."""
+    device = next(model.parameters()).device
+    total = 0.0
+    for s in range(batches):
+        idx, targets = get_batch(data, batch_size, n_ctx, seed=seed + s, device=device)   # (B, N), (B, N)
+        total += lm_loss(model, idx, targets).item()
+    return total / batches

@@ -9,13 +9,17 @@ carries its own slider.
 """
 from __future__ import annotations
 
+from functools import partial
+
 import ipywidgets as W
 import matplotlib.pyplot as plt
+import torch
 from matplotlib.animation import FuncAnimation
 
-from helpers.gpt import TinyGPT
-from helpers.lora import add_lora_attention, optimizer_state_bytes, parameter_counts, train_lm
+from helpers.gpt import TinyGPT, get_batch
+from helpers.lora_model import add_lora_attention, optimizer_state_bytes, parameter_counts
 from helpers.memory import fmt_bytes
+from helpers.train import lm_loss, train
 
 __all__ = ["lora_run", "draw_run", "lora_panel", "lora_animation"]
 
@@ -26,10 +30,13 @@ def lora_run(config, base_state: dict, data, r: int, alpha: float, steps: int = 
     model = TinyGPT(config).to(device or "cpu")
     model.load_state_dict(base_state)
     add_lora_attention(model, r=r, alpha=alpha)
-    out = train_lm(model, data, steps, lr, batch_size=batch_size, n_ctx=config.n_ctx, seed=seed)
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
+    device = next(model.parameters()).device
+    hist = train(opt, lambda s: get_batch(data, batch_size, config.n_ctx, seed=seed + s, device=device), steps,
+                 loss_fn=partial(lm_loss, model), progress=False)
     counts = parameter_counts(model)
-    return {"r": r, "alpha": alpha, "losses": out["losses"], "trainable": counts["trainable"],
-            "total": counts["total"], "opt_bytes": optimizer_state_bytes(out["optimizer"])}
+    return {"r": r, "alpha": alpha, "losses": hist["loss"], "trainable": counts["trainable"],
+            "total": counts["total"], "opt_bytes": optimizer_state_bytes(opt)}
 
 
 def _smooth(v, k=10):

@@ -5,8 +5,17 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from helpers.gradflow import (GradFlowRecorder, clip_grad_norm, dead_relu_units, deep_mlp, fixed_batch,
-                              fmt_sci, global_grad_norm, layer_grad_norms, record_grad_flow)
+from helpers.gradflow import (
+    GradFlowRecorder,
+    clip_grad_norm,
+    dead_relu_units,
+    deep_mlp,
+    fixed_batch,
+    fmt_sci,
+    global_grad_norm,
+    layer_grad_norms,
+    record_grad_flow,
+)
 
 
 def _dead_layer_model():
@@ -32,7 +41,7 @@ def seed_debug_gradient_flow(model, input_tensor, target, criterion):
         activations[module] = output
 
     hooks = []
-    for name, layer in model.named_modules():
+    for _name, layer in model.named_modules():
         if isinstance(layer, (nn.Linear, nn.MultiheadAttention)):
             hooks.append(layer.register_forward_hook(hook_fn))
     loss = criterion(model(input_tensor), target)
@@ -127,6 +136,22 @@ def test_clip_equals_clip_grad_norm_(max_norm):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-9)
     after = global_grad_norm(ours.parameters()).item()
     assert after <= max_norm * (1 + 1e-5) or after == pytest.approx(total.item(), rel=1e-6)
+
+
+def test_norm_and_clip_skip_missing_grads_and_reject_bad_input():
+    a, b = torch.ones(3, requires_grad=True), torch.ones(2, requires_grad=True)
+    a.grad = torch.full((3,), 4.0)                         # b has no gradient: it counts as nothing
+    assert global_grad_norm([a, b]).item() == pytest.approx(48 ** 0.5)
+    assert global_grad_norm([b]).item() == 0.0
+    clip_grad_norm({"a": a, "b": b}, 1.0)
+    assert a.grad.norm().item() == pytest.approx(1.0, rel=1e-5) and b.grad is None
+    for bad in (0.0, -1.0, True, "1"):
+        with pytest.raises(ValueError, match="max_norm"):
+            clip_grad_norm([a], bad)
+    with pytest.raises(ValueError, match="are_grads"):
+        global_grad_norm([a.grad], are_grads="yes")
+    with pytest.raises(ValueError, match=r"grads\[0\]: expected a torch.Tensor"):
+        global_grad_norm([None], are_grads=True)
 
 
 def test_deep_mlp_layer_norms_vanish_with_sigmoid_and_not_with_layernorm():

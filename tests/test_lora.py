@@ -1,4 +1,4 @@
-"""Tests for helpers.lora: the LoRA Function, LoRALinear, attention adapters, state dicts."""
+"""Tests for helpers.lora: the LoRA math, its autograd.Function, LoRALinear, merge and unmerge."""
 import math
 
 import pytest
@@ -9,9 +9,7 @@ from torch.autograd import gradcheck
 
 import helpers.lora as hl
 from helpers.device import get_device, randn
-from helpers.lora import (LoRALinear, LoRASelfAttention, add_lora, add_lora_attention, load_lora_state_dict,
-                          lora_linear, lora_linear_backward, lora_scale, lora_state_dict, merge_lora,
-                          optimizer_state_bytes, parameter_counts, unmerge_lora)
+from helpers.lora import LoRALinear, lora_linear, lora_linear_backward, lora_scale, merge_lora, unmerge_lora
 
 DEV = get_device()
 F64 = torch.float64
@@ -99,7 +97,7 @@ def test_zero_init_equals_base_model_bit_for_bit():
     base = nn.Sequential(_linear(8, 16, seed=1, dtype=torch.float32), nn.GELU(), _linear(16, 4, seed=2, dtype=torch.float32))
     x = randn(5, 8, seed=3, device=DEV)
     y0 = base(x)
-    add_lora(base, ["0", "2"], r=4, alpha=8.0)
+    base[0], base[2] = LoRALinear(base[0], 4, 8.0), LoRALinear(base[2], 4, 8.0, seed=1000)
     assert isinstance(base[0], LoRALinear) and isinstance(base[2], LoRALinear)
     assert torch.equal(base(x), y0)
     assert torch.all(base[0].lora_A != 0) and torch.all(base[0].lora_B == 0)
@@ -200,26 +198,6 @@ def test_dropout_on_lora_path_only():
     torch.testing.assert_close(m(x), m.base(x) + m.scale * (x @ m.lora_A.T) @ m.lora_B.T, **TOL64)
 
 
-def _mlp(seed=0):
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).to(device=DEV, dtype=F64)
-
-
-def test_save_and_load_adapter_weights_alone_onto_fresh_base():
-    model = add_lora(_mlp(), ["0", "2"], r=2, alpha=4.0, seed=1)
-    with torch.no_grad():
-        for m in hl.lora_modules(model).values():
-            m.lora_B.copy_(randn(*m.lora_B.shape, seed=5, dtype=F64, device=DEV))
-    x = randn(3, 8, seed=2, dtype=F64, device=DEV)
-    y = model(x)
-    sd = lora_state_dict(model)
-    assert set(sd) == {"0.lora_A", "0.lora_B", "2.lora_A", "2.lora_B"}
-    fresh = add_lora(_mlp(), ["0", "2"], r=2, alpha=4.0, seed=99)   # same base, other adapter init
-    assert not torch.allclose(fresh(x), y)
-    load_lora_state_dict(fresh, sd)
-    assert torch.equal(fresh(x), y)
-
-
 def test_bad_inputs_raise_one_line_value_errors():
     lin = _linear(7, 6)
     for r in (0, -1, 7, 2.0, True):
@@ -235,19 +213,6 @@ def test_bad_inputs_raise_one_line_value_errors():
         lora_linear(x, W, None, randn(3, 7, dtype=F64, device=DEV), randn(6, 2, dtype=F64, device=DEV), 1.0, 2)
     with pytest.raises(ValueError, match="rank r"):
         lora_linear(x, W, None, randn(9, 7, dtype=F64, device=DEV), randn(6, 9, dtype=F64, device=DEV), 1.0, 9)
-    model = add_lora(_mlp(), ["0"], r=2, alpha=1.0)
-    sd = lora_state_dict(add_lora(_mlp(), ["0"], r=3, alpha=1.0))
-    with pytest.raises(ValueError, match=r"0.lora_A: expected shape \(2, 8\), got \(3, 8\)"):
-        load_lora_state_dict(model, sd)
-    with pytest.raises(ValueError, match="missing"):
-        load_lora_state_dict(model, {"0.lora_A": sd["0.lora_A"]})
-    with pytest.raises(ValueError, match="found none"):
-        add_lora(_mlp(), ["nope"], r=1, alpha=1.0)
-    with pytest.raises(ValueError, match="nn.Linear"):
-        add_lora(_mlp(), ["1"], r=1, alpha=1.0)   # the ReLU
-    mha = nn.Sequential(nn.MultiheadAttention(8, 2, batch_first=True))
-    with pytest.raises(ValueError, match="add_lora_attention"):
-        add_lora(mha, ["out_proj"], r=1, alpha=1.0)
 
 
 def test_error_messages_are_one_line():
@@ -277,122 +242,6 @@ def test_scales():
     assert _lora(r=3, alpha=6.0).scale == 2.0
 
 
-def test_counts_and_optimizer_state_bytes():
-    model = add_lora(_mlp(), ["0", "2"], r=2, alpha=1.0)
-    c = parameter_counts(model)
-    assert c["total"] == 8 * 16 + 16 + 16 * 4 + 4 + 2 * (8 + 16) + 2 * (16 + 4)
-    assert c["trainable"] == 2 * (8 + 16) + 2 * (16 + 4)
-    assert c["trainable_bytes"] == 8 * c["trainable"]
-    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-    model(randn(3, 8, dtype=F64, device=DEV)).sum().backward()
-    opt.step()
-    steps = sum(s["step"].numel() * s["step"].element_size() for s in opt.state.values())
-    assert optimizer_state_bytes(opt) == hl.adam_state_bytes_formula(model) + steps
-
-
-# ---------------------------------------------------------------- attention adapters
-
-def _mha(E=8, H=2, seed=0):
-    torch.manual_seed(seed)
-    return nn.MultiheadAttention(E, H, batch_first=True).to(device=DEV, dtype=F64)
-
-
-@pytest.mark.parametrize("masks", ["causal", "padding", "none"])
-def test_split_attention_equals_multihead_attention(masks):
-    mha = _mha()
-    att = LoRASelfAttention(mha, r=2, alpha=2.0)
-    x = randn(3, 5, 8, seed=1, dtype=F64, device=DEV)
-    kw = {}
-    if masks == "causal":
-        kw = dict(attn_mask=nn.Transformer.generate_square_subsequent_mask(5, device=DEV, dtype=F64), is_causal=True)
-    elif masks == "padding":
-        kpm = torch.zeros(3, 5, dtype=torch.bool, device=DEV)
-        kpm[0, 3:] = True
-        kw = dict(key_padding_mask=kpm)
-    y_ref, _ = mha(x, x, x, need_weights=False, **kw)
-    y, _ = att(x, x, x, need_weights=False, **kw)
-    torch.testing.assert_close(y, y_ref, **TOL64)
-
-
-def _mha_mask(kind, B=3, H=2, N=5):
-    """Masks for MultiheadAttention: a (B, N) padding mask and/or an (N, N) or (B·H, N, N) attn_mask."""
-    kpm = torch.zeros(B, N, dtype=torch.bool, device=DEV)
-    kpm[0, 3:] = True
-    kpm[2, 4:] = True
-    if kind == "causal+padding":
-        future = torch.ones(N, N, dtype=torch.bool, device=DEV).triu(1)   # (N, N), True = blocked
-        return dict(attn_mask=future, key_padding_mask=kpm)
-    if kind == "3d":
-        m = torch.rand(B * H, N, N, generator=torch.Generator().manual_seed(4)) < 0.3
-        m[..., 0] = False                                     # every query keeps one key
-        return dict(attn_mask=m.to(DEV))
-    raise ValueError(kind)
-
-
-@pytest.mark.parametrize("kind", ["causal+padding", "3d"])
-@pytest.mark.parametrize("batch_first", [True, False])
-def test_split_attention_equals_multihead_attention_masks_and_layouts(kind, batch_first):
-    torch.manual_seed(0)
-    mha = nn.MultiheadAttention(8, 2, batch_first=batch_first).to(device=DEV, dtype=F64)
-    att = LoRASelfAttention(mha, r=2, alpha=2.0)
-    x = randn(3, 5, 8, seed=1, dtype=F64, device=DEV)
-    if not batch_first:
-        x = x.transpose(0, 1)                                 # (B, N, E) -> (N, B, E)
-    kw = _mha_mask(kind)
-    y_ref, _ = mha(x, x, x, need_weights=False, **kw)
-    y, _ = att(x, x, x, need_weights=False, **kw)
-    torch.testing.assert_close(y, y_ref, **TOL64)
-
-
-def test_is_causal_with_only_a_padding_mask_stays_causal():
-    """is_causal=True with a key_padding_mask but no attn_mask must still hide future keys."""
-    att = LoRASelfAttention(_mha(), r=2, alpha=2.0)
-    x = randn(3, 5, 8, seed=1, dtype=F64, device=DEV)
-    kw = _mha_mask("causal+padding")
-    y_causal, _ = att(x, x, x, key_padding_mask=kw["key_padding_mask"], is_causal=True)
-    y_ref, _ = att(x, x, x, **kw)
-    torch.testing.assert_close(y_causal, y_ref, **TOL64)
-    y_open, _ = att(x, x, x, key_padding_mask=kw["key_padding_mask"])
-    assert not torch.allclose(y_open, y_causal)
-
-
-def test_attention_adapters_on_q_and_v_only_train_and_survive_eval_fast_path():
-    layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True, norm_first=True)
-    layer = layer.to(device=DEV, dtype=F64)
-    wrapper = nn.Sequential(layer)
-    x = randn(2, 4, 8, seed=1, dtype=F64, device=DEV)
-    mask = nn.Transformer.generate_square_subsequent_mask(4, device=DEV, dtype=F64)
-    y0 = layer(x, src_mask=mask, is_causal=True)
-    add_lora_attention(wrapper, r=2, alpha=4.0)
-    att = layer.self_attn
-    assert isinstance(att, LoRASelfAttention)
-    assert isinstance(att.q_proj, LoRALinear) and isinstance(att.v_proj, LoRALinear)
-    assert not isinstance(att.k_proj, LoRALinear) and not isinstance(att.out_proj, LoRALinear)
-    torch.testing.assert_close(layer(x, src_mask=mask, is_causal=True), y0, **TOL64)
-    assert [n for n, p in wrapper.named_parameters() if p.requires_grad] == [
-        "0.self_attn.q_proj.lora_A", "0.self_attn.q_proj.lora_B",
-        "0.self_attn.v_proj.lora_A", "0.self_attn.v_proj.lora_B"]
-    layer(x, src_mask=mask, is_causal=True).pow(2).sum().backward()
-    assert att.q_proj.lora_A.grad.abs().max() == 0 and att.v_proj.lora_B.grad.abs().max() > 0
-    with torch.no_grad():
-        att.v_proj.lora_B.copy_(randn(8, 2, seed=3, dtype=F64, device=DEV))
-    y_train = layer(x, src_mask=mask, is_causal=True)
-    layer.eval()
-    with torch.no_grad():   # eval + no_grad is where the packed fast path would skip adapters
-        y_eval = layer(x, src_mask=mask, is_causal=True)
-    torch.testing.assert_close(y_eval, y_train.detach(), **TOL64)
-    assert not torch.allclose(y_eval, y0)
-
-
-def test_attention_bad_inputs():
-    with pytest.raises(ValueError, match="MultiheadAttention"):
-        LoRASelfAttention(nn.Linear(4, 4), 1, 1.0)
-    with pytest.raises(ValueError, match="targets"):
-        LoRASelfAttention(_mha(), 1, 1.0, targets=("x",))
-    with pytest.raises(ValueError, match="found none"):
-        add_lora_attention(_mlp(), 1, 1.0)
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.gpu
 def test_cuda_float32_matches_cpu():
@@ -411,13 +260,3 @@ def test_cuda_float32_matches_cpu():
         outs.append([t.detach().cpu() for t in (y, xd.grad, m.lora_A.grad, m.lora_B.grad)])
     for a, b in zip(*outs):
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
-
-
-def test_add_lora_after_add_lora_attention_keeps_attention_adapters_trainable():
-    layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True).to(device=DEV, dtype=F64)
-    model = nn.Sequential(layer)
-    add_lora_attention(model, r=2, alpha=2.0, targets=("q", "k", "v", "o"))
-    add_lora(model, ["linear1", "linear2"], r=2, alpha=2.0)
-    names = [n for n, p in model.named_parameters() if p.requires_grad]
-    assert len(names) == 12 and all(n.endswith(("lora_A", "lora_B")) for n in names)
-    assert parameter_counts(model)["trainable"] == 4 * 2 * 16 + 2 * 2 * (8 + 16)

@@ -7,8 +7,8 @@ import torch
 import helpers.optim as optim_mod
 from helpers.checks import max_abs_diff
 from helpers.device import randn
-from helpers.optim import (SGD, Adam, AdamW, adam_update, get_lr, lr_warmup_cosine,
-                           optimizer_state_bytes, set_lr)
+from helpers.optim import SGD, Adam, AdamW, adam_update, lr_warmup_cosine
+from helpers.train import get_lr, set_lr
 
 STEPS = 10
 
@@ -110,17 +110,6 @@ def test_broken_bias_correction_fails(monkeypatch):
     W_ref, _, _ = run_torch(CASES["adam"][0])
     W, _, _ = run_ours(CASES["adam"][1])
     assert max_abs_diff(W, W_ref) > 1e-3
-
-
-def test_state_bytes():
-    _, _, sgd = run_ours(lambda p: SGD(p, lr=0.1))
-    _, _, mom = run_ours(lambda p: SGD(p, lr=0.1, momentum=0.9))
-    _, _, adam = run_ours(lambda p: AdamW(p, lr=0.1))
-    _, _, ref = run_torch(lambda p: torch.optim.AdamW(p, lr=0.1))
-    n_bytes = (12 + 3) * 8
-    assert optimizer_state_bytes(sgd) == 0
-    assert optimizer_state_bytes(mom) == n_bytes
-    assert optimizer_state_bytes(adam) == 2 * n_bytes == optimizer_state_bytes(ref)
 
 
 def test_schedule_endpoints_and_shape():

@@ -6,8 +6,9 @@ import torch
 
 from helpers.checks import max_abs_diff
 from helpers.device import randn
+from helpers.gradflow import clip_grad_norm, global_grad_norm
 from helpers.optim import SGD, AdamW, lr_warmup_cosine
-from helpers.train import clip_grads, global_norm, split_batch, train
+from helpers.train import split_batch, train
 
 B = 12
 
@@ -123,16 +124,17 @@ def test_clipping_limits_the_step_and_records_norm_before():
     assert max_abs_diff(pa["W"], pm["W"]) < 1e-15
 
 
-def test_clip_grads_matches_torch():
+def test_clipping_given_gradients_matches_torch():
+    """The manual mode clips gradient tensors themselves (are_grads=True), a dict or a list."""
     gs = [randn(3, 4, seed=7, dtype=torch.float64), randn(5, seed=8, dtype=torch.float64)]
     ps = [g.clone().requires_grad_(True) for g in gs]
     for p, g in zip(ps, gs):
         p.grad = g.clone()
     ref = torch.nn.utils.clip_grad_norm_(ps, 0.5)
-    ours = clip_grads(gs, 0.5)
+    ours = clip_grad_norm({"W": gs[0], "b": gs[1]}, 0.5, are_grads=True)
     assert abs(ours.item() - ref.item()) < 1e-14
     assert max_abs_diff(gs[0], ps[0].grad) < 1e-15
-    assert global_norm(gs).item() == pytest.approx(0.5, rel=1e-5)
+    assert global_grad_norm(gs, are_grads=True).item() == pytest.approx(0.5, rel=1e-5)
 
 
 def test_schedule_is_applied_before_each_step():

@@ -25,9 +25,12 @@
 
 # %% tags=["remove-cell"]
 # Colab setup (hidden on the site): in Colab, install the course helpers; elsewhere do nothing.
+import subprocess
 import sys
+
 if "google.colab" in sys.modules:
-    # %pip install -q "backprop-by-hand @ git+https://github.com/backprop-by-hand/course"
+    spec = "backprop-by-hand @ git+https://github.com/backprop-by-hand/course"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", spec], check=True)
 
 # %%
 import math
@@ -338,8 +341,8 @@ show("max |W_L2 − W_decoupled| after 10 steps", (W_l2["W"] - W_dec["W"]).abs()
 
 # %% [markdown]
 # What the optimizer keeps costs memory: SGD keeps nothing, momentum one buffer the size of
-# the parameters, Adam two ($m$ and $v$). `helpers.optim.optimizer_state_bytes` adds them up
-# (we use it on the GPT below).
+# the parameters, Adam two ($m$ and $v$). `optimizer_state_bytes` (chapter 8's, in
+# `helpers.lora_model`) adds them up; we use it on the GPT below.
 #
 # ## 11.5 Warm-up, then cosine decay
 #
@@ -390,7 +393,7 @@ for step in range(3):
 
 # %% [markdown]
 # (No step was taken, so the true gradient stays the same; `.grad` is one, two, three times it.)
-# `helpers.train.train` runs the loop in the order
+# `helpers.train.train`, the loop chapter 8 fine-tuned with, runs in the order
 #
 # ```
 # for step in range(steps):
@@ -398,12 +401,13 @@ for step in range(3):
 #     for micro-batch i:
 #         L_i = loss_fn(micro_i)   # 2. forward
 #         (w_i L_i).backward()     # 3. backward: .grad += w_i ∂L_i/∂θ,  w_i = b_i / B
-#     clip_grad_norm(θ, c)         # 4. clip, after the last backward
+#     clip_grad_norm(θ, c)         # 4. clip, after the last backward (chapter 5's helper)
 #     opt.step()                   # 5. step
 # ```
 #
 # and in a **manual mode** the gradients come from a function, `grads_fn(batch) -> (L, grads)`,
-# and go to `opt.step(grads)` (there is no `.grad` to clear). Gradient accumulation cuts the
+# are clipped as they are (`clip_grad_norm(grads, c, are_grads=True)`, the same function) and
+# go to `opt.step(grads)` (there is no `.grad` to clear). Gradient accumulation cuts the
 # batch into micro-batches and sums their gradients weighted by their share of the batch, so
 # the step uses exactly the full-batch mean gradient while each forward holds only a fraction
 # of the activations. The bar is `tqdm.auto`'s: a widget in Jupyter and on the site.
@@ -455,7 +459,7 @@ _ = compare("W, 4 micro-batches of 3 vs 1 batch of 12", results[4][0]["W"], resu
 # %%
 from helpers.gpt import (CharTokenizer, GPTConfig, TinyGPT, get_batch, gpt_init, gpt_loss_and_grads,
                          load_corpus, load_params_into_module, sample)
-from helpers.optim import optimizer_state_bytes
+from helpers.lora_model import optimizer_state_bytes
 
 text = load_corpus()
 tok = CharTokenizer(text)

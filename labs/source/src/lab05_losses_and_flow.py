@@ -32,9 +32,12 @@
 
 # %% tags=["remove-cell"]
 # Colab setup (hidden on the site): in Colab, install the course helpers; elsewhere do nothing.
+import subprocess
 import sys
+
 if "google.colab" in sys.modules:
-    # %pip install -q "backprop-by-hand @ git+https://github.com/backprop-by-hand/course"
+    spec = "backprop-by-hand @ git+https://github.com/backprop-by-hand/course"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", spec], check=True)
 
 # %%
 import torch
@@ -359,7 +362,7 @@ print("broken layer:", broken)
 # # BEGIN QUESTION
 # name: ex4
 # points: 3
-# by_hand: [torch.nn.utils.clip_grad_norm_, helpers.gradflow.clip_grad_norm, helpers.train.clip_grads]
+# by_hand: [torch.nn.utils.clip_grad_norm_, helpers.gradflow.clip_grad_norm]
 # in_place: true
 
 # %% [markdown]
