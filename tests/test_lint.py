@@ -58,6 +58,6 @@ def test_ruff_check():
 
 
 def test_ruff_format():
-    run = _ruff("format", "--check", *PATHS)
+    run = _ruff("format", "--check", "--output-format", "concise", *PATHS)
     if run.returncode != 0:
         pytest.fail(f"ruff format --check (fix: ruff format <path>):\n{run.stdout}{run.stderr}", pytrace=False)
