@@ -33,17 +33,17 @@ import math
 
 import torch
 import torch.nn.functional as F
+from einops import rearrange
 from torch import nn
 
-from einops import rearrange
-
 from helpers.attention import attention_backward, causal_mask, merge_heads, split_heads
-from helpers.checks import expect_tensor
+from helpers.checks import expect_int, expect_tensor
 from helpers.device import randn
-from helpers.functions import gelu_backward, layernorm_backward, layernorm_forward, linear_backward
+from helpers.functions import gelu_backward, layernorm_backward, layernorm_forward
+from helpers.numgrad import linear_backward
 
 __all__ = [
-    "BLOCK_PARAM_NAMES", "ACTIVATIONS", "block_params", "params_from_layer", "layer_from_params",
+    "BLOCK_PARAM_NAMES", "ACTIVATIONS", "block_param_shapes", "block_params", "params_from_layer", "layer_from_params",
     "load_params_into_layer", "block_forward", "block_manual_backward", "residual_backward",
     "block_cache_bytes", "block_saved_bytes_formula", "block_saved_table",
 ]
@@ -60,7 +60,10 @@ ACTIVATIONS = ("relu", "gelu")
 
 # --------------------------------------------------------------------------- parameters
 
-def _shapes(d: int, d_ff: int) -> dict:
+def block_param_shapes(d: int, d_ff: int) -> dict:
+    """Name -> shape of every block parameter (BLOCK_PARAM_NAMES order): packed W_in (3d, d), W1 (d_ff, d), ..."""
+    expect_int("d", d)
+    expect_int("d_ff", d_ff)
     return {"self_attn.in_proj_weight": (3 * d, d), "self_attn.in_proj_bias": (3 * d,),
             "self_attn.out_proj.weight": (d, d), "self_attn.out_proj.bias": (d,),
             "linear1.weight": (d_ff, d), "linear1.bias": (d_ff,),
@@ -70,10 +73,8 @@ def _shapes(d: int, d_ff: int) -> dict:
 
 def block_params(d: int, d_ff: int, seed: int = 0, dtype=torch.float32, device=None) -> dict:
     """Random block weights: W ~ N(0, 1/fan_in), biases ~ 0.1·N(0, 1), γ ~ 1 + 0.1·N(0, 1), β ~ 0.1·N(0, 1)."""
-    if not all(isinstance(v, int) and v > 0 for v in (d, d_ff)):
-        raise ValueError(f"block_params: expected positive ints d, d_ff, got {d!r}, {d_ff!r}")
     params = {}
-    for i, (name, shape) in enumerate(_shapes(d, d_ff).items()):
+    for i, (name, shape) in enumerate(block_param_shapes(d, d_ff).items()):
         t = randn(*shape, seed=seed + i, dtype=torch.float64)
         if len(shape) == 2:
             t = t / math.sqrt(shape[1])                   # keeps activations O(1) through the block
@@ -132,11 +133,6 @@ def residual_backward(grad_y: torch.Tensor, grad_x_through_branch: torch.Tensor)
     return grad_y + grad_x_through_branch
 
 
-def _ln_apply(x, mu, rstd, weight, bias):
-    """y = γ (x − μ)·(1/σ) + β from the saved μ and 1/σ (recomputes a LayerNorm output)."""
-    return torch.addcmul(bias, (x - mu) * rstd, weight)
-
-
 def _lin(x, W, b):
     """y = x Wᵀ + b as one addmm over the rows."""
     y = torch.addmm(b, x.reshape(-1, x.shape[-1]), W.T)          # (B·N, in) @ (in, out) -> (B·N, out)
@@ -185,13 +181,14 @@ def block_forward(X, params: dict, H: int, norm_first: bool, causal: bool = Fals
     Returns ``(Y, cache)``; ``cache`` is what ``block_manual_backward`` needs and nothing else.
     ``residual=False`` drops both skip connections (only for the deep-stack experiment).
     """
-    expect_tensor("X", X)
-    if X.dim() != 3 or not X.is_floating_point():
+    expect_tensor("X", X, floating=True)
+    if X.dim() != 3:
         raise ValueError(f"X: expected a floating tensor (B, N, d), got {X.dtype} {tuple(X.shape)}")
     _check_params(params)
     d = X.shape[-1]
-    if not isinstance(H, int) or H <= 0 or d % H:
-        raise ValueError(f"block_forward: expected H dividing d={d}, got H={H!r}")
+    expect_int("H", H)
+    if d % H:
+        raise ValueError(f"H: expected a divisor of d={d}, got {H}")
     if activation not in ACTIVATIONS:
         raise ValueError(f"block_forward: expected activation in {ACTIVATIONS}, got {activation!r}")
     expect_tensor("self_attn.in_proj_weight", params["self_attn.in_proj_weight"], shape=(3 * d, d))
@@ -279,18 +276,23 @@ def block_manual_backward(grad_Y, cache: dict) -> dict:
             x, mu, rstd, p[f"{name}.weight"], grad_y)
         return grad_x
 
+    def ln_recomputed(name, x):
+        # The cache keeps x, μ and 1/σ, not LayerNorm's output: rebuild it from them.
+        i = name[-1]
+        return layernorm_forward(x, p[f"{name}.weight"], p[f"{name}.bias"], mu=s["mu" + i], rstd=s["rstd" + i])[0]
+
     if cache["norm_first"]:
         X1 = s["X1"]
-        h2 = _ln_apply(X1, s["mu2"], s["rstd2"], p["norm2.weight"], p["norm2.bias"])   # recomputed
+        h2 = ln_recomputed("norm2", X1)
         grad_h2, g_ff = _ffn_backward(grad_Y, h2, s["act"], p, act)
         grad_X1 = skip(grad_Y, ln_backward("norm2", X1, grad_h2))
-        h1 = _ln_apply(X, s["mu1"], s["rstd1"], p["norm1.weight"], p["norm1.bias"])    # recomputed
+        h1 = ln_recomputed("norm1", X)
         grad_h1, g_sa = _attn_backward(grad_X1, h1, s, p, H, causal)
         grad_X = skip(grad_X1, ln_backward("norm1", X, grad_h1))
     else:
         Z1, Z2 = s["Z1"], s["Z2"]
         grad_Z2 = ln_backward("norm2", Z2, grad_Y)
-        X1 = _ln_apply(Z1, s["mu1"], s["rstd1"], p["norm1.weight"], p["norm1.bias"])   # recomputed
+        X1 = ln_recomputed("norm1", Z1)
         grad_X1_ff, g_ff = _ffn_backward(grad_Z2, X1, s["act"], p, act)
         grad_X1 = skip(grad_Z2, grad_X1_ff)
         grad_Z1 = ln_backward("norm1", Z1, grad_X1)
@@ -317,8 +319,7 @@ def block_cache_bytes(cache: dict) -> int:
 def block_saved_bytes_formula(B: int, N: int, d: int, H: int, d_ff: int, bytes: int, norm_first: bool) -> int:
     """Manual cache: B·N·(5d + d_ff + H + 4)·bytes (pre-norm) or B·N·(6d + d_ff + H + 4)·bytes (post-norm)."""
     for name, v in (("B", B), ("N", N), ("d", d), ("H", H), ("d_ff", d_ff), ("bytes", bytes)):
-        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-            raise ValueError(f"block_saved_bytes_formula: expected a positive int {name}, got {v!r}")
+        expect_int(name, v)
     # QKV 3d + A d + one LayerNorm input d (pre-norm: X1; post-norm: Z1 and Z2, 2d) + FFN d_ff
     # + lse H + μ and 1/σ of two LayerNorms 4.
     per_token = (5 * d if norm_first else 6 * d) + d_ff + H + 4

@@ -1,6 +1,6 @@
-"""Where backward's memory goes: activation bytes, gradient checkpointing, mixed precision (chapter 9).
+"""Where backward's memory goes: activation bytes and gradient checkpointing (chapter 9).
 
-Three pieces:
+Two pieces (mixed precision, the chapter's third, is ``helpers.precision``):
 
 * ``activation_bytes_formula`` - the bytes autograd keeps for backward in a stack of
   ``nn.TransformerEncoderLayer(norm_first=True, dropout=0)`` blocks (chapter 7's TinyGPT), term
@@ -11,10 +11,7 @@ Three pieces:
   before the forward and restored for the re-run, so dropout draws the same mask twice; the
   ``torch.autocast`` settings are recorded too and re-entered for the re-run (backward runs
   outside the caller's autocast region, so without them the re-run would be in float32 and
-  differentiate another function than the one that produced the output);
-* mixed precision: ``float_format_table`` (fp16 / bf16 / fp32 ranges), ``layer_norm_by_hand``
-  (every operation in the input's dtype, so ``eps`` is rounded to it), and loss scaling by hand
-  (``unscale_grads``, ``update_scale``, ``loss_scale_step``) - what ``torch.amp.GradScaler`` does.
+  differentiate another function than the one that produced the output).
 
 Why the parameters are explicit inputs of ``Checkpoint``: autograd asks a Function for gradients
 of its *inputs* only.  A block whose weights are captured inside ``fn`` (a closure, a module's
@@ -26,14 +23,14 @@ they come out of ``backward`` like ``grad_x`` does, and the Function works with 
 from __future__ import annotations
 
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.func import functional_call
 
-from helpers.checks import expect_tensor
+from helpers.checks import expect_int, expect_tensor
 
 __all__ = [
     # memory
@@ -42,24 +39,16 @@ __all__ = [
     "RNGState", "get_rng_state", "set_rng_state", "AutocastState", "get_autocast_state", "autocast_from",
     "recompute_backward", "Checkpoint", "checkpoint",
     "checkpoint_module", "checkpoint_sequential",
-    # mixed precision
-    "float_format_table", "layer_norm_by_hand", "ScalerState", "unscale_grads", "update_scale",
-    "loss_scale_step",
 ]
 
 
 # --------------------------------------------------------------------------- activation bytes
 
-def _positive_ints(where: str, **values) -> None:
-    for name, v in values.items():
-        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-            raise ValueError(f"{where}: expected a positive int {name}, got {v!r}")
-
-
 def block_activation_bytes(B: int, N: int, d: int, H: int, d_ff: int, bytes: int, attention: str = "fused",
                            activation: str = "gelu") -> int:
     """One pre-norm block: B·N·(8d + H + 4 + 2d_ff)·bytes (fused SDPA, GELU); math attention: 10d + H·N instead of 8d + H."""
-    _positive_ints("block_activation_bytes", B=B, N=N, d=d, H=H, d_ff=d_ff, bytes=bytes)
+    for name, v in (("B", B), ("N", N), ("d", d), ("H", H), ("d_ff", d_ff), ("bytes", bytes)):
+        expect_int(name, v)
     if attention not in ("fused", "math"):
         raise ValueError(f"block_activation_bytes: expected attention 'fused' or 'math', got {attention!r}")
     if activation not in ("gelu", "relu"):
@@ -94,7 +83,7 @@ def activation_bytes_formula(B: int, N: int, d: int, H: int, n_layers: int, d_ff
     kernels, whose own bookkeeping (log-sum-exp layout, dropout seed) may differ from the CPU
     kernel's (B, H, N) log-sum-exp (not measured here).
     """
-    _positive_ints("activation_bytes_formula", n_layers=n_layers)
+    expect_int("n_layers", n_layers)
     total = n_layers * block_activation_bytes(B, N, d, H, d_ff, bytes, attention, activation)
     if head:
         total += B * N * ((2 * d + 2) * bytes + 8)
@@ -231,13 +220,11 @@ class Checkpoint(torch.autograd.Function):
 
 def checkpoint(fn, x, *params, preserve_rng_state: bool = True):
     """y = fn(x, *params) with gradient checkpointing; fn must use the params it is given, not captured ones."""
-    expect_tensor("x", x)
+    expect_tensor("x", x, floating=True)
     if not callable(fn):
         raise ValueError(f"checkpoint: expected a callable fn, got {type(fn).__name__}")
     for i, p in enumerate(params):
         expect_tensor(f"params[{i}]", p)
-    if not x.is_floating_point():
-        raise ValueError(f"x: expected a floating-point tensor, got {x.dtype}")
     # Both taken here, before the forward: the RNG before dropout draws, autocast as the caller set it.
     rng_state = get_rng_state([x, *params]) if preserve_rng_state else None
     return Checkpoint.apply(fn, rng_state, get_autocast_state(), x, *params)
@@ -263,88 +250,3 @@ def checkpoint_sequential(blocks, x, preserve_rng_state: bool = True, **kwargs):
     for block in blocks:
         x = checkpoint_module(block, x, preserve_rng_state, **kwargs)
     return x
-
-
-# --------------------------------------------------------------------------- number formats
-
-def float_format_table(dtypes=(torch.float16, torch.bfloat16, torch.float32)) -> list[dict]:
-    """Per dtype: largest finite value, smallest normal (finfo.tiny), smallest subnormal (tiny·eps), eps (1 ulp at 1)."""
-    rows = []
-    for dt in dtypes:
-        fi = torch.finfo(dt)
-        rows.append({"dtype": str(dt).replace("torch.", ""), "bits": fi.bits, "max": fi.max, "tiny": fi.tiny,
-                     "subnormal": fi.tiny * fi.eps, "eps": fi.eps})
-    return rows
-
-
-def layer_norm_by_hand(x, weight=None, bias=None, eps: float = 1e-5):
-    """y = γ (x − μ)/√(σ² + eps) + β with every operation, and eps itself, in x's dtype (no float32 inside)."""
-    expect_tensor("x", x)
-    if not x.is_floating_point():
-        raise ValueError(f"x: expected a floating-point tensor, got {x.dtype}")
-    eps_t = torch.tensor(eps, dtype=x.dtype, device=x.device)   # 1e-12 in float16 is 0
-    mu = x.mean(-1, keepdim=True)                                # (..., 1)
-    var = ((x - mu) ** 2).mean(-1, keepdim=True)                 # (..., 1), biased like nn.LayerNorm
-    y = (x - mu) / torch.sqrt(var + eps_t)                       # (..., d)
-    if weight is not None:
-        y = y * weight
-    if bias is not None:
-        y = y + bias
-    return y
-
-
-# --------------------------------------------------------------------------- loss scaling
-
-@dataclass(frozen=True)
-class ScalerState:
-    """Loss-scale state with torch.amp.GradScaler's defaults: scale 2¹⁶, ×2 after 2000 clean steps, ×0.5 on inf."""
-
-    scale: float = 65536.0
-    growth_factor: float = 2.0
-    backoff_factor: float = 0.5
-    growth_interval: int = 2000
-    growth_tracker: int = 0
-
-
-def unscale_grads(grads, scale: float):
-    """g ← g · (1/scale) (1/scale rounded to float32, as GradScaler does); returns (grads, found_inf)."""
-    inv_scale = float(torch.tensor(float(scale), dtype=torch.float64).reciprocal().float())
-    out, found_inf = [], False
-    for g in grads:
-        if g is None:
-            out.append(None)
-            continue
-        expect_tensor("grad", g)
-        found_inf = found_inf or not bool(torch.isfinite(g).all())
-        out.append(g * inv_scale)
-    return out, found_inf
-
-
-def update_scale(state: ScalerState, found_inf: bool) -> ScalerState:
-    """inf/NaN: scale·backoff, tracker 0; else tracker + 1, and on reaching growth_interval: scale·growth, tracker 0."""
-    if not isinstance(state, ScalerState):
-        raise ValueError(f"update_scale: expected a ScalerState, got {type(state).__name__}")
-    if found_inf:
-        return replace(state, scale=state.scale * state.backoff_factor, growth_tracker=0)
-    tracker = state.growth_tracker + 1
-    if tracker == state.growth_interval:
-        return replace(state, scale=state.scale * state.growth_factor, growth_tracker=0)
-    return replace(state, growth_tracker=tracker)
-
-
-@torch.no_grad()
-def loss_scale_step(params, scaled_grads, state: ScalerState, lr: float):
-    """One SGD step with loss scaling: g = scaled_g/scale; skip if any g is inf/NaN, else θ ← θ − lr·g; update the scale.
-
-    ``scaled_grads`` are the gradients of ``scale · L``.  Returns ``(new_state, stepped)``; the
-    parameters are updated in place.
-    """
-    params, scaled_grads = list(params), list(scaled_grads)
-    if len(params) != len(scaled_grads):
-        raise ValueError(f"loss_scale_step: expected one grad per param, got {len(scaled_grads)} for {len(params)}")
-    grads, found_inf = unscale_grads(scaled_grads, state.scale)
-    if not found_inf:
-        for p, g in zip(params, grads):
-            if g is not None:
-                p.add_(g, alpha=-lr)               # torch.optim.SGD's update, same rounding
-    return update_scale(state, found_inf), not found_inf

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["DEFAULT_TOL", "tolerance", "max_abs_diff", "compare", "expect_tensor", "expect_like",
+__all__ = ["DEFAULT_TOL", "tolerance", "close", "max_abs_diff", "compare", "expect_tensor", "expect_like",
            "expect_int", "expect_bool"]
 
 # (atol, rtol) per dtype, for O(1) values summed in a different order (CPU vs CUDA, ours vs
@@ -25,9 +25,25 @@ DEFAULT_TOL = {
 }
 
 
-def tolerance(dtype: torch.dtype) -> tuple[float, float]:
-    """Default (atol, rtol) for comparing tensors of ``dtype``."""
-    return DEFAULT_TOL.get(dtype, DEFAULT_TOL[torch.float32])
+def tolerance(dtype: torch.dtype, atol: float | None = None, rtol: float | None = None) -> tuple[float, float]:
+    """(atol, rtol) for comparing tensors of ``dtype``: the ones given, else the dtype's defaults."""
+    d_atol, d_rtol = DEFAULT_TOL.get(dtype, DEFAULT_TOL[torch.float32])
+    return (d_atol if atol is None else atol), (d_rtol if rtol is None else rtol)
+
+
+def close(ours, ref, atol: float, rtol: float, equal_nan: bool = False) -> torch.Tensor:
+    """Elementwise ours ≈ ref: equal (inf = inf), or both finite and |ours − ref| ≤ atol + rtol·|ref|.
+
+    The one tolerance rule of the course (``compare`` here, the labs' ``helpers.labcheck``);
+    computed in float64 on the CPU.  ``equal_nan=True`` counts NaN against NaN as equal.
+    """
+    a = torch.as_tensor(ours).detach().to("cpu", torch.float64)
+    b = torch.as_tensor(ref).detach().to("cpu", torch.float64)
+    # The finiteness test keeps 1 vs inf from passing as |1 − inf| = inf ≤ rtol·inf = inf.
+    ok = (a == b) | (torch.isfinite(a) & torch.isfinite(b) & ((a - b).abs() <= atol + rtol * b.abs()))
+    if equal_nan:
+        ok |= torch.isnan(a) & torch.isnan(b)
+    return ok
 
 
 def max_abs_diff(a, b) -> float:
@@ -96,12 +112,8 @@ def compare(name: str, ours, ref, atol: float | None = None, rtol: float | None 
         ok = diff == 0.0
         rule = "exact"
     else:
-        d_atol, d_rtol = tolerance(ref_t.dtype)
-        atol = d_atol if atol is None else atol
-        rtol = d_rtol if rtol is None else rtol
-        a = ours_t.to("cpu", torch.float64)
-        b = ref_t.to("cpu", torch.float64)
-        ok = bool(torch.all((a - b).abs() <= atol + rtol * b.abs()).item())
+        atol, rtol = tolerance(ref_t.dtype, atol, rtol)
+        ok = bool(close(ours_t, ref_t, atol, rtol).all())
         rule = f"atol {atol:g}, rtol {rtol:g}"
     if not quiet:
         print(f"{'✓' if ok else '✗'} {name}: max|Δ| {diff:.1e} ({rule})")

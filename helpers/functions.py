@@ -1,8 +1,8 @@
 """Custom ``torch.autograd.Function``s with hand-written backward passes (chapter 4).
 
-Each Function keeps its backward math in a plain function (``linear_backward``,
-``softmax_backward``, ``layernorm_backward``, ...) that takes tensors and returns
-tensors, so it can be tested without autograd.  The Functions use the modern form
+Each Function keeps its backward math in a plain function (``softmax_backward``,
+``layernorm_backward``, ...; ``Linear`` uses chapter 2's ``helpers.numgrad.linear_backward``)
+that takes tensors and returns tensors, so it can be tested without autograd.  The Functions use the modern form
 (``forward`` + ``setup_context``), save only what backward needs, gate every
 gradient on ``ctx.needs_input_grad`` and never write into ``grad_output``.
 
@@ -10,27 +10,28 @@ Double backward is claimed for ``Linear`` and ``ReLU`` only (their backward is
 built from differentiable torch ops); every other backward is ``@once_differentiable``.
 
 The public API is the lowercase wrappers: ``linear, relu, gelu, softmax,
-log_softmax, cross_entropy, mse_loss, layer_norm, dropout`` and the ``MLP`` module.
+log_softmax, cross_entropy, mse_loss, layer_norm, dropout``; ``helpers.mlp.MLP`` is a network
+built from them.
 """
 from __future__ import annotations
 
 import math
 
 import torch
-from torch import nn
 from torch.autograd.function import once_differentiable
 
-from helpers.checks import expect_tensor
+from helpers.checks import expect_like, expect_tensor
+from helpers.numgrad import linear_backward
 
 __all__ = [
     # wrappers (the public API)
     "linear", "relu", "gelu", "softmax", "log_softmax", "cross_entropy", "mse_loss",
-    "layer_norm", "dropout", "dropout_mask", "MLP",
+    "layer_norm", "dropout", "dropout_mask",
     # the Functions
     "Linear", "ReLU", "GELU", "Softmax", "LogSoftmax", "CrossEntropy", "MSE", "LayerNorm",
     "Dropout", "SoftmaxDiagonalOnly",
     # plain backward math (testable without autograd)
-    "linear_backward", "relu_backward", "gelu_backward", "softmax_backward",
+    "relu_backward", "gelu_backward", "softmax_backward",
     "softmax_backward_diagonal_only", "softmax_jacobian", "log_softmax_backward",
     "cross_entropy_forward", "cross_entropy_backward", "mse_backward", "layernorm_forward",
     "layernorm_backward", "dropout_backward",
@@ -38,13 +39,6 @@ __all__ = [
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _GELU_C = 0.044715
-
-
-def _float_tensor(name: str, x) -> None:
-    """One-line ValueError unless x is a floating-point tensor."""
-    expect_tensor(name, x)
-    if not x.is_floating_point():
-        raise ValueError(f"{name}: expected a floating-point tensor, got {x.dtype}")
 
 
 def _check_dim(name: str, x: torch.Tensor, dim: int) -> int:
@@ -55,21 +49,6 @@ def _check_dim(name: str, x: torch.Tensor, dim: int) -> int:
 
 
 # --------------------------------------------------------------------------- Linear
-
-def linear_backward(x, W, grad_y, needs=(True, True, True)):
-    """y = x Wᵀ + b  ⇒  grad_x = grad_y W,  grad_W = grad_yᵀ x (summed over rows),  grad_b = Σ_rows grad_y."""
-    grad_x = grad_W = grad_b = None
-    if needs[0]:
-        grad_x = grad_y @ W                                      # (..., out) @ (out, in) -> (..., in)
-    if needs[1] or needs[2]:
-        grad_y2 = grad_y.reshape(-1, grad_y.shape[-1])           # (..., out) -> (R, out)
-    if needs[1]:
-        x2 = x.reshape(-1, x.shape[-1])                          # (..., in) -> (R, in)
-        grad_W = grad_y2.T @ x2                                  # (out, R) @ (R, in) -> (out, in)
-    if len(needs) > 2 and needs[2]:
-        grad_b = grad_y2.sum(0)                                  # (R, out) -> (out,)
-    return grad_x, grad_W, grad_b
-
 
 class Linear(torch.autograd.Function):
     """y = x Wᵀ + b (nn.Linear layout, W is (out, in)); twice differentiable."""
@@ -98,13 +77,17 @@ class Linear(torch.autograd.Function):
 
 def linear(x, W, b=None):
     """y = x Wᵀ + b for x (..., in), W (out, in), b (out,) or None."""
-    _float_tensor("x", x)
-    _float_tensor("W", W)
+    expect_tensor("x", x, floating=True)
+    expect_tensor("W", W, floating=True)
     if W.dim() != 2 or x.dim() < 1 or x.shape[-1] != W.shape[1]:
         raise ValueError(f"linear: expected x (..., in) and W (out, in) with matching in, "
                          f"got {tuple(x.shape)} and {tuple(W.shape)}")
+    # torch.nn.functional.linear refuses mixed dtypes; without this check the forward would
+    # promote to the wider one and the backward fail with a dtype error deep inside a matmul.
+    expect_like("W", W, "x", x)
     if b is not None:
         expect_tensor("b", b, shape=(W.shape[0],))
+        expect_like("b", b, "x", x)
     return Linear.apply(x, W, b)
 
 
@@ -139,7 +122,7 @@ class ReLU(torch.autograd.Function):
 
 def relu(x):
     """y = max(x, 0), elementwise."""
-    _float_tensor("x", x)
+    expect_tensor("x", x, floating=True)
     return ReLU.apply(x)
 
 
@@ -191,7 +174,7 @@ class GELU(torch.autograd.Function):
 
 def gelu(x, approximate="none"):
     """y = x Φ(x) (approximate='none') or its tanh approximation (approximate='tanh')."""
-    _float_tensor("x", x)
+    expect_tensor("x", x, floating=True)
     if approximate not in ("none", "tanh"):
         raise ValueError(f"gelu: expected approximate 'none' or 'tanh', got {approximate!r}")
     return GELU.apply(x, approximate)
@@ -260,7 +243,7 @@ class SoftmaxDiagonalOnly(Softmax):
 
 def softmax(x, dim=-1):
     """P = exp(x) / Σ exp(x) along dim (computed as exp(x − max x) / Σ exp(x − max x))."""
-    _float_tensor("x", x)
+    expect_tensor("x", x, floating=True)
     return Softmax.apply(x, _check_dim("softmax", x, dim))
 
 
@@ -297,7 +280,7 @@ class LogSoftmax(torch.autograd.Function):
 
 def log_softmax(x, dim=-1):
     """ℓ = x − log Σ exp(x) along dim (log-sum-exp shifted by max x, so it never overflows)."""
-    _float_tensor("x", x)
+    expect_tensor("x", x, floating=True)
     return LogSoftmax.apply(x, _check_dim("log_softmax", x, dim))
 
 
@@ -362,7 +345,7 @@ class CrossEntropy(torch.autograd.Function):
 
 def cross_entropy(logits, target, ignore_index=-100, label_smoothing=0.0):
     """L = mean_kept −Σ_c q_c log softmax(z)_c for logits (..., C) (classes LAST) and integer target (...)."""
-    _float_tensor("logits", logits)
+    expect_tensor("logits", logits, floating=True)
     expect_tensor("target", target)
     if logits.dim() < 1 or target.dtype != torch.long or tuple(target.shape) != tuple(logits.shape[:-1]):
         raise ValueError(f"cross_entropy: expected logits (..., C) and int64 target (...), "
@@ -410,19 +393,27 @@ class MSE(torch.autograd.Function):
 
 def mse_loss(y_hat, y):
     """L = (1/n) Σ (ŷ − y)² over all n elements; ŷ and y must have the same shape."""
-    _float_tensor("y_hat", y_hat)
-    _float_tensor("y", y)
-    expect_tensor("y", y, shape=y_hat.shape)
+    expect_tensor("y_hat", y_hat, floating=True)
+    expect_tensor("y", y, floating=True, shape=y_hat.shape)
+    expect_like("y", y, "y_hat", y_hat)                          # torch's mse_loss refuses f32 vs f64 too
     return MSE.apply(y_hat, y)
 
 
 # --------------------------------------------------------------------------- LayerNorm
 
-def layernorm_forward(x, weight, bias, eps=1e-5):
-    """μ = mean(x), σ = √(var(x) + eps) (last dim), x̂ = (x − μ)/σ, y = γ x̂ + β; returns (y, μ, 1/σ)."""
-    mu = x.mean(-1, keepdim=True)                                # (..., 1)
-    var = ((x - mu) ** 2).mean(-1, keepdim=True)                 # (..., 1) biased, as nn.LayerNorm
-    rstd = torch.rsqrt(var + eps)                                # (..., 1)
+def layernorm_forward(x, weight, bias, eps=1e-5, mu=None, rstd=None):
+    """μ = mean(x), σ = √(var(x) + eps) (last dim), x̂ = (x − μ)/σ, y = γ x̂ + β; returns (y, μ, 1/σ).
+
+    Every operation runs in x's dtype (float16 in, float16 arithmetic: chapter 9's eps story).
+    Given ``mu`` and ``rstd`` saved by an earlier call, y is rebuilt from them without
+    recomputing the statistics (the block's backward recomputes LayerNorm outputs this way).
+    """
+    if (mu is None) != (rstd is None):
+        raise ValueError("layernorm_forward: expected both mu and rstd (saved statistics) or neither")
+    if mu is None:
+        mu = x.mean(-1, keepdim=True)                            # (..., 1)
+        var = ((x - mu) ** 2).mean(-1, keepdim=True)             # (..., 1) biased, as nn.LayerNorm
+        rstd = torch.rsqrt(var + eps)                            # (..., 1)
     y = (x - mu) * rstd                                          # (..., D)
     if weight is not None:
         y = y * weight
@@ -479,14 +470,14 @@ class LayerNorm(torch.autograd.Function):
 
 def layer_norm(x, weight=None, bias=None, eps=1e-5):
     """y = γ (x − mean(x)) / √(var(x) + eps) + β over the last dim; γ, β are (D,) or None."""
-    _float_tensor("x", x)
+    expect_tensor("x", x, floating=True)
     if x.dim() < 1:
         raise ValueError("layer_norm: expected x with at least one dim (..., D), got a scalar")
     D = x.shape[-1]
-    if weight is not None:
-        expect_tensor("weight", weight, shape=(D,))
-    if bias is not None:
-        expect_tensor("bias", bias, shape=(D,))
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None:
+            expect_tensor(name, t, shape=(D,))
+            expect_like(name, t, "x", x)                         # as F.layer_norm: no silent float64 output
     y, _, _ = LayerNorm.apply(x, weight, bias, float(eps))
     return y
 
@@ -537,7 +528,7 @@ class Dropout(torch.autograd.Function):
 
 def dropout(x, p=0.5, training=True, generator=None):
     """y = x · m / (1 − p), m_i ~ Bernoulli(1 − p) in training; y = x in eval (generator: Generator, int or None)."""
-    _float_tensor("x", x)
+    expect_tensor("x", x, floating=True)
     if not 0.0 <= float(p) <= 1.0:
         raise ValueError(f"dropout: expected p in [0, 1], got {p}")
     if generator is not None and not isinstance(generator, (int, torch.Generator)):
@@ -547,82 +538,3 @@ def dropout(x, p=0.5, training=True, generator=None):
         return x
     mask = dropout_mask(x.shape, float(p), generator, x.device)
     return Dropout.apply(x, mask, float(p))
-
-
-# --------------------------------------------------------------------------- MLP
-
-class MLP(nn.Module):
-    """sizes (d0, ..., dL): [Linear → (LayerNorm) → act] per hidden layer, then Linear; our Functions only."""
-
-    def __init__(self, sizes, activation="relu", layer_norm=False, seed=0, dtype=torch.float32, device=None):
-        """W_i ~ U(−1/√d_in, 1/√d_in) (out, in), b_i likewise, drawn in float64 from seed; LN γ = 1, β = 0."""
-        super().__init__()
-        if len(sizes) < 2 or activation not in ("relu", "gelu", "gelu_tanh"):
-            raise ValueError(f"MLP: expected >= 2 sizes and activation relu|gelu|gelu_tanh, got {sizes}, {activation!r}")
-        self.sizes, self.activation, self.use_layer_norm = tuple(sizes), activation, layer_norm
-        g = torch.Generator().manual_seed(seed)
-        self.weights, self.biases = nn.ParameterList(), nn.ParameterList()
-        self.ln_weights, self.ln_biases = nn.ParameterList(), nn.ParameterList()
-        for i, (d_in, d_out) in enumerate(zip(sizes[:-1], sizes[1:])):
-            bound = 1.0 / math.sqrt(d_in)                        # nn.Linear's U(−1/√in, 1/√in)
-            W = (torch.rand(d_out, d_in, generator=g, dtype=torch.float64) * 2 - 1) * bound  # (out, in)
-            b = (torch.rand(d_out, generator=g, dtype=torch.float64) * 2 - 1) * bound        # (out,)
-            self.weights.append(nn.Parameter(W.to(device=device, dtype=dtype)))
-            self.biases.append(nn.Parameter(b.to(device=device, dtype=dtype)))
-            if layer_norm and i < len(sizes) - 2:
-                self.ln_weights.append(nn.Parameter(torch.ones(d_out, device=device, dtype=dtype)))
-                self.ln_biases.append(nn.Parameter(torch.zeros(d_out, device=device, dtype=dtype)))
-
-    def _act(self, h):
-        """act(h) = relu(h), gelu(h) (erf form) or gelu(h) (tanh form), by self.activation."""
-        if self.activation == "relu":
-            return relu(h)
-        return gelu(h, "tanh" if self.activation == "gelu_tanh" else "none")
-
-    def forward(self, x):
-        """h_i = act(LN(h_{i−1} W_iᵀ + b_i)) for hidden layers, y = h W_Lᵀ + b_L."""
-        h = x
-        last = len(self.weights) - 1
-        for i, (W, b) in enumerate(zip(self.weights, self.biases)):
-            h = linear(h, W, b)                                  # (..., d_i) -> (..., d_{i+1})
-            if i < last:
-                if self.use_layer_norm:
-                    h = layer_norm(h, self.ln_weights[i], self.ln_biases[i])
-                h = self._act(h)
-        return h
-
-    def to_sequential(self) -> nn.Sequential:
-        """The same network as nn.Sequential of torch's own modules, with copied parameters."""
-        layers = []
-        last = len(self.weights) - 1
-        for i, (W, b) in enumerate(zip(self.weights, self.biases)):
-            lin = nn.Linear(W.shape[1], W.shape[0], device=W.device, dtype=W.dtype)
-            with torch.no_grad():
-                lin.weight.copy_(W)
-                lin.bias.copy_(b)
-            layers.append(lin)
-            if i < last:
-                if self.use_layer_norm:
-                    ln = nn.LayerNorm(W.shape[0], device=W.device, dtype=W.dtype)
-                    with torch.no_grad():
-                        ln.weight.copy_(self.ln_weights[i])
-                        ln.bias.copy_(self.ln_biases[i])
-                    layers.append(ln)
-                if self.activation == "relu":
-                    layers.append(nn.ReLU())
-                else:
-                    layers.append(nn.GELU("tanh" if self.activation == "gelu_tanh" else "none"))
-        return nn.Sequential(*layers)
-
-    def param_pairs(self, seq: nn.Sequential):
-        """[(name, our parameter, the matching nn.Sequential parameter)] in layer order."""
-        pairs = []
-        mods = list(seq)
-        lins = [m for m in mods if isinstance(m, nn.Linear)]
-        lns = [m for m in mods if isinstance(m, nn.LayerNorm)]
-        for i, (W, b) in enumerate(zip(self.weights, self.biases)):
-            pairs += [(f"W{i + 1}", W, lins[i].weight), (f"b{i + 1}", b, lins[i].bias)]
-            if i < len(lns):
-                pairs += [(f"gamma{i + 1}", self.ln_weights[i], lns[i].weight),
-                          (f"beta{i + 1}", self.ln_biases[i], lns[i].bias)]
-        return pairs

@@ -30,12 +30,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from helpers.block import (BLOCK_PARAM_NAMES, block_forward, block_manual_backward,
-                           load_params_into_layer)
-from helpers.checks import expect_tensor
+from helpers.block import BLOCK_PARAM_NAMES, block_forward, block_manual_backward, block_param_shapes
+from helpers.checks import expect_int, expect_tensor
 from helpers.device import randn
-from helpers.functions import (cross_entropy_backward, cross_entropy_forward, layernorm_backward,
-                               layernorm_forward, linear_backward)
+from helpers.functions import (
+    cross_entropy_backward,
+    cross_entropy_forward,
+    layernorm_backward,
+    layernorm_forward,
+)
+from helpers.numgrad import linear_backward
 
 __all__ = [
     "GPTConfig", "gpt_param_shapes", "gpt_init", "gpt_forward", "gpt_backward", "gpt_loss_and_grads",
@@ -61,9 +65,7 @@ class GPTConfig:
 
     def __post_init__(self):
         for name in ("vocab_size", "n_ctx", "d_model", "n_heads", "n_layers", "d_ff"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ValueError(f"GPTConfig: expected a positive int {name}, got {v!r}")
+            expect_int(name, getattr(self, name))
         if self.d_model % self.n_heads:
             raise ValueError(f"GPTConfig: expected n_heads dividing d_model, got {self.n_heads} and {self.d_model}")
         if self.activation not in ("relu", "gelu"):
@@ -74,11 +76,8 @@ class GPTConfig:
 
 def gpt_param_shapes(config: GPTConfig) -> dict:
     """Name -> shape of every parameter, in state_dict order."""
-    V, C, d, f = config.vocab_size, config.n_ctx, config.d_model, config.d_ff
-    block = {"self_attn.in_proj_weight": (3 * d, d), "self_attn.in_proj_bias": (3 * d,),
-             "self_attn.out_proj.weight": (d, d), "self_attn.out_proj.bias": (d,),
-             "linear1.weight": (f, d), "linear1.bias": (f,), "linear2.weight": (d, f), "linear2.bias": (d,),
-             "norm1.weight": (d,), "norm1.bias": (d,), "norm2.weight": (d,), "norm2.bias": (d,)}
+    V, C, d = config.vocab_size, config.n_ctx, config.d_model
+    block = block_param_shapes(d, config.d_ff)
     shapes = {"wte": (V, d), "wpe": (C, d)}
     for l in range(config.n_layers):
         shapes.update({f"blocks.{l}.{n}": block[n] for n in BLOCK_PARAM_NAMES})
@@ -164,7 +163,7 @@ def gpt_backward(grad_logits, cache: dict, stream: list | None = None) -> dict:
     expect_tensor("grad_logits", grad_logits, shape=(*X_L.shape[:2], config.vocab_size))
     grads = {}
     mu, rstd = cache["mu_f"], cache["rstd_f"]
-    Hf = torch.addcmul(p["ln_f.bias"], (X_L - mu) * rstd, p["ln_f.weight"])   # recomputed LN_f output
+    Hf, _, _ = layernorm_forward(X_L, p["ln_f.weight"], p["ln_f.bias"], mu=mu, rstd=rstd)   # LN_f output, rebuilt
     grad_Hf, grads["head.weight"], _ = linear_backward(Hf, p["head.weight"], grad_logits,
                                                        needs=(True, True, False))      # (B, N, d)
     grad_X, grads["ln_f.weight"], grads["ln_f.bias"] = layernorm_backward(X_L, mu, rstd, p["ln_f.weight"], grad_Hf)

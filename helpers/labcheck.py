@@ -32,10 +32,10 @@ import traceback
 from dataclasses import dataclass
 
 import torch
-
 from torch.autograd.gradcheck import GradcheckError
 
-from helpers.checks import tolerance
+from helpers.checks import close, tolerance
+from helpers.show import fmt_sig
 
 __all__ = ["check", "evaluate", "check_gradcheck", "autograd_grads", "CheckResult"]
 
@@ -57,14 +57,6 @@ class CheckResult:
 
 class _Todo(Exception):
     """Raised internally when an answer is unfinished."""
-
-
-def _num(v: float) -> str:
-    """A number for a message: 6 significant digits, no '-0'."""
-    if math.isnan(v):
-        return "nan"
-    s = f"{v:.6g}"
-    return s[1:] if s.startswith("-") and float(s) == 0.0 else s
 
 
 def _first_line(text: str) -> str:
@@ -179,7 +171,7 @@ def _compare_one(name: str, got, exp, atol, rtol, count: bool = False, exact: bo
         except (TypeError, ValueError, RuntimeError):
             return f"{name}: expected a number, got {type(got).__name__}", None
         e = float(exp)
-        return (None, 0.0) if g == e else (f"{_num(g)} {name} (expected {_num(e)})", None)
+        return (None, 0.0) if g == e else (f"{fmt_sig(g)} {name} (expected {fmt_sig(e)})", None)
     if isinstance(exp, (int, float)) and not isinstance(exp, bool):
         like = got.dtype if isinstance(got, torch.Tensor) and got.is_floating_point() else torch.float64
         exp = torch.tensor(float(exp), dtype=like)
@@ -206,14 +198,12 @@ def _compare_one(name: str, got, exp, atol, rtol, count: bool = False, exact: bo
     bad_nan = torch.isnan(a) & ~torch.isnan(b)
     if bad_nan.any():
         idx = [int(i) for i in torch.nonzero(bad_nan)[0].tolist()]
-        return f"{name} has NaN at {idx} (expected {_num(b[tuple(idx)].item())})", None
-    d_atol, d_rtol = tolerance(exp_t.dtype if exp_t.is_floating_point() else torch.float64)
-    atol = d_atol if atol is None else atol
-    rtol = d_rtol if rtol is None else rtol
+        return f"{name} has NaN at {idx} (expected {fmt_sig(b[tuple(idx)].item())})", None
+    atol, rtol = tolerance(exp_t.dtype if exp_t.is_floating_point() else torch.float64, atol, rtol)
     both_nan = torch.isnan(a) & torch.isnan(b)
     err = torch.where(both_nan, torch.zeros_like(a), (a - b).abs())
     err = torch.nan_to_num(err, nan=math.inf)
-    bad = err > atol + rtol * b.abs()
+    bad = ~close(a, b, atol, rtol, equal_nan=True)
     diff = err.max().item()
     if not bad.any():
         return None, diff
@@ -225,16 +215,14 @@ def _compare_one(name: str, got, exp, atol, rtol, count: bool = False, exact: bo
     worst = err.reshape(-1)[flat].item()
     n_bad = int(bad.sum().item())
     count = f", {n_bad} of {a.numel()} entries off" if a.numel() > 1 else ""
-    return (f"{name} is wrong: largest error {worst:.1e}{where} (got {_num(a.reshape(-1)[flat].item())}, "
-            f"expected {_num(b.reshape(-1)[flat].item())}{count}; atol {atol:g}, rtol {rtol:g})"), diff
+    return (f"{name} is wrong: largest error {worst:.1e}{where} (got {fmt_sig(a.reshape(-1)[flat].item())}, "
+            f"expected {fmt_sig(b.reshape(-1)[flat].item())}{count}; atol {atol:g}, rtol {rtol:g})"), diff
 
 
 def _rule(items_exp, atol, rtol) -> str:
     dtypes = [v.dtype for _, v in items_exp if isinstance(v, torch.Tensor)]
     dt = next((d for d in dtypes if d.is_floating_point), torch.float64)
-    d_atol, d_rtol = tolerance(dt)
-    atol = d_atol if atol is None else atol
-    rtol = d_rtol if rtol is None else rtol
+    atol, rtol = tolerance(dt, atol, rtol)
     return f"atol {atol:g}, rtol {rtol:g}"
 
 

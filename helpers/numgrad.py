@@ -1,5 +1,8 @@
 """Gradient checks of chapter 2: finite differences, Jacobians, VJPs, the linear layer.
 
+``linear_backward`` is the one backward of ``y = x Wᵀ + b`` in the course: chapter 4's ``Linear``
+Function, the block (chapter 7) and the GPT call it.
+
 Everything here is plain math on tensors (no plotting).  Layouts follow ``nn.Linear``:
 ``Y = X @ W.T + b`` with ``X`` (B, in), ``W`` (out, in), ``b`` (out,), ``Y`` (B, out).
 """
@@ -26,7 +29,7 @@ def numerical_grad(f: Callable[..., torch.Tensor], *inputs: torch.Tensor, h: flo
     xs = [x.detach().clone(memory_format=torch.contiguous_format) for x in inputs]
     grads = []
     with torch.no_grad():
-        for k, x in enumerate(xs):
+        for x in xs:
             g = torch.zeros_like(x)                # contiguous, like x
             flat, gflat = x.view(-1), g.view(-1)   # (*x.shape) -> (n,): views, writing flat[i] moves x itself
             for i in range(flat.numel()):
@@ -102,16 +105,39 @@ def linear_forward(X: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None = No
     return Y if b is None else Y + b
 
 
-def linear_backward(X: torch.Tensor, W: torch.Tensor, grad_Y: torch.Tensor) -> tuple:
-    """grad_X = grad_Y W, grad_W = grad_Yᵀ X, grad_b = Σ_batch grad_Y (columns sums)."""
-    expect_tensor("X", X)
-    expect_tensor("W", W)
-    if X.dim() != 2 or W.dim() != 2 or X.shape[1] != W.shape[1]:
-        raise ValueError(f"linear_backward: expected X (B, in) and W (out, in), got {tuple(X.shape)} and {tuple(W.shape)}")
-    expect_tensor("grad_Y", grad_Y, shape=(X.shape[0], W.shape[0]))
-    grad_X = grad_Y @ W                                  # (B, out) @ (out, in) -> (B, in)
-    grad_W = grad_Y.T @ X                                # (out, B) @ (B, in) -> (out, in)
-    grad_b = grad_Y.sum(dim=0)                           # (B, out) -> (out,)
+def linear_backward(X: torch.Tensor | None, W: torch.Tensor | None, grad_Y: torch.Tensor,
+                    needs: Sequence[bool] = (True, True, True)) -> tuple:
+    """Y = X Wᵀ + b  ⇒  grad_X = grad_Y W,  grad_W = grad_Yᵀ X,  grad_b = Σ_rows grad_Y.
+
+    X (..., in), W (out, in), grad_Y (..., out); every leading dim of X counts as a row.
+    ``needs`` (grad_X, grad_W, grad_b), like ``ctx.needs_input_grad``: a gradient not needed
+    comes back as ``None``, and the input only it reads may be ``None`` (W for grad_X, X for grad_W).
+    """
+    needs = tuple(bool(n) for n in needs) + (False,) * (3 - len(needs))
+    expect_tensor("grad_Y", grad_Y)
+    if needs[0]:
+        expect_tensor("W", W)
+        if W.dim() != 2 or grad_Y.shape[-1:] != W.shape[:1]:
+            raise ValueError(f"linear_backward: expected W (out, in) and grad_Y (..., out), "
+                             f"got {tuple(W.shape)} and {tuple(grad_Y.shape)}")
+    if needs[1]:
+        expect_tensor("X", X)
+        if X.shape[:-1] != grad_Y.shape[:-1]:
+            raise ValueError(f"linear_backward: expected X (..., in) and grad_Y (..., out) with the same rows, "
+                             f"got {tuple(X.shape)} and {tuple(grad_Y.shape)}")
+        if W is not None and (W.dim() != 2 or X.shape[-1:] != W.shape[1:]):
+            raise ValueError(f"linear_backward: expected X (..., in) and W (out, in), "
+                             f"got {tuple(X.shape)} and {tuple(W.shape)}")
+    grad_X = grad_W = grad_b = None
+    if needs[0]:
+        grad_X = grad_Y @ W                                      # (..., out) @ (out, in) -> (..., in)
+    if needs[1] or needs[2]:
+        grad_Y2 = grad_Y.reshape(-1, grad_Y.shape[-1])           # (..., out) -> (R, out)
+    if needs[1]:
+        X2 = X.reshape(-1, X.shape[-1])                          # (..., in) -> (R, in)
+        grad_W = grad_Y2.T @ X2                                  # (out, R) @ (R, in) -> (out, in)
+    if needs[2]:
+        grad_b = grad_Y2.sum(0)                                  # (R, out) -> (out,)
     return grad_X, grad_W, grad_b
 
 

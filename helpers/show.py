@@ -10,7 +10,7 @@ import math
 
 import torch
 
-__all__ = ["fmt", "fmt_scalar", "fmt_sci", "show", "varies"]
+__all__ = ["fmt", "fmt_scalar", "fmt_sci", "fmt_sig", "show", "varies"]
 
 
 def _format(v, spec: str) -> str:
@@ -37,6 +37,14 @@ def fmt_sci(v, digits: int = 1) -> str:
     through ``helpers.checks.compare``, timings through ``varies``.
     """
     return _format(v, f".{digits}e")
+
+
+def fmt_sig(v, digits: int = 6) -> str:
+    """One number with ``digits`` significant digits (0.4, -0.923077, 1.5e-07); a rounded -0 prints as 0.
+
+    For messages that quote a value (the labs' "got 0.4, expected -0.9"), not for tables.
+    """
+    return _format(v, f".{digits}g")
 
 
 def _rows(values, decimals, width, edge):

@@ -4,9 +4,18 @@ import torch
 from torch import nn
 
 import helpers.block as block_mod
-from helpers.block import (BLOCK_PARAM_NAMES, block_cache_bytes, block_forward, block_manual_backward,
-                           block_params, block_saved_bytes_formula, block_saved_table, layer_from_params,
-                           params_from_layer, residual_backward)
+from helpers.block import (
+    BLOCK_PARAM_NAMES,
+    block_cache_bytes,
+    block_forward,
+    block_manual_backward,
+    block_params,
+    block_saved_bytes_formula,
+    block_saved_table,
+    layer_from_params,
+    params_from_layer,
+    residual_backward,
+)
 from helpers.checks import compare
 from helpers.device import randn
 from helpers.memory import SavedTensors
@@ -123,19 +132,11 @@ def test_broken_residual_backward_fails(norm_first, monkeypatch):
     assert not compare("X", broken["X"], ref["X"], quiet=True, **TOL64)
 
 
-def test_broken_layernorm_backward_fails(monkeypatch):
+def test_broken_layernorm_backward_fails(monkeypatch, broken_layernorm_backward):
     """A LayerNorm backward without the mean path (a classic slip) must be caught."""
     params, X, grad_Y = setup(F64)
     _, ref = autograd_reference(params, 2, True, "relu", True, X, grad_Y)
-
-    def no_mean_path(x, mu, rstd, weight, grad_y, needs=(True, True, True)):
-        x_hat = (x - mu) * rstd
-        g = grad_y * weight
-        grad_x = rstd * (g - x_hat * (g * x_hat).mean(-1, keepdim=True))
-        D = x.shape[-1]
-        return grad_x, (grad_y * x_hat).reshape(-1, D).sum(0), grad_y.reshape(-1, D).sum(0)
-
-    monkeypatch.setattr(block_mod, "layernorm_backward", no_mean_path)
+    monkeypatch.setattr(block_mod, "layernorm_backward", broken_layernorm_backward)
     Y, cache = block_forward(X, params, 2, True, True)
     assert not all_match(block_manual_backward(grad_Y, cache), ref, TOL64)
 
@@ -169,8 +170,12 @@ def test_saved_table_covers_every_sub_layer():
 
 def test_bad_input_raises_one_line_value_error():
     params, X, grad_Y = setup(F64)
-    with pytest.raises(ValueError, match="H dividing"):
+    with pytest.raises(ValueError, match="H: expected a divisor of d=8"):
         block_forward(X, params, 3, True)
+    with pytest.raises(ValueError, match="H: expected an int"):
+        block_forward(X, params, 2.0, True)
+    with pytest.raises(ValueError, match="floating-point"):
+        block_forward(X.long(), params, 2, True)
     with pytest.raises(ValueError, match="activation"):
         block_forward(X, params, 2, True, activation="tanh")
     with pytest.raises(ValueError, match="missing"):
@@ -180,5 +185,19 @@ def test_bad_input_raises_one_line_value_error():
     _, cache = block_forward(X, params, 2, True)
     with pytest.raises(ValueError, match="shape"):
         block_manual_backward(grad_Y[:, :3], cache)
-    with pytest.raises(ValueError, match="positive int"):
+    with pytest.raises(ValueError, match="bytes: expected an int ≥ 1"):
         block_saved_bytes_formula(1, 2, 3, 4, 5, 0, True)
+    with pytest.raises(ValueError, match="d_ff: expected an int ≥ 1"):
+        block_params(8, 0)
+
+
+def test_param_shapes_are_the_layers_and_gpt_uses_them():
+    """One owner for the block's parameter shapes: nn.TransformerEncoderLayer agrees, and so does the GPT."""
+    from helpers.gpt import GPTConfig, gpt_param_shapes
+
+    layer = nn.TransformerEncoderLayer(8, 2, 12, batch_first=True)
+    shapes = block_mod.block_param_shapes(8, 12)
+    assert list(shapes) == list(BLOCK_PARAM_NAMES)
+    assert shapes == {n: tuple(p.shape) for n, p in layer.named_parameters()}
+    gpt = gpt_param_shapes(GPTConfig(vocab_size=5, d_model=8, n_heads=2, n_layers=1, d_ff=12))
+    assert {n: gpt[f"blocks.0.{n}"] for n in BLOCK_PARAM_NAMES} == shapes

@@ -5,9 +5,23 @@ import torch.nn.functional as F
 
 import helpers.gpt as gpt_mod
 from helpers.checks import compare
-from helpers.gpt import (CharTokenizer, GPTConfig, TinyGPT, block_grad_norms, embedding_backward, get_batch,
-                         gpt_backward, gpt_forward, gpt_init, gpt_loss_and_grads, gpt_param_shapes,
-                         gpt_params_from_module, load_corpus, load_params_into_module, sample)
+from helpers.gpt import (
+    CharTokenizer,
+    GPTConfig,
+    TinyGPT,
+    block_grad_norms,
+    embedding_backward,
+    get_batch,
+    gpt_backward,
+    gpt_forward,
+    gpt_init,
+    gpt_loss_and_grads,
+    gpt_param_shapes,
+    gpt_params_from_module,
+    load_corpus,
+    load_params_into_module,
+    sample,
+)
 
 F64 = torch.float64
 TOL64 = dict(atol=1e-10, rtol=0.0)

@@ -219,3 +219,18 @@ def test_several_wrong_outputs_are_all_named():
     r = evaluate(lambda x: (x, x, x), lambda x: (2 * x, 3 * x, 4 * x), args=(X,),
                  outputs=("grad_Q", "grad_K", "grad_V"), name="ex")
     assert r.status == "fail" and "[also wrong: grad_K, grad_V]" in r.line
+
+
+def test_one_tolerance_rule_for_compare_and_the_labs():
+    """checks.close is the rule both use: equal infs pass, a finite value against inf fails, NaN = NaN only in labs."""
+    from helpers.checks import close, compare
+
+    inf, nan = float("inf"), float("nan")
+    ok = close(torch.tensor([inf, 1.0, 1.0, nan, 2.0]), torch.tensor([inf, inf, 1.0 + 1e-9, nan, 2.1]), 1e-6, 0.0)
+    assert ok.tolist() == [True, False, True, False, False]
+    assert close(torch.tensor([nan]), torch.tensor([nan]), 0.0, 0.0, equal_nan=True).item()
+    ref = torch.tensor([1.0, inf], dtype=torch.float64)
+    assert compare("x", ref.clone(), ref, quiet=True)
+    assert not compare("x", torch.tensor([1.0, 1e300], dtype=torch.float64), ref, quiet=True)
+    assert evaluate(lambda: ref.clone(), ref).status == "pass"
+    assert evaluate(lambda: torch.tensor([1.0, 1e300], dtype=torch.float64), ref).status == "fail"

@@ -2,8 +2,16 @@ import pytest
 import torch
 
 from helpers.device import randn
-from helpers.numgrad import (autograd_jacobian, fd_errors, linear_backward, linear_forward,
-                             numerical_grad, numerical_jacobian, unbroadcast, vjp)
+from helpers.numgrad import (
+    autograd_jacobian,
+    fd_errors,
+    linear_backward,
+    linear_forward,
+    numerical_grad,
+    numerical_jacobian,
+    unbroadcast,
+    vjp,
+)
 
 F64 = torch.float64
 
@@ -61,10 +69,28 @@ def test_linear_backward_matches_autograd_in_nn_linear_layout():
         assert torch.allclose(o, r, atol=1e-12), name
 
 
+def test_linear_backward_leading_dims_and_needs():
+    """(..., in) inputs count every leading index as a row; a gradient not needed is None, its input may be."""
+    X = randn(2, 3, 4, seed=20, dtype=F64, requires_grad=True)
+    W = randn(5, 4, seed=21, dtype=F64, requires_grad=True)
+    b = randn(5, seed=22, dtype=F64, requires_grad=True)
+    grad_Y = randn(2, 3, 5, seed=23, dtype=F64)
+    ref = torch.autograd.grad(torch.nn.functional.linear(X, W, b), [X, W, b], grad_outputs=grad_Y)
+    ours = linear_backward(X.detach(), W.detach(), grad_Y)
+    for o, r in zip(ours, ref):
+        assert torch.allclose(o, r, atol=1e-12)
+    gX, gW, gb = linear_backward(None, W.detach(), grad_Y, needs=(True, False, False))
+    assert torch.allclose(gX, ref[0], atol=1e-12) and gW is None and gb is None
+    gX, gW, gb = linear_backward(X.detach(), None, grad_Y, needs=(False, True))   # no bias: two flags
+    assert gX is None and torch.allclose(gW, ref[1], atol=1e-12) and gb is None
+
+
 def test_linear_backward_rejects_transposed_weight():
     X, W = torch.ones(5, 3), torch.ones(3, 4)   # (in, out): the seed-000 layout mistake
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="W \\(out, in\\)"):
         linear_backward(X, W, torch.ones(5, 4))
+    with pytest.raises(ValueError, match="same rows"):
+        linear_backward(torch.ones(5, 3), torch.ones(4, 3), torch.ones(6, 4))
     with pytest.raises(ValueError):
         linear_forward(X, W)
 

@@ -42,3 +42,11 @@ def test_fmt_sci_fixed_digits_and_no_negative_zero():
     assert fmt_sci(torch.tensor(1e-13, dtype=torch.float32)) == "1.0e-13"       # a 0-dim tensor
     # the same text for a float32 and a float64 value that round to the same digits
     assert fmt_sci(torch.tensor(0.1, dtype=torch.float32)) == fmt_sci(0.1) == "1.0e-01"
+
+
+def test_fmt_sig_six_significant_digits_no_minus_zero():
+    from helpers.show import fmt_sig
+
+    assert fmt_sig(0.4) == "0.4" and fmt_sig(-0.923076923) == "-0.923077" and fmt_sig(1.5e-7) == "1.5e-07"
+    assert fmt_sig(-1e-30, 2) == "-1e-30" and fmt_sig(-0.0) == "0"
+    assert fmt_sig(float("nan")) == "nan" and fmt_sig(float("-inf")) == "-inf"

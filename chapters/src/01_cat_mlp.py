@@ -22,9 +22,12 @@
 
 # %% tags=["remove-cell"]
 # Colab setup (hidden on the site): in Colab, install the course helpers; elsewhere do nothing.
+import subprocess
 import sys
+
 if "google.colab" in sys.modules:
-    # %pip install -q "backprop-by-hand @ git+https://github.com/backprop-by-hand/course"
+    spec = "backprop-by-hand @ git+https://github.com/backprop-by-hand/course"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", spec], check=True)
 
 # %%
 import torch
@@ -437,8 +440,9 @@ _ = compare("x ⊗ grad_h in place of grad_h ⊗ x", torch.outer(x, grad_h), gra
 # %% [markdown]
 # * **The factor 2.** $\frac{d}{d\hat y}(\hat y - y)^2 = 2(\hat y - y)$: without it every gradient is
 #   half as large (and if the loss is a *mean* over outputs, divide by their number too).
-# * **ReLU's mask.** Multiply by $\mathbb{1}[h > 0]$ using the *forward* $h$, not $a$ after the
-#   fact and not the gradient's sign.
+# * **ReLU's mask.** Multiply by $\mathbb{1}[h > 0]$ from the *forward* pass. $\mathbb{1}[a > 0]$ is
+#   the same mask ($a = \max(h, 0)$ is positive exactly where $h$ is, which is why autograd's ReLU
+#   keeps only its output, chapters 3 and 4); the gradient's sign is not a mask at all.
 # * **Transposes and shapes.** The gradient of a tensor has that tensor's shape. Going back
 #   through $W$ uses $W^\top$; a weight gradient is (gradient at the output) ⊗ (input), in that order.
 #   Checking shapes catches most of these before any number does.

@@ -22,9 +22,12 @@
 
 # %% tags=["remove-cell"]
 # Colab setup (hidden on the site): in Colab, install the course helpers; elsewhere do nothing.
+import subprocess
 import sys
+
 if "google.colab" in sys.modules:
-    # %pip install -q "backprop-by-hand @ git+https://github.com/backprop-by-hand/course"
+    spec = "backprop-by-hand @ git+https://github.com/backprop-by-hand/course"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", spec], check=True)
 
 # %%
 import inspect
@@ -629,12 +632,14 @@ saved_report("Dropout", hf.dropout(xb, 0.1, True, 0), [xb], ["p"])
 #
 # ## 8. An MLP from our own Functions
 #
-# `hf.MLP` is a module whose forward calls only `linear`, `layer_norm` and `gelu` (or `relu`) from this
+# `helpers.mlp.MLP` is a module whose forward calls only `linear`, `layer_norm` and `gelu` (or `relu`) from this
 # chapter; `to_sequential()` builds the same network from `nn.Linear`, `nn.LayerNorm` and `nn.GELU` with
 # copied parameters. One batch, one cross-entropy loss each, and every parameter's gradient compared:
 
 # %%
-mlp = hf.MLP((8, 32, 32, 4), activation="gelu", layer_norm=True, seed=0, device=dev)
+from helpers.mlp import MLP
+
+mlp = MLP((8, 32, 32, 4), activation="gelu", layer_norm=True, seed=0, device=dev)
 seq = mlp.to_sequential()
 print(seq)
 X_mlp = randn(16, 8, seed=70, device=dev)

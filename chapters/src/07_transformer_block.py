@@ -27,9 +27,12 @@
 
 # %% tags=["remove-cell"]
 # Colab setup (hidden on the site): in Colab, install the course helpers; elsewhere do nothing.
+import subprocess
 import sys
+
 if "google.colab" in sys.modules:
-    # %pip install -q "backprop-by-hand @ git+https://github.com/backprop-by-hand/course"
+    spec = "backprop-by-hand @ git+https://github.com/backprop-by-hand/course"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", spec], check=True)
 
 # %%
 import math
@@ -45,12 +48,13 @@ from helpers.block import (BLOCK_PARAM_NAMES, block_cache_bytes, block_forward, 
                            block_params, block_saved_bytes_formula, block_saved_table, layer_from_params)
 from helpers.checks import compare
 from helpers.device import get_device, no_tf32, randn
-from helpers.functions import gelu_backward, layernorm_backward, layernorm_forward, linear_backward
+from helpers.functions import gelu_backward, layernorm_backward, layernorm_forward
 from helpers.gpt import (CharTokenizer, GPTConfig, TinyGPT, block_grad_norms, embedding_backward, get_batch,
                          gpt_backward, gpt_forward, gpt_init, gpt_loss_and_grads, load_corpus,
                          load_params_into_module, sample)
 from helpers.gradflow import fmt_sci
 from helpers.memory import SavedTensors, fmt_bytes
+from helpers.numgrad import linear_backward
 from helpers.plot_flow import plot_layer_norms
 from helpers.show import show, varies
 
@@ -182,11 +186,12 @@ g_y = randn(3, seed=3, dtype=F64, device=dev)                            # some 
 grad_a, grad_b = torch.autograd.grad(a + b, (a, b), g_y)                 # y = a + b: skip + branch
 compare("skip input gets ∂L/∂y", grad_a, g_y, exact=True)
 _ = compare("branch input gets ∂L/∂y (not half)", grad_b, g_y, exact=True)
-#
+
+# %% [markdown]
 # ## 3. The FFN backward
 #
 # $\mathrm{FF}(h) = \operatorname{act}(h W_1^\top + b_1)\,W_2^\top + b_2$ with $W_1$ of shape
-# $(d_{ff}, d)$ and $W_2$ of shape $(d, d_{ff})$. Backward is chapter 4's pieces in reverse
+# $(d_{ff}, d)$ and $W_2$ of shape $(d, d_{ff})$. Backward is chapters 2 and 4's pieces in reverse
 # order, with $U = hW_1^\top + b_1$ and $a = \operatorname{act}(U)$:
 #
 # | step | forward | backward |

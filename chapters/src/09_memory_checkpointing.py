@@ -26,9 +26,12 @@
 
 # %% tags=["remove-cell"]
 # Colab setup (hidden on the site): in Colab, install the course helpers; elsewhere do nothing.
+import subprocess
 import sys
+
 if "google.colab" in sys.modules:
-    # %pip install -q "backprop-by-hand @ git+https://github.com/backprop-by-hand/course"
+    spec = "backprop-by-hand @ git+https://github.com/backprop-by-hand/course"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", spec], check=True)
 
 # %%
 import inspect
@@ -43,12 +46,13 @@ from torch.autograd.function import once_differentiable
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from helpers.checks import compare
-from helpers.checkpoint import (Checkpoint, ScalerState, activation_bytes_formula, block_activation_bytes,
-                                checkpoint, checkpoint_module, checkpoint_sequential, float_format_table,
-                                layer_norm_by_hand, loss_scale_step, recompute_backward)
+from helpers.checkpoint import (Checkpoint, activation_bytes_formula, block_activation_bytes, checkpoint,
+                                checkpoint_module, checkpoint_sequential, recompute_backward)
 from helpers.device import get_device, no_tf32, randn
+from helpers.functions import layernorm_forward
 from helpers.gpt import GPTConfig, TinyGPT
 from helpers.memory import SavedTensors, fmt_bytes
+from helpers.precision import ScalerState, float_format_table, loss_scale_step
 from helpers.show import fmt, show, varies
 
 dev = get_device()
@@ -102,8 +106,10 @@ show("bytes kept", saved.total_bytes, 0)
 #
 # `helpers.checkpoint.activation_bytes_formula` adds these up:
 
+# %% tags=["nbval-ignore-output"]
+print(inspect.getsource(block_activation_bytes))   # a listing: nbval skips its output, the next cell checks
+
 # %%
-print(inspect.getsource(block_activation_bytes))
 formula = activation_bytes_formula(B, N, d, H, 1, d_ff, 4, head=True)
 show("formula, 1 block + ends", formula, 0)
 _ = compare("measured = formula", saved.total_bytes, formula, exact=True)
@@ -298,7 +304,7 @@ show("weights in the block", len(ffn_params), 0)
 # (`helpers.checkpoint`) saves the CPU and CUDA RNG states before the forward and restores them
 # (inside `torch.random.fork_rng`, so training's random stream is not disturbed) for the re-run:
 
-# %%
+# %% tags=["nbval-ignore-output"]
 print(inspect.getsource(recompute_backward))
 print(inspect.getsource(Checkpoint))
 
@@ -589,14 +595,14 @@ show("smallest float16 subnormal × 1e8", 2.0 ** -24 * 1e8, 4)
 # %% [markdown]
 # 1e-12 is far below the smallest float16 subnormal ($5.96\times10^{-8}$) and rounds to exactly
 # 0; 1e-5 survives as a subnormal (10.0136e-6). A LayerNorm computed *in float16* (every
-# operation in the tensor's dtype, `helpers.checkpoint.layer_norm_by_hand`) then divides by
-# $\sqrt{\sigma^2 + 0}$. A row with zero variance (a padding row, a saturated activation) gives
-# $0/0$:
+# operation in the tensor's dtype, chapter 4's `helpers.functions.layernorm_forward`) then multiplies
+# by $1/\sqrt{\sigma^2 + 0}$. A row with zero variance (a padding row, a saturated activation) gives
+# $0 \cdot \infty$:
 
 # %%
 row = torch.full((1, 8), 3.0, dtype=torch.float16)                 # constant: σ² = 0
-show("by hand, fp16, eps=1e-12", layer_norm_by_hand(row, eps=1e-12), 4)
-show("by hand, fp16, eps=1e-5 ", layer_norm_by_hand(row, eps=1e-5), 4)
+show("by hand, fp16, eps=1e-12", layernorm_forward(row, None, None, eps=1e-12)[0], 4)
+show("by hand, fp16, eps=1e-5 ", layernorm_forward(row, None, None, eps=1e-5)[0], 4)
 show("F.layer_norm, fp16, eps=1e-12", nn.functional.layer_norm(row, (8,), eps=1e-12), 4)
 
 # %% [markdown]
@@ -670,14 +676,14 @@ _ = compare("unscaled float16 grad_W vs float32", g16[0], g32[0], atol=0, rtol=2
 # over 16 rows).
 #
 # Too large a scale overflows instead: gradients become `inf`. The rule `torch.amp.GradScaler`
-# follows, written out in `helpers.checkpoint`:
+# follows, written out in `helpers.precision`:
 #
 # 1. compute the gradients of $S \cdot L$;
 # 2. unscale: $g \leftarrow g / S$ (in float32), and check every $g$ for inf/NaN;
 # 3. if any: **skip** the optimizer step and halve $S$; else step, and after 2000 clean steps
 #    in a row double $S$.
 
-# %%
+# %% tags=["nbval-ignore-output"]
 print(inspect.getsource(loss_scale_step))
 
 # %% [markdown]

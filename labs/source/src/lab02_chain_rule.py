@@ -31,9 +31,12 @@
 
 # %% tags=["remove-cell"]
 # Colab setup (hidden on the site): in Colab, install the course helpers; elsewhere do nothing.
+import subprocess
 import sys
+
 if "google.colab" in sys.modules:
-    # %pip install -q "backprop-by-hand @ git+https://github.com/backprop-by-hand/course"
+    spec = "backprop-by-hand @ git+https://github.com/backprop-by-hand/course"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", spec], check=True)
 
 # %%
 import torch
@@ -147,7 +150,7 @@ check(numerical_grad, expected, args=(f_test, x_test, 1e-3), outputs=("grad",),
 # # BEGIN QUESTION
 # name: ex2
 # points: 3
-# by_hand: [autograd, helpers.numgrad.linear_backward, helpers.functions.linear_backward]
+# by_hand: [autograd, helpers.numgrad.linear_backward]
 
 # %% [markdown]
 # ## Exercise 2 · The linear layer's three gradients (3 points)
@@ -156,13 +159,15 @@ check(numerical_grad, expected, args=(f_test, x_test, 1e-3), outputs=("grad",),
 #
 # $Y = X W^\top + b$ with `X` (B, in), `W` (out, in), `b` (out,), `Y` (B, out). Given
 # `grad_Y` = ∂L/∂Y (B, out), return `(grad_X, grad_W, grad_b)` with the shapes of `X`, `W`, `b`.
+# The arguments come in the course's order, `(X, W, grad_Y)`: the one `helpers.numgrad.linear_backward`
+# (chapter 2) and every later lab use.
 # Hint: each is one matrix product or one sum; check the shapes first, they leave one answer.
 
 # %% [raw]
 # # BEGIN SOLUTION
 
 # %%
-def linear_backward(grad_Y, X, W):
+def linear_backward(X, W, grad_Y):
     """(grad_X, grad_W, grad_b) for Y = X Wᵀ + b (nn.Linear's layout), given grad_Y = ∂L/∂Y."""
     # (B, out) @ (out, in) -> (B, in)
     grad_X = grad_Y @ W  # SOLUTION
@@ -189,7 +194,7 @@ _X, _W, _b = randn(6, 5, seed=201, dtype=torch.float64), randn(3, 5, seed=202, d
 _gY = randn(6, 3, seed=204, dtype=torch.float64)
 _leaves = [t.clone().requires_grad_() for t in (_X, _W, _b)]
 _ref = torch.autograd.grad(torch.nn.functional.linear(*_leaves), _leaves, _gY)
-_out = linear_backward(_gY, _X, _W)
+_out = linear_backward(_X, _W, _gY)
 assert all(o.shape == r.shape and torch.allclose(o, r, atol=1e-12) for o, r in zip(_out, _ref))
 
 # %%
@@ -200,7 +205,7 @@ import torch
 from helpers.device import randn
 _X, _W = randn(1, 4, seed=205, dtype=torch.float64), randn(7, 4, seed=206, dtype=torch.float64)
 _gY = randn(1, 7, seed=207, dtype=torch.float64)
-_gX, _gW, _gb = linear_backward(_gY, _X, _W)
+_gX, _gW, _gb = linear_backward(_X, _W, _gY)
 assert _gX.shape == (1, 4) and _gW.shape == (7, 4) and _gb.shape == (7,)
 assert torch.allclose(_gW, torch.outer(_gY[0], _X[0]), atol=1e-12) and torch.allclose(_gb, _gY[0], atol=1e-12)
 
@@ -219,14 +224,14 @@ W = randn(4, 3, seed=3, dtype=dtype, device=dev)
 b = randn(4, seed=4, dtype=dtype, device=dev)
 grad_Y = randn(5, 4, seed=5, dtype=dtype, device=dev)
 expected = autograd_grads(lambda X, W, b: X @ W.T + b, (X, W, b), grad_Y)  # (5, 3) @ (3, 4) -> (5, 4)
-check(linear_backward, expected, args=(grad_Y, X, W), outputs=("grad_X", "grad_W", "grad_b"),
+check(linear_backward, expected, args=(X, W, grad_Y), outputs=("grad_X", "grad_W", "grad_b"),
       name="Exercise 2 · linear_backward", against="autograd")
 
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex3
 # points: 2
-# by_hand: [autograd, helpers.numgrad.linear_backward, helpers.functions.linear_backward]
+# by_hand: [autograd, helpers.numgrad.linear_backward]
 
 # %% [markdown]
 # ## Exercise 3 · A value used twice (2 points)

@@ -34,9 +34,12 @@
 
 # %% tags=["remove-cell"]
 # Colab setup (hidden on the site): in Colab, install the course helpers; elsewhere do nothing.
+import subprocess
 import sys
+
 if "google.colab" in sys.modules:
-    # %pip install -q "backprop-by-hand @ git+https://github.com/backprop-by-hand/course"
+    spec = "backprop-by-hand @ git+https://github.com/backprop-by-hand/course"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", spec], check=True)
 
 # %%
 import torch
@@ -44,58 +47,18 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from helpers.device import get_device, no_tf32, randn
-from helpers.labcheck import autograd_grads, check, check_gradcheck, evaluate
-from helpers.memory import SavedTensors
+from helpers.labcheck import autograd_grads, check
+from helpers.labkit import check_function
 
 dev = get_device()
 no_tf32()
 dtype = torch.float64  # gradcheck compares with finite differences: float64 only
 
-
-def applied(fn):
-    """fn, but an unfinished forward (one that returns None) reads as 'not implemented yet'."""
-    def run(*args):
-        out = fn(*args)
-        if out is None:
-            raise NotImplementedError
-        return out
-    return run
-
-
-def count_saved(fn, inputs):
-    """How many distinct tensors fn's graph saves for backward (chapter 3's SavedTensors)."""
-    leaves = [x.detach().clone().requires_grad_() for x in inputs]
-    with SavedTensors() as saved:
-        applied(fn)(*leaves)
-    return saved.count
-
-
-def check_function(name, fn, reference, inputs, grad_out, outputs, saves=None):
-    """One line: fn's output and input gradients vs the reference's (autograd), then the number of
-    tensors it saves (if saves = (n, which)), then gradcheck (float64)."""
-    def both(f):
-        return lambda *xs: (f(*xs), *autograd_grads(f, xs, grad_out))
-    result = evaluate(both(applied(fn)), both(reference), args=inputs, outputs=outputs,
-                      name=name, against="autograd")
-    if result.status == "pass" and saves is not None:
-        n_saved = evaluate(count_saved(fn, inputs), saves[0], outputs=("tensors saved for backward",),
-                           counts=("tensors saved for backward",), name=f"{name} (saves only {saves[1]})")
-        if n_saved:
-            result.line += f"; saves only {saves[1]}"
-        else:
-            result = n_saved
-    if result.status == "pass":
-        gc = check_gradcheck(applied(fn), inputs, name=name, quiet=True)
-        result = gc if not gc else result
-        if gc:
-            result.line += "; gradcheck passes"
-    print(result.line)
-
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex1
 # points: 2
-# by_hand: [autograd, helpers.functions.softmax_backward, helpers.functions.softmax_jacobian, helpers.attention.softmax_vjp]
+# by_hand: [autograd, helpers.functions.softmax_backward, helpers.functions.softmax_jacobian]
 
 # %% [markdown]
 # ## Exercise 1 · Softmax's backward, without the Jacobian (2 points)
@@ -176,7 +139,7 @@ check(softmax_backward, expected, args=(torch.softmax(Z1, -1), grad_P1), outputs
 # # BEGIN QUESTION
 # name: ex2
 # points: 2
-# by_hand: [autograd, helpers.functions.softmax_backward, helpers.attention.softmax_vjp]
+# by_hand: [autograd, helpers.functions.softmax_backward]
 
 # %% [markdown]
 # ## Exercise 2 · A `Softmax` Function that saves only its output (2 points)

@@ -31,7 +31,7 @@
 #   `nn.TransformerEncoderLayer`'s names.
 #
 # You may use the tested helpers of earlier chapters for the pieces they already taught:
-# `linear_backward` (chapter 2/4), `gelu_backward` (chapter 4), `attention_backward`,
+# `linear_backward(X, W, grad_Y)` (chapter 2), `gelu_backward` (chapter 4), `attention_backward`,
 # `split_heads`, `merge_heads` (chapter 6), and every forward function. The backward of this
 # chapter's new pieces is yours.
 #
@@ -44,9 +44,12 @@
 
 # %% tags=["remove-cell"]
 # Colab setup (hidden on the site): in Colab, install the course helpers; elsewhere do nothing.
+import subprocess
 import sys
+
 if "google.colab" in sys.modules:
-    # %pip install -q "backprop-by-hand @ git+https://github.com/backprop-by-hand/course"
+    spec = "backprop-by-hand @ git+https://github.com/backprop-by-hand/course"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", spec], check=True)
 
 # %%
 import math
@@ -59,8 +62,9 @@ from helpers.attention import attention_backward, attention_forward, causal_mask
 from helpers.block import BLOCK_PARAM_NAMES, block_params, load_params_into_layer
 from helpers.checks import compare
 from helpers.device import get_device, no_tf32, randn
-from helpers.functions import gelu_backward, layernorm_forward, linear_backward
+from helpers.functions import gelu_backward, layernorm_forward
 from helpers.labcheck import autograd_grads, check
+from helpers.numgrad import linear_backward
 
 dev = get_device()
 no_tf32()

@@ -36,9 +36,12 @@
 
 # %% tags=["remove-cell"]
 # Colab setup (hidden on the site): in Colab, install the course helpers; elsewhere do nothing.
+import subprocess
 import sys
+
 if "google.colab" in sys.modules:
-    # %pip install -q "backprop-by-hand @ git+https://github.com/backprop-by-hand/course"
+    spec = "backprop-by-hand @ git+https://github.com/backprop-by-hand/course"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", spec], check=True)
 
 # %%
 import math
@@ -47,25 +50,17 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from helpers.checkpoint import ScalerState, get_rng_state, loss_scale_step, set_rng_state
+from helpers.checkpoint import get_rng_state, set_rng_state
 from helpers.device import get_device, no_tf32, randn
 from helpers.labcheck import autograd_grads, check
+from helpers.labkit import applied
 from helpers.memory import SavedTensors, fmt_bytes
+from helpers.precision import ScalerState, loss_scale_step
 
 dev = get_device()
 no_tf32()
 cpu = torch.device("cpu")
 F64 = torch.float64  # recomputation repeats the same operations: float64 lets us ask for 1e-12
-
-
-def applied(fn):
-    """fn, but an unfinished answer (one that returns None) reads as 'not implemented yet'."""
-    def run(*args):
-        out = fn(*args)
-        if out is None:
-            raise NotImplementedError
-        return out
-    return run
 
 
 def grads_of(y, inputs, names, grad_y):
@@ -767,7 +762,7 @@ for seg in (1, 2, 5):
 # # BEGIN QUESTION
 # name: ex5
 # points: 3
-# by_hand: [helpers.checkpoint.loss_scale_step]
+# by_hand: [helpers.precision.loss_scale_step]
 # in_place: true
 
 # %% [markdown]
@@ -867,7 +862,7 @@ assert torch.equal(_W.detach(), _W0) and torch.equal(_b.detach(), _b0)
 hidden: true
 """ # END TEST CONFIG
 import torch
-from helpers.checkpoint import ScalerState, loss_scale_step
+from helpers.precision import ScalerState, loss_scale_step
 from helpers.device import randn
 
 # a run of steps: skips, then growth after growth_interval clean steps, against the course's helper
@@ -893,7 +888,7 @@ for _k in range(9):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 5** (reference: `helpers.checkpoint.loss_scale_step`, chapter 9's version of what
+# **Self-check 5** (reference: `helpers.precision.loss_scale_step`, chapter 9's version of what
 # `GradScaler` does, checked there against `GradScaler` bit for bit; 8 SGD steps from scale
 # $2^{16}$ with `growth_interval=3`, a summed float16 loss whose gradients overflow at first):
 
@@ -925,7 +920,7 @@ def run_ours(W, b):
 
 
 def run_reference(W, b):
-    """The same 8 steps with helpers.checkpoint.loss_scale_step."""
+    """The same 8 steps with helpers.precision.loss_scale_step."""
     W, b = W.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
     state, scales, stepped = ScalerState(scale=2.0 ** 16, growth_interval=3, growth_tracker=2), [], []
     for x, t in batches():
