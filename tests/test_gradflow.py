@@ -33,36 +33,6 @@ def _batch():
     return torch.randn(32, 8), torch.arange(32) % 4
 
 
-def seed_debug_gradient_flow(model, input_tensor, target, criterion):
-    """Seed 000's helper, verbatim in logic: stores by module, looks up by name."""
-    activations = {}
-
-    def hook_fn(module, input, output):
-        activations[module] = output
-
-    hooks = []
-    for _name, layer in model.named_modules():
-        if isinstance(layer, (nn.Linear, nn.MultiheadAttention)):
-            hooks.append(layer.register_forward_hook(hook_fn))
-    loss = criterion(model(input_tensor), target)
-    grads = {}
-    for name, layer in model.named_modules():
-        if name in activations:
-            try:
-                grad = torch.autograd.grad(loss, activations[layer], retain_graph=True)[0]
-                grads[name] = grad.norm().item()
-            except Exception:
-                grads[name] = 0.0
-    for hook in hooks:
-        hook.remove()
-    return grads
-
-
-def test_seed_helper_reports_nothing():
-    model, (X, y) = _dead_layer_model(), _batch()
-    assert seed_debug_gradient_flow(model, X, y, nn.CrossEntropyLoss()) == {}
-
-
 def test_recorder_finds_the_dead_layer_by_name():
     model, (X, y) = _dead_layer_model(), _batch()
     with GradFlowRecorder(model) as rec:
