@@ -22,12 +22,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "tools" / "grader"))
-import labs  # noqa: E402
 import sandbox  # noqa: E402
 
+import labs  # noqa: E402
+
 LAB = "lab01_cat_mlp"
-NO_SANDBOX = sandbox.missing_reason()
-needs_sandbox = pytest.mark.skipif(NO_SANDBOX is not None, reason=f"no sandbox here: {NO_SANDBOX}")
 TIMEOUT = 150        # seconds per notebook; a real one takes 4-10 s
 LOOP_TIMEOUT = 20    # the infinite loop is graded on its own, so the suite need not wait 150 s
 
@@ -247,7 +246,7 @@ def _points(row):
     return " ".join(row[f"ex{i}"] for i in range(1, 7))
 
 
-@needs_sandbox
+@pytest.mark.sandbox
 @pytest.mark.slow
 def test_every_hostile_submission_scores_what_its_honest_work_deserves(redteam):
     rows = redteam["rows"]
@@ -259,7 +258,7 @@ def test_every_hostile_submission_scores_what_its_honest_work_deserves(redteam):
         assert r["possible"] == "11"
 
 
-@needs_sandbox
+@pytest.mark.sandbox
 @pytest.mark.slow
 def test_honest_and_correct_submissions_keep_their_grades_beside_hostile_ones(redteam):
     rows = redteam["rows"]
@@ -268,7 +267,7 @@ def test_honest_and_correct_submissions_keep_their_grades_beside_hostile_ones(re
         assert (r["status"], _points(r), r["total"]) == (status, points, total), (name, r)
 
 
-@needs_sandbox
+@pytest.mark.sandbox
 @pytest.mark.slow
 def test_nothing_outside_a_submissions_scratch_space_changed(redteam):
     assert _tree_hashes(redteam["subs"]) == redteam["before_subs"]       # no classmate's file touched
@@ -298,7 +297,7 @@ def _leftovers() -> list[str]:
             and (ours(int(r[0])) or int(r[1]) == 1)]
 
 
-@needs_sandbox
+@pytest.mark.sandbox
 @pytest.mark.slow
 def test_notes_and_feedback_name_the_cause_and_never_quote_hidden_material(redteam):
     rows, fb = redteam["rows"], redteam["fb"]
@@ -329,7 +328,7 @@ def test_notes_and_feedback_name_the_cause_and_never_quote_hidden_material(redte
         assert "BEGIN TEST CONFIG" not in text and "assert " not in text
 
 
-@needs_sandbox
+@pytest.mark.sandbox
 @pytest.mark.slow
 def test_copies_of_the_solutions_are_flagged_in_a_separate_report(redteam):
     sim = list(csv.DictReader(redteam["out"].with_name("gradebook_similarity.csv").open()))
@@ -340,7 +339,7 @@ def test_copies_of_the_solutions_are_flagged_in_a_separate_report(redteam):
     assert "near-identical to (published solutions)" in redteam["rows"]["full"]["flags"]
 
 
-@needs_sandbox
+@pytest.mark.sandbox
 @pytest.mark.slow
 def test_grading_a_folder_twice_gives_the_same_gradebook_from_an_lms_export(tmp_path):
     sol = _solutions(LAB)
@@ -427,7 +426,7 @@ def test_the_instructors_page_states_the_points_graded_in_the_students_process_a
     assert student_pts < total / 3 and "lab01_cat_mlp: 11 of 11 points in the harness" in text
 
 
-@needs_sandbox
+@pytest.mark.sandbox
 @pytest.mark.slow
 def test_a_grading_stopped_with_sigterm_leaves_no_folder_and_no_process(tmp_path):
     (tmp_path / "subs").mkdir()
@@ -466,7 +465,7 @@ def _grade_in_harness(lab, replace=()):
     return {q: (v["passed"], v["cases"]) for q, v in out["questions"].items()}, out["notes"]
 
 
-@needs_sandbox
+@pytest.mark.sandbox
 @pytest.mark.slow
 @pytest.mark.parametrize("lab", labs.labs())
 def test_every_labs_solutions_pass_every_hidden_test_across_the_boundary(lab):
@@ -490,7 +489,7 @@ MUTANTS = {
 }
 
 
-@needs_sandbox
+@pytest.mark.sandbox
 @pytest.mark.slow
 @pytest.mark.parametrize("name", MUTANTS)
 def test_a_mistake_seen_only_through_the_boundary_loses_points(name):
@@ -500,7 +499,7 @@ def test_a_mistake_seen_only_through_the_boundary_loses_points(name):
     assert all(p == n for q, (p, n) in got.items() if q != ex and not (lab.startswith("lab09") and q == "ex4")), got
 
 
-@needs_sandbox
+@pytest.mark.sandbox
 @pytest.mark.slow
 def test_lab6_the_course_reference_and_autograd_score_nothing_where_the_work_is_by_hand(tmp_path):
     lab = "lab06_attention_backward"
