@@ -165,3 +165,22 @@ def test_bad_input():
     with pytest.raises(ValueError):
         train(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1), batch_of, 3,
               grads_fn=grads_fn_for(p))
+
+
+def test_lm_loss_eval_lm_and_the_loop_on_a_tiny_gpt():
+    """Chapter 8's use: lm_loss is next-token cross-entropy, eval_lm its mean over fixed windows, train lowers it."""
+    import torch.nn.functional as F
+
+    from helpers.gpt import GPTConfig, TinyGPT, get_batch
+    from helpers.train import eval_lm, lm_loss
+
+    cfg = GPTConfig(vocab_size=7, n_ctx=8, d_model=8, n_heads=2, n_layers=1, d_ff=16)
+    model, data = TinyGPT(cfg, seed=0), torch.arange(60) % 7
+    idx, targets = get_batch(data, 4, 8, seed=3)                                  # (4, 8), (4, 8)
+    assert torch.equal(lm_loss(model, idx, targets), F.cross_entropy(model(idx).reshape(-1, 7), targets.reshape(-1)))
+    by_hand = sum(lm_loss(model, *get_batch(data, 4, 8, seed=s)).item() for s in (3, 4)) / 2
+    assert eval_lm(model, data, batches=2, batch_size=4, n_ctx=8, seed=3) == pytest.approx(by_hand, rel=1e-6)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    hist = train(opt, lambda s: get_batch(data, 4, 8, seed=s), 30, loss_fn=lambda i, t: lm_loss(model, i, t),
+                 progress=False)
+    assert hist["loss"][-1] < hist["loss"][0]
