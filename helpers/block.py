@@ -10,7 +10,7 @@ The block is ``nn.TransformerEncoderLayer(batch_first=True, dropout=0)``, in eit
 
 with ``SA`` multi-head self-attention (``nn.MultiheadAttention``'s packed weights) and
 ``FF(h) = act(h W1ᵀ + b1) W2ᵀ + b2``.  ``block_manual_backward`` walks it back with the plain
-backward functions of chapters 4 and 6 (``layernorm_backward``, ``linear_backward``,
+backward functions of chapters 2, 4 and 6 (``linear_backward``, ``layernorm_backward``,
 the ReLU/GELU backward, ``attention_backward``); a residual ``y = x + f(x)`` copies the
 incoming gradient to both the skip path and the branch, and adds what comes back
 (``residual_backward``).  No autograd anywhere: forward and backward run under ``torch.no_grad()``.

@@ -20,7 +20,7 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
-from helpers.checks import expect_like, expect_tensor
+from helpers.checks import expect_int, expect_like, expect_tensor
 from helpers.numgrad import linear_backward
 
 __all__ = [
@@ -41,11 +41,10 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _GELU_C = 0.044715
 
 
-def _check_dim(name: str, x: torch.Tensor, dim: int) -> int:
-    """dim as a non-negative index into x, or a one-line ValueError."""
-    if not isinstance(dim, int) or not -max(x.dim(), 1) <= dim < max(x.dim(), 1):
-        raise ValueError(f"{name}: expected dim in [-{max(x.dim(), 1)}, {max(x.dim(), 1)}), got {dim}")
-    return dim % max(x.dim(), 1)
+def _check_dim(x: torch.Tensor, dim: int) -> int:
+    """dim as a non-negative index into x (a scalar counts as one dim), or a one-line ValueError."""
+    n = max(x.dim(), 1)
+    return expect_int("dim", dim, low=-n, high=n - 1) % n
 
 
 # --------------------------------------------------------------------------- Linear
@@ -244,7 +243,7 @@ class SoftmaxDiagonalOnly(Softmax):
 def softmax(x, dim=-1):
     """P = exp(x) / Σ exp(x) along dim (computed as exp(x − max x) / Σ exp(x − max x))."""
     expect_tensor("x", x, floating=True)
-    return Softmax.apply(x, _check_dim("softmax", x, dim))
+    return Softmax.apply(x, _check_dim(x, dim))
 
 
 # --------------------------------------------------------------------------- LogSoftmax
@@ -281,7 +280,7 @@ class LogSoftmax(torch.autograd.Function):
 def log_softmax(x, dim=-1):
     """ℓ = x − log Σ exp(x) along dim (log-sum-exp shifted by max x, so it never overflows)."""
     expect_tensor("x", x, floating=True)
-    return LogSoftmax.apply(x, _check_dim("log_softmax", x, dim))
+    return LogSoftmax.apply(x, _check_dim(x, dim))
 
 
 # --------------------------------------------------------------------------- Cross-entropy

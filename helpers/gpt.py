@@ -289,6 +289,8 @@ def load_corpus() -> str:
 def get_batch(data: torch.Tensor, batch_size: int, n_ctx: int, seed: int = 0, device=None):
     """idx, targets (batch_size, n_ctx): random windows of data and the same windows shifted by one."""
     expect_tensor("data", data, dtype=torch.long)
+    expect_int("batch_size", batch_size)
+    expect_int("n_ctx", n_ctx)
     if data.dim() != 1 or data.numel() <= n_ctx:
         raise ValueError(f"data: expected 1-D ids longer than n_ctx={n_ctx}, got {tuple(data.shape)}")
     g = torch.Generator(device="cpu").manual_seed(seed)
@@ -301,8 +303,9 @@ def get_batch(data: torch.Tensor, batch_size: int, n_ctx: int, seed: int = 0, de
 def sample(params: dict, config: GPTConfig, idx, n: int, temperature: float = 1.0, seed: int = 0):
     """Append n tokens to idx (B, N0), each drawn from softmax(logits_last / temperature) (argmax when 0)."""
     _check_idx(idx[:, -config.n_ctx:], config)
-    if not isinstance(n, int) or n < 0 or temperature < 0:
-        raise ValueError(f"sample: expected n >= 0 and temperature >= 0, got {n!r}, {temperature!r}")
+    expect_int("n", n, low=0)
+    if temperature < 0:
+        raise ValueError(f"temperature: expected a number ≥ 0, got {temperature!r}")
     g = torch.Generator(device="cpu").manual_seed(seed)
     for _ in range(n):
         logits, _ = gpt_forward(idx[:, -config.n_ctx:], params, config)

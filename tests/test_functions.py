@@ -313,3 +313,11 @@ def test_layernorm_forward_computes_in_its_inputs_dtype():
     assert torch.equal(hf.layernorm_forward(row, None, None, 1e-5)[0], torch.zeros_like(row))
     y64 = torch.randn(4, 8, dtype=torch.float64)
     torch.testing.assert_close(hf.layernorm_forward(y64, None, None)[0], F.layer_norm(y64, (8,)))
+
+
+def test_softmax_dim_is_checked_with_the_shared_int_validator():
+    with pytest.raises(ValueError, match=r"dim: expected an int in \[-2, 1\], got 2"):
+        hf.softmax(torch.ones(2, 3), dim=2)
+    with pytest.raises(ValueError, match=r"dim: expected an int in \[-1, 0\], got 1.0"):
+        hf.log_softmax(torch.ones(3), dim=1.0)
+    assert torch.equal(hf.softmax(torch.ones(2, 3), dim=-2), torch.full((2, 3), 0.5))

@@ -177,3 +177,11 @@ def test_bad_input_raises_one_line_value_error():
         gpt_forward(torch.zeros(1, 9, dtype=torch.long), params, CFG)
     with pytest.raises(ValueError, match="int64"):
         gpt_forward(torch.zeros(1, 4), params, CFG)
+    with pytest.raises(ValueError, match=r"n_layers: expected an int ≥ 1, got 0"):
+        GPTConfig(vocab_size=5, n_layers=0)
+    with pytest.raises(ValueError, match=r"d_ff: expected an int ≥ 1, got True"):
+        GPTConfig(vocab_size=5, d_ff=True)
+    with pytest.raises(ValueError, match=r"n: expected an int ≥ 0"):
+        sample(params, CFG, torch.zeros(1, 2, dtype=torch.long), -1)
+    with pytest.raises(ValueError, match=r"batch_size: expected an int ≥ 1"):
+        get_batch(torch.arange(100), 0, 8)
