@@ -118,15 +118,15 @@ def linear_backward(X: torch.Tensor | None, W: torch.Tensor | None, grad_Y: torc
     if needs[0]:
         expect_tensor("W", W)
         if W.dim() != 2 or grad_Y.shape[-1:] != W.shape[:1]:
-            raise ValueError(f"linear_backward: expected W (out, in) and grad_Y (..., out), "
+            raise ValueError(f"linear_backward(X, W, grad_Y): expected W (out, in) and grad_Y (..., out), "
                              f"got {tuple(W.shape)} and {tuple(grad_Y.shape)}")
     if needs[1]:
         expect_tensor("X", X)
         if X.shape[:-1] != grad_Y.shape[:-1]:
-            raise ValueError(f"linear_backward: expected X (..., in) and grad_Y (..., out) with the same rows, "
+            raise ValueError(f"linear_backward(X, W, grad_Y): expected X (..., in) and grad_Y (..., out) with the same rows, "
                              f"got {tuple(X.shape)} and {tuple(grad_Y.shape)}")
         if W is not None and (W.dim() != 2 or X.shape[-1:] != W.shape[1:]):
-            raise ValueError(f"linear_backward: expected X (..., in) and W (out, in), "
+            raise ValueError(f"linear_backward(X, W, grad_Y): expected X (..., in) and W (out, in), "
                              f"got {tuple(X.shape)} and {tuple(W.shape)}")
     grad_X = grad_W = grad_b = None
     if needs[0]:

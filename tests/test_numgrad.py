@@ -151,3 +151,12 @@ def test_numerical_grad_and_jacobian_accept_non_contiguous_inputs():
     J = numerical_jacobian(torch.sin, xt)
     assert J.shape == (12, 12)
     assert torch.allclose(J, torch.diag(torch.cos(xt).reshape(-1)), atol=1e-8)   # (4, 3) -> (12,)
+
+
+def test_linear_backward_called_in_another_order_names_the_right_one():
+    """(grad_Y, X, W), lab 2's old order, is one line that says which order the course uses."""
+    X, W, grad_Y = torch.ones(2, 5, 8), torch.ones(4, 8), torch.ones(2, 5, 4)
+    with pytest.raises(ValueError) as e:
+        linear_backward(grad_Y, X, W)
+    assert str(e.value).startswith("linear_backward(X, W, grad_Y): expected W (out, in)")
+    assert "\n" not in str(e.value)
