@@ -523,11 +523,14 @@ _ = compare("W after merge + unmerge vs original W (fp32)", base.weight, W_befor
 # built from `nn.TransformerEncoderLayer`, whose `nn.MultiheadAttention` keeps Q, K and V in
 # **one packed** `in_proj_weight` of shape (3E, E): rows 0..E−1 are $W_Q$, then $W_K$, then
 # $W_V$. One adapter on the packed matrix would have a $B$ with rows for K too and would couple
-# the three. `LoRASelfAttention` splits the packed matrix into three frozen `nn.Linear`s
-# (`q_proj`, `k_proj`, `v_proj`, copies of the row blocks) plus `out_proj`, and wraps the chosen
-# ones in `LoRALinear`. It is a drop-in replacement for the layer's `self_attn`. (A side effect
-# we want: `TransformerEncoderLayer`'s inference fast path reads the packed weights directly
-# and would silently skip any adapter; it requires a packed projection, so it is off.)
+# the three. `LoRASelfAttention` (`helpers.lora_attention`) splits the packed matrix into three
+# frozen `nn.Linear`s (`q_proj`, `k_proj`, `v_proj`, copies of the row blocks) plus `out_proj`,
+# and wraps the chosen ones in `LoRALinear`; heads are split and merged, and the causal
+# triangle built, by chapter 6's `split_heads`, `merge_heads` and `causal_mask`. It is a
+# drop-in replacement for the layer's `self_attn`. (A side effect we want:
+# `TransformerEncoderLayer`'s inference fast path reads the packed weights directly and would
+# silently skip any adapter; it requires a packed projection, so it is off.) Putting adapters
+# into a whole model, saving them and counting their cost is `helpers.lora_model`'s job.
 
 # %%
 from helpers.gpt import CharTokenizer, GPTConfig, TinyGPT, get_batch, load_corpus
