@@ -307,7 +307,7 @@ def test_layernorm_forward_from_saved_statistics_rebuilds_the_same_output():
 
 
 def test_layernorm_forward_computes_in_its_inputs_dtype():
-    """float16 in, float16 arithmetic: eps = 1e-12 rounds to 0 and a constant row is 0/0 (chapter 9)."""
+    """float16 in, float16 arithmetic: eps = 1e-12 rounds to 0 and a constant row is 0·∞ = NaN (chapter 9)."""
     row = torch.full((1, 8), 3.0, dtype=torch.float16)
     assert torch.isnan(hf.layernorm_forward(row, None, None, 1e-12)[0]).all()
     assert torch.equal(hf.layernorm_forward(row, None, None, 1e-5)[0], torch.zeros_like(row))

@@ -52,11 +52,10 @@ from helpers.functions import gelu_backward, layernorm_backward, layernorm_forwa
 from helpers.gpt import (CharTokenizer, GPTConfig, TinyGPT, block_grad_norms, embedding_backward, get_batch,
                          gpt_backward, gpt_forward, gpt_init, gpt_loss_and_grads, load_corpus,
                          load_params_into_module, sample)
-from helpers.gradflow import fmt_sci
 from helpers.memory import SavedTensors, fmt_bytes
 from helpers.numgrad import linear_backward
 from helpers.plot_flow import plot_layer_norms
-from helpers.show import show, varies
+from helpers.show import fmt_sci, show, varies
 
 dev = get_device()
 no_tf32()  # TF32 would change the last digits of fp32 matmuls on Ampere+ GPUs
