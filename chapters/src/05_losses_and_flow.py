@@ -412,6 +412,7 @@ def clip_by_hand(params, max_norm):
 
 from helpers.gradflow import clip_grad_norm, deep_mlp, fixed_batch, global_grad_norm
 
+
 def model_with_grads():
     """A small deep MLP with init scale 2 (large gradients) after one backward."""
     model = deep_mlp(depth=6, width=16, activation="gelu", init_scale=2.0, device=dev)
@@ -548,6 +549,7 @@ print("plain relu, init √2: layer 1", fmt_sci(n_he[0]), " layer 20", fmt_sci(n
 # %%
 from helpers.gradflow import dead_relu_units
 
+
 def n_dead(model):
     """Total dead ReLU units over the batch, and total units."""
     counts = dead_relu_units(model, X)
@@ -603,7 +605,7 @@ def dead_units_per_layer(model):
 dead_before = dead_units_per_layer(model)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 losses = []
-for step in range(100):
+for _ in range(100):
     opt.zero_grad(set_to_none=True)
     loss = F.cross_entropy(model(X), y)
     loss.backward()
@@ -636,7 +638,7 @@ def seed_debug_gradient_flow(model, input_tensor, target, criterion):
     def hook_fn(module, input, output):
         activations[module] = output
     hooks = []
-    for name, layer in model.named_modules():
+    for name, layer in model.named_modules():                # noqa: B007  (the seed's code, as it is)
         if isinstance(layer, (nn.Linear, nn.MultiheadAttention)):
             hooks.append(layer.register_forward_hook(hook_fn))
     loss = criterion(model(input_tensor), target)

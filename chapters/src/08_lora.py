@@ -443,7 +443,6 @@ plt.show()
 # each rank, with $s = \alpha/r$ and with rsLoRA's $s = \alpha/\sqrt r$.
 
 # %%
-from helpers.lora import lora_scale
 
 X6 = randn(256, 64, seed=13, device=dev)
 Y6 = X6 @ (randn(64, 64, seed=14, device=dev) / 8).T
@@ -535,8 +534,14 @@ _ = compare("W after merge + unmerge vs original W (fp32)", base.weight, W_befor
 # %%
 from helpers.gpt import CharTokenizer, GPTConfig, TinyGPT, get_batch, load_corpus
 from helpers.lora import merge_lora, unmerge_lora
-from helpers.lora_model import (add_lora, add_lora_attention, load_lora_state_dict, lora_state_dict,
-                                optimizer_state_bytes, parameter_counts)
+from helpers.lora_model import (
+    add_lora,
+    add_lora_attention,
+    load_lora_state_dict,
+    lora_state_dict,
+    optimizer_state_bytes,
+    parameter_counts,
+)
 from helpers.train import eval_lm, lm_loss, train
 
 text = load_corpus()

@@ -457,8 +457,17 @@ _ = compare("W, 4 micro-batches of 3 vs 1 batch of 12", results[4][0]["W"], resu
 # backward pass or in the optimizer would show up many orders of magnitude above that.
 
 # %%
-from helpers.gpt import (CharTokenizer, GPTConfig, TinyGPT, get_batch, gpt_init, gpt_loss_and_grads,
-                         load_corpus, load_params_into_module, sample)
+from helpers.gpt import (
+    CharTokenizer,
+    GPTConfig,
+    TinyGPT,
+    get_batch,
+    gpt_init,
+    gpt_loss_and_grads,
+    load_corpus,
+    load_params_into_module,
+    sample,
+)
 from helpers.lora_model import optimizer_state_bytes
 
 text = load_corpus()

@@ -122,7 +122,9 @@ def ce_grad(logits, target, ignore_index=-100, label_smoothing=0.0):
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
 _z = randn(9, 4, seed=101, dtype=torch.float64)
 _t = torch.tensor([0, 3, 1, 1, 2, 0, 3, 2, 1])
 _leaf = _z.clone().requires_grad_()
@@ -135,7 +137,9 @@ assert _g.shape == (9, 4) and torch.allclose(_g, _ref, atol=1e-12)
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
 _z = randn(5, 6, seed=102, dtype=torch.float64) * 3
 _t = torch.tensor([5, -1, 2, -1, 0])
 _leaf = _z.clone().requires_grad_()
@@ -217,7 +221,9 @@ def record_output_grad_norms(model, X, y):
 hidden: true
 """ # END TEST CONFIG
 import math
+
 from helpers.gradflow import deep_mlp, fixed_batch, record_grad_flow
+
 _m = deep_mlp(depth=3, width=16, activation="tanh", residual=True, layernorm=True, n_classes=4, seed=201)
 _X, _y = fixed_batch(batch=12, width=16, n_classes=4, seed=202)
 _ref = record_grad_flow(_m, _X, _y).output_grad_norms
@@ -231,7 +237,9 @@ assert all(math.isclose(_got[k], _ref[k], rel_tol=1e-5, abs_tol=1e-9) for k in _
 hidden: true
 """ # END TEST CONFIG
 import math
+
 from helpers.gradflow import deep_mlp, fixed_batch
+
 _m = deep_mlp(depth=2, width=8, n_classes=3, seed=203)
 _X, _y = fixed_batch(batch=6, width=8, n_classes=3, seed=204)
 _a = record_output_grad_norms(_m, _X, _y)
@@ -330,7 +338,9 @@ assert steepest_drop({"x": 5.0, "y": 1.0, "z": 0.5}, ["x", "y", "z"]) == "z"   #
 """ # BEGIN TEST CONFIG
 hidden: true
 """ # END TEST CONFIG
-from helpers.gradflow import fixed_batch as _fb, record_grad_flow as _rgf
+from helpers.gradflow import fixed_batch as _fb
+from helpers.gradflow import record_grad_flow as _rgf
+
 _m = colleagues_model()
 _X, _y = _fb(batch=64, width=32, seed=12)
 assert steepest_drop(_rgf(_m, _X, _y).output_grad_norms, layer_names(_m)) == "blocks.3.linear"
@@ -405,7 +415,9 @@ def clip_by_global_norm(params, max_norm):
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
 _ps = [torch.zeros(3, 4, dtype=torch.float64, requires_grad=True), torch.zeros(5, dtype=torch.float64, requires_grad=True)]
 _ps[0].grad, _ps[1].grad = randn(3, 4, seed=401, dtype=torch.float64) * 3, randn(5, seed=402, dtype=torch.float64) * 3
 _qs = [p.detach().clone().requires_grad_() for p in _ps]
@@ -421,7 +433,9 @@ assert all(torch.allclose(p.grad, q.grad, atol=1e-12) for p, q in zip(_ps, _qs))
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
 # below the threshold: untouched; a parameter without a gradient is skipped
 _a = torch.zeros(4, dtype=torch.float64, requires_grad=True)
 _b = torch.zeros(2, dtype=torch.float64, requires_grad=True)

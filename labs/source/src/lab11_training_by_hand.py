@@ -163,7 +163,9 @@ def sgd_step(theta, g, buf, lr, momentum=0.0, nesterov=False, weight_decay=0.0):
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
 # momentum without Nesterov, 10 steps of a quadratic, vs torch.optim.SGD fed the same gradients
 _A = randn(5, 5, seed=1101, dtype=torch.float64)
 _A = _A @ _A.T / 5 + torch.eye(5, dtype=torch.float64)
@@ -182,7 +184,9 @@ assert _th.shape == (5,) and torch.allclose(_th, _ref.detach(), atol=1e-12, rtol
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
 # Nesterov + weight decay on a (2, 3) parameter, vs torch.optim.SGD
 _A = randn(3, 3, seed=1111, dtype=torch.float64)
 _A = _A @ _A.T / 3 + 0.5 * torch.eye(3, dtype=torch.float64)
@@ -201,6 +205,7 @@ assert torch.allclose(_buf, _opt.state[_ref]["momentum_buffer"], atol=1e-12, rto
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 # the first step: buf = g + λθ (not (1−μ)g, not 0); momentum 0 is plain gradient descent
 _th = torch.tensor([1.0, -2.0], dtype=torch.float64)
 _g = torch.tensor([0.5, 4.0], dtype=torch.float64)
@@ -278,7 +283,9 @@ def adam_step(theta, g, m, v, t, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
 # 10 steps vs torch.optim.Adam (other betas, L2 weight decay), same gradients
 _A = randn(4, 4, seed=1201, dtype=torch.float64)
 _A = _A @ _A.T / 4 + torch.eye(4, dtype=torch.float64)
@@ -298,6 +305,7 @@ assert torch.allclose(_v, _opt.state[_ref]["exp_avg_sq"], atol=1e-14, rtol=0)
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 # bias correction: the first step is η·sign(g) for every scale of g, and m, v are returned raw
 _g = torch.tensor([1e-3, -2.0, 50.0, -7e2], dtype=torch.float64)
 _th = torch.zeros(4, dtype=torch.float64)
@@ -310,7 +318,9 @@ assert torch.allclose(_m, 0.1 * _g, rtol=1e-14, atol=0) and torch.allclose(_v, 0
 hidden: true
 """ # END TEST CONFIG
 import math
+
 import torch
+
 # a later step uses t: with a constant gradient, m_t = (1 − β₁ᵗ)g, and the step is still η·sign(g)
 _g = torch.tensor([[3.0, -0.25]], dtype=torch.float64)
 _th, _m, _v = torch.zeros(1, 2, dtype=torch.float64), torch.zeros(1, 2, dtype=torch.float64), torch.zeros(1, 2, dtype=torch.float64)
@@ -386,7 +396,9 @@ def adamw_step(theta, g, m, v, t, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
 # 10 steps vs torch.optim.AdamW, same gradients
 _A = randn(4, 4, seed=1301, dtype=torch.float64)
 _A = _A @ _A.T / 4 + torch.eye(4, dtype=torch.float64)
@@ -405,6 +417,7 @@ assert _th.shape == (2, 4) and torch.allclose(_th, _ref.detach(), atol=1e-12, rt
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 # decoupled: an idle weight decays by (1 − ηλ)ᵗ exactly, and m, v never see λθ
 _th = torch.tensor([2.0, -3.0], dtype=torch.float64)
 _g = torch.tensor([0.0, 5.0], dtype=torch.float64)
@@ -518,6 +531,7 @@ def lr_at(step, warmup, total, lr_max, lr_min=0.0):
 hidden: true
 """ # END TEST CONFIG
 import math
+
 # the landmarks: first step, peak, midpoint, end, after the end
 assert abs(lr_at(0, 10, 110, 3e-3, 3e-4) - 3e-4) < 1e-15
 assert abs(lr_at(9, 10, 110, 3e-3, 3e-4) - 3e-3) < 1e-15 and abs(lr_at(10, 10, 110, 3e-3, 3e-4) - 3e-3) < 1e-15
@@ -530,6 +544,7 @@ assert isinstance(lr_at(35, 10, 110, 3e-3, 3e-4), float)
 hidden: true
 """ # END TEST CONFIG
 import math
+
 # every step of two schedules, one without warm-up and with the default floor of 0
 for _s in range(0, 60):
     _want = 0.5 * 0.1 * (1 + math.cos(math.pi * _s / 50)) if _s < 50 else 0.0
@@ -621,7 +636,10 @@ hidden: true
 """ # END TEST CONFIG
 import torch
 import torch.nn.functional as F
+
 from helpers.device import randn
+
+
 # no clipping, plain SGD (scale-sensitive): 3 micro-batches of 4 = 1 batch of 12, by hand
 def _model():
     _m = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2)).double()
@@ -648,7 +666,10 @@ hidden: true
 """ # END TEST CONFIG
 import torch
 import torch.nn.functional as F
+
 from helpers.device import randn
+
+
 # clipping active, SGD with momentum: clip after the last backward, before the step
 def _model():
     _m = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2)).double()
@@ -673,7 +694,10 @@ assert torch.allclose(torch.nn.utils.parameters_to_vector(_a.parameters()), torc
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
+
 # accum = B (micro-batches of one) with AdamW gives the losses and parameters of accum = 1
 def _model():
     _m = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1)).double()
