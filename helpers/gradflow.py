@@ -23,11 +23,10 @@ import torch.nn.functional as F
 
 from helpers.checks import expect_bool, expect_tensor
 from helpers.device import randn
-from helpers.show import fmt_sci  # re-exported: it used to live here (chapter 7 imports it from here)
 
 __all__ = ["GradFlowRecorder", "record_grad_flow", "clip_grad_norm", "global_grad_norm",
            "ACTIVATIONS", "Block", "DeepMLP", "deep_mlp", "fixed_batch", "layer_grad_norms",
-           "dead_relu_units", "fmt_sci"]
+           "dead_relu_units"]
 
 
 # --------------------------------------------------------------------------- recorder

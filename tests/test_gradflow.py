@@ -11,7 +11,6 @@ from helpers.gradflow import (
     dead_relu_units,
     deep_mlp,
     fixed_batch,
-    fmt_sci,
     global_grad_norm,
     layer_grad_norms,
     record_grad_flow,
@@ -147,9 +146,3 @@ def test_dead_relu_units_counts_all_zero_columns():
     counts = dead_relu_units(model, X)
     assert counts["3"] == (16, 16)          # W = b = 0: every unit is 0 for every row
     assert counts["1"][1] == 16 and counts["1"][0] < 16
-
-
-def test_fmt_sci_is_reexported_from_show():
-    import helpers.show
-    assert fmt_sci is helpers.show.fmt_sci           # chapter 7 imports it from helpers.gradflow
-    assert fmt_sci(1.234e-7) == "1.2e-07" and fmt_sci(-0.0) == "0.0e+00" and fmt_sci(3e5, 2) == "3.00e+05"
