@@ -21,6 +21,7 @@ import functools
 import http.server
 import os
 import posixpath
+import re
 import subprocess
 import sys
 import threading
@@ -201,7 +202,7 @@ def test_pages_fetch_nothing_from_other_hosts(site):
 
 
 def test_mathjax_and_widget_javascript_are_served_locally(site):
-    assert (site / "_vendor" / "mathjax" / "tex-chtml.js").is_file()
+    assert (site / "_vendor" / "mathjax" / "startup.js").is_file()
     assert (site / "_vendor" / "widgets" / "embed.js").is_file()
     fonts = list((site / "_vendor" / "mathjax" / "output" / "chtml" / "fonts" / "woff-v2").glob("*.woff"))
     assert fonts, "MathJax's CHTML fonts were not copied"
@@ -427,6 +428,113 @@ def test_screenshots(browser, server, site, capsys):
         assert path.stat().st_size > 10_000, f"{path} looks empty"
     with capsys.disabled():
         print(f"\n[site] screenshots ({DOCNAMES[0]}, {_chapter_for_screenshots()}): {SCREENSHOTS}")
+
+
+# ---------------------------------------------------------------------------------------------
+# phones and tablets: drawers, reading order, width, weight
+# ---------------------------------------------------------------------------------------------
+
+DRAWERS = {"primary": ("#pst-primary-sidebar-modal", "Chapters and labs"),
+           "secondary": ("#pst-secondary-sidebar-modal", "Contents")}
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("width", [390, 900])
+@pytest.mark.parametrize("drawer", sorted(DRAWERS))
+def test_the_visible_drawer_buttons_open_the_chapter_list_and_the_page_contents(browser, server, site, width, drawer):
+    """☰ and ☷ open their drawers below the desktop widths (pydata-sphinx-theme#2451: a hidden duplicate took the click)."""
+    dialog, expected = DRAWERS[drawer]
+    visit = _Visit(browser, server + "chapters/06_attention_backward.html",
+                   viewport={"width": width, "height": 844}, phone=width < 600)
+    try:
+        page = visit.page
+        button = page.locator(f"button.{drawer}-toggle:visible")
+        assert button.count() == 1, f"{button.count()} visible {drawer} toggles at {width} px"
+        button.first.click()
+        page.wait_for_timeout(300)
+        opened = page.evaluate(f"() => !!document.querySelector('{dialog}')?.open")
+        text = page.evaluate(f"() => document.querySelector('{dialog}')?.innerText || ''")
+        assert opened and expected in text, f"{drawer} drawer at {width} px: open={opened}, shows {text[:80]!r}"
+        assert not visit.errors, visit.errors
+    finally:
+        visit.close()
+
+
+def test_each_lab_comes_right_after_its_chapter_and_instructors_are_out_of_the_way(site):
+    """Prev/next: chapter N → lab N → chapter N+1; the instructors' page is the last page, after the reference."""
+    chapters = [d for d in DOCNAMES if d.startswith("chapters/")]
+    for ch in chapters:
+        lab = "labs/lab" + ch.split("/")[1]
+        if lab in DOCNAMES:
+            assert DOCNAMES.index(lab) == DOCNAMES.index(ch) + 1, (ch, lab)
+            html = (site / f"{ch}.html").read_text(encoding="utf-8")
+            nxt = re.search(r'<link rel="next"[^>]*href="([^"]+)"', html)
+            assert nxt and nxt.group(1).endswith(f"{lab}.html"), f"{ch}'s next page is {nxt and nxt.group(1)}, not {lab}"
+    assert DOCNAMES[-1] == "labs/instructors", DOCNAMES[-3:]
+
+
+# A phone's viewport: nothing may scroll the page sideways (a code box may scroll inside itself).
+JS_PAGE_OVERFLOW = """() => {
+  const w = document.documentElement.clientWidth;
+  const wide = [];
+  for (const el of document.querySelectorAll('main *')) {
+    const r = el.getBoundingClientRect();
+    if (r.right > w + 1 && !el.closest('pre, .highlight, .output, mjx-container, .table-wrapper, .cell_output, table'))
+      wide.push(`${el.tagName.toLowerCase()}.${el.className}: ${Math.round(r.right)} px`);
+  }
+  return [document.documentElement.scrollWidth - w, wide.slice(0, 3)];
+}"""
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("docname", DOCNAMES)
+def test_no_page_scrolls_sideways_on_a_phone(browser, server, site, docname):
+    visit = _Visit(browser, server + docname + ".html", viewport=PHONE, phone=True)
+    try:
+        extra, wide = visit.page.evaluate(JS_PAGE_OVERFLOW)
+        assert extra <= 1, f"{docname} at 390 px is {extra} px wider than the screen: {wide}"
+    finally:
+        visit.close()
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("docname", [d for d in DOCNAMES if d.startswith("chapters/")])
+def test_display_equations_fit_the_column(browser, server, site, docname):
+    """At 1280 px no display equation is wider than the text column (long ones are broken into aligned lines)."""
+    visit = _Visit(browser, server + docname + ".html")
+    try:
+        page = visit.page
+        if page.locator("main .math").count():
+            page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise")
+            page.evaluate("() => MathJax.startup.promise")
+        wide = page.evaluate("""() => [...document.querySelectorAll('mjx-container[display="true"]')]
+            .filter(m => m.scrollWidth > m.parentElement.clientWidth + 1)
+            .map(m => `${Math.round(m.scrollWidth)} px in ${m.parentElement.clientWidth} px: ${m.textContent.slice(0, 40)}`)""")
+        assert not wide, f"{docname}: {wide}"
+    finally:
+        visit.close()
+
+
+# Chapter pages without live widgets (a widget page also loads the widgets' JavaScript).
+WEIGHED = ["chapters/06_attention_backward", "chapters/10_flash_attention"]
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("docname", WEIGHED)
+def test_a_chapter_page_weighs_at_most_2_5_mb_cold(browser, server, site, docname, capsys):
+    sizes = {}
+    context = browser.new_context(viewport=DESKTOP)
+    try:
+        page = context.new_page()
+        page.on("response", lambda r: sizes.__setitem__(r.url, len(r.body())) if r.ok else None)
+        page.goto(server + docname + ".html", wait_until="networkidle")
+    finally:
+        context.close()
+    total = sum(sizes.values())
+    with capsys.disabled():
+        print(f"\n[site] {docname}: {total / 1e6:.2f} MB cold in {len(sizes)} requests")
+    biggest = sorted(sizes.items(), key=lambda kv: -kv[1])[:3]
+    assert total <= 2.5e6, f"{docname}: {total / 1e6:.2f} MB; biggest {biggest}"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,8 +5,8 @@
 
 The packages come from the npm registry at build time, pinned by tools/web/package-lock.json:
 
-* ``mathjax`` (v3): the TeX -> CommonHTML bundle, its fonts and the extensions it loads
-  on demand (``_vendor/mathjax/``; _config.yml sets ``mathjax_path`` to it);
+* ``mathjax`` (v3): its loader, the TeX input and CommonHTML output, its fonts and the
+  extensions TeX loads on demand (``_vendor/mathjax/``; _config.yml sets ``mathjax_path`` to it);
 * ``@jupyter-widgets/html-manager``: the embed bundle that renders saved widget state,
   with the icon fonts it loads next to itself (``_vendor/widgets/``; _config.yml sets
   myst-nb's ``nb_ipywidgets_js`` to it, so no require.js and no CDN are used).
@@ -28,11 +28,13 @@ ROOT = WEB.parents[1]
 OUT = ROOT / "_build" / "offline"
 NODE = WEB / "node_modules"
 
-# MathJax: what tex-chtml.js loads (autoloaded TeX extensions, CHTML fonts, the menu
-# and its accessibility tools); SVG output and the other combined bundles are left out.
-MATHJAX_FILES = ["tex-chtml.js", "input", "output/chtml.js", "output/chtml", "ui", "a11y",
+# MathJax: startup.js loads the components _config.yml's mathjax3_config names (core, the TeX
+# input with its autoloaded extensions, CHTML output and its fonts). Not tex-chtml.js: that
+# combined bundle also carries the right-click menu (416 KB of its 1.1 MB), which the site
+# does not need. The menu and accessibility parts stay copied for anything that asks for them.
+MATHJAX_FILES = ["startup.js", "core.js", "input", "output/chtml.js", "output/chtml", "ui", "a11y",
                  "sre", "adaptors"]
-MATHJAX_ENTRY = "tex-chtml.js"
+MATHJAX_ENTRY = "startup.js"
 WIDGETS_ENTRY = "embed.js"
 
 
