@@ -32,9 +32,9 @@ if "google.colab" in sys.modules:
 # %%
 import torch
 
+from helpers.checks import compare
 from helpers.device import get_device, no_tf32
 from helpers.show import fmt, fmt_sci, show
-from helpers.checks import compare
 
 dev = get_device()   # CUDA when there is one, else the CPU: the printed numbers are the same
 no_tf32()            # TF32 would change float32 matmul digits on recent GPUs
@@ -192,7 +192,7 @@ seed_004 = {  # the article's numbers, as decimals
 }
 ours = {"h": h, "a": a, "y_hat": y_hat, "L": L, "grad_y_hat": grad_y_hat, "grad_W2": grad_W2,
         "grad_b2": grad_b2, "grad_a": grad_a, "grad_h": grad_h, "grad_W1": grad_W1, "grad_b1": grad_b1}
-for name, ref in seed_004.items():
+for name in seed_004:
     print(f"{name:>10} = {fmt(ours[name], 8)}".replace("\n", "\n" + " " * 13))
 print()
 for name, ref in seed_004.items():
@@ -319,6 +319,7 @@ for label, (name, idx) in {"b1[1] (dead unit)": ("b1", (1,)), "W1[1,2] (dead uni
 
 # %%
 import matplotlib.pyplot as plt
+
 from helpers.plot_cat import draw_cat_graph
 
 fig = draw_cat_graph(cache, grads, p)
@@ -363,7 +364,7 @@ _ = compare("W1's dead row did not move", p_new["W1"][1], p["W1"][1], exact=True
 # works everywhere.*
 
 # %%
-from helpers.widgets_cat import cat_panel, report, sweep, sweep_animation
+from helpers.widgets_cat import cat_panel, sweep, sweep_animation
 
 panel = cat_panel(graph=True)
 panel

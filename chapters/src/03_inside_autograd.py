@@ -417,7 +417,7 @@ except RuntimeError as err:
 
 # %%
 history = []
-for step in range(3):
+for _ in range(3):
     L = model(Xb).pow(2).mean()
     L.backward(retain_graph=True)
     history.append(L)              # bug: keeps each retained graph alive

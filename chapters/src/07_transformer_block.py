@@ -44,14 +44,34 @@ import torch.nn.functional as F
 from torch import nn
 
 from helpers.attention import attention_forward
-from helpers.block import (BLOCK_PARAM_NAMES, block_cache_bytes, block_forward, block_manual_backward,
-                           block_params, block_saved_bytes_formula, block_saved_table, layer_from_params)
+from helpers.block import (
+    BLOCK_PARAM_NAMES,
+    block_cache_bytes,
+    block_forward,
+    block_manual_backward,
+    block_params,
+    block_saved_bytes_formula,
+    block_saved_table,
+    layer_from_params,
+)
 from helpers.checks import compare
 from helpers.device import get_device, no_tf32, randn
 from helpers.functions import gelu_backward, layernorm_backward, layernorm_forward
-from helpers.gpt import (CharTokenizer, GPTConfig, TinyGPT, block_grad_norms, embedding_backward, get_batch,
-                         gpt_backward, gpt_forward, gpt_init, gpt_loss_and_grads, load_corpus,
-                         load_params_into_module, sample)
+from helpers.gpt import (
+    CharTokenizer,
+    GPTConfig,
+    TinyGPT,
+    block_grad_norms,
+    embedding_backward,
+    get_batch,
+    gpt_backward,
+    gpt_forward,
+    gpt_init,
+    gpt_loss_and_grads,
+    load_corpus,
+    load_params_into_module,
+    sample,
+)
 from helpers.memory import SavedTensors, fmt_bytes
 from helpers.numgrad import linear_backward
 from helpers.plot_flow import plot_layer_norms
@@ -580,7 +600,7 @@ layer = layer_from_params(p_small, H, True, "relu")
 weights = [layer.get_parameter(n) for n in BLOCK_PARAM_NAMES]
 Xs, gs = randn(B, N, d, seed=50, requires_grad=True), randn(B, N, d, seed=51)
 t_auto, t_man = [], []
-for rep in range(6):
+for _ in range(6):
     Y = layer(Xs)
     t0 = time.perf_counter()
     torch.autograd.grad(Y, [Xs, *weights], gs)

@@ -45,9 +45,15 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from helpers.checkpoint import (
+    Checkpoint,
+    activation_bytes_formula,
+    block_activation_bytes,
+    checkpoint,
+    checkpoint_sequential,
+    recompute_backward,
+)
 from helpers.checks import compare
-from helpers.checkpoint import (Checkpoint, activation_bytes_formula, block_activation_bytes, checkpoint,
-                                checkpoint_module, checkpoint_sequential, recompute_backward)
 from helpers.device import get_device, no_tf32, randn
 from helpers.functions import layernorm_forward
 from helpers.gpt import GPTConfig, TinyGPT

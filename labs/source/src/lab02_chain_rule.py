@@ -43,7 +43,6 @@ import torch
 
 from helpers.device import get_device, no_tf32, randn
 from helpers.labcheck import autograd_grads, check
-from helpers.show import show
 
 dev = get_device()
 no_tf32()
