@@ -4,8 +4,10 @@
 # LoRA (low-rank adaptation) fine-tunes a big frozen weight matrix $W$ by learning a small
 # correction next to it:
 #
-# $$W' = W + \frac{\alpha}{r}\,BA,\qquad W\in\mathbb R^{\text{out}\times\text{in}}\ \text{frozen},\quad
-# B\in\mathbb R^{\text{out}\times r},\quad A\in\mathbb R^{r\times\text{in}},\quad r\ll\min(\text{in},\text{out}).$$
+# $$\begin{gathered}
+# W' = W + \frac{\alpha}{r}\,BA,\qquad W\in\mathbb R^{\text{out}\times\text{in}}\ \text{frozen}, \\
+# B\in\mathbb R^{\text{out}\times r},\quad A\in\mathbb R^{r\times\text{in}},\quad r\ll\min(\text{in},\text{out}).
+# \end{gathered}$$
 #
 # This chapter builds it from the gradient up: first the gradients of $A$ and $B$, then a
 # backward pass that never forms $W'$, then a module, its initialisation and scaling, and
@@ -77,8 +79,10 @@ if dev.type == "cpu":
 # $W'$ depends on $B$ and $A$ through the product $s\,BA$, and chapter 2's rule for a product
 # $Y = PQ$ ($dP = dY\,Q^\top$, $dQ = P^\top dY$) gives seed 003's formulas, with our scale:
 #
-# $$\frac{\partial L}{\partial B} = s\,\frac{\partial L}{\partial W'}A^\top \quad(\text{out}\times r),\qquad
-#   \frac{\partial L}{\partial A} = s\,B^\top\frac{\partial L}{\partial W'} \quad(r\times\text{in}).$$
+# $$\begin{aligned}
+# \frac{\partial L}{\partial B} &= s\,\frac{\partial L}{\partial W'}A^\top && (\text{out}\times r), \\
+# \frac{\partial L}{\partial A} &= s\,B^\top\frac{\partial L}{\partial W'} && (r\times\text{in}).
+# \end{aligned}$$
 #
 # (Seed 003 writes $W_Q' = W_Q + BA$ with no scale, i.e. $s = 1$.) Let us check them on a
 # small layer, with a non-zero $B$ as after some training, so that every term shows.
@@ -115,9 +119,11 @@ _ = compare("∂L/∂A = s·Bᵀ(∂L/∂W') vs autograd", grad_A_seed, A_.grad)
 # of the weight we froze to save memory. Substitute $\partial L/\partial W' = g^\top x$ and
 # regroup the products:
 #
-# $$\frac{\partial L}{\partial B} = s\,g^\top x A^\top = s\,g^\top\,(xA^\top),\qquad
-#   \frac{\partial L}{\partial A} = s\,B^\top g^\top x = s\,(gB)^\top x,\qquad
-#   \frac{\partial L}{\partial x} = gW + s\,(gB)\,A.$$
+# $$\begin{aligned}
+# \frac{\partial L}{\partial B} &= s\,g^\top x A^\top = s\,g^\top\,(xA^\top), \\
+# \frac{\partial L}{\partial A} &= s\,B^\top g^\top x = s\,(gB)^\top x, \\
+# \frac{\partial L}{\partial x} &= gW + s\,(gB)\,A.
+# \end{aligned}$$
 #
 # The forward pass reads the same way: $y = xW^\top + b + s\,(xA^\top)B^\top$. The LoRA path is
 # $x \to xA^\top \to (xA^\top)B^\top$, and its backward only needs $x$ (which the layer has

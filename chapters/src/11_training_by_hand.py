@@ -58,8 +58,10 @@ varies(f"device: {describe(dev)}")
 # mean squared error, in float64 (so that two implementations that do the same arithmetic agree
 # to the last few bits, and anything larger is a real difference):
 #
-# $$a = \tanh(XW^\top + b),\quad L = \tfrac{1}{n}\sum (a - Y)^2,\quad
-# \delta = \tfrac{2}{n}(a - Y)\odot(1 - a^2),\quad \nabla_W L = \delta^\top X,\quad \nabla_b L = \textstyle\sum_i \delta_i .$$
+# $$\begin{aligned}
+# a &= \tanh(XW^\top + b), & L &= \tfrac{1}{n}\textstyle\sum (a - Y)^2, \\
+# \delta &= \tfrac{2}{n}(a - Y)\odot(1 - a^2), & \nabla_W L &= \delta^\top X,\quad \nabla_b L = \textstyle\sum_i \delta_i .
+# \end{aligned}$$
 
 # %%
 X = randn(8, 4, seed=1, device=dev, dtype=torch.float64)
@@ -351,8 +353,10 @@ show("max |W_L2 − W_decoupled| after 10 steps", (W_l2["W"] - W_dec["W"]).abs()
 # estimates settle before the learning rate reaches its peak. After the peak, a cosine brings
 # it smoothly down to a floor:
 #
-# $$\eta(s) = \eta_{\max}\frac{s+1}{W}\ (s < W),\qquad
-# \eta(s) = \eta_{\min} + \tfrac12(\eta_{\max}-\eta_{\min})\Big(1 + \cos\frac{\pi (s - W)}{T - W}\Big)\ (W \le s \le T).$$
+# $$\eta(s) = \begin{cases}
+# \eta_{\max}\,\dfrac{s+1}{W} & s < W, \\[4pt]
+# \eta_{\min} + \tfrac12(\eta_{\max}-\eta_{\min})\Big(1 + \cos\dfrac{\pi (s - W)}{T - W}\Big) & W \le s \le T.
+# \end{cases}$$
 
 # %%
 from helpers.optim import lr_warmup_cosine
