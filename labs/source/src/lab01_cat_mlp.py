@@ -114,7 +114,9 @@ def forward_pass(x, W1, b1, W2, b2, y_true):
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers import cat_mlp
+
 _p = cat_mlp.cat_params(dtype=torch.float64)
 _out = forward_pass(_p["x"], _p["W1"], _p["b1"], _p["W2"], _p["b2"], _p["y_true"])
 assert abs(float(_out["L"]) - 0.19140625) < 1e-12 and abs(float(_out["y_hat"][0]) - 0.5625) < 1e-12
@@ -125,8 +127,10 @@ assert torch.allclose(_out["a"], torch.tensor([0.725, 0.0], dtype=torch.float64)
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers import cat_mlp
 from helpers.device import randn
+
 _q = [randn(2, 4, seed=11, dtype=torch.float64), randn(2, seed=12, dtype=torch.float64),
       randn(1, 2, seed=13, dtype=torch.float64), randn(1, seed=14, dtype=torch.float64)]
 _x, _y = randn(4, seed=15, dtype=torch.float64), randn(1, seed=16, dtype=torch.float64)
@@ -185,6 +189,7 @@ def grad_loss(y_hat, y_true):
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 _g = grad_loss(torch.tensor([0.5625], dtype=torch.float64), torch.tensor([1.0], dtype=torch.float64))
 assert _g.shape == (1,) and abs(float(_g[0]) + 0.875) < 1e-12
 
@@ -193,6 +198,7 @@ assert _g.shape == (1,) and abs(float(_g[0]) + 0.875) < 1e-12
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 _yh = torch.tensor([0.3, -1.2, 2.0], dtype=torch.float64)
 _yt = torch.tensor([1.0, 0.5, -0.5], dtype=torch.float64)
 assert torch.allclose(grad_loss(_yh, _yt), 2 * (_yh - _yt), atol=1e-12)
@@ -253,6 +259,7 @@ def layer2_backward(grad_y_hat, a, W2):
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 _f = lambda *t: torch.tensor(t, dtype=torch.float64)
 _gW2, _gb2, _ga = layer2_backward(_f(-0.875), _f(0.725, 0.0), _f(0.5, -0.4).reshape(1, 2))
 assert _gW2.shape == (1, 2) and torch.allclose(_gW2, _f(-0.634375, 0.0).reshape(1, 2), atol=1e-12)
@@ -263,7 +270,9 @@ assert _gb2.shape == (1,) and abs(float(_gb2[0]) + 0.875) < 1e-12
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
 _W, _b, _a, _g = (randn(1, 3, seed=21, dtype=torch.float64), randn(1, seed=22, dtype=torch.float64),
                   randn(3, seed=23, dtype=torch.float64), randn(1, seed=24, dtype=torch.float64))
 _leaves = [t.clone().requires_grad_() for t in (_W, _b, _a)]
@@ -325,7 +334,9 @@ def relu_backward(grad_a, h):
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
 _h, _g = randn(3, 5, seed=31, dtype=torch.float64), randn(3, 5, seed=32, dtype=torch.float64)
 _g0 = _g.clone()
 _out = relu_backward(_g, _h)
@@ -337,6 +348,7 @@ assert torch.allclose(_out, torch.where(_h > 0, _g, torch.zeros_like(_g)), atol=
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 _h = torch.tensor([0.0, -0.0, 1e-3, -1e-3], dtype=torch.float64)
 _out = relu_backward(torch.ones(4, dtype=torch.float64), _h)
 assert torch.equal(_out, torch.tensor([0.0, 0.0, 1.0, 0.0], dtype=torch.float64))
@@ -397,6 +409,7 @@ def layer1_backward(grad_h, x):
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 _f = lambda *t: torch.tensor(t, dtype=torch.float64)
 _gW1, _gb1 = layer1_backward(_f(-0.4375, 0.0), _f(1.0, 2.0, -1.0, 0.5))
 assert _gW1.shape == (2, 4) and _gb1.shape == (2,)
@@ -407,7 +420,9 @@ assert torch.allclose(_gW1, _f(-0.4375, -0.875, 0.4375, -0.21875, 0, 0, 0, 0).re
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
 _W, _b, _x, _g = (randn(3, 5, seed=41, dtype=torch.float64), randn(3, seed=42, dtype=torch.float64),
                   randn(5, seed=43, dtype=torch.float64), randn(3, seed=44, dtype=torch.float64))
 _leaves = [t.clone().requires_grad_() for t in (_W, _b)]
@@ -479,7 +494,9 @@ def cat_backward_batch(X, W1, b1, W2, b2, Y):
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers import cat_mlp
+
 _p = cat_mlp.cat_params(dtype=torch.float64)
 _g = cat_backward_batch(_p["x"].reshape(1, 4), _p["W1"], _p["b1"], _p["W2"], _p["b2"], _p["y_true"].reshape(1, 1))
 _ref = cat_mlp.backward(cat_mlp.forward(**_p), _p["W2"], _p["y_true"])
@@ -490,7 +507,9 @@ assert all(_g[k].shape == _ref[k].shape and torch.allclose(_g[k], _ref[k], atol=
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
 _X, _Y = randn(16, 4, seed=51, dtype=torch.float64), randn(16, 1, seed=52, dtype=torch.float64)
 _P = [randn(2, 4, seed=53, dtype=torch.float64), randn(2, seed=54, dtype=torch.float64),
       randn(1, 2, seed=55, dtype=torch.float64), randn(1, seed=56, dtype=torch.float64)]
@@ -506,7 +525,9 @@ assert all(_g[k].shape == _ref[k].shape and torch.allclose(_g[k], _ref[k], atol=
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
 _X, _Y = randn(7, 4, seed=57, dtype=torch.float64), randn(7, 1, seed=58, dtype=torch.float64)
 _P = [randn(2, 4, seed=59, dtype=torch.float64), randn(2, seed=60, dtype=torch.float64),
       randn(1, 2, seed=61, dtype=torch.float64), randn(1, seed=62, dtype=torch.float64)]

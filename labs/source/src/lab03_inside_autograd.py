@@ -42,10 +42,10 @@ if "google.colab" in sys.modules:
 # %%
 import torch
 
+from helpers import micrograd
 from helpers.device import get_device, no_tf32, randn
 from helpers.labcheck import autograd_grads, check
 from helpers.memory import SavedTensors
-from helpers import micrograd
 
 dev = get_device()
 no_tf32()
@@ -220,6 +220,7 @@ def power(a, k):
 hidden: true
 """ # END TEST CONFIG
 from helpers.micrograd import topological_order as _topo
+
 _a, _b = Value(-1.25), Value(0.75)
 _out = mul(mul(_a, _b), _a)        # a²b: ∂/∂a = 2ab, ∂/∂b = a²
 _out.grad = 1.0
@@ -233,6 +234,7 @@ assert abs(_a.grad - 2 * -1.25 * 0.75) < 1e-12 and abs(_b.grad - 1.5625) < 1e-12
 hidden: true
 """ # END TEST CONFIG
 from helpers.micrograd import topological_order as _topo
+
 _x = Value(3.0)
 _sq = mul(_x, _x)                  # the same Value as both inputs: 2x, not x
 _sq.grad = 1.0
@@ -336,6 +338,7 @@ def exp(a):
 hidden: true
 """ # END TEST CONFIG
 import math
+
 for _x0, _d in ((0.8, 1.0), (-0.3, 0.0), (0.0, 0.0)):
     _x = Value(_x0)
     _r = relu(_x)
@@ -348,6 +351,7 @@ for _x0, _d in ((0.8, 1.0), (-0.3, 0.0), (0.0, 0.0)):
 hidden: true
 """ # END TEST CONFIG
 import math
+
 _x = Value(-0.4)
 _t, _e = tanh(_x), exp(_x)        # x used twice: both rules must add into x.grad
 _t.grad, _e.grad = 1.5, -0.5
@@ -362,6 +366,7 @@ hidden: true
 points: 1
 """ # END TEST CONFIG
 import math
+
 # each operation used twice on one Value: both uses add into x.grad, 2 × the local derivative
 for _op, _x0, _d in ((relu, 0.6, 1.0), (tanh, 0.3, 1 - math.tanh(0.3) ** 2), (exp, -0.2, math.exp(-0.2))):
     _x = Value(_x0)
@@ -459,6 +464,7 @@ def backward(root):
 hidden: true
 """ # END TEST CONFIG
 from helpers.micrograd import Value as _V
+
 _a, _b = _V(0.5), _V(-2.0)
 _c = _a * _b
 _d = _c + _a                        # a diamond: a reaches d twice
@@ -473,6 +479,7 @@ assert all(_pos[id(p)] < _pos[id(v)] for v in _order for p in v._parents)
 hidden: true
 """ # END TEST CONFIG
 from helpers.micrograd import Value as _V
+
 _x = _V(0.3)
 _h = _x
 for _ in range(5000):               # deeper than Python's recursion limit
@@ -485,7 +492,9 @@ assert len(_order) == 1 + 5000 * 4 and _order[-1] is _h   # x, then per step: 2 
 hidden: true
 """ # END TEST CONFIG
 import math
+
 from helpers.micrograd import Value as _V
+
 _x, _y = _V(0.9), _V(-0.4)
 _z = (_x * _y).tanh() + _x * _x + (_y + 1.0).exp()
 backward(_z)
@@ -616,6 +625,7 @@ def saved_bytes(f, inputs):
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 _x = torch.randn(7, 5, dtype=torch.float64, requires_grad=True)
 assert saved_bytes(lambda t: (t * t).sum(), (_x,)) == 0           # mul saves x twice: an input
 _n = saved_bytes(lambda t: (t.exp() * t.exp()).sum(), (_x,))      # two exps: two saved outputs
@@ -628,8 +638,10 @@ assert _n == 7 * 5 * 8, _n
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers.device import randn
 from helpers.memory import SavedTensors
+
 _X = randn(16, 8, seed=401, dtype=torch.float32)
 _W1 = randn(12, 8, seed=402, dtype=torch.float32).requires_grad_()
 _W2 = randn(3, 12, seed=403, dtype=torch.float32).requires_grad_()
@@ -644,7 +656,9 @@ hidden: true
 points: 0.75
 """ # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
 # sin saves its input, a (5, 2) slice of the (5, 6) product: the whole product's storage stays alive
 _t = randn(5, 3, seed=404, dtype=torch.float64).requires_grad_()
 _W = randn(3, 6, seed=405, dtype=torch.float64).requires_grad_()
@@ -657,7 +671,9 @@ hidden: true
 points: 0.25
 """ # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
 _x = randn(4, 3, seed=406, dtype=torch.float32).requires_grad_()
 _n = saved_bytes(lambda t: t.exp().sum(), (_x,))
 assert isinstance(_n, int) and not isinstance(_n, bool) and _n == 4 * 3 * 4, _n

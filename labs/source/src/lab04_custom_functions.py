@@ -94,7 +94,9 @@ def softmax_backward(P, grad_P):
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
 _Z = randn(2, 3, 7, seed=101, dtype=torch.float64)
 _g = randn(2, 3, 7, seed=102, dtype=torch.float64)
 _leaf = _Z.clone().requires_grad_()
@@ -109,6 +111,7 @@ assert torch.equal(_g, _g0)   # grad_P untouched
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 # a constant upstream gradient moves nothing: softmax is invariant to adding a constant
 _P = torch.softmax(torch.tensor([[1.0, 2.0, 3.0, -1.0]], dtype=torch.float64), -1)
 assert torch.allclose(softmax_backward(_P, torch.full_like(_P, 2.5)), torch.zeros_like(_P), atol=1e-15)
@@ -198,7 +201,9 @@ class Softmax(torch.autograd.Function):
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
 _Z = randn(5, 9, seed=201, dtype=torch.float64).requires_grad_()
 assert torch.autograd.gradcheck(Softmax.apply, (_Z,), eps=1e-6, atol=1e-6)
 _big = torch.tensor([[1000.0, 0.0, -1000.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
@@ -210,8 +215,10 @@ assert torch.isfinite(_P).all() and torch.allclose(_P, torch.softmax(_big, -1), 
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers.device import randn
 from helpers.memory import SavedTensors
+
 _Z = randn(6, 4, seed=202, dtype=torch.float64).requires_grad_()
 with SavedTensors() as _s:
     _P = Softmax.apply(_Z)
@@ -323,7 +330,9 @@ class LayerNorm(torch.autograd.Function):
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
 _x = randn(2, 3, 8, seed=301, dtype=torch.float64).requires_grad_()
 _w = (1 + 0.3 * randn(8, seed=302, dtype=torch.float64)).requires_grad_()
 _b = randn(8, seed=303, dtype=torch.float64).requires_grad_()
@@ -335,7 +344,9 @@ assert torch.allclose(LayerNorm.apply(_x, _w, _b, 1e-5), torch.nn.functional.lay
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
 # only x needs a gradient: weight and bias get None, and x's is still right
 _x = randn(5, 6, seed=304, dtype=torch.float64).requires_grad_()
 _w, _b = randn(6, seed=305, dtype=torch.float64), randn(6, seed=306, dtype=torch.float64)
@@ -350,7 +361,9 @@ assert torch.allclose(_gx, _ref, atol=1e-12)
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
 # a constant row: var = 0, σ = √eps; the gradient must stay finite and match
 _x = torch.cat([torch.full((1, 4), 3.0, dtype=torch.float64), randn(1, 4, seed=308, dtype=torch.float64)]).requires_grad_()
 _w, _b = torch.ones(4, dtype=torch.float64, requires_grad=True), torch.zeros(4, dtype=torch.float64, requires_grad=True)
@@ -452,7 +465,9 @@ class CrossEntropy(torch.autograd.Function):
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
 _z = randn(7, 5, seed=401, dtype=torch.float64).requires_grad_()
 _t = torch.tensor([0, 4, 2, 2, 1, 3, 0])
 assert torch.autograd.gradcheck(lambda z: CrossEntropy.apply(z, _t, -100), (_z,), eps=1e-6, atol=1e-6)
@@ -463,6 +478,7 @@ assert torch.allclose(CrossEntropy.apply(_z, _t, -100), torch.nn.functional.cros
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 # huge logits: no inf/nan in the loss or the gradient
 _z = torch.tensor([[1000.0, -1000.0, 0.0], [-500.0, 800.0, 790.0]], dtype=torch.float64, requires_grad=True)
 _t = torch.tensor([1, 2])
@@ -478,7 +494,9 @@ assert torch.isfinite(_g).all() and torch.allclose(_g, _ref, atol=1e-12)
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
 # ignored rows: not in the mean, exactly zero gradient; a custom ignore_index
 _z = randn(6, 4, seed=402, dtype=torch.float64).requires_grad_()
 _t = torch.tensor([3, 7, 0, 7, 7, 1])

@@ -124,8 +124,10 @@ def layernorm_backward(x, mu, rstd, weight, grad_y):
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers.device import randn
 from helpers.functions import layernorm_forward as _lnf
+
 _x = randn(2, 3, 7, seed=101, dtype=torch.float64) * 3 + 1
 _w = 1 + 0.3 * randn(7, seed=102, dtype=torch.float64)
 _b = randn(7, seed=103, dtype=torch.float64)
@@ -141,8 +143,10 @@ assert all(o.shape == r.shape and torch.allclose(o, r, atol=1e-10) for o, r in z
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers.device import randn
 from helpers.functions import layernorm_forward as _lnf
+
 # 2-D input, a large eps (so σ ≠ std): μ and 1/σ must come from the arguments, not be recomputed
 _x = randn(5, 4, seed=105, dtype=torch.float64)
 _w, _b = randn(4, seed=106, dtype=torch.float64), randn(4, seed=107, dtype=torch.float64)
@@ -244,7 +248,9 @@ def ffn_backward(h, W1, b1, W2, b2, grad_F, activation="relu"):
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
 _h = randn(2, 3, 4, seed=201, dtype=torch.float64)
 _W1, _b1 = randn(10, 4, seed=202, dtype=torch.float64) / 2, 0.3 * randn(10, seed=203, dtype=torch.float64)
 _W2, _b2 = randn(4, 10, seed=204, dtype=torch.float64) / 3, randn(4, seed=205, dtype=torch.float64)
@@ -260,7 +266,9 @@ assert len(_ours) == 5 and all(o.shape == r.shape and torch.allclose(o, r, atol=
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
 # GELU, and 2-D rows (R, d) instead of (B, N, d)
 _h = randn(7, 3, seed=207, dtype=torch.float64)
 _W1, _b1 = randn(5, 3, seed=208, dtype=torch.float64), randn(5, seed=209, dtype=torch.float64)
@@ -350,9 +358,11 @@ hidden: true
 """ # END TEST CONFIG
 import torch
 import torch.nn.functional as _F
+
 from helpers.block import block_params as _bp
 from helpers.device import randn
 from helpers.functions import layernorm_forward as _lnf
+
 _names = ("norm2.weight", "norm2.bias", "linear1.weight", "linear1.bias", "linear2.weight", "linear2.bias")
 _p = _bp(6, 12, seed=300, dtype=torch.float64)
 _X1 = randn(2, 3, 6, seed=301, dtype=torch.float64)
@@ -370,9 +380,11 @@ hidden: true
 """ # END TEST CONFIG
 import torch
 import torch.nn.functional as _F
+
 from helpers.block import block_params as _bp
 from helpers.device import randn
 from helpers.functions import layernorm_forward as _lnf
+
 # GELU, under no_grad (no autograd inside); the skip path alone carries grad_Y unchanged
 _names = ("norm2.weight", "norm2.bias", "linear1.weight", "linear1.bias", "linear2.weight", "linear2.bias")
 _p = _bp(4, 8, seed=310, dtype=torch.float64)
@@ -469,7 +481,9 @@ def embedding_backward(idx, grad_X0, vocab_size, n_ctx):
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
 # every token the same: its row is the sum of all 2·4 gradients
 _idx = torch.full((2, 4), 3, dtype=torch.long)
 _g = randn(2, 4, 5, seed=401, dtype=torch.float64)
@@ -483,7 +497,9 @@ assert torch.allclose(_gwpe, _g.sum(0), atol=1e-12)
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
 # repeated tokens in a sequence shorter than the context, vs autograd
 _idx = torch.tensor([[5, 0, 5, 2, 0], [1, 5, 5, 2, 7]])
 _g = randn(2, 5, 3, seed=402, dtype=torch.float64)
@@ -624,8 +640,12 @@ def block_backward(grad_Y, cache):
 hidden: true
 """ # END TEST CONFIG
 import torch
-from helpers.block import BLOCK_PARAM_NAMES as _NAMES, block_params as _bp, layer_from_params as _layer
+
+from helpers.block import BLOCK_PARAM_NAMES as _NAMES
+from helpers.block import block_params as _bp
+from helpers.block import layer_from_params as _layer
 from helpers.device import randn
+
 # ReLU, no mask, other sizes (3 heads of width 4)
 _p = _bp(12, 20, seed=500, dtype=torch.float64)
 _X = randn(2, 4, 12, seed=501, dtype=torch.float64)    # B = 2: weight gradients are sums over the batch
@@ -643,8 +663,12 @@ assert all(_ours[k].shape == _ref[k].shape and torch.allclose(_ours[k], _ref[k],
 hidden: true
 """ # END TEST CONFIG
 import torch
-from helpers.block import BLOCK_PARAM_NAMES as _NAMES, block_params as _bp, layer_from_params as _layer
+
+from helpers.block import BLOCK_PARAM_NAMES as _NAMES
+from helpers.block import block_params as _bp
+from helpers.block import layer_from_params as _layer
 from helpers.device import randn
+
 # GELU with a causal mask
 _p = _bp(8, 12, seed=510, dtype=torch.float64)
 _X = randn(2, 6, 8, seed=511, dtype=torch.float64)

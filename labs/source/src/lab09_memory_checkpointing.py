@@ -158,6 +158,7 @@ hidden: true
 """ # END TEST CONFIG
 import torch
 import torch.nn.functional as _F
+
 from helpers.device import randn
 from helpers.memory import SavedTensors
 
@@ -181,6 +182,7 @@ hidden: true
 """ # END TEST CONFIG
 import torch
 import torch.nn.functional as _F
+
 from helpers.device import randn
 from helpers.memory import SavedTensors
 
@@ -304,6 +306,7 @@ hidden: true
 """ # END TEST CONFIG
 import torch
 import torch.nn.functional as _F
+
 from helpers.device import randn
 
 
@@ -325,6 +328,7 @@ hidden: true
 """ # END TEST CONFIG
 import torch
 import torch.nn.functional as _F
+
 from helpers.device import randn
 from helpers.memory import SavedTensors
 
@@ -345,6 +349,7 @@ assert torch.allclose(_y, _blk(_x, *_ps), atol=1e-12)
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers.device import randn
 
 
@@ -367,6 +372,7 @@ assert torch.allclose(_gW, _ref, atol=1e-12) and torch.equal(_g, _g0)
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers.device import randn
 
 # needs_input_grad gating: the re-run must not make a data input x require a gradient
@@ -504,6 +510,7 @@ hidden: true
 """ # END TEST CONFIG
 import torch
 import torch.nn.functional as _F
+
 from helpers.device import randn
 
 
@@ -526,6 +533,7 @@ hidden: true
 """ # END TEST CONFIG
 import torch
 import torch.nn.functional as _F
+
 from helpers.device import randn
 
 
@@ -552,6 +560,7 @@ hidden: true
 """ # END TEST CONFIG
 import torch
 import torch.nn.functional as _F
+
 from helpers.device import randn
 
 # needs_input_grad gating: a data input x stays without requires_grad in the re-run
@@ -653,6 +662,7 @@ hidden: true
 """ # END TEST CONFIG
 import torch
 import torch.nn.functional as _F
+
 from helpers.device import randn
 
 
@@ -680,7 +690,9 @@ assert len(_ours) == 13 and all(torch.allclose(_a, _b, atol=1e-12) for _a, _b in
 hidden: true
 """ # END TEST CONFIG
 import math
+
 import torch
+
 from helpers.device import randn
 from helpers.memory import SavedTensors
 
@@ -817,6 +829,7 @@ def scaled_step(params, loss_fn, scale, tracker, lr, growth_interval=2000):
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers.device import randn
 
 # underflow: with c = 1e-9 the float16 gradients are 0 unscaled; scaled by 2^16 the step is the float32 one
@@ -840,6 +853,7 @@ assert torch.allclose((_W0 - _W.detach()) / 1e6, _g32, atol=0, rtol=2e-2)
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers.device import randn
 
 # overflow: a huge scale gives inf gradients; nothing moves, the scale halves, the tracker resets
@@ -862,8 +876,9 @@ assert torch.equal(_W.detach(), _W0) and torch.equal(_b.detach(), _b0)
 hidden: true
 """ # END TEST CONFIG
 import torch
-from helpers.precision import ScalerState, loss_scale_step
+
 from helpers.device import randn
+from helpers.precision import ScalerState, loss_scale_step
 
 # a run of steps: skips, then growth after growth_interval clean steps, against the course's helper
 _W = randn(3, 4, seed=921, requires_grad=True)
