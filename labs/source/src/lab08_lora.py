@@ -57,7 +57,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from helpers.device import get_device, no_tf32, rand, randn
-from helpers.labcheck import autograd_grads, check, check_gradcheck, evaluate
+from helpers.labcheck import autograd_grads, check, evaluate
 from helpers.lora import LoRALinear, lora_linear
 
 dev = get_device()
@@ -117,7 +117,9 @@ def grads_from_W_prime(grad_Wp, A, B, s):
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers.device import get_device, no_tf32, rand, randn
+
 _W = randn(7, 3, seed=801, dtype=torch.float64)
 _A = randn(2, 3, seed=802, dtype=torch.float64, requires_grad=True)
 _B = randn(7, 2, seed=803, dtype=torch.float64, requires_grad=True)
@@ -132,7 +134,9 @@ assert torch.allclose(_gA, _ref[0], atol=1e-12) and torch.allclose(_gB, _ref[1],
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers.device import get_device, no_tf32, rand, randn
+
 # the scale is applied once, and rank 1 works (no squeezing of a size-1 dim)
 _A = randn(1, 5, seed=805, dtype=torch.float64)
 _B = randn(2, 1, seed=806, dtype=torch.float64)
@@ -211,7 +215,9 @@ def lora_backward(g, x, W, A, B, s, needs=(True, True, True)):
 hidden: true
 """ # END TEST CONFIG
 import torch
+
 from helpers.device import get_device, no_tf32, rand, randn
+
 _W = randn(3, 8, seed=811, dtype=torch.float64)
 _x = randn(9, 8, seed=812, dtype=torch.float64, requires_grad=True)
 _A = randn(2, 8, seed=813, dtype=torch.float64, requires_grad=True)
@@ -232,7 +238,9 @@ hidden: true
 """ # END TEST CONFIG
 import torch
 from torch.utils.flop_counter import FlopCounterMode
+
 from helpers.device import get_device, no_tf32, rand, randn
+
 # one row, r = 2, in = out = 64: g @ W costs 64·64 multiply-adds; forming B @ A (or gᵀx) would add
 # at least as many again, everything else of the cheap route is a few hundred
 _W = randn(64, 64, seed=816, dtype=torch.float64)
@@ -306,9 +314,12 @@ def init_adapter(W, r, seed):
 hidden: true
 """ # END TEST CONFIG
 import math
+
 import torch
 from torch import nn
+
 from helpers.lora import LoRALinear
+
 _W = torch.randn(5, 9, dtype=torch.float64, generator=torch.Generator().manual_seed(821))
 _A, _B = init_adapter(_W, 2, 7)
 assert _A.shape == (2, 9) and _B.shape == (5, 2) and _A.dtype == _B.dtype == torch.float64
@@ -328,8 +339,10 @@ hidden: true
 """ # END TEST CONFIG
 import torch
 import torch.nn.functional as F
+
 from helpers.device import get_device, no_tf32, rand, randn
 from helpers.lora import lora_linear
+
 # step 0: the adapted layer equals the base bit for bit, ∂L/∂A = 0 exactly, ∂L/∂B ≠ 0
 _W = randn(6, 10, seed=822, dtype=torch.float64)
 _b = randn(6, seed=823, dtype=torch.float64)
@@ -422,8 +435,10 @@ hidden: true
 """ # END TEST CONFIG
 import torch
 from torch import nn
+
 from helpers.device import get_device, no_tf32, rand, randn
 from helpers.lora import lora_linear
+
 _layer = nn.Linear(7, 3).double().requires_grad_(False)
 _W0, _b0, _p = _layer.weight.detach().clone(), _layer.bias.detach().clone(), _layer.weight
 _A = randn(2, 7, seed=831, dtype=torch.float64)
@@ -441,7 +456,9 @@ hidden: true
 """ # END TEST CONFIG
 import torch
 from torch import nn
+
 from helpers.device import get_device, no_tf32, rand, randn
+
 # round trip, on a trainable layer too (in place, so no autograd error and no graph)
 _layer = nn.Linear(4, 6).double()
 _W0 = _layer.weight.detach().clone()
@@ -583,12 +600,15 @@ hidden: true
 runs_in: student
 """ # END TEST CONFIG
 import torch
+
 # exercise 5 is graded on its own: its backward calls a correct lora_backward here (exercise 2 is graded apart)
 import helpers.lora as _hl
+
 _ns = LoRALinearFn.forward.__globals__
 _theirs = _ns.get("lora_backward")
 _ns["lora_backward"] = lambda g, x, W, A, B, s, needs=(True, True, True): (lambda o: (o[0], o[3], o[4]))(_hl.lora_linear_backward(g, x, W, A, B, x @ A.T, s, (needs[0], False, False, needs[1], needs[2])))
 from helpers.device import get_device, no_tf32, rand, randn
+
 _W = randn(5, 4, seed=841, dtype=torch.float64)
 _x = randn(2, 3, 4, seed=842, dtype=torch.float64, requires_grad=True)
 _A = randn(2, 4, seed=843, dtype=torch.float64, requires_grad=True)
@@ -604,12 +624,15 @@ hidden: true
 runs_in: student
 """ # END TEST CONFIG
 import torch
+
 # exercise 5 is graded on its own: its backward calls a correct lora_backward here (exercise 2 is graded apart)
 import helpers.lora as _hl
+
 _ns = LoRALinearFn.forward.__globals__
 _theirs = _ns.get("lora_backward")
 _ns["lora_backward"] = lambda g, x, W, A, B, s, needs=(True, True, True): (lambda o: (o[0], o[3], o[4]))(_hl.lora_linear_backward(g, x, W, A, B, x @ A.T, s, (needs[0], False, False, needs[1], needs[2])))
 from helpers.device import get_device, no_tf32, rand, randn
+
 # a frozen W gets no gradient while ∂L/∂x flows through it; a trainable W gets gᵀx;
 # once_differentiable refuses a second backward
 _W = randn(3, 6, seed=845, dtype=torch.float64)                       # frozen
@@ -638,13 +661,17 @@ hidden: true
 runs_in: student
 """ # END TEST CONFIG
 import torch
+
 # exercise 5 is graded on its own: its backward calls a correct lora_backward here (exercise 2 is graded apart)
 import helpers.lora as _hl
+
 _ns = LoRALinearFn.forward.__globals__
 _theirs = _ns.get("lora_backward")
 _ns["lora_backward"] = lambda g, x, W, A, B, s, needs=(True, True, True): (lambda o: (o[0], o[3], o[4]))(_hl.lora_linear_backward(g, x, W, A, B, x @ A.T, s, (needs[0], False, False, needs[1], needs[2])))
 from torch.utils.flop_counter import FlopCounterMode
+
 from helpers.device import get_device, no_tf32, rand, randn
+
 # one row, in = out = 64, r = 2: no B @ A in forward or backward, and no ∂L/∂x when x needs none
 _W = randn(64, 64, seed=850, dtype=torch.float64)
 _A = randn(2, 64, seed=851, dtype=torch.float64, requires_grad=True)
@@ -673,28 +700,7 @@ _ns["lora_backward"] = _theirs
 # $W$ stay without a gradient, and does a trainable one get $g^\top x$?):
 
 # %%
-def applied(fn):
-    """fn, but an unfinished forward (one that returns None) reads as 'not implemented yet'."""
-    def run(*args):
-        out = fn(*args)
-        if out is None:
-            raise NotImplementedError
-        return out
-    return run
-
-
-def check_function(name, fn, reference, inputs, grad_out, outputs):
-    """One line: fn's output and input gradients vs the reference's (autograd), then gradcheck (float64)."""
-    def both(f):
-        return lambda *xs: (f(*xs), *autograd_grads(f, xs, grad_out))
-    result = evaluate(both(applied(fn)), both(reference), args=inputs, outputs=outputs,
-                      name=name, against="autograd")
-    if result.status == "pass":
-        gc = check_gradcheck(applied(fn), inputs, name=name, quiet=True)
-        result = gc if not gc else result
-        if gc:
-            result.line += "; gradcheck passes"
-    print(result.line)
+from helpers.labkit import applied, check_function  # chapter 4's scaffolding for a learner's Function
 
 
 def check_frozen_W(name, W, inputs):
