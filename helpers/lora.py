@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from helpers.checks import expect_tensor
+from helpers.checks import expect_int, expect_tensor
 from helpers.device import rand
 
 __all__ = [
@@ -130,29 +130,15 @@ class LoRALinearFunction(torch.autograd.Function):
         return lora_linear_backward(grad_y, x, W, A, B, xA, ctx.scale, ctx.needs_input_grad, x_lora=x_lora)
 
 
-def _check_rank(where: str, r, d_in: int, d_out: int) -> int:
-    """r as an int in [1, min(in, out)], or a one-line ValueError."""
-    if isinstance(r, bool) or not isinstance(r, int) or not 1 <= r <= min(d_in, d_out):
-        raise ValueError(f"{where}: expected rank r an int in [1, min(in, out)] = [1, {min(d_in, d_out)}], got {r!r}")
-    return r
-
-
-def _float(name: str, t) -> None:
-    """One-line ValueError unless t is a floating-point tensor."""
-    expect_tensor(name, t)
-    if not t.is_floating_point():
-        raise ValueError(f"{name}: expected a floating-point tensor, got {t.dtype}")
-
-
 def lora_linear(x, W, b, A, B, alpha, r, *, rslora: bool = False, x_lora=None):
     """y = x Wᵀ + b + (α/r)·(x Aᵀ) Bᵀ for x (..., in), W (out, in), A (r, in), B (out, r), b (out,) or None."""
-    _float("x", x)
-    _float("W", W)
+    expect_tensor("x", x, floating=True)
+    expect_tensor("W", W, floating=True)
     if W.dim() != 2 or x.dim() < 1 or x.shape[-1] != W.shape[1]:
         raise ValueError(f"lora_linear: expected x (..., in) and W (out, in) with matching in, "
                          f"got {tuple(x.shape)} and {tuple(W.shape)}")
     d_out, d_in = W.shape
-    r = _check_rank("lora_linear", r, d_in, d_out)
+    r = expect_int("r", r, low=1, high=min(d_in, d_out))
     expect_tensor("A", A, shape=(r, d_in))
     expect_tensor("B", B, shape=(d_out, r))
     if b is not None:
@@ -179,7 +165,7 @@ class LoRALinear(nn.Module):
         if not isinstance(base, nn.Linear):
             raise ValueError(f"LoRALinear: expected an nn.Linear to wrap, got {type(base).__name__}")
         d_out, d_in = base.weight.shape
-        self.r = _check_rank("LoRALinear", r, d_in, d_out)
+        self.r = expect_int("r", r, low=1, high=min(d_in, d_out))
         if not 0.0 <= float(dropout) < 1.0:
             raise ValueError(f"LoRALinear: expected dropout in [0, 1), got {dropout}")
         for p in base.parameters():

@@ -28,6 +28,7 @@ import os
 import torch
 import torch.nn.functional as F
 
+from helpers.checks import expect_int
 from helpers.gpt import get_batch
 from helpers.gradflow import clip_grad_norm, global_grad_norm
 
@@ -38,8 +39,7 @@ def split_batch(batch, accum: int) -> list[tuple]:
     """Cut every tensor of ``batch`` into ``accum`` micro-batches along dim 0; returns [(tensors…, b_i/B)]."""
     batch = tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
     B = batch[0].shape[0]
-    if not isinstance(accum, int) or accum < 1 or accum > B:
-        raise ValueError(f"accum: expected an int in [1, batch size {B}], got {accum!r}")
+    expect_int("accum", accum, low=1, high=B)  # at most one micro-batch per example
     if any(t.shape[0] != B for t in batch):
         raise ValueError("batch: expected tensors sharing the batch size in dim 0")
     parts = [torch.tensor_split(t, accum, dim=0) for t in batch]
@@ -90,8 +90,7 @@ def train(opt, get_batch, steps: int, loss_fn=None, grads_fn=None, params=None, 
         raise ValueError("train: expected exactly one of loss_fn (autograd) or grads_fn (manual)")
     if grads_fn is not None and isinstance(opt, torch.optim.Optimizer):
         raise ValueError("train: manual mode needs an optimizer whose step takes grads (helpers.optim)")
-    if not isinstance(steps, int) or steps < 0:
-        raise ValueError(f"steps: expected an int >= 0, got {steps!r}")
+    expect_int("steps", steps, low=0)
     from tqdm.auto import tqdm
 
     theta = _params_of(opt, params)
