@@ -74,8 +74,10 @@ show("W1", W1)
 #
 # **First layer.** Each hidden unit is one row of $W_1$ dotted with $x$, plus its bias:
 #
-# $$h_1 = 0.1\cdot 1 + 0.2\cdot 2 + (-0.1)\cdot(-1) + 0.05\cdot 0.5 + 0.1, \qquad
-#   h_2 = 0.3\cdot 1 + (-0.1)\cdot 2 + 0.2\cdot(-1) + 0.1\cdot 0.5 - 0.1 .$$
+# $$\begin{aligned}
+# h_1 &= 0.1\cdot 1 + 0.2\cdot 2 + (-0.1)\cdot(-1) + 0.05\cdot 0.5 + 0.1, \\
+# h_2 &= 0.3\cdot 1 + (-0.1)\cdot 2 + 0.2\cdot(-1) + 0.1\cdot 0.5 - 0.1 .
+# \end{aligned}$$
 
 # %%
 h1 = 0.1 * 1 + 0.2 * 2 + (-0.1) * (-1) + 0.05 * 0.5 + 0.1

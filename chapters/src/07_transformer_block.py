@@ -88,10 +88,12 @@ F64 = torch.float64
 # $\sigma = \sqrt{\tfrac1D\sum_i (x_i-\mu)^2 + \epsilon}$, $\hat x = (x-\mu)/\sigma$,
 # $y = \gamma\circ\hat x + \beta$. With $g = \gamma\circ\partial L/\partial y$,
 #
-# $$\frac{\partial L}{\partial x} = \frac1\sigma\Big(g \;-\; \underbrace{\operatorname{mean}(g)}_{\text{through }\mu}
-# \;-\; \underbrace{\hat x\,\operatorname{mean}(g\circ\hat x)}_{\text{through }\sigma}\Big),\qquad
+# $$\begin{gathered}
+# \frac{\partial L}{\partial x} = \frac1\sigma\Big(g \;-\; \underbrace{\operatorname{mean}(g)}_{\text{through }\mu}
+# \;-\; \underbrace{\hat x\,\operatorname{mean}(g\circ\hat x)}_{\text{through }\sigma}\Big), \\
 # \frac{\partial L}{\partial\gamma} = \sum_{\text{rows}} \frac{\partial L}{\partial y}\circ\hat x,\qquad
-# \frac{\partial L}{\partial\beta} = \sum_{\text{rows}} \frac{\partial L}{\partial y}.$$
+# \frac{\partial L}{\partial\beta} = \sum_{\text{rows}} \frac{\partial L}{\partial y}.
+# \end{gathered}$$
 #
 # The first term is what you would get if $\mu$ and $\sigma$ were constants. Every $x_i$ also
 # moves the mean (which every output subtracts) and the variance (which every output divides
@@ -385,8 +387,10 @@ except IndexError as err:
 # Seed 004's hand-written GPT is: embedding → blocks → LayerNorm → head. `helpers.gpt` builds
 # it from the block above, pre-norm and causal:
 #
-# $$X_0 = W_{te}[\text{idx}] + W_{pe}[0{:}N],\qquad X_l = \mathrm{block}_l(X_{l-1}),\qquad
-# \text{logits} = \mathrm{LN}_f(X_L)\,W_{\text{head}}^\top .$$
+# $$\begin{gathered}
+# X_0 = W_{te}[\text{idx}] + W_{pe}[0{:}N],\qquad X_l = \mathrm{block}_l(X_{l-1}), \\
+# \text{logits} = \mathrm{LN}_f(X_L)\,W_{\text{head}}^\top .
+# \end{gathered}$$
 #
 # Its backward is the chain: cross-entropy backward ($\mathrm{softmax} - \text{onehot}$, over the
 # number of positions), head (`linear_backward`), $\mathrm{LN}_f$ (`layernorm_backward`), then
