@@ -27,8 +27,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from helpers.block import (BLOCK_PARAM_NAMES, block_cache_bytes, block_forward, block_manual_backward,  # noqa: E402
-                           block_params, block_saved_bytes_formula, layer_from_params)
+from helpers.block import (  # noqa: E402
+    BLOCK_PARAM_NAMES,
+    block_cache_bytes,
+    block_forward,
+    block_manual_backward,
+    block_params,
+    block_saved_bytes_formula,
+    layer_from_params,
+)
 from helpers.checks import compare  # noqa: E402
 from helpers.device import randn  # noqa: E402
 from helpers.memory import SavedTensors, fmt_bytes  # noqa: E402
@@ -45,7 +52,7 @@ def measure(norm_first: bool, args) -> dict:
     mask = nn.Transformer.generate_square_subsequent_mask(N) if args.causal else None
 
     def autograd_step():
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0 = time.perf_counter()
         Y = layer(X, src_mask=mask, is_causal=args.causal)
         t1, c1 = time.perf_counter(), time.process_time()
         grads = torch.autograd.grad(Y, [X, *weights], grad_Y)
@@ -53,7 +60,7 @@ def measure(norm_first: bool, args) -> dict:
         return (t1 - t0, t2 - t1, c2 - c1), grads
 
     def manual_step():
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0 = time.perf_counter()
         Y, cache = block_forward(X, params, H, norm_first, args.causal, args.activation)
         t1, c1 = time.perf_counter(), time.process_time()
         grads = block_manual_backward(grad_Y, cache)

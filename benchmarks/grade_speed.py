@@ -21,8 +21,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "tests"))
-import labs  # noqa: E402
 from test_grader import _solutions, _submission  # noqa: E402
+
+import labs  # noqa: E402
 
 
 def make_class(lab: str, n: int, folder: Path) -> None:

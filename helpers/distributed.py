@@ -25,8 +25,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch
-import torch.nn as nn
 import torch.distributed as dist
+import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 

@@ -88,7 +88,7 @@ def cat_panel(params: Mapping | None = None, decimals: int = 6, graph: bool = Fa
     The returned box carries ``.sliders`` ({'W1[1,2]': FloatSlider}) and ``.last_text``
     (the latest report), so code and tests can drive it without a browser.
     """
-    import ipywidgets as widgets   # only here: the animation below must not need ipywidgets
+    import ipywidgets as widgets  # only here: the animation below must not need ipywidgets
 
     base = {k: v.detach().clone().to(torch.float64) for k, v in (params or cat_params()).items()}
     sliders, keys = {}, {}

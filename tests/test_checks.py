@@ -1,7 +1,15 @@
 import pytest
 import torch
 
-from helpers.checks import compare, expect_bool, expect_int, expect_like, expect_tensor, max_abs_diff, tolerance
+from helpers.checks import (
+    compare,
+    expect_bool,
+    expect_int,
+    expect_like,
+    expect_tensor,
+    max_abs_diff,
+    tolerance,
+)
 
 
 def test_compare_exact_and_tolerant(capsys):

@@ -123,7 +123,7 @@ def test_dunder_attributes_are_not_served_unless_the_peer_allows_it(pair):
     client, server = pair
     thing = client.request({"op": "thing"}, 1, True)
     with pytest.raises(AttributeError):
-        thing.__dict__                                        # refused locally: no request sent
+        _ = thing.__dict__                                    # refused locally: no request sent
     with pytest.raises(wire.RemoteError, match="AttributeError"):
         client.request({"op": "getattr", "ref": thing._id, "name": "__class__"})
     method = thing.twice

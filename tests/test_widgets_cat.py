@@ -3,11 +3,9 @@ import matplotlib
 matplotlib.use("Agg")  # headless
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
 from helpers.cat_mlp import cat_params  # noqa: E402
-from helpers.widgets_cat import (cat_panel, params_with, report, slider_specs, sweep,  # noqa: E402
-                                 sweep_animation)
+from helpers.widgets_cat import cat_panel, params_with, report, slider_specs, sweep, sweep_animation  # noqa: E402
 
 
 def test_slider_specs_cover_every_input_and_weight():

@@ -36,11 +36,11 @@ import torch  # noqa: E402
 
 try:
     import triton  # noqa: E402
-    from triton.backends.compiler import GPUTarget  # noqa: E402
     from triton import knobs  # noqa: E402
+    from triton.backends.compiler import GPUTarget  # noqa: E402
     from triton.compiler import ASTSource  # noqa: E402
 except ImportError:
-    raise SystemExit("tools/compile_triton.py needs triton (pip install triton)")
+    raise SystemExit("tools/compile_triton.py needs triton (pip install triton)") from None
 
 import helpers.flash_triton as ft  # noqa: E402
 

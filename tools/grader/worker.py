@@ -24,7 +24,6 @@ for _fd in (0, 1, 2):
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 import torch  # noqa: E402
-
 import wire  # noqa: E402
 
 AUTOGRAD = "autograd"
