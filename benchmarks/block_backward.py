@@ -12,6 +12,7 @@ The two are run interleaved in one process, so the ratio is measured under the s
 median of the repeats is reported.  Saved bytes exclude X and the parameters (they exist anyway):
 autograd's are counted with helpers.memory.SavedTensors, ours are the cache's tensors.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,12 +68,12 @@ def measure(norm_first: bool, args) -> dict:
         t2, c2 = time.perf_counter(), time.process_time()
         return (t1 - t0, t2 - t1, c2 - c1), grads
 
-    autograd_step(), manual_step()                                   # warm-up
+    autograd_step(), manual_step()  # warm-up
     times = {k: [] for k in ("auto_f", "auto_b", "auto_cpu", "man_f", "man_b", "man_cpu")}
     for i in range(args.repeats):
         # alternate which goes first, so neither always runs on a warmer cache
         order = (("auto", autograd_step), ("man", manual_step))
-        for tag, step in (order if i % 2 == 0 else order[::-1]):
+        for tag, step in order if i % 2 == 0 else order[::-1]:
             (f, b, cpu), _ = step()
             times[tag + "_f"].append(f)
             times[tag + "_b"].append(b)
@@ -81,15 +82,22 @@ def measure(norm_first: bool, args) -> dict:
 
     _, g_auto = autograd_step()
     _, g_man = manual_step()
-    ok = all(compare(n, g_man[n], g, atol=1e-4, rtol=1e-3, quiet=True)
-             for n, g in zip(["X", *BLOCK_PARAM_NAMES], g_auto))
+    ok = all(
+        compare(n, g_man[n], g, atol=1e-4, rtol=1e-3, quiet=True)
+        for n, g in zip(["X", *BLOCK_PARAM_NAMES], g_auto)
+    )
 
     with SavedTensors(exclude=[X, *weights]) as saved:
         layer(X, src_mask=mask, is_causal=args.causal)
     _, cache = block_forward(X, params, H, norm_first, args.causal, args.activation)
-    return dict(norm_first=norm_first, ok=ok, **med, auto_bytes=saved.total_bytes,
-                man_bytes=block_cache_bytes(cache),
-                formula=block_saved_bytes_formula(B, N, d, H, d_ff, X.element_size(), norm_first))
+    return dict(
+        norm_first=norm_first,
+        ok=ok,
+        **med,
+        auto_bytes=saved.total_bytes,
+        man_bytes=block_cache_bytes(cache),
+        formula=block_saved_bytes_formula(B, N, d, H, d_ff, X.element_size(), norm_first),
+    )
 
 
 def main(argv=None) -> list[dict]:
@@ -106,24 +114,32 @@ def main(argv=None) -> list[dict]:
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"B={args.B} N={args.N} d={args.d} H={args.H} d_ff={args.d_ff} {args.activation} "
-          f"causal={args.causal} float32 CPU, threads={torch.get_num_threads()}, torch {torch.__version__}, "
-          f"{platform.processor() or platform.machine()}, {datetime.date.today()}")
-    print(f"{'placement':<10} {'auto fwd':>9} {'auto bwd':>9} {'man fwd':>9} {'man bwd':>9} "
-          f"{'bwd ratio':>9} {'cpu ratio':>9} {'f+b ratio':>9} {'auto saved':>11} {'man saved':>10} {'formula':>9}  grads")
+    print(
+        f"B={args.B} N={args.N} d={args.d} H={args.H} d_ff={args.d_ff} {args.activation} "
+        f"causal={args.causal} float32 CPU, threads={torch.get_num_threads()}, torch {torch.__version__}, "
+        f"{platform.processor() or platform.machine()}, {datetime.date.today()}"
+    )
+    print(
+        f"{'placement':<10} {'auto fwd':>9} {'auto bwd':>9} {'man fwd':>9} {'man bwd':>9} "
+        f"{'bwd ratio':>9} {'cpu ratio':>9} {'f+b ratio':>9} {'auto saved':>11} {'man saved':>10} {'formula':>9}  grads"
+    )
     rows = []
     for norm_first in (False, True):
         r = measure(norm_first, args)
         rows.append(r)
         name = "pre-norm" if norm_first else "post-norm"
         ms = {k: 1e3 * r[k] for k in ("auto_f", "auto_b", "man_f", "man_b")}
-        print(f"{name:<10} {ms['auto_f']:>7.1f}ms {ms['auto_b']:>7.1f}ms {ms['man_f']:>7.1f}ms "
-              f"{ms['man_b']:>7.1f}ms {r['man_b'] / r['auto_b']:>8.2f}x {r['man_cpu'] / r['auto_cpu']:>8.2f}x "
-              f"{(r['man_f'] + r['man_b']) / (r['auto_f'] + r['auto_b']):>8.2f}x "
-              f"{fmt_bytes(r['auto_bytes']):>11} {fmt_bytes(r['man_bytes']):>10} {fmt_bytes(r['formula']):>9}"
-              f"  {'equal' if r['ok'] else 'DIFFER'}")
-    print("bwd ratio = manual backward / autograd backward, wall time (median); cpu ratio = the same in process CPU\n"
-          "time (steadier on a shared machine); f+b = forward + backward, wall. Target: bwd <= 1.25x, saved <= autograd's")
+        print(
+            f"{name:<10} {ms['auto_f']:>7.1f}ms {ms['auto_b']:>7.1f}ms {ms['man_f']:>7.1f}ms "
+            f"{ms['man_b']:>7.1f}ms {r['man_b'] / r['auto_b']:>8.2f}x {r['man_cpu'] / r['auto_cpu']:>8.2f}x "
+            f"{(r['man_f'] + r['man_b']) / (r['auto_f'] + r['auto_b']):>8.2f}x "
+            f"{fmt_bytes(r['auto_bytes']):>11} {fmt_bytes(r['man_bytes']):>10} {fmt_bytes(r['formula']):>9}"
+            f"  {'equal' if r['ok'] else 'DIFFER'}"
+        )
+    print(
+        "bwd ratio = manual backward / autograd backward, wall time (median); cpu ratio = the same in process CPU\n"
+        "time (steadier on a shared machine); f+b = forward + backward, wall. Target: bwd <= 1.25x, saved <= autograd's"
+    )
     return rows
 
 

@@ -14,6 +14,7 @@ the formula line is helpers.checkpoint.activation_bytes_formula minus the exclud
 Times are the median of interleaved repeats in one process, so the ratios are measured under
 the same load; absolute times depend on the machine.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,9 +57,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=9)
     args = ap.parse_args()
     torch.manual_seed(0)
-    blocks = nn.ModuleList(nn.TransformerEncoderLayer(args.d, args.H, args.d_ff, dropout=0.0, activation="gelu",
-                                                      batch_first=True, norm_first=True)
-                           for _ in range(args.layers))
+    blocks = nn.ModuleList(
+        nn.TransformerEncoderLayer(
+            args.d, args.H, args.d_ff, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
+        )
+        for _ in range(args.layers)
+    )
     params = list(blocks.parameters())
     x = randn(args.B, args.N, args.d, seed=1, requires_grad=True)
     modes = ("none", "torch", "ours")
@@ -68,8 +72,10 @@ def main() -> None:
         with SavedTensors(exclude=[x, *params]) as s:
             run(blocks, x, m)
         saved[m] = s.total_bytes
-    formula = activation_bytes_formula(args.B, args.N, args.d, args.H, args.layers, args.d_ff, 4) \
-        - args.B * args.N * args.d * 4                        # x excluded above
+    formula = (
+        activation_bytes_formula(args.B, args.N, args.d, args.H, args.layers, args.d_ff, 4)
+        - args.B * args.N * args.d * 4
+    )  # x excluded above
 
     grads = {}
     times = {m: [] for m in modes}
@@ -79,22 +85,30 @@ def main() -> None:
             y = run(blocks, x, m)
             g = torch.autograd.grad((y * y).sum(), [x, *params])
             dt = time.perf_counter() - t0
-            if r > 0:                                           # first round warms up
+            if r > 0:  # first round warms up
                 times[m].append(dt)
             grads[m] = g
     med = {m: statistics.median(times[m]) for m in modes}
     diff = {m: max((a - b).abs().max().item() for a, b in zip(grads[m], grads["none"])) for m in modes}
 
-    print(f"# {datetime.date.today()}  {platform.processor() or platform.machine()}  "
-          f"torch {torch.__version__}  threads {torch.get_num_threads()}")
-    print(f"# B={args.B} N={args.N} d={args.d} H={args.H} d_ff={args.d_ff} layers={args.layers} float32 CPU, "
-          f"median of {args.repeats}")
+    print(
+        f"# {datetime.date.today()}  {platform.processor() or platform.machine()}  "
+        f"torch {torch.__version__}  threads {torch.get_num_threads()}"
+    )
+    print(
+        f"# B={args.B} N={args.N} d={args.d} H={args.H} d_ff={args.d_ff} layers={args.layers} float32 CPU, "
+        f"median of {args.repeats}"
+    )
     print(f"formula (no checkpointing, x excluded): {formula} B ({fmt_bytes(formula)})")
-    print(f"{'mode':<6s} {'saved bytes':>12s} {'':>10s} {'saved/none':>10s} {'fwd+bwd ms':>11s} "
-          f"{'time/none':>9s} {'max|Δgrad|':>11s}")
+    print(
+        f"{'mode':<6s} {'saved bytes':>12s} {'':>10s} {'saved/none':>10s} {'fwd+bwd ms':>11s} "
+        f"{'time/none':>9s} {'max|Δgrad|':>11s}"
+    )
     for m in modes:
-        print(f"{m:<6s} {saved[m]:>12d} {fmt_bytes(saved[m]):>10s} {saved[m] / saved['none']:>10.4f} "
-              f"{1e3 * med[m]:>11.2f} {med[m] / med['none']:>9.2f} {diff[m]:>11.1e}")
+        print(
+            f"{m:<6s} {saved[m]:>12d} {fmt_bytes(saved[m]):>10s} {saved[m] / saved['none']:>10.4f} "
+            f"{1e3 * med[m]:>11.2f} {med[m] / med['none']:>9.2f} {diff[m]:>11.1e}"
+        )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@
 Both run in the same process, interleaved, so the ratio is measured under the same load;
 absolute milliseconds depend on the machine.  Saved bytes exclude Q, K, V (they exist anyway).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,15 +44,23 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--block", type=int, default=128, help="block_q = block_k of the tiled version")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--causal", action="store_true")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch threads (default 1: on a shared machine, more threads mostly measure OpenMP waiting)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1: on a shared machine, more threads mostly measure OpenMP waiting)",
+    )
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     tiled = lambda Q, K, V, causal=args.causal: flash_attention(Q, K, V, causal, args.block, args.block)  # noqa: E731
     naive = lambda Q, K, V, causal=args.causal: naive_attention(Q, K, V, causal)  # noqa: E731
-    print(f"B={args.B} H={args.H} d={args.d} causal={args.causal} block={args.block} "
-          f"threads={torch.get_num_threads()} torch {torch.__version__}")
-    print(f"{'N':>6} {'naive ms':>9} {'tiled ms':>9} {'tiled/naive':>11} {'naive saved':>12} {'tiled saved':>12}")
+    print(
+        f"B={args.B} H={args.H} d={args.d} causal={args.causal} block={args.block} "
+        f"threads={torch.get_num_threads()} torch {torch.__version__}"
+    )
+    print(
+        f"{'N':>6} {'naive ms':>9} {'tiled ms':>9} {'tiled/naive':>11} {'naive saved':>12} {'tiled saved':>12}"
+    )
     rows = []
     for N in args.N:
         Q, K, V = (randn(args.B, args.H, N, args.d, seed=s, requires_grad=True) for s in (1, 2, 3))
@@ -62,10 +71,20 @@ def main(argv=None) -> list[dict]:
         t_tiled = fwd_bwd_seconds(tiled, Q, K, V, grad_O, args.repeats)
         b_naive = saved_bytes(naive, args.B, args.H, N, args.d, args.causal)
         b_tiled = saved_bytes(tiled, args.B, args.H, N, args.d, args.causal)
-        rows.append(dict(N=N, naive_ms=1e3 * t_naive, tiled_ms=1e3 * t_tiled, ratio=t_tiled / t_naive,
-                         naive_bytes=b_naive, tiled_bytes=b_tiled))
-        print(f"{N:>6} {1e3 * t_naive:>9.1f} {1e3 * t_tiled:>9.1f} {t_tiled / t_naive:>10.2f}x "
-              f"{fmt_bytes(b_naive):>12} {fmt_bytes(b_tiled):>12}")
+        rows.append(
+            dict(
+                N=N,
+                naive_ms=1e3 * t_naive,
+                tiled_ms=1e3 * t_tiled,
+                ratio=t_tiled / t_naive,
+                naive_bytes=b_naive,
+                tiled_bytes=b_tiled,
+            )
+        )
+        print(
+            f"{N:>6} {1e3 * t_naive:>9.1f} {1e3 * t_tiled:>9.1f} {t_tiled / t_naive:>10.2f}x "
+            f"{fmt_bytes(b_naive):>12} {fmt_bytes(b_tiled):>12}"
+        )
     return rows
 
 

@@ -14,6 +14,7 @@ Writes benchmarks/results/flash_gpu_<gpu>.{csv,json,png} (or --out DIR) and prin
 bf16 is skipped on GPUs without bf16 support (T4, sm_75); naive attention is skipped where
 its N×N matrices would not fit; the tiled PyTorch version (Python loops) only up to --tiled-max-N.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,14 +41,20 @@ IMPLS = ["naive", "tiled", "triton"] + [f"sdpa-{b}" for b in SDPA]
 def sdpa_fn(backend: str):
     """F.scaled_dot_product_attention restricted to one backend via torch.nn.attention.sdpa_kernel."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    which = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
-             "math": SDPBackend.MATH, "cudnn": getattr(SDPBackend, "CUDNN_ATTENTION", None)}[backend]
+
+    which = {
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "math": SDPBackend.MATH,
+        "cudnn": getattr(SDPBackend, "CUDNN_ATTENTION", None),
+    }[backend]
     if which is None:
         return None
 
     def attn(Q, K, V, causal):
         with sdpa_kernel([which]):
             return F.scaled_dot_product_attention(Q, K, V, is_causal=causal)
+
     return attn
 
 
@@ -58,6 +65,7 @@ def get_impl(name: str, tiled_block: int):
         return lambda Q, K, V, causal: flash_attention(Q, K, V, causal, tiled_block, tiled_block)
     if name == "triton":
         from helpers.flash_triton import triton_flash_attention
+
         return lambda Q, K, V, causal: triton_flash_attention(Q, K, V, causal)
     return sdpa_fn(name.split("-", 1)[1])
 
@@ -133,6 +141,7 @@ def main(argv=None) -> list[dict]:
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("unset TRITON_INTERPRET: on a GPU the Triton kernels must be compiled")
     from helpers.device import describe, no_tf32
+
     no_tf32()
     major = torch.cuda.get_device_capability()[0]
     gpu = torch.cuda.get_device_name()
@@ -141,8 +150,10 @@ def main(argv=None) -> list[dict]:
         args.d, args.N, args.dtype = [64], [1024, 4096], usable[:1]
     print(f"{describe(torch.device('cuda'))}, torch {torch.__version__}")
     rows = []
-    header = f"{'impl':<15} {'dtype':<5} {'d':>4} {'causal':<6} {'mode':<8} {'N':>6} {'B':>3} {'H':>3} " \
-             f"{'ms':>9} {'TFLOP/s':>8} {'peak MiB':>9}"
+    header = (
+        f"{'impl':<15} {'dtype':<5} {'d':>4} {'causal':<6} {'mode':<8} {'N':>6} {'B':>3} {'H':>3} "
+        f"{'ms':>9} {'TFLOP/s':>8} {'peak MiB':>9}"
+    )
     print(header)
     for dname in args.dtype:
         dtype = DTYPES[dname]
@@ -156,8 +167,21 @@ def main(argv=None) -> list[dict]:
                         B, H = max(1, args.tokens // N), max(1, args.width // d)
                         flops = attention_flops(B, H, N, d, causal, backward=(mode == "fwd+bwd"))
                         for name in args.impl:
-                            row = dict(gpu=gpu, impl=name, dtype=dname, d=d, causal=causal, mode=mode, N=N, B=B,
-                                       H=H, ms=None, tflops=None, peak_mib=None, note="")
+                            row = dict(
+                                gpu=gpu,
+                                impl=name,
+                                dtype=dname,
+                                d=d,
+                                causal=causal,
+                                mode=mode,
+                                N=N,
+                                B=B,
+                                H=H,
+                                ms=None,
+                                tflops=None,
+                                peak_mib=None,
+                                note="",
+                            )
                             attn = get_impl(name, args.tiled_block)
                             if attn is None:
                                 row["note"] = "backend not in this torch"
@@ -174,11 +198,15 @@ def main(argv=None) -> list[dict]:
                                 torch.cuda.empty_cache()
                             rows.append(row)
                             if row["ms"] is None:
-                                print(f"{name:<15} {dname:<5} {d:>4} {str(causal):<6} {mode:<8} {N:>6} {B:>3} {H:>3} "
-                                      f"{row['note']}")
+                                print(
+                                    f"{name:<15} {dname:<5} {d:>4} {str(causal):<6} {mode:<8} {N:>6} {B:>3} {H:>3} "
+                                    f"{row['note']}"
+                                )
                             else:
-                                print(f"{name:<15} {dname:<5} {d:>4} {str(causal):<6} {mode:<8} {N:>6} {B:>3} {H:>3} "
-                                      f"{row['ms']:>9.3f} {row['tflops']:>8.1f} {row['peak_mib']:>9.1f}")
+                                print(
+                                    f"{name:<15} {dname:<5} {d:>4} {str(causal):<6} {mode:<8} {N:>6} {B:>3} {H:>3} "
+                                    f"{row['ms']:>9.3f} {row['tflops']:>8.1f} {row['peak_mib']:>9.1f}"
+                                )
     if not rows:
         print("nothing measured (no dtype this GPU supports among --dtype); nothing written")
         return rows
@@ -191,14 +219,18 @@ def summarize(rows) -> None:
     """The target: Triton fwd+bwd ≥ 0.8× SDPA flash throughput at N ≥ 4096, d = 64, bf16."""
     key = lambda r: (r["dtype"], r["d"], r["causal"], r["mode"], r["N"])  # noqa: E731
     flash = {key(r): r for r in rows if r["impl"] == "sdpa-flash" and r["tflops"]}
-    print("\nTriton / SDPA-flash throughput (target ≥ 0.80 at N ≥ 4096, d = 64, bf16, fwd+bwd;"
-          " both counted with backward = 2.5× forward):")
+    print(
+        "\nTriton / SDPA-flash throughput (target ≥ 0.80 at N ≥ 4096, d = 64, bf16, fwd+bwd;"
+        " both counted with backward = 2.5× forward):"
+    )
     for r in rows:
         if r["impl"] == "triton" and r["tflops"] and key(r) in flash:
             ratio = r["tflops"] / flash[key(r)]["tflops"]
             target = r["dtype"] == "bf16" and r["d"] == 64 and r["N"] >= 4096 and r["mode"] == "fwd+bwd"
             flag = (" ✓" if ratio >= 0.8 else " ✗ below target") if target else ""
-            print(f"  {r['dtype']} d={r['d']} causal={r['causal']} {r['mode']:<8} N={r['N']:>6}: {ratio:.2f}{flag}")
+            print(
+                f"  {r['dtype']} d={r['d']} causal={r['causal']} {r['mode']:<8} N={r['N']:>6}: {ratio:.2f}{flag}"
+            )
 
 
 def save(rows, out: Path, gpu: str) -> None:
@@ -214,12 +246,14 @@ def save(rows, out: Path, gpu: str) -> None:
     meta = {"gpu": gpu, "torch": torch.__version__, "cuda": torch.version.cuda}
     try:
         import triton
+
         meta["triton"] = triton.__version__
     except ImportError:
         pass
     stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -231,8 +265,16 @@ def save(rows, out: Path, gpu: str) -> None:
     fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False)
     for ax, (mode, causal) in zip(axes[0], panels):
         for impl in IMPLS:
-            pts = [(r["N"], r["tflops"]) for r in rows if r["impl"] == impl and r["mode"] == mode
-                   and r["causal"] == causal and r["dtype"] == dname and r["d"] == d and r["tflops"]]
+            pts = [
+                (r["N"], r["tflops"])
+                for r in rows
+                if r["impl"] == impl
+                and r["mode"] == mode
+                and r["causal"] == causal
+                and r["dtype"] == dname
+                and r["d"] == d
+                and r["tflops"]
+            ]
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=impl)
         ax.set_xscale("log", base=2)

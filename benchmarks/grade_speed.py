@@ -7,6 +7,7 @@ exercise missing, 10% empty, 5% with a cell that raises. Everything is measured 
 (wall-clock seconds of the whole `grade` call, and per submission); the machine's load average
 before and after is recorded, since a busy machine is slower. Not a test.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,12 @@ import labs  # noqa: E402
 def make_class(lab: str, n: int, folder: Path) -> None:
     """n notebooks: 60% complete, 25% last exercise missing, 10% empty, 5% raising."""
     sol = _solutions(lab)
-    kinds = [("complete", 60, _submission(lab, sol)), ("partial", 25, _submission(lab, sol[:-1])),
-             ("empty", 10, _submission(lab)), ("raising", 5, _submission(lab, sol, insert=[(0, "1 / 0")]))]
+    kinds = [
+        ("complete", 60, _submission(lab, sol)),
+        ("partial", 25, _submission(lab, sol[:-1])),
+        ("empty", 10, _submission(lab)),
+        ("raising", 5, _submission(lab, sol, insert=[(0, "1 / 0")])),
+    ]
     k = 0
     for name, share, text in kinds:
         for _ in range(round(n * share / 100)):
@@ -57,10 +62,20 @@ def main(argv=None) -> int:
         seconds = time.monotonic() - t0
         load1 = os.getloadavg()
     statuses = {s: sum(r["status"] == s for r in rows) for s in sorted({r["status"] for r in rows})}
-    result = {"lab": lab, "submissions": n, "jobs": a.jobs, "seconds": round(seconds, 1),
-              "seconds_per_submission": round(seconds / n, 2), "minutes_for_200": round(seconds / n * 200 / 60, 1),
-              "statuses": statuses, "load_before": [round(x, 2) for x in load0], "load_after": [round(x, 2) for x in load1],
-              "cpus": os.cpu_count(), "python": platform.python_version(), "sandboxed": True}
+    result = {
+        "lab": lab,
+        "submissions": n,
+        "jobs": a.jobs,
+        "seconds": round(seconds, 1),
+        "seconds_per_submission": round(seconds / n, 2),
+        "minutes_for_200": round(seconds / n * 200 / 60, 1),
+        "statuses": statuses,
+        "load_before": [round(x, 2) for x in load0],
+        "load_after": [round(x, 2) for x in load1],
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "sandboxed": True,
+    }
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))

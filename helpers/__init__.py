@@ -3,4 +3,5 @@
 Import the submodule you need, e.g. ``from helpers.show import show``.
 Nothing is imported here so that math modules stay headless and fast.
 """
+
 __version__ = "0.1.0"

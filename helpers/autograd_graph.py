@@ -14,6 +14,7 @@ It returns a ``Graph``: a list of node dicts and a list of edges, nothing drawn.
 
 ``helpers.plot_graph`` draws a ``Graph``; ``format_graph`` prints it as text.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -69,20 +70,36 @@ def _saved_of(fn, name_of: dict) -> list:
     """The tensors ``fn`` saved for backward, each as a dict (or marked freed)."""
     out = []
     for attr in sorted(a for a in dir(fn) if a.startswith("_saved_")):
-        short = attr[len("_saved_"):]
+        short = attr[len("_saved_") :]
         try:
             value = getattr(fn, attr)
         except RuntimeError:  # "...after they have already been freed"
-            out.append({"name": short, "shape": None, "dtype": None, "bytes": 0,
-                        "tensor": None, "key": None, "freed": True})
+            out.append(
+                {
+                    "name": short,
+                    "shape": None,
+                    "dtype": None,
+                    "bytes": 0,
+                    "tensor": None,
+                    "key": None,
+                    "freed": True,
+                }
+            )
             continue
         values = value if isinstance(value, (tuple, list)) else [value]
         for v in values:
             if isinstance(v, torch.Tensor):
-                out.append({"name": short, "shape": tuple(v.shape), "dtype": v.dtype,
-                            "bytes": v.untyped_storage().nbytes(),
-                            "tensor": name_of.get(_tensor_key(v)),
-                            "key": v.untyped_storage().data_ptr(), "freed": False})
+                out.append(
+                    {
+                        "name": short,
+                        "shape": tuple(v.shape),
+                        "dtype": v.dtype,
+                        "bytes": v.untyped_storage().nbytes(),
+                        "tensor": name_of.get(_tensor_key(v)),
+                        "key": v.untyped_storage().data_ptr(),
+                        "freed": False,
+                    }
+                )
     return out
 
 
@@ -100,11 +117,12 @@ def autograd_graph(output: torch.Tensor, names: dict | None = None) -> Graph:
     names = names or {}
     name_of = {_tensor_key(t): n for n, t in names.items() if isinstance(t, torch.Tensor)}
     leaf_name = {id(t): n for n, t in names.items() if isinstance(t, torch.Tensor) and t.is_leaf}
-    made_by = {id(t.grad_fn): n for n, t in names.items()
-               if isinstance(t, torch.Tensor) and t.grad_fn is not None}
+    made_by = {
+        id(t.grad_fn): n for n, t in names.items() if isinstance(t, torch.Tensor) and t.grad_fn is not None
+    }
 
     graph = Graph()
-    ids: dict = {}          # id(backward function) -> node id
+    ids: dict = {}  # id(backward function) -> node id
     order = [output.grad_fn]
     ids[id(output.grad_fn)] = 0
     fns = [output.grad_fn]  # keep the Python objects alive while we walk
@@ -116,12 +134,29 @@ def autograd_graph(output: torch.Tensor, names: dict | None = None) -> Graph:
         if kind_name == "AccumulateGrad":
             var = fn.variable
             label = leaf_name.get(id(var), "")
-            graph.nodes.append({"id": ids[id(fn)], "kind": "leaf", "name": kind_name, "label": label,
-                                "shape": tuple(var.shape), "depth": 0, "saved": []})
+            graph.nodes.append(
+                {
+                    "id": ids[id(fn)],
+                    "kind": "leaf",
+                    "name": kind_name,
+                    "label": label,
+                    "shape": tuple(var.shape),
+                    "depth": 0,
+                    "saved": [],
+                }
+            )
         else:
-            graph.nodes.append({"id": ids[id(fn)], "kind": "op", "name": kind_name,
-                                "label": made_by.get(id(fn), ""), "shape": None, "depth": 0,
-                                "saved": _saved_of(fn, name_of)})
+            graph.nodes.append(
+                {
+                    "id": ids[id(fn)],
+                    "kind": "op",
+                    "name": kind_name,
+                    "label": made_by.get(id(fn), ""),
+                    "shape": None,
+                    "depth": 0,
+                    "saved": _saved_of(fn, name_of),
+                }
+            )
         for k, (nxt, _) in enumerate(fn.next_functions):
             if nxt is None:  # that input needs no gradient
                 continue
@@ -169,6 +204,8 @@ def format_graph(graph: Graph) -> str:
             saved = "saves " + ", ".join(parts) if parts else ""
         nxt = [graph.node(b) for a, b, _k in graph.edges if a == n["id"]]
         to = ", ".join(f"#{m['id']}" for m in nxt)
-        lines.append(f"#{n['id']:<2d} d{n['depth']}  {n['name']:<15s} {what:<18s} {saved:<34s}"
-                     + (f" grad → {to}" if to else ""))
+        lines.append(
+            f"#{n['id']:<2d} d{n['depth']}  {n['name']:<15s} {what:<18s} {saved:<34s}"
+            + (f" grad → {to}" if to else "")
+        )
     return "\n".join(line.rstrip() for line in lines)

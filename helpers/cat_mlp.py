@@ -3,6 +3,7 @@
 Shapes follow the seed: W1 (2, 4), b1 (2,), W2 (1, 2), b2 (1,), so h = W1 @ x + b1.
 Every gradient here is written by hand; tests check them against autograd.
 """
+
 from __future__ import annotations
 
 import torch
@@ -32,25 +33,32 @@ def cat_params(dtype=torch.float64, device=None, requires_grad: bool = False) ->
 
 def forward(x, W1, b1, W2, b2, y_true) -> dict:
     """h = W1 x + b1, a = relu(h), ŷ = W2 a + b2, L = Σ(ŷ - y)²; returns every intermediate."""
-    h = W1 @ x + b1                      # (2, 4) @ (4,) -> (2,)
-    a = torch.relu(h)                    # (2,)
-    y_hat = W2 @ a + b2                  # (1, 2) @ (2,) -> (1,)
-    L = ((y_hat - y_true) ** 2).sum()    # ()
+    h = W1 @ x + b1  # (2, 4) @ (4,) -> (2,)
+    a = torch.relu(h)  # (2,)
+    y_hat = W2 @ a + b2  # (1, 2) @ (2,) -> (1,)
+    L = ((y_hat - y_true) ** 2).sum()  # ()
     return {"x": x, "h": h, "a": a, "y_hat": y_hat, "L": L}
 
 
 def backward(cache: dict, W2, y_true) -> dict:
     """Chain rule from L back to W1: every grad_<name> = ∂L/∂<name>, no autograd."""
     x, h, a, y_hat = cache["x"], cache["h"], cache["a"], cache["y_hat"]
-    grad_y_hat = 2 * (y_hat - y_true)               # (1,)     dL/dŷ = 2(ŷ - y)
-    grad_W2 = torch.outer(grad_y_hat, a)            # (1,) ⊗ (2,) -> (1, 2)
-    grad_b2 = grad_y_hat                            # (1,)
-    grad_a = W2.T @ grad_y_hat                      # (2, 1) @ (1,) -> (2,)
-    grad_h = grad_a * (h > 0).to(h.dtype)           # (2,)     ReLU' is 1 where h > 0, else 0
-    grad_W1 = torch.outer(grad_h, x)                # (2,) ⊗ (4,) -> (2, 4)
-    grad_b1 = grad_h                                # (2,)
-    return {"y_hat": grad_y_hat, "W2": grad_W2, "b2": grad_b2, "a": grad_a,
-            "h": grad_h, "W1": grad_W1, "b1": grad_b1}
+    grad_y_hat = 2 * (y_hat - y_true)  # (1,)     dL/dŷ = 2(ŷ - y)
+    grad_W2 = torch.outer(grad_y_hat, a)  # (1,) ⊗ (2,) -> (1, 2)
+    grad_b2 = grad_y_hat  # (1,)
+    grad_a = W2.T @ grad_y_hat  # (2, 1) @ (1,) -> (2,)
+    grad_h = grad_a * (h > 0).to(h.dtype)  # (2,)     ReLU' is 1 where h > 0, else 0
+    grad_W1 = torch.outer(grad_h, x)  # (2,) ⊗ (4,) -> (2, 4)
+    grad_b1 = grad_h  # (2,)
+    return {
+        "y_hat": grad_y_hat,
+        "W2": grad_W2,
+        "b2": grad_b2,
+        "a": grad_a,
+        "h": grad_h,
+        "W1": grad_W1,
+        "b1": grad_b1,
+    }
 
 
 def sgd_step(params: dict, grads: dict, lr: float) -> dict:

@@ -20,6 +20,7 @@ produced: they stay ``None`` and the optimizer silently skips those weights.  Pa
 they come out of ``backward`` like ``grad_x`` does, and the Function works with both
 ``L.backward()`` and ``torch.autograd.grad``.
 """
+
 from __future__ import annotations
 
 from contextlib import ExitStack
@@ -34,18 +35,29 @@ from helpers.checks import expect_int, expect_tensor
 
 __all__ = [
     # memory
-    "block_activation_bytes", "activation_bytes_formula",
+    "block_activation_bytes",
+    "activation_bytes_formula",
     # checkpointing
-    "RNGState", "get_rng_state", "set_rng_state", "AutocastState", "get_autocast_state", "autocast_from",
-    "recompute_backward", "Checkpoint", "checkpoint",
-    "checkpoint_module", "checkpoint_sequential",
+    "RNGState",
+    "get_rng_state",
+    "set_rng_state",
+    "AutocastState",
+    "get_autocast_state",
+    "autocast_from",
+    "recompute_backward",
+    "Checkpoint",
+    "checkpoint",
+    "checkpoint_module",
+    "checkpoint_sequential",
 ]
 
 
 # --------------------------------------------------------------------------- activation bytes
 
-def block_activation_bytes(B: int, N: int, d: int, H: int, d_ff: int, bytes: int, attention: str = "fused",
-                           activation: str = "gelu") -> int:
+
+def block_activation_bytes(
+    B: int, N: int, d: int, H: int, d_ff: int, bytes: int, attention: str = "fused", activation: str = "gelu"
+) -> int:
     """One pre-norm block: B·N·(8d + H + 4 + 2d_ff)·bytes (fused SDPA, GELU); math attention: 10d + H·N instead of 8d + H."""
     for name, v in (("B", B), ("N", N), ("d", d), ("H", H), ("d_ff", d_ff), ("bytes", bytes)):
         expect_int(name, v)
@@ -54,8 +66,8 @@ def block_activation_bytes(B: int, N: int, d: int, H: int, d_ff: int, bytes: int
     if activation not in ("gelu", "relu"):
         raise ValueError(f"block_activation_bytes: expected activation 'gelu' or 'relu', got {activation!r}")
     # Elements kept per token, op by op (what SavedTensors(by_op=True) lists for one block):
-    ln1 = d + 2                       # LayerNorm 1: its input X (the block input), μ and 1/σ
-    in_proj = d                       # in_proj: its input, LN1's output
+    ln1 = d + 2  # LayerNorm 1: its input X (the block input), μ and 1/σ
+    in_proj = d  # in_proj: its input, LN1's output
     if attention == "fused":
         # SDPA kernel: Q, K, V (views of one packed (B, N, 3d) storage: 3d), its output O (d), the
         # row log-sum-exp (H); out_proj's input is O merged back, the same storage.
@@ -64,16 +76,26 @@ def block_activation_bytes(B: int, N: int, d: int, H: int, d_ff: int, bytes: int
         # Math path: Q·√scale and Kᵀ·√scale (two copies, d each), V (a view that keeps the whole
         # packed QKV storage alive, 3d), P (H·N per token: the N² term), the merged output (d).
         attn = d + d + 3 * d + H * N + d
-    ln2 = d + 2                       # LayerNorm 2: its input X1 = X + SA(..), μ and 1/σ
-    linear1 = d                       # linear1: its input, LN2's output
+    ln2 = d + 2  # LayerNorm 2: its input X1 = X + SA(..), μ and 1/σ
+    linear1 = d  # linear1: its input, LN2's output
     # GELU keeps its input, linear2 its input (the GELU output): two tensors.  ReLU keeps its
     # output, which is linear2's input too: one tensor.
     ffn = 2 * d_ff if activation == "gelu" else d_ff
     return B * N * (ln1 + in_proj + attn + ln2 + linear1 + ffn) * bytes
 
 
-def activation_bytes_formula(B: int, N: int, d: int, H: int, n_layers: int, d_ff: int, bytes: int,
-                             attention: str = "fused", activation: str = "gelu", head: bool = False) -> int:
+def activation_bytes_formula(
+    B: int,
+    N: int,
+    d: int,
+    H: int,
+    n_layers: int,
+    d_ff: int,
+    bytes: int,
+    attention: str = "fused",
+    activation: str = "gelu",
+    head: bool = False,
+) -> int:
     """n_layers · B·N·(8d + H + 4 + 2d_ff)·bytes for the block stack (+ B·N·((2d + 2)·bytes + 8) with head=True).
 
     Exact (not approximated) for ``nn.TransformerEncoderLayer(norm_first=True, dropout=0.0)`` blocks
@@ -92,12 +114,13 @@ def activation_bytes_formula(B: int, N: int, d: int, H: int, n_layers: int, d_ff
 
 # --------------------------------------------------------------------------- RNG state
 
+
 @dataclass(frozen=True)
 class RNGState:
     """The CPU generator's state and the CUDA generators' states (by device index), taken before a forward."""
 
     cpu: torch.Tensor
-    cuda: tuple = ()                  # ((device index, state), ...)
+    cuda: tuple = ()  # ((device index, state), ...)
 
 
 def _cuda_indices(tensors) -> list[int]:
@@ -121,11 +144,12 @@ def set_rng_state(state: RNGState) -> None:
 
 # --------------------------------------------------------------------------- autocast state
 
+
 @dataclass(frozen=True)
 class AutocastState:
     """torch.autocast's settings at forward time: ((device_type, enabled, dtype), ...) and the cast cache flag."""
 
-    devices: tuple = ()               # (("cpu", False, torch.bfloat16), ("cuda", True, torch.float16), ...)
+    devices: tuple = ()  # (("cpu", False, torch.bfloat16), ("cuda", True, torch.float16), ...)
     cache_enabled: bool = True
 
 
@@ -144,7 +168,7 @@ def _autocast_of(device_type: str) -> tuple[bool, torch.dtype]:
     """(enabled, dtype) of autocast on ``device_type``; torch < 2.4 has only per-device functions."""
     try:
         return torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
-    except TypeError:                                            # torch 2.1-2.3
+    except TypeError:  # torch 2.1-2.3
         if device_type == "cpu":
             return torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()
         return torch.is_autocast_enabled(), torch.get_autocast_gpu_dtype()
@@ -160,15 +184,24 @@ def autocast_from(state: AutocastState | None) -> ExitStack:
     for device_type, enabled, dtype in state.devices:
         # enabled=False is entered too: a backward called inside someone else's autocast region
         # must not cast a re-run whose forward was not cast.
-        stack.enter_context(torch.autocast(device_type, dtype=dtype, enabled=enabled,
-                                           cache_enabled=state.cache_enabled))
+        stack.enter_context(
+            torch.autocast(device_type, dtype=dtype, enabled=enabled, cache_enabled=state.cache_enabled)
+        )
     return stack
 
 
 # --------------------------------------------------------------------------- checkpointing
 
-def recompute_backward(fn, x, params, grad_y, rng_state: RNGState | None = None, needs=None,
-                       autocast_state: AutocastState | None = None):
+
+def recompute_backward(
+    fn,
+    x,
+    params,
+    grad_y,
+    rng_state: RNGState | None = None,
+    needs=None,
+    autocast_state: AutocastState | None = None,
+):
     """Re-run y = fn(x, *params) with grad on (RNG, autocast restored); (grad_x, [grad_θ]) = VJP of fn with grad_y.
 
     ``needs`` (one bool for x, then one per parameter, like ``ctx.needs_input_grad``) says which
@@ -200,21 +233,22 @@ class Checkpoint(torch.autograd.Function):
 
     @staticmethod
     def forward(fn, rng_state, autocast_state, x, *params):
-        with torch.no_grad():         # no graph: fn's intermediate tensors are freed as it goes
+        with torch.no_grad():  # no graph: fn's intermediate tensors are freed as it goes
             return fn(x, *params)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         fn, rng_state, autocast_state, x, *params = inputs
-        ctx.fn, ctx.rng_state, ctx.autocast_state = fn, rng_state, autocast_state   # non-tensors live on ctx
+        ctx.fn, ctx.rng_state, ctx.autocast_state = fn, rng_state, autocast_state  # non-tensors live on ctx
         ctx.save_for_backward(x, *params)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_y):
         x, *params = ctx.saved_tensors
-        grad_x, grad_params = recompute_backward(ctx.fn, x, params, grad_y, ctx.rng_state,
-                                                 ctx.needs_input_grad[3:], ctx.autocast_state)
+        grad_x, grad_params = recompute_backward(
+            ctx.fn, x, params, grad_y, ctx.rng_state, ctx.needs_input_grad[3:], ctx.autocast_state
+        )
         return (None, None, None, grad_x, *grad_params)
 
 

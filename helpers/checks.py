@@ -5,12 +5,22 @@ The difference itself is round-off, so it may differ between CPU and CUDA; the
 line keeps it in a fixed ``max|Δ| <number>`` form that the nbval sanitizer
 replaces, while the verdict (✓/✗) and the tolerance stay checked.
 """
+
 from __future__ import annotations
 
 import torch
 
-__all__ = ["DEFAULT_TOL", "tolerance", "close", "max_abs_diff", "compare", "expect_tensor", "expect_like",
-           "expect_int", "expect_bool"]
+__all__ = [
+    "DEFAULT_TOL",
+    "tolerance",
+    "close",
+    "max_abs_diff",
+    "compare",
+    "expect_tensor",
+    "expect_like",
+    "expect_int",
+    "expect_bool",
+]
 
 # (atol, rtol) per dtype, for O(1) values summed in a different order (CPU vs CUDA, ours vs
 # autograd). float32: atol 1e-5 is 84 ulps at 1.0, rtol 1e-4 is 840 ulps. float64: round-off is
@@ -25,7 +35,9 @@ DEFAULT_TOL = {
 }
 
 
-def tolerance(dtype: torch.dtype, atol: float | None = None, rtol: float | None = None) -> tuple[float, float]:
+def tolerance(
+    dtype: torch.dtype, atol: float | None = None, rtol: float | None = None
+) -> tuple[float, float]:
     """(atol, rtol) for comparing tensors of ``dtype``: the ones given, else the dtype's defaults."""
     d_atol, d_rtol = DEFAULT_TOL.get(dtype, DEFAULT_TOL[torch.float32])
     return (d_atol if atol is None else atol), (d_rtol if rtol is None else rtol)
@@ -74,8 +86,9 @@ def expect_like(name: str, x, ref_name: str, ref: torch.Tensor) -> None:
     """Raise a one-line ValueError unless tensor ``x`` has ``ref``'s dtype and device (torch would fail later)."""
     expect_tensor(name, x)
     if x.dtype != ref.dtype or x.device != ref.device:
-        raise ValueError(f"{name}: expected {ref.dtype} on {ref.device} like {ref_name}, "
-                         f"got {x.dtype} on {x.device}")
+        raise ValueError(
+            f"{name}: expected {ref.dtype} on {ref.device} like {ref_name}, got {x.dtype} on {x.device}"
+        )
 
 
 def expect_int(name: str, v, low: int = 1, high: int | None = None) -> int:
@@ -93,8 +106,15 @@ def expect_bool(name: str, v) -> bool:
     return v
 
 
-def compare(name: str, ours, ref, atol: float | None = None, rtol: float | None = None,
-            exact: bool = False, quiet: bool = False) -> bool:
+def compare(
+    name: str,
+    ours,
+    ref,
+    atol: float | None = None,
+    rtol: float | None = None,
+    exact: bool = False,
+    quiet: bool = False,
+) -> bool:
     """Print '✓/✗ name: max|Δ| d (tolerance)' and return whether ours ≈ ref.
 
     ``exact=True`` demands bit equality (used where both sides do the same

@@ -4,6 +4,7 @@ Random tensors are drawn on the CPU from a fixed seed and only then moved to the
 device, so CPU and CUDA runs start from the very same numbers.  TF32 is switched
 off because it silently changes fp32 matmul results on Ampere+ GPUs.
 """
+
 from __future__ import annotations
 
 import torch

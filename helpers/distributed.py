@@ -15,6 +15,7 @@ Rank 0 (and every rank, for the parameter check) writes its results to a tempora
 the parent reads back, so the notebook prints them with ``show``/``compare``.  Everything runs
 in float64 on the CPU: the comparisons are then about the algorithm, not round-off.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,8 +33,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from helpers.device import randn
 
-__all__ = ["free_port", "make_model", "make_batch", "full_batch_grads", "shard",
-           "data_parallel_grads"]
+__all__ = ["free_port", "make_model", "make_batch", "full_batch_grads", "shard", "data_parallel_grads"]
 
 
 def free_port() -> int:
@@ -72,17 +72,18 @@ def shard(X, y, rank: int, world_size: int):
     if B % world_size:
         raise ValueError(f"shard: expected a batch size divisible by world_size {world_size}, got {B}")
     b = B // world_size
-    return X[rank * b:(rank + 1) * b], y[rank * b:(rank + 1) * b]
+    return X[rank * b : (rank + 1) * b], y[rank * b : (rank + 1) * b]
 
 
 def _worker(rank: int, world_size: int, port: int, out_dir: str, cfg: dict) -> None:
     """One process: shard gradient, manual all_reduce, DDP gradient, a few DDP SGD steps."""
-    torch.set_num_threads(1)                       # R processes share the cores
+    torch.set_num_threads(1)  # R processes share the cores
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     # A timeout turns a stuck rendezvous or collective into an error instead of a hang.
-    dist.init_process_group("gloo", rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=cfg["timeout_s"]))
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=cfg["timeout_s"])
+    )
     try:
         X, y = make_batch(cfg["B"], cfg["d_in"], cfg["d_out"])
         X_r, y_r = shard(X, y, rank, world_size)
@@ -93,7 +94,7 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str, cfg: dict) -> N
         g_shard = full_batch_grads(model, X_r, y_r)
         g_sum = {n: g.clone() for n, g in g_shard.items()}
         for g in g_sum.values():
-            dist.all_reduce(g, op=dist.ReduceOp.SUM)      # every rank now holds Σ_r g_r
+            dist.all_reduce(g, op=dist.ReduceOp.SUM)  # every rank now holds Σ_r g_r
         out["shard_grads"] = g_shard
         out["allreduce_sum"] = g_sum
         out["allreduce_mean"] = {n: g / world_size for n, g in g_sum.items()}
@@ -115,9 +116,17 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str, cfg: dict) -> N
         dist.destroy_process_group()
 
 
-def data_parallel_grads(world_size: int = 2, B: int = 16, d_in: int = 6, d_hidden: int = 16,
-                        d_out: int = 3, steps: int = 3, lr: float = 0.5, start_method: str | None = None,
-                        timeout_s: float = 60.0) -> dict:
+def data_parallel_grads(
+    world_size: int = 2,
+    B: int = 16,
+    d_in: int = 6,
+    d_hidden: int = 16,
+    d_out: int = 3,
+    steps: int = 3,
+    lr: float = 0.5,
+    start_method: str | None = None,
+    timeout_s: float = 60.0,
+) -> dict:
     """Run the R-process experiment; returns {'ranks': [per-rank results], 'full': single-process reference}.
 
     ``full`` holds the full-batch gradient and the parameters after ``steps`` single-process SGD
@@ -146,10 +155,15 @@ def data_parallel_grads(world_size: int = 2, B: int = 16, d_in: int = 6, d_hidde
     if start_method is None:
         start_method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
     with tempfile.TemporaryDirectory() as out_dir:
-        ctx = mp.start_processes(_worker, args=(world_size, free_port(), out_dir, cfg), nprocs=world_size,
-                                 join=False, start_method=start_method)
+        ctx = mp.start_processes(
+            _worker,
+            args=(world_size, free_port(), out_dir, cfg),
+            nprocs=world_size,
+            join=False,
+            start_method=start_method,
+        )
         deadline = time.monotonic() + timeout_s
-        while not ctx.join(timeout=0.2):          # raises if a rank raised
+        while not ctx.join(timeout=0.2):  # raises if a rank raised
             if time.monotonic() > deadline:
                 for proc in ctx.processes:
                     if proc.is_alive():

@@ -13,6 +13,7 @@ The public API is the lowercase wrappers: ``linear, relu, gelu, softmax,
 log_softmax, cross_entropy, mse_loss, layer_norm, dropout``; ``helpers.mlp.MLP`` is a network
 built from them.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,16 +26,40 @@ from helpers.numgrad import linear_backward
 
 __all__ = [
     # wrappers (the public API)
-    "linear", "relu", "gelu", "softmax", "log_softmax", "cross_entropy", "mse_loss",
-    "layer_norm", "dropout", "dropout_mask",
+    "linear",
+    "relu",
+    "gelu",
+    "softmax",
+    "log_softmax",
+    "cross_entropy",
+    "mse_loss",
+    "layer_norm",
+    "dropout",
+    "dropout_mask",
     # the Functions
-    "Linear", "ReLU", "GELU", "Softmax", "LogSoftmax", "CrossEntropy", "MSE", "LayerNorm",
-    "Dropout", "SoftmaxDiagonalOnly",
+    "Linear",
+    "ReLU",
+    "GELU",
+    "Softmax",
+    "LogSoftmax",
+    "CrossEntropy",
+    "MSE",
+    "LayerNorm",
+    "Dropout",
+    "SoftmaxDiagonalOnly",
     # plain backward math (testable without autograd)
-    "relu_backward", "gelu_backward", "softmax_backward",
-    "softmax_backward_diagonal_only", "softmax_jacobian", "log_softmax_backward",
-    "cross_entropy_forward", "cross_entropy_backward", "mse_backward", "layernorm_forward",
-    "layernorm_backward", "dropout_backward",
+    "relu_backward",
+    "gelu_backward",
+    "softmax_backward",
+    "softmax_backward_diagonal_only",
+    "softmax_jacobian",
+    "log_softmax_backward",
+    "cross_entropy_forward",
+    "cross_entropy_backward",
+    "mse_backward",
+    "layernorm_forward",
+    "layernorm_backward",
+    "dropout_backward",
 ]
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -49,13 +74,14 @@ def _check_dim(x: torch.Tensor, dim: int) -> int:
 
 # --------------------------------------------------------------------------- Linear
 
+
 class Linear(torch.autograd.Function):
     """y = x Wᵀ + b (nn.Linear layout, W is (out, in)); twice differentiable."""
 
     @staticmethod
     def forward(x, W, b):
         """y = x Wᵀ + b (+ b only when b is given); runs with autograd off."""
-        y = x @ W.T                                              # (..., in) @ (in, out) -> (..., out)
+        y = x @ W.T  # (..., in) @ (in, out) -> (..., out)
         return y if b is None else y + b
 
     @staticmethod
@@ -79,8 +105,10 @@ def linear(x, W, b=None):
     expect_tensor("x", x, floating=True)
     expect_tensor("W", W, floating=True)
     if W.dim() != 2 or x.dim() < 1 or x.shape[-1] != W.shape[1]:
-        raise ValueError(f"linear: expected x (..., in) and W (out, in) with matching in, "
-                         f"got {tuple(x.shape)} and {tuple(W.shape)}")
+        raise ValueError(
+            f"linear: expected x (..., in) and W (out, in) with matching in, "
+            f"got {tuple(x.shape)} and {tuple(W.shape)}"
+        )
     # torch.nn.functional.linear refuses mixed dtypes; without this check the forward would
     # promote to the wider one and the backward fail with a dtype error deep inside a matmul.
     expect_like("W", W, "x", x)
@@ -91,6 +119,7 @@ def linear(x, W, b=None):
 
 
 # --------------------------------------------------------------------------- ReLU
+
 
 def relu_backward(y, grad_y):
     """y = max(x, 0)  ⇒  grad_x = grad_y · [y > 0] (the output tells where x > 0)."""
@@ -127,6 +156,7 @@ def relu(x):
 
 # --------------------------------------------------------------------------- GELU
 
+
 def gelu_forward(x, approximate="none"):
     """gelu(x) = x Φ(x) (erf form) or ½x(1 + tanh(√(2/π)(x + 0.044715x³))) (tanh form)."""
     if approximate == "tanh":
@@ -159,7 +189,7 @@ class GELU(torch.autograd.Function):
         """Save x (gelu′(x) needs it) and the form string on ctx."""
         x, approximate = inputs
         ctx.save_for_backward(x)
-        ctx.approximate = approximate                            # a str: on ctx, not saved
+        ctx.approximate = approximate  # a str: on ctx, not saved
 
     @staticmethod
     @once_differentiable
@@ -181,14 +211,15 @@ def gelu(x, approximate="none"):
 
 # --------------------------------------------------------------------------- Softmax
 
+
 def softmax_jacobian(p):
     """J = diag(p) − p pᵀ for one probability vector p (n,): J[i, j] = ∂p_i/∂z_j."""
-    return torch.diag(p) - torch.outer(p, p)                    # (n, n)
+    return torch.diag(p) - torch.outer(p, p)  # (n, n)
 
 
 def softmax_backward(P, grad_P, dim=-1):
     """p = softmax(z)  ⇒  grad_z = Jᵀ grad_p = p ∘ (grad_p − ⟨grad_p, p⟩) along dim."""
-    inner = (grad_P * P).sum(dim, keepdim=True)                  # (..., 1, ...) one ⟨g, p⟩ per row
+    inner = (grad_P * P).sum(dim, keepdim=True)  # (..., 1, ...) one ⟨g, p⟩ per row
     return P * (grad_P - inner)
 
 
@@ -248,6 +279,7 @@ def softmax(x, dim=-1):
 
 # --------------------------------------------------------------------------- LogSoftmax
 
+
 def log_softmax_backward(logP, grad_logP, dim=-1):
     """ℓ = z − logsumexp(z)  ⇒  grad_z = grad_ℓ − exp(ℓ) · Σ grad_ℓ along dim."""
     return grad_logP - torch.exp(logP) * grad_logP.sum(dim, keepdim=True)
@@ -285,29 +317,30 @@ def log_softmax(x, dim=-1):
 
 # --------------------------------------------------------------------------- Cross-entropy
 
+
 def _targets(logits, target, ignore_index, label_smoothing):
     """q = (1 − ε)·onehot(t) + ε/C on kept rows, 0 on ignored ones; also the kept-row mask and count."""
     C = logits.shape[-1]
-    keep = target != ignore_index                                # (R,)
+    keep = target != ignore_index  # (R,)
     safe_t = torch.where(keep, target, torch.zeros_like(target))  # an in-range class for ignored rows
-    q = torch.full_like(logits, label_smoothing / C)             # (R, C)
+    q = torch.full_like(logits, label_smoothing / C)  # (R, C)
     q.scatter_add_(1, safe_t[:, None], torch.full_like(logits[:, :1], 1.0 - label_smoothing))
-    q = q * keep[:, None]                                        # (R, C)
+    q = q * keep[:, None]  # (R, C)
     return q, keep, keep.sum()
 
 
 def cross_entropy_forward(logits, target, ignore_index=-100, label_smoothing=0.0):
     """L = (1/N_kept) Σ_rows −Σ_c q_c (z_c − lse(z)), lse(z) = m + log Σ exp(z − m); returns (L, lse)."""
-    lse = torch.logsumexp(logits, dim=1)                         # (R,) max-shifted inside
+    lse = torch.logsumexp(logits, dim=1)  # (R,) max-shifted inside
     q, _, n_kept = _targets(logits, target, ignore_index, label_smoothing)
-    logp = logits - lse[:, None]                                 # (R, C)
-    L = -(q * logp).sum() / n_kept                               # 0/0 = nan if every row is ignored, as torch
+    logp = logits - lse[:, None]  # (R, C)
+    L = -(q * logp).sum() / n_kept  # 0/0 = nan if every row is ignored, as torch
     return L, lse
 
 
 def cross_entropy_backward(logits, lse, target, grad_L, ignore_index=-100, label_smoothing=0.0):
     """grad_z = grad_L · (softmax(z) − q) / N_kept on kept rows (q = smoothed one-hot), 0 on ignored rows."""
-    P = torch.exp(logits - lse[:, None])                         # (R, C) softmax, from the saved lse
+    P = torch.exp(logits - lse[:, None])  # (R, C) softmax, from the saved lse
     q, keep, n_kept = _targets(logits, target, ignore_index, label_smoothing)
     return (P * keep[:, None] - q) * (grad_L / n_kept)
 
@@ -347,18 +380,21 @@ def cross_entropy(logits, target, ignore_index=-100, label_smoothing=0.0):
     expect_tensor("logits", logits, floating=True)
     expect_tensor("target", target)
     if logits.dim() < 1 or target.dtype != torch.long or tuple(target.shape) != tuple(logits.shape[:-1]):
-        raise ValueError(f"cross_entropy: expected logits (..., C) and int64 target (...), "
-                         f"got {tuple(logits.shape)} and {tuple(target.shape)} {target.dtype}")
+        raise ValueError(
+            f"cross_entropy: expected logits (..., C) and int64 target (...), "
+            f"got {tuple(logits.shape)} and {tuple(target.shape)} {target.dtype}"
+        )
     if not 0.0 <= float(label_smoothing) <= 1.0:
         raise ValueError(f"cross_entropy: expected label_smoothing in [0, 1], got {label_smoothing}")
     C = logits.shape[-1]
-    z = logits.reshape(-1, C)                                    # (..., C) -> (R, C)
-    t = target.reshape(-1)                                       # (...) -> (R,)
+    z = logits.reshape(-1, C)  # (..., C) -> (R, C)
+    t = target.reshape(-1)  # (...) -> (R,)
     L, _ = CrossEntropy.apply(z, t, int(ignore_index), float(label_smoothing))
     return L
 
 
 # --------------------------------------------------------------------------- MSE
+
 
 def mse_backward(y_hat, y, grad_L):
     """L = (1/n) Σ (ŷ − y)²  ⇒  grad_ŷ = grad_L · 2(ŷ − y)/n,  grad_y = −grad_ŷ."""
@@ -394,11 +430,12 @@ def mse_loss(y_hat, y):
     """L = (1/n) Σ (ŷ − y)² over all n elements; ŷ and y must have the same shape."""
     expect_tensor("y_hat", y_hat, floating=True)
     expect_tensor("y", y, floating=True, shape=y_hat.shape)
-    expect_like("y", y, "y_hat", y_hat)                          # torch's mse_loss refuses f32 vs f64 too
+    expect_like("y", y, "y_hat", y_hat)  # torch's mse_loss refuses f32 vs f64 too
     return MSE.apply(y_hat, y)
 
 
 # --------------------------------------------------------------------------- LayerNorm
+
 
 def layernorm_forward(x, weight, bias, eps=1e-5, mu=None, rstd=None):
     """μ = mean(x), σ = √(var(x) + eps) (last dim), x̂ = (x − μ)/σ, y = γ x̂ + β; returns (y, μ, 1/σ).
@@ -410,10 +447,10 @@ def layernorm_forward(x, weight, bias, eps=1e-5, mu=None, rstd=None):
     if (mu is None) != (rstd is None):
         raise ValueError("layernorm_forward: expected both mu and rstd (saved statistics) or neither")
     if mu is None:
-        mu = x.mean(-1, keepdim=True)                            # (..., 1)
-        var = ((x - mu) ** 2).mean(-1, keepdim=True)             # (..., 1) biased, as nn.LayerNorm
-        rstd = torch.rsqrt(var + eps)                            # (..., 1)
-    y = (x - mu) * rstd                                          # (..., D)
+        mu = x.mean(-1, keepdim=True)  # (..., 1)
+        var = ((x - mu) ** 2).mean(-1, keepdim=True)  # (..., 1) biased, as nn.LayerNorm
+        rstd = torch.rsqrt(var + eps)  # (..., 1)
+    y = (x - mu) * rstd  # (..., D)
     if weight is not None:
         y = y * weight
     if bias is not None:
@@ -424,16 +461,16 @@ def layernorm_forward(x, weight, bias, eps=1e-5, mu=None, rstd=None):
 def layernorm_backward(x, mu, rstd, weight, grad_y, needs=(True, True, True)):
     """g = grad_y·γ: grad_x = (1/σ)(g − mean(g) − x̂·mean(g·x̂)), grad_γ = Σ grad_y·x̂, grad_β = Σ grad_y."""
     grad_x = grad_w = grad_b = None
-    x_hat = (x - mu) * rstd                                      # (..., D)
+    x_hat = (x - mu) * rstd  # (..., D)
     if needs[0]:
-        g = grad_y if weight is None else grad_y * weight        # (..., D)
+        g = grad_y if weight is None else grad_y * weight  # (..., D)
         # mean(g): the path through μ;  x̂·mean(g·x̂): the path through σ.
         grad_x = rstd * (g - g.mean(-1, keepdim=True) - x_hat * (g * x_hat).mean(-1, keepdim=True))
     D = x.shape[-1]
     if needs[1]:
-        grad_w = (grad_y * x_hat).reshape(-1, D).sum(0)          # (..., D) -> (R, D) -> (D,)
+        grad_w = (grad_y * x_hat).reshape(-1, D).sum(0)  # (..., D) -> (R, D) -> (D,)
     if needs[2]:
-        grad_b = grad_y.reshape(-1, D).sum(0)                    # (..., D) -> (R, D) -> (D,)
+        grad_b = grad_y.reshape(-1, D).sum(0)  # (..., D) -> (R, D) -> (D,)
     return grad_x, grad_w, grad_b
 
 
@@ -476,12 +513,13 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5):
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None:
             expect_tensor(name, t, shape=(D,))
-            expect_like(name, t, "x", x)                         # as F.layer_norm: no silent float64 output
+            expect_like(name, t, "x", x)  # as F.layer_norm: no silent float64 output
     y, _, _ = LayerNorm.apply(x, weight, bias, float(eps))
     return y
 
 
 # --------------------------------------------------------------------------- Dropout
+
 
 def dropout_backward(mask, grad_y, p):
     """y = x · m / (1 − p)  ⇒  grad_x = grad_y · m / (1 − p) (0 when p = 1)."""
@@ -496,7 +534,7 @@ def dropout_mask(shape, p, generator=None, device=None):
         generator.manual_seed(seed)
     gen_device = generator.device if generator is not None else "cpu"
     u = torch.rand(shape, generator=generator, device=gen_device)
-    return (u >= p).to(device or gen_device)                     # bool: 1 byte per element
+    return (u >= p).to(device or gen_device)  # bool: 1 byte per element
 
 
 class Dropout(torch.autograd.Function):
@@ -531,8 +569,10 @@ def dropout(x, p=0.5, training=True, generator=None):
     if not 0.0 <= float(p) <= 1.0:
         raise ValueError(f"dropout: expected p in [0, 1], got {p}")
     if generator is not None and not isinstance(generator, (int, torch.Generator)):
-        raise ValueError("dropout: expected generator to be a torch.Generator, an int seed or None, "
-                         f"got {type(generator).__name__}")
+        raise ValueError(
+            "dropout: expected generator to be a torch.Generator, an int seed or None, "
+            f"got {type(generator).__name__}"
+        )
     if not training or p == 0.0:
         return x
     mask = dropout_mask(x.shape, float(p), generator, x.device)

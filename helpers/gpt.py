@@ -21,6 +21,7 @@ Parameters are a flat dict of tensors; its keys are exactly ``TinyGPT(config).st
 ``TinyGPT`` (``nn.TransformerEncoderLayer(norm_first=True)`` blocks with a causal mask) is the
 autograd reference; ``gpt_params_from_module`` / ``load_params_into_module`` copy between the two.
 """
+
 from __future__ import annotations
 
 import math
@@ -42,9 +43,21 @@ from helpers.functions import (
 from helpers.numgrad import linear_backward
 
 __all__ = [
-    "GPTConfig", "gpt_param_shapes", "gpt_init", "gpt_forward", "gpt_backward", "gpt_loss_and_grads",
-    "embedding_backward", "block_grad_norms", "TinyGPT", "gpt_params_from_module", "load_params_into_module",
-    "CharTokenizer", "load_corpus", "get_batch", "sample",
+    "GPTConfig",
+    "gpt_param_shapes",
+    "gpt_init",
+    "gpt_forward",
+    "gpt_backward",
+    "gpt_loss_and_grads",
+    "embedding_backward",
+    "block_grad_norms",
+    "TinyGPT",
+    "gpt_params_from_module",
+    "load_params_into_module",
+    "CharTokenizer",
+    "load_corpus",
+    "get_batch",
+    "sample",
 ]
 
 CORPUS_PATH = Path(__file__).resolve().parent / "data" / "corpus.txt"
@@ -67,12 +80,15 @@ class GPTConfig:
         for name in ("vocab_size", "n_ctx", "d_model", "n_heads", "n_layers", "d_ff"):
             expect_int(name, getattr(self, name))
         if self.d_model % self.n_heads:
-            raise ValueError(f"GPTConfig: expected n_heads dividing d_model, got {self.n_heads} and {self.d_model}")
+            raise ValueError(
+                f"GPTConfig: expected n_heads dividing d_model, got {self.n_heads} and {self.d_model}"
+            )
         if self.activation not in ("relu", "gelu"):
             raise ValueError(f"GPTConfig: expected activation 'relu' or 'gelu', got {self.activation!r}")
 
 
 # --------------------------------------------------------------------------- parameters
+
 
 def gpt_param_shapes(config: GPTConfig) -> dict:
     """Name -> shape of every parameter, in state_dict order."""
@@ -96,8 +112,11 @@ def gpt_init(config: GPTConfig, seed: int = 0, dtype=torch.float32, device=None)
         else:
             # The two projections that write into the residual stream are scaled down, so the
             # stream's variance does not grow with depth (GPT-2, section 2.3).
-            std = 0.02 / math.sqrt(2 * config.n_layers) if name.endswith(("out_proj.weight", "linear2.weight")) \
+            std = (
+                0.02 / math.sqrt(2 * config.n_layers)
+                if name.endswith(("out_proj.weight", "linear2.weight"))
                 else 0.02
+            )
             t = std * randn(*shape, seed=seed * 1000 + i, dtype=torch.float64)
         params[name] = t.to(device=device or "cpu", dtype=dtype)
     return params
@@ -118,6 +137,7 @@ def _check_idx(idx, config, name="idx"):
 
 # --------------------------------------------------------------------------- forward / backward
 
+
 @torch.no_grad()
 def gpt_forward(idx, params: dict, config: GPTConfig):
     """logits = LN_f(block_L(…block_1(wte[idx] + wpe[:N])…)) W_headᵀ; returns (logits (B, N, V), cache)."""
@@ -126,16 +146,30 @@ def gpt_forward(idx, params: dict, config: GPTConfig):
     if missing:
         raise ValueError(f"params: expected every key of gpt_param_shapes(config), missing {missing[:3]}")
     N = idx.shape[1]
-    X = params["wte"][idx] + params["wpe"][:N]                       # (B, N, d) gather + (N, d) broadcast
+    X = params["wte"][idx] + params["wpe"][:N]  # (B, N, d) gather + (N, d) broadcast
     block_caches = []
     for l in range(config.n_layers):
-        X, c = block_forward(X, _block(params, l), config.n_heads, norm_first=True, causal=True,
-                             activation=config.activation, eps=config.eps)
+        X, c = block_forward(
+            X,
+            _block(params, l),
+            config.n_heads,
+            norm_first=True,
+            causal=True,
+            activation=config.activation,
+            eps=config.eps,
+        )
         block_caches.append(c)
-    Hf, mu, rstd = layernorm_forward(X, params["ln_f.weight"], params["ln_f.bias"], config.eps)   # (B, N, d)
-    logits = Hf @ params["head.weight"].T                            # (B, N, d) @ (d, V) -> (B, N, V)
-    cache = {"idx": idx, "params": params, "config": config, "blocks": block_caches,
-             "X_L": X, "mu_f": mu, "rstd_f": rstd}
+    Hf, mu, rstd = layernorm_forward(X, params["ln_f.weight"], params["ln_f.bias"], config.eps)  # (B, N, d)
+    logits = Hf @ params["head.weight"].T  # (B, N, d) @ (d, V) -> (B, N, V)
+    cache = {
+        "idx": idx,
+        "params": params,
+        "config": config,
+        "blocks": block_caches,
+        "X_L": X,
+        "mu_f": mu,
+        "rstd_f": rstd,
+    }
     return logits, cache
 
 
@@ -144,9 +178,9 @@ def embedding_backward(idx, grad_X0, vocab_size: int, n_ctx: int):
     B, N, d = grad_X0.shape
     grad_wte = torch.zeros(vocab_size, d, dtype=grad_X0.dtype, device=grad_X0.device)
     # index_add_ ADDS row r of the source into row idx[r]: a repeated token accumulates every use.
-    grad_wte.index_add_(0, idx.flatten(), grad_X0.flatten(0, 1))    # (B·N,) ids, (B, N, d) -> (B·N, d)
+    grad_wte.index_add_(0, idx.flatten(), grad_X0.flatten(0, 1))  # (B·N,) ids, (B, N, d) -> (B·N, d)
     grad_wpe = torch.zeros(n_ctx, d, dtype=grad_X0.dtype, device=grad_X0.device)
-    grad_wpe[:N] = grad_X0.sum(0)                                    # (B, N, d) -> (N, d): each position once
+    grad_wpe[:N] = grad_X0.sum(0)  # (B, N, d) -> (N, d): each position once
     return grad_wte, grad_wpe
 
 
@@ -163,10 +197,15 @@ def gpt_backward(grad_logits, cache: dict, stream: list | None = None) -> dict:
     expect_tensor("grad_logits", grad_logits, shape=(*X_L.shape[:2], config.vocab_size))
     grads = {}
     mu, rstd = cache["mu_f"], cache["rstd_f"]
-    Hf, _, _ = layernorm_forward(X_L, p["ln_f.weight"], p["ln_f.bias"], mu=mu, rstd=rstd)   # LN_f output, rebuilt
-    grad_Hf, grads["head.weight"], _ = linear_backward(Hf, p["head.weight"], grad_logits,
-                                                       needs=(True, True, False))      # (B, N, d)
-    grad_X, grads["ln_f.weight"], grads["ln_f.bias"] = layernorm_backward(X_L, mu, rstd, p["ln_f.weight"], grad_Hf)
+    Hf, _, _ = layernorm_forward(
+        X_L, p["ln_f.weight"], p["ln_f.bias"], mu=mu, rstd=rstd
+    )  # LN_f output, rebuilt
+    grad_Hf, grads["head.weight"], _ = linear_backward(
+        Hf, p["head.weight"], grad_logits, needs=(True, True, False)
+    )  # (B, N, d)
+    grad_X, grads["ln_f.weight"], grads["ln_f.bias"] = layernorm_backward(
+        X_L, mu, rstd, p["ln_f.weight"], grad_Hf
+    )
     per_stream = [grad_X]
     for l in reversed(range(config.n_layers)):
         g = block_manual_backward(grad_X, cache["blocks"][l])
@@ -185,12 +224,12 @@ def gpt_loss_and_grads(idx, targets, params: dict, config: GPTConfig):
     if targets.shape != idx.shape:
         raise ValueError(f"targets: expected shape {tuple(idx.shape)}, got {tuple(targets.shape)}")
     logits, cache = gpt_forward(idx, params, config)
-    z = logits.reshape(-1, config.vocab_size)                        # (B, N, V) -> (B·N, V)
-    t = targets.reshape(-1)                                          # (B, N) -> (B·N,)
+    z = logits.reshape(-1, config.vocab_size)  # (B, N, V) -> (B·N, V)
+    t = targets.reshape(-1)  # (B, N) -> (B·N,)
     with torch.no_grad():
         L, lse = cross_entropy_forward(z, t)
-        grad_z = cross_entropy_backward(z, lse, t, torch.ones((), dtype=z.dtype, device=z.device))   # (B·N, V)
-    grads = gpt_backward(grad_z.view_as(logits), cache)               # (B·N, V) -> (B, N, V)
+        grad_z = cross_entropy_backward(z, lse, t, torch.ones((), dtype=z.dtype, device=z.device))  # (B·N, V)
+    grads = gpt_backward(grad_z.view_as(logits), cache)  # (B·N, V) -> (B, N, V)
     return L, grads
 
 
@@ -205,6 +244,7 @@ def block_grad_norms(grads: dict, n_layers: int) -> list[float]:
 
 # --------------------------------------------------------------------------- the autograd reference
 
+
 class TinyGPT(nn.Module):
     """The same GPT from torch modules: nn.TransformerEncoderLayer(norm_first=True) blocks with a causal mask."""
 
@@ -215,9 +255,18 @@ class TinyGPT(nn.Module):
         self.wte = nn.Parameter(torch.empty(config.vocab_size, d))
         self.wpe = nn.Parameter(torch.empty(config.n_ctx, d))
         self.blocks = nn.ModuleList(
-            nn.TransformerEncoderLayer(d, config.n_heads, config.d_ff, dropout=0.0, activation=config.activation,
-                                       layer_norm_eps=config.eps, batch_first=True, norm_first=True)
-            for _ in range(config.n_layers))
+            nn.TransformerEncoderLayer(
+                d,
+                config.n_heads,
+                config.d_ff,
+                dropout=0.0,
+                activation=config.activation,
+                layer_norm_eps=config.eps,
+                batch_first=True,
+                norm_first=True,
+            )
+            for _ in range(config.n_layers)
+        )
         self.ln_f = nn.LayerNorm(d, eps=config.eps)
         self.head = nn.Linear(d, config.vocab_size, bias=False)
         load_params_into_module(self, gpt_init(config, seed))
@@ -226,11 +275,13 @@ class TinyGPT(nn.Module):
         """logits (B, N, V) for token ids idx (B, N)."""
         _check_idx(idx, self.config)
         N = idx.shape[1]
-        X = nn.functional.embedding(idx, self.wte) + self.wpe[:N]     # (B, N, d)
-        mask = nn.Transformer.generate_square_subsequent_mask(N, device=X.device, dtype=X.dtype)  # (N, N) 0 / −inf
+        X = nn.functional.embedding(idx, self.wte) + self.wpe[:N]  # (B, N, d)
+        mask = nn.Transformer.generate_square_subsequent_mask(
+            N, device=X.device, dtype=X.dtype
+        )  # (N, N) 0 / −inf
         for block in self.blocks:
             X = block(X, src_mask=mask, is_causal=True)
-        return self.head(self.ln_f(X))                                # (B, N, d) -> (B, N, V)
+        return self.head(self.ln_f(X))  # (B, N, d) -> (B, N, V)
 
 
 def gpt_params_from_module(model: TinyGPT) -> dict:
@@ -244,8 +295,10 @@ def load_params_into_module(model: TinyGPT, params: dict) -> TinyGPT:
     """Copy a params dict into a TinyGPT in place (keys must match its state_dict exactly); returns the model."""
     sd = model.state_dict()
     if set(sd) != set(params):
-        raise ValueError(f"load_params_into_module: expected the keys of model.state_dict(), "
-                         f"differing: {sorted(set(sd) ^ set(params))[:3]}")
+        raise ValueError(
+            f"load_params_into_module: expected the keys of model.state_dict(), "
+            f"differing: {sorted(set(sd) ^ set(params))[:3]}"
+        )
     with torch.no_grad():
         for n, t in sd.items():
             expect_tensor(n, params[n], shape=t.shape)
@@ -254,6 +307,7 @@ def load_params_into_module(model: TinyGPT, params: dict) -> TinyGPT:
 
 
 # --------------------------------------------------------------------------- data and sampling
+
 
 class CharTokenizer:
     """One token per distinct character of a text, ids in sorted order: encode(str) -> (n,) int64, decode(ids) -> str."""
@@ -273,7 +327,9 @@ class CharTokenizer:
         """Token ids of s, (len(s),) int64; a character not in the vocabulary raises ValueError."""
         unknown = sorted(set(s) - set(self.stoi))
         if unknown:
-            raise ValueError(f"CharTokenizer.encode: expected characters of the vocabulary, got {unknown[:5]}")
+            raise ValueError(
+                f"CharTokenizer.encode: expected characters of the vocabulary, got {unknown[:5]}"
+            )
         return torch.tensor([self.stoi[c] for c in s], dtype=torch.long)
 
     def decode(self, ids) -> str:
@@ -294,25 +350,25 @@ def get_batch(data: torch.Tensor, batch_size: int, n_ctx: int, seed: int = 0, de
     if data.dim() != 1 or data.numel() <= n_ctx:
         raise ValueError(f"data: expected 1-D ids longer than n_ctx={n_ctx}, got {tuple(data.shape)}")
     g = torch.Generator(device="cpu").manual_seed(seed)
-    start = torch.randint(0, data.numel() - n_ctx, (batch_size,), generator=g)          # (B,)
-    offsets = start[:, None] + torch.arange(n_ctx)[None, :]                              # (B, n_ctx)
+    start = torch.randint(0, data.numel() - n_ctx, (batch_size,), generator=g)  # (B,)
+    offsets = start[:, None] + torch.arange(n_ctx)[None, :]  # (B, n_ctx)
     return data[offsets].to(device or "cpu"), data[offsets + 1].to(device or "cpu")
 
 
 @torch.no_grad()
 def sample(params: dict, config: GPTConfig, idx, n: int, temperature: float = 1.0, seed: int = 0):
     """Append n tokens to idx (B, N0), each drawn from softmax(logits_last / temperature) (argmax when 0)."""
-    _check_idx(idx[:, -config.n_ctx:], config)
+    _check_idx(idx[:, -config.n_ctx :], config)
     expect_int("n", n, low=0)
     if temperature < 0:
         raise ValueError(f"temperature: expected a number ≥ 0, got {temperature!r}")
     g = torch.Generator(device="cpu").manual_seed(seed)
     for _ in range(n):
-        logits, _ = gpt_forward(idx[:, -config.n_ctx:], params, config)
-        z = logits[:, -1, :].to("cpu", torch.float64)                # (B, V), drawn on the CPU: same on any device
+        logits, _ = gpt_forward(idx[:, -config.n_ctx :], params, config)
+        z = logits[:, -1, :].to("cpu", torch.float64)  # (B, V), drawn on the CPU: same on any device
         if temperature == 0:
-            nxt = z.argmax(-1, keepdim=True)                         # (B, 1)
+            nxt = z.argmax(-1, keepdim=True)  # (B, 1)
         else:
             nxt = torch.multinomial(torch.softmax(z / temperature, -1), 1, generator=g)  # (B, 1)
-        idx = torch.cat([idx, nxt.to(idx.device)], dim=1)            # (B, N + 1)
+        idx = torch.cat([idx, nxt.to(idx.device)], dim=1)  # (B, N + 1)
     return idx

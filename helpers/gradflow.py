@@ -13,6 +13,7 @@
 
 No plotting here (see ``helpers.plot_flow``); everything returns plain floats.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,12 +25,23 @@ import torch.nn.functional as F
 from helpers.checks import expect_bool, expect_tensor
 from helpers.device import randn
 
-__all__ = ["GradFlowRecorder", "record_grad_flow", "clip_grad_norm", "global_grad_norm",
-           "ACTIVATIONS", "Block", "DeepMLP", "deep_mlp", "fixed_batch", "layer_grad_norms",
-           "dead_relu_units"]
+__all__ = [
+    "GradFlowRecorder",
+    "record_grad_flow",
+    "clip_grad_norm",
+    "global_grad_norm",
+    "ACTIVATIONS",
+    "Block",
+    "DeepMLP",
+    "deep_mlp",
+    "fixed_batch",
+    "layer_grad_norms",
+    "dead_relu_units",
+]
 
 
 # --------------------------------------------------------------------------- recorder
+
 
 class GradFlowRecorder:
     """Record ‖∂L/∂output‖ per module name and ‖∂L/∂θ‖ per parameter name during backward.
@@ -68,19 +80,23 @@ class GradFlowRecorder:
 
     def _forward_hook(self, name):
         """A forward hook that puts a tensor hook on the output: records ‖∂L/∂out‖ under ``name``."""
+
         def hook(module, inputs, output):
             """output → output.register_hook(g ↦ store ‖g‖ under name)."""
             out = output[0] if isinstance(output, (tuple, list)) else output
             if isinstance(out, torch.Tensor) and out.requires_grad:
                 # The key is the module's NAME, decided here, not the module object.
                 out.register_hook(lambda g: self.output_grad_norms.__setitem__(name, g.norm().item()))
+
         return hook
 
     def _param_hook(self, pname):
         """A post-accumulate-grad hook that records ‖p.grad‖ under ``pname``."""
+
         def hook(p):
             """param_grad_norms[pname] = ‖p.grad‖ (after accumulation)."""
             self.param_grad_norms[pname] = p.grad.norm().item()
+
         return hook
 
     def remove(self) -> None:
@@ -109,6 +125,7 @@ def record_grad_flow(model: nn.Module, X, y, loss_fn=F.cross_entropy, modules=No
 
 # --------------------------------------------------------------------------- clipping
 
+
 def _grads_of(tensors, are_grads: bool) -> list:
     """The gradients to measure: each parameter's .grad (skipping None), or the tensors themselves."""
     expect_bool("are_grads", are_grads)
@@ -132,7 +149,7 @@ def global_grad_norm(tensors, *, are_grads: bool = False) -> torch.Tensor:
     grads = _grads_of(tensors, are_grads)
     if not grads:
         return torch.tensor(0.0)
-    per_param = torch.stack([torch.linalg.vector_norm(g, 2) for g in grads])   # (P,)
+    per_param = torch.stack([torch.linalg.vector_norm(g, 2) for g in grads])  # (P,)
     return torch.linalg.vector_norm(per_param, 2)
 
 
@@ -174,7 +191,7 @@ class Block(nn.Module):
     def forward(self, h):
         """a = act(LN(h) Wᵀ + b); returns h + a if residual else a (no LN without layernorm)."""
         a = self.norm(h) if self.norm is not None else h
-        a = self.act(self.linear(a))               # (B, width) @ (width, width).T -> (B, width)
+        a = self.act(self.linear(a))  # (B, width) @ (width, width).T -> (B, width)
         return h + a if self.residual else a
 
 
@@ -192,12 +209,20 @@ class DeepMLP(nn.Module):
         h = X
         for block in self.blocks:
             h = block(h)
-        return self.head(h)                         # (B, width) -> (B, n_classes)
+        return self.head(h)  # (B, width) -> (B, n_classes)
 
 
-def deep_mlp(depth: int = 20, width: int = 32, activation: str = "relu", residual: bool = False,
-             layernorm: bool = False, init_scale: float = 1.0, n_classes: int = 10, seed: int = 0,
-             device=None) -> DeepMLP:
+def deep_mlp(
+    depth: int = 20,
+    width: int = 32,
+    activation: str = "relu",
+    residual: bool = False,
+    layernorm: bool = False,
+    init_scale: float = 1.0,
+    n_classes: int = 10,
+    seed: int = 0,
+    device=None,
+) -> DeepMLP:
     """A DeepMLP with W ~ init_scale · N(0, 1/fan_in), b = 0, drawn on the CPU from ``seed``."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation: expected one of {sorted(ACTIVATIONS)}, got {activation!r}")
@@ -233,6 +258,7 @@ def layer_grad_norms(model: DeepMLP, X, y, which: str = "weight") -> list[float]
 
 # --------------------------------------------------------------------------- dead ReLUs
 
+
 @torch.no_grad()
 def dead_relu_units(model: nn.Module, X) -> dict[str, tuple[int, int]]:
     """Per nn.ReLU (by name): (units that output 0 on every row of X, units).
@@ -243,10 +269,12 @@ def dead_relu_units(model: nn.Module, X) -> dict[str, tuple[int, int]]:
     counts, handles = {}, []
     for name, m in model.named_modules():
         if isinstance(m, nn.ReLU):
+
             def hook(module, inputs, output, name=name):
                 """counts[name] = (#units with output 0 on every row, #units)."""
-                a = output.reshape(-1, output.shape[-1])            # (rows, units)
+                a = output.reshape(-1, output.shape[-1])  # (rows, units)
                 counts[name] = (int((a == 0).all(dim=0).sum().item()), a.shape[-1])
+
             handles.append(m.register_forward_hook(hook))
     try:
         model(X)

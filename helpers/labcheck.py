@@ -24,6 +24,7 @@ The reference is autograd, ``gradcheck`` or the course's tested helpers; the
 ``max|Δ| <number>`` on a ✓ line is round-off and nbval's sanitizer replaces it.
 Only torch and ``helpers`` are needed, so the checks run in Colab as they are.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -78,9 +79,14 @@ def _is_todo_error(e: BaseException) -> bool:
 def _where(e: BaseException) -> str:
     """' (in fn, line n)' for the innermost frame that is the learner's code, not torch's or ours."""
     frames = traceback.extract_tb(e.__traceback__)
-    mine = [f for f in frames
-            if "site-packages" not in f.filename and "dist-packages" not in f.filename
-            and f.filename != __file__ and "/torch/" not in f.filename]
+    mine = [
+        f
+        for f in frames
+        if "site-packages" not in f.filename
+        and "dist-packages" not in f.filename
+        and f.filename != __file__
+        and "/torch/" not in f.filename
+    ]
     if not mine:
         return ""
     f = mine[-1]
@@ -119,10 +125,16 @@ def _changed(given, original, label: str) -> list[str]:
     """Labels of the tensors in ``given`` (what the learner got) that differ from ``original`` now."""
     if isinstance(original, torch.Tensor):
         return [] if _same(given, original) else [label]
-    if isinstance(original, (tuple, list)) and isinstance(given, (tuple, list)) and len(given) == len(original):
+    if (
+        isinstance(original, (tuple, list))
+        and isinstance(given, (tuple, list))
+        and len(given) == len(original)
+    ):
         return [c for i, (g, o) in enumerate(zip(given, original)) for c in _changed(g, o, f"{label}[{i}]")]
     if isinstance(original, dict) and isinstance(given, dict):
-        return [c for k, o in original.items() if k in given for c in _changed(given[k], o, f"{label}[{k!r}]")]
+        return [
+            c for k, o in original.items() if k in given for c in _changed(given[k], o, f"{label}[{k!r}]")
+        ]
     return []
 
 
@@ -153,7 +165,9 @@ def _as_items(value, outputs, what: str):
     if isinstance(value, (tuple, list)) and outputs is not None and len(outputs) != 1:
         if len(value) != len(outputs):
             n = len(value)
-            raise ValueError(f"{what} {n} value{'s' if n != 1 else ''}, expected {len(outputs)} ({', '.join(outputs)})")
+            raise ValueError(
+                f"{what} {n} value{'s' if n != 1 else ''}, expected {len(outputs)} ({', '.join(outputs)})"
+            )
         return list(zip(outputs, value))
     name = outputs[0] if outputs else "output"
     return [(name, value)]
@@ -183,7 +197,11 @@ def _compare_one(name: str, got, exp, atol, rtol, count: bool = False, exact: bo
     got_t = got.detach()
     if tuple(got_t.shape) != tuple(exp_t.shape):
         hint = ""
-        if got_t.dim() == 2 and tuple(got_t.shape[::-1]) == tuple(exp_t.shape) and got_t.shape[0] != got_t.shape[1]:
+        if (
+            got_t.dim() == 2
+            and tuple(got_t.shape[::-1]) == tuple(exp_t.shape)
+            and got_t.shape[0] != got_t.shape[1]
+        ):
             hint = " (transposed?)"
         elif got_t.numel() == exp_t.numel():
             hint = " (same numbers of elements: a reshape or keepdim?)"
@@ -215,8 +233,10 @@ def _compare_one(name: str, got, exp, atol, rtol, count: bool = False, exact: bo
     worst = err.reshape(-1)[flat].item()
     n_bad = int(bad.sum().item())
     count = f", {n_bad} of {a.numel()} entries off" if a.numel() > 1 else ""
-    return (f"{name} is wrong: largest error {worst:.1e}{where} (got {fmt_sig(a.reshape(-1)[flat].item())}, "
-            f"expected {fmt_sig(b.reshape(-1)[flat].item())}{count}; atol {atol:g}, rtol {rtol:g})"), diff
+    return (
+        f"{name} is wrong: largest error {worst:.1e}{where} (got {fmt_sig(a.reshape(-1)[flat].item())}, "
+        f"expected {fmt_sig(b.reshape(-1)[flat].item())}{count}; atol {atol:g}, rtol {rtol:g})"
+    ), diff
 
 
 def _rule(items_exp, atol, rtol) -> str:
@@ -226,9 +246,21 @@ def _rule(items_exp, atol, rtol) -> str:
     return f"atol {atol:g}, rtol {rtol:g}"
 
 
-def evaluate(answer, expected, *, args=(), kwargs=None, outputs=None, name: str = "check",
-             atol: float | None = None, rtol: float | None = None, against: str = "",
-             counts=(), exact: bool = False, noun: str = "outputs") -> CheckResult:
+def evaluate(
+    answer,
+    expected,
+    *,
+    args=(),
+    kwargs=None,
+    outputs=None,
+    name: str = "check",
+    atol: float | None = None,
+    rtol: float | None = None,
+    against: str = "",
+    counts=(),
+    exact: bool = False,
+    noun: str = "outputs",
+) -> CheckResult:
     """Run ``answer(*args, **kwargs)`` (or take it as a value), compare with ``expected``; no printing.
 
     ``expected`` is a value (tensor, number, str, tuple, dict) or a callable called with the same args.
@@ -257,7 +289,11 @@ def evaluate(answer, expected, *, args=(), kwargs=None, outputs=None, name: str 
     else:
         got = answer
     # 2. the reference (course code: its errors are ours and propagate)
-    exp = _call(expected, args, kwargs) if callable(expected) and not isinstance(expected, torch.Tensor) else expected
+    exp = (
+        _call(expected, args, kwargs)
+        if callable(expected) and not isinstance(expected, torch.Tensor)
+        else expected
+    )
 
     if _is_todo_value(got):
         return CheckResult("todo", f"· {name}: {TODO}")
@@ -271,8 +307,10 @@ def evaluate(answer, expected, *, args=(), kwargs=None, outputs=None, name: str 
         return CheckResult("fail", f"✗ {name}: {e}")
     got_map = dict(items_got)
     if isinstance(exp, dict) and not isinstance(got, dict):
-        return CheckResult("fail", f"✗ {name}: expected a dict with keys {', '.join(map(str, exp))}, "
-                                   f"got {type(got).__name__}")
+        return CheckResult(
+            "fail",
+            f"✗ {name}: expected a dict with keys {', '.join(map(str, exp))}, got {type(got).__name__}",
+        )
     todo, problems, wrong, diffs, exacts = [], [], [], [], []
     for key, ev in items_exp:
         if key not in got_map:
@@ -312,12 +350,38 @@ def evaluate(answer, expected, *, args=(), kwargs=None, outputs=None, name: str 
     return CheckResult("pass", f"✓ {name}: {what} {verb}{against}{tail}")
 
 
-def check(answer, expected, *, args=(), kwargs=None, outputs=None, name: str = "check",
-          atol: float | None = None, rtol: float | None = None, against: str = "",
-          counts=(), exact: bool = False, noun: str = "outputs") -> None:
+def check(
+    answer,
+    expected,
+    *,
+    args=(),
+    kwargs=None,
+    outputs=None,
+    name: str = "check",
+    atol: float | None = None,
+    rtol: float | None = None,
+    against: str = "",
+    counts=(),
+    exact: bool = False,
+    noun: str = "outputs",
+) -> None:
     """Print one ✓/✗/· line comparing the learner's function (or value) with the reference (see evaluate)."""
-    print(evaluate(answer, expected, args=args, kwargs=kwargs, outputs=outputs, name=name,
-                   atol=atol, rtol=rtol, against=against, counts=counts, exact=exact, noun=noun).line)
+    print(
+        evaluate(
+            answer,
+            expected,
+            args=args,
+            kwargs=kwargs,
+            outputs=outputs,
+            name=name,
+            atol=atol,
+            rtol=rtol,
+            against=against,
+            counts=counts,
+            exact=exact,
+            noun=noun,
+        ).line
+    )
 
 
 def autograd_grads(f, inputs, grad_output=None):
@@ -333,28 +397,46 @@ def autograd_grads(f, inputs, grad_output=None):
     return tuple(torch.zeros_like(x) if g is None else g.detach() for x, g in zip(leaves, grads))
 
 
-def check_gradcheck(fn, inputs, *, name: str = "gradcheck", eps: float = 1e-6,
-                    atol: float = 1e-5, rtol: float = 1e-3, quiet: bool = False) -> CheckResult:
+def check_gradcheck(
+    fn,
+    inputs,
+    *,
+    name: str = "gradcheck",
+    eps: float = 1e-6,
+    atol: float = 1e-5,
+    rtol: float = 1e-3,
+    quiet: bool = False,
+) -> CheckResult:
     """torch.autograd.gradcheck in float64 (the learner's backward vs finite differences), in one line."""
-    leaves = tuple(t.detach().to(torch.float64).clone().requires_grad_(t.is_floating_point())
-                   if isinstance(t, torch.Tensor) else t for t in inputs)
+    leaves = tuple(
+        t.detach().to(torch.float64).clone().requires_grad_(t.is_floating_point())
+        if isinstance(t, torch.Tensor)
+        else t
+        for t in inputs
+    )
     try:
         torch.autograd.gradcheck(fn, leaves, eps=eps, atol=atol, rtol=rtol, raise_exception=True)
-        res = CheckResult("pass", f"✓ {name}: gradcheck passes (float64, eps {eps:g}, atol {atol:g}, rtol {rtol:g})")
+        res = CheckResult(
+            "pass", f"✓ {name}: gradcheck passes (float64, eps {eps:g}, atol {atol:g}, rtol {rtol:g})"
+        )
     except GradcheckError as e:
         text = str(e)
-        which = next((_first_line(ln).rstrip(",.") for ln in text.splitlines()
-                      if "output" in ln and "input" in ln), "")
+        which = next(
+            (_first_line(ln).rstrip(",.") for ln in text.splitlines() if "output" in ln and "input" in ln), ""
+        )
         if which or not _first_line(text):
-            res = CheckResult("fail", f"✗ {name}: backward disagrees with finite differences"
-                                      f"{': ' + which if which else ''}")
+            res = CheckResult(
+                "fail", f"✗ {name}: backward disagrees with finite differences{': ' + which if which else ''}"
+            )
         else:  # another of gradcheck's checks, e.g. "backward not multiplied by grad_output"
             res = CheckResult("fail", f"✗ {name}: gradcheck fails: {_first_line(text).rstrip(',.')}")
     except Exception as e:  # noqa: BLE001
         if _is_todo_error(e):
             res = CheckResult("todo", f"· {name}: {TODO}")
         else:
-            res = CheckResult("error", f"✗ {name}: error in your code: {type(e).__name__}: {_first_line(e)}{_where(e)}")
+            res = CheckResult(
+                "error", f"✗ {name}: error in your code: {type(e).__name__}: {_first_line(e)}{_where(e)}"
+            )
     if not quiet:
         print(res.line)
     return res

@@ -11,6 +11,7 @@ a learner's ``torch.autograd.Function``:
   the output and every input gradient against autograd on ``reference``, then (``saves=(n,
   what)``) the number of tensors saved, then ``gradcheck`` in float64.
 """
+
 from __future__ import annotations
 
 from helpers.labcheck import CheckResult, autograd_grads, check_gradcheck, evaluate
@@ -21,11 +22,13 @@ __all__ = ["applied", "count_saved", "check_function"]
 
 def applied(fn):
     """fn, but an unfinished answer (one that returns None) raises NotImplementedError: 'not implemented yet'."""
+
     def run(*args):
         out = fn(*args)
         if out is None:
             raise NotImplementedError
         return out
+
     return run
 
 
@@ -37,18 +40,27 @@ def count_saved(fn, inputs) -> int:
     return saved.count
 
 
-def check_function(name: str, fn, reference, inputs, grad_out, outputs, saves=None,
-                   quiet: bool = False) -> CheckResult:
+def check_function(
+    name: str, fn, reference, inputs, grad_out, outputs, saves=None, quiet: bool = False
+) -> CheckResult:
     """Print (unless quiet) and return one line: fn(inputs) and its input gradients vs reference's
     (autograd, upstream gradient grad_out), then the tensors fn saves (saves = (n, what)), then gradcheck."""
+
     def both(f):
         return lambda *xs: (f(*xs), *autograd_grads(f, xs, grad_out))
-    result = evaluate(both(applied(fn)), both(reference), args=inputs, outputs=outputs,
-                      name=name, against="autograd")
+
+    result = evaluate(
+        both(applied(fn)), both(reference), args=inputs, outputs=outputs, name=name, against="autograd"
+    )
     if result and saves is not None:
         what = "tensors saved for backward"
-        n_saved = evaluate(lambda: count_saved(fn, inputs), saves[0], outputs=(what,), counts=(what,),
-                           name=f"{name} (saves only {saves[1]})")
+        n_saved = evaluate(
+            lambda: count_saved(fn, inputs),
+            saves[0],
+            outputs=(what,),
+            counts=(what,),
+            name=f"{name} (saves only {saves[1]})",
+        )
         if n_saved:
             result.line += f"; saves only {saves[1]}"
         else:

@@ -16,6 +16,7 @@ the frozen layer's ``grad_y W``.
 Attention adapters live in ``helpers.lora_attention``; putting adapters into a model, saving
 them and counting what they cost in ``helpers.lora_model``.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,12 +30,21 @@ from helpers.checks import expect_int, expect_tensor
 from helpers.device import rand
 
 __all__ = [
-    "lora_scale", "lora_linear_forward", "lora_linear_backward", "LoRALinearFunction", "lora_linear",
-    "delta_weight", "LoRALinear", "lora_modules", "merge_lora", "unmerge_lora",
+    "lora_scale",
+    "lora_linear_forward",
+    "lora_linear_backward",
+    "LoRALinearFunction",
+    "lora_linear",
+    "delta_weight",
+    "LoRALinear",
+    "lora_modules",
+    "merge_lora",
+    "unmerge_lora",
 ]
 
 
 # --------------------------------------------------------------------------- the math
+
 
 def lora_scale(alpha: float, r: int, rslora: bool = False) -> float:
     """s = α/r (LoRA) or α/√r (rsLoRA)."""
@@ -44,16 +54,17 @@ def lora_scale(alpha: float, r: int, rslora: bool = False) -> float:
 def lora_linear_forward(x, W, b, A, B, scale, x_lora=None):
     """y = x Wᵀ + b + s·(x_l Aᵀ) Bᵀ with x_l = x (or the dropped-out x_lora); returns (y, x_l Aᵀ)."""
     xl = x if x_lora is None else x_lora
-    xA = xl @ A.T                                                # (..., in) @ (in, r) -> (..., r)
-    y = F.linear(x, W, b)                                        # x Wᵀ + b: (..., in) -> (..., out), as nn.Linear
-    y2 = y.view(-1, y.shape[-1])                                 # (..., out) -> (R, out), a view of y
+    xA = xl @ A.T  # (..., in) @ (in, r) -> (..., r)
+    y = F.linear(x, W, b)  # x Wᵀ + b: (..., in) -> (..., out), as nn.Linear
+    y2 = y.view(-1, y.shape[-1])  # (..., out) -> (R, out), a view of y
     # y2 += s·(xA Bᵀ) in one addmm: no (R, out) temporaries for the product and the scaling.
-    y2.addmm_(xA.reshape(-1, xA.shape[-1]), B.T, alpha=scale)    # (R, r) @ (r, out) -> (R, out)
+    y2.addmm_(xA.reshape(-1, xA.shape[-1]), B.T, alpha=scale)  # (R, r) @ (r, out) -> (R, out)
     return y, xA
 
 
-def lora_linear_backward(grad_y, x, W, A, B, xA, scale, needs=(True, False, True, True, True, False, False),
-                         x_lora=None):
+def lora_linear_backward(
+    grad_y, x, W, A, B, xA, scale, needs=(True, False, True, True, True, False, False), x_lora=None
+):
     """grad_B = s·grad_yᵀ(x_l Aᵀ), grad_A = s·(grad_y B)ᵀ x_l, grad_x = grad_y W + s·(grad_y B) A.
 
     ``needs`` follows the Function's inputs ``(x, W, b, A, B, scale, x_lora)``.  With a separate
@@ -63,23 +74,25 @@ def lora_linear_backward(grad_y, x, W, A, B, xA, scale, needs=(True, False, True
     """
     need_x, need_W, need_b, need_A, need_B, _, need_xl = (tuple(needs) + (False,) * 7)[:7]
     xl = x if x_lora is None else x_lora
-    grad_y2 = grad_y.reshape(-1, grad_y.shape[-1])               # (..., out) -> (R, out)
+    grad_y2 = grad_y.reshape(-1, grad_y.shape[-1])  # (..., out) -> (R, out)
     grad_x = grad_W = grad_b = grad_A = grad_B = grad_xl = None
     gB = None
     if need_A or need_x or need_xl:
-        gB = grad_y @ B                                          # (..., out) @ (out, r) -> (..., r)
+        gB = grad_y @ B  # (..., out) @ (out, r) -> (..., r)
     if need_x:
-        grad_x = grad_y @ W                                      # (..., out) @ (out, in) -> (..., in)
-        if x_lora is None:                                       # += s·(gB A), fused as in the forward
-            grad_x.view(-1, grad_x.shape[-1]).addmm_(gB.reshape(-1, gB.shape[-1]), A, alpha=scale)  # (R, r) @ (r, in)
+        grad_x = grad_y @ W  # (..., out) @ (out, in) -> (..., in)
+        if x_lora is None:  # += s·(gB A), fused as in the forward
+            grad_x.view(-1, grad_x.shape[-1]).addmm_(
+                gB.reshape(-1, gB.shape[-1]), A, alpha=scale
+            )  # (R, r) @ (r, in)
     if need_xl and x_lora is not None:
-        grad_xl = scale * (gB @ A)                               # (..., r) @ (r, in) -> (..., in)
+        grad_xl = scale * (gB @ A)  # (..., r) @ (r, in) -> (..., in)
     if need_W:
-        grad_W = grad_y2.T @ x.reshape(-1, x.shape[-1])          # (out, R) @ (R, in) -> (out, in)
+        grad_W = grad_y2.T @ x.reshape(-1, x.shape[-1])  # (out, R) @ (R, in) -> (out, in)
     if need_b:
-        grad_b = grad_y2.sum(0)                                  # (R, out) -> (out,)
+        grad_b = grad_y2.sum(0)  # (R, out) -> (out,)
     if need_A:
-        gB2 = gB.reshape(-1, gB.shape[-1])                       # (..., r) -> (R, r)
+        gB2 = gB.reshape(-1, gB.shape[-1])  # (..., r) -> (R, r)
         grad_A = scale * (gB2.T @ xl.reshape(-1, xl.shape[-1]))  # (r, R) @ (R, in) -> (r, in)
     if need_B:
         grad_B = scale * (grad_y2.T @ xA.reshape(-1, xA.shape[-1]))  # (out, R) @ (R, r) -> (out, r)
@@ -111,7 +124,7 @@ class LoRALinearFunction(torch.autograd.Function):
             A if (need_x or need_xl) else None,
             B if (need_x or need_xl or need_A) else None,
             xA if need_B else None,
-            xl if need_A else None,                              # x itself unless dropout made x_lora
+            xl if need_A else None,  # x itself unless dropout made x_lora
         )
         ctx.scale = scale
         ctx.has_x_lora = x_lora is not None
@@ -126,7 +139,7 @@ class LoRALinearFunction(torch.autograd.Function):
             return (None,) * 7
         x_lora = xl if ctx.has_x_lora else None
         if x is None and not ctx.has_x_lora:
-            x = xl                                               # the LoRA path reads x itself
+            x = xl  # the LoRA path reads x itself
         return lora_linear_backward(grad_y, x, W, A, B, xA, ctx.scale, ctx.needs_input_grad, x_lora=x_lora)
 
 
@@ -135,8 +148,10 @@ def lora_linear(x, W, b, A, B, alpha, r, *, rslora: bool = False, x_lora=None):
     expect_tensor("x", x, floating=True)
     expect_tensor("W", W, floating=True)
     if W.dim() != 2 or x.dim() < 1 or x.shape[-1] != W.shape[1]:
-        raise ValueError(f"lora_linear: expected x (..., in) and W (out, in) with matching in, "
-                         f"got {tuple(x.shape)} and {tuple(W.shape)}")
+        raise ValueError(
+            f"lora_linear: expected x (..., in) and W (out, in) with matching in, "
+            f"got {tuple(x.shape)} and {tuple(W.shape)}"
+        )
     d_out, d_in = W.shape
     r = expect_int("r", r, low=1, high=min(d_in, d_out))
     expect_tensor("A", A, shape=(r, d_in))
@@ -151,16 +166,18 @@ def lora_linear(x, W, b, A, B, alpha, r, *, rslora: bool = False, x_lora=None):
 
 def delta_weight(A, B, scale: float):
     """ΔW = s·B A, the (out, in) update LoRA adds to W (formed only to merge or to explain)."""
-    return scale * (B @ A)                                       # (out, r) @ (r, in) -> (out, in)
+    return scale * (B @ A)  # (out, r) @ (r, in) -> (out, in)
 
 
 # --------------------------------------------------------------------------- the module
 
+
 class LoRALinear(nn.Module):
     """Wraps an nn.Linear: y = base(x) + (α/r)·(drop(x) Aᵀ) Bᵀ; base frozen, A Kaiming-uniform, B = 0."""
 
-    def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float = 0.0, rslora: bool = False,
-                 seed: int = 0):
+    def __init__(
+        self, base: nn.Linear, r: int, alpha: float, dropout: float = 0.0, rslora: bool = False, seed: int = 0
+    ):
         super().__init__()
         if not isinstance(base, nn.Linear):
             raise ValueError(f"LoRALinear: expected an nn.Linear to wrap, got {type(base).__name__}")
@@ -169,7 +186,7 @@ class LoRALinear(nn.Module):
         if not 0.0 <= float(dropout) < 1.0:
             raise ValueError(f"LoRALinear: expected dropout in [0, 1), got {dropout}")
         for p in base.parameters():
-            p.requires_grad_(False)                              # frozen: autograd computes no ∂L/∂W at all
+            p.requires_grad_(False)  # frozen: autograd computes no ∂L/∂W at all
         self.base = base
         self.alpha, self.rslora, self.dropout = float(alpha), bool(rslora), float(dropout)
         self.scale = lora_scale(alpha, r, rslora)
@@ -177,7 +194,7 @@ class LoRALinear(nn.Module):
         # Kaiming-uniform with a = √5 (nn.Linear's own init, as loralib and PEFT use):
         # gain √(2/(1+a²)) = √(1/3), bound = gain·√(3/in) = 1/√in.
         bound = 1.0 / math.sqrt(d_in)
-        A = (rand(r, d_in, seed=seed, dtype=torch.float64) * 2 - 1) * bound   # (r, in)
+        A = (rand(r, d_in, seed=seed, dtype=torch.float64) * 2 - 1) * bound  # (r, in)
         self.lora_A = nn.Parameter(A.to(device=W.device, dtype=W.dtype))
         self.lora_B = nn.Parameter(torch.zeros(d_out, r, device=W.device, dtype=W.dtype))  # (out, r)
         self.merged = False
@@ -211,8 +228,9 @@ class LoRALinear(nn.Module):
         if self.merged:
             return F.linear(x, self.base.weight, self.base.bias)
         x_lora = F.dropout(x, self.dropout, training=True) if self.training and self.dropout > 0 else None
-        y, _ = LoRALinearFunction.apply(x, self.base.weight, self.base.bias, self.lora_A, self.lora_B,
-                                        self.scale, x_lora)
+        y, _ = LoRALinearFunction.apply(
+            x, self.base.weight, self.base.bias, self.lora_A, self.lora_B, self.scale, x_lora
+        )
         return y
 
     def delta_weight(self):
@@ -237,6 +255,7 @@ class LoRALinear(nn.Module):
 
 
 # --------------------------------------------------------------------------- every adapter of a model
+
 
 def lora_modules(model: nn.Module) -> dict:
     """{name: LoRALinear} for every adapter in the model."""

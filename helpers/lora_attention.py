@@ -7,6 +7,7 @@ its packed in_proj split into frozen ``q_proj``, ``k_proj``, ``v_proj`` (+ ``out
 ``nn.Linear`` layers.  Heads are split and merged by chapter 6's ``split_heads`` /
 ``merge_heads``, the causal triangle is chapter 6's ``causal_mask`` (SDPA's top-left).
 """
+
 from __future__ import annotations
 
 import torch
@@ -33,17 +34,31 @@ class LoRASelfAttention(nn.Module):
     # fast path off (it requires _qkv_same_embed_dim).
     _qkv_same_embed_dim = False
 
-    def __init__(self, mha: nn.MultiheadAttention, r: int, alpha: float, targets=("q", "v"),
-                 dropout: float = 0.0, rslora: bool = False, seed: int = 0):
+    def __init__(
+        self,
+        mha: nn.MultiheadAttention,
+        r: int,
+        alpha: float,
+        targets=("q", "v"),
+        dropout: float = 0.0,
+        rslora: bool = False,
+        seed: int = 0,
+    ):
         super().__init__()
         if not isinstance(mha, nn.MultiheadAttention):
-            raise ValueError(f"LoRASelfAttention: expected an nn.MultiheadAttention, got {type(mha).__name__}")
+            raise ValueError(
+                f"LoRASelfAttention: expected an nn.MultiheadAttention, got {type(mha).__name__}"
+            )
         if not mha._qkv_same_embed_dim or mha.bias_k is not None or mha.add_zero_attn:
-            raise ValueError("LoRASelfAttention: expected a plain packed nn.MultiheadAttention "
-                             "(same q/k/v dims, no bias_k/bias_v, no add_zero_attn)")
+            raise ValueError(
+                "LoRASelfAttention: expected a plain packed nn.MultiheadAttention "
+                "(same q/k/v dims, no bias_k/bias_v, no add_zero_attn)"
+            )
         bad = [t for t in targets if t not in ("q", "k", "v", "o")]
         if bad or not targets:
-            raise ValueError(f"LoRASelfAttention: expected targets among 'q', 'k', 'v', 'o', got {tuple(targets)}")
+            raise ValueError(
+                f"LoRASelfAttention: expected targets among 'q', 'k', 'v', 'o', got {tuple(targets)}"
+            )
         E = mha.embed_dim
         self.embed_dim, self.num_heads, self.batch_first = E, mha.num_heads, mha.batch_first
         self.attn_dropout = mha.dropout
@@ -51,9 +66,9 @@ class LoRASelfAttention(nn.Module):
         for i, name in enumerate(("q", "k", "v")):
             lin = nn.Linear(E, E, bias=b is not None, device=W.device, dtype=W.dtype)
             with torch.no_grad():
-                lin.weight.copy_(W[i * E:(i + 1) * E])           # row block i of the packed (3E, E)
+                lin.weight.copy_(W[i * E : (i + 1) * E])  # row block i of the packed (3E, E)
                 if b is not None:
-                    lin.bias.copy_(b.detach()[i * E:(i + 1) * E])
+                    lin.bias.copy_(b.detach()[i * E : (i + 1) * E])
             lin.requires_grad_(False)
             setattr(self, f"{name}_proj", lin)
         o = mha.out_proj
@@ -74,30 +89,44 @@ class LoRASelfAttention(nn.Module):
         bs = [getattr(self, f"{n}_proj").bias for n in ("q", "k", "v")]
         return None if bs[0] is None else torch.cat(bs)
 
-    def forward(self, query, key=None, value=None, key_padding_mask=None, need_weights=False, attn_mask=None,
-                average_attn_weights=True, is_causal=False):
+    def forward(
+        self,
+        query,
+        key=None,
+        value=None,
+        key_padding_mask=None,
+        need_weights=False,
+        attn_mask=None,
+        average_attn_weights=True,
+        is_causal=False,
+    ):
         """O = softmax(Q Kᵀ/√d + mask) V per head, then out_proj; self-attention only (key, value = query)."""
         x = query
         if (key is not None and key is not query) or (value is not None and value is not query):
-            raise ValueError("LoRASelfAttention: expected self-attention (key and value the same tensor as query)")
+            raise ValueError(
+                "LoRASelfAttention: expected self-attention (key and value the same tensor as query)"
+            )
         if need_weights:
             raise ValueError("LoRASelfAttention: need_weights=True is not supported")
         if not self.batch_first:
-            x = x.transpose(0, 1)                                # (N, B, E) -> (B, N, E)
+            x = x.transpose(0, 1)  # (N, B, E) -> (B, N, E)
         Bsz, N, _ = x.shape
         H = self.num_heads
-        Q, K, V = (split_heads(proj(x), H) for proj in (self.q_proj, self.k_proj, self.v_proj))  # (B, H, N, d)
+        Q, K, V = (
+            split_heads(proj(x), H) for proj in (self.q_proj, self.k_proj, self.v_proj)
+        )  # (B, H, N, d)
         if is_causal and attn_mask is None and key_padding_mask is not None:
             # SDPA takes is_causal or a mask, not both: fold the triangle into the padding mask.
-            attn_mask = ~causal_mask(N, N, device=x.device)      # (N, N), MHA's bool: True = future key, blocked
+            attn_mask = ~causal_mask(N, N, device=x.device)  # (N, N), MHA's bool: True = future key, blocked
         mask = _additive_mask(attn_mask, key_padding_mask, Bsz, N, x.dtype)
         causal = is_causal and mask is None
-        O = F.scaled_dot_product_attention(Q, K, V, attn_mask=mask, is_causal=causal,
-                                           dropout_p=self.attn_dropout if self.training else 0.0)  # (B, H, N, d)
-        O = merge_heads(O)                                       # (B, H, N, d) -> (B, N, E)
+        O = F.scaled_dot_product_attention(
+            Q, K, V, attn_mask=mask, is_causal=causal, dropout_p=self.attn_dropout if self.training else 0.0
+        )  # (B, H, N, d)
+        O = merge_heads(O)  # (B, H, N, d) -> (B, N, E)
         Y = self.out_proj(O)
         if not self.batch_first:
-            Y = Y.transpose(0, 1)                                # (B, N, E) -> (N, B, E)
+            Y = Y.transpose(0, 1)  # (B, N, E) -> (N, B, E)
         return Y, None
 
 
@@ -107,6 +136,7 @@ def _additive_mask(attn_mask, key_padding_mask, Bsz, N, dtype):
     MultiheadAttention accepts both kinds and a (B·H, N, N) attn_mask; chapter 6's masks are
     bool "may attend" only, so this conversion has no other home.
     """
+
     def additive(m):
         if m is None:
             return None
@@ -114,11 +144,11 @@ def _additive_mask(attn_mask, key_padding_mask, Bsz, N, dtype):
             return torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill(m, float("-inf"))
         return m.to(dtype)
 
-    mask = additive(attn_mask)                                   # (N, N) or (B·H, N, N)
+    mask = additive(attn_mask)  # (N, N) or (B·H, N, N)
     if mask is not None and mask.dim() == 3:
-        mask = mask.reshape(Bsz, -1, N, N)                       # (B·H, N, N) -> (B, H, N, N)
-    kpm = additive(key_padding_mask)                             # (B, N)
+        mask = mask.reshape(Bsz, -1, N, N)  # (B·H, N, N) -> (B, H, N, N)
+    kpm = additive(key_padding_mask)  # (B, N)
     if kpm is not None:
-        kpm = kpm.reshape(Bsz, 1, 1, N)                          # (B, N) -> (B, 1, 1, N)
+        kpm = kpm.reshape(Bsz, 1, 1, N)  # (B, N) -> (B, 1, 1, N)
         mask = kpm if mask is None else mask + kpm
     return mask

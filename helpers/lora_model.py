@@ -8,6 +8,7 @@
   ``adam_state_bytes_formula`` - what training them costs (chapter 11 counts its optimizers'
   state with the same ``optimizer_state_bytes``).
 """
+
 from __future__ import annotations
 
 import torch
@@ -17,11 +18,20 @@ from helpers.checks import expect_bool, expect_tensor
 from helpers.lora import LoRALinear, lora_modules
 from helpers.lora_attention import LoRASelfAttention
 
-__all__ = ["add_lora", "add_lora_attention", "lora_state_dict", "load_lora_state_dict", "parameter_counts",
-           "trainable_parameters", "optimizer_state_bytes", "adam_state_bytes_formula"]
+__all__ = [
+    "add_lora",
+    "add_lora_attention",
+    "lora_state_dict",
+    "load_lora_state_dict",
+    "parameter_counts",
+    "trainable_parameters",
+    "optimizer_state_bytes",
+    "adam_state_bytes_formula",
+]
 
 
 # --------------------------------------------------------------------------- surgery
+
 
 def _freeze_base(model: nn.Module) -> None:
     """requires_grad=False on every parameter except the adapters' lora_A and lora_B."""
@@ -43,8 +53,16 @@ def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
     setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
 
 
-def add_lora(model: nn.Module, target_names, r: int, alpha: float, dropout: float = 0.0, rslora: bool = False,
-             seed: int = 0, freeze: bool = True) -> nn.Module:
+def add_lora(
+    model: nn.Module,
+    target_names,
+    r: int,
+    alpha: float,
+    dropout: float = 0.0,
+    rslora: bool = False,
+    seed: int = 0,
+    freeze: bool = True,
+) -> nn.Module:
     """Replace every nn.Linear whose name is (or ends with '.') a target by a LoRALinear; freeze the rest."""
     if isinstance(target_names, str):
         target_names = [target_names]
@@ -60,28 +78,44 @@ def add_lora(model: nn.Module, target_names, r: int, alpha: float, dropout: floa
         module = model.get_submodule(name)
         parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
         if isinstance(parent, nn.MultiheadAttention):
-            raise ValueError(f"add_lora: {name!r} belongs to an nn.MultiheadAttention, which reads its weights "
-                             "directly; use add_lora_attention")
+            raise ValueError(
+                f"add_lora: {name!r} belongs to an nn.MultiheadAttention, which reads its weights "
+                "directly; use add_lora_attention"
+            )
         if isinstance(module, LoRALinear):
             continue
         _replace(model, name, LoRALinear(module, r, alpha, dropout, rslora, seed=seed + 1000 * i))
     return model
 
 
-def add_lora_attention(model: nn.Module, r: int, alpha: float, targets=("q", "v"), dropout: float = 0.0,
-                       rslora: bool = False, seed: int = 0, freeze: bool = True) -> nn.Module:
+def add_lora_attention(
+    model: nn.Module,
+    r: int,
+    alpha: float,
+    targets=("q", "v"),
+    dropout: float = 0.0,
+    rslora: bool = False,
+    seed: int = 0,
+    freeze: bool = True,
+) -> nn.Module:
     """Replace every nn.MultiheadAttention by a LoRASelfAttention with adapters on ``targets`` (default Q, V)."""
     if freeze:
         _freeze_base(model)
     names = [n for n, m in model.named_modules() if isinstance(m, nn.MultiheadAttention)]
     if not names:
-        raise ValueError("add_lora_attention: expected the model to contain an nn.MultiheadAttention, found none")
+        raise ValueError(
+            "add_lora_attention: expected the model to contain an nn.MultiheadAttention, found none"
+        )
     for i, name in enumerate(names):
-        new = LoRASelfAttention(model.get_submodule(name), r, alpha, targets, dropout, rslora, seed=seed + 1000 * i)
+        new = LoRASelfAttention(
+            model.get_submodule(name), r, alpha, targets, dropout, rslora, seed=seed + 1000 * i
+        )
         if name:
             _replace(model, name, new)
         else:
-            raise ValueError("add_lora_attention: expected a model containing attention, not the attention itself")
+            raise ValueError(
+                "add_lora_attention: expected a model containing attention, not the attention itself"
+            )
     return model
 
 
@@ -99,7 +133,9 @@ def load_lora_state_dict(model: nn.Module, sd: dict) -> nn.Module:
     """Copy adapter weights (from lora_state_dict) into a model with the same adapters; checks keys and shapes."""
     mods = lora_modules(model)
     if not mods:
-        raise ValueError("load_lora_state_dict: expected a model with LoRA adapters (add_lora first), found none")
+        raise ValueError(
+            "load_lora_state_dict: expected a model with LoRA adapters (add_lora first), found none"
+        )
     expected = {}
     for name, m in mods.items():
         if m.merged:
@@ -110,8 +146,10 @@ def load_lora_state_dict(model: nn.Module, sd: dict) -> nn.Module:
     missing = [k for k in expected if k not in sd]
     unexpected = [k for k in sd if k not in expected]
     if missing or unexpected:
-        raise ValueError(f"load_lora_state_dict: expected keys {sorted(expected)[:4]}..., "
-                         f"missing {missing[:3]}, unexpected {unexpected[:3]}")
+        raise ValueError(
+            f"load_lora_state_dict: expected keys {sorted(expected)[:4]}..., "
+            f"missing {missing[:3]}, unexpected {unexpected[:3]}"
+        )
     for k, p in expected.items():
         v = sd[k]
         expect_tensor(f"load_lora_state_dict: {k}", v, shape=tuple(p.shape))
@@ -123,12 +161,16 @@ def load_lora_state_dict(model: nn.Module, sd: dict) -> nn.Module:
 
 # --------------------------------------------------------------------------- counting
 
+
 def parameter_counts(model: nn.Module) -> dict:
     """{'trainable': n, 'total': n, 'trainable_bytes': b} over the model's parameters."""
     ps = list(model.parameters())
     tr = [p for p in ps if p.requires_grad]
-    return {"trainable": sum(p.numel() for p in tr), "total": sum(p.numel() for p in ps),
-            "trainable_bytes": sum(p.numel() * p.element_size() for p in tr)}
+    return {
+        "trainable": sum(p.numel() for p in tr),
+        "total": sum(p.numel() for p in ps),
+        "trainable_bytes": sum(p.numel() * p.element_size() for p in tr),
+    }
 
 
 def trainable_parameters(model: nn.Module) -> int:
@@ -145,8 +187,12 @@ def optimizer_state_bytes(opt, step_counters: bool = True) -> int:
     buffers count (what ``adam_state_bytes_formula`` predicts).
     """
     expect_bool("step_counters", step_counters)
-    return sum(v.numel() * v.element_size() for s in opt.state.values() for k, v in s.items()
-               if isinstance(v, torch.Tensor) and (step_counters or k != "step"))
+    return sum(
+        v.numel() * v.element_size()
+        for s in opt.state.values()
+        for k, v in s.items()
+        if isinstance(v, torch.Tensor) and (step_counters or k != "step")
+    )
 
 
 def adam_state_bytes_formula(model: nn.Module) -> int:

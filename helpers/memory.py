@@ -16,6 +16,7 @@ output saved as the next op's input) costs memory only once.  Tensors that
 exist anyway (parameters, inputs you pass in ``exclude``) can be left out, so
 the figure is the *extra* memory backward needs: the activations.
 """
+
 from __future__ import annotations
 
 import torch
@@ -49,7 +50,7 @@ def _storage_bytes(t: torch.Tensor) -> int:
 
 def _op_name(func) -> str:
     name = getattr(func, "__name__", None) or str(func)
-    if name.startswith("__") and name.endswith("__"):   # Tensor.__matmul__ -> matmul
+    if name.startswith("__") and name.endswith("__"):  # Tensor.__matmul__ -> matmul
         name = name[2:-2]
         if name.startswith("r") and name[1:] in ("add", "sub", "mul", "truediv", "matmul", "pow"):
             name = name[1:]
@@ -99,9 +100,16 @@ class SavedTensors:
         key = _key(t)
         shared = key in self._seen or key in self._exclude
         self._seen.add(key)
-        self.records.append({"shape": tuple(t.shape), "dtype": t.dtype,
-                             "bytes": _storage_bytes(t), "counted": not shared,
-                             "op": self._op or "?", "call": self._call if self._op else None})
+        self.records.append(
+            {
+                "shape": tuple(t.shape),
+                "dtype": t.dtype,
+                "bytes": _storage_bytes(t),
+                "counted": not shared,
+                "op": self._op or "?",
+                "call": self._call if self._op else None,
+            }
+        )
         return t
 
     @staticmethod
@@ -135,10 +143,14 @@ class SavedTensors:
         """The per-operation view as text: op, saved tensors (shared/excluded ones marked), bytes."""
         lines = [f"{'op':<14s} {'saved tensors':<44s} {'bytes':>10s}"]
         for row in self.per_op():
-            shapes = ", ".join(("=" + str(s[1:]) if s and s[0] == "shared" else str(s)) for s in row["shapes"])
+            shapes = ", ".join(
+                ("=" + str(s[1:]) if s and s[0] == "shared" else str(s)) for s in row["shapes"]
+            )
             lines.append(f"{row['op']:<14s} {shapes:<44s} {fmt_bytes(row['bytes']):>10s}")
-        lines.append(f"{'total':<14s} {'(= marks a tensor already counted or excluded)':<44s} "
-                     f"{fmt_bytes(self.total_bytes):>10s}")
+        lines.append(
+            f"{'total':<14s} {'(= marks a tensor already counted or excluded)':<44s} "
+            f"{fmt_bytes(self.total_bytes):>10s}"
+        )
         return "\n".join(lines)
 
     @property
@@ -174,7 +186,7 @@ def saved_by_node(output: torch.Tensor, exclude=()) -> list[dict]:
                 except RuntimeError:  # freed after backward
                     continue
                 values = value if isinstance(value, (tuple, list)) else [value]
-                saved += [(attr[len("_saved_"):], v) for v in values if isinstance(v, torch.Tensor)]
+                saved += [(attr[len("_saved_") :], v) for v in values if isinstance(v, torch.Tensor)]
         if not saved and hasattr(node, "saved_tensors"):  # custom autograd.Function
             try:
                 saved = [(f"saved_tensors[{i}]", t) for i, t in enumerate(node.saved_tensors)]
@@ -184,7 +196,15 @@ def saved_by_node(output: torch.Tensor, exclude=()) -> list[dict]:
             key = _key(t)
             counted = key not in excluded and key not in seen_storage
             seen_storage.add(key)
-            rows.append({"node": node.name(), "name": name, "shape": tuple(t.shape),
-                         "dtype": t.dtype, "bytes": _storage_bytes(t), "counted": counted})
+            rows.append(
+                {
+                    "node": node.name(),
+                    "name": name,
+                    "shape": tuple(t.shape),
+                    "dtype": t.dtype,
+                    "bytes": _storage_bytes(t),
+                    "counted": counted,
+                }
+            )
         stack.extend(fn for fn, _ in node.next_functions)
     return rows

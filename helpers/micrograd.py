@@ -8,6 +8,7 @@ output back.  ``+=`` (not ``=``) is what makes a value used twice (``a * a``,
 
 ``cat_mlp_grads`` runs chapter 1's cat MLP through it, scalar by scalar.
 """
+
 from __future__ import annotations
 
 import math
@@ -44,6 +45,7 @@ class Value:
         def _backward():
             self.grad += out.grad
             other.grad += out.grad
+
         out._backward = _backward
         return out
 
@@ -55,6 +57,7 @@ class Value:
         def _backward():
             self.grad += other.data * out.grad
             other.grad += self.data * out.grad
+
         out._backward = _backward
         return out
 
@@ -62,10 +65,11 @@ class Value:
         """out = aᵏ (k a number);  ∂out/∂a = k·aᵏ⁻¹."""
         if isinstance(k, Value):
             raise ValueError("pow: expected a constant int/float exponent, got a Value")
-        out = self._new(self.data ** k, (self,), f"**{k}")
+        out = self._new(self.data**k, (self,), f"**{k}")
 
         def _backward():
             self.grad += k * self.data ** (k - 1) * out.grad
+
         out._backward = _backward
         return out
 
@@ -75,6 +79,7 @@ class Value:
 
         def _backward():
             self.grad += (1.0 if self.data > 0 else 0.0) * out.grad
+
         out._backward = _backward
         return out
 
@@ -85,6 +90,7 @@ class Value:
 
         def _backward():
             self.grad += (1.0 - t * t) * out.grad
+
         out._backward = _backward
         return out
 
@@ -95,6 +101,7 @@ class Value:
 
         def _backward():
             self.grad += e * out.grad
+
         out._backward = _backward
         return out
 
@@ -158,6 +165,7 @@ def topological_order(root: Value) -> list:
 def _cat_numbers(params: dict | None) -> dict:
     if params is None:
         from helpers.cat_mlp import cat_params
+
         params = cat_params()
     return {k: (v.detach().cpu().tolist() if hasattr(v, "detach") else v) for k, v in params.items()}
 

@@ -5,6 +5,7 @@ from ``helpers.functions``; ``to_sequential()`` copies its parameters into an ``
 ``nn.Linear`` / ``nn.LayerNorm`` / ``nn.ReLU`` / ``nn.GELU``, and ``param_pairs`` lines the two
 up, so a test (or the chapter) compares every gradient with autograd's.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,15 +25,17 @@ class MLP(nn.Module):
         """W_i ~ U(−1/√d_in, 1/√d_in) (out, in), b_i likewise, drawn in float64 from seed; LN γ = 1, β = 0."""
         super().__init__()
         if len(sizes) < 2 or activation not in ("relu", "gelu", "gelu_tanh"):
-            raise ValueError(f"MLP: expected >= 2 sizes and activation relu|gelu|gelu_tanh, got {sizes}, {activation!r}")
+            raise ValueError(
+                f"MLP: expected >= 2 sizes and activation relu|gelu|gelu_tanh, got {sizes}, {activation!r}"
+            )
         self.sizes, self.activation, self.use_layer_norm = tuple(sizes), activation, layer_norm
         g = torch.Generator().manual_seed(seed)
         self.weights, self.biases = nn.ParameterList(), nn.ParameterList()
         self.ln_weights, self.ln_biases = nn.ParameterList(), nn.ParameterList()
         for i, (d_in, d_out) in enumerate(zip(sizes[:-1], sizes[1:])):
-            bound = 1.0 / math.sqrt(d_in)                        # nn.Linear's U(−1/√in, 1/√in)
+            bound = 1.0 / math.sqrt(d_in)  # nn.Linear's U(−1/√in, 1/√in)
             W = (torch.rand(d_out, d_in, generator=g, dtype=torch.float64) * 2 - 1) * bound  # (out, in)
-            b = (torch.rand(d_out, generator=g, dtype=torch.float64) * 2 - 1) * bound        # (out,)
+            b = (torch.rand(d_out, generator=g, dtype=torch.float64) * 2 - 1) * bound  # (out,)
             self.weights.append(nn.Parameter(W.to(device=device, dtype=dtype)))
             self.biases.append(nn.Parameter(b.to(device=device, dtype=dtype)))
             if layer_norm and i < len(sizes) - 2:
@@ -50,7 +53,7 @@ class MLP(nn.Module):
         h = x
         last = len(self.weights) - 1
         for i, (W, b) in enumerate(zip(self.weights, self.biases)):
-            h = linear(h, W, b)                                  # (..., d_i) -> (..., d_{i+1})
+            h = linear(h, W, b)  # (..., d_i) -> (..., d_{i+1})
             if i < last:
                 if self.use_layer_norm:
                     h = layer_norm(h, self.ln_weights[i], self.ln_biases[i])
@@ -89,6 +92,8 @@ class MLP(nn.Module):
         for i, (W, b) in enumerate(zip(self.weights, self.biases)):
             pairs += [(f"W{i + 1}", W, lins[i].weight), (f"b{i + 1}", b, lins[i].bias)]
             if i < len(lns):
-                pairs += [(f"gamma{i + 1}", self.ln_weights[i], lns[i].weight),
-                          (f"beta{i + 1}", self.ln_biases[i], lns[i].bias)]
+                pairs += [
+                    (f"gamma{i + 1}", self.ln_weights[i], lns[i].weight),
+                    (f"beta{i + 1}", self.ln_biases[i], lns[i].bias),
+                ]
         return pairs

@@ -18,6 +18,7 @@ Setting the learning rate a schedule gives (``set_lr``, ``get_lr``) belongs to t
 ``helpers.train``; the bytes of an optimizer's state are counted by
 ``helpers.lora_model.optimizer_state_bytes`` (chapter 8), for these optimizers and torch's.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,17 +30,19 @@ __all__ = ["sgd_update", "adam_update", "SGD", "Adam", "AdamW", "lr_warmup_cosin
 
 # --------------------------------------------------------------------------- one tensor
 
+
 @torch.no_grad()
-def sgd_update(theta, g, buf, lr: float, momentum: float = 0.0, nesterov: bool = False,
-               weight_decay: float = 0.0):
+def sgd_update(
+    theta, g, buf, lr: float, momentum: float = 0.0, nesterov: bool = False, weight_decay: float = 0.0
+):
     """θ ← θ − η·d with g ← g + λθ, b ← μb + g (b₁ = g), d = g + μb (Nesterov) or b; returns b."""
     if weight_decay != 0:
-        g = g + weight_decay * theta                  # L2 penalty λ/2‖θ‖² folded into the gradient
+        g = g + weight_decay * theta  # L2 penalty λ/2‖θ‖² folded into the gradient
     if momentum != 0:
         if buf is None:
-            buf = g.clone()                           # torch.optim starts the buffer at g, not 0
+            buf = g.clone()  # torch.optim starts the buffer at g, not 0
         else:
-            buf.mul_(momentum).add_(g)                # dampening 0
+            buf.mul_(momentum).add_(g)  # dampening 0
         d = g.add(buf, alpha=momentum) if nesterov else buf
     else:
         d = g
@@ -48,25 +51,36 @@ def sgd_update(theta, g, buf, lr: float, momentum: float = 0.0, nesterov: bool =
 
 
 @torch.no_grad()
-def adam_update(theta, g, m, v, t: int, lr: float, betas=(0.9, 0.999), eps: float = 1e-8,
-                weight_decay: float = 0.0, decoupled: bool = False) -> None:
+def adam_update(
+    theta,
+    g,
+    m,
+    v,
+    t: int,
+    lr: float,
+    betas=(0.9, 0.999),
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    decoupled: bool = False,
+) -> None:
     """θ ← θ − η/(1−β₁ᵗ) · m/(√v/√(1−β₂ᵗ) + ε) after m ← β₁m+(1−β₁)g, v ← β₂v+(1−β₂)g² (t counts from 1)."""
     beta1, beta2 = betas
     if weight_decay != 0:
         if decoupled:
-            theta.mul_(1 - lr * weight_decay)         # AdamW: shrink θ directly, outside m and v
+            theta.mul_(1 - lr * weight_decay)  # AdamW: shrink θ directly, outside m and v
         else:
-            g = g + weight_decay * theta              # Adam + L2: the decay is divided by √v later
-    m.lerp_(g, 1 - beta1)                             # m + (1−β₁)(g − m), torch's exact op
+            g = g + weight_decay * theta  # Adam + L2: the decay is divided by √v later
+    m.lerp_(g, 1 - beta1)  # m + (1−β₁)(g − m), torch's exact op
     v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-    bias_correction1 = 1 - beta1 ** t                 # m and v start at 0: early averages are too small
-    bias_correction2 = 1 - beta2 ** t
+    bias_correction1 = 1 - beta1**t  # m and v start at 0: early averages are too small
+    bias_correction2 = 1 - beta2**t
     step_size = lr / bias_correction1
     denom = (v.sqrt() / math.sqrt(bias_correction2)).add_(eps)
     theta.addcdiv_(m, denom, value=-step_size)
 
 
 # --------------------------------------------------------------------------- state holders
+
 
 def _as_items(params):
     if isinstance(params, dict):
@@ -115,8 +129,9 @@ class _Optimizer:
 class SGD(_Optimizer):
     """SGD, optionally with momentum μ (dampening 0), Nesterov, and L2 weight decay λ, like torch.optim.SGD."""
 
-    def __init__(self, params, lr: float, momentum: float = 0.0, nesterov: bool = False,
-                 weight_decay: float = 0.0):
+    def __init__(
+        self, params, lr: float, momentum: float = 0.0, nesterov: bool = False, weight_decay: float = 0.0
+    ):
         super().__init__(params, lr)
         if nesterov and momentum <= 0:
             raise ValueError("nesterov: expected momentum > 0 with nesterov=True")
@@ -124,8 +139,9 @@ class SGD(_Optimizer):
 
     def _update(self, key, theta, g):
         s = self.state[key]
-        s["momentum_buffer"] = sgd_update(theta, g, s.get("momentum_buffer"), self.lr, self.momentum,
-                                          self.nesterov, self.weight_decay)
+        s["momentum_buffer"] = sgd_update(
+            theta, g, s.get("momentum_buffer"), self.lr, self.momentum, self.nesterov, self.weight_decay
+        )
         if s["momentum_buffer"] is None:
             del s["momentum_buffer"]
 
@@ -135,8 +151,9 @@ class Adam(_Optimizer):
 
     decoupled = False
 
-    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0):
+    def __init__(
+        self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0
+    ):
         super().__init__(params, lr)
         if not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
             raise ValueError(f"betas: expected two numbers in [0, 1), got {betas!r}")
@@ -146,11 +163,12 @@ class Adam(_Optimizer):
         s = self.state[key]
         if not s:
             s["t"] = 0
-            s["m"] = torch.zeros_like(theta)           # (same shape as θ): first moment
-            s["v"] = torch.zeros_like(theta)           # (same shape as θ): second moment
+            s["m"] = torch.zeros_like(theta)  # (same shape as θ): first moment
+            s["v"] = torch.zeros_like(theta)  # (same shape as θ): second moment
         s["t"] += 1
-        adam_update(theta, g, s["m"], s["v"], s["t"], self.lr, self.betas, self.eps,
-                    self.weight_decay, self.decoupled)
+        adam_update(
+            theta, g, s["m"], s["v"], s["t"], self.lr, self.betas, self.eps, self.weight_decay, self.decoupled
+        )
 
 
 class AdamW(Adam):
@@ -158,19 +176,21 @@ class AdamW(Adam):
 
     decoupled = True
 
-    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.01):
+    def __init__(
+        self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01
+    ):
         super().__init__(params, lr, betas, eps, weight_decay)
 
 
 # --------------------------------------------------------------------------- schedule
+
 
 def lr_warmup_cosine(step: int, warmup: int, total: int, lr_max: float, lr_min: float = 0.0) -> float:
     """η(s) = η_max(s+1)/W for s < W, then η_min + ½(η_max − η_min)(1 + cos π(s−W)/(T−W)), η_min for s ≥ T."""
     if not (0 <= warmup <= total and total > 0):
         raise ValueError(f"lr_warmup_cosine: expected 0 <= warmup <= total, total > 0, got {warmup}, {total}")
     if step < warmup:
-        return lr_max * (step + 1) / warmup            # never 0, so the first step already moves
+        return lr_max * (step + 1) / warmup  # never 0, so the first step already moves
     if step >= total:
         return lr_min
     progress = (step - warmup) / max(1, total - warmup)

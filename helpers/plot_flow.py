@@ -3,6 +3,7 @@
 Every function takes numbers already computed (see ``helpers.gradflow``) and returns
 the matplotlib Figure; nothing here runs a model.
 """
+
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
@@ -18,8 +19,7 @@ def _floor(values, floor=1e-30):
     return [max(float(v), floor) for v in values]
 
 
-def plot_layer_norms(curves: dict, ax=None, title: str | None = None, ylabel: str = "‖∂L/∂W‖",
-                     ylim=None):
+def plot_layer_norms(curves: dict, ax=None, title: str | None = None, ylabel: str = "‖∂L/∂W‖", ylim=None):
     """One line per label: x = layer (1 = next to the input), y = gradient norm on a log axis."""
     if not curves:
         raise ValueError("curves: expected a non-empty dict label -> list of norms")
@@ -28,8 +28,7 @@ def plot_layer_norms(curves: dict, ax=None, title: str | None = None, ylabel: st
         fig, ax = plt.subplots(figsize=(5, 3), dpi=DPI)
     for label, values in curves.items():
         layers = range(1, len(values) + 1)
-        ax.plot(layers, _floor(values), marker="o", ms=3, label=str(label),
-                color=_COLORS.get(str(label)))
+        ax.plot(layers, _floor(values), marker="o", ms=3, label=str(label), color=_COLORS.get(str(label)))
     ax.set_yscale("log")
     ax.set_xlabel("layer (1 = input side)")
     ax.set_ylabel(ylabel)
@@ -46,14 +45,22 @@ def plot_layer_norms(curves: dict, ax=None, title: str | None = None, ylabel: st
 
 def plot_flow_grid(norms: dict, rows, cols, labels, row_title=None, col_title=None):
     """A grid of ``plot_layer_norms``: norms[(row, col, label)] = list of per-layer norms."""
-    fig, axes = plt.subplots(len(rows), len(cols), figsize=(2.6 * len(cols), 2.3 * len(rows)),
-                             dpi=DPI, sharex=True, sharey=True, squeeze=False)
+    fig, axes = plt.subplots(
+        len(rows),
+        len(cols),
+        figsize=(2.6 * len(cols), 2.3 * len(rows)),
+        dpi=DPI,
+        sharex=True,
+        sharey=True,
+        squeeze=False,
+    )
     for i, r in enumerate(rows):
         for j, c in enumerate(cols):
             ax = axes[i][j]
             plot_layer_norms({lab: norms[(r, c, lab)] for lab in labels}, ax=ax)
-            ax.set_title(f"{row_title(r) if row_title else r} · {col_title(c) if col_title else c}",
-                         fontsize=8)
+            ax.set_title(
+                f"{row_title(r) if row_title else r} · {col_title(c) if col_title else c}", fontsize=8
+            )
             ax.tick_params(labelsize=7)
             ax.set_xlabel("layer" if i == len(rows) - 1 else "", fontsize=8)
             ax.set_ylabel("‖∂L/∂W‖" if j == 0 else "", fontsize=8)

@@ -6,6 +6,7 @@ them a gradient (one barycentre pass, enough for the small graphs of the course)
 Arrows point the way gradients flow; leaves (``AccumulateGrad``) are green, the
 tensors an op saved for backward are written in orange next to it.
 """
+
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
@@ -59,7 +60,9 @@ def _saved_text(n: dict) -> str:
         if s["freed"]:
             parts.append(f"{s['name']}: freed")
         else:
-            parts.append(f"{s['name']}" + (f"={s['tensor']}" if s["tensor"] else "") + f" {_shape(s['shape'])}")
+            parts.append(
+                f"{s['name']}" + (f"={s['tensor']}" if s["tensor"] else "") + f" {_shape(s['shape'])}"
+            )
     return "saved: " + ", ".join(parts) if parts else ""
 
 
@@ -75,36 +78,82 @@ def plot_graph(graph: Graph, title: str | None = None, ax=None, figsize=(6.4, 6.
     w, h = 2.0, 0.56
     for a, b, _k in graph.edges:
         (x0, y0), (x1, y1) = pos[a], pos[b]
-        ax.annotate("", xy=(x1, y1 + h / 2), xytext=(x0, y0 - h / 2),
-                    arrowprops=dict(arrowstyle="-|>", color="0.35", lw=1.0, shrinkA=0, shrinkB=0))
+        ax.annotate(
+            "",
+            xy=(x1, y1 + h / 2),
+            xytext=(x0, y0 - h / 2),
+            arrowprops=dict(arrowstyle="-|>", color="0.35", lw=1.0, shrinkA=0, shrinkB=0),
+        )
     for n in graph.nodes:
         x, y = pos[n["id"]]
         leaf = n["kind"] == "leaf"
-        box = FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0.02,rounding_size=0.08",
-                             fc=LEAF_COLOR if leaf else OP_COLOR, ec="0.3", lw=0.8, zorder=2,
-                             gid=f"node-{n['id']}")
+        box = FancyBboxPatch(
+            (x - w / 2, y - h / 2),
+            w,
+            h,
+            boxstyle="round,pad=0.02,rounding_size=0.08",
+            fc=LEAF_COLOR if leaf else OP_COLOR,
+            ec="0.3",
+            lw=0.8,
+            zorder=2,
+            gid=f"node-{n['id']}",
+        )
         ax.add_patch(box)
-        ax.text(x, y, _node_text(n), ha="center", va="center", fontsize=7.5, zorder=3,
-                fontweight="bold" if leaf else "normal")
+        ax.text(
+            x,
+            y,
+            _node_text(n),
+            ha="center",
+            va="center",
+            fontsize=7.5,
+            zorder=3,
+            fontweight="bold" if leaf else "normal",
+        )
         saved = _saved_text(n)
         if saved:
             row = [p[0] for p in pos.values() if p[1] == y]
-            if x >= max(row):      # free space on the right
-                ax.text(x + w / 2 + 0.08, y, saved, ha="left", va="center", fontsize=7,
-                        color=SAVED_COLOR, zorder=3)
-            elif x <= min(row):    # free space on the left
-                ax.text(x - w / 2 - 0.08, y, saved, ha="right", va="center", fontsize=7,
-                        color=SAVED_COLOR, zorder=3)
-            else:                  # neighbours on both sides: under the box
-                ax.text(x, y - h / 2 - 0.05, saved, ha="center", va="top", fontsize=6.5,
-                        color=SAVED_COLOR, zorder=3)
+            if x >= max(row):  # free space on the right
+                ax.text(
+                    x + w / 2 + 0.08,
+                    y,
+                    saved,
+                    ha="left",
+                    va="center",
+                    fontsize=7,
+                    color=SAVED_COLOR,
+                    zorder=3,
+                )
+            elif x <= min(row):  # free space on the left
+                ax.text(
+                    x - w / 2 - 0.08,
+                    y,
+                    saved,
+                    ha="right",
+                    va="center",
+                    fontsize=7,
+                    color=SAVED_COLOR,
+                    zorder=3,
+                )
+            else:  # neighbours on both sides: under the box
+                ax.text(
+                    x,
+                    y - h / 2 - 0.05,
+                    saved,
+                    ha="center",
+                    va="top",
+                    fontsize=6.5,
+                    color=SAVED_COLOR,
+                    zorder=3,
+                )
     xs = [p[0] for p in pos.values()]
     ys = [p[1] for p in pos.values()]
     ax.set_xlim(min(xs) - w / 2 - 2.6, max(xs) + w / 2 + 2.6)
     ax.set_ylim(min(ys) - h, max(ys) + h)
     ax.axis("off")
-    legend = [FancyBboxPatch((0, 0), 1, 1, fc=OP_COLOR, ec="0.3", label="backward op (grad_fn)"),
-              FancyBboxPatch((0, 0), 1, 1, fc=LEAF_COLOR, ec="0.3", label="leaf: AccumulateGrad → .grad")]
+    legend = [
+        FancyBboxPatch((0, 0), 1, 1, fc=OP_COLOR, ec="0.3", label="backward op (grad_fn)"),
+        FancyBboxPatch((0, 0), 1, 1, fc=LEAF_COLOR, ec="0.3", label="leaf: AccumulateGrad → .grad"),
+    ]
     handles = legend + [plt.Line2D([], [], color=SAVED_COLOR, lw=0, marker="$s$", label="saved for backward")]
     ax.legend(handles=handles, loc="lower right", fontsize=7, frameon=False)
     if title:

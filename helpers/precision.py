@@ -7,6 +7,7 @@
 A LayerNorm computed in float16 (eps rounded to float16, chapter 9's NaN) is chapter 4's
 ``helpers.functions.layernorm_forward``, which does every operation in its input's dtype.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -20,17 +21,27 @@ __all__ = ["float_format_table", "ScalerState", "unscale_grads", "update_scale",
 
 # --------------------------------------------------------------------------- number formats
 
+
 def float_format_table(dtypes=(torch.float16, torch.bfloat16, torch.float32)) -> list[dict]:
     """Per dtype: largest finite value, smallest normal (finfo.tiny), smallest subnormal (tiny·eps), eps (1 ulp at 1)."""
     rows = []
     for dt in dtypes:
         fi = torch.finfo(dt)
-        rows.append({"dtype": str(dt).replace("torch.", ""), "bits": fi.bits, "max": fi.max, "tiny": fi.tiny,
-                     "subnormal": fi.tiny * fi.eps, "eps": fi.eps})
+        rows.append(
+            {
+                "dtype": str(dt).replace("torch.", ""),
+                "bits": fi.bits,
+                "max": fi.max,
+                "tiny": fi.tiny,
+                "subnormal": fi.tiny * fi.eps,
+                "eps": fi.eps,
+            }
+        )
     return rows
 
 
 # --------------------------------------------------------------------------- loss scaling
+
 
 @dataclass(frozen=True)
 class ScalerState:
@@ -78,10 +89,12 @@ def loss_scale_step(params, scaled_grads, state: ScalerState, lr: float):
     """
     params, scaled_grads = list(params), list(scaled_grads)
     if len(params) != len(scaled_grads):
-        raise ValueError(f"loss_scale_step: expected one grad per param, got {len(scaled_grads)} for {len(params)}")
+        raise ValueError(
+            f"loss_scale_step: expected one grad per param, got {len(scaled_grads)} for {len(params)}"
+        )
     grads, found_inf = unscale_grads(scaled_grads, state.scale)
     if not found_inf:
         for p, g in zip(params, grads):
             if g is not None:
-                p.add_(g, alpha=-lr)               # torch.optim.SGD's update, same rounding
+                p.add_(g, alpha=-lr)  # torch.optim.SGD's update, same rounding
     return update_scale(state, found_inf), not found_inf

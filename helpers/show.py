@@ -4,6 +4,7 @@ Every gradient in the book goes through ``fmt``/``show`` so that the text is the
 same on CPU and CUDA, in float32 or float64: fixed decimals, no ``-0.0000``,
 no ``device=`` or ``grad_fn=`` noise.  nbval compares this text bit for bit.
 """
+
 from __future__ import annotations
 
 import math

@@ -21,6 +21,7 @@ before ``step``: clipping after the step would change nothing that step did.  ``
 The progress bar is ``tqdm.auto`` (a widget in Jupyter, text on stderr elsewhere); set the
 environment variable ``BPBH_NO_PROGRESS=1`` (or ``progress=False``) to switch it off.
 """
+
 from __future__ import annotations
 
 import os
@@ -77,9 +78,20 @@ def _params_of(opt, params):
     return [theta for _, theta in opt.items]
 
 
-def train(opt, get_batch, steps: int, loss_fn=None, grads_fn=None, params=None, accum: int = 1,
-          clip: float | None = None, lr_schedule=None, progress: bool = True, desc: str = "train",
-          log_every: int = 10) -> dict:
+def train(
+    opt,
+    get_batch,
+    steps: int,
+    loss_fn=None,
+    grads_fn=None,
+    params=None,
+    accum: int = 1,
+    clip: float | None = None,
+    lr_schedule=None,
+    progress: bool = True,
+    desc: str = "train",
+    log_every: int = 10,
+) -> dict:
     """Run ``steps`` optimizer steps; returns {'loss': [L per step], 'lr': [...], 'grad_norm': [‖g‖ before clip]}.
 
     Exactly one of ``loss_fn`` (autograd) and ``grads_fn`` (manual) must be given.  ``opt`` is a
@@ -103,27 +115,33 @@ def train(opt, get_batch, steps: int, loss_fn=None, grads_fn=None, params=None, 
         micro_batches = split_batch(get_batch(step), accum)
         L_step = 0.0
         if loss_fn is not None:
-            _zero_grad(opt)                                   # 1. clear last step's .grad
+            _zero_grad(opt)  # 1. clear last step's .grad
             for *mb, w in micro_batches:
-                L = loss_fn(*mb)                              # 2. forward (graph recorded)
-                (L * w).backward()                            # 3. backward: .grad += w ∂L_i/∂θ
+                L = loss_fn(*mb)  # 2. forward (graph recorded)
+                (L * w).backward()  # 3. backward: .grad += w ∂L_i/∂θ
                 L_step += w * L.item()
-            total = (clip_grad_norm(theta, clip) if clip is not None      # 4. clip, after backward
-                     else global_grad_norm(theta))
-            opt.step()                                        # 5. step
+            total = (
+                clip_grad_norm(theta, clip)
+                if clip is not None  # 4. clip, after backward
+                else global_grad_norm(theta)
+            )
+            opt.step()  # 5. step
         else:
             grads = None
             for *mb, w in micro_batches:
-                L, g = grads_fn(*mb)                          # 2-3. forward and backward by hand
+                L, g = grads_fn(*mb)  # 2-3. forward and backward by hand
                 L_step += w * float(L)
                 if grads is None:
                     grads = {k: w * v for k, v in g.items()} if isinstance(g, dict) else [w * v for v in g]
                 else:
-                    for k in (g.keys() if isinstance(g, dict) else range(len(g))):
+                    for k in g.keys() if isinstance(g, dict) else range(len(g)):
                         grads[k].add_(g[k], alpha=w)
-            total = (clip_grad_norm(grads, clip, are_grads=True) if clip is not None   # 4. clip
-                     else global_grad_norm(grads, are_grads=True))
-            opt.step(grads)                                   # 5. step with the given gradients
+            total = (
+                clip_grad_norm(grads, clip, are_grads=True)
+                if clip is not None  # 4. clip
+                else global_grad_norm(grads, are_grads=True)
+            )
+            opt.step(grads)  # 5. step with the given gradients
         history["loss"].append(L_step)
         history["lr"].append(get_lr(opt))
         history["grad_norm"].append(float(total))
@@ -135,17 +153,18 @@ def train(opt, get_batch, steps: int, loss_fn=None, grads_fn=None, params=None, 
 
 def lm_loss(model, idx, targets) -> torch.Tensor:
     """L = mean over (b, n) of −log softmax(model(idx))[b, n, targets[b, n]]: next-token cross-entropy."""
-    logits = model(idx)                                                   # (B, N, V)
-    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())      # (B·N, V) vs (B·N,)
+    logits = model(idx)  # (B, N, V)
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())  # (B·N, V) vs (B·N,)
 
 
 @torch.no_grad()
-def eval_lm(model, data: torch.Tensor, batches: int = 8, batch_size: int = 16, n_ctx: int = 32,
-            seed: int = 10_000) -> float:
+def eval_lm(
+    model, data: torch.Tensor, batches: int = 8, batch_size: int = 16, n_ctx: int = 32, seed: int = 10_000
+) -> float:
     """Mean of lm_loss over ``batches`` fixed random windows of ``data`` (batch s uses seed + s; no training)."""
     device = next(model.parameters()).device
     total = 0.0
     for s in range(batches):
-        idx, targets = get_batch(data, batch_size, n_ctx, seed=seed + s, device=device)   # (B, N), (B, N)
+        idx, targets = get_batch(data, batch_size, n_ctx, seed=seed + s, device=device)  # (B, N), (B, N)
         total += lm_loss(model, idx, targets).item()
     return total / batches

@@ -5,6 +5,7 @@ gradient of the cat MLP with ``helpers.cat_mlp`` (hand-written backward, float64
 ``sweep_animation()`` moves one number through a range and returns a matplotlib
 animation; ``anim.to_jshtml()`` keeps its own slider and buttons on a page with no kernel.
 """
+
 from __future__ import annotations
 
 from typing import Mapping, Sequence
@@ -38,7 +39,9 @@ def slider_specs(params: Mapping | None = None) -> list:
     for name in ("x", "W1", "b1", "W2", "b2"):
         t = params[name].detach().to("cpu", torch.float64)
         lo, hi = _RANGES[name]
-        for index in torch.cartesian_prod(*[torch.arange(n) for n in t.shape]).reshape(t.numel(), -1).tolist():
+        for index in (
+            torch.cartesian_prod(*[torch.arange(n) for n in t.shape]).reshape(t.numel(), -1).tolist()
+        ):
             index = tuple(index)
             specs.append((name, index, t[index].item(), lo, hi))
     return specs
@@ -94,9 +97,17 @@ def cat_panel(params: Mapping | None = None, decimals: int = 6, graph: bool = Fa
     sliders, keys = {}, {}
     for name, index, value, lo, hi in slider_specs(base):
         label = _label(name, index)
-        sliders[label] = widgets.FloatSlider(value=value, min=lo, max=hi, step=step, description=label,
-                                             readout_format=".2f", continuous_update=False,
-                                             style={"description_width": "56px"}, layout={"width": "250px"})
+        sliders[label] = widgets.FloatSlider(
+            value=value,
+            min=lo,
+            max=hi,
+            step=step,
+            description=label,
+            readout_format=".2f",
+            continuous_update=False,
+            style={"description_width": "56px"},
+            layout={"width": "250px"},
+        )
         keys[_key(name, index)] = label
 
     out = widgets.Output()
@@ -117,14 +128,15 @@ def cat_panel(params: Mapping | None = None, decimals: int = 6, graph: bool = Fa
     def column(prefixes):
         return widgets.VBox([s for lab, s in sliders.items() if lab.startswith(prefixes)])
 
-    columns = widgets.HBox([column(("x[",)), column(("W1[0,", "b1[0]")), column(("W1[1,", "b1[1]")),
-                            column(("W2[", "b2["))])
+    columns = widgets.HBox(
+        [column(("x[",)), column(("W1[0,", "b1[0]")), column(("W1[1,", "b1[1]")), column(("W2[", "b2["))]
+    )
     box = widgets.VBox([columns, out])
     box.sliders = sliders
     box.last_text = ""
     errors = widgets.interactive_output(update, {k: sliders[lab] for k, lab in keys.items()})
-    box.children = (columns, out, errors)   # ``errors`` stays empty unless update() raises
-    if not box.last_text:                   # interactive_output calls update once; be sure anyway
+    box.children = (columns, out, errors)  # ``errors`` stays empty unless update() raises
+    if not box.last_text:  # interactive_output calls update once; be sure anyway
         update(**{k: sliders[lab].value for k, lab in keys.items()})
     return box
 
@@ -157,42 +169,58 @@ def sweep(name: str, index: Sequence[int], values: Sequence[float], params: Mapp
     return rows
 
 
-def sweep_animation(name: str = "b1", index: Sequence[int] = (1,), values: Sequence[float] | None = None,
-                    params: Mapping | None = None, dpi: int = 60, interval: int = 600):
+def sweep_animation(
+    name: str = "b1",
+    index: Sequence[int] = (1,),
+    values: Sequence[float] | None = None,
+    params: Mapping | None = None,
+    dpi: int = 60,
+    interval: int = 600,
+):
     """FuncAnimation: L and the gradients the 2nd hidden unit controls as one entry sweeps a range."""
     import matplotlib.pyplot as plt
     from matplotlib.animation import FuncAnimation
 
     if values is None:
-        values = [-0.26 + 0.04 * k for k in range(11)]   # steps over h2 = 0, never onto it
+        values = [-0.26 + 0.04 * k for k in range(11)]  # steps over h2 = 0, never onto it
     label = _label(name, tuple(index))
 
     def series(rows):
-        return ([r["value"] for r in rows], [r["cache"]["L"].item() for r in rows],
-                {"∂L/∂b1[1]": [r["grads"]["b1"][1].item() for r in rows],
-                 "∂L/∂W1[1,1]": [r["grads"]["W1"][1, 1].item() for r in rows],
-                 "∂L/∂W2[0,1]": [r["grads"]["W2"][0, 1].item() for r in rows],
-                 "∂L/∂ŷ": [r["grads"]["y_hat"][0].item() for r in rows]})
+        return (
+            [r["value"] for r in rows],
+            [r["cache"]["L"].item() for r in rows],
+            {
+                "∂L/∂b1[1]": [r["grads"]["b1"][1].item() for r in rows],
+                "∂L/∂W1[1,1]": [r["grads"]["W1"][1, 1].item() for r in rows],
+                "∂L/∂W2[0,1]": [r["grads"]["W2"][0, 1].item() for r in rows],
+                "∂L/∂ŷ": [r["grads"]["y_hat"][0].item() for r in rows],
+            },
+        )
 
-    rows = sweep(name, index, values, params)                       # one frame per value
+    rows = sweep(name, index, values, params)  # one frame per value
     vs, L, curves = series(rows)
     lo, hi = min(vs), max(vs)
-    fine_vs, fine_L, fine_curves = series(sweep(name, index, [lo + (hi - lo) * k / 160 for k in range(161)], params))
+    fine_vs, fine_L, fine_curves = series(
+        sweep(name, index, [lo + (hi - lo) * k / 160 for k in range(161)], params)
+    )
     h2 = [r["cache"]["h"][1].item() for r in rows]
     alive = [v > 0 for v in h2]
     # where h2 crosses 0 between two frames (h2 is linear in any single input or weight)
-    switches = [vs[i] - h2[i] * (vs[i + 1] - vs[i]) / (h2[i + 1] - h2[i])
-                for i in range(len(vs) - 1) if alive[i] != alive[i + 1]]
+    switches = [
+        vs[i] - h2[i] * (vs[i + 1] - vs[i]) / (h2[i + 1] - h2[i])
+        for i in range(len(vs) - 1)
+        if alive[i] != alive[i + 1]
+    ]
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.3), dpi=dpi)
     ax1.plot(fine_vs, fine_L, "-", color="#444444")
-    dot1, = ax1.plot([vs[0]], [L[0]], "o", ms=9, color="#c0392b")
+    (dot1,) = ax1.plot([vs[0]], [L[0]], "o", ms=9, color="#c0392b")
     ax1.set_xlabel(label)
     ax1.set_ylabel("L")
     dots = []
-    for (lab, ys) in curves.items():
-        line, = ax2.plot(fine_vs, fine_curves[lab], "-", label=lab)
-        d, = ax2.plot([vs[0]], [ys[0]], "o", ms=7, color=line.get_color())
+    for lab, ys in curves.items():
+        (line,) = ax2.plot(fine_vs, fine_curves[lab], "-", label=lab)
+        (d,) = ax2.plot([vs[0]], [ys[0]], "o", ms=7, color=line.get_color())
         dots.append((d, ys))
     ax2.axhline(0, color="#999999", lw=0.8)
     ax2.set_xlabel(label)
@@ -207,7 +235,11 @@ def sweep_animation(name: str = "b1", index: Sequence[int] = (1,), values: Seque
     fig.tight_layout(rect=(0, 0, 1, 0.92))
 
     def draw(i):
-        state = "alive: gradient flows into W1[1,:], b1[1], W2[0,1]" if alive[i] else "dead: ReLU blocks it, those gradients are 0"
+        state = (
+            "alive: gradient flows into W1[1,:], b1[1], W2[0,1]"
+            if alive[i]
+            else "dead: ReLU blocks it, those gradients are 0"
+        )
         title.set_text(f"{label} = {vs[i]:.3f}   h2 = {h2[i]:.3f}   L = {L[i]:.4f}   unit 2 {state}")
         dot1.set_data([vs[i]], [L[i]])
         for d, ys in dots:
@@ -216,5 +248,5 @@ def sweep_animation(name: str = "b1", index: Sequence[int] = (1,), values: Seque
 
     draw(0)
     anim = FuncAnimation(fig, draw, frames=len(rows), interval=interval, blit=False)
-    plt.close(fig)   # the notebook shows anim.to_jshtml(), not a stray static figure
+    plt.close(fig)  # the notebook shows anim.to_jshtml(), not a stray static figure
     return anim

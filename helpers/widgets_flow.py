@@ -9,6 +9,7 @@ norms. Only ``interactive_output``, ``IntSlider``, ``Dropdown``, ``Checkbox``,
 one precomputed frame per setting, as a matplotlib animation whose
 ``to_jshtml()`` carries its own slider.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -40,8 +41,9 @@ def _label(activation, residual, layernorm, init_scale):
 def draw_flow(ax, norms, activation, residual, layernorm, init_scale, ylim=None):
     """Draw one setting's per-layer norms on ``ax`` (a fixed ``ylim`` lets frames compare)."""
     ax.clear()
-    plot_layer_norms({activation: norms}, ax=ax, ylim=ylim,
-                     title=_label(activation, residual, layernorm, init_scale))
+    plot_layer_norms(
+        {activation: norms}, ax=ax, ylim=ylim, title=_label(activation, residual, layernorm, init_scale)
+    )
     return ax
 
 
@@ -52,15 +54,24 @@ def flow_panel(width: int = 32, batch: int = 64, max_depth: int = 40, record: li
         "activation": W.Dropdown(options=["sigmoid", "relu", "gelu"], value="relu", description="activation"),
         "residual": W.Checkbox(value=False, description="residual"),
         "layernorm": W.Checkbox(value=False, description="LayerNorm"),
-        "init_scale": W.Dropdown(options=[("1 (LeCun)", 1.0), ("√2 (He)", 2 ** 0.5), ("2", 2.0)],
-                                 value=1.0, description="init scale"),
+        "init_scale": W.Dropdown(
+            options=[("1 (LeCun)", 1.0), ("√2 (He)", 2**0.5), ("2", 2.0)], value=1.0, description="init scale"
+        ),
     }
 
     def redraw(depth, activation, residual, layernorm, init_scale):
         norms = flow_norms(depth, activation, residual, layernorm, init_scale, width, batch)
         if record is not None:
-            record.append({"depth": depth, "activation": activation, "residual": residual,
-                           "layernorm": layernorm, "init_scale": init_scale, "norms": norms})
+            record.append(
+                {
+                    "depth": depth,
+                    "activation": activation,
+                    "residual": residual,
+                    "layernorm": layernorm,
+                    "init_scale": init_scale,
+                    "norms": norms,
+                }
+            )
         fig, ax = plt.subplots(figsize=(5.5, 3.2), dpi=DPI)
         draw_flow(ax, norms, activation, residual, layernorm, init_scale)
         fig.tight_layout()
@@ -69,8 +80,9 @@ def flow_panel(width: int = 32, batch: int = 64, max_depth: int = 40, record: li
 
     out = W.interactive_output(redraw, controls)
     c = controls
-    return W.VBox([W.HBox([c["depth"], c["activation"], c["init_scale"]]),
-                   W.HBox([c["residual"], c["layernorm"]]), out])
+    return W.VBox(
+        [W.HBox([c["depth"], c["activation"], c["init_scale"]]), W.HBox([c["residual"], c["layernorm"]]), out]
+    )
 
 
 def flow_settings(activations=("sigmoid", "relu", "gelu"), init_scales=(1.0,)):
@@ -78,8 +90,14 @@ def flow_settings(activations=("sigmoid", "relu", "gelu"), init_scales=(1.0,)):
     return list(itertools.product(activations, (False, True), (False, True), init_scales))
 
 
-def flow_animation(settings=None, depth: int = 20, width: int = 32, batch: int = 64, interval: int = 1200,
-                   precomputed: dict | None = None):
+def flow_animation(
+    settings=None,
+    depth: int = 20,
+    width: int = 32,
+    batch: int = 64,
+    interval: int = 1200,
+    precomputed: dict | None = None,
+):
     """A FuncAnimation, one frame per setting; ``.to_jshtml()`` gives the site a slider over them.
 
     ``precomputed`` maps a setting (activation, residual, layernorm, init_scale) to norms
@@ -89,10 +107,12 @@ def flow_animation(settings=None, depth: int = 20, width: int = 32, batch: int =
     if not settings:
         raise ValueError("settings: expected at least one (activation, residual, layernorm, init) tuple")
     precomputed = precomputed or {}
-    frames = [(s, precomputed[s] if s in precomputed else flow_norms(depth, *s, width=width, batch=batch))
-              for s in settings]
+    frames = [
+        (s, precomputed[s] if s in precomputed else flow_norms(depth, *s, width=width, batch=batch))
+        for s in settings
+    ]
     positive = [v for _, norms in frames for v in norms if v > 0]
-    ylim = (min(positive) / 3, max(positive) * 3)   # one range for every frame, so heights compare
+    ylim = (min(positive) / 3, max(positive) * 3)  # one range for every frame, so heights compare
     fig, ax = plt.subplots(figsize=(5, 3), dpi=72)
 
     def update(i):
@@ -103,6 +123,6 @@ def flow_animation(settings=None, depth: int = 20, width: int = 32, batch: int =
     update(0)
     fig.tight_layout()
     anim = FuncAnimation(fig, update, frames=len(frames), interval=interval, blit=False)
-    plt.close(fig)   # the animation owns the figure; do not show it a second time as a still
+    plt.close(fig)  # the animation owns the figure; do not show it a second time as a still
     anim.frame_data = frames
     return anim

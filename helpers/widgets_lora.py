@@ -7,6 +7,7 @@ it reuses precomputed runs and caches new ones.  ``lora_animation(...)`` is the 
 counterpart: one precomputed frame per (r, α), a matplotlib animation whose ``to_jshtml()``
 carries its own slider.
 """
+
 from __future__ import annotations
 
 from functools import partial
@@ -24,19 +25,40 @@ from helpers.train import lm_loss, train
 __all__ = ["lora_run", "draw_run", "lora_panel", "lora_animation"]
 
 
-def lora_run(config, base_state: dict, data, r: int, alpha: float, steps: int = 100, lr: float = 1e-2,
-             batch_size: int = 16, seed: int = 1000, device=None) -> dict:
+def lora_run(
+    config,
+    base_state: dict,
+    data,
+    r: int,
+    alpha: float,
+    steps: int = 100,
+    lr: float = 1e-2,
+    batch_size: int = 16,
+    seed: int = 1000,
+    device=None,
+) -> dict:
     """Fine-tune TinyGPT(config) loaded with base_state, adapters on Q and V of rank r: losses, counts, bytes."""
     model = TinyGPT(config).to(device or "cpu")
     model.load_state_dict(base_state)
     add_lora_attention(model, r=r, alpha=alpha)
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
     device = next(model.parameters()).device
-    hist = train(opt, lambda s: get_batch(data, batch_size, config.n_ctx, seed=seed + s, device=device), steps,
-                 loss_fn=partial(lm_loss, model), progress=False)
+    hist = train(
+        opt,
+        lambda s: get_batch(data, batch_size, config.n_ctx, seed=seed + s, device=device),
+        steps,
+        loss_fn=partial(lm_loss, model),
+        progress=False,
+    )
     counts = parameter_counts(model)
-    return {"r": r, "alpha": alpha, "losses": hist["loss"], "trainable": counts["trainable"],
-            "total": counts["total"], "opt_bytes": optimizer_state_bytes(opt)}
+    return {
+        "r": r,
+        "alpha": alpha,
+        "losses": hist["loss"],
+        "trainable": counts["trainable"],
+        "total": counts["total"],
+        "opt_bytes": optimizer_state_bytes(opt),
+    }
 
 
 def _smooth(v, k=10):
@@ -60,20 +82,34 @@ def draw_run(ax, run: dict, reference: dict | None = None, ylim=None):
     ax.set_ylabel("loss (running mean of 10)")
     if ylim is not None:
         ax.set_ylim(*ylim)
-    ax.set_title(f"r={run['r']}, α={run['alpha']:g}, α/r={run['alpha'] / run['r']:g}: "
-                 f"{run['trainable']} trainable of {run['total']}, Adam state {fmt_bytes(run['opt_bytes'])}",
-                 fontsize=9)
+    ax.set_title(
+        f"r={run['r']}, α={run['alpha']:g}, α/r={run['alpha'] / run['r']:g}: "
+        f"{run['trainable']} trainable of {run['total']}, Adam state {fmt_bytes(run['opt_bytes'])}",
+        fontsize=9,
+    )
     ax.legend(fontsize=8, loc="upper right")
     return ax
 
 
-def lora_panel(config, base_state: dict, data, ranks=(1, 2, 4, 8, 16), alphas=(4.0, 16.0), steps: int = 100,
-               lr: float = 1e-2, precomputed: dict | None = None, reference: dict | None = None,
-               record: list | None = None, device=None):
+def lora_panel(
+    config,
+    base_state: dict,
+    data,
+    ranks=(1, 2, 4, 8, 16),
+    alphas=(4.0, 16.0),
+    steps: int = 100,
+    lr: float = 1e-2,
+    precomputed: dict | None = None,
+    reference: dict | None = None,
+    record: list | None = None,
+    device=None,
+):
     """Live panel: choose r and α; the run is looked up in ``precomputed`` {(r, α): run} or trained (then cached)."""
     cache = dict(precomputed or {})
-    controls = {"r": W.Dropdown(options=list(ranks), value=ranks[len(ranks) // 2], description="rank r"),
-                "alpha": W.Dropdown(options=list(alphas), value=alphas[-1], description="α")}
+    controls = {
+        "r": W.Dropdown(options=list(ranks), value=ranks[len(ranks) // 2], description="rank r"),
+        "alpha": W.Dropdown(options=list(alphas), value=alphas[-1], description="α"),
+    }
 
     def redraw(r, alpha):
         key = (r, float(alpha))
@@ -99,7 +135,7 @@ def lora_animation(runs: dict, reference: dict | None = None, interval: int = 15
     curves = [runs[k]["losses"] for k in keys] + list((reference or {}).values())
     lo = min(min(_smooth(c)) for c in curves)
     hi = max(max(_smooth(c)) for c in curves)
-    ylim = (lo - 0.05 * (hi - lo), hi + 0.05 * (hi - lo))   # one range for every frame, so curves compare
+    ylim = (lo - 0.05 * (hi - lo), hi + 0.05 * (hi - lo))  # one range for every frame, so curves compare
     fig, ax = plt.subplots(figsize=(6.5, 3.4), dpi=72)
 
     def update(i):

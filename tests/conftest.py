@@ -11,6 +11,7 @@ is missing, so a test file never re-implements the check:
 
 ``slow`` is informational (deselect with ``-m "not slow"``).
 """
+
 from __future__ import annotations
 
 import functools
@@ -32,6 +33,7 @@ CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 # Each returns None when the requirement is met, else the reason to skip (one line).
 # Cached and computed only when a test with the marker is collected (torch is slow to import).
 
+
 @functools.lru_cache(maxsize=None)
 def missing_gpu() -> str | None:
     import torch
@@ -42,8 +44,10 @@ def missing_gpu() -> str | None:
 @functools.lru_cache(maxsize=None)
 def missing_browser() -> str | None:
     if not Path(CHROMIUM).exists():
-        return (f"needs Chromium: none at {CHROMIUM} "
-                "(apt-get install chromium, or set CHROMIUM=/path/to/chromium)")
+        return (
+            f"needs Chromium: none at {CHROMIUM} "
+            "(apt-get install chromium, or set CHROMIUM=/path/to/chromium)"
+        )
     if importlib.util.find_spec("playwright") is None:
         return "needs Playwright (pip install playwright)"
     return None
@@ -63,8 +67,12 @@ def missing_triton() -> str | None:
     return None if importlib.util.find_spec("triton") is not None else "needs Triton (pip install triton)"
 
 
-MISSING = {"gpu": missing_gpu, "browser": missing_browser, "sandbox": missing_sandbox,
-           "triton": missing_triton}
+MISSING = {
+    "gpu": missing_gpu,
+    "browser": missing_browser,
+    "sandbox": missing_sandbox,
+    "triton": missing_triton,
+}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -75,6 +83,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 # ------------------------------------------------------------------ shared fixtures
+
 
 @pytest.fixture(scope="session")
 def repo_root() -> Path:

@@ -1,4 +1,5 @@
 """helpers.attention: the hand-written attention backward against autograd, SDPA and nn.MultiheadAttention."""
+
 import math
 
 import pytest
@@ -43,7 +44,7 @@ def padding(B, Nk, pads):
     kpm = torch.zeros(B, Nk, dtype=torch.bool)
     for b, p in enumerate(pads):
         if p:
-            kpm[b, Nk - p:] = True
+            kpm[b, Nk - p :] = True
     return kpm
 
 
@@ -60,6 +61,7 @@ def sdpa_mask(Nq, Nk, causal, kpm, align="top_left"):
 
 # ---------------------------------------------------------------- softmax
 
+
 def test_masked_softmax_matches_torch_and_gives_zero_rows():
     S = randn(4, 7, seed=3, dtype=F64)
     assert torch.allclose(masked_softmax(S), torch.softmax(S, -1), atol=1e-15)
@@ -75,21 +77,26 @@ def test_masked_softmax_matches_torch_and_gives_zero_rows():
 
 # ---------------------------------------------------------------- gradcheck (float64)
 
-@pytest.mark.parametrize("Nq,Nk,causal,pads,align", [
-    (5, 5, False, None, "top_left"),        # no mask
-    (5, 5, True, None, "top_left"),         # causal, square
-    (3, 6, True, None, "top_left"),         # causal, fewer queries than keys
-    (3, 6, True, None, "bottom_right"),     # the KV-cache alignment
-    (6, 4, True, None, "bottom_right"),     # more queries than keys: two rows see nothing
-    (6, 4, True, None, "top_left"),         # ... but every row sees key 0 top-left
-    (5, 5, False, (0, 2), "top_left"),      # key padding
-    (4, 6, True, (1, 6), "bottom_right"),   # both, and a fully padded sequence
-])
+
+@pytest.mark.parametrize(
+    "Nq,Nk,causal,pads,align",
+    [
+        (5, 5, False, None, "top_left"),  # no mask
+        (5, 5, True, None, "top_left"),  # causal, square
+        (3, 6, True, None, "top_left"),  # causal, fewer queries than keys
+        (3, 6, True, None, "bottom_right"),  # the KV-cache alignment
+        (6, 4, True, None, "bottom_right"),  # more queries than keys: two rows see nothing
+        (6, 4, True, None, "top_left"),  # ... but every row sees key 0 top-left
+        (5, 5, False, (0, 2), "top_left"),  # key padding
+        (4, 6, True, (1, 6), "bottom_right"),  # both, and a fully padded sequence
+    ],
+)
 def test_gradcheck_attention(Nq, Nk, causal, pads, align):
     Q, K, V = qkv(H=2, Nq=Nq, Nk=Nk, d=3)
     kpm = None if pads is None else padding(2, Nk, pads)
-    assert gradcheck(lambda q, k, v: attention(q, k, v, causal=causal, key_padding_mask=kpm, align=align),
-                     (Q, K, V))
+    assert gradcheck(
+        lambda q, k, v: attention(q, k, v, causal=causal, key_padding_mask=kpm, align=align), (Q, K, V)
+    )
 
 
 def test_gradcheck_explicit_scale_and_dv_not_equal_d():
@@ -103,18 +110,27 @@ def test_needs_input_grad_is_respected():
     K.requires_grad_(False)
     attention(Q, K, V).sum().backward()
     assert K.grad is None and Q.grad is not None and V.grad is not None
-    gQ, gK, gV = attention_backward(Q, K, V, torch.softmax(Q @ K.mT / 2, -1), torch.ones_like(Q), 0.5,
-                                    needs=(False, False, True))
+    gQ, gK, gV = attention_backward(
+        Q, K, V, torch.softmax(Q @ K.mT / 2, -1), torch.ones_like(Q), 0.5, needs=(False, False, True)
+    )
     assert gQ is None and gK is None and gV is not None
 
 
 # ---------------------------------------------------------------- vs PyTorch (float32)
 
-@pytest.mark.parametrize("Nq,Nk,causal,pads,align", [
-    (6, 6, False, None, "top_left"), (6, 6, True, None, "top_left"), (3, 7, True, None, "top_left"),
-    (3, 7, True, None, "bottom_right"), (7, 3, True, None, "top_left"), (5, 5, True, (0, 2), "bottom_right"),
-    (4, 6, False, (3, 0), "top_left"),
-])
+
+@pytest.mark.parametrize(
+    "Nq,Nk,causal,pads,align",
+    [
+        (6, 6, False, None, "top_left"),
+        (6, 6, True, None, "top_left"),
+        (3, 7, True, None, "top_left"),
+        (3, 7, True, None, "bottom_right"),
+        (7, 3, True, None, "top_left"),
+        (5, 5, True, (0, 2), "bottom_right"),
+        (4, 6, False, (3, 0), "top_left"),
+    ],
+)
 def test_forward_and_grads_match_sdpa_float32(Nq, Nk, causal, pads, align):
     Q, K, V = qkv(Nq=Nq, Nk=Nk, d=8, dtype=torch.float32, seed=5)
     Q2, K2, V2 = (t.detach().clone().requires_grad_() for t in (Q, K, V))
@@ -131,20 +147,31 @@ def test_forward_and_grads_match_sdpa_float32(Nq, Nk, causal, pads, align):
 
 
 def test_causal_means_sdpa_is_causal_and_bottom_right_is_named():
-    assert torch.equal(causal_mask(3, 5), torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0]]).bool())
-    assert torch.equal(causal_mask(3, 5, "bottom_right"),
-                       torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]).bool())
+    assert torch.equal(
+        causal_mask(3, 5), torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0]]).bool()
+    )
+    assert torch.equal(
+        causal_mask(3, 5, "bottom_right"),
+        torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]).bool(),
+    )
     assert torch.equal(causal_mask(4, 4), causal_mask(4, 4, "bottom_right"))
     assert torch.equal(causal_mask(4, 4), torch.ones(4, 4, dtype=torch.bool).tril())
     # a tile is the same block of the whole mask, for both alignments
     for align in ("top_left", "bottom_right"):
         assert torch.equal(causal_mask(7, 9, align, tile=(2, 3, 4, 5)), causal_mask(7, 9, align)[2:6, 3:8])
     from torch.nn.attention.bias import causal_lower_right, causal_upper_left
+
     Q, K, V = qkv(Nq=3, Nk=6, dtype=torch.float32)
     ours = attention(Q, K, V, causal=True)
-    assert torch.allclose(ours, F.scaled_dot_product_attention(Q, K, V, is_causal=True), atol=ATOL32, rtol=RTOL32)
-    assert torch.allclose(ours, F.scaled_dot_product_attention(Q, K, V, attn_mask=causal_upper_left(3, 6)),
-                          atol=ATOL32, rtol=RTOL32)
+    assert torch.allclose(
+        ours, F.scaled_dot_product_attention(Q, K, V, is_causal=True), atol=ATOL32, rtol=RTOL32
+    )
+    assert torch.allclose(
+        ours,
+        F.scaled_dot_product_attention(Q, K, V, attn_mask=causal_upper_left(3, 6)),
+        atol=ATOL32,
+        rtol=RTOL32,
+    )
     ours = attention(Q, K, V, causal=True, align="bottom_right")
     assert not torch.allclose(ours, F.scaled_dot_product_attention(Q, K, V, is_causal=True), atol=1e-3)
     ref = F.scaled_dot_product_attention(Q, K, V, attn_mask=causal_lower_right(3, 6))
@@ -158,7 +185,7 @@ def test_fully_masked_rows_give_zeros_not_nan():
     O.sum().backward()
     assert not torch.isnan(O).any() and not torch.isnan(Q.grad).any()
     assert torch.equal(O[0, :, :2], torch.zeros_like(O[0, :, :2]))  # rows 0, 1 see no key (6 > 4)
-    assert torch.equal(O[1], torch.zeros_like(O[1]))                # every key padded
+    assert torch.equal(O[1], torch.zeros_like(O[1]))  # every key padded
     assert torch.equal(Q.grad[1], torch.zeros_like(Q.grad[1]))
 
 
@@ -167,13 +194,14 @@ def test_padded_key_gets_exactly_zero_gradient():
     kpm = padding(2, 5, (2, 0))
     O, P = Attention.apply(Q, K, V, ~kpm[:, None, None, :], None)
     (O * randn(*O.shape, seed=4)).sum().backward()
-    assert torch.count_nonzero(P[0, :, :, 3:]) == 0                 # the padded columns
+    assert torch.count_nonzero(P[0, :, :, 3:]) == 0  # the padded columns
     assert torch.count_nonzero(K.grad[0, :, 3:]) == 0 and torch.count_nonzero(V.grad[0, :, 3:]) == 0
-    assert torch.count_nonzero(Q.grad[0, :, 3:]) > 0                # padded *queries* still get grads
-    assert torch.count_nonzero(P[0, :, 3:, :]) > 0                  # ...their rows are not zero
+    assert torch.count_nonzero(Q.grad[0, :, 3:]) > 0  # padded *queries* still get grads
+    assert torch.count_nonzero(P[0, :, 3:, :]) > 0  # ...their rows are not zero
 
 
 # ---------------------------------------------------------------- deliberately wrong backwards fail
+
 
 class SeedAttention(torch.autograd.Function):
     """Seed 000's SimpleAttention: no 1/√d, and a softmax backward that keeps only diag p(1 − p)."""
@@ -194,7 +222,7 @@ class SeedAttention(torch.autograd.Function):
         P = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
         grad_v = P.transpose(-2, -1) @ grad_output
         grad_P = grad_output @ v.transpose(-2, -1)
-        grad_S = grad_P * (P - P ** 2)          # the seed's diagonal-only softmax derivative
+        grad_S = grad_P * (P - P**2)  # the seed's diagonal-only softmax derivative
         return grad_S @ k, grad_S.transpose(-2, -1) @ q, grad_v
 
 
@@ -212,6 +240,7 @@ def test_seed_diagonal_only_softmax_backward_fails_gradcheck():
 def test_broken_backward_missing_scale_fails_gradcheck(monkeypatch):
     def no_scale(Q, K, V, P, grad_O, scale, needs=(True, True, True)):
         return attention_backward(Q, K, V, P, grad_O, 1.0, needs)
+
     monkeypatch.setattr(attn_mod, "attention_backward", no_scale)
     Q, K, V = qkv()
     assert not gradcheck(lambda q, k, v: attention(q, k, v), (Q, K, V), raise_exception=False)
@@ -225,11 +254,12 @@ def test_broken_softmax_backward_fails_gradcheck(monkeypatch):
 
 # ---------------------------------------------------------------- heads and nn.MultiheadAttention
 
+
 def test_split_merge_heads_roundtrip_and_layout():
     x = torch.arange(2 * 3 * 8, dtype=F64).reshape(2, 3, 8)
     h = split_heads(x, 4)
     assert h.shape == (2, 4, 3, 2)
-    assert torch.equal(h[1, 2, 0], x[1, 0, 4:6])   # head 2 owns columns 4, 5
+    assert torch.equal(h[1, 2, 0], x[1, 0, 4:6])  # head 2 owns columns 4, 5
     assert torch.equal(merge_heads(h), x)
 
 
@@ -250,7 +280,7 @@ def test_mha_forward_and_manual_backward_match_nn_multiheadattention(dtype, atol
     X = randn(B, N, E, seed=3, dtype=dtype, requires_grad=True)
     G = randn(B, N, E, seed=4, dtype=dtype)
     kpm = None if pads is None else padding(B, N, pads)
-    attn_mask = ~causal_mask(N, N) if causal else None    # nn.MultiheadAttention: True = blocked
+    attn_mask = ~causal_mask(N, N) if causal else None  # nn.MultiheadAttention: True = blocked
     Y_ref, _ = ref(X, X, X, key_padding_mask=kpm, attn_mask=attn_mask, need_weights=False)
     Y_ref.backward(G)
     Y = ours.forward(X.detach(), causal=causal, key_padding_mask=kpm)
@@ -288,6 +318,7 @@ def test_mha_padded_token_embedding_gets_zero_grad_from_other_tokens_loss():
 
 # ---------------------------------------------------------------- memory
 
+
 def test_saved_bytes_equal_formula_for_the_function_and_for_naive_attention():
     B, H, N, d = 2, 3, 16, 4
     Q, K, V = qkv(B, H, N, N, d, dtype=torch.float32)
@@ -302,29 +333,37 @@ def test_saved_bytes_equal_formula_for_the_function_and_for_naive_attention():
 
 # ---------------------------------------------------------------- bad input
 
-@pytest.mark.parametrize("call", [
-    lambda: attention(torch.zeros(2, 3, 4), torch.zeros(2, 3, 4), torch.zeros(2, 3, 4)),       # 3-D
-    lambda: attention(torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 3, 5), torch.zeros(1, 1, 3, 5)),  # d differs
-    lambda: attention(torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 3, 4), torch.zeros(1, 1, 2, 4)),  # Nk differs
-    lambda: attention(*qkv(Nk=5), key_padding_mask=torch.zeros(2, 4, dtype=torch.bool)),
-    lambda: attention(*qkv(Nk=5), key_padding_mask=torch.zeros(2, 5)),                         # not bool
-    lambda: attention_forward(*qkv(), mask=torch.ones(3, 3, dtype=torch.bool)),
-    lambda: attention(torch.zeros(1, 1, 2, 4, dtype=torch.long), *qkv(1, 1, 2, 2)[1:]),
-    lambda: split_heads(torch.zeros(2, 3, 8), 3),
-    lambda: merge_heads(torch.zeros(2, 3, 8)),
-    lambda: causal_mask(0, 3),
-    lambda: causal_mask(3, 3.0),
-    lambda: causal_mask(3, 3, "diagonal"),
-    lambda: attention(*qkv(), causal="yes"),
-    lambda: attention(*qkv(), causal=True, align="bottom-right"),
-    lambda: attention(*qkv(Nk=0)),                                                              # no keys
-    lambda: attention(qkv()[0], qkv()[1].float(), qkv()[2]),                                    # mixed dtypes
-    lambda: attention(qkv()[0], qkv()[1].to("meta"), qkv()[2]),                                 # mixed devices
-    lambda: attention_saved_bytes_formula(16, 12, 512, 0),
-    lambda: MultiHeadSelfAttention(8, 3),
-    lambda: mha_forward(torch.zeros(2, 3, 8), {}, 2),
-    lambda: MultiHeadSelfAttention(8, 2).backward(torch.zeros(1, 2, 8)),
-])
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: attention(torch.zeros(2, 3, 4), torch.zeros(2, 3, 4), torch.zeros(2, 3, 4)),  # 3-D
+        lambda: attention(
+            torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 3, 5), torch.zeros(1, 1, 3, 5)
+        ),  # d differs
+        lambda: attention(
+            torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 3, 4), torch.zeros(1, 1, 2, 4)
+        ),  # Nk differs
+        lambda: attention(*qkv(Nk=5), key_padding_mask=torch.zeros(2, 4, dtype=torch.bool)),
+        lambda: attention(*qkv(Nk=5), key_padding_mask=torch.zeros(2, 5)),  # not bool
+        lambda: attention_forward(*qkv(), mask=torch.ones(3, 3, dtype=torch.bool)),
+        lambda: attention(torch.zeros(1, 1, 2, 4, dtype=torch.long), *qkv(1, 1, 2, 2)[1:]),
+        lambda: split_heads(torch.zeros(2, 3, 8), 3),
+        lambda: merge_heads(torch.zeros(2, 3, 8)),
+        lambda: causal_mask(0, 3),
+        lambda: causal_mask(3, 3.0),
+        lambda: causal_mask(3, 3, "diagonal"),
+        lambda: attention(*qkv(), causal="yes"),
+        lambda: attention(*qkv(), causal=True, align="bottom-right"),
+        lambda: attention(*qkv(Nk=0)),  # no keys
+        lambda: attention(qkv()[0], qkv()[1].float(), qkv()[2]),  # mixed dtypes
+        lambda: attention(qkv()[0], qkv()[1].to("meta"), qkv()[2]),  # mixed devices
+        lambda: attention_saved_bytes_formula(16, 12, 512, 0),
+        lambda: MultiHeadSelfAttention(8, 3),
+        lambda: mha_forward(torch.zeros(2, 3, 8), {}, 2),
+        lambda: MultiHeadSelfAttention(8, 2).backward(torch.zeros(1, 2, 8)),
+    ],
+)
 def test_bad_input_raises_one_line_value_error(call):
     with pytest.raises(ValueError) as e:
         call()

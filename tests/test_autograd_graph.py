@@ -8,7 +8,10 @@ from helpers.cat_mlp import cat_params, forward
 def _cat_graph():
     p = cat_params(requires_grad=True)
     c = forward(**p)
-    names = {**{k: p[k] for k in ("x", "W1", "b1", "W2", "b2")}, **{k: c[k] for k in ("h", "a", "y_hat", "L")}}
+    names = {
+        **{k: p[k] for k in ("x", "W1", "b1", "W2", "b2")},
+        **{k: c[k] for k in ("h", "a", "y_hat", "L")},
+    }
     return p, c, autograd_graph(c["L"], names)
 
 

@@ -1,4 +1,5 @@
 """helpers.block: one encoder block's manual backward against autograd on nn.TransformerEncoderLayer."""
+
 import pytest
 import torch
 from torch import nn
@@ -90,7 +91,7 @@ def test_params_from_layer_round_trip():
 
 def test_runs_without_autograd_under_no_grad():
     params, X, grad_Y = setup(F64)
-    params = {n: t.requires_grad_(True) for n, t in params.items()}   # even if the weights require grad
+    params = {n: t.requires_grad_(True) for n, t in params.items()}  # even if the weights require grad
     _, ref = autograd_reference({n: t.detach() for n, t in params.items()}, 2, True, "gelu", True, X, grad_Y)
     with torch.no_grad():
         Y, cache = block_forward(X, params, 2, True, True, "gelu")
@@ -107,14 +108,18 @@ def test_without_residual_matches_autograd(norm_first):
     params, X, grad_Y = setup(F64)
     layer = layer_from_params(params, 2, norm_first, "relu")
     Xr = X.clone().requires_grad_(True)
-    if norm_first:   # the same sub-blocks as nn.TransformerEncoderLayer.forward, without "x +"
+    if norm_first:  # the same sub-blocks as nn.TransformerEncoderLayer.forward, without "x +"
         X1 = layer._sa_block(layer.norm1(Xr), None, None)
         Y_ref = layer._ff_block(layer.norm2(X1))
     else:
         X1 = layer.norm1(layer._sa_block(Xr, None, None))
         Y_ref = layer.norm2(layer._ff_block(X1))
-    ref = dict(zip(NAMES, torch.autograd.grad(Y_ref, [Xr, *(layer.get_parameter(n) for n in BLOCK_PARAM_NAMES)],
-                                             grad_Y)))
+    ref = dict(
+        zip(
+            NAMES,
+            torch.autograd.grad(Y_ref, [Xr, *(layer.get_parameter(n) for n in BLOCK_PARAM_NAMES)], grad_Y),
+        )
+    )
     Y, cache = block_forward(X, params, 2, norm_first, residual=False)
     assert compare("Y", Y, Y_ref, quiet=True, **TOL64)
     assert all_match(block_manual_backward(grad_Y, cache), ref, TOL64)

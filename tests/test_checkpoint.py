@@ -20,14 +20,17 @@ from helpers.checkpoint import (
 from helpers.memory import SavedTensors
 
 F64 = torch.float64
-B, N, d, H, d_ff, L = 2, 12, 24, 3, 40, 3     # all different, so every shape in a record is unambiguous
+B, N, d, H, d_ff, L = 2, 12, 24, 3, 40, 3  # all different, so every shape in a record is unambiguous
 
 
 def _stack(dropout=0.0, dtype=F64, activation="gelu", n_layers=L, seed=0):
     torch.manual_seed(seed)
     return nn.ModuleList(
-        nn.TransformerEncoderLayer(d, H, d_ff, dropout=dropout, activation=activation, batch_first=True,
-                                   norm_first=True, dtype=dtype) for _ in range(n_layers))
+        nn.TransformerEncoderLayer(
+            d, H, d_ff, dropout=dropout, activation=activation, batch_first=True, norm_first=True, dtype=dtype
+        )
+        for _ in range(n_layers)
+    )
 
 
 def _x(dtype=F64, seed=1):
@@ -61,6 +64,7 @@ def _max_diff(ga, gb):
 
 # --------------------------------------------------------------------------- gradients
 
+
 @pytest.mark.parametrize("mode", ["ours", "torch"])
 def test_same_gradients_with_and_without_checkpointing(mode):
     blocks, x = _stack(), _x()
@@ -92,7 +96,7 @@ def test_checkpoint_function_gradcheck():
     x = torch.randn(3, 4, dtype=F64, requires_grad=True)
 
     def fn(x, W, b):
-        return torch.tanh(x @ W.T + b)                     # (3, 4) @ (4, 5) -> (3, 5)
+        return torch.tanh(x @ W.T + b)  # (3, 4) @ (4, 5) -> (3, 5)
 
     assert torch.autograd.gradcheck(lambda x, W, b: checkpoint(fn, x, W, b), (x, W, b))
 
@@ -121,24 +125,25 @@ def test_needs_input_grad_gating_frozen_params():
 
 def test_needs_input_grad_gating_skips_data_input():
     W = torch.randn(2, 5, dtype=F64, requires_grad=True)
-    x = torch.randn(4, 5, dtype=F64)                          # data: no gradient wanted
+    x = torch.randn(4, 5, dtype=F64)  # data: no gradient wanted
     seen = []
 
     def fn(x, W):
         seen.append(x.requires_grad)
-        return torch.sin(x @ W.T)                             # (4, 5) @ (5, 2) -> (4, 2)
+        return torch.sin(x @ W.T)  # (4, 5) @ (5, 2) -> (4, 2)
 
     (grad_W,) = torch.autograd.grad(checkpoint(fn, x, W).sum(), [W])
-    assert seen == [False, False]                             # forward and re-run: x never made a leaf
+    assert seen == [False, False]  # forward and re-run: x never made a leaf
     torch.testing.assert_close(grad_W, (torch.cos(x @ W.T)).T @ x)
 
 
 # --------------------------------------------------------------------------- autocast
 
+
 def _autocast_grads(mode, dtype=torch.bfloat16):
     blocks, x = _stack(n_layers=2, dtype=torch.float32), _x(torch.float32)
     with torch.autocast("cpu", dtype=dtype):
-        y = _run(blocks, x, mode)                             # float32 out (the residual), bf16 matmuls inside
+        y = _run(blocks, x, mode)  # float32 out (the residual), bf16 matmuls inside
         L_ = (y.float() ** 2).sum()
     return torch.autograd.grad(L_, [x, *blocks.parameters()])
 
@@ -168,8 +173,11 @@ def test_autocast_state_roundtrip_and_bad_input():
     with autocast_from(s):
         assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
     assert not torch.is_autocast_enabled("cpu")
-    with torch.autocast("cpu", dtype=torch.bfloat16), autocast_from(AutocastState((("cpu", False, torch.bfloat16),))):
-        assert not torch.is_autocast_enabled("cpu")           # a disabled forward stays disabled in the re-run
+    with (
+        torch.autocast("cpu", dtype=torch.bfloat16),
+        autocast_from(AutocastState((("cpu", False, torch.bfloat16),))),
+    ):
+        assert not torch.is_autocast_enabled("cpu")  # a disabled forward stays disabled in the re-run
     with pytest.raises(ValueError):
         with autocast_from("bf16"):
             pass
@@ -177,12 +185,13 @@ def test_autocast_state_roundtrip_and_bad_input():
 
 # --------------------------------------------------------------------------- saved bytes
 
+
 def test_checkpoint_saves_only_block_inputs():
     blocks, x = _stack(dtype=torch.float32), _x(torch.float32)
     params = list(blocks.parameters())
     with SavedTensors(exclude=params, by_op=True) as saved:
         _run(blocks, x, "ours")
-    assert saved.count == L                                  # one input per block, x included
+    assert saved.count == L  # one input per block, x included
     assert saved.total_bytes == L * B * N * d * 4
     assert all(r["shape"] == (B, N, d) for r in saved.records if r["counted"])
 
@@ -198,13 +207,15 @@ def test_formula_matches_measured_stack(activation):
 
 def test_formula_math_attention_has_the_n2_term():
     from torch.nn.attention import SDPBackend, sdpa_kernel
+
     blocks, x = _stack(dtype=torch.float32), _x(torch.float32)
     with sdpa_kernel(SDPBackend.MATH), SavedTensors(exclude=list(blocks.parameters())) as saved:
         _run(blocks, x, "none")
     assert saved.total_bytes == activation_bytes_formula(B, N, d, H, L, d_ff, 4, attention="math")
     extra = block_activation_bytes(B, 2 * N, d, H, d_ff, 4, "math") - 2 * block_activation_bytes(
-        B, N, d, H, d_ff, 4, "math")
-    assert extra == B * H * N * N * 4 * 2                    # the H·N-per-token term is quadratic in N
+        B, N, d, H, d_ff, 4, "math"
+    )
+    assert extra == B * H * N * N * 4 * 2  # the H·N-per-token term is quadratic in N
 
 
 def test_formula_with_tinygpt_head():
@@ -226,6 +237,7 @@ def test_formula_rejects_bad_input():
 
 # --------------------------------------------------------------------------- RNG
 
+
 def test_dropout_same_grads_with_rng_restore():
     blocks, x = _stack(dropout=0.3), _x()
     ref = _grads(blocks, x, "none", seed=123)
@@ -238,7 +250,7 @@ def test_dropout_without_rng_restore_differs():
     blocks, x = _stack(dropout=0.3), _x()
     ref = _grads(blocks, x, "none", seed=123)
     broken = _grads(blocks, x, "ours", seed=123, preserve_rng_state=False)
-    assert _max_diff(broken, ref) > 1e-3                     # another mask in backward: wrong gradients
+    assert _max_diff(broken, ref) > 1e-3  # another mask in backward: wrong gradients
 
 
 def test_checkpoint_leaves_the_outer_rng_stream_alone():
@@ -269,17 +281,18 @@ def test_cuda_dropout_rng_restored():
     assert [i for i, _ in state.cuda] == [x.device.index or 0]
     ref = _grads(blocks, x, "none", seed=123)
     got = _grads(blocks, x, "ours", seed=123)
-    assert _max_diff(got, ref) == 0.0                          # same CUDA mask drawn twice
+    assert _max_diff(got, ref) == 0.0  # same CUDA mask drawn twice
     assert _max_diff(_grads(blocks, x, "ours", seed=123, preserve_rng_state=False), ref) > 1e-3
     torch.manual_seed(7)
     _grads(blocks, x, "none")
     after_ref = torch.rand(3, device="cuda")
     torch.manual_seed(7)
     _grads(blocks, x, "ours")
-    assert torch.equal(torch.rand(3, device="cuda"), after_ref)   # the CUDA stream is left alone
+    assert torch.equal(torch.rand(3, device="cuda"), after_ref)  # the CUDA stream is left alone
 
 
 # --------------------------------------------------------------------------- broken checkpoints fail
+
 
 class _ClosureCheckpoint(torch.autograd.Function):
     """Deliberately broken: the block's weights are captured in fn, not inputs, so they get no gradients."""
@@ -308,7 +321,7 @@ def test_broken_checkpoint_without_param_inputs_loses_param_grads():
     y = _ClosureCheckpoint.apply(blocks[0], x)
     (y * y).sum().backward()
     assert x.grad is not None
-    assert all(p.grad is None for p in blocks.parameters())   # silently missing: what our design prevents
+    assert all(p.grad is None for p in blocks.parameters())  # silently missing: what our design prevents
 
 
 def test_broken_checkpoint_without_rng_restore_is_caught_by_grad_check():
@@ -329,10 +342,11 @@ def test_checkpoint_rejects_bad_input():
         checkpoint_sequential([nn.Linear(2, 2), "x"], torch.ones(2))
 
 
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")   # the old per-device functions, on purpose
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the old per-device functions, on purpose
 def test_autocast_state_on_torch_before_2_4(monkeypatch):
     """torch < 2.4 has no device-type argument: the per-device functions are used instead."""
     import helpers.checkpoint as hc
+
     real = torch.is_autocast_enabled
 
     def old_is_enabled(*args):
@@ -340,7 +354,7 @@ def test_autocast_state_on_torch_before_2_4(monkeypatch):
             raise TypeError("is_autocast_enabled() takes 0 positional arguments")
         return real("cuda") if torch.cuda.is_available() else False
 
-    with torch.autocast("cpu", dtype=torch.bfloat16):   # entered first: autocast itself uses the new API
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # entered first: autocast itself uses the new API
         with monkeypatch.context() as m:
             m.setattr(torch, "is_autocast_enabled", old_is_enabled)
             state = hc.get_autocast_state()

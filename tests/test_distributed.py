@@ -1,11 +1,12 @@
 """Data parallelism with gloo on one CPU: all_reduce and DDP give the full-batch gradient."""
+
 import pytest
 import torch
 
 from helpers.checks import max_abs_diff
 from helpers.distributed import data_parallel_grads, free_port, make_batch, shard
 
-TOL = 1e-12      # float64: the two sides differ only in the order of a handful of additions
+TOL = 1e-12  # float64: the two sides differ only in the order of a handful of additions
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +27,7 @@ def test_shards_differ_and_sum_is_world_size_times_mean(result):
     assert r0["shard_rows"] == r1["shard_rows"] == 8
     for name, g in full.items():
         assert max_abs_diff(r0["shard_grads"][name], r1["shard_grads"][name]) > 1e-3
-        assert max_abs_diff(r0["shard_grads"][name], g) > 1e-4          # one shard is not enough
+        assert max_abs_diff(r0["shard_grads"][name], g) > 1e-4  # one shard is not enough
         # The classic mistake: forgetting to divide by the world size doubles the gradient.
         assert max_abs_diff(r0["allreduce_sum"][name], 2 * g) < TOL
 

@@ -1,4 +1,5 @@
 """helpers.flash_triton: Triton kernels vs SDPA, under TRITON_INTERPRET=1 on a CPU (compiled on a GPU)."""
+
 import os
 
 import torch
@@ -23,21 +24,26 @@ from helpers.device import randn  # noqa: E402
 DEV = "cpu" if ft.INTERPRET else "cuda"
 # float32 (fp32 dots, "ieee" on a GPU): same tolerance as the PyTorch tiled version.
 ATOL, RTOL = 1e-5, 1e-4
-gpu = pytest.mark.skipif(not torch.cuda.is_available() or ft.INTERPRET,
-                         reason="needs CUDA and compiled (not interpreted) Triton")
+gpu = pytest.mark.skipif(
+    not torch.cuda.is_available() or ft.INTERPRET, reason="needs CUDA and compiled (not interpreted) Triton"
+)
 
 
 def _qkv(B, H, Nq, Nk, d, dtype=torch.float32, seed=0, device=DEV):
-    return (randn(B, H, Nq, d, seed=seed, dtype=dtype, device=device, requires_grad=True),
-            randn(B, H, Nk, d, seed=seed + 1, dtype=dtype, device=device, requires_grad=True),
-            randn(B, H, Nk, d, seed=seed + 2, dtype=dtype, device=device, requires_grad=True))
+    return (
+        randn(B, H, Nq, d, seed=seed, dtype=dtype, device=device, requires_grad=True),
+        randn(B, H, Nk, d, seed=seed + 1, dtype=dtype, device=device, requires_grad=True),
+        randn(B, H, Nk, d, seed=seed + 2, dtype=dtype, device=device, requires_grad=True),
+    )
 
 
 def _lse_ref(Q, K, causal, scale=None):
     scale = Q.shape[-1] ** -0.5 if scale is None else scale
-    S = (Q.float() @ K.float().transpose(-2, -1)) * scale                  # (B, H, Nq, Nk)
+    S = (Q.float() @ K.float().transpose(-2, -1)) * scale  # (B, H, Nq, Nk)
     if causal:
-        S = S.masked_fill(~torch.ones(Q.shape[2], K.shape[2], dtype=torch.bool, device=Q.device).tril(), -math.inf)
+        S = S.masked_fill(
+            ~torch.ones(Q.shape[2], K.shape[2], dtype=torch.bool, device=Q.device).tril(), -math.inf
+        )
     return torch.logsumexp(S, dim=-1)
 
 
@@ -65,13 +71,14 @@ def test_triton_forward_backward_match_sdpa(B, H, Nq, Nk, d, causal):
 
 def _gpu_configs() -> dict:
     """Every distinct tile configuration _config picks on a real GPU (sm_75, sm_8x, sm_90; fp16/fp32; d ≤ / > 64)."""
-    interpret, ft.INTERPRET = ft.INTERPRET, False      # _config returns 16×16 tiles when interpreting
+    interpret, ft.INTERPRET = ft.INTERPRET, False  # _config returns 16×16 tiles when interpreting
     try:
         out = {}
         for major, dtype, d in itertools.product((7, 8, 9), (torch.float16, torch.float32), (64, 128)):
             cfg = ft._config(major, d, dtype)
-            name = "fwd{}x{} dkdv{}x{} dq{}x{}".format(*(cfg[k][b] for k in ("fwd", "dkdv", "dq")
-                                                       for b in ("BLOCK_M", "BLOCK_N")))
+            name = "fwd{}x{} dkdv{}x{} dq{}x{}".format(
+                *(cfg[k][b] for k in ("fwd", "dkdv", "dq") for b in ("BLOCK_M", "BLOCK_N"))
+            )
             out.setdefault(name, cfg)
         return out
     finally:
@@ -99,7 +106,7 @@ def test_the_configs_cover_unequal_tiles():
 
 def test_scale_and_non_contiguous_inputs():
     Q, K, V = _qkv(1, 2, 30, 30, 16)
-    Qt = randn(1, 30, 2, 16, seed=3, device=DEV, requires_grad=True).transpose(1, 2)   # (B, H, N, d) view
+    Qt = randn(1, 30, 2, 16, seed=3, device=DEV, requires_grad=True).transpose(1, 2)  # (B, H, N, d) view
     assert not Qt.is_contiguous()
     assert _check(Qt, K, V, causal=True, scale=0.3)
     assert _check(Q, K, V, causal=False, scale=1.7)
@@ -128,41 +135,67 @@ def test_only_the_wanted_gradients_are_computed(monkeypatch, wanted):
     ref = torch.autograd.grad(F.scaled_dot_product_attention(Q, K, V, is_causal=True), inputs, grad_O)
     for g, r in zip(ours, ref):
         assert compare("grad", g, r, atol=ATOL, rtol=RTOL, quiet=True)
-    assert dq.count == ("Q" in wanted)                      # the dQ kernel runs only for Q
-    assert dkdv.count == ("K" in wanted or "V" in wanted)   # one kernel makes dK and dV
+    assert dq.count == ("Q" in wanted)  # the dQ kernel runs only for Q
+    assert dkdv.count == ("K" in wanted or "V" in wanted)  # one kernel makes dK and dV
 
 
 def test_triton_matches_the_pytorch_tiled_version():
     from helpers.flash import flash_attention
+
     Q, K, V = _qkv(1, 1, 24, 24, 16)
     O = ft.triton_flash_attention(Q, K, V, causal=True)
-    assert compare("O", O, flash_attention(Q, K, V, causal=True, block_q=16, block_k=16), atol=ATOL, rtol=RTOL, quiet=True)
+    assert compare(
+        "O",
+        O,
+        flash_attention(Q, K, V, causal=True, block_q=16, block_k=16),
+        atol=ATOL,
+        rtol=RTOL,
+        quiet=True,
+    )
     assert [tuple(t.shape) for t in O.grad_fn.saved_tensors] == [(1, 1, 24, 16)] * 4 + [(1, 1, 24)]
 
 
 def test_broken_backward_without_D_is_caught(monkeypatch):
     real = ft.triton_flash_backward
     # dS = P ∘ dP, forgetting − D: D = rowsum(dO ∘ O) is 0 when O is replaced by zeros.
-    monkeypatch.setattr(ft, "triton_flash_backward",
-                        lambda Q, K, V, O, L, dO, *a, **kw: real(Q, K, V, torch.zeros_like(O), L, dO, *a, **kw))
+    monkeypatch.setattr(
+        ft,
+        "triton_flash_backward",
+        lambda Q, K, V, O, L, dO, *a, **kw: real(Q, K, V, torch.zeros_like(O), L, dO, *a, **kw),
+    )
     assert not _check(*_qkv(1, 1, 20, 20, 16), causal=False)
 
 
 # Each case gets small (Q, K, V) on the kernels' device (built in the test, not at import).
-@pytest.mark.parametrize("call,match", [
-    (lambda Q, K, V: ft.triton_flash_attention(Q, K[..., :4], V), "Q, K, V: expected"),
-    (lambda Q, K, V: ft.triton_flash_attention(Q.long(), K.long(), V.long()), "Q: expected a floating-point tensor"),
-    (lambda Q, K, V: ft.triton_flash_attention(Q.double(), K.double(), V.double()),
-     r"Q: expected one of \[.*\] .*, got torch.float64"),
-    (lambda Q, K, V: ft.triton_flash_attention(*(t.to(torch.int32) for t in (Q, K, V))),
-     "Q: expected a floating-point tensor, got torch.int32"),
-    (lambda Q, K, V: ft.triton_flash_attention(*_qkv(1, 1, 4, 4, 200)), r"expected head dims d = d_v <= 128"),
-    (lambda Q, K, V: ft.triton_flash_attention(Q, K, V[..., :8]), r"expected head dims d = d_v <= 128"),
-    (lambda Q, K, V: ft.triton_flash_attention(Q, K[:, :, :0], V[:, :, :0]), "expected at least one key"),
-    (lambda Q, K, V: ft.triton_flash_attention(Q, K, V, causal=True, align="bottom_right"),
-     "align: the Triton kernels compute only 'top_left'"),
-    (lambda Q, K, V: ft.triton_flash_attention(Q, K, V, causal="yes"), "causal: expected True or False"),
-])
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda Q, K, V: ft.triton_flash_attention(Q, K[..., :4], V), "Q, K, V: expected"),
+        (
+            lambda Q, K, V: ft.triton_flash_attention(Q.long(), K.long(), V.long()),
+            "Q: expected a floating-point tensor",
+        ),
+        (
+            lambda Q, K, V: ft.triton_flash_attention(Q.double(), K.double(), V.double()),
+            r"Q: expected one of \[.*\] .*, got torch.float64",
+        ),
+        (
+            lambda Q, K, V: ft.triton_flash_attention(*(t.to(torch.int32) for t in (Q, K, V))),
+            "Q: expected a floating-point tensor, got torch.int32",
+        ),
+        (
+            lambda Q, K, V: ft.triton_flash_attention(*_qkv(1, 1, 4, 4, 200)),
+            r"expected head dims d = d_v <= 128",
+        ),
+        (lambda Q, K, V: ft.triton_flash_attention(Q, K, V[..., :8]), r"expected head dims d = d_v <= 128"),
+        (lambda Q, K, V: ft.triton_flash_attention(Q, K[:, :, :0], V[:, :, :0]), "expected at least one key"),
+        (
+            lambda Q, K, V: ft.triton_flash_attention(Q, K, V, causal=True, align="bottom_right"),
+            "align: the Triton kernels compute only 'top_left'",
+        ),
+        (lambda Q, K, V: ft.triton_flash_attention(Q, K, V, causal="yes"), "causal: expected True or False"),
+    ],
+)
 def test_clear_errors(call, match):
     """What the kernels do not compute in is refused in one line, never silently cast or truncated."""
     with pytest.raises(ValueError, match=match) as e:
@@ -178,6 +211,7 @@ def _gpu_dtype(dtype):
     if dtype not in ft.supported_dtypes("cuda"):
         pytest.skip(f"{dtype} not supported on this GPU (bf16 needs sm_80+)")
     from helpers.device import no_tf32
+
     no_tf32()
 
 
@@ -213,23 +247,35 @@ def test_gpu_non_contiguous_and_scale(dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available() or ft.INTERPRET or torch.cuda.device_count() < 2,
-                    reason="needs two CUDA GPUs and compiled Triton")
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or ft.INTERPRET or torch.cuda.device_count() < 2,
+    reason="needs two CUDA GPUs and compiled Triton",
+)
 def test_gpu_launches_on_the_tensors_device():
     with torch.cuda.device(0):
-        assert _check(*_qkv(1, 2, 64, 64, 64, dtype=torch.float16, device="cuda:1"), True, *GPU_TOL[torch.float16])
+        assert _check(
+            *_qkv(1, 2, 64, 64, 64, dtype=torch.float16, device="cuda:1"), True, *GPU_TOL[torch.float16]
+        )
 
 
 def test_import_without_triton_does_not_fail():
     import subprocess
     import sys
-    code = ("import sys; sys.modules['triton'] = None\n"
-            "import helpers.flash_triton as ft, torch\nassert not ft.HAS_TRITON\n"
-            "try:\n    ft.triton_flash_attention(*[torch.zeros(1, 1, 2, 4)] * 3)\n"
-            "except RuntimeError as e:\n    assert 'triton is not installed' in str(e); print('ok')\n"
-            "assert ft.kernel_source('_attn_fwd', 'forward loop').startswith('for start_n')\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+    code = (
+        "import sys; sys.modules['triton'] = None\n"
+        "import helpers.flash_triton as ft, torch\nassert not ft.HAS_TRITON\n"
+        "try:\n    ft.triton_flash_attention(*[torch.zeros(1, 1, 2, 4)] * 3)\n"
+        "except RuntimeError as e:\n    assert 'triton is not installed' in str(e); print('ok')\n"
+        "assert ft.kernel_source('_attn_fwd', 'forward loop').startswith('for start_n')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
     assert out.stdout.strip() == "ok", out.stderr
 
 

@@ -7,6 +7,7 @@ difference seen here is about 1e-6).  gradcheck runs in float64 with its own def
 (eps 1e-6, atol 1e-5, rtol 1e-3): central differences are accurate to ~eps², so a wrong
 backward (an O(1) error) is far outside them.
 """
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,7 +19,7 @@ from helpers.device import get_device, no_tf32, randn
 
 no_tf32()
 DEV = get_device()
-ATOL32, RTOL32 = tolerance(torch.float32)   # (1e-5, 1e-4)
+ATOL32, RTOL32 = tolerance(torch.float32)  # (1e-5, 1e-4)
 
 
 def _target(*shape, C, seed, ignore_every=0):
@@ -50,42 +51,99 @@ T_CE_3D = _target(2, 3, C=5, seed=9, ignore_every=4)
 MASK = hf.dropout_mask((2, 3, 4), 0.3, generator=11, device=DEV)
 
 CASES = [
-    Case("linear", hf.linear, F.linear,
-         lambda d: ([_r(2, 3, 5, seed=1, dtype=d), _r(4, 5, seed=2, dtype=d), _r(4, seed=3, dtype=d)], [0, 1, 2])),
-    Case("linear_no_bias", lambda x, W: hf.linear(x, W), lambda x, W: F.linear(x, W),
-         lambda d: ([_r(6, 5, seed=1, dtype=d), _r(4, 5, seed=2, dtype=d)], [0, 1])),
+    Case(
+        "linear",
+        hf.linear,
+        F.linear,
+        lambda d: (
+            [_r(2, 3, 5, seed=1, dtype=d), _r(4, 5, seed=2, dtype=d), _r(4, seed=3, dtype=d)],
+            [0, 1, 2],
+        ),
+    ),
+    Case(
+        "linear_no_bias",
+        lambda x, W: hf.linear(x, W),
+        lambda x, W: F.linear(x, W),
+        lambda d: ([_r(6, 5, seed=1, dtype=d), _r(4, 5, seed=2, dtype=d)], [0, 1]),
+    ),
     Case("relu", hf.relu, torch.relu, lambda d: ([_r(3, 7, seed=4, dtype=d)], [0])),
     Case("gelu_erf", hf.gelu, F.gelu, lambda d: ([3 * _r(3, 7, seed=5, dtype=d)], [0])),
-    Case("gelu_tanh", lambda x: hf.gelu(x, "tanh"), lambda x: F.gelu(x, approximate="tanh"),
-         lambda d: ([3 * _r(3, 7, seed=5, dtype=d)], [0])),
-    Case("softmax_last", lambda x: hf.softmax(x, -1), lambda x: torch.softmax(x, -1),
-         lambda d: ([_r(2, 3, 6, seed=6, dtype=d)], [0])),
-    Case("softmax_dim1", lambda x: hf.softmax(x, 1), lambda x: torch.softmax(x, 1),
-         lambda d: ([_r(2, 3, 6, seed=6, dtype=d)], [0])),
-    Case("log_softmax", lambda x: hf.log_softmax(x, -1), lambda x: torch.log_softmax(x, -1),
-         lambda d: ([_r(4, 6, seed=7, dtype=d)], [0])),
-    Case("cross_entropy", lambda z: hf.cross_entropy(z, T_CE), lambda z: F.cross_entropy(z, T_CE),
-         lambda d: ([2 * _r(6, 5, seed=8, dtype=d)], [0]), n_out=2),
-    Case("cross_entropy_ignore_smooth",
-         lambda z: hf.cross_entropy(z, T_CE_IGN, ignore_index=-100, label_smoothing=0.1),
-         lambda z: F.cross_entropy(z, T_CE_IGN, ignore_index=-100, label_smoothing=0.1),
-         lambda d: ([2 * _r(6, 5, seed=9, dtype=d)], [0]), n_out=2),
-    Case("cross_entropy_3d_classes_last",
-         lambda z: hf.cross_entropy(z, T_CE_3D, label_smoothing=0.2),
-         lambda z: F.cross_entropy(z.reshape(-1, 5), T_CE_3D.reshape(-1), label_smoothing=0.2),
-         lambda d: ([2 * _r(2, 3, 5, seed=10, dtype=d)], [0]), n_out=2),
-    Case("mse", hf.mse_loss, F.mse_loss,
-         lambda d: ([_r(3, 4, seed=11, dtype=d), _r(3, 4, seed=12, dtype=d)], [0, 1])),
-    Case("layer_norm", lambda x, w, b: hf.layer_norm(x, w, b, 1e-5),
-         lambda x, w, b: F.layer_norm(x, (6,), w, b, 1e-5),
-         lambda d: ([2 * _r(2, 4, 6, seed=13, dtype=d) + 1, 1 + _r(6, seed=14, dtype=d), _r(6, seed=15, dtype=d)],
-                    [0, 1, 2]), n_out=3),
-    Case("layer_norm_no_affine", lambda x: hf.layer_norm(x), lambda x: F.layer_norm(x, (6,)),
-         lambda d: ([_r(5, 6, seed=16, dtype=d)], [0]), n_out=3),
-    Case("dropout_fixed_mask", lambda x: hf.dropout(x, 0.3, True, 11),
-         lambda x: x * MASK / 0.7, lambda d: ([_r(2, 3, 4, seed=17, dtype=d)], [0])),
+    Case(
+        "gelu_tanh",
+        lambda x: hf.gelu(x, "tanh"),
+        lambda x: F.gelu(x, approximate="tanh"),
+        lambda d: ([3 * _r(3, 7, seed=5, dtype=d)], [0]),
+    ),
+    Case(
+        "softmax_last",
+        lambda x: hf.softmax(x, -1),
+        lambda x: torch.softmax(x, -1),
+        lambda d: ([_r(2, 3, 6, seed=6, dtype=d)], [0]),
+    ),
+    Case(
+        "softmax_dim1",
+        lambda x: hf.softmax(x, 1),
+        lambda x: torch.softmax(x, 1),
+        lambda d: ([_r(2, 3, 6, seed=6, dtype=d)], [0]),
+    ),
+    Case(
+        "log_softmax",
+        lambda x: hf.log_softmax(x, -1),
+        lambda x: torch.log_softmax(x, -1),
+        lambda d: ([_r(4, 6, seed=7, dtype=d)], [0]),
+    ),
+    Case(
+        "cross_entropy",
+        lambda z: hf.cross_entropy(z, T_CE),
+        lambda z: F.cross_entropy(z, T_CE),
+        lambda d: ([2 * _r(6, 5, seed=8, dtype=d)], [0]),
+        n_out=2,
+    ),
+    Case(
+        "cross_entropy_ignore_smooth",
+        lambda z: hf.cross_entropy(z, T_CE_IGN, ignore_index=-100, label_smoothing=0.1),
+        lambda z: F.cross_entropy(z, T_CE_IGN, ignore_index=-100, label_smoothing=0.1),
+        lambda d: ([2 * _r(6, 5, seed=9, dtype=d)], [0]),
+        n_out=2,
+    ),
+    Case(
+        "cross_entropy_3d_classes_last",
+        lambda z: hf.cross_entropy(z, T_CE_3D, label_smoothing=0.2),
+        lambda z: F.cross_entropy(z.reshape(-1, 5), T_CE_3D.reshape(-1), label_smoothing=0.2),
+        lambda d: ([2 * _r(2, 3, 5, seed=10, dtype=d)], [0]),
+        n_out=2,
+    ),
+    Case(
+        "mse",
+        hf.mse_loss,
+        F.mse_loss,
+        lambda d: ([_r(3, 4, seed=11, dtype=d), _r(3, 4, seed=12, dtype=d)], [0, 1]),
+    ),
+    Case(
+        "layer_norm",
+        lambda x, w, b: hf.layer_norm(x, w, b, 1e-5),
+        lambda x, w, b: F.layer_norm(x, (6,), w, b, 1e-5),
+        lambda d: (
+            [2 * _r(2, 4, 6, seed=13, dtype=d) + 1, 1 + _r(6, seed=14, dtype=d), _r(6, seed=15, dtype=d)],
+            [0, 1, 2],
+        ),
+        n_out=3,
+    ),
+    Case(
+        "layer_norm_no_affine",
+        lambda x: hf.layer_norm(x),
+        lambda x: F.layer_norm(x, (6,)),
+        lambda d: ([_r(5, 6, seed=16, dtype=d)], [0]),
+        n_out=3,
+    ),
+    Case(
+        "dropout_fixed_mask",
+        lambda x: hf.dropout(x, 0.3, True, 11),
+        lambda x: x * MASK / 0.7,
+        lambda d: ([_r(2, 3, 4, seed=17, dtype=d)], [0]),
+    ),
 ]
-DOUBLE = ["linear", "linear_no_bias", "relu"]   # the Functions that claim double backward
+DOUBLE = ["linear", "linear_no_bias", "relu"]  # the Functions that claim double backward
 
 
 def _upstream(y, seed):
@@ -166,12 +224,13 @@ def test_grad_output_is_not_modified(case):
 
 def test_linear_saves_only_what_backward_needs():
     x, W = _r(3, 5, seed=1, dtype=torch.float32), _r(4, 5, seed=2, dtype=torch.float32)
-    y = hf.linear(x.requires_grad_(), W)                 # W frozen: grad_W is never needed
+    y = hf.linear(x.requires_grad_(), W)  # W frozen: grad_W is never needed
     saved_x, saved_W = y.grad_fn.saved_tensors
-    assert saved_x is None and saved_W is not None       # grad_x = grad_y W needs W only
+    assert saved_x is None and saved_W is not None  # grad_x = grad_y W needs W only
 
 
 # ---------------------------------------------------------------- softmax's Jacobian
+
 
 def test_softmax_jacobian_and_vjp():
     z = _r(5, seed=3, dtype=torch.float64)
@@ -179,7 +238,7 @@ def test_softmax_jacobian_and_vjp():
     J = hf.softmax_jacobian(p)
     torch.testing.assert_close(J, torch.autograd.functional.jacobian(lambda t: torch.softmax(t, 0), z))
     v = _r(5, seed=4, dtype=torch.float64)
-    torch.testing.assert_close(hf.softmax_backward(p, v), v @ J)   # (5,) @ (5, 5) -> (5,)
+    torch.testing.assert_close(hf.softmax_backward(p, v), v @ J)  # (5,) @ (5, 5) -> (5,)
     assert not torch.allclose(hf.softmax_backward_diagonal_only(p, v), v @ J, atol=1e-3)
 
 
@@ -190,6 +249,7 @@ def test_diagonal_only_softmax_backward_fails_gradcheck():
 
 
 # ---------------------------------------------------------------- a broken backward is caught
+
 
 def test_broken_layernorm_backward_is_caught(monkeypatch, broken_layernorm_backward):
     case = next(c for c in CASES if c.name == "layer_norm")
@@ -203,10 +263,11 @@ def test_broken_layernorm_backward_is_caught(monkeypatch, broken_layernorm_backw
 
 # ---------------------------------------------------------------- cross-entropy details
 
+
 def test_cross_entropy_is_stable_at_huge_logits():
     z = _r(4, 5, seed=6, dtype=torch.float32)
     t = _target(4, C=5, seed=1)
-    big = hf.cross_entropy(z + 1000.0, t)                # naive exp(1000) = inf in float32
+    big = hf.cross_entropy(z + 1000.0, t)  # naive exp(1000) = inf in float32
     assert torch.isfinite(big)
     torch.testing.assert_close(big, hf.cross_entropy(z, t), atol=1e-4, rtol=1e-4)
 
@@ -226,6 +287,7 @@ def test_cross_entropy_all_ignored_is_nan_like_torch():
 
 
 # ---------------------------------------------------------------- dropout
+
 
 def test_dropout_reproducible_eval_identity_and_p_edges():
     x = _r(64, 64, seed=9, dtype=torch.float32)
@@ -250,21 +312,25 @@ def test_dropout_saves_only_the_bool_mask():
 
 # ---------------------------------------------------------------- bad input
 
-@pytest.mark.parametrize("call", [
-    lambda: hf.linear([1.0], torch.ones(2, 1)),
-    lambda: hf.linear(torch.ones(3, 4), torch.ones(2, 5)),
-    lambda: hf.linear(torch.ones(3, 4), torch.ones(2, 4), torch.ones(3)),
-    lambda: hf.relu(torch.ones(3, dtype=torch.long)),
-    lambda: hf.gelu(torch.ones(3), approximate="fast"),
-    lambda: hf.softmax(torch.ones(2, 3), dim=2),
-    lambda: hf.cross_entropy(torch.ones(4, 3), torch.ones(4)),
-    lambda: hf.cross_entropy(torch.ones(4, 3), torch.zeros(3, dtype=torch.long)),
-    lambda: hf.cross_entropy(torch.ones(4, 3), torch.zeros(4, dtype=torch.long), label_smoothing=1.5),
-    lambda: hf.mse_loss(torch.ones(3), torch.ones(3, 1)),
-    lambda: hf.layer_norm(torch.ones(2, 4), torch.ones(3)),
-    lambda: hf.dropout(torch.ones(3), p=1.2),
-    lambda: hf.dropout(torch.ones(3), p=0.5, generator="seed"),
-])
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: hf.linear([1.0], torch.ones(2, 1)),
+        lambda: hf.linear(torch.ones(3, 4), torch.ones(2, 5)),
+        lambda: hf.linear(torch.ones(3, 4), torch.ones(2, 4), torch.ones(3)),
+        lambda: hf.relu(torch.ones(3, dtype=torch.long)),
+        lambda: hf.gelu(torch.ones(3), approximate="fast"),
+        lambda: hf.softmax(torch.ones(2, 3), dim=2),
+        lambda: hf.cross_entropy(torch.ones(4, 3), torch.ones(4)),
+        lambda: hf.cross_entropy(torch.ones(4, 3), torch.zeros(3, dtype=torch.long)),
+        lambda: hf.cross_entropy(torch.ones(4, 3), torch.zeros(4, dtype=torch.long), label_smoothing=1.5),
+        lambda: hf.mse_loss(torch.ones(3), torch.ones(3, 1)),
+        lambda: hf.layer_norm(torch.ones(2, 4), torch.ones(3)),
+        lambda: hf.dropout(torch.ones(3), p=1.2),
+        lambda: hf.dropout(torch.ones(3), p=0.5, generator="seed"),
+    ],
+)
 def test_bad_input_raises_one_line_value_error(call):
     with pytest.raises(ValueError) as e:
         call()
@@ -274,13 +340,16 @@ def test_bad_input_raises_one_line_value_error(call):
 F32, F64 = torch.float32, torch.float64
 
 
-@pytest.mark.parametrize("call,names", [
-    (lambda: hf.linear(torch.ones(3, 4), torch.ones(2, 4, dtype=F64)), "W"),
-    (lambda: hf.linear(torch.ones(3, 4), torch.ones(2, 4), torch.ones(2, dtype=F64)), "b"),
-    (lambda: hf.layer_norm(torch.ones(2, 4), torch.ones(4, dtype=F64)), "weight"),
-    (lambda: hf.layer_norm(torch.ones(2, 4), torch.ones(4), torch.ones(4, dtype=F64)), "bias"),
-    (lambda: hf.mse_loss(torch.ones(3), torch.ones(3, dtype=F64)), "y"),
-])
+@pytest.mark.parametrize(
+    "call,names",
+    [
+        (lambda: hf.linear(torch.ones(3, 4), torch.ones(2, 4, dtype=F64)), "W"),
+        (lambda: hf.linear(torch.ones(3, 4), torch.ones(2, 4), torch.ones(2, dtype=F64)), "b"),
+        (lambda: hf.layer_norm(torch.ones(2, 4), torch.ones(4, dtype=F64)), "weight"),
+        (lambda: hf.layer_norm(torch.ones(2, 4), torch.ones(4), torch.ones(4, dtype=F64)), "bias"),
+        (lambda: hf.mse_loss(torch.ones(3), torch.ones(3, dtype=F64)), "y"),
+    ],
+)
 def test_mixed_dtypes_raise_at_forward_like_torch(call, names):
     """torch refuses f32 with f64 in linear/layer_norm/mse_loss; ours says so at forward, naming the argument."""
     with pytest.raises(ValueError) as e:
@@ -298,7 +367,11 @@ def test_same_dtypes_still_work_in_float64():
 
 def test_layernorm_forward_from_saved_statistics_rebuilds_the_same_output():
     """Given μ and 1/σ from a first call, y is rebuilt bit for bit (what the block's backward does)."""
-    x, w, b = _r(3, 6, seed=30, dtype=torch.float32), _r(6, seed=31, dtype=torch.float32), _r(6, seed=32, dtype=torch.float32)
+    x, w, b = (
+        _r(3, 6, seed=30, dtype=torch.float32),
+        _r(6, seed=31, dtype=torch.float32),
+        _r(6, seed=32, dtype=torch.float32),
+    )
     y, mu, rstd = hf.layernorm_forward(x, w, b)
     y2, mu2, rstd2 = hf.layernorm_forward(x, w, b, mu=mu, rstd=rstd)
     assert torch.equal(y, y2) and mu2 is mu and rstd2 is rstd

@@ -1,4 +1,5 @@
 """helpers.gpt: the hand-written GPT forward and backward against autograd on TinyGPT."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -55,7 +56,9 @@ def test_param_names_are_tinygpt_state_dict_keys():
 
 @pytest.mark.parametrize("activation", ["gelu", "relu"])
 def test_forward_and_every_gradient_equal_autograd_float64(activation):
-    config = GPTConfig(vocab_size=11, n_ctx=8, d_model=16, n_heads=2, n_layers=3, d_ff=24, activation=activation)
+    config = GPTConfig(
+        vocab_size=11, n_ctx=8, d_model=16, n_heads=2, n_layers=3, d_ff=24, activation=activation
+    )
     params = perturbed(config)
     g = torch.Generator().manual_seed(5)
     idx = torch.randint(0, 11, (3, 8), generator=g)
@@ -79,7 +82,7 @@ def test_shorter_sequence_and_float32():
     assert compare("logits", gpt_forward(idx, params, CFG)[0], logits_ref, quiet=True, atol=1e-5, rtol=1e-4)
     for n, p in model.named_parameters():
         assert compare(n, grads[n], p.grad, quiet=True, atol=1e-5, rtol=1e-4), n
-    assert torch.all(grads["wpe"][5:] == 0)   # positions never used get no gradient
+    assert torch.all(grads["wpe"][5:] == 0)  # positions never used get no gradient
 
 
 def test_repeated_token_embedding_gradient_accumulates():
@@ -139,7 +142,7 @@ def test_stream_gradients_and_block_norms():
     # output side last: ∂L/∂X_L through ln_f and the head, by autograd
     X_L = cache["X_L"].clone().requires_grad_(True)
     Hf = F.layer_norm(X_L, (16,), params["ln_f.weight"], params["ln_f.bias"])
-    (Hf @ params["head.weight"].T).backward(grad_logits)      # (B, N, d) @ (d, V) -> (B, N, V)
+    (Hf @ params["head.weight"].T).backward(grad_logits)  # (B, N, d) @ (d, V) -> (B, N, V)
     torch.testing.assert_close(stream[-1], X_L.grad, atol=1e-12, rtol=0)
     norms = block_grad_norms(grads, CFG.n_layers)
     assert len(norms) == 3 and all(v > 0 for v in norms)

@@ -5,6 +5,7 @@ time, as an instructor would run it), next to honest ones. Each must score exact
 honest work deserves, and leave the repository, the other submissions, their grades and the
 autograder as they were. A correct submission is graded right after (and beside) each hostile one.
 """
+
 import csv
 import hashlib
 import json
@@ -27,8 +28,8 @@ import sandbox  # noqa: E402
 import labs  # noqa: E402
 
 LAB = "lab01_cat_mlp"
-TIMEOUT = 150        # seconds per notebook; a real one takes 4-10 s
-LOOP_TIMEOUT = 20    # the infinite loop is graded on its own, so the suite need not wait 150 s
+TIMEOUT = 150  # seconds per notebook; a real one takes 4-10 s
+LOOP_TIMEOUT = 20  # the infinite loop is graded on its own, so the suite need not wait 150 s
 
 
 def _solutions(lab):
@@ -40,8 +41,11 @@ def _solutions(lab):
         elif cell.cell_type == "raw" and cell.source.strip().startswith("# END SOLUTION"):
             inside = False
         elif inside and cell.cell_type == "code":
-            lines = [ln.replace("  # SOLUTION", "") for ln in cell.source.splitlines()
-                     if ln.strip() not in ("# BEGIN SOLUTION", "# END SOLUTION")]
+            lines = [
+                ln.replace("  # SOLUTION", "")
+                for ln in cell.source.splitlines()
+                if ln.strip() not in ("# BEGIN SOLUTION", "# END SOLUTION")
+            ]
             out.append("\n".join(lines))
     return out
 
@@ -53,7 +57,7 @@ def _submission(lab, answers=None, insert=None):
     for cell, ans in zip(slots, answers or []):
         if ans is not None:
             cell.source = ans
-    for after, code in (insert or []):
+    for after, code in insert or []:
         nb.cells.insert(nb.cells.index(slots[after]) + 1, nbformat.v4.new_code_cell(code))
     for c in nb.cells:
         if c.cell_type == "code":
@@ -80,84 +84,93 @@ def _tree_hashes(root: Path, skip=(".git", "__pycache__", ".pytest_cache", "_bui
 # entry says otherwise. {subs}, {out}, {root} are filled with the real paths: a student who
 # knows where everything lives on the grading machine still gets nowhere.
 
-FORGED = json.dumps({"status": "ok", "errors": [], "notes": [], "questions": {
-    q: {"score": 99.0, "possible": 1.0, "passed": 9, "cases": 9} for q in ("ex1", "ex2", "ex3", "ex4", "ex5", "ex6")}})
+FORGED = json.dumps(
+    {
+        "status": "ok",
+        "errors": [],
+        "notes": [],
+        "questions": {
+            q: {"score": 99.0, "possible": 1.0, "passed": 9, "cases": 9}
+            for q in ("ex1", "ex2", "ex3", "ex4", "ex5", "ex6")
+        },
+    }
+)
 
 HOSTILE = {
     "fake_output": 'print("All tests passed!\\nScore: 11/11")\nfrom IPython.display import HTML, display\n'
-                   'display(HTML("<p><strong>q1</strong> passed! 🎉</p>"))',
+    'display(HTML("<p><strong>q1</strong> passed! 🎉</p>"))',
     "monkeypatch": "import doctest, unittest, math, builtins, operator\nimport numpy as np\nimport torch\n"
-                   "doctest.DocTestRunner.summarize = lambda *a, **k: doctest.TestResults(0, 0)\n"
-                   "torch.allclose = torch.equal = torch.isclose = lambda *a, **k: True\n"
-                   "torch.Tensor.__eq__ = lambda *a: True\ntorch.Tensor.all = lambda *a, **k: True\n"
-                   "torch.testing.assert_close = lambda *a, **k: None\nnp.allclose = lambda *a, **k: True\n"
-                   "unittest.TestCase.assertTrue = lambda *a, **k: None\nmath.isclose = lambda *a, **k: True\n"
-                   "builtins.abs = lambda x: 0\noperator.lt = lambda a, b: True\n"
-                   "builtins.AssertionError = type('Nothing', (Exception,), {{}})",
+    "doctest.DocTestRunner.summarize = lambda *a, **k: doctest.TestResults(0, 0)\n"
+    "torch.allclose = torch.equal = torch.isclose = lambda *a, **k: True\n"
+    "torch.Tensor.__eq__ = lambda *a: True\ntorch.Tensor.all = lambda *a, **k: True\n"
+    "torch.testing.assert_close = lambda *a, **k: None\nnp.allclose = lambda *a, **k: True\n"
+    "unittest.TestCase.assertTrue = lambda *a, **k: None\nmath.isclose = lambda *a, **k: True\n"
+    "builtins.abs = lambda x: 0\noperator.lt = lambda a, b: True\n"
+    "builtins.AssertionError = type('Nothing', (Exception,), {{}})",
     "rewrite_tests": "import os, glob, shutil\nfor p in glob.glob('{root}/labs/source/*') + glob.glob('{root}/labs/dist/**', recursive=True) "
-                     "+ glob.glob('{root}/tools/grader/*.py') + glob.glob('{root}/tests/*.py'):\n"
-                     "    try:\n        open(p, 'w').write('assert True')\n    except Exception:\n        pass\n"
-                     "    try:\n        os.remove(p)\n    except Exception:\n        pass\n"
-                     "shutil.rmtree('{root}/labs', ignore_errors=True)\nshutil.rmtree('/grader', ignore_errors=True)",
+    "+ glob.glob('{root}/tools/grader/*.py') + glob.glob('{root}/tests/*.py'):\n"
+    "    try:\n        open(p, 'w').write('assert True')\n    except Exception:\n        pass\n"
+    "    try:\n        os.remove(p)\n    except Exception:\n        pass\n"
+    "shutil.rmtree('{root}/labs', ignore_errors=True)\nshutil.rmtree('/grader', ignore_errors=True)",
     "forge_results": "import os\nforged = {forged!r}\nfor d, _, _ in os.walk('/'):\n"
-                     "    if d.startswith(('/proc', '/sys', '/dev', '/usr')):\n        continue\n"
-                     "    for name in ('result.json', 'results.json', 'spec.json'):\n        try:\n"
-                     "            open(os.path.join(d, name), 'w').write(forged)\n        except Exception:\n            pass\n"
-                     "for p in ('{out}', '{out}.tmp'):\n    try:\n        open(p, 'w').write('submission,total\\nforge_results,11\\n')\n"
-                     "    except Exception:\n        pass\nprint(forged)",
+    "    if d.startswith(('/proc', '/sys', '/dev', '/usr')):\n        continue\n"
+    "    for name in ('result.json', 'results.json', 'spec.json'):\n        try:\n"
+    "            open(os.path.join(d, name), 'w').write(forged)\n        except Exception:\n            pass\n"
+    "for p in ('{out}', '{out}.tmp'):\n    try:\n        open(p, 'w').write('submission,total\\nforge_results,11\\n')\n"
+    "    except Exception:\n        pass\nprint(forged)",
     "kill_parent": "import os, signal\nfor pid in (os.getppid(), 1, -1):\n    try:\n        os.kill(pid, signal.SIGKILL)\n"
-                   "    except Exception:\n        pass",
+    "    except Exception:\n        pass",
     "daemon": "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(2)\n"
-              "        for p in ('{out}', '{subs}/zz_classmate.ipynb'):\n            try:\n"
-              "                open(p, 'w').write('daemon,11\\n')\n            except Exception:\n                pass\n"
-              "        os._exit(0)\n    os._exit(0)",
+    "        for p in ('{out}', '{subs}/zz_classmate.ipynb'):\n            try:\n"
+    "                open(p, 'w').write('daemon,11\\n')\n            except Exception:\n                pass\n"
+    "        os._exit(0)\n    os._exit(0)",
     "classmates": "import glob, json, os\nmine = {{}}\nfor p in glob.glob('{subs}/*.ipynb') + glob.glob('/proc/*/cwd/*.ipynb') + glob.glob('/proc/*/root{subs}/*.ipynb'):\n"
-                  "    try:\n        nb = json.load(open(p))\n        for c in nb['cells']:\n            if c['cell_type'] == 'code':\n"
-                  "                exec(''.join(c['source']), mine)\n    except Exception:\n        pass\n"
-                  "    try:\n        open(p, 'w').write('{{}}')\n    except Exception:\n        pass\n"
-                  "globals().update({{k: v for k, v in mine.items() if k.endswith(('_pass', '_loss', '_backward', '_batch'))}})",
+    "    try:\n        nb = json.load(open(p))\n        for c in nb['cells']:\n            if c['cell_type'] == 'code':\n"
+    "                exec(''.join(c['source']), mine)\n    except Exception:\n        pass\n"
+    "    try:\n        open(p, 'w').write('{{}}')\n    except Exception:\n        pass\n"
+    "globals().update({{k: v for k, v in mine.items() if k.endswith(('_pass', '_loss', '_backward', '_batch'))}})",
     "poison_autograder": "import glob, os\nfor p in glob.glob('{root}/**/*autograder*', recursive=True) + glob.glob('{root}/helpers/*.py'):\n"
-                         "    try:\n        open(p, 'a').write('\\nimport builtins; builtins.__dict__[\"all\"] = lambda *a: True\\n')\n"
-                         "    except Exception:\n        pass\nimport helpers\ntry:\n    open(helpers.__file__, 'a').write('x = 1')\n"
-                         "except Exception:\n    pass",
+    "    try:\n        open(p, 'a').write('\\nimport builtins; builtins.__dict__[\"all\"] = lambda *a: True\\n')\n"
+    "    except Exception:\n        pass\nimport helpers\ntry:\n    open(helpers.__file__, 'a').write('x = 1')\n"
+    "except Exception:\n    pass",
     "leak_feedback": "secret = []\nfor p in ('{root}/labs/source/{lab}.ipynb', '{root}/labs/dist/{lab}/tests/ex1.py'):\n    try:\n"
-                     "        secret.append(open(p).read())\n    except Exception as e:\n        secret.append(repr(e))\n"
-                     "raise RuntimeError('LEAK ' + ' '.join(secret) + {snippet!r})",
+    "        secret.append(open(p).read())\n    except Exception as e:\n        secret.append(repr(e))\n"
+    "raise RuntimeError('LEAK ' + ' '.join(secret) + {snippet!r})",
     "memory_bomb": "import torch\nx = bytearray(64 * 2 ** 30)",
     "fork_bomb": "import os\nif os.fork() == 0:\n    while True:\n        try:\n            os.fork()\n        except Exception:\n            pass",
     "protocol_forgery": "import os, json, struct\nfor fd in range(3, 64):\n    for reply in ({{'kind': 'reply', 'value': {{'result': 1}}}}, {{'kind': 'request', 'op': 'x'}}):\n"
-                        "        head = json.dumps(reply).encode()\n        try:\n"
-                        "            os.write(fd, struct.pack('<QI', len(head), 0) + head)\n        except Exception:\n            pass",
+    "        head = json.dumps(reply).encode()\n        try:\n"
+    "            os.write(fd, struct.pack('<QI', len(head), 0) + head)\n        except Exception:\n            pass",
 }
 
 
 # these go after the last answer cell (so the stubs do not overwrite what they define); from a red-team review
 HOSTILE_LAST = {
     "guards_off": "import torch\nfrom helpers import cat_mlp\nG = getattr(cat_mlp.forward, '__glo' + 'bals__')\n"
-                  "G['STATE']['forbidden'] = {{}}\n"
-                  "def forward_pass(x, W1, b1, W2, b2, y_true):\n    return cat_mlp.forward(x, W1, b1, W2, b2, y_true)\n"
-                  "def relu_backward(g, h):\n    hh = h.clone().requires_grad_()\n    return torch.autograd.grad(torch.relu(hh), hh, g)[0]\n"
-                  "def cat_backward_batch(X, W1, b1, W2, b2, Y):\n    P = [t.clone().requires_grad_() for t in (W1, b1, W2, b2)]\n"
-                  "    L = ((torch.relu(X @ P[0].T + P[1]) @ P[2].T + P[3] - Y) ** 2).sum()\n"
-                  "    return dict(zip(('W1', 'b1', 'W2', 'b2'), torch.autograd.grad(L, P)))",
+    "G['STATE']['forbidden'] = {{}}\n"
+    "def forward_pass(x, W1, b1, W2, b2, y_true):\n    return cat_mlp.forward(x, W1, b1, W2, b2, y_true)\n"
+    "def relu_backward(g, h):\n    hh = h.clone().requires_grad_()\n    return torch.autograd.grad(torch.relu(hh), hh, g)[0]\n"
+    "def cat_backward_batch(X, W1, b1, W2, b2, Y):\n    P = [t.clone().requires_grad_() for t in (W1, b1, W2, b2)]\n"
+    "    L = ((torch.relu(X @ P[0].T + P[1]) @ P[2].T + P[3] - Y) ** 2).sum()\n"
+    "    return dict(zip(('W1', 'b1', 'W2', 'b2'), torch.autograd.grad(L, P)))",
     "forge_worker": "import torch\nG = torch.autograd.variable.Variable._execution_engine.run_backward.__globals__\n"
-                    "P = G['PEER']\nP.handlers['run_test'] = lambda msg, value: {{'ok': True}}\n"
-                    "P.handlers['violations'] = lambda msg, value: {{}}\n_send = P.send\n"
-                    "def send(header, value=None, has_value=False):\n    if isinstance(value, dict) and 'errors' in value:\n"
-                    "        value = {{'errors': [1, {{'cell': 'x'}}, '\\x1b[31m=HYPERLINK(1)']}}\n    return _send(header, value, has_value)\n"
-                    "P.send = send",
+    "P = G['PEER']\nP.handlers['run_test'] = lambda msg, value: {{'ok': True}}\n"
+    "P.handlers['violations'] = lambda msg, value: {{}}\n_send = P.send\n"
+    "def send(header, value=None, has_value=False):\n    if isinstance(value, dict) and 'errors' in value:\n"
+    "        value = {{'errors': [1, {{'cell': 'x'}}, '\\x1b[31m=HYPERLINK(1)']}}\n    return _send(header, value, has_value)\n"
+    "P.send = send",
     "zero_inputs": "import torch\ndef forward_pass(x, W1, b1, W2, b2, y_true):\n    for t in (x, W1, b1, W2, b2, y_true):\n        t.zero_()\n"
-                   "    z = lambda *s: torch.zeros(*s, dtype=x.dtype)\n"
-                   "    return {{'h': z(W1.shape[0]), 'a': z(W1.shape[0]), 'y_hat': z(W2.shape[0]), 'L': z(())}}\n"
-                   "def grad_loss(y_hat, y_true):\n    y_hat.zero_(); y_true.zero_()\n    return torch.zeros_like(y_hat)\n"
-                   "def layer2_backward(grad_y_hat, a, W2):\n    return ()\n"
-                   "def relu_backward(grad_a, h):\n    h.zero_()\n    return torch.zeros_like(grad_a)\n"
-                   "def layer1_backward(grad_h, x):\n    return ()\n"
-                   "def cat_backward_batch(X, W1, b1, W2, b2, Y):\n    for t in (X, W1, b1, W2, b2, Y):\n        t.zero_()\n"
-                   "    return {{}}",
+    "    z = lambda *s: torch.zeros(*s, dtype=x.dtype)\n"
+    "    return {{'h': z(W1.shape[0]), 'a': z(W1.shape[0]), 'y_hat': z(W2.shape[0]), 'L': z(())}}\n"
+    "def grad_loss(y_hat, y_true):\n    y_hat.zero_(); y_true.zero_()\n    return torch.zeros_like(y_hat)\n"
+    "def layer2_backward(grad_y_hat, a, W2):\n    return ()\n"
+    "def relu_backward(grad_a, h):\n    h.zero_()\n    return torch.zeros_like(grad_a)\n"
+    "def layer1_backward(grad_h, x):\n    return ()\n"
+    "def cat_backward_batch(X, W1, b1, W2, b2, Y):\n    for t in (X, W1, b1, W2, b2, Y):\n        t.zero_()\n"
+    "    return {{}}",
     "huge_returns": "import torch\ndef cat_backward_batch(X, W1, b1, W2, b2, Y):\n"
-                    "    big = lambda: torch.zeros(1, dtype=torch.float64).expand(8 << 20)\n"
-                    "    return {{'W1': big(), 'b1': big(), 'W2': big(), 'b2': big()}}",
+    "    big = lambda: torch.zeros(1, dtype=torch.float64).expand(8 << 20)\n"
+    "    return {{'W1': big(), 'b1': big(), 'W2': big(), 'b2': big()}}",
 }
 
 
@@ -170,32 +183,58 @@ def redteam(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("grades")
     out = out_dir / "gradebook.csv"
     secrets = labs.secret_snippets(labs.read_nb(labs.source_path(LAB)))
-    fill = {"subs": str(d), "out": str(out), "root": str(ROOT), "lab": LAB, "forged": FORGED, "snippet": secrets[0]}
+    fill = {
+        "subs": str(d),
+        "out": str(out),
+        "root": str(ROOT),
+        "lab": LAB,
+        "forged": FORGED,
+        "snippet": secrets[0],
+    }
     for name, code in HOSTILE.items():
         (d / f"{name}.ipynb").write_text(_submission(LAB, insert=[(0, code.format(**fill))]))
         (d / f"{name}_then_correct.ipynb").write_text(_submission(LAB, sol))
     for name, code in HOSTILE_LAST.items():
         (d / f"{name}.ipynb").write_text(_submission(LAB, insert=[(5, code.format(**fill))]))
         (d / f"{name}_then_correct.ipynb").write_text(_submission(LAB, sol))
-    (d / "(published solutions).ipynb").write_text(_submission(LAB))      # a name the report uses itself
-    (d / '=HYPERLINK("x").ipynb').write_text(_submission(LAB))             # a formula in a spreadsheet
-    partial = sol[:3] + [sol[3].replace("(h > 0)", "(h >= 0)"),
-                         sol[4].replace("torch.outer(grad_h, x)", "torch.outer(x, grad_h)"), None]
+    (d / "(published solutions).ipynb").write_text(_submission(LAB))  # a name the report uses itself
+    (d / '=HYPERLINK("x").ipynb').write_text(_submission(LAB))  # a formula in a spreadsheet
+    partial = sol[:3] + [
+        sol[3].replace("(h > 0)", "(h >= 0)"),
+        sol[4].replace("torch.outer(grad_h, x)", "torch.outer(x, grad_h)"),
+        None,
+    ]
     assert partial[3] != sol[3] and partial[4] != sol[4]
-    broken = sol[:4] + [sol[4].replace("def layer1_backward(grad_h, x):", "def layer1_backward(grad_h, x)")] + sol[5:]
-    autograd_ex3 = sol[:2] + ["import torch\n\ndef layer2_backward(grad_y_hat, a, W2):\n"
-                              "    W, b, x = W2.clone().requires_grad_(), torch.zeros(W2.shape[0], dtype=a.dtype).requires_grad_(), a.clone().requires_grad_()\n"
-                              "    return torch.autograd.grad(W @ x + b, (W, b, x), grad_y_hat)"] + sol[3:]
-    reference_ex6 = sol[:5] + ["def cat_backward_batch(X, W1, b1, W2, b2, Y):\n    out = {k: 0 for k in ('W1', 'b1', 'W2', 'b2')}\n"
-                               "    for i in range(X.shape[0]):\n        g = cat_mlp.backward(cat_mlp.forward(X[i], W1, b1, W2, b2, Y[i]), W2, Y[i])\n"
-                               "        out = {k: out[k] + g[k] for k in out}\n    return out"]
+    broken = (
+        sol[:4]
+        + [sol[4].replace("def layer1_backward(grad_h, x):", "def layer1_backward(grad_h, x)")]
+        + sol[5:]
+    )
+    autograd_ex3 = (
+        sol[:2]
+        + [
+            "import torch\n\ndef layer2_backward(grad_y_hat, a, W2):\n"
+            "    W, b, x = W2.clone().requires_grad_(), torch.zeros(W2.shape[0], dtype=a.dtype).requires_grad_(), a.clone().requires_grad_()\n"
+            "    return torch.autograd.grad(W @ x + b, (W, b, x), grad_y_hat)"
+        ]
+        + sol[3:]
+    )
+    reference_ex6 = sol[:5] + [
+        "def cat_backward_batch(X, W1, b1, W2, b2, Y):\n    out = {k: 0 for k in ('W1', 'b1', 'W2', 'b2')}\n"
+        "    for i in range(X.shape[0]):\n        g = cat_mlp.backward(cat_mlp.forward(X[i], W1, b1, W2, b2, Y[i]), W2, Y[i])\n"
+        "        out = {k: out[k] + g[k] for k in out}\n    return out"
+    ]
     honest = {
         "full": _submission(LAB, sol),
         "partial": _submission(LAB, partial),
         "empty": _submission(LAB),
         "syntax_error": _submission(LAB, broken),
-        "exits_midway": _submission(LAB, sol, insert=[(1, "import sys\nsys.exit(1)"), (3, "import os\nos._exit(0)")]),
-        "kills_itself": _submission(LAB, sol, insert=[(5, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")]),
+        "exits_midway": _submission(
+            LAB, sol, insert=[(1, "import sys\nsys.exit(1)"), (3, "import os\nos._exit(0)")]
+        ),
+        "kills_itself": _submission(
+            LAB, sol, insert=[(5, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")]
+        ),
         "autograd_in_ex3": _submission(LAB, autograd_ex3),
         "reference_in_ex6": _submission(LAB, reference_ex6),
         "zz_classmate": _submission(LAB, sol),
@@ -209,16 +248,27 @@ def redteam(tmp_path_factory):
     labs.grade(LAB, d, out, timeout=TIMEOUT, jobs=2)
     seconds = time.monotonic() - t0
     gradebook = out.read_bytes()
-    time.sleep(4)      # the daemon would have struck by now
+    time.sleep(4)  # the daemon would have struck by now
     d_loop = tmp_path_factory.mktemp("hanging")
     (d_loop / "infinite_loop.ipynb").write_text(_submission(LAB, sol, insert=[(0, "while True:\n    pass")]))
-    labs.grade(LAB, d_loop, out_dir / "loop.csv", timeout=LOOP_TIMEOUT, feedback_dir=out_dir / "gradebook_feedback")
+    labs.grade(
+        LAB, d_loop, out_dir / "loop.csv", timeout=LOOP_TIMEOUT, feedback_dir=out_dir / "gradebook_feedback"
+    )
     rows = {}
     for path in (out, out_dir / "loop.csv"):
         with path.open(encoding="utf-8") as f:
             rows.update({r["submission"].removeprefix("'"): r for r in csv.DictReader(f)})
-    return {"rows": rows, "out": out, "fb": out_dir / "gradebook_feedback", "subs": d, "seconds": seconds,
-            "gradebook": gradebook, "before_subs": before_subs, "before_root": before_root, "secrets": secrets}
+    return {
+        "rows": rows,
+        "out": out,
+        "fb": out_dir / "gradebook_feedback",
+        "subs": d,
+        "seconds": seconds,
+        "gradebook": gradebook,
+        "before_subs": before_subs,
+        "before_root": before_root,
+        "secrets": secrets,
+    }
 
 
 # submission: (status, ex1..ex6, total) with ex points 1, 1, 2, 2, 2, 3 (11 in all)
@@ -227,8 +277,8 @@ EXPECTED = {
     "partial": ("ok", "1 1 2 1 0 0", "5"),  # relu'(0) = 1 fails one of two tests
     "empty": ("ok", "0 0 0 0 0 0", "0"),
     "syntax_error": ("errors", "1 1 2 2 0 3", "9"),
-    "exits_midway": ("errors", "1 1 2 2 2 3", "11"),      # sys.exit / os._exit end a cell, not the grading
-    "kills_itself": ("crashed", "0 0 0 0 0 0", "0"),      # a process that is gone has no answers
+    "exits_midway": ("errors", "1 1 2 2 2 3", "11"),  # sys.exit / os._exit end a cell, not the grading
+    "kills_itself": ("crashed", "0 0 0 0 0 0", "0"),  # a process that is gone has no answers
     "infinite_loop": ("timeout", "0 0 0 0 0 0", "0"),
     "corrupt": ("corrupt", "0 0 0 0 0 0", "0"),
     "wrong_lab": ("wrong-lab", "0 0 0 0 0 0", "0"),
@@ -270,21 +320,30 @@ def test_honest_and_correct_submissions_keep_their_grades_beside_hostile_ones(re
 @pytest.mark.sandbox
 @pytest.mark.slow
 def test_nothing_outside_a_submissions_scratch_space_changed(redteam):
-    assert _tree_hashes(redteam["subs"]) == redteam["before_subs"]       # no classmate's file touched
+    assert _tree_hashes(redteam["subs"]) == redteam["before_subs"]  # no classmate's file touched
     after = _tree_hashes(ROOT)
-    changed = {k for k in set(after) | set(redteam["before_root"]) if after.get(k) != redteam["before_root"].get(k)}
-    assert not changed, sorted(changed)[:10]                            # tests, sources, autograder, helpers
-    assert redteam["out"].read_bytes() == redteam["gradebook"]          # no daemon rewrote the gradebook
-    ours = [d for d in Path(tempfile.gettempdir()).glob(labs.RUN_PREFIX + "*")
-            if (d / "owner.pid").exists() and (d / "owner.pid").read_text() == str(os.getpid())]
-    assert not ours                                                     # scratch folders removed
-    assert not _leftovers()                                             # nothing of a submission outlives grading
+    changed = {
+        k for k in set(after) | set(redteam["before_root"]) if after.get(k) != redteam["before_root"].get(k)
+    }
+    assert not changed, sorted(changed)[:10]  # tests, sources, autograder, helpers
+    assert redteam["out"].read_bytes() == redteam["gradebook"]  # no daemon rewrote the gradebook
+    ours = [
+        d
+        for d in Path(tempfile.gettempdir()).glob(labs.RUN_PREFIX + "*")
+        if (d / "owner.pid").exists() and (d / "owner.pid").read_text() == str(os.getpid())
+    ]
+    assert not ours  # scratch folders removed
+    assert not _leftovers()  # nothing of a submission outlives grading
 
 
 def _leftovers() -> list[str]:
     """Grading processes still running that this test process started, or orphaned workers (a daemon that escaped)."""
-    rows = [ln.split(None, 2) for ln in subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True,
-                                                       text=True).stdout.splitlines()[1:]]
+    rows = [
+        ln.split(None, 2)
+        for ln in subprocess.run(
+            ["ps", "-eo", "pid,ppid,args"], capture_output=True, text=True
+        ).stdout.splitlines()[1:]
+    ]
     parent = {int(r[0]): int(r[1]) for r in rows}
 
     def ours(pid):
@@ -293,8 +352,14 @@ def _leftovers() -> list[str]:
             if pid == os.getpid():
                 return True
         return False
-    return [r[2] for r in rows if len(r) == 3 and ("/grader/worker.py" in r[2] or "harness.py" in r[2])
-            and (ours(int(r[0])) or int(r[1]) == 1)]
+
+    return [
+        r[2]
+        for r in rows
+        if len(r) == 3
+        and ("/grader/worker.py" in r[2] or "harness.py" in r[2])
+        and (ours(int(r[0])) or int(r[1]) == 1)
+    ]
 
 
 @pytest.mark.sandbox
@@ -305,7 +370,9 @@ def test_notes_and_feedback_name_the_cause_and_never_quote_hidden_material(redte
     assert "used helpers.cat_mlp.backward in ex6" in rows["reference_in_ex6"]["notes"]
     notes = rows["syntax_error"]["notes"]
     assert re.match(r"cell \d+: SyntaxError", notes), notes
-    cell = labs.read_nb(redteam["subs"] / "syntax_error.ipynb").cells[int(re.match(r"cell (\d+)", notes).group(1)) - 1]
+    cell = labs.read_nb(redteam["subs"] / "syntax_error.ipynb").cells[
+        int(re.match(r"cell (\d+)", notes).group(1)) - 1
+    ]
     assert "def layer1_backward(grad_h, x)\n" in cell.source
     assert "died" in rows["kills_itself"]["notes"]
     assert "still running after the time limit" in rows["infinite_loop"]["notes"]
@@ -314,7 +381,10 @@ def test_notes_and_feedback_name_the_cause_and_never_quote_hidden_material(redte
     assert "MemoryError" in rows["memory_bomb"]["notes"]
     assert "message withheld" in rows["leak_feedback"]["notes"]
     assert "ex1: not implemented" in rows["empty"]["notes"]
-    assert "getattr" in rows["guards_off"]["flags"] and "until your instructor has looked at it" in rows["guards_off"]["notes"]
+    assert (
+        "getattr" in rows["guards_off"]["flags"]
+        and "until your instructor has looked at it" in rows["guards_off"]["notes"]
+    )
     assert "changed its input tensors in place" in rows["zero_inputs"]["notes"]
     assert rows['=HYPERLINK("x")']["submission"].startswith("'=")
     assert all(ch.isprintable() for r in rows.values() for v in r.values() for ch in v)
@@ -344,8 +414,10 @@ def test_copies_of_the_solutions_are_flagged_in_a_separate_report(redteam):
 def test_grading_a_folder_twice_gives_the_same_gradebook_from_an_lms_export(tmp_path):
     sol = _solutions(LAB)
     d = tmp_path / "moodle"
-    for folder, text in (("Ada Lovelace_101_assignsubmission_file_", _submission(LAB, sol)),
-                         ("Alan Turing_102_assignsubmission_file_", _submission(LAB, sol[:2]))):
+    for folder, text in (
+        ("Ada Lovelace_101_assignsubmission_file_", _submission(LAB, sol)),
+        ("Alan Turing_102_assignsubmission_file_", _submission(LAB, sol[:2])),
+    ):
         (d / folder).mkdir(parents=True)
         (d / folder / "lab01_cat_mlp.IPYNB").write_text(text)
     (d / "Alan Turing_102_assignsubmission_file_" / "old.ipynb").write_text(_submission(LAB))
@@ -353,11 +425,17 @@ def test_grading_a_folder_twice_gives_the_same_gradebook_from_an_lms_export(tmp_
     outs = []
     for k in (1, 2):
         labs.grade(LAB, d, tmp_path / f"g{k}" / "gradebook.csv", timeout=TIMEOUT, jobs=2)
-        outs.append(((tmp_path / f"g{k}" / "gradebook.csv").read_bytes(),
-                     [p.read_bytes() for p in sorted((tmp_path / f"g{k}" / "gradebook_feedback").iterdir())]))
+        outs.append(
+            (
+                (tmp_path / f"g{k}" / "gradebook.csv").read_bytes(),
+                [p.read_bytes() for p in sorted((tmp_path / f"g{k}" / "gradebook_feedback").iterdir())],
+            )
+        )
     assert outs[0] == outs[1]
     rows = {r["submission"]: r for r in csv.DictReader((tmp_path / "g1" / "gradebook.csv").open())}
-    assert rows["Ada Lovelace"]["total"] == "11" and rows["Alan Turing"]["graded_file"] == "lab01_cat_mlp.IPYNB"
+    assert (
+        rows["Ada Lovelace"]["total"] == "11" and rows["Alan Turing"]["graded_file"] == "lab01_cat_mlp.IPYNB"
+    )
     assert "2 notebooks from this student" in rows["Alan Turing"]["notes"]
     assert rows["Alan Turing"]["total"] == "2"
 
@@ -367,15 +445,21 @@ def test_grade_refuses_in_one_line_without_a_sandbox_unless_told_unsafe(tmp_path
     (tmp_path / "a.ipynb").write_text(_submission(LAB))
     with pytest.raises(SystemExit) as e:
         labs.grade(LAB, tmp_path, tmp_path / "g.csv")
-    assert str(e.value).startswith("refusing to grade: bubblewrap (bwrap) is not installed") and "\n" not in str(e.value)
+    assert str(e.value).startswith(
+        "refusing to grade: bubblewrap (bwrap) is not installed"
+    ) and "\n" not in str(e.value)
 
 
 def test_a_missing_folder_is_a_one_line_error(tmp_path):
-    with pytest.raises(SystemExit, match=f"submissions folder not found: {re.escape(str(tmp_path / 'nope'))}$"):
+    with pytest.raises(
+        SystemExit, match=f"submissions folder not found: {re.escape(str(tmp_path / 'nope'))}$"
+    ):
         labs.grade(LAB, tmp_path / "nope", tmp_path / "g.csv", unsafe=True)
 
 
-def test_the_default_gradebook_is_outside_the_repository_and_an_inside_one_is_git_ignored(tmp_path, monkeypatch):
+def test_the_default_gradebook_is_outside_the_repository_and_an_inside_one_is_git_ignored(
+    tmp_path, monkeypatch
+):
     assert not labs.default_out(LAB).resolve().is_relative_to(ROOT)
     monkeypatch.setattr(labs, "ROOT", tmp_path)
     (tmp_path / ".gitignore").write_text("_build/\n")
@@ -388,10 +472,18 @@ def test_the_default_gradebook_is_outside_the_repository_and_an_inside_one_is_gi
 def test_grade_can_leave_an_optional_question_out_of_the_total(tmp_path, monkeypatch):
     earned = {"ex1": 1.0, "ex2": 0.0, "ex3": 2.0, "ex4": 2.0, "ex5": 2.0, "ex6": 3.0}
 
-    def fake_harness(run, lab, name, nb, timeout, skip, unsafe, **kw):   # nothing runs: only the bookkeeping
-        return {"status": "ok", "errors": [], "notes": [],
-                "questions": {q: {"score": v, "possible": v, "passed": 1, "cases": 1} for q, v in earned.items()
-                              if q not in skip}}
+    def fake_harness(run, lab, name, nb, timeout, skip, unsafe, **kw):  # nothing runs: only the bookkeeping
+        return {
+            "status": "ok",
+            "errors": [],
+            "notes": [],
+            "questions": {
+                q: {"score": v, "possible": v, "passed": 1, "cases": 1}
+                for q, v in earned.items()
+                if q not in skip
+            },
+        }
+
     monkeypatch.setattr(labs, "run_harness", fake_harness)
     subs = tmp_path / "subs"
     subs.mkdir()
@@ -399,21 +491,59 @@ def test_grade_can_leave_an_optional_question_out_of_the_total(tmp_path, monkeyp
     out = tmp_path / "g.csv"
     labs.grade(LAB, subs, out, skip=["ex6"], unsafe=True)
     rows = list(csv.DictReader(out.open()))
-    assert list(rows[0]) == ["submission", "status", "ex1", "ex2", "ex3", "ex4", "ex5", "total", "possible",
-                             "graded_file", "notes", "flags"]
+    assert list(rows[0]) == [
+        "submission",
+        "status",
+        "ex1",
+        "ex2",
+        "ex3",
+        "ex4",
+        "ex5",
+        "total",
+        "possible",
+        "graded_file",
+        "notes",
+        "flags",
+    ]
     assert (rows[0]["total"], rows[0]["possible"]) == ("7", "8")
     fb = (tmp_path / "g_feedback" / "a.txt").read_text()
     assert "Score: 7 / 8" in fb and "ex6    optional this time: not graded, not counted" in fb
     with pytest.raises(SystemExit, match="no question ex9"):
         labs.grade(LAB, subs, out, skip=["ex9"], unsafe=True)
-    assert labs.main(["grade", LAB, str(subs), "--out", str(out), "--skip-question", "ex5",
-                      "--skip-question", "ex6", "--unsafe"]) == 0
+    assert (
+        labs.main(
+            [
+                "grade",
+                LAB,
+                str(subs),
+                "--out",
+                str(out),
+                "--skip-question",
+                "ex5",
+                "--skip-question",
+                "ex6",
+                "--unsafe",
+            ]
+        )
+        == 0
+    )
     assert next(csv.DictReader(out.open()))["possible"] == "6"
 
 
 def test_scores_are_capped_at_each_exercises_points_whatever_comes_back(tmp_path, monkeypatch):
-    monkeypatch.setattr(labs, "run_harness", lambda *a, **k: {"status": "ok", "errors": [], "notes": [], "questions": {
-        q: {"score": 600.0, "possible": 1.0, "passed": 9, "cases": 1} for q in ("ex1", "ex2", "ex3", "ex4", "ex5", "ex6")}})
+    monkeypatch.setattr(
+        labs,
+        "run_harness",
+        lambda *a, **k: {
+            "status": "ok",
+            "errors": [],
+            "notes": [],
+            "questions": {
+                q: {"score": 600.0, "possible": 1.0, "passed": 9, "cases": 1}
+                for q in ("ex1", "ex2", "ex3", "ex4", "ex5", "ex6")
+            },
+        },
+    )
     (tmp_path / "a.ipynb").write_text(_submission(LAB))
     labs.grade(LAB, tmp_path, tmp_path / "out" / "g.csv", unsafe=True)
     assert next(csv.DictReader((tmp_path / "out" / "g.csv").open()))["total"] == "11"
@@ -432,18 +562,35 @@ def test_a_grading_stopped_with_sigterm_leaves_no_folder_and_no_process(tmp_path
     (tmp_path / "subs").mkdir()
     (tmp_path / "subs" / "loop.ipynb").write_text(_submission(LAB, insert=[(0, "while True:\n    pass")]))
     before = set(Path(tempfile.gettempdir()).glob(labs.RUN_PREFIX + "*"))
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tools" / "labs.py"), "grade", LAB, str(tmp_path / "subs"),
-                             "--out", str(tmp_path / "g.csv")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "tools" / "labs.py"),
+            "grade",
+            LAB,
+            str(tmp_path / "subs"),
+            "--out",
+            str(tmp_path / "g.csv"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and "/grader/worker.py" not in subprocess.run(
-            ["ps", "-eo", "args"], capture_output=True, text=True).stdout:
+    while (
+        time.monotonic() < deadline
+        and "/grader/worker.py"
+        not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    ):
         time.sleep(0.5)
     time.sleep(1)
     proc.terminate()
     assert proc.wait(30) == 143
     time.sleep(1)
-    assert not [d for d in set(Path(tempfile.gettempdir()).glob(labs.RUN_PREFIX + "*")) - before
-                if (d / "owner.pid").exists() and (d / "owner.pid").read_text() == str(proc.pid)]
+    assert not [
+        d
+        for d in set(Path(tempfile.gettempdir()).glob(labs.RUN_PREFIX + "*")) - before
+        if (d / "owner.pid").exists() and (d / "owner.pid").read_text() == str(proc.pid)
+    ]
     assert not _leftovers()
 
 
@@ -476,16 +623,47 @@ def test_every_labs_solutions_pass_every_hidden_test_across_the_boundary(lab):
 # a mistake that only shows through what crosses the boundary: in-place edits, saved tensors,
 # the random stream, a test's list appended to, hooks and Parameters of a module, an optimizer
 MUTANTS = {
-    "rng not put back (lab 9)": ("lab09_memory_checkpointing", "ex3", [("            set_rng_state(ctx.rng_state)", "            pass")]),
-    "inputs counted (lab 3)": ("lab03_inside_autograd", "ex4", [("    seen = {t.untyped_storage().data_ptr() for t in inputs}", "    seen = set()")]),
-    "an N x N tensor saved (lab 10)": ("lab10_flash_attention", "ex6", [
-        ("        ctx.save_for_backward(Q, K, V, O, L)", "        ctx.save_for_backward(Q, K, V, O, L, Q @ K.transpose(-1, -2))"),
-        ("        Q, K, V, O, L = ctx.saved_tensors", "        Q, K, V, O, L, _S = ctx.saved_tensors")]),
-    "hooks left on the model (lab 5)": ("lab05_losses_and_flow", "ex2", [("        for h in handles:\n            h.remove()", "        pass")]),
-    "Parameter replaced, not merged in place (lab 8)": ("lab08_lora", "ex4", [
-        ("    with torch.no_grad():\n        layer.weight += s * (B @ A)",
-         "    with torch.no_grad():\n        layer.weight = torch.nn.Parameter(layer.weight + s * (B @ A), requires_grad=layer.weight.requires_grad)")]),
-    "micro-batch losses summed (lab 11)": ("lab11_training_by_hand", "ex5", [("            L = F.mse_loss(model(Xb), Yb) / accum", "            L = F.mse_loss(model(Xb), Yb)")]),
+    "rng not put back (lab 9)": (
+        "lab09_memory_checkpointing",
+        "ex3",
+        [("            set_rng_state(ctx.rng_state)", "            pass")],
+    ),
+    "inputs counted (lab 3)": (
+        "lab03_inside_autograd",
+        "ex4",
+        [("    seen = {t.untyped_storage().data_ptr() for t in inputs}", "    seen = set()")],
+    ),
+    "an N x N tensor saved (lab 10)": (
+        "lab10_flash_attention",
+        "ex6",
+        [
+            (
+                "        ctx.save_for_backward(Q, K, V, O, L)",
+                "        ctx.save_for_backward(Q, K, V, O, L, Q @ K.transpose(-1, -2))",
+            ),
+            ("        Q, K, V, O, L = ctx.saved_tensors", "        Q, K, V, O, L, _S = ctx.saved_tensors"),
+        ],
+    ),
+    "hooks left on the model (lab 5)": (
+        "lab05_losses_and_flow",
+        "ex2",
+        [("        for h in handles:\n            h.remove()", "        pass")],
+    ),
+    "Parameter replaced, not merged in place (lab 8)": (
+        "lab08_lora",
+        "ex4",
+        [
+            (
+                "    with torch.no_grad():\n        layer.weight += s * (B @ A)",
+                "    with torch.no_grad():\n        layer.weight = torch.nn.Parameter(layer.weight + s * (B @ A), requires_grad=layer.weight.requires_grad)",
+            )
+        ],
+    ),
+    "micro-batch losses summed (lab 11)": (
+        "lab11_training_by_hand",
+        "ex5",
+        [("            L = F.mse_loss(model(Xb), Yb) / accum", "            L = F.mse_loss(model(Xb), Yb)")],
+    ),
 }
 
 
@@ -496,7 +674,9 @@ def test_a_mistake_seen_only_through_the_boundary_loses_points(name):
     lab, ex, replace = MUTANTS[name]
     got, _ = _grade_in_harness(lab, replace)
     assert got[ex][0] < got[ex][1], got
-    assert all(p == n for q, (p, n) in got.items() if q != ex and not (lab.startswith("lab09") and q == "ex4")), got
+    assert all(
+        p == n for q, (p, n) in got.items() if q != ex and not (lab.startswith("lab09") and q == "ex4")
+    ), got
 
 
 @pytest.mark.sandbox
@@ -504,27 +684,45 @@ def test_a_mistake_seen_only_through_the_boundary_loses_points(name):
 def test_lab6_the_course_reference_and_autograd_score_nothing_where_the_work_is_by_hand(tmp_path):
     lab = "lab06_attention_backward"
     sol = _solutions(lab)
-    reference = sol[:2] + ["def attention_backward(Q, K, V, P, grad_O, scale):\n"
-                           "    return ref.attention_backward(Q, K, V, P, grad_O, scale)"] + sol[3:]
-    via_autograd = sol[:3] + ["def attention_grads(Q, K, V, grad_O, causal=False, key_padding_mask=None):\n"
-                              "    Q, K, V = (t.detach().clone().requires_grad_() for t in (Q, K, V))\n"
-                              "    O = ref.attention(Q, K, V, causal=causal, key_padding_mask=key_padding_mask)\n"
-                              "    return torch.autograd.grad(O, (Q, K, V), grad_O)"]
+    reference = (
+        sol[:2]
+        + [
+            "def attention_backward(Q, K, V, P, grad_O, scale):\n"
+            "    return ref.attention_backward(Q, K, V, P, grad_O, scale)"
+        ]
+        + sol[3:]
+    )
+    via_autograd = sol[:3] + [
+        "def attention_grads(Q, K, V, grad_O, causal=False, key_padding_mask=None):\n"
+        "    Q, K, V = (t.detach().clone().requires_grad_() for t in (Q, K, V))\n"
+        "    O = ref.attention(Q, K, V, causal=causal, key_padding_mask=key_padding_mask)\n"
+        "    return torch.autograd.grad(O, (Q, K, V), grad_O)"
+    ]
     (tmp_path / "subs").mkdir()
-    for name, text in {"full": _submission(lab, sol), "reference_in_ex3": _submission(lab, reference),
-                       "autograd_in_ex4": _submission(lab, via_autograd),
-                       "monkeypatch": _submission(lab, insert=[(0, HOSTILE["monkeypatch"].replace("{{}}", "{}"))])}.items():
+    for name, text in {
+        "full": _submission(lab, sol),
+        "reference_in_ex3": _submission(lab, reference),
+        "autograd_in_ex4": _submission(lab, via_autograd),
+        "monkeypatch": _submission(lab, insert=[(0, HOSTILE["monkeypatch"].replace("{{}}", "{}"))]),
+    }.items():
         (tmp_path / "subs" / f"{name}.ipynb").write_text(text)
     labs.grade(lab, tmp_path / "subs", tmp_path / "g.csv", timeout=TIMEOUT, jobs=2)
     rows = {r["submission"]: r for r in csv.DictReader((tmp_path / "g.csv").open())}
     pts = {n: " ".join(r[f"ex{i}"] for i in range(1, 5)) for n, r in rows.items()}
-    assert pts == {"full": "2 2 3 3", "reference_in_ex3": "2 2 0 0", "autograd_in_ex4": "2 2 3 0", "monkeypatch": "0 0 0 0"}, pts
+    assert pts == {
+        "full": "2 2 3 3",
+        "reference_in_ex3": "2 2 0 0",
+        "autograd_in_ex4": "2 2 3 0",
+        "monkeypatch": "0 0 0 0",
+    }, pts
     # ex4 calls their ex3, so it used the reference too
     assert "used helpers.attention.attention_backward in ex3" in rows["reference_in_ex3"]["notes"]
     assert "used autograd in ex4, which asks for the gradient by hand" in rows["autograd_in_ex4"]["notes"]
 
 
-def test_a_run_folder_left_by_a_killed_grading_is_removed_by_the_next_and_a_live_ones_kept(tmp_path, monkeypatch):
+def test_a_run_folder_left_by_a_killed_grading_is_removed_by_the_next_and_a_live_ones_kept(
+    tmp_path, monkeypatch
+):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

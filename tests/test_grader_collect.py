@@ -1,4 +1,5 @@
 """tools/grader/collect.py: one notebook per student, whatever the LMS export layout."""
+
 import os
 import sys
 import unicodedata
@@ -10,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools" / "grader"))
 from collect import CollectError, Submission, collect, safe_name  # noqa: E402
 
-T0 = 1_700_000_000      # a fixed modification time (seconds); later files get T0 + n
+T0 = 1_700_000_000  # a fixed modification time (seconds); later files get T0 + n
 
 
 def put(root: Path, rel: str, mtime: float = T0, text: str = "{}") -> Path:
@@ -33,6 +34,7 @@ def students(subs):
 
 # --------------------------------------------------------------------------- layouts
 
+
 def test_flat_layout_any_extension_case(tmp_path):
     a = put(tmp_path, "alice.ipynb")
     b = put(tmp_path, "bob.IPYNB")
@@ -49,8 +51,10 @@ def test_moodle_folders_student_is_the_name_before_the_id(tmp_path):
     assert students(subs) == ["Alice Smith", "Bob Jones"]
     assert rows(subs) == {"Alice Smith": a, "Bob Jones": b}
     # the full folder name stays available
-    assert [s.source for s in subs] == ["Alice Smith_12345_assignsubmission_file_",
-                                        "Bob Jones_23456_assignsubmission_file_"]
+    assert [s.source for s in subs] == [
+        "Alice Smith_12345_assignsubmission_file_",
+        "Bob Jones_23456_assignsubmission_file_",
+    ]
 
 
 def test_moodle_file_and_onlinetext_folders_of_one_participant_are_one_student(tmp_path):
@@ -79,8 +83,7 @@ def test_canvas_resubmission_is_two_notebooks_from_one_student(tmp_path):
     new = put(tmp_path, "smithalice_LATE_12345_67999_lab01-1.ipynb", T0 + 60)
     [sub] = collect(tmp_path)
     assert (sub.student, sub.path, sub.others) == ("smithalice", new, (old,))
-    assert sub.note == ("2 notebooks from this student: graded lab01-1.ipynb (the newest), "
-                        "not lab01.ipynb")
+    assert sub.note == ("2 notebooks from this student: graded lab01-1.ipynb (the newest), not lab01.ipynb")
 
 
 def test_gradescope_folders_and_metadata(tmp_path):
@@ -102,6 +105,7 @@ def test_generic_folder_per_student_notebook_anywhere_below(tmp_path):
 
 
 # --------------------------------------------------------------------------- not submissions
+
 
 def test_hidden_macosx_checkpoints_and_metadata_are_ignored(tmp_path):
     nb = put(tmp_path, "alice/lab.ipynb", T0)
@@ -150,6 +154,7 @@ def test_folder_with_nothing_but_hidden_files_still_gets_a_row(tmp_path):
 
 # --------------------------------------------------------------------------- several notebooks
 
+
 @pytest.mark.parametrize("newer", ["lab01.ipynb", "lab01-final.ipynb"])
 def test_two_notebooks_newest_is_graded_and_note_names_both(tmp_path, newer):
     older = "lab01-final.ipynb" if newer == "lab01.ipynb" else "lab01.ipynb"
@@ -158,8 +163,7 @@ def test_two_notebooks_newest_is_graded_and_note_names_both(tmp_path, newer):
     [sub] = collect(tmp_path)
     assert sub.path == tmp_path / "alice" / newer
     assert sub.others == (tmp_path / "alice" / older,)
-    assert sub.note == (f"2 notebooks from this student: graded {newer} (the newest), "
-                        f"not {older}")
+    assert sub.note == (f"2 notebooks from this student: graded {newer} (the newest), not {older}")
 
 
 def test_three_notebooks_in_nested_folders(tmp_path):
@@ -169,17 +173,19 @@ def test_three_notebooks_in_nested_folders(tmp_path):
     [sub] = collect(tmp_path)
     assert sub.path == tmp_path / "alice/b/lab.ipynb"
     assert sub.others == (tmp_path / "alice/lab.ipynb", tmp_path / "alice/a/lab.ipynb")
-    assert sub.note == ("3 notebooks from this student: graded b/lab.ipynb (the newest), "
-                        "not lab.ipynb, a/lab.ipynb")
+    assert sub.note == (
+        "3 notebooks from this student: graded b/lab.ipynb (the newest), not lab.ipynb, a/lab.ipynb"
+    )
 
 
 def test_canvas_same_mtime_the_later_upload_wins(tmp_path):
     put(tmp_path, "smithbob_3_5_zz.ipynb", T0)
-    later = put(tmp_path, "smithbob_3_9_aa.ipynb", T0)     # larger attachment id: uploaded later
+    later = put(tmp_path, "smithbob_3_9_aa.ipynb", T0)  # larger attachment id: uploaded later
     [sub] = collect(tmp_path)
     assert sub.path == later
-    assert sub.note == ("2 notebooks from this student: graded aa.ipynb "
-                        "(tied for the newest: the later upload), not zz.ipynb")
+    assert sub.note == (
+        "2 notebooks from this student: graded aa.ipynb (tied for the newest: the later upload), not zz.ipynb"
+    )
 
 
 def test_same_mtime_tie_is_broken_the_same_way_whatever_the_creation_order(tmp_path):
@@ -197,12 +203,13 @@ def test_same_mtime_tie_is_broken_the_same_way_whatever_the_creation_order(tmp_p
 
 # --------------------------------------------------------------------------- names
 
+
 def test_two_folders_giving_one_name_are_told_apart(tmp_path):
     put(tmp_path, "Alice Smith_111_assignsubmission_file_/lab.ipynb")
     put(tmp_path, "Alice Smith_222_assignsubmission_file_/lab.ipynb")
     subs = collect(tmp_path)
     names = students(subs)
-    assert names == ["Alice Smith (111)", "Alice Smith (222)"]     # the Moodle participant id
+    assert names == ["Alice Smith (111)", "Alice Smith (222)"]  # the Moodle participant id
     assert rows(subs)[names[0]].parent.name.startswith("Alice Smith_111")
     assert rows(subs)[names[1]].parent.name.startswith("Alice Smith_222")
 
@@ -229,9 +236,11 @@ def test_names_differing_only_in_case_are_unique_ignoring_case(tmp_path):
     assert len(names) == 2 and len({n.casefold() for n in names}) == 2
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="Windows file names cannot hold '\\' or control characters")
+@pytest.mark.skipif(
+    sys.platform == "win32", reason="Windows file names cannot hold '\\' or control characters"
+)
 def test_student_names_are_safe_file_stems(tmp_path):
-    put(tmp_path, "a\\b\tc\x07 /lab.ipynb")        # a folder named 'a\b<TAB>c<BEL> '
+    put(tmp_path, "a\\b\tc\x07 /lab.ipynb")  # a folder named 'a\b<TAB>c<BEL> '
     put(tmp_path, "José Núñez_7_assignsubmission_file_/lab.ipynb")
     nfd = unicodedata.normalize("NFD", "Zoë")
     put(tmp_path, f"{nfd}/lab.ipynb")
@@ -239,7 +248,7 @@ def test_student_names_are_safe_file_stems(tmp_path):
     names = students(subs)
     assert "abc" in names
     assert "José Núñez" in names
-    assert "Zoë" in names                 # NFC, whatever the file system wrote
+    assert "Zoë" in names  # NFC, whatever the file system wrote
     for n in names:
         assert "/" not in n and "\\" not in n and not n.startswith(".")
         assert n == n.strip() and all(unicodedata.category(c) != "Cc" for c in n)
@@ -257,6 +266,7 @@ def test_safe_name():
 
 
 # --------------------------------------------------------------------------- errors, order
+
 
 def test_missing_folder_raises_collect_error_naming_it(tmp_path):
     missing = tmp_path / "nope" / "subs"
@@ -283,7 +293,7 @@ def _mixed_export(root: Path, order: list[int]) -> None:
         ("Alice Smith_1_assignsubmission_file_/lab.ipynb", T0),
         ("Alice Smith_2_assignsubmission_file_/lab.ipynb", T0),
         ("smithbob_3_4_lab.ipynb", T0),
-        ("smithbob_LATE_3_5_lab-1.ipynb", T0),     # same mtime: the later upload wins
+        ("smithbob_LATE_3_5_lab-1.ipynb", T0),  # same mtime: the later upload wins
         ("carol/report.pdf", T0),
         ("dave/a.ipynb", T0 + 1),
         ("dave/b.ipynb", T0 + 1),
@@ -304,9 +314,15 @@ def test_deterministic_and_sorted(tmp_path):
     names = students(first)
     assert names == sorted(names, key=lambda n: (n.casefold(), n))
     assert len(set(names)) == len(names) == 7
-    relative = lambda subs, root: [(s.student, s.path.relative_to(root),  # noqa: E731
-                                    tuple(p.relative_to(root) for p in s.others), s.note)
-                                   for s in subs]
+    relative = lambda subs, root: [
+        (
+            s.student,
+            s.path.relative_to(root),  # noqa: E731
+            tuple(p.relative_to(root) for p in s.others),
+            s.note,
+        )
+        for s in subs
+    ]
     assert relative(collect(two), two) == relative(first, one)
     bob = {s.student: s for s in first}["smithbob"]
     assert bob.path.name == "smithbob_LATE_3_5_lab-1.ipynb"

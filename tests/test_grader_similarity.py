@@ -1,4 +1,5 @@
 """tools/grader/similarity.py: near-identical answers are flagged (copydetect), different ones are not."""
+
 import csv
 import json
 import os
@@ -14,7 +15,7 @@ import similarity  # noqa: E402
 from similarity import SOLUTIONS, similarity_pairs, write_report  # noqa: E402
 
 # A student's answer to an attention-backward lab (three functions).
-ATTENTION = '''
+ATTENTION = """
 def causal_mask(Nq, Nk, device=None):
     i = torch.arange(Nq, device=device)[:, None]   # (Nq, 1)
     j = torch.arange(Nk, device=device)[None, :]   # (1, Nk)
@@ -41,10 +42,10 @@ def attention_backward(Q, K, V, P, grad_O, scale):
     grad_Q = (grad_S @ K) * scale
     grad_K = (grad_S.transpose(-2, -1) @ Q) * scale
     return grad_Q, grad_K, grad_V
-'''
+"""
 
 # The same code with every local renamed, comments reworded/added, spacing and blank lines changed.
-ATTENTION_RENAMED = '''
+ATTENTION_RENAMED = """
 def causal_mask(Nq, Nk, device=None):
     # a key is visible unless it lies in the future
     rows = torch.arange(Nq, device=device)[:, None]
@@ -72,28 +73,28 @@ def attention_backward(Q, K, V, P, grad_O, scale):
     dq = (ds @ K) * scale
     dk = (ds.transpose(-2, -1) @ Q) * scale
     return dq, dk, dv
-'''
+"""
 
 # Two genuinely different softmax backwards (y = softmax output, g = upstream gradient) ...
-SOFTMAX_KEEPDIM = '''
+SOFTMAX_KEEPDIM = """
 def softmax_backward(y, grad_out):
     # one dot product per row: <grad_out, y>
     dot = (grad_out * y).sum(dim=-1, keepdim=True)
     return y * (grad_out - dot)
-'''
-SOFTMAX_JACOBIAN_EINSUM = '''
+"""
+SOFTMAX_JACOBIAN_EINSUM = """
 def softmax_backward(y, grad_out):
     # the full Jacobian diag(y) - y y^T of each row, contracted with grad_out
     jac = torch.diag_embed(y) - torch.einsum("ni,nj->nij", y, y)
     return torch.einsum("nij,nj->ni", jac, grad_out)
-'''
-SOFTMAX_DOT_EINSUM = '''
+"""
+SOFTMAX_DOT_EINSUM = """
 def softmax_backward(probs, upstream):
     s = torch.einsum("bi,bi->b", probs, upstream)
     return probs * upstream - probs * s[:, None]
-'''
+"""
 # ... and a linear layer's backward written with loops and vectorised.
-LINEAR_LOOP = '''
+LINEAR_LOOP = """
 def linear_backward(x, W, grad_out):
     grad_x = torch.zeros_like(x)
     grad_W = torch.zeros_like(W)
@@ -103,14 +104,14 @@ def linear_backward(x, W, grad_out):
         grad_W += torch.outer(grad_out[i], x[i])
         grad_b += grad_out[i]
     return grad_x, grad_W, grad_b
-'''
-LINEAR_VECTORISED = '''
+"""
+LINEAR_VECTORISED = """
 def linear_backward(x, W, grad_out):
     grad_x = grad_out @ W
     grad_W = grad_out.T @ x
     grad_b = grad_out.sum(dim=0)
     return grad_x, grad_W, grad_b
-'''
+"""
 PUBLISHED = SOFTMAX_KEEPDIM + LINEAR_VECTORISED
 
 
@@ -136,8 +137,13 @@ def test_renamed_variables_and_reworded_comments_are_still_flagged():
 
 
 def test_different_implementations_of_the_same_function_are_not_flagged():
-    answers = {"einsum_jacobian": SOFTMAX_JACOBIAN_EINSUM, "einsum_dot": SOFTMAX_DOT_EINSUM,
-               "keepdim": SOFTMAX_KEEPDIM, "loop": LINEAR_LOOP, "vectorised": LINEAR_VECTORISED}
+    answers = {
+        "einsum_jacobian": SOFTMAX_JACOBIAN_EINSUM,
+        "einsum_dot": SOFTMAX_DOT_EINSUM,
+        "keepdim": SOFTMAX_KEEPDIM,
+        "loop": LINEAR_LOOP,
+        "vectorised": LINEAR_VECTORISED,
+    }
     assert similarity_pairs(answers) == []
     # "clearly below" 0.8, not just below: every pair's figure (threshold 0 lists them all)
     everything = similarity_pairs(answers, threshold=0.0)
@@ -170,8 +176,14 @@ def test_an_answer_that_is_only_part_of_the_other_scores_the_mean_of_both_shares
 
 def test_empty_and_short_answers_are_ignored():
     short = "return (g*y).sum(-1, keepdim=True)"  # under 40 characters
-    answers = {"empty": "", "blank": "  \n\n   ", "short1": short, "short2": short,
-               "stub": "def f(x):\n    ...\n", "alice": ATTENTION}
+    answers = {
+        "empty": "",
+        "blank": "  \n\n   ",
+        "short1": short,
+        "short2": short,
+        "stub": "def f(x):\n    ...\n",
+        "alice": ATTENTION,
+    }
     assert similarity_pairs(answers, solutions="", threshold=0.0) == []
     # it is min_chars that drops the identical short answers: allowed, they are flagged
     rows = similarity_pairs(answers, threshold=0.0, min_chars=10)
@@ -180,8 +192,9 @@ def test_empty_and_short_answers_are_ignored():
 
 
 def test_rows_are_sorted_by_similarity_then_names():
-    partial = ATTENTION.replace("(grad_P * P).sum(-1, keepdim=True)",
-                                "torch.sum(grad_P * P, dim=-1, keepdim=True)")
+    partial = ATTENTION.replace(
+        "(grad_P * P).sum(-1, keepdim=True)", "torch.sum(grad_P * P, dim=-1, keepdim=True)"
+    )
     answers = {"zed": ATTENTION, "yan": ATTENTION, "bea": partial, "abe": ATTENTION_RENAMED}
     rows = similarity_pairs(answers)
     assert len(rows) == 6
@@ -192,27 +205,40 @@ def test_rows_are_sorted_by_similarity_then_names():
 
 
 def run_in_fresh_process(answers, solutions, hashseed):
-    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import similarity; "
-            "a, s = json.loads(sys.stdin.read()); "
-            "print(json.dumps(similarity.similarity_pairs(a, s, threshold=0.0)))")
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); import similarity; "
+        "a, s = json.loads(sys.stdin.read()); "
+        "print(json.dumps(similarity.similarity_pairs(a, s, threshold=0.0)))"
+    )
     env = dict(os.environ, PYTHONHASHSEED=str(hashseed))
-    out = subprocess.run([sys.executable, "-c", code, str(ROOT / "tools" / "grader")],
-                         input=json.dumps([answers, solutions]), capture_output=True, text=True,
-                         env=env, timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(ROOT / "tools" / "grader")],
+        input=json.dumps([answers, solutions]),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=True,
+    )
     return json.loads(out.stdout)
 
 
 def test_same_inputs_give_exactly_the_same_rows():
-    answers = {"alice": ATTENTION, "bob": ATTENTION_RENAMED, "carol": SOFTMAX_DOT_EINSUM,
-               "dave": PUBLISHED, "erin": SOFTMAX_JACOBIAN_EINSUM, "frank": LINEAR_LOOP}
+    answers = {
+        "alice": ATTENTION,
+        "bob": ATTENTION_RENAMED,
+        "carol": SOFTMAX_DOT_EINSUM,
+        "dave": PUBLISHED,
+        "erin": SOFTMAX_JACOBIAN_EINSUM,
+        "frank": LINEAR_LOOP,
+    }
     first = similarity_pairs(answers, solutions=PUBLISHED, threshold=0.0)
     assert len(first) == 21  # 15 pairs + 6 against the solutions
     assert similarity_pairs(answers, solutions=PUBLISHED, threshold=0.0) == first
     reordered = dict(reversed(list(answers.items())))
     assert similarity_pairs(reordered, solutions=PUBLISHED, threshold=0.0) == first
     # copydetect hashes k-grams with Python's salted str hash: other seeds, same rows
-    assert all(isinstance(r["similarity"], float) and isinstance(r["tokens_overlap"], int)
-               for r in first)
+    assert all(isinstance(r["similarity"], float) and isinstance(r["tokens_overlap"], int) for r in first)
     for seed in (1, 2):
         assert run_in_fresh_process(answers, PUBLISHED, seed) == json.loads(json.dumps(first))
 
@@ -223,16 +249,16 @@ def test_a_submission_may_not_take_the_solutions_name():
 
 
 def test_write_report_writes_the_header_and_rows(tmp_path):
-    rows = similarity_pairs({"alice": ATTENTION, "carol": ATTENTION_RENAMED, "dave": PUBLISHED},
-                            solutions=PUBLISHED)
+    rows = similarity_pairs(
+        {"alice": ATTENTION, "carol": ATTENTION_RENAMED, "dave": PUBLISHED}, solutions=PUBLISHED
+    )
     assert len(rows) == 2
     path = tmp_path / "similarity.csv"
     write_report(rows, path)
     with open(path, newline="") as f:
         got = list(csv.reader(f))
     assert got[0] == ["a", "b", "similarity", "tokens_overlap"]
-    assert got[1:] == [[r["a"], r["b"], f"{r['similarity']:.3f}", str(r["tokens_overlap"])]
-                       for r in rows]
+    assert got[1:] == [[r["a"], r["b"], f"{r['similarity']:.3f}", str(r["tokens_overlap"])] for r in rows]
     assert all(len(line[2].split(".")[1]) == 3 for line in got[1:])
     assert {tuple(line[:2]) for line in got[1:]} == {("alice", "carol"), ("dave", SOLUTIONS)}
 

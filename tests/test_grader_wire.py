@@ -1,4 +1,5 @@
 """The grading boundary (tools/grader/wire.py): values cross by value, nothing decodes into code, objects stay home."""
+
 import math
 import os
 import struct
@@ -33,13 +34,24 @@ def test_grad_flags_parameters_grads_and_containers_survive():
     w = torch.nn.Parameter(torch.ones(2, 2))
     w.grad = torch.full((2, 2), 3.0)
     x = torch.zeros(3, requires_grad=True)
-    value = {"w": w, "x": x, "t": (1, 2.5, float("nan"), float("-inf"), 2 ** 70, None, True, "s"),
-             "l": [torch.float16, torch.Size([2, 3])], 4: "int key"}
+    value = {
+        "w": w,
+        "x": x,
+        "t": (1, 2.5, float("nan"), float("-inf"), 2**70, None, True, "s"),
+        "l": [torch.float16, torch.Size([2, 3])],
+        4: "int key",
+    }
     back = roundtrip(value)
     assert isinstance(back["w"], torch.nn.Parameter) and torch.equal(back["w"].grad, w.grad)
     assert back["x"].requires_grad and back["x"].grad is None
     t = back["t"]
-    assert t[:2] == (1, 2.5) and math.isnan(t[2]) and t[3] == -math.inf and t[4] == 2 ** 70 and t[5:] == (None, True, "s")
+    assert (
+        t[:2] == (1, 2.5)
+        and math.isnan(t[2])
+        and t[3] == -math.inf
+        and t[4] == 2**70
+        and t[5:] == (None, True, "s")
+    )
     assert back["l"] == [torch.float16, torch.Size([2, 3])] and back[4] == "int key"
 
 
@@ -48,15 +60,18 @@ def test_a_noncontiguous_view_crosses_as_its_values():
     assert torch.equal(roundtrip(t), t)
 
 
-@pytest.mark.parametrize("node, blobs, why", [
-    ({"tensor": 0, "dtype": "object", "shape": [1]}, [b"x"], "bad tensor header"),
-    ({"tensor": 0, "dtype": "float32", "shape": [2]}, [b"\x00" * 4], "do not match"),
-    ({"tensor": 0, "dtype": "float32", "shape": [-1]}, [b""], "bad tensor header"),
-    ({"pickle": "gASVAAAAAAAAAAB9lC4="}, [], "bad value"),
-    ({"float": "__import__('os')"}, [], "bad value"),
-    ({"yours": 99}, [], "unknown handle"),
-    ({"dtype_of": "torch.storage"}, [], "bad value"),
-])
+@pytest.mark.parametrize(
+    "node, blobs, why",
+    [
+        ({"tensor": 0, "dtype": "object", "shape": [1]}, [b"x"], "bad tensor header"),
+        ({"tensor": 0, "dtype": "float32", "shape": [2]}, [b"\x00" * 4], "do not match"),
+        ({"tensor": 0, "dtype": "float32", "shape": [-1]}, [b""], "bad tensor header"),
+        ({"pickle": "gASVAAAAAAAAAAB9lC4="}, [], "bad value"),
+        ({"float": "__import__('os')"}, [], "bad value"),
+        ({"yours": 99}, [], "unknown handle"),
+        ({"dtype_of": "torch.storage"}, [], "bad value"),
+    ],
+)
 def test_malformed_or_code_carrying_values_are_refused(node, blobs, why):
     with pytest.raises(wire.WireError, match=why):
         wire.Peer(None, None).decode(node, blobs)
@@ -81,7 +96,7 @@ class Thing:
         return Thing(self.v + (other.v if isinstance(other, Thing) else other))
 
     def twice(self, f):
-        return f(self.v) * 2     # f is the other side's callable: a nested call back
+        return f(self.v) * 2  # f is the other side's callable: a nested call back
 
 
 def serve_forever(peer):
@@ -114,8 +129,8 @@ def test_objects_cross_as_handles_with_calls_attributes_operators_and_callbacks(
     assert isinstance(thing, wire.Remote) and thing.v == 20 and thing._private.startswith("underscore")
     thing.v = 5
     assert thing.v == 5
-    assert (thing + 1).v == 6                                    # an operator, served on its side
-    assert thing.twice(lambda v: v + 0.5) == 11.0                # the server calls back into the client
+    assert (thing + 1).v == 6  # an operator, served on its side
+    assert thing.twice(lambda v: v + 0.5) == 11.0  # the server calls back into the client
     assert client.request({"op": "thing"}, thing, True).v.v == 5  # a handle sent back is the object itself
 
 
@@ -123,7 +138,7 @@ def test_dunder_attributes_are_not_served_unless_the_peer_allows_it(pair):
     client, server = pair
     thing = client.request({"op": "thing"}, 1, True)
     with pytest.raises(AttributeError):
-        _ = thing.__dict__                                    # refused locally: no request sent
+        _ = thing.__dict__  # refused locally: no request sent
     with pytest.raises(wire.RemoteError, match="AttributeError"):
         client.request({"op": "getattr", "ref": thing._id, "name": "__class__"})
     method = thing.twice

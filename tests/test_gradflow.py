@@ -68,7 +68,7 @@ def test_recorder_multiplied_by_zero_and_remove():
             self.b = nn.Linear(4, 2)
 
         def forward(self, x):
-            return self.b(self.a(x) * 0)   # everything after `a` is multiplied by 0
+            return self.b(self.a(x) * 0)  # everything after `a` is multiplied by 0
 
     model = Scaled()
     X, y = torch.randn(5, 4), torch.tensor([0, 1, 0, 1, 0])
@@ -109,8 +109,8 @@ def test_clip_equals_clip_grad_norm_(max_norm):
 
 def test_norm_and_clip_skip_missing_grads_and_reject_bad_input():
     a, b = torch.ones(3, requires_grad=True), torch.ones(2, requires_grad=True)
-    a.grad = torch.full((3,), 4.0)                         # b has no gradient: it counts as nothing
-    assert global_grad_norm([a, b]).item() == pytest.approx(48 ** 0.5)
+    a.grad = torch.full((3,), 4.0)  # b has no gradient: it counts as nothing
+    assert global_grad_norm([a, b]).item() == pytest.approx(48**0.5)
     assert global_grad_norm([b]).item() == 0.0
     clip_grad_norm({"a": a, "b": b}, 1.0)
     assert a.grad.norm().item() == pytest.approx(1.0, rel=1e-5) and b.grad is None
@@ -144,5 +144,5 @@ def test_deep_mlp_is_deterministic_and_validates():
 def test_dead_relu_units_counts_all_zero_columns():
     model, (X, _) = _dead_layer_model(), _batch()
     counts = dead_relu_units(model, X)
-    assert counts["3"] == (16, 16)          # W = b = 0: every unit is 0 for every row
+    assert counts["3"] == (16, 16)  # W = b = 0: every unit is 0 for every row
     assert counts["1"][1] == 16 and counts["1"][0] < 16

@@ -1,4 +1,5 @@
 """helpers.labcheck: one readable line per self-check, never a traceback."""
+
 import pytest
 import torch
 
@@ -34,31 +35,41 @@ def test_wrong_value_names_the_output_the_largest_error_and_its_index():
 
 
 def test_the_worst_of_several_outputs_is_named():
-    r = evaluate(lambda x: (2 * x, x), lambda x: (2 * x, 2 * x), args=(X,),
-                 outputs=("grad_X", "grad_W"), name="lin")
+    r = evaluate(
+        lambda x: (2 * x, x), lambda x: (2 * x, 2 * x), args=(X,), outputs=("grad_X", "grad_W"), name="lin"
+    )
     assert r.line.startswith("✗ lin: grad_W is wrong")
 
 
 def test_shape_dtype_and_type_mismatches_say_what_was_expected():
-    assert "grad_W has shape (3, 2), expected (2, 3) (transposed?)" in evaluate(
-        lambda x: x.T, X, args=(X,), outputs=("grad_W",)).line
-    assert "has shape (6,), expected (2, 3) (same numbers of elements" in evaluate(
-        lambda x: x.flatten(), X, args=(X,)).line
+    assert (
+        "grad_W has shape (3, 2), expected (2, 3) (transposed?)"
+        in evaluate(lambda x: x.T, X, args=(X,), outputs=("grad_W",)).line
+    )
+    assert (
+        "has shape (6,), expected (2, 3) (same numbers of elements"
+        in evaluate(lambda x: x.flatten(), X, args=(X,)).line
+    )
     assert "has dtype torch.float32, expected torch.float64" in evaluate(X.float(), X).line
     mask = torch.ones(2, 3, dtype=torch.bool).tril()
     assert "has dtype torch.float32, expected torch.bool" in evaluate(mask.float(), mask).line
     assert "expected a torch.Tensor, got list" in evaluate(X.tolist(), X).line
-    assert "returned 2 values, expected 3 (a, b, c)" in evaluate((X, X), (X, X, X), outputs=("a", "b", "c")).line
+    assert (
+        "returned 2 values, expected 3 (a, b, c)" in evaluate((X, X), (X, X, X), outputs=("a", "b", "c")).line
+    )
     assert "b1 is missing from the returned dict" in evaluate({"W1": X}, {"W1": X, "b1": X}).line
     assert "expected a dict with keys W1" in evaluate(X, {"W1": X}).line
 
 
-@pytest.mark.parametrize("unfinished", [
-    lambda x: None,
-    lambda x: ...,
-    lambda x: (_ for _ in ()).throw(NotImplementedError()),
-    lambda x: ... * x,  # a `...` left in an expression
-])
+@pytest.mark.parametrize(
+    "unfinished",
+    [
+        lambda x: None,
+        lambda x: ...,
+        lambda x: (_ for _ in ()).throw(NotImplementedError()),
+        lambda x: ... * x,  # a `...` left in an expression
+    ],
+)
 def test_unfinished_answers_say_not_implemented_yet(unfinished, capsys):
     check(unfinished, double, args=(X,), name="ex1")
     assert one_line(capsys) == "· ex1: not implemented yet"
@@ -73,9 +84,12 @@ def test_partly_unfinished_tuple_names_what_is_left():
 def test_an_exception_in_the_learners_code_is_one_line(capsys):
     def broken(x):
         return torch.mm(x, x)  # (2, 3) @ (2, 3): shapes do not fit
+
     check(broken, double, args=(X,), name="ex2")
     line = one_line(capsys)
-    assert line.startswith("✗ ex2: error in your code: RuntimeError: mat1 and mat2 shapes cannot be multiplied")
+    assert line.startswith(
+        "✗ ex2: error in your code: RuntimeError: mat1 and mat2 shapes cannot be multiplied"
+    )
     assert "(in broken, line" in line
 
 
@@ -83,6 +97,7 @@ def test_the_learner_cannot_change_the_inputs_the_reference_sees():
     def sneaky(x):
         x.zero_()
         return 2 * x
+
     r = evaluate(sneaky, double, args=(X,))
     assert r.status == "fail"  # the reference still saw the original X
     assert X[1, 2] == 5
@@ -141,6 +156,7 @@ def test_check_gradcheck_passes_a_right_backward_and_fails_a_wrong_one(capsys):
 
     def todo(x):
         raise NotImplementedError
+
     assert check_gradcheck(todo, (X,), quiet=True).status == "todo"
 
 
@@ -159,31 +175,51 @@ def test_an_argument_changed_in_place_is_named_in_one_line(capsys):
         x.view(-1)[0] += eps
         x.view(-1)[0] -= eps
         return x.clone()
+
     x = torch.tensor([0.3], dtype=torch.float64)
     assert (0.3 + 0.1) - 0.1 != 0.3
-    assert evaluate(nudge, lambda f, x, eps=0.1: x, args=(None, x)).line == "✗ check: changed its argument x in place"
+    assert (
+        evaluate(nudge, lambda f, x, eps=0.1: x, args=(None, x)).line
+        == "✗ check: changed its argument x in place"
+    )
     r = evaluate(lambda xs: xs[1].zero_(), X, args=([X, X.clone()],))
     assert r.line == "✗ check: changed its argument xs[1] in place"
     nan = torch.tensor([float("nan"), 1.0])
-    assert evaluate(lambda t: t + 0, nan, args=(nan,)).status == "pass"  # a NaN argument left alone is unchanged
+    assert (
+        evaluate(lambda t: t + 0, nan, args=(nan,)).status == "pass"
+    )  # a NaN argument left alone is unchanged
 
 
 def test_counts_exact_types_and_strings_read_as_sentences():
-    r = evaluate(lambda: {"nodes missing or repeated": 9, "g": X}, {"nodes missing or repeated": 0, "g": X},
-                 counts=("nodes missing or repeated",), name="ex3")
+    r = evaluate(
+        lambda: {"nodes missing or repeated": 9, "g": X},
+        {"nodes missing or repeated": 0, "g": X},
+        counts=("nodes missing or repeated",),
+        name="ex3",
+    )
     assert r.line == "✗ ex3: 9 nodes missing or repeated (expected 0)"
-    r = evaluate(lambda: {"nodes missing or repeated": 0, "g": X}, {"nodes missing or repeated": 0, "g": X},
-                 counts=("nodes missing or repeated",), name="ex3")
+    r = evaluate(
+        lambda: {"nodes missing or repeated": 0, "g": X},
+        {"nodes missing or repeated": 0, "g": X},
+        counts=("nodes missing or repeated",),
+        name="ex3",
+    )
     assert r.line.startswith("✓ ex3: nodes missing or repeated, g match (max|Δ| 0.0e+00; atol 1e-10")
-    assert evaluate(lambda: 2048.0, 2048, outputs=("bytes",), exact=True).line == \
-        "✗ check: bytes: returned float, expected int"
-    assert evaluate(lambda: 2048.0, 2048, outputs=("bytes",)).status == "pass"  # without exact a float will do
+    assert (
+        evaluate(lambda: 2048.0, 2048, outputs=("bytes",), exact=True).line
+        == "✗ check: bytes: returned float, expected int"
+    )
+    assert (
+        evaluate(lambda: 2048.0, 2048, outputs=("bytes",)).status == "pass"
+    )  # without exact a float will do
     r = evaluate(lambda: 2048, 2048, outputs=("bytes",), exact=True)
     assert r.status == "pass" and "atol 0, rtol 0" in r.line
     assert evaluate(lambda: 2047, 2048, exact=True).status == "fail"
     r = evaluate(lambda n, names: "in", "mid.act", args=({}, []), outputs=("the layer returned",), name="ex3")
     assert r.line == "✗ ex3: the layer returned is 'in', expected 'mid.act'"
-    r = evaluate(lambda: "mid.act", "mid.act", outputs=("the layer returned",), name="ex3", against="the profile")
+    r = evaluate(
+        lambda: "mid.act", "mid.act", outputs=("the layer returned",), name="ex3", against="the profile"
+    )
     assert r.line == "✓ ex3: the layer returned matches the profile"
 
 
@@ -216,8 +252,13 @@ def test_check_gradcheck_says_what_gradcheck_found_when_it_is_not_a_jacobian_mis
 
 
 def test_several_wrong_outputs_are_all_named():
-    r = evaluate(lambda x: (x, x, x), lambda x: (2 * x, 3 * x, 4 * x), args=(X,),
-                 outputs=("grad_Q", "grad_K", "grad_V"), name="ex")
+    r = evaluate(
+        lambda x: (x, x, x),
+        lambda x: (2 * x, 3 * x, 4 * x),
+        args=(X,),
+        outputs=("grad_Q", "grad_K", "grad_V"),
+        name="ex",
+    )
     assert r.status == "fail" and "[also wrong: grad_K, grad_V]" in r.line
 
 
@@ -226,7 +267,9 @@ def test_one_tolerance_rule_for_compare_and_the_labs():
     from helpers.checks import close, compare
 
     inf, nan = float("inf"), float("nan")
-    ok = close(torch.tensor([inf, 1.0, 1.0, nan, 2.0]), torch.tensor([inf, inf, 1.0 + 1e-9, nan, 2.1]), 1e-6, 0.0)
+    ok = close(
+        torch.tensor([inf, 1.0, 1.0, nan, 2.0]), torch.tensor([inf, inf, 1.0 + 1e-9, nan, 2.1]), 1e-6, 0.0
+    )
     assert ok.tolist() == [True, False, True, False, False]
     assert close(torch.tensor([nan]), torch.tensor([nan]), 0.0, 0.0, equal_nan=True).item()
     ref = torch.tensor([1.0, inf], dtype=torch.float64)

@@ -1,4 +1,5 @@
 """helpers.labkit: the scaffolding labs 4, 8 and 9 use to self-check a learner's autograd.Function."""
+
 import pytest
 import torch
 
@@ -22,7 +23,7 @@ def test_applied_turns_a_none_forward_into_not_implemented():
 
 def test_count_saved_counts_distinct_saved_tensors():
     (Z,), _ = _softmax_inputs()
-    assert count_saved(lambda z: hf.Softmax.apply(z, -1), (Z,)) == 1          # only P
+    assert count_saved(lambda z: hf.Softmax.apply(z, -1), (Z,)) == 1  # only P
     assert count_saved(lambda z: hf.SoftmaxDiagonalOnly.apply(z, -1), (Z,)) == 1
     x, W = randn(2, 4, seed=3, dtype=F64), randn(3, 4, seed=4, dtype=F64)
     assert count_saved(lambda x, W: hf.Linear.apply(x, W, None), (x, W)) == 2  # x and W
@@ -30,8 +31,15 @@ def test_count_saved_counts_distinct_saved_tensors():
 
 def test_check_function_pass_with_saves_and_gradcheck(capsys):
     inputs, g = _softmax_inputs()
-    res = check_function("softmax", lambda z: hf.Softmax.apply(z, -1), lambda z: torch.softmax(z, -1),
-                         inputs, g, ("P", "grad_Z"), saves=(1, "P"))
+    res = check_function(
+        "softmax",
+        lambda z: hf.Softmax.apply(z, -1),
+        lambda z: torch.softmax(z, -1),
+        inputs,
+        g,
+        ("P", "grad_Z"),
+        saves=(1, "P"),
+    )
     out = capsys.readouterr().out
     assert res and out == res.line + "\n"
     assert res.line.startswith("✓ softmax: P, grad_Z match autograd")
@@ -40,13 +48,22 @@ def test_check_function_pass_with_saves_and_gradcheck(capsys):
 
 def test_check_function_fail_todo_and_saved_count(capsys):
     inputs, g = _softmax_inputs()
-    ref = lambda z: torch.softmax(z, -1)   # noqa: E731
-    wrong = check_function("diag", lambda z: hf.SoftmaxDiagonalOnly.apply(z, -1), ref, inputs, g,
-                           ("P", "grad_Z"), quiet=True)
+    ref = lambda z: torch.softmax(z, -1)  # noqa: E731
+    wrong = check_function(
+        "diag", lambda z: hf.SoftmaxDiagonalOnly.apply(z, -1), ref, inputs, g, ("P", "grad_Z"), quiet=True
+    )
     assert wrong.status == "fail" and "grad_Z is wrong" in wrong.line
     todo = check_function("todo", lambda z: None, ref, inputs, g, ("P", "grad_Z"), quiet=True)
     assert todo.status == "todo" and todo.line == "· todo: not implemented yet"
-    too_many = check_function("saves", lambda z: hf.Softmax.apply(z, -1), ref, inputs, g, ("P", "grad_Z"),
-                              saves=(0, "nothing"), quiet=True)
+    too_many = check_function(
+        "saves",
+        lambda z: hf.Softmax.apply(z, -1),
+        ref,
+        inputs,
+        g,
+        ("P", "grad_Z"),
+        saves=(0, "nothing"),
+        quiet=True,
+    )
     assert too_many.status == "fail" and "1 tensors saved for backward (expected 0)" in too_many.line
     assert capsys.readouterr().out == ""

@@ -1,4 +1,5 @@
 """The lab system: no solutions in student notebooks, nothing stale (grading: tests/test_grader.py)."""
+
 import json
 import re
 import sys
@@ -54,9 +55,14 @@ def test_student_notebooks_keep_the_otter_cells_out_and_the_lab_name_in():
 def test_every_self_check_in_a_student_notebook_says_not_implemented_yet():
     for lab in LABS:
         nb = labs.read_nb(labs.student_path(lab))
-        lines = [ln for c in nb.cells if c.cell_type == "code" for o in c.outputs
-                 for ln in o.get("text", "").splitlines() if ln.startswith(("✓", "✗", "·"))
-                 and "Exercise" in ln]
+        lines = [
+            ln
+            for c in nb.cells
+            if c.cell_type == "code"
+            for o in c.outputs
+            for ln in o.get("text", "").splitlines()
+            if ln.startswith(("✓", "✗", "·")) and "Exercise" in ln
+        ]
         n = len(labs.questions(labs.read_nb(labs.source_path(lab))))
         numbers = {re.search(r"Exercise (\d+)", ln).group(1) for ln in lines}
         assert len(numbers) == n and all(ln.endswith("not implemented yet") for ln in lines), lines
@@ -66,8 +72,14 @@ def test_every_self_check_in_a_student_notebook_says_not_implemented_yet():
 def test_every_self_check_in_a_source_notebook_passes():
     for lab in LABS:
         nb = labs.read_nb(labs.source_path(lab))
-        lines = [ln for c in nb.cells if c.cell_type == "code" for o in c.outputs
-                 for ln in o.get("text", "").splitlines() if "Exercise" in ln]
+        lines = [
+            ln
+            for c in nb.cells
+            if c.cell_type == "code"
+            for o in c.outputs
+            for ln in o.get("text", "").splitlines()
+            if "Exercise" in ln
+        ]
         assert lines and all(ln.startswith("✓") for ln in lines), lines
 
 
@@ -91,5 +103,6 @@ def test_every_by_hand_name_resolves_to_a_course_function(lab):
             if what == "autograd":
                 continue
             module, _, attr = what.rpartition(".")
-            assert callable(getattr(importlib.import_module(module), attr, None)), \
+            assert callable(getattr(importlib.import_module(module), attr, None)), (
                 f"{lab} {q.name}: by_hand names {what}, which does not exist"
+            )

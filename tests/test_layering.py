@@ -1,4 +1,5 @@
 """Chapter N imports only what chapters ≤ N introduced: helper modules and notebooks, checked from their source."""
+
 import ast
 import json
 import re
@@ -40,10 +41,15 @@ MODULES = sorted(p.stem for p in (ROOT / "helpers").glob("*.py"))
 @pytest.mark.parametrize("module", MODULES)
 def test_a_helper_module_imports_only_earlier_chapters(module):
     own = chapter_of(module)
-    assert own is not None, (f"helpers/{module}.py names no chapter in its docstring's first lines "
-                             "('(chapter N)'), nor is it infrastructure")
-    later = {m: chapter_of(m) for m in helper_imports((ROOT / "helpers" / f"{module}.py").read_text())
-             if (chapter_of(m) or 0) > own}
+    assert own is not None, (
+        f"helpers/{module}.py names no chapter in its docstring's first lines "
+        "('(chapter N)'), nor is it infrastructure"
+    )
+    later = {
+        m: chapter_of(m)
+        for m in helper_imports((ROOT / "helpers" / f"{module}.py").read_text())
+        if (chapter_of(m) or 0) > own
+    }
     assert not later, f"helpers/{module}.py (chapter {own}) imports later chapters' modules: {later}"
 
 
@@ -56,8 +62,11 @@ def _code_of(notebook: Path) -> str:
     return "\n".join(lines)
 
 
-@pytest.mark.parametrize("notebook", sorted((ROOT / "chapters").glob("*.ipynb")) + sorted((ROOT / "labs").glob("lab*.ipynb")),
-                         ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "notebook",
+    sorted((ROOT / "chapters").glob("*.ipynb")) + sorted((ROOT / "labs").glob("lab*.ipynb")),
+    ids=lambda p: p.stem,
+)
 def test_a_chapter_or_lab_imports_only_what_chapters_up_to_it_introduced(notebook):
     n = int(re.search(r"(\d+)", notebook.stem).group(1))
     later = {m: chapter_of(m) for m in helper_imports(_code_of(notebook)) if (chapter_of(m) or 0) > n}
@@ -65,6 +74,7 @@ def test_a_chapter_or_lab_imports_only_what_chapters_up_to_it_introduced(noteboo
 
 
 def test_the_rule_can_fail():
-    assert helper_imports("from helpers.flash import x\nimport helpers.lora\ndef f():\n    from helpers import gpt") \
-        == {"flash", "lora", "gpt"}
+    assert helper_imports(
+        "from helpers.flash import x\nimport helpers.lora\ndef f():\n    from helpers import gpt"
+    ) == {"flash", "lora", "gpt"}
     assert chapter_of("flash") == 10 and chapter_of("attention") == 6 and chapter_of("checks") == 0

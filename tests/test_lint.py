@@ -5,6 +5,7 @@ Over the package, the tests, the tools, the benchmarks and the notebooks' text s
 after formatting a text source, carry it into its notebook with
 ``jupytext --sync --from py:percent chapters/src/NN_name.py`` (outputs kept) and check nbval.
 """
+
 import re
 import shutil
 import subprocess
@@ -54,10 +55,14 @@ def test_ruff_sees_every_text_source():
 def test_ruff_check():
     run = _ruff("check", "--output-format", "concise", *PATHS)
     if run.returncode != 0:
-        pytest.fail(f"ruff check (fix: ruff check --fix <path>, or by hand):\n{run.stdout}{run.stderr}", pytrace=False)
+        pytest.fail(
+            f"ruff check (fix: ruff check --fix <path>, or by hand):\n{run.stdout}{run.stderr}", pytrace=False
+        )
 
 
 def test_ruff_format():
     run = _ruff("format", "--check", "--output-format", "concise", *PATHS)
     if run.returncode != 0:
-        pytest.fail(f"ruff format --check (fix: ruff format <path>):\n{run.stdout}{run.stderr}", pytrace=False)
+        pytest.fail(
+            f"ruff format --check (fix: ruff format <path>):\n{run.stdout}{run.stderr}", pytrace=False
+        )

@@ -1,4 +1,5 @@
 """Tests for helpers.lora: the LoRA math, its autograd.Function, LoRALinear, merge and unmerge."""
+
 import math
 
 import pytest
@@ -13,7 +14,7 @@ from helpers.lora import LoRALinear, lora_linear, lora_linear_backward, lora_sca
 
 DEV = get_device()
 F64 = torch.float64
-TOL64 = dict(atol=1e-12, rtol=1e-12)   # the issue's bar: same math, different summation order
+TOL64 = dict(atol=1e-12, rtol=1e-12)  # the issue's bar: same math, different summation order
 
 
 def _linear(d_in, d_out, seed=0, bias=True, dtype=F64):
@@ -27,7 +28,7 @@ def _linear(d_in, d_out, seed=0, bias=True, dtype=F64):
 
 def _lora(d_in=7, d_out=6, r=3, alpha=5.0, seed=0, bias=True, rslora=False, dropout=0.0, nonzero_B=True):
     m = LoRALinear(_linear(d_in, d_out, seed, bias), r, alpha, dropout=dropout, rslora=rslora, seed=seed + 2)
-    if nonzero_B:   # a trained-looking adapter, so every term of the gradient is exercised
+    if nonzero_B:  # a trained-looking adapter, so every term of the gradient is exercised
         with torch.no_grad():
             m.lora_B.copy_(randn(d_out, r, seed=seed + 3, dtype=m.lora_B.dtype, device=DEV))
     return m
@@ -38,7 +39,7 @@ def _reference(m: LoRALinear, x):
     A = m.lora_A.detach().clone().requires_grad_()
     B = m.lora_B.detach().clone().requires_grad_()
     xr = x.detach().clone().requires_grad_()
-    W_prime = m.base.weight.detach() + m.scale * (B @ A)         # (out, r) @ (r, in) -> (out, in)
+    W_prime = m.base.weight.detach() + m.scale * (B @ A)  # (out, r) @ (r, in) -> (out, in)
     y = xr @ W_prime.T + (m.base.bias.detach() if m.base.bias is not None else 0.0)
     return y, xr, A, B
 
@@ -70,8 +71,10 @@ def test_gradcheck_function_float64_every_input():
     B = randn(4, 2, seed=5, dtype=F64, device=DEV, requires_grad=True)
     xl = randn(2, 3, 5, seed=6, dtype=F64, device=DEV, requires_grad=True)
     assert gradcheck(lambda *t: lora_linear(*t, 3.0, 2), (x, W, b, A, B))
-    assert gradcheck(lambda x, W, b, A, B, xl: lora_linear(x, W, b, A, B, 3.0, 2, x_lora=xl), (x, W, b, A, B, xl))
-    W0 = W.detach()   # the LoRA case: frozen W, no bias grad asked
+    assert gradcheck(
+        lambda x, W, b, A, B, xl: lora_linear(x, W, b, A, B, 3.0, 2, x_lora=xl), (x, W, b, A, B, xl)
+    )
+    W0 = W.detach()  # the LoRA case: frozen W, no bias grad asked
     assert gradcheck(lambda x, A, B: lora_linear(x, W0, None, A, B, 3.0, 2, rslora=True), (x, A, B))
 
 
@@ -90,18 +93,20 @@ def test_plain_backward_function_without_autograd():
     torch.testing.assert_close(grad_A, s * B.T @ grad_Wp, **TOL64)
     torch.testing.assert_close(grad_x, g @ (W + s * B @ A), **TOL64)
     torch.testing.assert_close(grad_b, g.sum(0), **TOL64)
-    assert grad_W is None   # not asked for: LoRA never forms ∂L/∂W'
+    assert grad_W is None  # not asked for: LoRA never forms ∂L/∂W'
 
 
 def test_zero_init_equals_base_model_bit_for_bit():
-    base = nn.Sequential(_linear(8, 16, seed=1, dtype=torch.float32), nn.GELU(), _linear(16, 4, seed=2, dtype=torch.float32))
+    base = nn.Sequential(
+        _linear(8, 16, seed=1, dtype=torch.float32), nn.GELU(), _linear(16, 4, seed=2, dtype=torch.float32)
+    )
     x = randn(5, 8, seed=3, device=DEV)
     y0 = base(x)
     base[0], base[2] = LoRALinear(base[0], 4, 8.0), LoRALinear(base[2], 4, 8.0, seed=1000)
     assert isinstance(base[0], LoRALinear) and isinstance(base[2], LoRALinear)
     assert torch.equal(base(x), y0)
     assert torch.all(base[0].lora_A != 0) and torch.all(base[0].lora_B == 0)
-    bound = 1 / math.sqrt(8)   # Kaiming-uniform a=√5 = nn.Linear's U(−1/√in, 1/√in)
+    bound = 1 / math.sqrt(8)  # Kaiming-uniform a=√5 = nn.Linear's U(−1/√in, 1/√in)
     assert base[0].lora_A.abs().max() <= bound
 
 
@@ -119,11 +124,12 @@ def test_frozen_base_gets_no_grad_but_input_grad_flows():
     g = randn(4, 6, seed=2, dtype=F64, device=DEV)
     m(x).backward(g)
     assert not m.base.weight.requires_grad and m.base.weight.grad is None and m.base.bias.grad is None
-    torch.testing.assert_close(x.grad, g @ m.base.weight, **TOL64)   # B = 0: only the base path
+    torch.testing.assert_close(x.grad, g @ m.base.weight, **TOL64)  # B = 0: only the base path
 
 
 def test_frozen_base_saves_fewer_bytes_than_trainable():
     from helpers.memory import SavedTensors
+
     lin = _linear(32, 32, seed=1, dtype=torch.float32)
     x = randn(64, 32, seed=2, device=DEV, requires_grad=True)
     with SavedTensors(exclude=[lin.weight, lin.bias, x]) as trainable:
@@ -139,12 +145,13 @@ def test_frozen_base_saves_fewer_bytes_than_trainable():
 def test_frozen_lora_layer_saves_x_and_xA():
     """A frozen base + LoRA keeps x (for ∂L/∂A) and x Aᵀ (for ∂L/∂B): R·(in + r) elements."""
     from helpers.memory import SavedTensors
+
     m = _lora(d_in=32, d_out=16, r=4).to(torch.float32)
     x = randn(64, 32, seed=2, device=DEV, requires_grad=True)
-    h = x * 1.0                                               # a non-leaf input, as inside a model
+    h = x * 1.0  # a non-leaf input, as inside a model
     with SavedTensors(exclude=[*m.parameters(), x]) as saved:
         m(h)
-    assert saved.total_bytes == 4 * 64 * (32 + 4)            # parameters (W, A, B) excluded
+    assert saved.total_bytes == 4 * 64 * (32 + 4)  # parameters (W, A, B) excluded
 
 
 def test_merge_unmerge_round_trip():
@@ -156,7 +163,7 @@ def test_merge_unmerge_round_trip():
     assert m.merged and not torch.equal(m.base.weight, W0)
     torch.testing.assert_close(m(x), y, **TOL64)
     torch.testing.assert_close(m.base.weight, W0 + m.scale * m.lora_B @ m.lora_A, **TOL64)
-    m.merge()   # no-op when already merged
+    m.merge()  # no-op when already merged
     m.unmerge()
     assert not m.merged
     torch.testing.assert_close(m.base.weight, W0, **TOL64)
@@ -179,7 +186,7 @@ def test_dropout_on_lora_path_only():
     base = m.base(x.detach())
     ref = base + m.scale * (x_d @ m.lora_A.detach().T) @ m.lora_B.detach().T
     torch.testing.assert_close(y, ref, **TOL64)
-    assert not torch.allclose(y, m.base(x) + m.scale * (x @ m.lora_A.T) @ m.lora_B.T)   # dropout did act
+    assert not torch.allclose(y, m.base(x) + m.scale * (x @ m.lora_A.T) @ m.lora_B.T)  # dropout did act
     # the base path never sees dropout: with B = 0 the output is the base output exactly
     with torch.no_grad():
         m.lora_B.zero_()
@@ -194,7 +201,7 @@ def test_dropout_on_lora_path_only():
     keep = (F.dropout(torch.ones_like(x), 0.5, training=True) != 0).to(F64)
     grad_ref = g @ m.base.weight + m.scale * ((g @ m.lora_B.detach()) @ m.lora_A.detach()) * keep / 0.5
     torch.testing.assert_close(x.grad, grad_ref, **TOL64)
-    m.eval()   # no dropout in eval
+    m.eval()  # no dropout in eval
     torch.testing.assert_close(m(x), m.base(x) + m.scale * (x @ m.lora_A.T) @ m.lora_B.T, **TOL64)
 
 
@@ -210,9 +217,13 @@ def test_bad_inputs_raise_one_line_value_errors():
     x = randn(2, 7, dtype=F64, device=DEV)
     W = randn(6, 7, dtype=F64, device=DEV)
     with pytest.raises(ValueError, match=r"A: expected shape \(2, 7\)"):
-        lora_linear(x, W, None, randn(3, 7, dtype=F64, device=DEV), randn(6, 2, dtype=F64, device=DEV), 1.0, 2)
+        lora_linear(
+            x, W, None, randn(3, 7, dtype=F64, device=DEV), randn(6, 2, dtype=F64, device=DEV), 1.0, 2
+        )
     with pytest.raises(ValueError, match=r"^r: expected an int in \[1, "):
-        lora_linear(x, W, None, randn(9, 7, dtype=F64, device=DEV), randn(6, 9, dtype=F64, device=DEV), 1.0, 9)
+        lora_linear(
+            x, W, None, randn(9, 7, dtype=F64, device=DEV), randn(6, 9, dtype=F64, device=DEV), 1.0, 9
+        )
 
 
 def test_error_messages_are_one_line():
@@ -232,7 +243,9 @@ def test_broken_backward_is_caught(monkeypatch):
     A = randn(2, 5, seed=4, dtype=F64, device=DEV, requires_grad=True)
     B = randn(4, 2, seed=5, dtype=F64, device=DEV, requires_grad=True)
     W = randn(4, 5, seed=2, dtype=F64, device=DEV)
-    assert not gradcheck(lambda x, A, B: lora_linear(x, W, None, A, B, 3.0, 2), (x, A, B), raise_exception=False)
+    assert not gradcheck(
+        lambda x, A, B: lora_linear(x, W, None, A, B, 3.0, 2), (x, A, B), raise_exception=False
+    )
     with pytest.raises(AssertionError):
         test_forward_and_every_gradient_match_plain_autograd_on_W_prime_float64(CONFIGS[0], (4,))
 
@@ -247,6 +260,7 @@ def test_scales():
 def test_cuda_float32_matches_cpu():
     """float32 on the GPU with TF32 off equals the CPU to float32 round-off, output and grads."""
     from helpers.device import no_tf32
+
     no_tf32()
     m_cpu = _lora(d_in=64, d_out=48, r=4).to(device="cpu", dtype=torch.float32)
     m_gpu = _lora(d_in=64, d_out=48, r=4).to(device="cuda", dtype=torch.float32)

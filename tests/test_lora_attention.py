@@ -1,4 +1,5 @@
 """Tests for helpers.lora_attention: LoRASelfAttention equals nn.MultiheadAttention, masks and layouts."""
+
 import pytest
 import torch
 from torch import nn
@@ -25,7 +26,9 @@ def test_split_attention_equals_multihead_attention(masks):
     x = randn(3, 5, 8, seed=1, dtype=F64, device=DEV)
     kw = {}
     if masks == "causal":
-        kw = dict(attn_mask=nn.Transformer.generate_square_subsequent_mask(5, device=DEV, dtype=F64), is_causal=True)
+        kw = dict(
+            attn_mask=nn.Transformer.generate_square_subsequent_mask(5, device=DEV, dtype=F64), is_causal=True
+        )
     elif masks == "padding":
         kpm = torch.zeros(3, 5, dtype=torch.bool, device=DEV)
         kpm[0, 3:] = True
@@ -41,11 +44,11 @@ def _mha_mask(kind, B=3, H=2, N=5):
     kpm[0, 3:] = True
     kpm[2, 4:] = True
     if kind == "causal+padding":
-        future = torch.ones(N, N, dtype=torch.bool, device=DEV).triu(1)   # (N, N), True = blocked
+        future = torch.ones(N, N, dtype=torch.bool, device=DEV).triu(1)  # (N, N), True = blocked
         return dict(attn_mask=future, key_padding_mask=kpm)
     if kind == "3d":
         m = torch.rand(B * H, N, N, generator=torch.Generator().manual_seed(4)) < 0.3
-        m[..., 0] = False                                     # every query keeps one key
+        m[..., 0] = False  # every query keeps one key
         return dict(attn_mask=m.to(DEV))
     raise ValueError(kind)
 
@@ -58,7 +61,7 @@ def test_split_attention_equals_multihead_attention_masks_and_layouts(kind, batc
     att = LoRASelfAttention(mha, r=2, alpha=2.0)
     x = randn(3, 5, 8, seed=1, dtype=F64, device=DEV)
     if not batch_first:
-        x = x.transpose(0, 1)                                 # (B, N, E) -> (N, B, E)
+        x = x.transpose(0, 1)  # (B, N, E) -> (N, B, E)
     kw = _mha_mask(kind)
     y_ref, _ = mha(x, x, x, need_weights=False, **kw)
     y, _ = att(x, x, x, need_weights=False, **kw)
@@ -91,15 +94,18 @@ def test_attention_adapters_on_q_and_v_only_train_and_survive_eval_fast_path():
     assert not isinstance(att.k_proj, LoRALinear) and not isinstance(att.out_proj, LoRALinear)
     torch.testing.assert_close(layer(x, src_mask=mask, is_causal=True), y0, **TOL64)
     assert [n for n, p in wrapper.named_parameters() if p.requires_grad] == [
-        "0.self_attn.q_proj.lora_A", "0.self_attn.q_proj.lora_B",
-        "0.self_attn.v_proj.lora_A", "0.self_attn.v_proj.lora_B"]
+        "0.self_attn.q_proj.lora_A",
+        "0.self_attn.q_proj.lora_B",
+        "0.self_attn.v_proj.lora_A",
+        "0.self_attn.v_proj.lora_B",
+    ]
     layer(x, src_mask=mask, is_causal=True).pow(2).sum().backward()
     assert att.q_proj.lora_A.grad.abs().max() == 0 and att.v_proj.lora_B.grad.abs().max() > 0
     with torch.no_grad():
         att.v_proj.lora_B.copy_(randn(8, 2, seed=3, dtype=F64, device=DEV))
     y_train = layer(x, src_mask=mask, is_causal=True)
     layer.eval()
-    with torch.no_grad():   # eval + no_grad is where the packed fast path would skip adapters
+    with torch.no_grad():  # eval + no_grad is where the packed fast path would skip adapters
         y_eval = layer(x, src_mask=mask, is_causal=True)
     torch.testing.assert_close(y_eval, y_train.detach(), **TOL64)
     assert not torch.allclose(y_eval, y0)

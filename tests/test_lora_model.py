@@ -1,4 +1,5 @@
 """Tests for helpers.lora_model: adapters into a model, adapter-only state dicts, counting."""
+
 import pytest
 import torch
 from torch import nn
@@ -34,7 +35,7 @@ def test_save_and_load_adapter_weights_alone_onto_fresh_base():
     y = model(x)
     sd = lora_state_dict(model)
     assert set(sd) == {"0.lora_A", "0.lora_B", "2.lora_A", "2.lora_B"}
-    fresh = add_lora(_mlp(), ["0", "2"], r=2, alpha=4.0, seed=99)   # same base, other adapter init
+    fresh = add_lora(_mlp(), ["0", "2"], r=2, alpha=4.0, seed=99)  # same base, other adapter init
     assert not torch.allclose(fresh(x), y)
     load_lora_state_dict(fresh, sd)
     assert torch.equal(fresh(x), y)
@@ -50,7 +51,7 @@ def test_bad_model_inputs_raise_one_line_value_errors():
     with pytest.raises(ValueError, match="found none"):
         add_lora(_mlp(), ["nope"], r=1, alpha=1.0)
     with pytest.raises(ValueError, match="nn.Linear"):
-        add_lora(_mlp(), ["1"], r=1, alpha=1.0)   # the ReLU
+        add_lora(_mlp(), ["1"], r=1, alpha=1.0)  # the ReLU
     mha = nn.Sequential(nn.MultiheadAttention(8, 2, batch_first=True))
     with pytest.raises(ValueError, match="add_lora_attention"):
         add_lora(mha, ["out_proj"], r=1, alpha=1.0)
@@ -72,7 +73,7 @@ def test_counts_and_optimizer_state_bytes():
 
 def test_optimizer_state_bytes_counts_helpers_optim_and_torch_alike():
     """helpers.optim keeps its step count as an int: its AdamW's state is torch's without the step tensors."""
-    shapes = [(3, 4), (4,), ()]                                 # a 0-dim parameter has 0-dim m and v
+    shapes = [(3, 4), (4,), ()]  # a 0-dim parameter has 0-dim m and v
     ours = [torch.ones(s, dtype=F64) for s in shapes]
     ref = [torch.ones(s, dtype=F64, requires_grad=True) for s in shapes]
     opt, opt_ref = AdamW(ours, lr=0.1), torch.optim.AdamW(ref, lr=0.1)
@@ -81,7 +82,7 @@ def test_optimizer_state_bytes_counts_helpers_optim_and_torch_alike():
     opt_ref.step()
     n_bytes = (12 + 4 + 1) * 8
     assert optimizer_state_bytes(opt) == 2 * n_bytes == optimizer_state_bytes(opt_ref, step_counters=False)
-    assert optimizer_state_bytes(opt_ref) > 2 * n_bytes                # + one step tensor per parameter
+    assert optimizer_state_bytes(opt_ref) > 2 * n_bytes  # + one step tensor per parameter
     sgd, momentum = SGD(ours, lr=0.1), SGD(ours, lr=0.1, momentum=0.9)
     for o in (sgd, momentum):
         o.step([torch.ones(s, dtype=F64) for s in shapes])

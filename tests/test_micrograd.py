@@ -15,8 +15,8 @@ BINARY = {
 }
 UNARY = {
     "neg": lambda a: -a,
-    "pow3": lambda a: a ** 3,
-    "pow_half": lambda a: a ** 0.5,
+    "pow3": lambda a: a**3,
+    "pow_half": lambda a: a**0.5,
     "relu": lambda a: a.relu(),
     "tanh": lambda a: a.tanh(),
     "exp": lambda a: a.exp(),
@@ -58,7 +58,11 @@ def test_unary_ops_match_torch(name, a):
 
 
 def test_node_used_twice_accumulates():
-    for f, expected in [(lambda a: a + a, 2.0), (lambda a: a * a, 6.0), (lambda a: a * a + a.exp(), 6.0 + math.exp(3.0))]:
+    for f, expected in [
+        (lambda a: a + a, 2.0),
+        (lambda a: a * a, 6.0),
+        (lambda a: a * a + a.exp(), 6.0 + math.exp(3.0)),
+    ]:
         _, (g,) = _ours(f, 3.0)
         assert g == pytest.approx(expected, rel=1e-12)
 
@@ -106,6 +110,7 @@ class AssignMul(Value):
         def _backward():
             self.grad = other.data * out.grad
             other.grad = self.data * out.grad
+
         out._backward = _backward
         return out
 

@@ -1,4 +1,5 @@
 """helpers.mlp: the MLP built from our Functions equals nn.Sequential, gradients included."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,7 +11,7 @@ from helpers.mlp import MLP
 
 no_tf32()
 DEV = get_device()
-ATOL32, RTOL32 = tolerance(torch.float32)   # (1e-5, 1e-4): O(1) values summed in another order
+ATOL32, RTOL32 = tolerance(torch.float32)  # (1e-5, 1e-4): O(1) values summed in another order
 
 
 def _target(n, C, seed):

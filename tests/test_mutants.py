@@ -1,4 +1,5 @@
 """Mistake catalogs (tools/mutants.py): every typical wrong answer turns its self-check into ✗ and loses points."""
+
 import subprocess
 import sys
 from pathlib import Path
@@ -16,8 +17,13 @@ LABS = mutants.labs_with_catalogs()
 @pytest.mark.parametrize("lab", LABS)
 def test_every_cataloged_mistake_is_caught(lab, capsys):
     """One process per lab: its solutions pass, and each mutant gets ✗ (with its cause where asked) and fails a hidden test."""
-    out = subprocess.run([sys.executable, str(ROOT / "tools" / "mutants.py"), lab], capture_output=True, text=True,
-                         timeout=900, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "mutants.py"), lab],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
     lines = out.stdout.splitlines()
     bad = [ln for ln in lines if ln.startswith("BAD")]
     assert out.returncode == 0 and not bad and lines, "\n".join(bad) or out.stderr[-3000:]
@@ -30,6 +36,7 @@ def test_the_catalogs_are_big_enough_and_well_formed():
     import yaml
 
     import labs as labtools
+
     for lab in LABS:
         counts = {}
         for e in yaml.safe_load(mutants.catalog_path(lab).read_text()):
@@ -37,7 +44,9 @@ def test_the_catalogs_are_big_enough_and_well_formed():
             assert all(len(edit) == 2 for edit in e["replace"]), (lab, e)
             judge = e.get("checked_by", e["exercise"])
             counts[judge] = counts.get(judge, 0) + 1
-        graded = [q for q, points in labtools.questions(labtools.read_nb(labtools.source_path(lab))) if points > 0]
+        graded = [
+            q for q, points in labtools.questions(labtools.read_nb(labtools.source_path(lab))) if points > 0
+        ]
         assert all(counts.get(q, 0) >= 5 for q in graded), (lab, counts)
 
 

@@ -6,6 +6,7 @@ Each notebook that mentions Triton is executed in a kernel whose interpreter can
 None, exactly as when it is not installed).  It must run to the end, and a notebook whose code
 uses Triton must say in one line what it skipped.
 """
+
 import re
 import tempfile
 from pathlib import Path
@@ -43,13 +44,19 @@ def _code_uses_triton(nb) -> bool:
     return any(c.cell_type == "code" and "triton" in c.source.lower() for c in nb.cells)
 
 
-NOTEBOOKS = sorted(p for d in ("chapters", "labs", "labs/source") for p in (ROOT / d).glob("*.ipynb")
-                   if _mentions_triton(p))
+NOTEBOOKS = sorted(
+    p for d in ("chapters", "labs", "labs/source") for p in (ROOT / d).glob("*.ipynb") if _mentions_triton(p)
+)
 
 
 def _stream_text(nb) -> str:
-    return "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
-                   for o in c.get("outputs", []) if o.get("output_type") == "stream")
+    return "".join(
+        o.get("text", "")
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if o.get("output_type") == "stream"
+    )
 
 
 def test_the_triton_notebooks_are_found():
@@ -63,10 +70,12 @@ def test_the_blocker_hides_triton(tmp_path):
     import sys
 
     (tmp_path / "sitecustomize.py").write_text(HIDE_TRITON)
-    probe = ("import importlib.util\n"
-             "assert importlib.util.find_spec('triton') is None\n"
-             "try:\n    import triton\nexcept ModuleNotFoundError:\n    print('absent')\n"
-             "import helpers.flash_triton as ft\nprint(ft.HAS_TRITON)")
+    probe = (
+        "import importlib.util\n"
+        "assert importlib.util.find_spec('triton') is None\n"
+        "try:\n    import triton\nexcept ModuleNotFoundError:\n    print('absent')\n"
+        "import helpers.flash_triton as ft\nprint(ft.HAS_TRITON)"
+    )
     env = {**__import__("os").environ, "PYTHONPATH": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -92,9 +101,11 @@ def test_runs_without_triton(path, monkeypatch):
         try:
             client.execute()
         except CellExecutionError as e:
-            last = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip().splitlines()[-1]   # no ANSI colours
+            last = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip().splitlines()[-1]  # no ANSI colours
             pytest.fail(f"{path.relative_to(ROOT)} fails without Triton: {last}", pytrace=False)
     if _code_uses_triton(nb):
         lines = SKIP_LINE.findall(_stream_text(nb))
-        assert lines, (f"{path.relative_to(ROOT)} ran without Triton but printed no line saying what it "
-                       "skipped (e.g. 'Triton is not installed: skipped the Triton kernels')")
+        assert lines, (
+            f"{path.relative_to(ROOT)} ran without Triton but printed no line saying what it "
+            "skipped (e.g. 'Triton is not installed: skipped the Triton kernels')"
+        )

@@ -1,4 +1,5 @@
 """Repository-wide checks on the committed notebooks (not their outputs: nbval does that)."""
+
 import json
 import re
 import sys

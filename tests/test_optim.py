@@ -1,4 +1,5 @@
 """Optimizers by hand vs torch.optim, step for step, in float64."""
+
 import math
 
 import pytest
@@ -23,7 +24,7 @@ def problem():
 
 
 def loss_of(X, Y, W, b):
-    return ((X @ W.T + b - Y) ** 2).mean() + (W ** 4).sum() * 0.01   # non-quadratic: g changes shape
+    return ((X @ W.T + b - Y) ** 2).mean() + (W**4).sum() * 0.01  # non-quadratic: g changes shape
 
 
 def run_torch(make_opt, steps=STEPS):
@@ -57,17 +58,27 @@ def run_ours(make_opt, steps=STEPS, mode="manual"):
 
 CASES = {
     "sgd": (lambda p: torch.optim.SGD(p, lr=0.1), lambda p: SGD(p, lr=0.1)),
-    "sgd_wd": (lambda p: torch.optim.SGD(p, lr=0.1, weight_decay=0.1),
-               lambda p: SGD(p, lr=0.1, weight_decay=0.1)),
-    "momentum": (lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
-                 lambda p: SGD(p, lr=0.05, momentum=0.9)),
-    "nesterov": (lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.01),
-                 lambda p: SGD(p, lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.01)),
+    "sgd_wd": (
+        lambda p: torch.optim.SGD(p, lr=0.1, weight_decay=0.1),
+        lambda p: SGD(p, lr=0.1, weight_decay=0.1),
+    ),
+    "momentum": (
+        lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
+        lambda p: SGD(p, lr=0.05, momentum=0.9),
+    ),
+    "nesterov": (
+        lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.01),
+        lambda p: SGD(p, lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.01),
+    ),
     "adam": (lambda p: torch.optim.Adam(p, lr=0.05), lambda p: Adam(p, lr=0.05)),
-    "adam_l2": (lambda p: torch.optim.Adam(p, lr=0.05, betas=(0.8, 0.99), weight_decay=0.1),
-                lambda p: Adam(p, lr=0.05, betas=(0.8, 0.99), weight_decay=0.1)),
-    "adamw": (lambda p: torch.optim.AdamW(p, lr=0.05, weight_decay=0.1),
-              lambda p: AdamW(p, lr=0.05, weight_decay=0.1)),
+    "adam_l2": (
+        lambda p: torch.optim.Adam(p, lr=0.05, betas=(0.8, 0.99), weight_decay=0.1),
+        lambda p: Adam(p, lr=0.05, betas=(0.8, 0.99), weight_decay=0.1),
+    ),
+    "adamw": (
+        lambda p: torch.optim.AdamW(p, lr=0.05, weight_decay=0.1),
+        lambda p: AdamW(p, lr=0.05, weight_decay=0.1),
+    ),
 }
 
 
@@ -79,7 +90,7 @@ def test_matches_torch_optim_after_ten_steps(name, mode):
     W, b, _ = run_ours(make_ours, mode=mode)
     W0 = problem()[2]
     assert max_abs_diff(W, W_ref) < 1e-12 and max_abs_diff(b, b_ref) < 1e-12
-    assert max_abs_diff(W, W0) > 1e-3          # and the parameters did move
+    assert max_abs_diff(W, W0) > 1e-3  # and the parameters did move
 
 
 def test_l2_and_decoupled_weight_decay_differ():
@@ -104,7 +115,7 @@ def test_broken_bias_correction_fails(monkeypatch):
     real = optim_mod.adam_update
 
     def no_bias_correction(theta, g, m, v, t, *args, **kwargs):
-        return real(theta, g, m, v, 10 ** 6, *args, **kwargs)
+        return real(theta, g, m, v, 10**6, *args, **kwargs)
 
     monkeypatch.setattr(optim_mod, "adam_update", no_bias_correction)
     W_ref, _, _ = run_torch(CASES["adam"][0])
@@ -121,8 +132,8 @@ def test_schedule_endpoints_and_shape():
     assert lr_warmup_cosine(100, **kw) == pytest.approx(1e-4)
     assert lr_warmup_cosine(500, **kw) == pytest.approx(1e-4)
     lrs = [lr_warmup_cosine(s, **kw) for s in range(101)]
-    assert all(a <= b for a, b in zip(lrs[:10], lrs[1:11]))        # rises during warm-up
-    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))          # then only falls
+    assert all(a <= b for a, b in zip(lrs[:10], lrs[1:11]))  # rises during warm-up
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))  # then only falls
     assert lr_warmup_cosine(3, 0, 10, 1.0, 0.0) == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.3)))
     with pytest.raises(ValueError):
         lr_warmup_cosine(0, 20, 10, 1.0)

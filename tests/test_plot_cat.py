@@ -12,8 +12,9 @@ from helpers.plot_cat import draw_cat_graph, plot_fd_errors, short  # noqa: E402
 
 
 def _texts(fig):
-    return "\n".join(t.get_text() for ax in fig.axes for t in ax.texts + [ax.title]) + \
-        "\n".join(t.get_text() for t in fig.texts)
+    return "\n".join(t.get_text() for ax in fig.axes for t in ax.texts + [ax.title]) + "\n".join(
+        t.get_text() for t in fig.texts
+    )
 
 
 def test_short_drops_trailing_zeros_and_signed_zero():
@@ -29,13 +30,22 @@ def test_cat_graph_shows_the_seed_values_and_gradients():
     g = backward(c, p["W2"], p["y_true"])
     fig = draw_cat_graph(c, g, p)
     text = _texts(fig)
-    for expected in ("h = [0.725, -0.15]", "a = [0.725, 0]", "ŷ = 0.5625", "L = 0.19140625",
-                     "∂L/∂ŷ = -0.875", "∂L/∂W2 = [-0.634375, 0]", "∂L/∂b2 = -0.875",
-                     "∂L/∂a = [-0.4375, 0.35]", "∂L/∂h = [-0.4375, 0]",
-                     "∂L/∂W1 = [[-0.4375, -0.875, 0.4375, -0.21875],\n [0, 0, 0, 0]]",
-                     "∂L/∂b1 = [-0.4375, 0]", "dead"):
+    for expected in (
+        "h = [0.725, -0.15]",
+        "a = [0.725, 0]",
+        "ŷ = 0.5625",
+        "L = 0.19140625",
+        "∂L/∂ŷ = -0.875",
+        "∂L/∂W2 = [-0.634375, 0]",
+        "∂L/∂b2 = -0.875",
+        "∂L/∂a = [-0.4375, 0.35]",
+        "∂L/∂h = [-0.4375, 0]",
+        "∂L/∂W1 = [[-0.4375, -0.875, 0.4375, -0.21875],\n [0, 0, 0, 0]]",
+        "∂L/∂b1 = [-0.4375, 0]",
+        "dead",
+    ):
         assert expected in text, expected
-    assert len(fig.axes[0].patches) == 6   # six arrows: x→h, h→a, a→ŷ, ŷ→L, params→h, params→ŷ
+    assert len(fig.axes[0].patches) == 6  # six arrows: x→h, h→a, a→ŷ, ŷ→L, params→h, params→ŷ
     plt.close(fig)
 
 
@@ -49,9 +59,11 @@ def test_cat_graph_with_all_units_alive_says_so():
 
 
 def test_fd_error_plot_has_one_line_and_one_star_per_dtype():
-    hs = [10.0 ** -k for k in range(0, 13)]
-    errs = {str(dt): fd_errors(lambda x: x * x * x, lambda x: 3 * x * x, 1.0, hs, dt)
-            for dt in (torch.float32, torch.float64)}
+    hs = [10.0**-k for k in range(0, 13)]
+    errs = {
+        str(dt): fd_errors(lambda x: x * x * x, lambda x: 3 * x * x, 1.0, hs, dt)
+        for dt in (torch.float32, torch.float64)
+    }
     fig = plot_fd_errors(hs, errs)
     ax = fig.axes[0]
     assert ax.get_xscale() == "log" and ax.get_yscale() == "log"

@@ -13,7 +13,7 @@ def test_layer_norms_log_axis_and_zero_floor():
     ax = fig.axes[0]
     assert ax.get_yscale() == "log"
     assert len(ax.lines) == 2
-    assert min(ax.lines[0].get_ydata()) > 0          # the exact zero is drawn at the floor
+    assert min(ax.lines[0].get_ydata()) > 0  # the exact zero is drawn at the floor
     assert list(ax.lines[1].get_xdata()) == [1, 2, 3]
     plt.close(fig)
 
@@ -26,8 +26,9 @@ def test_layer_norms_rejects_empty():
 def test_flow_grid_shape_and_single_legend():
     labels = ["sigmoid", "relu"]
     norms = {(r, c, lab): [1.0, 0.5] for r in (1, 2) for c in ("a", "b", "c") for lab in labels}
-    fig = plot_flow_grid(norms, rows=(1, 2), cols=("a", "b", "c"), labels=labels,
-                         row_title=lambda r: f"init {r}")
+    fig = plot_flow_grid(
+        norms, rows=(1, 2), cols=("a", "b", "c"), labels=labels, row_title=lambda r: f"init {r}"
+    )
     assert len(fig.axes) == 6
     assert sum(ax.get_legend() is not None for ax in fig.axes) == 1
     assert fig.axes[0].get_title() == "init 1 · a"

@@ -39,7 +39,7 @@ def test_fmt_sci_fixed_digits_and_no_negative_zero():
     assert fmt_sci(0.000123456, 3) == "1.235e-04" and fmt_sci(5.0, 0) == "5e+00"
     assert fmt_sci(-0.0) == "0.0e+00" and fmt_sci(-2.5e-3) == "-2.5e-03"
     assert fmt_sci(float("nan")) == "nan" and fmt_sci(float("-inf")) == "-inf"
-    assert fmt_sci(torch.tensor(1e-13, dtype=torch.float32)) == "1.0e-13"       # a 0-dim tensor
+    assert fmt_sci(torch.tensor(1e-13, dtype=torch.float32)) == "1.0e-13"  # a 0-dim tensor
     # the same text for a float32 and a float64 value that round to the same digits
     assert fmt_sci(torch.tensor(0.1, dtype=torch.float32)) == fmt_sci(0.1) == "1.0e-01"
 

@@ -15,6 +15,7 @@ Environment: ``CHROMIUM`` (default /usr/bin/chromium; a missing path skips the b
 another table of contents), ``SITE_SOURCE`` (build another copy of the book),
 ``SITE_SCREENSHOTS`` (default screenshots/).  See pages/testing.md.
 """
+
 from __future__ import annotations
 
 import functools
@@ -33,12 +34,19 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCE = Path(os.environ.get("SITE_SOURCE", ROOT)).resolve()   # the book to build
+SOURCE = Path(os.environ.get("SITE_SOURCE", ROOT)).resolve()  # the book to build
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 TOC = Path(os.environ.get("SITE_TOC", SOURCE / "_toc.yml"))
 SCREENSHOTS = Path(os.environ.get("SITE_SCREENSHOTS", ROOT / "screenshots"))
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "[::1]", "::1"}
 DESKTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 390, "height": 844}
@@ -47,6 +55,7 @@ PHONE = {"width": 390, "height": 844}
 # ---------------------------------------------------------------------------------------------
 # what the site should contain
 # ---------------------------------------------------------------------------------------------
+
 
 def _toc_docnames(toc_path: Path) -> list[str]:
     """Every document of the table of contents, root first (docnames, no suffix)."""
@@ -94,6 +103,7 @@ def _is_notebook(docname: str) -> bool:
 # build once per session
 # ---------------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="session")
 def site(tmp_path_factory) -> Path:
     """The built site's html folder: SITE_HTML, or a fresh -W -n build in a temp folder."""
@@ -104,27 +114,41 @@ def site(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("site")
     steps = [
         [sys.executable, str(ROOT / "tools" / "web" / "vendor.py"), "--book", str(SOURCE)],
-        [sys.executable, "-c", "import sys; from jupyter_book.cli.main import main; "
-         "sys.argv[0] = 'jupyter-book'; main()", "build", "-W", "-n", "--keep-going",
-         "--path-output", str(out), "--toc", str(TOC), str(SOURCE)],
+        [
+            sys.executable,
+            "-c",
+            "import sys; from jupyter_book.cli.main import main; sys.argv[0] = 'jupyter-book'; main()",
+            "build",
+            "-W",
+            "-n",
+            "--keep-going",
+            "--path-output",
+            str(out),
+            "--toc",
+            str(TOC),
+            str(SOURCE),
+        ],
     ]
     for cmd in steps:
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
         if proc.returncode != 0:
-            pytest.fail(f"{'vendor.py' if 'vendor' in cmd[1] else 'jupyter-book build'} failed (exit {proc.returncode}):\n"
-                        + (proc.stdout + proc.stderr)[-6000:], pytrace=False)
+            pytest.fail(
+                f"{'vendor.py' if 'vendor' in cmd[1] else 'jupyter-book build'} failed (exit {proc.returncode}):\n"
+                + (proc.stdout + proc.stderr)[-6000:],
+                pytrace=False,
+            )
     return out / "_build" / "html"
 
 
 def _pages(site: Path) -> list[Path]:
     """Every HTML page of the site (not the assets under _static/, _vendor/, _sources/)."""
-    return sorted(p for p in site.rglob("*.html")
-                  if not p.relative_to(site).parts[0].startswith("_"))
+    return sorted(p for p in site.rglob("*.html") if not p.relative_to(site).parts[0].startswith("_"))
 
 
 # ---------------------------------------------------------------------------------------------
 # without a browser: links and anchors, nothing fetched from elsewhere
 # ---------------------------------------------------------------------------------------------
+
 
 class _Refs(HTMLParser):
     """Collects a page's ids and the URLs it links to or loads."""
@@ -132,8 +156,8 @@ class _Refs(HTMLParser):
     def __init__(self):
         super().__init__(convert_charrefs=True)
         self.ids: set[str] = set()
-        self.links: list[tuple[str, str]] = []   # (tag, url) for <a href>
-        self.loads: list[tuple[str, str]] = []   # (tag, url) a browser fetches by itself
+        self.links: list[tuple[str, str]] = []  # (tag, url) for <a href>
+        self.loads: list[tuple[str, str]] = []  # (tag, url) a browser fetches by itself
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
@@ -180,9 +204,13 @@ def test_internal_links_and_anchors_resolve(site):
             if _external(url) or url.startswith(("mailto:", "javascript:", "data:")):
                 continue
             parts = urllib.parse.urlsplit(url)
-            target_rel = (posixpath.normpath(posixpath.join(posixpath.dirname(rel_page),
-                                                            urllib.parse.unquote(parts.path)))
-                          if parts.path else rel_page)
+            target_rel = (
+                posixpath.normpath(
+                    posixpath.join(posixpath.dirname(rel_page), urllib.parse.unquote(parts.path))
+                )
+                if parts.path
+                else rel_page
+            )
             target = site / target_rel
             if target.is_dir():
                 target = target / "index.html"
@@ -196,8 +224,12 @@ def test_internal_links_and_anchors_resolve(site):
 
 
 def test_pages_fetch_nothing_from_other_hosts(site):
-    remote = [f"{p.relative_to(site)}: <{tag}> {url}"
-              for p in _pages(site) for tag, url in _parse(p).loads if _external(url)]
+    remote = [
+        f"{p.relative_to(site)}: <{tag}> {url}"
+        for p in _pages(site)
+        for tag, url in _parse(p).loads
+        if _external(url)
+    ]
     assert not remote, "the site must work offline; these load from the internet:\n" + "\n".join(remote)
 
 
@@ -221,6 +253,7 @@ def test_notebook_pages_have_colab_and_download_buttons(site):
 # in headless Chromium
 # ---------------------------------------------------------------------------------------------
 
+
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args):
         pass
@@ -230,7 +263,8 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 def server(site):
     """The built site on http://127.0.0.1:<port>/ (a thread of this process)."""
     httpd = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(site)))
+        ("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(site))
+    )
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}/"
@@ -311,12 +345,15 @@ def _check_math(page) -> list[str]:
     if n_math:
         loaded = page.evaluate("() => !!(window.MathJax && window.MathJax.startup)")
         if not loaded:
-            page.wait_for_function("() => window.MathJax && window.MathJax.startup && window.MathJax.startup.promise",
-                                   timeout=15000)
+            page.wait_for_function(
+                "() => window.MathJax && window.MathJax.startup && window.MathJax.startup.promise",
+                timeout=15000,
+            )
         page.evaluate("() => MathJax.startup.promise")
         untypeset = page.evaluate(
             "() => Array.from(document.querySelectorAll('main .math'))"
-            ".filter(e => !e.querySelector('mjx-container')).map(e => e.textContent.slice(0, 60))")
+            ".filter(e => !e.querySelector('mjx-container')).map(e => e.textContent.slice(0, 60))"
+        )
         if untypeset:
             problems.append(f"{len(untypeset)} of {n_math} formulas not typeset, e.g. {untypeset[:3]}")
     raw = page.evaluate(JS_RAW_MATH)
@@ -383,8 +420,9 @@ def test_page_in_browser(browser, server, site, docname):
         if broken:
             problems.append(f"images that did not load: {broken}")
         if _is_notebook(docname):
-            hrefs = page.eval_on_selector_all("a[href*='colab.research.google.com']",
-                                              "els => els.map(e => e.href)")
+            hrefs = page.eval_on_selector_all(
+                "a[href*='colab.research.google.com']", "els => els.map(e => e.href)"
+            )
             if _colab_url(docname) not in hrefs:
                 problems.append(f"Colab button {hrefs} should point at {_colab_url(docname)}")
         problems += _check_animations(page)
@@ -413,14 +451,23 @@ def test_screenshots(browser, server, site, capsys):
             try:
                 page = visit.page
                 if page.locator("main .math").count():
-                    page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise")
+                    page.wait_for_function(
+                        "() => window.MathJax && MathJax.startup && MathJax.startup.promise"
+                    )
                     page.evaluate("() => MathJax.startup.promise")
                 page.evaluate(JS_IMAGES)
                 height = page.evaluate("() => document.documentElement.scrollHeight")
                 path = SCREENSHOTS / f"{name}-{label}.png"
-                page.screenshot(path=str(path), full_page=True,
-                                clip={"x": 0, "y": 0, "width": viewport["width"],
-                                      "height": min(height, 2600 if label == "desktop" else 3200)})
+                page.screenshot(
+                    path=str(path),
+                    full_page=True,
+                    clip={
+                        "x": 0,
+                        "y": 0,
+                        "width": viewport["width"],
+                        "height": min(height, 2600 if label == "desktop" else 3200),
+                    },
+                )
                 shots.append(path)
             finally:
                 visit.close()
@@ -434,18 +481,26 @@ def test_screenshots(browser, server, site, capsys):
 # phones and tablets: drawers, reading order, width, weight
 # ---------------------------------------------------------------------------------------------
 
-DRAWERS = {"primary": ("#pst-primary-sidebar-modal", "Chapters and labs"),
-           "secondary": ("#pst-secondary-sidebar-modal", "Contents")}
+DRAWERS = {
+    "primary": ("#pst-primary-sidebar-modal", "Chapters and labs"),
+    "secondary": ("#pst-secondary-sidebar-modal", "Contents"),
+}
 
 
 @pytest.mark.browser
 @pytest.mark.parametrize("width", [390, 900])
 @pytest.mark.parametrize("drawer", sorted(DRAWERS))
-def test_the_visible_drawer_buttons_open_the_chapter_list_and_the_page_contents(browser, server, site, width, drawer):
+def test_the_visible_drawer_buttons_open_the_chapter_list_and_the_page_contents(
+    browser, server, site, width, drawer
+):
     """☰ and ☷ open their drawers below the desktop widths (pydata-sphinx-theme#2451: a hidden duplicate took the click)."""
     dialog, expected = DRAWERS[drawer]
-    visit = _Visit(browser, server + "chapters/06_attention_backward.html",
-                   viewport={"width": width, "height": 844}, phone=width < 600)
+    visit = _Visit(
+        browser,
+        server + "chapters/06_attention_backward.html",
+        viewport={"width": width, "height": 844},
+        phone=width < 600,
+    )
     try:
         page = visit.page
         button = page.locator(f"button.{drawer}-toggle:visible")
@@ -454,7 +509,9 @@ def test_the_visible_drawer_buttons_open_the_chapter_list_and_the_page_contents(
         page.wait_for_timeout(300)
         opened = page.evaluate(f"() => !!document.querySelector('{dialog}')?.open")
         text = page.evaluate(f"() => document.querySelector('{dialog}')?.innerText || ''")
-        assert opened and expected in text, f"{drawer} drawer at {width} px: open={opened}, shows {text[:80]!r}"
+        assert opened and expected in text, (
+            f"{drawer} drawer at {width} px: open={opened}, shows {text[:80]!r}"
+        )
         assert not visit.errors, visit.errors
     finally:
         visit.close()
@@ -469,7 +526,9 @@ def test_each_lab_comes_right_after_its_chapter_and_instructors_are_out_of_the_w
             assert DOCNAMES.index(lab) == DOCNAMES.index(ch) + 1, (ch, lab)
             html = (site / f"{ch}.html").read_text(encoding="utf-8")
             nxt = re.search(r'<link rel="next"[^>]*href="([^"]+)"', html)
-            assert nxt and nxt.group(1).endswith(f"{lab}.html"), f"{ch}'s next page is {nxt and nxt.group(1)}, not {lab}"
+            assert nxt and nxt.group(1).endswith(f"{lab}.html"), (
+                f"{ch}'s next page is {nxt and nxt.group(1)}, not {lab}"
+            )
     assert DOCNAMES[-1] == "labs/instructors", DOCNAMES[-3:]
 
 
@@ -551,7 +610,13 @@ def test_no_lab_solution_or_hidden_test_in_the_built_site(site, lab):
     assert secrets, f"{lab}: found no solution text to look for"
     for page in site.rglob("*"):
         if page.suffix in (".html", ".ipynb", ".txt", ".md", ".js") and page.is_file():
-            text = page.read_text(errors="replace").replace("&quot;", '"').replace("&#39;", "'") \
-                .replace("&gt;", ">").replace("&lt;", "<").replace("&amp;", "&")
+            text = (
+                page.read_text(errors="replace")
+                .replace("&quot;", '"')
+                .replace("&#39;", "'")
+                .replace("&gt;", ">")
+                .replace("&lt;", "<")
+                .replace("&amp;", "&")
+            )
             found = [s for s in secrets if _labs.found(s, text)]
             assert not found, f"{page.relative_to(site)} shows {found[0]!r} from {lab}'s solutions"

@@ -4,6 +4,7 @@ A pair agrees on every cell's type, source and tags (outputs live only in the ip
 failure names the file and the command that fixes it; the tests on a copy prove the check
 fails when a text and its notebook drift apart.
 """
+
 import shutil
 import subprocess
 import sys
@@ -59,6 +60,7 @@ def test_text_sources_are_not_collected_as_tests_or_pages():
 
 # ------------------------------------------------------------------ the check can fail (on a copy)
 
+
 @pytest.fixture
 def copy(tmp_path):
     """A paired chapter (notebook, text source, jupytext.toml) copied under tmp_path/chapters."""
@@ -67,7 +69,7 @@ def copy(tmp_path):
     (dest / nbtool.TEXT_DIR).mkdir(parents=True)
     shutil.copy(nb_path.parent / "jupytext.toml", dest)
     shutil.copy(nb_path, dest)
-    nbtool.write_text(dest / nb_path.name)       # a text that matches (the repo's may be stale right now)
+    nbtool.write_text(dest / nb_path.name)  # a text that matches (the repo's may be stale right now)
     return dest / nb_path.name
 
 
@@ -80,14 +82,14 @@ def _edit_text(nb_path, old, new, count=1):
 
 def test_copy_agrees_and_sync_is_idempotent(copy, tmp_path):
     assert nbtool.sync_problems(tmp_path) == []
-    assert nbtool.write_text(copy) is False                  # nothing to rewrite
+    assert nbtool.write_text(copy) is False  # nothing to rewrite
     text = nbtool.text_of(copy).read_text()
     assert text.startswith("# %%"), "no jupytext header: the text is only cells"
-    assert '# %% tags=["remove-cell"]' in text                # the Colab setup cell keeps its tag
+    assert '# %% tags=["remove-cell"]' in text  # the Colab setup cell keeps its tag
 
 
 def test_edited_prose_fails_with_one_line_naming_file_and_fix(copy, tmp_path):
-    _edit_text(copy, "# # ", "# # Edited: ")                 # the title, in the text only
+    _edit_text(copy, "# # ", "# # Edited: ")  # the title, in the text only
     problems = nbtool.sync_problems(tmp_path)
     assert len(problems) == 1 and "\n" not in problems[0]
     msg = problems[0]
@@ -102,7 +104,7 @@ def test_edited_code_in_the_notebook_fails(copy, tmp_path):
     nbformat.write(nb, copy)
     (msg,) = nbtool.sync_problems(tmp_path)
     assert "(source)" in msg
-    nbtool.write_text(copy)                                  # `sync` is the fix
+    nbtool.write_text(copy)  # `sync` is the fix
     assert nbtool.sync_problems(tmp_path) == []
 
 
@@ -134,7 +136,7 @@ def test_sync_check_command_exits_1_and_names_the_file(copy):
     run = subprocess.run(cmd, capture_output=True, text=True)
     assert run.returncode == 1
     assert nbtool.text_of(copy).name in run.stdout
-    subprocess.run(cmd[:3] + [str(copy)], check=True, capture_output=True)     # sync NB: the fix
+    subprocess.run(cmd[:3] + [str(copy)], check=True, capture_output=True)  # sync NB: the fix
     assert subprocess.run(cmd, capture_output=True, text=True).returncode == 0
 
 
@@ -155,7 +157,7 @@ def test_build_from_a_text_executes_keeps_ids_and_rewrites_the_text(tmp_path):
     text_path.write_text(text_path.read_text().replace("# # Tiny", "# # Tiny, edited"))
     nbtool.build(text_path, nb_path)
     nb = nbformat.read(nb_path, as_version=4)
-    assert [c.id for c in nb.cells] == ids                  # jupytext carried the ids over
+    assert [c.id for c in nb.cells] == ids  # jupytext carried the ids over
     assert nb.cells[0].source == "# Tiny, edited"
     assert "jupytext" not in nb.metadata
     # the text now holds the setup cell too: the pair agrees

@@ -1,4 +1,5 @@
 """The training loop: order, manual vs autograd mode, accumulation, clipping, schedule, progress bar."""
+
 import math
 
 import pytest
@@ -36,7 +37,9 @@ def batch_of(step):
 def run_autograd(make_opt, steps=8, **kw):
     p = {k: v.requires_grad_(True) for k, v in init().items()}
     opt = make_opt(list(p.values()))
-    hist = train(opt, batch_of, steps, loss_fn=lambda X, Y: loss_of(p["W"], p["b"], X, Y), progress=False, **kw)
+    hist = train(
+        opt, batch_of, steps, loss_fn=lambda X, Y: loss_of(p["W"], p["b"], X, Y), progress=False, **kw
+    )
     return {k: v.detach() for k, v in p.items()}, hist
 
 
@@ -46,6 +49,7 @@ def grads_fn_for(p):
         L = loss_of(W, b, X, Y)
         grad_W, grad_b = torch.autograd.grad(L, [W, b])
         return L.detach(), {"W": grad_W, "b": grad_b}
+
     return grads_fn
 
 
@@ -94,10 +98,13 @@ def test_matches_a_loop_written_out():
 @pytest.mark.parametrize("mode", ["autograd", "manual"])
 def test_accumulation_equals_full_batch(accum, mode):
     run = run_autograd if mode == "autograd" else run_manual
-    make = (lambda ps: torch.optim.SGD(ps, lr=0.5, momentum=0.9)) if mode == "autograd" \
+    make = (
+        (lambda ps: torch.optim.SGD(ps, lr=0.5, momentum=0.9))
+        if mode == "autograd"
         else (lambda ps: SGD(ps, lr=0.5, momentum=0.9))
+    )
     p1, h1 = run(make, accum=1)
-    pk, hk = run(make, accum=accum)       # 12 rows in 5 micro-batches: sizes 3, 3, 2, 2, 2
+    pk, hk = run(make, accum=accum)  # 12 rows in 5 micro-batches: sizes 3, 3, 2, 2, 2
     assert max_abs_diff(pk["W"], p1["W"]) < 1e-14
     assert max(abs(a - b) for a, b in zip(h1["loss"], hk["loss"])) < 1e-14
 
@@ -117,8 +124,8 @@ def test_clipping_limits_the_step_and_records_norm_before():
     p0 = init()
     p, h = run_manual(lambda ps: SGD(ps, lr=1.0), steps=1, clip=1e-3)
     step = torch.cat([(p[k] - p0[k]).flatten() for k in p]).norm().item()
-    assert h["grad_norm"][0] > 1e-2                       # the norm before clipping
-    assert step == pytest.approx(1e-3, rel=1e-5)          # ‖Δθ‖ = η · max_norm
+    assert h["grad_norm"][0] > 1e-2  # the norm before clipping
+    assert step == pytest.approx(1e-3, rel=1e-5)  # ‖Δθ‖ = η · max_norm
     pa, ha = run_autograd(lambda ps: torch.optim.SGD(ps, lr=1.0), steps=3, clip=1e-3)
     pm, hm = run_manual(lambda ps: SGD(ps, lr=1.0), steps=3, clip=1e-3)
     assert max_abs_diff(pa["W"], pm["W"]) < 1e-15
@@ -163,8 +170,12 @@ def test_bad_input():
     with pytest.raises(ValueError):
         train(SGD(p, lr=0.1), batch_of, 3, loss_fn=lambda *a: 0, grads_fn=lambda *a: 0)
     with pytest.raises(ValueError):
-        train(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1), batch_of, 3,
-              grads_fn=grads_fn_for(p))
+        train(
+            torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1),
+            batch_of,
+            3,
+            grads_fn=grads_fn_for(p),
+        )
 
 
 def test_lm_loss_eval_lm_and_the_loop_on_a_tiny_gpt():
@@ -176,11 +187,18 @@ def test_lm_loss_eval_lm_and_the_loop_on_a_tiny_gpt():
 
     cfg = GPTConfig(vocab_size=7, n_ctx=8, d_model=8, n_heads=2, n_layers=1, d_ff=16)
     model, data = TinyGPT(cfg, seed=0), torch.arange(60) % 7
-    idx, targets = get_batch(data, 4, 8, seed=3)                                  # (4, 8), (4, 8)
-    assert torch.equal(lm_loss(model, idx, targets), F.cross_entropy(model(idx).reshape(-1, 7), targets.reshape(-1)))
+    idx, targets = get_batch(data, 4, 8, seed=3)  # (4, 8), (4, 8)
+    assert torch.equal(
+        lm_loss(model, idx, targets), F.cross_entropy(model(idx).reshape(-1, 7), targets.reshape(-1))
+    )
     by_hand = sum(lm_loss(model, *get_batch(data, 4, 8, seed=s)).item() for s in (3, 4)) / 2
     assert eval_lm(model, data, batches=2, batch_size=4, n_ctx=8, seed=3) == pytest.approx(by_hand, rel=1e-6)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    hist = train(opt, lambda s: get_batch(data, 4, 8, seed=s), 30, loss_fn=lambda i, t: lm_loss(model, i, t),
-                 progress=False)
+    hist = train(
+        opt,
+        lambda s: get_batch(data, 4, 8, seed=s),
+        30,
+        loss_fn=lambda i, t: lm_loss(model, i, t),
+        progress=False,
+    )
     assert hist["loss"][-1] < hist["loss"][0]

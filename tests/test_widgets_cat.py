@@ -18,7 +18,7 @@ def test_slider_specs_cover_every_input_and_weight():
 def test_params_with_replaces_one_entry_and_rejects_bad_labels():
     p = params_with({"W1[1,2]": 0.5})
     assert p["W1"][1, 2].item() == 0.5 and p["W1"][0, 2].item() == -0.1
-    assert cat_params()["W1"][1, 2].item() == 0.2   # the original is untouched
+    assert cat_params()["W1"][1, 2].item() == 0.2  # the original is untouched
     with pytest.raises(ValueError):
         params_with({"W9": 1.0})
 
@@ -34,7 +34,7 @@ def test_panel_recomputes_when_a_slider_moves(capsys):
     panel = cat_panel()
     assert "L       = 0.191406" in panel.last_text
     assert "dead unit(s): [2]" in panel.last_text
-    panel.sliders["b1[1]"].value = 0.3          # h2 = -0.05 + 0.3 = 0.25: the unit comes alive
+    panel.sliders["b1[1]"].value = 0.3  # h2 = -0.05 + 0.3 = 0.25: the unit comes alive
     text = panel.last_text
     assert "h       = [0.725000, 0.250000]" in text
     assert "all units alive" in text
@@ -42,12 +42,12 @@ def test_panel_recomputes_when_a_slider_moves(capsys):
     assert "L       = 0.288906" in text
     out = panel.children[1]
     assert [o["output_type"] for o in out.outputs] == ["stream"]
-    assert out.outputs[0]["text"] == text + "\n"   # what the reader sees is the recomputed report
+    assert out.outputs[0]["text"] == text + "\n"  # what the reader sees is the recomputed report
     panel.sliders["x[0]"].value = 0.0
     assert panel.last_text != text
     assert len(panel.sliders) == 17
     captured = capsys.readouterr()
-    assert "∂L" not in captured.out                  # the report does not leak to the cell's own output
+    assert "∂L" not in captured.out  # the report does not leak to the cell's own output
 
 
 def test_panel_with_graph_shows_a_png():
@@ -65,11 +65,11 @@ def test_sweep_and_animation_cross_the_dead_zone():
     anim = sweep_animation(values=values, dpi=30)
     html = anim.to_jshtml()
     assert "<img" in html or "img" in html
-    xs = anim._fig.axes[0].lines[0].get_xdata().tolist()       # the L curve, on a fine grid
+    xs = anim._fig.axes[0].lines[0].get_xdata().tolist()  # the L curve, on a fine grid
     assert len(xs) == 161 and xs[0] == values[0] and abs(xs[-1] - values[-1]) < 1e-12
-    assert list(anim._fig.axes[0].lines[1].get_xdata()) == [values[-1]]   # the dot, at the last frame drawn
+    assert list(anim._fig.axes[0].lines[1].get_xdata()) == [values[-1]]  # the dot, at the last frame drawn
     vlines = [ln for ln in anim._fig.axes[0].lines if ln.get_linestyle() == "--"]
-    assert len(vlines) == 1 and abs(vlines[0].get_xdata()[0] - 0.05) < 1e-12   # h2 = 0 at b1[1] = 0.05
+    assert len(vlines) == 1 and abs(vlines[0].get_xdata()[0] - 0.05) < 1e-12  # h2 = 0 at b1[1] = 0.05
 
 
 def test_report_rejects_missing_tensor():

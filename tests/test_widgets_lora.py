@@ -22,7 +22,7 @@ def test_run_counts_and_losses():
     state, data = _setup()
     run = lora_run(CFG, state, data, r=2, alpha=4.0, steps=3, batch_size=2)
     assert len(run["losses"]) == 3
-    assert run["trainable"] == 1 * 2 * 2 * (8 + 8)   # layers × (Q, V) × r × (in + out)
+    assert run["trainable"] == 1 * 2 * 2 * (8 + 8)  # layers × (Q, V) × r × (in + out)
     assert run["opt_bytes"] >= 2 * 4 * run["trainable"]
 
 

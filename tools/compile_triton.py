@@ -13,6 +13,7 @@ Exit status 1 if a kernel fails to compile, spills, or computes an fp32 dot in T
 This checks that the kernels compile and fit the register file; it says nothing about speed and
 does not run them (``tests/test_flash_triton.py -m gpu`` and ``benchmarks/flash_gpu.py`` do, on a GPU).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,8 +56,9 @@ def compile_kernel(kernel, ptrs: dict, ints, floats, consts: dict, cap: int, num
         sig[name] = ptrs.get(name) or ("i32" if name in ints else "fp32" if name in floats else "constexpr")
     attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in ptrs}
     src = ASTSource(kernel, sig, consts, attrs)
-    return triton.compile(src, target=GPUTarget("cuda", cap, 32), options=dict(num_warps=num_warps,
-                                                                                 num_stages=num_stages))
+    return triton.compile(
+        src, target=GPUTarget("cuda", cap, 32), options=dict(num_warps=num_warps, num_stages=num_stages)
+    )
 
 
 def compile_with_log(*args, **kw):
@@ -72,8 +74,11 @@ def ptxas_usage(log: str) -> dict:
     num = lambda pat: int(m.group(1)) if (m := re.search(pat, log)) else 0  # noqa: E731
     if "Used" not in log:
         raise RuntimeError("no ptxas log (was the kernel taken from Triton's cache?)")
-    return dict(regs=num(r"Used (\d+) registers"), stack=num(r"(\d+) bytes stack frame"),
-                spill=num(r"(\d+) bytes spill stores") + num(r"(\d+) bytes spill loads"))
+    return dict(
+        regs=num(r"Used (\d+) registers"),
+        stack=num(r"(\d+) bytes stack frame"),
+        spill=num(r"(\d+) bytes spill stores") + num(r"(\d+) bytes spill loads"),
+    )
 
 
 def dot_kind(ptx: str) -> str:
@@ -96,13 +101,46 @@ def jobs(cap: int, dtype: torch.dtype, d: int, causal: bool):
     nw, ns = cfg["num_warps"], cfg["num_stages"]
     common = dict(Q=P, K=P, V=P, dO=P, L="*fp32", D="*fp32")
     return [
-        ("fwd", ft._attn_fwd, dict(Q=P, K=P, V=P, O=P, L="*fp32"), ["Nq", "Nk"], ["qk_scale"],
-         {**meta, **cfg["fwd"]}, nw, ns),
-        ("pre", ft._bwd_preprocess, dict(O=P, dO=P, D="*fp32"), ["Nq"], [],
-         dict(HEAD_DIM=d, BLOCK_D=meta["BLOCK_D"], BLOCK_M=cfg["dq"]["BLOCK_M"]), 4, 3),   # launched with the defaults
-        ("dkdv", ft._bwd_dk_dv, dict(common, dK=P, dV=P), ["Nq", "Nk"], ["qk_scale", "scale"],
-         {**meta, **cfg["dkdv"]}, nw, ns),
-        ("dq", ft._bwd_dq, dict(common, dQ=P), ["Nq", "Nk"], ["qk_scale", "scale"], {**meta, **cfg["dq"]}, nw, ns),
+        (
+            "fwd",
+            ft._attn_fwd,
+            dict(Q=P, K=P, V=P, O=P, L="*fp32"),
+            ["Nq", "Nk"],
+            ["qk_scale"],
+            {**meta, **cfg["fwd"]},
+            nw,
+            ns,
+        ),
+        (
+            "pre",
+            ft._bwd_preprocess,
+            dict(O=P, dO=P, D="*fp32"),
+            ["Nq"],
+            [],
+            dict(HEAD_DIM=d, BLOCK_D=meta["BLOCK_D"], BLOCK_M=cfg["dq"]["BLOCK_M"]),
+            4,
+            3,
+        ),  # launched with the defaults
+        (
+            "dkdv",
+            ft._bwd_dk_dv,
+            dict(common, dK=P, dV=P),
+            ["Nq", "Nk"],
+            ["qk_scale", "scale"],
+            {**meta, **cfg["dkdv"]},
+            nw,
+            ns,
+        ),
+        (
+            "dq",
+            ft._bwd_dq,
+            dict(common, dQ=P),
+            ["Nq", "Nk"],
+            ["qk_scale", "scale"],
+            {**meta, **cfg["dq"]},
+            nw,
+            ns,
+        ),
     ]
 
 
@@ -113,22 +151,26 @@ def meta_is_f32(consts: dict) -> bool:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--cap", type=int, nargs="+", default=[75, 80, 90], help="compute capabilities, e.g. 75 80 90")
+    p.add_argument(
+        "--cap", type=int, nargs="+", default=[75, 80, 90], help="compute capabilities, e.g. 75 80 90"
+    )
     p.add_argument("--dtype", nargs="+", default=list(DTYPES), choices=list(DTYPES))
     p.add_argument("--d", type=int, nargs="+", default=[64, 128])
     args = p.parse_args(argv)
-    knobs.nvidia.dump_ptxas_log = True        # Triton prints its ptxas -v output: registers, spills
+    knobs.nvidia.dump_ptxas_log = True  # Triton prints its ptxas -v output: registers, spills
     print(f"triton {triton.__version__}, torch {torch.__version__}")
-    print(f"{'sm':>3} {'dtype':<5} {'d':>4} {'causal':<6} {'kernel':<5} {'tiles':<9} {'warps':>5} {'regs':>4} "
-          f"{'spill B':>7} {'smem B':>7} {'dots':<5}")
+    print(
+        f"{'sm':>3} {'dtype':<5} {'d':>4} {'causal':<6} {'kernel':<5} {'tiles':<9} {'warps':>5} {'regs':>4} "
+        f"{'spill B':>7} {'smem B':>7} {'dots':<5}"
+    )
     bad = 0
     for cap, dname, d, causal in itertools.product(args.cap, args.dtype, args.d, (False, True)):
         dtype = DTYPES[dname]
         if dtype == torch.bfloat16 and cap < 80:
-            continue                                  # supported_dtypes: no bf16 before sm_80
+            continue  # supported_dtypes: no bf16 before sm_80
         for name, kern, ptrs, ints, floats, consts, nw, ns in jobs(cap, dtype, d, causal):
             if name == "pre" and causal:
-                continue                              # has no CAUSAL: the same kernel as causal=False
+                continue  # has no CAUSAL: the same kernel as causal=False
             tiles = f"{consts.get('BLOCK_M', '')}x{consts.get('BLOCK_N', '-')}"
             try:
                 ck, log = compile_with_log(kern, ptrs, ints, floats, consts, cap, nw, ns)
@@ -144,8 +186,10 @@ def main(argv=None) -> int:
             flag = " ✗ spills" if use["spill"] else ""
             flag += " ✗ TF32" if tf32 else ""
             bad += bool(flag)
-            print(f"{cap:>3} {dname:<5} {d:>4} {str(causal):<6} {name:<5} {tiles:<9} {nw:>5} {use['regs']:>4} "
-                  f"{use['spill']:>7} {ck.metadata.shared:>7} {kind:<5}{flag}")
+            print(
+                f"{cap:>3} {dname:<5} {d:>4} {str(causal):<6} {name:<5} {tiles:<9} {nw:>5} {use['regs']:>4} "
+                f"{use['spill']:>7} {ck.metadata.shared:>7} {kind:<5}{flag}"
+            )
     print("all kernels compiled, no spills, no TF32" if not bad else f"{bad} problem(s)")
     return 1 if bad else 0
 

@@ -16,6 +16,7 @@ hidden tests in a separate harness process (``tools/grader/harness.py``) that ca
 student's functions across a by-value boundary (``tools/grader/wire.py``); it writes a gradebook
 CSV, one feedback file per student and a similarity report.  See labs/README.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -121,9 +122,15 @@ def use_this_python() -> None:
     d = Path(tempfile.mkdtemp(prefix="labs-kernel-"))
     spec = d / "kernels" / "python3"
     spec.mkdir(parents=True)
-    (spec / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "Python 3", "language": "python"}))
+    (spec / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "Python 3",
+                "language": "python",
+            }
+        )
+    )
     os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [str(d), os.environ.get("JUPYTER_PATH")]))
     os.environ["LABS_KERNEL_DIR"] = str(d)
 
@@ -238,8 +245,10 @@ def stale(lab: str) -> str | None:
     if have == want:
         return None
     first = next((i for i, (a, b) in enumerate(zip(have, want)) if a != b), min(len(have), len(want)))
-    return (f"{dest.relative_to(ROOT)} is stale (first difference at cell {first}): "
-            f"run `python tools/labs.py release {lab}`")
+    return (
+        f"{dest.relative_to(ROOT)} is stale (first difference at cell {first}): "
+        f"run `python tools/labs.py release {lab}`"
+    )
 
 
 _CODE = re.compile(r"\s+#.*$")
@@ -274,7 +283,7 @@ def secret_snippets(src_nb, min_len: int = 8) -> list[str]:
             lines = cell.source.splitlines()
             hidden = "hidden: true" in cell.source or (lines and "HIDDEN" in lines[0])
             end = next((i for i, ln in enumerate(lines) if "END TEST CONFIG" in ln), 0)
-            (secret if hidden else public).extend(_norm(ln) for ln in lines[end + 1:])
+            (secret if hidden else public).extend(_norm(ln) for ln in lines[end + 1 :])
             continue
         inside = False
         for ln in cell.source.splitlines():
@@ -286,13 +295,20 @@ def secret_snippets(src_nb, min_len: int = 8) -> list[str]:
                 secret.append(_norm(ln))
             elif ln.rstrip().endswith("# SOLUTION"):
                 code = _norm(ln)
-                secret.append(code.split("=", 1)[1].strip() if re.match(r"^[\w.,\s\[\]'\"]+=[^=]", code) else code)
+                secret.append(
+                    code.split("=", 1)[1].strip() if re.match(r"^[\w.,\s\[\]'\"]+=[^=]", code) else code
+                )
             else:
                 public.append(ln)
     public_text = "\n".join(public)
     course = _course_code()
-    return sorted({s for s in secret if len(s) >= min_len and s not in public_text
-                   and not _GENERIC.match(s) and not found(s, course)})
+    return sorted(
+        {
+            s
+            for s in secret
+            if len(s) >= min_len and s not in public_text and not _GENERIC.match(s) and not found(s, course)
+        }
+    )
 
 
 def found(snippet: str, text: str) -> bool:
@@ -303,8 +319,10 @@ def found(snippet: str, text: str) -> bool:
 
 
 # Lines any Python program may contain: finding them on a page proves nothing.
-_GENERIC = re.compile(r"^(import \S+|from \S+ import .*|except\b.*|try:|else:|finally:|continue|break|pass"
-                      r"|return|return None|return True|return False|with torch\.no_grad\(\):)$")
+_GENERIC = re.compile(
+    r"^(import \S+|from \S+ import .*|except\b.*|try:|else:|finally:|continue|break|pass"
+    r"|return|return None|return True|return False|with torch\.no_grad\(\):)$"
+)
 _COURSE_CODE: str | None = None
 
 
@@ -329,8 +347,10 @@ def leaks(lab: str, student_text: str | None = None) -> list[str]:
     # compare code with code: the notebook's JSON strings decoded
     try:
         nb = json.loads(text)
-        text = "\n".join("".join(c["source"]) + "\n" + json.dumps(c.get("outputs", []), ensure_ascii=False)
-                         for c in nb["cells"]) + json.dumps(nb.get("metadata", {}), ensure_ascii=False)
+        text = "\n".join(
+            "".join(c["source"]) + "\n" + json.dumps(c.get("outputs", []), ensure_ascii=False)
+            for c in nb["cells"]
+        ) + json.dumps(nb.get("metadata", {}), ensure_ascii=False)
     except (ValueError, KeyError, TypeError):
         pass
     return [s for s in secret_snippets(read_nb(source_path(lab))) if found(s, text)]
@@ -378,7 +398,7 @@ def identify(nb, lab: str) -> tuple[str, str]:
 def _row(name, status, qs, scores=None, notes=(), graded="", flags=""):
     row = {"submission": name, "status": status, "graded_file": graded}
     for q, p in qs:
-        row[q] = min(float((scores or {}).get(q, 0.0)), p)   # capped, whatever came back
+        row[q] = min(float((scores or {}).get(q, 0.0)), p)  # capped, whatever came back
     row["total"] = sum(row[q] for q, _ in qs)
     row["possible"] = sum(p for _, p in qs)
     row["notes"] = list(notes)
@@ -386,8 +406,8 @@ def _row(name, status, qs, scores=None, notes=(), graded="", flags=""):
     return row
 
 
-MAX_NOTEBOOK = 64 << 20   # bytes: a lab notebook with outputs is well under 1 MiB
-MAX_ANSWER = 200_000      # characters of a student's own code compared for similarity
+MAX_NOTEBOOK = 64 << 20  # bytes: a lab notebook with outputs is well under 1 MiB
+MAX_ANSWER = 200_000  # characters of a student's own code compared for similarity
 
 
 def read_submission(path: Path):
@@ -411,19 +431,27 @@ def read_submission(path: Path):
     except UnicodeDecodeError:
         return None, ("corrupt", "not text (not UTF-8)")
     except (ValueError, RecursionError) as e:
-        return None, ("corrupt", f"not a notebook: {str(e).splitlines()[0][:120] if str(e) else type(e).__name__}")
+        return None, (
+            "corrupt",
+            f"not a notebook: {str(e).splitlines()[0][:120] if str(e) else type(e).__name__}",
+        )
     return nb, None
 
 
 def _code(nb) -> list[str]:
-    return ["".join(c.source) if isinstance(c.source, list) else c.source
-            for c in nb.cells if c.get("cell_type") == "code"]
+    return [
+        "".join(c.source) if isinstance(c.source, list) else c.source
+        for c in nb.cells
+        if c.get("cell_type") == "code"
+    ]
 
 
 def answer_text(nb, lab: str) -> str:
     """The lines a student wrote: code lines of the submission that the released notebook does not have."""
     given = {ln.strip() for src in _code(read_nb(student_path(lab))) for ln in src.splitlines()}
-    return "\n".join(ln for src in _code(nb) for ln in src.splitlines() if ln.strip() and ln.strip() not in given)
+    return "\n".join(
+        ln for src in _code(nb) for ln in src.splitlines() if ln.strip() and ln.strip() not in given
+    )
 
 
 def solution_notebook(lab: str):
@@ -489,14 +517,27 @@ def run_harness(run: Run, lab: str, name: str, nb, timeout: float, skip, unsafe:
     if unsafe:
         worker = sandbox.unsafe_command(sandbox.worker_argv(home), **limits)
     else:
-        worker = sandbox.command(home, sandbox.worker_argv(), helpers_dir=ROOT / "helpers", uid=run.next_uid(), **limits)
-    spec = {"source": str(source_path(lab)), "worker": worker, "timeout": timeout, "skip": list(skip),
-            "result": str(ctl / "result.json"), "distrust": list(distrust)}
+        worker = sandbox.command(
+            home, sandbox.worker_argv(), helpers_dir=ROOT / "helpers", uid=run.next_uid(), **limits
+        )
+    spec = {
+        "source": str(source_path(lab)),
+        "worker": worker,
+        "timeout": timeout,
+        "skip": list(skip),
+        "result": str(ctl / "result.json"),
+        "distrust": list(distrust),
+    }
     (ctl / "spec.json").write_text(json.dumps(spec))
     if run.closing:
         raise KeyboardInterrupt("grading stopped")
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tools" / "grader" / "harness.py"), str(ctl / "spec.json")],
-                            cwd=ctl, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "tools" / "grader" / "harness.py"), str(ctl / "spec.json")],
+        cwd=ctl,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     run.procs.add(proc)
     try:
         _, err = proc.communicate(timeout=timeout + 60)
@@ -509,7 +550,7 @@ def run_harness(run: Run, lab: str, name: str, nb, timeout: float, skip, unsafe:
     finally:
         run.procs.discard(proc)
         with contextlib.suppress(OSError):
-            os.killpg(proc.pid, signal.SIGKILL)   # nothing of this submission outlives its grading
+            os.killpg(proc.pid, signal.SIGKILL)  # nothing of this submission outlives its grading
         proc.wait()
         shutil.rmtree(work, ignore_errors=True)
 
@@ -522,7 +563,11 @@ def _no_result(err: bytes) -> dict:
 def _clean(note: str, secrets: list[str]) -> str:
     """A note as feedback may show it: one line of printable text, never quoting a hidden test or a solution."""
     note = " ".join("".join(ch if ch.isprintable() else " " for ch in str(note)).split())[:240]
-    return "(message withheld: it quotes the lab's hidden material)" if any(found(x, note) for x in secrets) else note
+    return (
+        "(message withheld: it quotes the lab's hidden material)"
+        if any(found(x, note) for x in secrets)
+        else note
+    )
 
 
 def _cell(value: str) -> str:
@@ -531,7 +576,9 @@ def _cell(value: str) -> str:
     return "'" + value if value[:1] in ("=", "+", "-", "@") else value
 
 
-def grade_submission(run: Run, lab: str, sub, qs, timeout: float, skip, unsafe: bool, secrets) -> tuple[dict, dict]:
+def grade_submission(
+    run: Run, lab: str, sub, qs, timeout: float, skip, unsafe: bool, secrets
+) -> tuple[dict, dict]:
     """One gradebook row and the details for feedback; never raises for a bad submission."""
     graded = str(sub.path.name)
     notes = [sub.note] if sub.note else []
@@ -549,24 +596,49 @@ def grade_submission(run: Run, lab: str, sub, qs, timeout: float, skip, unsafe: 
     out = run_harness(run, lab, sub.student, nb, timeout, skip, unsafe, distrust=flags)
     detail = {"questions": out.get("questions", {}), "answer": answer}
     if out.get("status") in ("timeout", "crashed"):
-        msg = ("still running after the time limit: an infinite loop or a very slow cell?" if out["status"] == "timeout"
-               else "the notebook's process died before it could be graded (os._exit, a segfault, out of memory?)")
-        return _row(sub.student, out["status"], qs, notes=notes + [msg], graded=graded,
-                    flags="; ".join(f"uses {f}" for f in flags)), detail
-    notes += [f"cell {e['cell']}: {e['ename']}" + (f": {e['evalue']}" if e.get("evalue") else "") for e in out["errors"]]
+        msg = (
+            "still running after the time limit: an infinite loop or a very slow cell?"
+            if out["status"] == "timeout"
+            else "the notebook's process died before it could be graded (os._exit, a segfault, out of memory?)"
+        )
+        return _row(
+            sub.student,
+            out["status"],
+            qs,
+            notes=notes + [msg],
+            graded=graded,
+            flags="; ".join(f"uses {f}" for f in flags),
+        ), detail
+    notes += [
+        f"cell {e['cell']}: {e['ename']}" + (f": {e['evalue']}" if e.get("evalue") else "")
+        for e in out["errors"]
+    ]
     notes += out["notes"]
     scores = {q: v["score"] for q, v in out["questions"].items()}
-    flag_text = "; ".join(([f"uses {', '.join(flags)} (can reach around the grader's checks: by-hand exercises "
-                            "and in-process tests not counted; look at it)"] if flags else [])
-                          + ([f"{len(sub.others) + 1} notebooks handed in"] if sub.others else []))
-    return _row(sub.student, out["status"], qs, scores, [_clean(n, secrets) for n in notes], graded, flag_text), detail
+    flag_text = "; ".join(
+        (
+            [
+                f"uses {', '.join(flags)} (can reach around the grader's checks: by-hand exercises "
+                "and in-process tests not counted; look at it)"
+            ]
+            if flags
+            else []
+        )
+        + ([f"{len(sub.others) + 1} notebooks handed in"] if sub.others else [])
+    )
+    return _row(
+        sub.student, out["status"], qs, scores, [_clean(n, secrets) for n in notes], graded, flag_text
+    ), detail
 
 
 def feedback_text(lab: str, row: dict, detail: dict, qs, skipped=()) -> str:
     """What a student reads: status, points per exercise, how many hidden tests passed, their own errors."""
-    lines = [f"{title(read_nb(student_path(lab))) or lab}: feedback for {row['submission']}",
-             f"Score: {row['total']:g} / {row['possible']:g}   (status: {row['status']}: "
-             f"{STATUS_HELP[row['status']]})", ""]
+    lines = [
+        f"{title(read_nb(student_path(lab))) or lab}: feedback for {row['submission']}",
+        f"Score: {row['total']:g} / {row['possible']:g}   (status: {row['status']}: "
+        f"{STATUS_HELP[row['status']]})",
+        "",
+    ]
     qd = detail.get("questions", {})
     for q, pts in qs:
         d = qd.get(q)
@@ -576,8 +648,11 @@ def feedback_text(lab: str, row: dict, detail: dict, qs, skipped=()) -> str:
         lines.append(f"  {q:<6} optional this time: not graded, not counted")
     if row["notes"]:
         lines += ["", "Notes:"] + [f"  {n}" for n in row["notes"]]
-    lines += ["", "Run your notebook top to bottom and read the self-check lines: each exercise's",
-              "self-check names what is wrong. The hidden tests call the same functions on other inputs."]
+    lines += [
+        "",
+        "Run your notebook top to bottom and read the self-check lines: each exercise's",
+        "self-check names what is wrong. The hidden tests call the same functions on other inputs.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -586,7 +661,9 @@ def graded_questions(lab: str, skip=()) -> list[tuple[str, float]]:
     qs = questions(read_nb(source_path(lab)))
     unknown = sorted(set(skip) - {q for q, _ in qs})
     if unknown:
-        raise SystemExit(f"{lab} has no question {', '.join(unknown)}; its questions: {', '.join(q for q, _ in qs)}")
+        raise SystemExit(
+            f"{lab} has no question {', '.join(unknown)}; its questions: {', '.join(q for q, _ in qs)}"
+        )
     return [(q, p) for q, p in qs if q not in skip]
 
 
@@ -602,9 +679,13 @@ def grading_report() -> tuple[str, float, float]:
         student_pts, total = student_pts + pts, total + all_pts
         by_hand = [q.name for q in qs if q.by_hand]
         where = ", ".join(f"{q} test {k}" for q, k, _ in inside) or "none"
-        lines.append(f"{lab}: {all_pts - pts:g} of {all_pts:g} points in the harness; in the student's process: {where}; "
-                     f"by hand: {', '.join(by_hand) or 'none'}")
-    lines.append(f"all labs: {total - student_pts:g} of {total:g} points in the harness, {student_pts:g} in the student's process")
+        lines.append(
+            f"{lab}: {all_pts - pts:g} of {all_pts:g} points in the harness; in the student's process: {where}; "
+            f"by hand: {', '.join(by_hand) or 'none'}"
+        )
+    lines.append(
+        f"all labs: {total - student_pts:g} of {total:g} points in the harness, {student_pts:g} in the student's process"
+    )
     return "\n".join(lines), student_pts, total
 
 
@@ -620,8 +701,16 @@ def _ensure_ignored(path: Path) -> None:
         gi.write_text("\n".join(lines + ["/" + rel.as_posix()]) + "\n")
 
 
-def grade(lab: str, subs_dir: Path, out_csv: Path | None = None, timeout: float = DEFAULT_TIMEOUT, jobs: int = 1,
-          feedback_dir: Path | None = None, skip=(), unsafe: bool = False) -> list[dict]:
+def grade(
+    lab: str,
+    subs_dir: Path,
+    out_csv: Path | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    jobs: int = 1,
+    feedback_dir: Path | None = None,
+    skip=(),
+    unsafe: bool = False,
+) -> list[dict]:
     """Grade every student's notebook in an LMS export folder: a CSV row each, a feedback file each, a similarity report.
 
     Questions in ``skip`` (made optional) get no column and count neither in ``total`` nor in ``possible``.
@@ -645,7 +734,9 @@ def grade(lab: str, subs_dir: Path, out_csv: Path | None = None, timeout: float 
     run = Run()
     pool = cf.ThreadPoolExecutor(max_workers=max(1, jobs))
     try:
-        results = list(pool.map(lambda s: grade_submission(run, lab, s, qs, timeout, skip, unsafe, secrets), subs))
+        results = list(
+            pool.map(lambda s: grade_submission(run, lab, s, qs, timeout, skip, unsafe, secrets), subs)
+        )
     finally:  # interrupted too: start nothing more, stop what runs, then remove the folders
         run.closing = True
         pool.shutdown(wait=False, cancel_futures=True)
@@ -655,8 +746,11 @@ def grade(lab: str, subs_dir: Path, out_csv: Path | None = None, timeout: float 
     import similarity
 
     # a student named like the solutions' pseudo-submission is renamed in the report, not a crash
-    label = {row["submission"]: row["submission"] + (" (a student)" if row["submission"] == similarity.SOLUTIONS else "")
-             for row, _ in results}
+    label = {
+        row["submission"]: row["submission"]
+        + (" (a student)" if row["submission"] == similarity.SOLUTIONS else "")
+        for row, _ in results
+    }
     answers = {label[row["submission"]]: d.get("answer", "")[:MAX_ANSWER] for row, d in results}
     sol = answer_text(solution_notebook(lab), lab)
     pairs = similarity.similarity_pairs(answers, sol)
@@ -664,7 +758,9 @@ def grade(lab: str, subs_dir: Path, out_csv: Path | None = None, timeout: float 
     for p in pairs:
         p["a"], p["b"] = unlabel.get(p["a"], p["a"]), unlabel.get(p["b"], p["b"])
     flagged: dict[str, list[str]] = {}
-    for p in sorted(pairs, key=lambda p: p["b"] != similarity.SOLUTIONS):   # a copy of the solutions named first
+    for p in sorted(
+        pairs, key=lambda p: p["b"] != similarity.SOLUTIONS
+    ):  # a copy of the solutions named first
         for a, b in ((p["a"], p["b"]), (p["b"], p["a"])):
             flagged.setdefault(a, []).append(f"near-identical to {b} ({p['similarity']:.2f})")
     rows = [r for r, _ in results]
@@ -676,19 +772,35 @@ def grade(lab: str, subs_dir: Path, out_csv: Path | None = None, timeout: float 
     for path in (out_csv, fb, similarity_csv):
         path.parent.mkdir(parents=True, exist_ok=True)
         _ensure_ignored(path)
-    fields = ["submission", "status"] + [q for q, _ in qs] + ["total", "possible", "graded_file", "notes", "flags"]
+    fields = (
+        ["submission", "status"] + [q for q, _ in qs] + ["total", "possible", "graded_file", "notes", "flags"]
+    )
     with out_csv.open("w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         for r in rows:
-            w.writerow({k: (f"{v:g}" if isinstance(v, float) else _cell("; ".join(v) if isinstance(v, list) else str(v)))
-                        for k, v in r.items()})
+            w.writerow(
+                {
+                    k: (
+                        f"{v:g}"
+                        if isinstance(v, float)
+                        else _cell("; ".join(v) if isinstance(v, list) else str(v))
+                    )
+                    for k, v in r.items()
+                }
+            )
     similarity.write_report(pairs, similarity_csv)
     fb.mkdir(parents=True, exist_ok=True)
     for row, detail in results:
-        (fb / f"{row['submission']}.txt").write_text(feedback_text(lab, row, detail, qs, skipped), encoding="utf-8")
+        (fb / f"{row['submission']}.txt").write_text(
+            feedback_text(lab, row, detail, qs, skipped), encoding="utf-8"
+        )
     for r in rows:
-        print(_cell(f"{r['submission']:<32} {r['status']:<14} {r['total']:g}/{r['possible']:g}  {'; '.join(r['notes'])[:100]}"))
+        print(
+            _cell(
+                f"{r['submission']:<32} {r['status']:<14} {r['total']:g}/{r['possible']:g}  {'; '.join(r['notes'])[:100]}"
+            )
+        )
     print(f"gradebook: {out_csv}   feedback: {fb}/   similarity: {similarity_csv} ({len(pairs)} pairs)")
     return rows
 
@@ -703,19 +815,33 @@ def main(argv: list[str]) -> int:
     r.add_argument("labs", nargs="*")
     r.add_argument("--no-execute", action="store_true", help="skip executing the notebooks")
     sub.add_parser("check-stale", help="fail if a committed student notebook is stale or leaks")
-    sub.add_parser("grading-report", help="which hidden tests run in the harness, which in the student's process")
+    sub.add_parser(
+        "grading-report", help="which hidden tests run in the harness, which in the student's process"
+    )
     g = sub.add_parser("grade", help="grade a folder of submitted notebooks")
     g.add_argument("lab")
     g.add_argument("submissions", type=Path)
-    g.add_argument("--out", type=Path, default=None,
-                   help="gradebook CSV (default: ~/backprop-by-hand-grades/LAB/gradebook.csv, outside the repository)")
+    g.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="gradebook CSV (default: ~/backprop-by-hand-grades/LAB/gradebook.csv, outside the repository)",
+    )
     g.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per notebook")
     g.add_argument("--jobs", type=int, default=1, help="notebooks graded at once")
     g.add_argument("--feedback", type=Path, default=None, help="folder for feedback files")
-    g.add_argument("--skip-question", action="append", default=[], metavar="NAME",
-                   help="a question made optional (e.g. ex6): no column, not in total or possible; repeatable")
-    g.add_argument("--unsafe", action="store_true",
-                   help="grade without the sandbox (where bubblewrap is missing): submissions can read and write your files")
+    g.add_argument(
+        "--skip-question",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a question made optional (e.g. ex6): no column, not in total or possible; repeatable",
+    )
+    g.add_argument(
+        "--unsafe",
+        action="store_true",
+        help="grade without the sandbox (where bubblewrap is missing): submissions can read and write your files",
+    )
     a = ap.parse_args(argv)
     if a.cmd == "release":
         for lab in [resolve_lab(x) for x in a.labs] or labs():
@@ -723,8 +849,12 @@ def main(argv: list[str]) -> int:
         return 0
     if a.cmd == "check-stale":
         use_this_python()
-        problems = [p for lab in labs() for p in ([stale(lab)] + [f"{lab}: student notebook contains {s!r}"
-                                                                   for s in leaks(lab)]) if p]
+        problems = [
+            p
+            for lab in labs()
+            for p in ([stale(lab)] + [f"{lab}: student notebook contains {s!r}" for s in leaks(lab)])
+            if p
+        ]
         print("\n".join(problems) or f"student notebooks up to date: {', '.join(labs())}")
         return 1 if problems else 0
     if a.cmd == "grading-report":
@@ -733,8 +863,16 @@ def main(argv: list[str]) -> int:
     if a.cmd == "grade":
         # a grading killed with SIGTERM still removes its folders and stops its sandboxes
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-        grade(resolve_lab(a.lab), a.submissions, a.out, a.timeout, a.jobs, a.feedback, skip=a.skip_question,
-              unsafe=a.unsafe)
+        grade(
+            resolve_lab(a.lab),
+            a.submissions,
+            a.out,
+            a.timeout,
+            a.jobs,
+            a.feedback,
+            skip=a.skip_question,
+            unsafe=a.unsafe,
+        )
         return 0
     return 2
 

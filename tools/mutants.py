@@ -19,6 +19,7 @@ hidden-test cells fails.  The mutants are ours, not a student's, so they run in 
 the lab's source runs once, and each mutant re-runs only its exercise's solution, self-check
 and tests on a copy of the namespace as it stood before that exercise.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -38,10 +39,12 @@ SOURCES = ROOT / "labs" / "source"
 @dataclass
 class Exercise:
     name: str
-    before: dict = field(default_factory=dict)        # the namespace before its solution ran
+    before: dict = field(default_factory=dict)  # the namespace before its solution ran
     solution: list[str] = field(default_factory=list)  # code of its solution cells
-    selfcheck: list[str] = field(default_factory=list)  # code cells between END QUESTION and the next question
-    tests: list[str] = field(default_factory=list)     # hidden-test cells
+    selfcheck: list[str] = field(
+        default_factory=list
+    )  # code cells between END QUESTION and the next question
+    tests: list[str] = field(default_factory=list)  # hidden-test cells
 
 
 @dataclass
@@ -49,12 +52,12 @@ class Verdict:
     lab: str
     exercise: str
     mistake: str
-    selfcheck: str          # the self-check's ✓/✗/· lines for this exercise, or the crash
+    selfcheck: str  # the self-check's ✓/✗/· lines for this exercise, or the crash
     caught_by_selfcheck: bool
     tests_failed: int
     tests_total: int
     says: str | None
-    named: bool | None      # None when the catalog does not ask for a cause
+    named: bool | None  # None when the catalog does not ask for a cause
 
     @property
     def caught_by_tests(self) -> bool:
@@ -133,8 +136,9 @@ def _verdict_lines(printed: str) -> list[str]:
     return [ln for ln in printed.splitlines() if ln[:1] in ("✓", "✗", "·")]
 
 
-def run_one(lab: str, ex: Exercise, solution: list[str], mistake: str, says: str | None,
-            earlier: list[str] = ()) -> Verdict:
+def run_one(
+    lab: str, ex: Exercise, solution: list[str], mistake: str, says: str | None, earlier: list[str] = ()
+) -> Verdict:
     """The exercise's self-check and hidden tests against ``solution`` (its cells' code).
 
     ``earlier``: an earlier exercise's (edited) solution cells, run first, for a mistake made
@@ -164,8 +168,10 @@ def _mutate(code: list[str], edits: list, where: str) -> list[str]:
     for old, new in edits:
         hits = [i for i, c in enumerate(out) if old in c]
         if len(hits) != 1 or out[hits[0]].count(old) != 1:
-            raise ValueError(f"{where}: expected {old!r} exactly once in the solution, found it "
-                             f"{sum(c.count(old) for c in out)} times")
+            raise ValueError(
+                f"{where}: expected {old!r} exactly once in the solution, found it "
+                f"{sum(c.count(old) for c in out)} times"
+            )
         out[hits[0]] = out[hits[0]].replace(old, new)
     return out
 
@@ -180,7 +186,9 @@ def run_lab(lab: str) -> tuple[list[Verdict], list[Verdict]]:
     for i, entry in enumerate(catalog):
         where = f"{catalog_path(lab).name} entry {i + 1} ({entry.get('mistake', '?')})"
         if entry.get("exercise") not in exs:
-            raise ValueError(f"{where}: exercise: expected one of {sorted(exs)}, got {entry.get('exercise')!r}")
+            raise ValueError(
+                f"{where}: exercise: expected one of {sorted(exs)}, got {entry.get('exercise')!r}"
+            )
         edited = _mutate(exs[entry["exercise"]].solution, entry["replace"], where)
         judge = entry.get("checked_by", entry["exercise"])
         if judge not in exs:
@@ -188,7 +196,9 @@ def run_lab(lab: str) -> tuple[list[Verdict], list[Verdict]]:
         if judge == entry["exercise"]:
             verdict = run_one(lab, exs[judge], edited, entry["mistake"], entry.get("says"))
         else:
-            verdict = run_one(lab, exs[judge], exs[judge].solution, entry["mistake"], entry.get("says"), edited)
+            verdict = run_one(
+                lab, exs[judge], exs[judge].solution, entry["mistake"], entry.get("says"), edited
+            )
         mutants.append(verdict)
     return controls, mutants
 
@@ -202,8 +212,10 @@ def summary(mutants: list[Verdict]) -> str:
     named = sum(bool(v.named) for v in asked)
     labs = len({v.lab for v in mutants})
     pct = (lambda k: f"{100 * k / n:.0f}%") if n else (lambda k: "n/a")
-    return (f"mistake catalog: {n} mutants over {labs} labs; self-check ✗ on {by_self} ({pct(by_self)}), "
-            f"hidden tests fail on {by_tests} ({pct(by_tests)}), cause named on {named} of {len(asked)} asked")
+    return (
+        f"mistake catalog: {n} mutants over {labs} labs; self-check ✗ on {by_self} ({pct(by_self)}), "
+        f"hidden tests fail on {by_tests} ({pct(by_tests)}), cause named on {named} of {len(asked)} asked"
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -214,14 +226,18 @@ def main(argv: list[str]) -> int:
         for v in controls:
             ok = not v.caught_by_selfcheck and not v.caught_by_tests and v.selfcheck.startswith("✓")
             bad += not ok
-            print(f"{'ok ' if ok else 'BAD'} {lab} {v.exercise} solution: {v.selfcheck}  "
-                  f"[hidden tests failed {v.tests_failed}/{v.tests_total}]")
+            print(
+                f"{'ok ' if ok else 'BAD'} {lab} {v.exercise} solution: {v.selfcheck}  "
+                f"[hidden tests failed {v.tests_failed}/{v.tests_total}]"
+            )
         for v in mutants:
             ok = v.caught_by_selfcheck and v.caught_by_tests and v.named is not False
             bad += not ok
-            print(f"{'ok ' if ok else 'BAD'} {lab} {v.exercise} {v.mistake}: {v.selfcheck}  "
-                  f"[hidden tests failed {v.tests_failed}/{v.tests_total}]"
-                  + ("" if v.named is None else f" [cause {'named' if v.named else 'NOT named'}: {v.says!r}]"))
+            print(
+                f"{'ok ' if ok else 'BAD'} {lab} {v.exercise} {v.mistake}: {v.selfcheck}  "
+                f"[hidden tests failed {v.tests_failed}/{v.tests_total}]"
+                + ("" if v.named is None else f" [cause {'named' if v.named else 'NOT named'}: {v.says!r}]")
+            )
         everything += mutants
     print(summary(everything))
     return 1 if bad else 0

@@ -36,8 +36,8 @@ from helpers.checks import compare
 from helpers.device import get_device, no_tf32
 from helpers.show import fmt, fmt_sci, show
 
-dev = get_device()   # CUDA when there is one, else the CPU: the printed numbers are the same
-no_tf32()            # TF32 would change float32 matmul digits on recent GPUs
+dev = get_device()  # CUDA when there is one, else the CPU: the printed numbers are the same
+no_tf32()  # TF32 would change float32 matmul digits on recent GPUs
 
 # %% [markdown]
 # ## The network
@@ -59,13 +59,13 @@ no_tf32()            # TF32 would change float32 matmul digits on recent GPUs
 
 # %%
 dtype = torch.float64
-x  = torch.tensor([1.0, 2.0, -1.0, 0.5], dtype=dtype, device=dev)          # (4,)
+x = torch.tensor([1.0, 2.0, -1.0, 0.5], dtype=dtype, device=dev)  # (4,)
 W1 = torch.tensor([[0.1,  0.2, -0.1, 0.05],
-                   [0.3, -0.1,  0.2, 0.1 ]], dtype=dtype, device=dev)       # (2, 4) = (out, in)
-b1 = torch.tensor([0.1, -0.1], dtype=dtype, device=dev)                     # (2,)
-W2 = torch.tensor([[0.5, -0.4]], dtype=dtype, device=dev)                   # (1, 2)
-b2 = torch.tensor([0.2], dtype=dtype, device=dev)                           # (1,)
-y_true = torch.tensor([1.0], dtype=dtype, device=dev)                       # (1,)
+                   [0.3, -0.1,  0.2, 0.1 ]], dtype=dtype, device=dev)  # (2, 4) = (out, in)  # fmt: skip
+b1 = torch.tensor([0.1, -0.1], dtype=dtype, device=dev)  # (2,)
+W2 = torch.tensor([[0.5, -0.4]], dtype=dtype, device=dev)  # (1, 2)
+b2 = torch.tensor([0.2], dtype=dtype, device=dev)  # (1,)
+y_true = torch.tensor([1.0], dtype=dtype, device=dev)  # (1,)
 show("x", x)
 show("W1", W1)
 
@@ -84,7 +84,7 @@ h1 = 0.1 * 1 + 0.2 * 2 + (-0.1) * (-1) + 0.05 * 0.5 + 0.1
 h2 = 0.3 * 1 + (-0.1) * 2 + 0.2 * (-1) + 0.1 * 0.5 + (-0.1)
 show("h1 (by hand)", h1, 8)
 show("h2 (by hand)", h2, 8)
-h = W1 @ x + b1                 # (2, 4) @ (4,) -> (2,): the same two dot products at once
+h = W1 @ x + b1  # (2, 4) @ (4,) -> (2,): the same two dot products at once
 show("h = W1 @ x + b1", h, 8)
 
 # %% [markdown]
@@ -92,7 +92,7 @@ show("h = W1 @ x + b1", h, 8)
 # Remember this: it will matter a lot on the way back.
 
 # %%
-a = torch.clamp(h, min=0)        # (2,): ReLU
+a = torch.clamp(h, min=0)  # (2,): ReLU
 show("a = ReLU(h)", a, 8)
 
 # %% [markdown]
@@ -100,7 +100,7 @@ show("a = ReLU(h)", a, 8)
 # $L = (\hat y - 1)^2$.
 
 # %%
-y_hat = W2 @ a + b2              # (1, 2) @ (2,) -> (1,)
+y_hat = W2 @ a + b2  # (1, 2) @ (2,) -> (1,)
 L = ((y_hat - y_true) ** 2).sum()  # (): one number
 show("y_hat", y_hat, 8)
 show("L", L, 8)
@@ -122,7 +122,7 @@ show("L", L, 8)
 # $\dfrac{\partial L}{\partial \hat y} = 2(\hat y - y)$. Mind the factor 2.
 
 # %%
-grad_y_hat = 2 * (y_hat - y_true)        # (1,)
+grad_y_hat = 2 * (y_hat - y_true)  # (1,)
 show("grad_y_hat = dL/dŷ", grad_y_hat, 8)
 
 # %% [markdown]
@@ -133,8 +133,8 @@ show("grad_y_hat = dL/dŷ", grad_y_hat, 8)
 # \qquad \frac{\partial L}{\partial b_2} = \frac{\partial L}{\partial \hat y}.$$
 
 # %%
-grad_W2 = torch.outer(grad_y_hat, a)     # (1,) ⊗ (2,) -> (1, 2): same shape as W2
-grad_b2 = grad_y_hat                     # (1,)
+grad_W2 = torch.outer(grad_y_hat, a)  # (1,) ⊗ (2,) -> (1, 2): same shape as W2
+grad_b2 = grad_y_hat  # (1,)
 show("grad_W2 = dL/dW2", grad_W2, 8)
 show("grad_b2 = dL/db2", grad_b2, 8)
 
@@ -146,7 +146,7 @@ show("grad_b2 = dL/db2", grad_b2, 8)
 #   = -0.875 \cdot [0.5, -0.4].$$
 
 # %%
-grad_a = W2.T @ grad_y_hat               # (2, 1) @ (1,) -> (2,): the transpose of the forward W2
+grad_a = W2.T @ grad_y_hat  # (2, 1) @ (1,) -> (2,): the transpose of the forward W2
 show("grad_a = dL/da", grad_a, 8)
 
 # %% [markdown]
@@ -156,8 +156,8 @@ show("grad_a = dL/da", grad_a, 8)
 # $$\frac{\partial L}{\partial h} = \frac{\partial L}{\partial a} \odot \mathbb{1}[h > 0].$$
 
 # %%
-relu_mask = (h > 0).to(dtype)            # (2,): 1 where the unit was active in the forward pass
-grad_h = grad_a * relu_mask              # (2,)
+relu_mask = (h > 0).to(dtype)  # (2,): 1 where the unit was active in the forward pass
+grad_h = grad_a * relu_mask  # (2,)
 show("ReLU'(h)", relu_mask, 0)
 show("grad_h = dL/dh", grad_h, 8)
 
@@ -170,8 +170,8 @@ show("grad_h = dL/dh", grad_h, 8)
 # \qquad \frac{\partial L}{\partial b_1} = \frac{\partial L}{\partial h}.$$
 
 # %%
-grad_W1 = torch.outer(grad_h, x)         # (2,) ⊗ (4,) -> (2, 4): same shape as W1
-grad_b1 = grad_h                         # (2,)
+grad_W1 = torch.outer(grad_h, x)  # (2,) ⊗ (4,) -> (2, 4): same shape as W1
+grad_b1 = grad_h  # (2,)
 show("grad_W1 = dL/dW1", grad_W1, 8)
 show("grad_b1 = dL/db1", grad_b1, 8)
 
@@ -187,13 +187,31 @@ show("grad_b1 = dL/db1", grad_b1, 8)
 
 # %%
 seed_004 = {  # the article's numbers, as decimals
-    "h": [0.725, -0.15], "a": [0.725, 0.0], "y_hat": [0.5625], "L": 0.19140625,
-    "grad_y_hat": [-0.875], "grad_W2": [[-0.634375, 0.0]], "grad_b2": [-0.875],
-    "grad_a": [-0.4375, 0.35], "grad_h": [-0.4375, 0.0],
-    "grad_W1": [[-0.4375, -0.875, 0.4375, -0.21875], [0.0, 0.0, 0.0, 0.0]], "grad_b1": [-0.4375, 0.0],
+    "h": [0.725, -0.15],
+    "a": [0.725, 0.0],
+    "y_hat": [0.5625],
+    "L": 0.19140625,
+    "grad_y_hat": [-0.875],
+    "grad_W2": [[-0.634375, 0.0]],
+    "grad_b2": [-0.875],
+    "grad_a": [-0.4375, 0.35],
+    "grad_h": [-0.4375, 0.0],
+    "grad_W1": [[-0.4375, -0.875, 0.4375, -0.21875], [0.0, 0.0, 0.0, 0.0]],
+    "grad_b1": [-0.4375, 0.0],
 }
-ours = {"h": h, "a": a, "y_hat": y_hat, "L": L, "grad_y_hat": grad_y_hat, "grad_W2": grad_W2,
-        "grad_b2": grad_b2, "grad_a": grad_a, "grad_h": grad_h, "grad_W1": grad_W1, "grad_b1": grad_b1}
+ours = {
+    "h": h,
+    "a": a,
+    "y_hat": y_hat,
+    "L": L,
+    "grad_y_hat": grad_y_hat,
+    "grad_W2": grad_W2,
+    "grad_b2": grad_b2,
+    "grad_a": grad_a,
+    "grad_h": grad_h,
+    "grad_W1": grad_W1,
+    "grad_b1": grad_b1,
+}
 for name in seed_004:
     print(f"{name:>10} = {fmt(ours[name], 8)}".replace("\n", "\n" + " " * 13))
 print()
@@ -208,10 +226,16 @@ for name, ref in seed_004.items():
 
 # %%
 for v in (0.1, 0.2, 0.05, 0.725):
-    print(f"{v}: float32 stores {fmt(torch.tensor(v, dtype=torch.float32), 12)},"
-          f" float64 stores {fmt(torch.tensor(v, dtype=torch.float64), 12)}")
-print("machine epsilon: float32", fmt_sci(torch.finfo(torch.float32).eps, 2),
-      " float64", fmt_sci(torch.finfo(torch.float64).eps, 2))
+    print(
+        f"{v}: float32 stores {fmt(torch.tensor(v, dtype=torch.float32), 12)},"
+        f" float64 stores {fmt(torch.tensor(v, dtype=torch.float64), 12)}"
+    )
+print(
+    "machine epsilon: float32",
+    fmt_sci(torch.finfo(torch.float32).eps, 2),
+    " float64",
+    fmt_sci(torch.finfo(torch.float64).eps, 2),
+)
 
 # %% [markdown]
 # float32 keeps about 7 significant digits: $0.725$ becomes $0.725000023842$, an error of
@@ -249,8 +273,15 @@ cache = cat_mlp.forward(**p)
 grads = cat_mlp.backward(cache, p["W2"], p["y_true"])
 compare("forward h", cache["h"], h, exact=True)
 compare("forward L", cache["L"], L, exact=True)
-for name, mine in [("y_hat", grad_y_hat), ("W2", grad_W2), ("b2", grad_b2), ("a", grad_a),
-                   ("h", grad_h), ("W1", grad_W1), ("b1", grad_b1)]:
+for name, mine in [
+    ("y_hat", grad_y_hat),
+    ("W2", grad_W2),
+    ("b2", grad_b2),
+    ("a", grad_a),
+    ("h", grad_h),
+    ("W1", grad_W1),
+    ("b1", grad_b1),
+]:
     compare(f"grad_{name}", grads[name], mine, exact=True)
 
 # %% [markdown]
@@ -269,8 +300,8 @@ for name, mine in [("y_hat", grad_y_hat), ("W2", grad_W2), ("b2", grad_b2), ("a"
 
 # %%
 q = cat_mlp.cat_params(dtype=dtype, device=dev, requires_grad=True)
-h_ag = q["W1"] @ q["x"] + q["b1"]                  # (2, 4) @ (4,) -> (2,)
-y_hat_ag = q["W2"] @ torch.relu(h_ag) + q["b2"]    # (1, 2) @ (2,) -> (1,)
+h_ag = q["W1"] @ q["x"] + q["b1"]  # (2, 4) @ (4,) -> (2,)
+y_hat_ag = q["W2"] @ torch.relu(h_ag) + q["b2"]  # (1, 2) @ (2,) -> (1,)
 loss = ((y_hat_ag - q["y_true"]) ** 2).sum()
 loss.backward()
 for name, mine in [("W1", grad_W1), ("b1", grad_b1), ("W2", grad_W2), ("b2", grad_b2)]:
@@ -291,14 +322,19 @@ show("W1.grad from autograd", q["W1"].grad, 8)
 
 # %%
 eps = 0.01
-for label, (name, idx) in {"b1[1] (dead unit)": ("b1", (1,)), "W1[1,2] (dead unit)": ("W1", (1, 2)),
-                           "b1[0] (live unit)": ("b1", (0,))}.items():
+for label, (name, idx) in {
+    "b1[1] (dead unit)": ("b1", (1,)),
+    "W1[1,2] (dead unit)": ("W1", (1, 2)),
+    "b1[0] (live unit)": ("b1", (0,)),
+}.items():
     nudged = {k: v.detach().clone() for k, v in p.items()}
     nudged[name][idx] += eps
     L_new = cat_mlp.forward(**nudged)["L"]
-    predicted = eps * grads[name][idx]     # first-order change: ε · ∂L/∂θ
-    print(f"nudge {label:<20} by +{eps}: L {fmt(L, 8)} -> {fmt(L_new, 8)},"
-          f" change {fmt(L_new - L, 8)}, predicted ε·∂L/∂θ = {fmt(predicted, 8)}")
+    predicted = eps * grads[name][idx]  # first-order change: ε · ∂L/∂θ
+    print(
+        f"nudge {label:<20} by +{eps}: L {fmt(L, 8)} -> {fmt(L_new, 8)},"
+        f" change {fmt(L_new - L, 8)}, predicted ε·∂L/∂θ = {fmt(predicted, 8)}"
+    )
 
 # %% [markdown]
 # The dead unit's change is exactly 0, as its gradient says. The live unit's change,
@@ -382,8 +418,10 @@ rows = sweep("b1", (1,), values)
 print(" b1[1]       h2   state         L   dL/db1[1]  dL/dW2[0,1]")
 for r in rows:
     h2_ = r["cache"]["h"][1]
-    print(f"{fmt(r['value'], 2):>6} {fmt(h2_, 4):>8}   {'alive' if h2_ > 0 else 'dead ':5} "
-          f"{fmt(r['cache']['L'], 6):>9} {fmt(r['grads']['b1'][1], 6):>11} {fmt(r['grads']['W2'][0, 1], 6):>12}")
+    print(
+        f"{fmt(r['value'], 2):>6} {fmt(h2_, 4):>8}   {'alive' if h2_ > 0 else 'dead ':5} "
+        f"{fmt(r['cache']['L'], 6):>9} {fmt(r['grads']['b1'][1], 6):>11} {fmt(r['grads']['W2'][0, 1], 6):>12}"
+    )
 
 # %% [markdown]
 # And as an animation that works on this page without a kernel (use its slider and
@@ -430,11 +468,11 @@ HTML(anim.to_jshtml(default_mode="once"))
 wrong_grad_y_hat = y_hat - y_true
 compare("dL/dŷ without the factor 2", wrong_grad_y_hat, grad_y_hat, atol=1e-12, rtol=0)
 # 2. Forgetting ReLU's mask: the dead unit would "learn"
-wrong_grad_W1 = torch.outer(grad_a, x)           # (2,) ⊗ (4,) -> (2, 4), mask missing
+wrong_grad_W1 = torch.outer(grad_a, x)  # (2,) ⊗ (4,) -> (2, 4), mask missing
 compare("dL/dW1 without ReLU's mask", wrong_grad_W1, grad_W1, atol=1e-12, rtol=0)
 # 3. Forgetting the transpose: W2 @ grad_y_hat is not even defined
 try:
-    W2 @ grad_y_hat                              # (1, 2) @ (1,): shapes do not match
+    W2 @ grad_y_hat  # (1, 2) @ (1,): shapes do not match
 except RuntimeError:
     print("✗ W2 @ grad_y_hat raises: (1, 2) @ (1,) does not fit — it must be W2.T @ grad_y_hat")
 # 4. Outer product the wrong way round: the shape of x ⊗ grad_h is W1's transpose

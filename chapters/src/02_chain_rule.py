@@ -35,8 +35,8 @@ from helpers.checks import compare
 from helpers.device import get_device, no_tf32, randn
 from helpers.show import fmt, fmt_sci, show
 
-dev = get_device()   # CUDA when there is one, else the CPU: the printed numbers are the same
-no_tf32()            # true fp32 matmuls on GPUs, so float32 comparisons mean the same everywhere
+dev = get_device()  # CUDA when there is one, else the CPU: the printed numbers are the same
+no_tf32()  # true fp32 matmuls on GPUs, so float32 comparisons mean the same everywhere
 f64 = torch.float64
 
 # %% [markdown]
@@ -55,9 +55,9 @@ f64 = torch.float64
 # %%
 x = torch.tensor(2.0, dtype=f64, device=dev, requires_grad=True)
 u = 3 * x + 1
-L = u ** 2
-grad_u = 2 * u.detach()              # dL/du, arriving from above
-grad_x = grad_u * 3                  # times the local derivative du/dx
+L = u**2
+grad_u = 2 * u.detach()  # dL/du, arriving from above
+grad_x = grad_u * 3  # times the local derivative du/dx
 (grad_x_autograd,) = torch.autograd.grad(L, x)
 show("u", u)
 show("dL/du (by hand)", grad_u)
@@ -107,21 +107,22 @@ show("dy/db", grad_b, 1)
 # (input, local derivative) pairs; backward walks the tape in reverse. One version
 # accumulates, one overwrites.
 
+
 # %%
 def backprop(tape, out, accumulate=True):
     """Reverse-mode over a tape of (output, [(input, ∂output/∂input), ...]); returns d out/d node."""
     grad = {out: 1.0}
     for node, inputs in reversed(tape):
         for name, local in inputs:
-            contribution = grad.get(node, 0.0) * local          # chain rule along this edge
+            contribution = grad.get(node, 0.0) * local  # chain rule along this edge
             grad[name] = grad.get(name, 0.0) + contribution if accumulate else contribution
     return grad
 
 
 a_val = 3.0
 tapes = {  # each op lists one (input, local derivative) pair per use of an input
-    "y = a + a":     [("y", [("a", 1.0), ("a", 1.0)])],
-    "y = a * a":     [("y", [("a", a_val), ("a", a_val)])],           # ∂(p·q)/∂p = q, ∂(p·q)/∂q = p
+    "y = a + a": [("y", [("a", 1.0), ("a", 1.0)])],
+    "y = a * a": [("y", [("a", a_val), ("a", a_val)])],  # ∂(p·q)/∂p = q, ∂(p·q)/∂q = p
     "y = a * a + a": [("t", [("a", a_val), ("a", a_val)]), ("y", [("t", 1.0), ("a", 1.0)])],
 }
 fns = {"y = a + a": lambda a: a + a, "y = a * a": lambda a: a * a, "y = a * a + a": lambda a: a * a + a}
@@ -146,7 +147,7 @@ w = torch.tensor(3.0, dtype=f64, device=dev, requires_grad=True)
 for call in (1, 2):
     (w * 2.0).backward()
     show(f"w.grad after backward() call {call}", w.grad, 1)
-w.grad = None        # what zero_grad() does (set_to_none=True is its default)
+w.grad = None  # what zero_grad() does (set_to_none=True is its default)
 
 # %% [markdown]
 # ## Jacobians and what `backward()` really computes
@@ -177,21 +178,21 @@ x = randn(3, seed=2, dtype=f64, device=dev)
 
 def f(x):
     """tanh(W x): R³ -> R²."""
-    return torch.tanh(W @ x)                      # (2, 3) @ (3,) -> (2,)
+    return torch.tanh(W @ x)  # (2, 3) @ (3,) -> (2,)
 
 
-J_formula = (1 - f(x) ** 2)[:, None] * W          # diag(1 - tanh²) W: (2, 1) * (2, 3) -> (2, 3)
-J_autograd = autograd_jacobian(f, x)              # 2 backward passes, one per output
+J_formula = (1 - f(x) ** 2)[:, None] * W  # diag(1 - tanh²) W: (2, 1) * (2, 3) -> (2, 3)
+J_autograd = autograd_jacobian(f, x)  # 2 backward passes, one per output
 show("J (formula)", J_formula, 6)
 compare("J autograd vs formula", J_autograd, J_formula)
 compare("J finite differences vs formula", numerical_jacobian(f, x), J_formula, atol=1e-8, rtol=0)
 
 v = torch.tensor([1.0, -2.0], dtype=f64, device=dev)
 x_ = x.clone().requires_grad_(True)
-f(x_).backward(gradient=v)                        # one backward pass, never forms J
+f(x_).backward(gradient=v)  # one backward pass, never forms J
 show("v", v, 1)
 show("x.grad after f(x).backward(gradient=v)", x_.grad, 6)
-show("v @ J", v @ J_formula, 6)                   # (2,) @ (2, 3) -> (3,)
+show("v @ J", v @ J_formula, 6)  # (2,) @ (2, 3) -> (3,)
 compare("backward(gradient=v) vs vᵀJ", x_.grad, v @ J_formula)
 _ = compare("helpers.numgrad.vjp vs vᵀJ", vjp(f, x, v), v @ J_formula)
 
@@ -210,13 +211,13 @@ _ = compare("helpers.numgrad.vjp vs vᵀJ", vjp(f, x, v), v @ J_formula)
 # %%
 from torch.utils.flop_counter import FlopCounterMode
 
-X_f = randn(64, 256, seed=5, dtype=f64, device=dev, requires_grad=True)    # (B, in)
-W_f = randn(128, 256, seed=6, dtype=f64, device=dev, requires_grad=True)   # (out, in)
-b_f = randn(128, seed=7, dtype=f64, device=dev, requires_grad=True)        # (out,)
+X_f = randn(64, 256, seed=5, dtype=f64, device=dev, requires_grad=True)  # (B, in)
+W_f = randn(128, 256, seed=6, dtype=f64, device=dev, requires_grad=True)  # (out, in)
+b_f = randn(128, seed=7, dtype=f64, device=dev, requires_grad=True)  # (out,)
 with FlopCounterMode(display=False) as count_fwd:
-    Y_f = torch.nn.functional.linear(X_f, W_f, b_f)                         # (B, in) @ (in, out) -> (B, out)
+    Y_f = torch.nn.functional.linear(X_f, W_f, b_f)  # (B, in) @ (in, out) -> (B, out)
 with FlopCounterMode(display=False) as count_bwd:
-    Y_f.backward(torch.ones_like(Y_f))                                      # grad_X = grad_Y W, grad_W = grad_Yᵀ X
+    Y_f.backward(torch.ones_like(Y_f))  # grad_X = grad_Y W, grad_W = grad_Yᵀ X
 flops_fwd, flops_bwd = count_fwd.get_total_flops(), count_bwd.get_total_flops()
 print("forward  FLOPs:", flops_fwd, " = 2·B·in·out =", 2 * 64 * 256 * 128)
 print("backward FLOPs:", flops_bwd)
@@ -288,20 +289,26 @@ def cube_prime(x):
     return 3 * x * x
 
 
-hs = [10 ** (-k / 4) for k in range(49)]          # 1, 10^-0.25, ..., 1e-12
-errors = {str(dt).replace("torch.", ""): fd_errors(cube, cube_prime, 1.0, hs, dt)
-          for dt in (torch.float32, torch.float64)}
+hs = [10 ** (-k / 4) for k in range(49)]  # 1, 10^-0.25, ..., 1e-12
+errors = {
+    str(dt).replace("torch.", ""): fd_errors(cube, cube_prime, 1.0, hs, dt)
+    for dt in (torch.float32, torch.float64)
+}
 print("      h    error float32   error float64")
 for k in range(0, 49, 8):
-    print(f"{fmt_sci(hs[k], 0):>7}    {fmt_sci(errors['float32'][k]):>11}    {fmt_sci(errors['float64'][k]):>11}")
+    print(
+        f"{fmt_sci(hs[k], 0):>7}    {fmt_sci(errors['float32'][k]):>11}    {fmt_sci(errors['float64'][k]):>11}"
+    )
 for dt in (torch.float32, torch.float64):
     name = str(dt).replace("torch.", "")
     eps = torch.finfo(dt).eps
     e = errors[name]
     best = min(range(len(hs)), key=lambda i: e[i])
-    print(f"{name}: eps {fmt_sci(eps)}; theory h* ≈ eps^(1/3) = {fmt_sci(eps ** (1 / 3), 0)},"
-          f" error ≈ eps^(2/3) = {fmt_sci(eps ** (2 / 3), 0)};"
-          f" measured best h {fmt_sci(hs[best], 0)}, error {fmt_sci(e[best], 0)}")
+    print(
+        f"{name}: eps {fmt_sci(eps)}; theory h* ≈ eps^(1/3) = {fmt_sci(eps ** (1 / 3), 0)},"
+        f" error ≈ eps^(2/3) = {fmt_sci(eps ** (2 / 3), 0)};"
+        f" measured best h {fmt_sci(hs[best], 0)}, error {fmt_sci(e[best], 0)}"
+    )
 
 # %%
 import matplotlib.pyplot as plt
@@ -337,17 +344,23 @@ import inspect
 from torch.autograd import gradcheck
 
 defaults = inspect.signature(gradcheck).parameters
-print("gradcheck defaults: eps", fmt_sci(defaults["eps"].default, 0), " atol", fmt_sci(defaults["atol"].default, 0),
-      " rtol", fmt_sci(defaults["rtol"].default, 0))
+print(
+    "gradcheck defaults: eps",
+    fmt_sci(defaults["eps"].default, 0),
+    " atol",
+    fmt_sci(defaults["atol"].default, 0),
+    " rtol",
+    fmt_sci(defaults["rtol"].default, 0),
+)
 
 p64 = cat_mlp.cat_params(dtype=f64, device=dev, requires_grad=True)
 ok = gradcheck(cat_loss, (p64["W1"], p64["b1"], p64["W2"], p64["b2"]))
 print("gradcheck, cat MLP, float64:", ok)
 
 t32 = randn(5, seed=3, device=dev, requires_grad=True)
-with warnings.catch_warnings(record=True) as caught:   # keep the warning's file path out of the page
+with warnings.catch_warnings(record=True) as caught:  # keep the warning's file path out of the page
     warnings.simplefilter("always")
-    ok32 = gradcheck(lambda t: (t ** 3).sum(), (t32,), raise_exception=False)
+    ok32 = gradcheck(lambda t: (t**3).sum(), (t32,), raise_exception=False)
 print("gradcheck, t³ in float32:", ok32)
 print("warning:", str(caught[0].message).split(".")[0] + ".")
 
@@ -359,7 +372,7 @@ class CubeWrongBackward(torch.autograd.Function):
 
     @staticmethod
     def forward(t):
-        return t ** 3
+        return t**3
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -368,12 +381,14 @@ class CubeWrongBackward(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         (t,) = ctx.saved_tensors
-        return grad_output * 3 * t                    # the bug: should be 3 * t ** 2
+        return grad_output * 3 * t  # the bug: should be 3 * t ** 2
 
 
 t64 = randn(5, seed=3, dtype=f64, device=dev, requires_grad=True)
-print("gradcheck, wrong backward, float64:",
-      gradcheck(lambda t: CubeWrongBackward.apply(t).sum(), (t64,), raise_exception=False))
+print(
+    "gradcheck, wrong backward, float64:",
+    gradcheck(lambda t: CubeWrongBackward.apply(t).sum(), (t64,), raise_exception=False),
+)
 
 # %% [markdown]
 # ## The linear layer: matrix calculus in `nn.Linear`'s layout
@@ -404,11 +419,11 @@ from helpers.numgrad import linear_backward, linear_forward
 
 B, n_in, n_out = 4, 3, 5
 for dtype in (torch.float32, f64):
-    X = randn(B, n_in, seed=10, dtype=dtype, device=dev, requires_grad=True)       # (B, in)
-    W = randn(n_out, n_in, seed=11, dtype=dtype, device=dev, requires_grad=True)   # (out, in)
-    b = randn(n_out, seed=12, dtype=dtype, device=dev, requires_grad=True)         # (out,)
-    grad_Y = randn(B, n_out, seed=13, dtype=dtype, device=dev)                     # (B, out): some upstream gradient
-    Y = torch.nn.functional.linear(X, W, b)                                         # (B, out)
+    X = randn(B, n_in, seed=10, dtype=dtype, device=dev, requires_grad=True)  # (B, in)
+    W = randn(n_out, n_in, seed=11, dtype=dtype, device=dev, requires_grad=True)  # (out, in)
+    b = randn(n_out, seed=12, dtype=dtype, device=dev, requires_grad=True)  # (out,)
+    grad_Y = randn(B, n_out, seed=13, dtype=dtype, device=dev)  # (B, out): some upstream gradient
+    Y = torch.nn.functional.linear(X, W, b)  # (B, out)
     compare(f"Y = X Wᵀ + b ({dtype})", linear_forward(X, W, b), Y)
     ref = torch.autograd.grad(Y, [X, W, b], grad_outputs=grad_Y)
     ours = linear_backward(X.detach(), W.detach(), grad_Y)
@@ -426,12 +441,12 @@ for dtype in (torch.float32, f64):
 # $W$ of shape $(\text{in}, \text{out})$ — not `nn.Linear`'s.)
 
 # %%
-x = randn(4, 3, seed=20, device=dev)                                   # (B, in)
-w = randn(5, 3, seed=21, device=dev, requires_grad=True)               # (out, in), as nn.Linear stores it
+x = randn(4, 3, seed=20, device=dev)  # (B, in)
+w = randn(5, 3, seed=21, device=dev, requires_grad=True)  # (out, in), as nn.Linear stores it
 b = randn(5, seed=22, device=dev, requires_grad=True)
-y = torch.nn.functional.linear(x, w, b)                                # (B, out)
+y = torch.nn.functional.linear(x, w, b)  # (B, out)
 grad_w, grad_b = torch.autograd.grad(y.sum(), [w, b])
-seed_formula = x.t() @ torch.ones_like(y)                              # (in, B) @ (B, out) -> (in, out)
+seed_formula = x.t() @ torch.ones_like(y)  # (in, B) @ (B, out) -> (in, out)
 print("grad_w shape:", tuple(grad_w.shape), "  x.t() @ ones_like(y) shape:", tuple(seed_formula.shape))
 try:
     torch.allclose(grad_w, seed_formula)
@@ -453,28 +468,30 @@ _ = compare("grad_b = column sums of ones", torch.ones_like(y).sum(0), grad_b)
 
 # %%
 B = 4
-X = randn(B, 3, seed=30, dtype=f64, device=dev)                                  # (B, in)
-T = randn(B, 2, seed=31, dtype=f64, device=dev)                                  # (B, out) targets
-W = randn(2, 3, seed=32, dtype=f64, device=dev, requires_grad=True)              # (out, in)
+X = randn(B, 3, seed=30, dtype=f64, device=dev)  # (B, in)
+T = randn(B, 2, seed=31, dtype=f64, device=dev)  # (B, out) targets
+W = randn(2, 3, seed=32, dtype=f64, device=dev, requires_grad=True)  # (out, in)
 
 
 def sample_loss(W, xb, tb):
     """ℓ_b = ‖W x_b − t_b‖² for one sample."""
-    return ((W @ xb - tb) ** 2).sum()                                             # (2, 3) @ (3,) -> (2,)
+    return ((W @ xb - tb) ** 2).sum()  # (2, 3) @ (3,) -> (2,)
 
 
 per_sample = [torch.autograd.grad(sample_loss(W, X[i], T[i]), W)[0] for i in range(B)]
-sum_of_per_sample = torch.stack(per_sample).sum(0)                               # (B, 2, 3) -> (2, 3)
-(grad_sum_loss,) = torch.autograd.grad(((X @ W.T - T) ** 2).sum(), W)            # (B, 3) @ (3, 2) -> (B, 2)
+sum_of_per_sample = torch.stack(per_sample).sum(0)  # (B, 2, 3) -> (2, 3)
+(grad_sum_loss,) = torch.autograd.grad(((X @ W.T - T) ** 2).sum(), W)  # (B, 3) @ (3, 2) -> (B, 2)
 (grad_mean_loss,) = torch.autograd.grad(torch.nn.functional.mse_loss(X @ W.T, T, reduction="sum") / B, W)
 show("Σ_b per-sample grad", sum_of_per_sample, 6)
 show("grad of the sum loss", grad_sum_loss, 6)
 show("grad of the mean loss", grad_mean_loss, 6)
 compare("sum-loss grad = Σ per-sample grads", grad_sum_loss, sum_of_per_sample)
 compare("mean-loss grad = Σ per-sample grads / B", grad_mean_loss, sum_of_per_sample / B)
-(grad_mse_mean,) = torch.autograd.grad(torch.nn.functional.mse_loss(X @ W.T, T), W)   # reduction="mean"
+(grad_mse_mean,) = torch.autograd.grad(torch.nn.functional.mse_loss(X @ W.T, T), W)  # reduction="mean"
 print(f"B = {B}; mse_loss(reduction='mean') divides by T.numel() = {T.numel()}")
-_ = compare("mse_loss 'mean' grad = Σ per-sample grads / T.numel()", grad_mse_mean, sum_of_per_sample / T.numel())
+_ = compare(
+    "mse_loss 'mean' grad = Σ per-sample grads / T.numel()", grad_mse_mean, sum_of_per_sample / T.numel()
+)
 
 # %% [markdown]
 # The sum-loss gradient equals the sum of the four per-sample gradients; the mean-loss
@@ -491,16 +508,16 @@ _ = compare("mse_loss 'mean' grad = Σ per-sample grads / T.numel()", grad_mse_m
 # (total variance: the sum over the 3 entries of `grad_w`):
 
 # %%
-w_v = torch.tensor([0.5, -1.0, 2.0], dtype=f64, device=dev)                     # (in,)
+w_v = torch.tensor([0.5, -1.0, 2.0], dtype=f64, device=dev)  # (in,)
 print("   B   Var[grad_w], sum loss   Var[grad_w], mean loss   σ² of one sample's grad_w")
 for B_v, seed in ((4, 60), (16, 61), (64, 62)):
-    X_v = randn(2000, B_v, 3, seed=seed, dtype=f64, device=dev)                # (R, B, in): R = 2000 batches
-    t_v = randn(2000, B_v, seed=seed + 100, dtype=f64, device=dev)              # (R, B)
-    r_v = X_v @ w_v - t_v                                                       # (R, B, in) @ (in,) -> (R, B)
-    g_per_sample = 2 * r_v[..., None] * X_v                                     # (R, B, in): ∂ℓ_b/∂w = 2(w·x_b − t_b) x_b
-    var_sum = g_per_sample.sum(1).var(0).sum().item()                           # (R, in) -> (in,) -> ()
-    var_mean = g_per_sample.mean(1).var(0).sum().item()                         # (R, in) -> (in,) -> ()
-    var_one = g_per_sample.reshape(-1, 3).var(0).sum().item()                   # (R·B, in) -> (in,) -> ()
+    X_v = randn(2000, B_v, 3, seed=seed, dtype=f64, device=dev)  # (R, B, in): R = 2000 batches
+    t_v = randn(2000, B_v, seed=seed + 100, dtype=f64, device=dev)  # (R, B)
+    r_v = X_v @ w_v - t_v  # (R, B, in) @ (in,) -> (R, B)
+    g_per_sample = 2 * r_v[..., None] * X_v  # (R, B, in): ∂ℓ_b/∂w = 2(w·x_b − t_b) x_b
+    var_sum = g_per_sample.sum(1).var(0).sum().item()  # (R, in) -> (in,) -> ()
+    var_mean = g_per_sample.mean(1).var(0).sum().item()  # (R, in) -> (in,) -> ()
+    var_one = g_per_sample.reshape(-1, 3).var(0).sum().item()  # (R·B, in) -> (in,) -> ()
     print(f"{B_v:>4}   {fmt(var_sum, 1):>21}   {fmt(var_mean, 3):>22}   {fmt(var_one, 1):>26}")
 
 # %% [markdown]
@@ -524,11 +541,11 @@ for B_v, seed in ((4, 60), (16, 61), (64, 62)):
 # %%
 from helpers.numgrad import unbroadcast
 
-X = randn(4, 3, seed=40, dtype=f64, device=dev)                                   # (B, n)
-G = randn(4, 3, seed=41, dtype=f64, device=dev)                                   # upstream grad, (B, n)
+X = randn(4, 3, seed=40, dtype=f64, device=dev)  # (B, n)
+G = randn(4, 3, seed=41, dtype=f64, device=dev)  # upstream grad, (B, n)
 for shape in [(3,), (1, 3), (4, 1), (1, 1)]:
     c = randn(*shape, seed=42, dtype=f64, device=dev, requires_grad=True)
-    (ref,) = torch.autograd.grad(X + c, c, grad_outputs=G)                       # c broadcast to (4, 3)
+    (ref,) = torch.autograd.grad(X + c, c, grad_outputs=G)  # c broadcast to (4, 3)
     ours = unbroadcast(G, shape)
     compare(f"c {shape}: unbroadcast vs autograd, grad shape {tuple(ours.shape)}", ours, ref)
 show("G.sum(0, keepdim=True)  (gradient of c of shape (1, 3))", G.sum(0, keepdim=True), 6)
@@ -543,14 +560,14 @@ show("G.sum(1, keepdim=True)  (gradient of c of shape (4, 1))", G.sum(1, keepdim
 # differently from your formula. A tiny float32 example:
 
 # %%
-big, one = torch.tensor(1e8), torch.tensor(1.0)        # float32
-left = (big + one) - big                               # 1e8 + 1 rounds back to 1e8 in float32
+big, one = torch.tensor(1e8), torch.tensor(1.0)  # float32
+left = (big + one) - big  # 1e8 + 1 rounds back to 1e8 in float32
 right = (big - big) + one
 show("(1e8 + 1) - 1e8", left, 1)
 show("(1e8 - 1e8) + 1", right, 1)
-vals = randn(1000, seed=50)                            # float32, on the CPU
+vals = randn(1000, seed=50)  # float32, on the CPU
 s_fwd, s_bwd = torch.tensor(0.0), torch.tensor(0.0)
-for i in range(1000):                                  # the same 1000 numbers, summed in two orders
+for i in range(1000):  # the same 1000 numbers, summed in two orders
     s_fwd = s_fwd + vals[i]
     s_bwd = s_bwd + vals[999 - i]
 compare("sum forwards vs backwards, exact", s_fwd, s_bwd, exact=True)

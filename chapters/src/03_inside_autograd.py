@@ -41,7 +41,7 @@ from helpers.show import fmt, show, varies
 
 dev = get_device()
 no_tf32()  # the micro-batch and memory sections do fp32 matmuls
-varies(f"device: {describe(dev)}")   # the only line that differs between CPU and CUDA runs
+varies(f"device: {describe(dev)}")  # the only line that differs between CPU and CUDA runs
 
 # %% [markdown]
 # ## 3.1 The graph autograd records
@@ -52,12 +52,12 @@ varies(f"device: {describe(dev)}")   # the only line that differs between CPU an
 # result into gradients of its inputs.
 
 # %%
-p = cat_params(device=dev, requires_grad=True)        # float64
+p = cat_params(device=dev, requires_grad=True)  # float64
 x, W1, b1, W2, b2, y_true = (p[k] for k in ("x", "W1", "b1", "W2", "b2", "y_true"))
-h = W1 @ x + b1                      # (2, 4) @ (4,) -> (2,)
-a = torch.relu(h)                    # (2,)
-y_hat = W2 @ a + b2                  # (1, 2) @ (2,) -> (1,)
-L = ((y_hat - y_true) ** 2).sum()    # ()
+h = W1 @ x + b1  # (2, 4) @ (4,) -> (2,)
+a = torch.relu(h)  # (2,)
+y_hat = W2 @ a + b2  # (1, 2) @ (2,) -> (1,)
+L = ((y_hat - y_true) ** 2).sum()  # ()
 show("L", L, 8)
 print("L.grad_fn:", L.grad_fn.name())
 
@@ -66,12 +66,13 @@ print("L.grad_fn:", L.grad_fn.name())
 # produced that input (or `None` if the input needs no gradient). Following it recursively
 # from `L` is exactly the walk `L.backward()` makes:
 
+
 # %%
 def walk(fn, depth=0):
     """Print fn and, indented, every backward node it sends a gradient to."""
     print("  " * depth + fn.name())
     for nxt, _ in fn.next_functions:
-        if nxt is not None:       # None: that input needs no gradient (x, y_true)
+        if nxt is not None:  # None: that input needs no gradient (x, y_true)
             walk(nxt, depth + 1)
 
 
@@ -141,9 +142,9 @@ L.backward()
 show("W1.grad", W1.grad)
 show("W2.grad", W2.grad)
 show("b2.grad", b2.grad)
-grad_W2_full = W2.grad.clone()       # kept for the detach() comparison below
+grad_W2_full = W2.grad.clone()  # kept for the detach() comparison below
 with warnings.catch_warnings():
-    warnings.simplefilter("ignore")   # "The .grad attribute of a Tensor that is not a leaf..."
+    warnings.simplefilter("ignore")  # "The .grad attribute of a Tensor that is not a leaf..."
     print("h.grad is None:", h.grad is None, "| x.grad is None:", x.grad is None)
 
 # %% [markdown]
@@ -160,7 +161,9 @@ cache = cat_forward(**p)
 cache["h"].retain_grad()
 cache["L"].backward()
 show("h.grad", cache["h"].grad)
-assert compare("h.grad vs chapter 1's grad_h", cache["h"].grad, hand_backward(cache, p["W2"], p["y_true"])["h"])
+assert compare(
+    "h.grad vs chapter 1's grad_h", cache["h"].grad, hand_backward(cache, p["W2"], p["y_true"])["h"]
+)
 
 # %% [markdown]
 # **`requires_grad` decides what gets recorded.** `x` does not require grad, so there is no
@@ -185,9 +188,15 @@ print("leaves:", sorted(n["label"] for n in g_x.leaves), "| saved:", g_x.saved_b
 p = cat_params(device=dev, requires_grad=True)
 cache = cat_forward(**p)
 a_d = cache["a"].detach()
-print("same memory:", a_d.data_ptr() == cache["a"].data_ptr(), "| requires_grad:", a_d.requires_grad,
-      "| grad_fn:", a_d.grad_fn)
-L_stop = ((p["W2"] @ a_d + p["b2"] - p["y_true"]) ** 2).sum()   # (1, 2) @ (2,) -> (1,)
+print(
+    "same memory:",
+    a_d.data_ptr() == cache["a"].data_ptr(),
+    "| requires_grad:",
+    a_d.requires_grad,
+    "| grad_fn:",
+    a_d.grad_fn,
+)
+L_stop = ((p["W2"] @ a_d + p["b2"] - p["y_true"]) ** 2).sum()  # (1, 2) @ (2,) -> (1,)
 L_stop.backward()
 show("W2.grad", p["W2"].grad)
 compare("W2.grad with a.detach() vs the full graph's", p["W2"].grad, grad_W2_full, exact=True)
@@ -220,6 +229,7 @@ for step in range(3):
 #
 # In training the sum of all past gradients acts like momentum that never decays. The same
 # 30 SGD steps (lr 0.1) with and without `zero_grad`:
+
 
 # %%
 def train(zero_grad, steps=30, lr=0.1):
@@ -260,14 +270,14 @@ print("without         " + " ".join(f"{fmt(v):>7s}" for v in without_zero[::5]))
 # A batched cat MLP in float32 (rows of `X` are examples; `nn.Linear` layout `X @ W1.T`):
 
 # %%
-X = randn(8, 4, seed=1, device=dev)         # (B, 4)
-Y = randn(8, 1, seed=2, device=dev)         # (B, 1)
+X = randn(8, 4, seed=1, device=dev)  # (B, 4)
+Y = randn(8, 1, seed=2, device=dev)  # (B, 1)
 
 
 def batch_loss(p, X, Y):
     """L = mean over the batch of (ŷ - y)², ŷ = relu(X W1ᵀ + b1) W2ᵀ + b2."""
-    A = torch.relu(X @ p["W1"].T + p["b1"])     # (B, 4) @ (4, 2) -> (B, 2)
-    Y_hat = A @ p["W2"].T + p["b2"]             # (B, 2) @ (2, 1) -> (B, 1)
+    A = torch.relu(X @ p["W1"].T + p["b1"])  # (B, 4) @ (4, 2) -> (B, 2)
+    Y_hat = A @ p["W2"].T + p["b2"]  # (B, 2) @ (2, 1) -> (B, 1)
     return ((Y_hat - Y) ** 2).mean()
 
 
@@ -277,9 +287,9 @@ batch_loss(big, X, Y).backward()
 n_micro = 4
 acc = cat_params(dtype=torch.float32, device=dev, requires_grad=True)
 raw = cat_params(dtype=torch.float32, device=dev, requires_grad=True)
-for Xm, Ym in zip(X.chunk(n_micro), Y.chunk(n_micro)):    # 4 × (2, 4), (2, 1)
-    (batch_loss(acc, Xm, Ym) / n_micro).backward()          # divided: the right way
-    batch_loss(raw, Xm, Ym).backward()                      # not divided
+for Xm, Ym in zip(X.chunk(n_micro), Y.chunk(n_micro)):  # 4 × (2, 4), (2, 1)
+    (batch_loss(acc, Xm, Ym) / n_micro).backward()  # divided: the right way
+    batch_loss(raw, Xm, Ym).backward()  # not divided
 for name in PARAM_NAMES:
     compare(f"grad {name}: 4 micro-batches (loss / 4) vs batch of 8", acc[name].grad, big[name].grad)
 compare("grad W1: 4 micro-batches, loss not divided", raw["W1"].grad, big["W1"].grad)
@@ -301,9 +311,9 @@ for name in PARAM_NAMES:
 sizes = (5, 3)
 by_count = cat_params(dtype=torch.float32, device=dev, requires_grad=True)
 by_size = cat_params(dtype=torch.float32, device=dev, requires_grad=True)
-for Xm, Ym in zip(X.split(sizes), Y.split(sizes)):          # (5, 4) and (3, 4)
-    (batch_loss(by_count, Xm, Ym) / len(sizes)).backward()    # ÷ 2: wrong for 5 + 3
-    (batch_loss(by_size, Xm, Ym) * len(Xm) / len(X)).backward()   # × 5/8, × 3/8: right
+for Xm, Ym in zip(X.split(sizes), Y.split(sizes)):  # (5, 4) and (3, 4)
+    (batch_loss(by_count, Xm, Ym) / len(sizes)).backward()  # ÷ 2: wrong for 5 + 3
+    (batch_loss(by_size, Xm, Ym) * len(Xm) / len(X)).backward()  # × 5/8, × 3/8: right
 compare("grad W1: 5 + 3, each loss / 2", by_count["W1"].grad, big["W1"].grad)
 for name in PARAM_NAMES:
     compare(f"grad {name}: 5 + 3, each loss × size / 8", by_size[name].grad, big[name].grad)
@@ -346,11 +356,16 @@ print(format_graph(autograd_graph(L, {k: cache[k] for k in ("a", "h", "y_hat", "
 # %%
 from helpers.memory import SavedTensors, fmt_bytes, saved_by_node, tensor_bytes
 
-torch.manual_seed(0)   # parameter values do not matter here, only sizes
-model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
-                            torch.nn.ReLU(), torch.nn.Linear(512, 10)).to(dev)
+torch.manual_seed(0)  # parameter values do not matter here, only sizes
+model = torch.nn.Sequential(
+    torch.nn.Linear(512, 512),
+    torch.nn.ReLU(),
+    torch.nn.Linear(512, 512),
+    torch.nn.ReLU(),
+    torch.nn.Linear(512, 10),
+).to(dev)
 params = list(model.parameters())
-Xb = randn(256, 512, seed=3, device=dev)     # (B, 512)
+Xb = randn(256, 512, seed=3, device=dev)  # (B, 512)
 
 
 def held(L):
@@ -371,7 +386,7 @@ L = model(Xb).pow(2).mean()
 L.backward(retain_graph=True)
 print("held after retain_graph: ", fmt_bytes(held(L)))
 grad_once = model[0].weight.grad.clone()
-L.backward()          # allowed now; frees the graph (no retain_graph this time)
+L.backward()  # allowed now; frees the graph (no retain_graph this time)
 print("held after the 2nd call: ", fmt_bytes(held(L)))
 assert compare("W.grad after two backward calls vs 2 × one call", model[0].weight.grad, 2 * grad_once)
 
@@ -392,8 +407,16 @@ for q in params:
     q.grad = None
 L = model(Xb).pow(2).mean()
 grads = torch.autograd.grad(L, params)
-print("returned", len(grads), "tensors,", fmt_bytes(sum(tensor_bytes(g) for g in grads)),
-      "| model[0].weight.grad is None:", model[0].weight.grad is None, "| held:", fmt_bytes(held(L)))
+print(
+    "returned",
+    len(grads),
+    "tensors,",
+    fmt_bytes(sum(tensor_bytes(g) for g in grads)),
+    "| model[0].weight.grad is None:",
+    model[0].weight.grad is None,
+    "| held:",
+    fmt_bytes(held(L)),
+)
 try:
     torch.autograd.grad(L, params)
 except RuntimeError as err:
@@ -420,9 +443,9 @@ history = []
 for _ in range(3):
     L = model(Xb).pow(2).mean()
     L.backward(retain_graph=True)
-    history.append(L)              # bug: keeps each retained graph alive
+    history.append(L)  # bug: keeps each retained graph alive
 print("3 retained graphs kept:", fmt_bytes(sum(held(Lk) for Lk in history)))
-history = [Lk.item() for Lk in history]   # keep numbers, not graphs
+history = [Lk.item() for Lk in history]  # keep numbers, not graphs
 del L
 print("after keeping only .item():", len(history), "floats")
 
@@ -441,16 +464,16 @@ print("after keeping only .item():", len(history), "floats")
 
 # %%
 x_v = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64, device=dev, requires_grad=True)
-y_v = x_v.sigmoid()                      # SigmoidBackward0 saves y itself
+y_v = x_v.sigmoid()  # SigmoidBackward0 saves y itself
 print("y._version after sigmoid:", y_v._version)
-y_v.mul_(2)                              # in place: the saved y now holds 2σ(x)
+y_v.mul_(2)  # in place: the saved y now holds 2σ(x)
 print("y._version after y.mul_(2):", y_v._version)
 try:
     y_v.sum().backward()
 except RuntimeError as err:
-    print("RuntimeError:", str(err).split(":")[0])   # the rest names the tensor type, which differs on a GPU
+    print("RuntimeError:", str(err).split(":")[0])  # the rest names the tensor type, which differs on a GPU
     print("the node whose saved tensor changed:", re.search(r"output \d+ of (\w+)", str(err)).group(1))
-y_v = x_v.sigmoid() * 2                  # out of place: a new tensor, the saved y stays intact
+y_v = x_v.sigmoid() * 2  # out of place: a new tensor, the saved y stays intact
 y_v.sum().backward()
 sig = torch.sigmoid(x_v.detach())
 _ = compare("x.grad = 2 σ(x)(1 − σ(x))", x_v.grad, 2 * sig * (1 - sig))
@@ -468,12 +491,17 @@ _ = compare("x.grad = 2 σ(x)(1 − σ(x))", x_v.grad, 2 * sig * (1 - sig))
 # Both stop recording: no `grad_fn`, no saved tensors. Measured with `SavedTensors`:
 
 # %%
-for mode_name, ctx in [("grad mode", torch.enable_grad), ("no_grad", torch.no_grad),
-                       ("inference_mode", torch.inference_mode)]:
+for mode_name, ctx in [
+    ("grad mode", torch.enable_grad),
+    ("no_grad", torch.no_grad),
+    ("inference_mode", torch.inference_mode),
+]:
     with ctx(), SavedTensors(exclude=[*params, Xb]) as saved:
         out = model(Xb)
-    print(f"{mode_name:15s} saved {fmt_bytes(saved.total_bytes):>9s}  requires_grad={out.requires_grad!s:5s}"
-          f"  is_inference={out.is_inference()}")
+    print(
+        f"{mode_name:15s} saved {fmt_bytes(saved.total_bytes):>9s}  requires_grad={out.requires_grad!s:5s}"
+        f"  is_inference={out.is_inference()}"
+    )
 
 # %% [markdown]
 # In grad mode the forward saves 1.0 MiB (the two ReLU outputs; there is no `pow` in this
@@ -489,7 +517,7 @@ try:
     model[2](feats).sum().backward()
 except RuntimeError as err:
     print("RuntimeError:", str(err).splitlines()[0])
-L = model[2](feats.clone()).sum()   # a clone made outside inference mode is a normal tensor
+L = model[2](feats.clone()).sum()  # a clone made outside inference mode is a normal tensor
 print("with a clone: L.requires_grad =", L.requires_grad)
 
 # %% [markdown]
@@ -506,7 +534,7 @@ import time
 def time_forwards(ctxs, reps=10):
     """Fastest of reps forwards of the model under each ctx, in seconds; the modes take turns."""
     times = [[] for _ in ctxs]
-    for _ in range(reps + 1):                 # the first round is a warm-up
+    for _ in range(reps + 1):  # the first round is a warm-up
         for k, ctx in enumerate(ctxs):
             with ctx():
                 if dev.type == "cuda":
@@ -520,7 +548,9 @@ def time_forwards(ctxs, reps=10):
 
 
 t_grad, t_no, t_inf = time_forwards((torch.enable_grad, torch.no_grad, torch.inference_mode))
-varies(f"forward: grad mode {t_grad * 1e3:.2f} ms, no_grad {t_no * 1e3:.2f} ms, inference_mode {t_inf * 1e3:.2f} ms")
+varies(
+    f"forward: grad mode {t_grad * 1e3:.2f} ms, no_grad {t_no * 1e3:.2f} ms, inference_mode {t_inf * 1e3:.2f} ms"
+)
 varies(f"grad mode / no_grad = {t_grad / t_no:.2f}")
 
 # %% [markdown]
@@ -545,11 +575,14 @@ cache["L"].backward()
 
 p = cat_params(device=dev, requires_grad=True)
 cache = cat_forward(**p)
-cache["h"].register_hook(lambda grad: grad.clamp(-0.1, 0.1))   # clip the gradient at h
+cache["h"].register_hook(lambda grad: grad.clamp(-0.1, 0.1))  # clip the gradient at h
 cache["L"].backward()
 show("W1.grad with ∂L/∂h clipped to ±0.1", p["W1"].grad)
-assert compare("W1.grad = clipped ∂L/∂h ⊗ x", p["W1"].grad,
-        torch.outer(torch.tensor([-0.1, 0.0], dtype=torch.float64, device=dev), p["x"]))
+assert compare(
+    "W1.grad = clipped ∂L/∂h ⊗ x",
+    p["W1"].grad,
+    torch.outer(torch.tensor([-0.1, 0.0], dtype=torch.float64, device=dev), p["x"]),
+)
 
 # %% [markdown]
 # The hook saw `∂L/∂h = [-0.4375, 0.0000]` (chapter 1's value); returning the clipped `-0.1000`
@@ -560,7 +593,9 @@ assert compare("W1.grad = clipped ∂L/∂h ⊗ x", p["W1"].grad,
 # arriving at its output) in backward order.
 
 # %%
-cat = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.ReLU(), torch.nn.Linear(2, 1)).to(dev, torch.float64)
+cat = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.ReLU(), torch.nn.Linear(2, 1)).to(
+    dev, torch.float64
+)
 p = cat_params(device=dev)
 with torch.no_grad():
     cat[0].weight.copy_(p["W1"]), cat[0].bias.copy_(p["b1"])
@@ -568,17 +603,28 @@ with torch.no_grad():
 
 handles = []
 for name, module in cat.named_children():
-    handles.append(module.register_forward_hook(
-        lambda m, inp, out, name=name: show(f"forward  [{name}] {type(m).__name__} output", out)))
-    handles.append(module.register_full_backward_hook(
-        lambda m, grad_in, grad_out, name=name: show(f"backward [{name}] {type(m).__name__} grad_output", grad_out[0])))
-x_in = p["x"].clone().requires_grad_(True)   # so every module has an input gradient to report
+    handles.append(
+        module.register_forward_hook(
+            lambda m, inp, out, name=name: show(f"forward  [{name}] {type(m).__name__} output", out)
+        )
+    )
+    handles.append(
+        module.register_full_backward_hook(
+            lambda m, grad_in, grad_out, name=name: show(
+                f"backward [{name}] {type(m).__name__} grad_output", grad_out[0]
+            )
+        )
+    )
+x_in = p["x"].clone().requires_grad_(True)  # so every module has an input gradient to report
 L = ((cat(x_in) - p["y_true"]) ** 2).sum()
 L.backward()
 for hd in handles:
-    hd.remove()               # hooks stay until removed
-assert compare("Sequential's W1.grad vs chapter 1's", cat[0].weight.grad,
-        hand_backward(cat_forward(**p), p["W2"], p["y_true"])["W1"])
+    hd.remove()  # hooks stay until removed
+assert compare(
+    "Sequential's W1.grad vs chapter 1's",
+    cat[0].weight.grad,
+    hand_backward(cat_forward(**p), p["W2"], p["y_true"])["W1"],
+)
 
 # %% [markdown]
 # Forward hooks fire in order 0, 1, 2 (outputs `h`, `a`, `ŷ`), backward hooks in order
@@ -589,6 +635,7 @@ assert compare("Sequential's W1.grad vs chapter 1's", cat[0].weight.grad,
 # **Saved-tensor hooks.** `torch.autograd.graph.saved_tensors_hooks(pack, unpack)` calls
 # `pack(t)` for every tensor an operation saves for backward and `unpack` when backward needs
 # it back. Print what the cat's forward saves:
+
 
 # %%
 def pack(t):
@@ -628,6 +675,7 @@ print(saved.table())
 # closure that applies the local chain rule; `backward()` visits the values in reverse
 # topological order. The core, with `+` and `*` only:
 
+
 # %%
 class Tiny:
     """A scalar with a gradient and the rule that sends it to its parents."""
@@ -638,42 +686,50 @@ class Tiny:
     def __add__(self, other):
         out = Tiny(self.data + other.data, (self, other))
 
-        def _backward():               # ∂(a+b)/∂a = ∂(a+b)/∂b = 1
-            self.grad += out.grad      # += : a value used twice gets both contributions
+        def _backward():  # ∂(a+b)/∂a = ∂(a+b)/∂b = 1
+            self.grad += out.grad  # += : a value used twice gets both contributions
             other.grad += out.grad
+
         out._backward = _backward
         return out
 
     def __mul__(self, other):
         out = Tiny(self.data * other.data, (self, other))
 
-        def _backward():               # ∂(ab)/∂a = b, ∂(ab)/∂b = a
+        def _backward():  # ∂(ab)/∂a = b, ∂(ab)/∂b = a
             self.grad += other.data * out.grad
             other.grad += self.data * out.grad
+
         out._backward = _backward
         return out
 
     def backward(self):
         order, seen = [], set()
 
-        def visit(v):                  # parents before children
+        def visit(v):  # parents before children
             if id(v) not in seen:
                 seen.add(id(v))
                 for q in v.parents:
                     visit(q)
                 order.append(v)
+
         visit(self)
         self.grad = 1.0
-        for v in reversed(order):      # output first
+        for v in reversed(order):  # output first
             v._backward()
 
 
 u, w = Tiny(3.0), Tiny(-2.0)
-f = u * w + u * u                      # u is used three times
+f = u * w + u * u  # u is used three times
 f.backward()
 print("f =", fmt(f.data), "| ∂f/∂u =", fmt(u.grad), "| ∂f/∂w =", fmt(w.grad))
 f64 = torch.float64
-compare("∂f/∂u vs w + 2u", torch.tensor(u.grad, dtype=f64), torch.tensor(w.data + 2 * u.data, dtype=f64), exact=True)
+compare(
+    "∂f/∂u vs w + 2u",
+    torch.tensor(u.grad, dtype=f64),
+    torch.tensor(w.data + 2 * u.data, dtype=f64),
+    exact=True,
+)
 _ = compare("∂f/∂w vs u", torch.tensor(w.grad, dtype=f64), torch.tensor(u.data, dtype=f64), exact=True)
 
 # %% [markdown]
@@ -714,6 +770,7 @@ print(fmt(p["W1"].grad, 10))
 # `x` is the interesting one: each `x_j` feeds both hidden units, so its gradient is a sum
 # of two contributions, and only `+=` gets it right. Break that one rule and the check fails:
 
+
 # %%
 class AssignMul(Value):
     """The product rule with = instead of +=: the last contribution wins."""
@@ -727,6 +784,7 @@ class AssignMul(Value):
         def _backward():
             self.grad = other.data * out.grad
             other.grad = self.data * out.grad
+
         out._backward = _backward
         return out
 
@@ -734,7 +792,9 @@ class AssignMul(Value):
 broken = cat_mlp_grads(cat_params(), value_cls=AssignMul)
 show("∂L/∂x (broken)", torch.tensor(broken["x"], dtype=torch.float64), 10)
 compare("∂L/∂x: broken engine vs torch", torch.tensor(broken["x"], dtype=torch.float64), p["x"].grad)
-assert compare("∂L/∂W1: broken engine vs torch", torch.tensor(broken["W1"], dtype=torch.float64), p["W1"].grad)
+assert compare(
+    "∂L/∂W1: broken engine vs torch", torch.tensor(broken["W1"], dtype=torch.float64), p["W1"].grad
+)
 
 # %% [markdown]
 # The second hidden unit is dead (`h₂ < 0`), so its contribution to `∂L/∂x` is 0, and with

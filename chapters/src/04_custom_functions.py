@@ -45,7 +45,7 @@ from helpers.memory import tensor_bytes
 from helpers.show import fmt_sci, show
 
 dev = get_device()
-no_tf32()   # fp32 matmuls in true fp32 on GPUs, so the comparisons below mean the same thing everywhere
+no_tf32()  # fp32 matmuls in true fp32 on GPUs, so the comparisons below mean the same thing everywhere
 
 # %% [markdown]
 # ## 1. Anatomy of an `autograd.Function`
@@ -77,18 +77,19 @@ no_tf32()   # fp32 matmuls in true fp32 on GPUs, so the comparisons below mean t
 #
 # Every gradient has the shape of what it is the gradient of: `grad_W` is `(out, in)` like `W`.
 
+
 # %%
 class MyLinear(torch.autograd.Function):
     """y = x Wᵀ + b, written inline to show the parts."""
 
     @staticmethod
     def forward(x, W, b):
-        return x @ W.T + b                                   # (B, in) @ (in, out) -> (B, out)
+        return x @ W.T + b  # (B, in) @ (in, out) -> (B, out)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         x, W, b = inputs
-        ctx.save_for_backward(x, W)                          # b is not needed: grad_b = Σ grad_y
+        ctx.save_for_backward(x, W)  # b is not needed: grad_b = Σ grad_y
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -96,11 +97,11 @@ class MyLinear(torch.autograd.Function):
         calls.append(ctx.needs_input_grad)
         grad_x = grad_W = grad_b = None
         if ctx.needs_input_grad[0]:
-            grad_x = grad_y @ W                              # (B, out) @ (out, in) -> (B, in)
+            grad_x = grad_y @ W  # (B, out) @ (out, in) -> (B, in)
         if ctx.needs_input_grad[1]:
-            grad_W = grad_y.T @ x                            # (out, B) @ (B, in) -> (out, in)
+            grad_W = grad_y.T @ x  # (out, B) @ (B, in) -> (out, in)
         if ctx.needs_input_grad[2]:
-            grad_b = grad_y.sum(0)                           # (B, out) -> (out,)
+            grad_b = grad_y.sum(0)  # (B, out) -> (out,)
         return grad_x, grad_W, grad_b
 
 
@@ -108,7 +109,7 @@ calls = []
 x = randn(4, 3, seed=1, device=dev, requires_grad=True)
 W = randn(2, 3, seed=2, device=dev, requires_grad=True)
 b = randn(2, seed=3, device=dev, requires_grad=True)
-g = randn(4, 2, seed=4, device=dev)                          # an upstream gradient grad_y
+g = randn(4, 2, seed=4, device=dev)  # an upstream gradient grad_y
 
 ours = torch.autograd.grad(MyLinear.apply(x, W, b), (x, W, b), g)
 ref = torch.autograd.grad(F.linear(x, W, b), (x, W, b), g)
@@ -132,9 +133,9 @@ show("grad_W", ours[1])
 
 # %%
 x_bc = randn(4, 3, seed=80, device=dev)
-c = randn(4, 1, seed=81, device=dev, requires_grad=True)     # used in all 3 columns of its row
-r = randn(1, 3, seed=82, device=dev, requires_grad=True)     # used in all 4 rows of its column
-g_bc = randn(4, 3, seed=83, device=dev)                      # upstream gradient of y = x ∘ c + r, (4, 3)
+c = randn(4, 1, seed=81, device=dev, requires_grad=True)  # used in all 3 columns of its row
+r = randn(1, 3, seed=82, device=dev, requires_grad=True)  # used in all 4 rows of its column
+g_bc = randn(4, 3, seed=83, device=dev)  # upstream gradient of y = x ∘ c + r, (4, 3)
 grad_c, grad_r = torch.autograd.grad(x_bc * c + r, (c, r), g_bc)
 print("grad_c", tuple(grad_c.shape), "| grad_r", tuple(grad_r.shape))
 compare("grad_c = (g ∘ x).sum(1, keepdim=True)", grad_c, (g_bc * x_bc).sum(1, keepdim=True))
@@ -174,6 +175,7 @@ _ = compare("grad_x with W frozen", grad_x, ours[0], exact=True)
 # to `torch.autograd.grad`) or a buffer that another branch of the graph still reads. Here is a
 # backward that "saves memory" with an in-place multiply:
 
+
 # %%
 class TimesTwoInPlace(torch.autograd.Function):
     """y = 2x with a WRONG backward that writes into grad_y."""
@@ -184,11 +186,11 @@ class TimesTwoInPlace(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        pass                                                 # d(2x)/dx = 2 needs nothing saved
+        pass  # d(2x)/dx = 2 needs nothing saved
 
     @staticmethod
     def backward(ctx, grad_y):
-        return grad_y.mul_(2)                                # WRONG: modifies the caller's tensor
+        return grad_y.mul_(2)  # WRONG: modifies the caller's tensor
 
 
 x3 = randn(3, seed=5, device=dev, requires_grad=True)
@@ -238,7 +240,7 @@ except RuntimeError:
 # %%
 z = randn(4, seed=10, device=dev, dtype=torch.float64)
 p = torch.softmax(z, 0)
-J = torch.diag(p) - torch.outer(p, p)                        # (4, 4)
+J = torch.diag(p) - torch.outer(p, p)  # (4, 4)
 show("p", p)
 show("J = diag(p) - p pᵀ", J)
 J_autograd = torch.autograd.functional.jacobian(lambda t: torch.softmax(t, 0), z)
@@ -260,9 +262,9 @@ _ = compare("row sums of J vs 0", J.sum(1), torch.zeros(4, dtype=torch.float64, 
 # one dot product per row and an elementwise product: `O(n)` instead of `O(n²)`.
 
 # %%
-v = randn(4, seed=11, device=dev, dtype=torch.float64)       # an upstream gradient grad_p
-vjp_cheap = p * (v - (v * p).sum())                          # (4,)
-vjp_full = v @ J                                             # (4,) @ (4, 4) -> (4,)
+v = randn(4, seed=11, device=dev, dtype=torch.float64)  # an upstream gradient grad_p
+vjp_cheap = p * (v - (v * p).sum())  # (4,)
+vjp_full = v @ J  # (4,) @ (4, 4) -> (4,)
 show("p ∘ (v - <v, p>)", vjp_cheap)
 compare("cheap VJP vs vᵀJ", vjp_cheap, vjp_full)
 _ = compare("hf.softmax_backward vs vᵀJ", hf.softmax_backward(p, v), vjp_full)
@@ -285,20 +287,32 @@ _ = compare("hf.softmax_backward vs vᵀJ", hf.softmax_backward(p, v), vjp_full)
 # numerically from central differences `(f(z + εe_j) − f(z − εe_j)) / 2ε`, and analytically by
 # running backward once per output direction `e_i` (row `i` of `J` is `backward(e_i)`), and compares:
 
+
 # %%
 def jacobian_from_backward(backward_fn, p):
     """Row i is backward(e_i) = e_iᵀ J."""
     eye = torch.eye(p.numel(), dtype=p.dtype, device=p.device)
-    return torch.stack([backward_fn(p, e) for e in eye])     # (n, n)
+    return torch.stack([backward_fn(p, e) for e in eye])  # (n, n)
 
 
 eps = 1e-6
-J_numeric = torch.stack([(torch.softmax(z + eps * e, 0) - torch.softmax(z - eps * e, 0)) / (2 * eps)
-                         for e in torch.eye(4, dtype=z.dtype, device=dev)], dim=1)   # column j: ∂p/∂z_j
+J_numeric = torch.stack(
+    [
+        (torch.softmax(z + eps * e, 0) - torch.softmax(z - eps * e, 0)) / (2 * eps)
+        for e in torch.eye(4, dtype=z.dtype, device=dev)
+    ],
+    dim=1,
+)  # column j: ∂p/∂z_j
 J_diag_only = jacobian_from_backward(hf.softmax_backward_diagonal_only, p)
 show("numerical J", J_numeric)
 show("J implied by the diagonal-only backward", J_diag_only)
-compare("correct backward vs numerical J", jacobian_from_backward(hf.softmax_backward, p), J_numeric, atol=1e-8, rtol=1e-6)
+compare(
+    "correct backward vs numerical J",
+    jacobian_from_backward(hf.softmax_backward, p),
+    J_numeric,
+    atol=1e-8,
+    rtol=1e-6,
+)
 _ = compare("diagonal-only backward vs numerical J", J_diag_only, J_numeric, atol=1e-8, rtol=1e-6)
 
 # %% [markdown]
@@ -311,10 +325,15 @@ _ = compare("diagonal-only backward vs numerical J", J_diag_only, J_numeric, ato
 # %%
 Z = randn(3, 6, seed=12, device=dev, dtype=torch.float64, requires_grad=True)
 defaults = inspect.signature(gradcheck).parameters
-print("gradcheck defaults:", ", ".join(f"{k}={fmt_sci(defaults[k].default, 0)}" for k in ("eps", "atol", "rtol")))
+print(
+    "gradcheck defaults:",
+    ", ".join(f"{k}={fmt_sci(defaults[k].default, 0)}" for k in ("eps", "atol", "rtol")),
+)
 print("gradcheck(correct softmax):      ", gradcheck(lambda t: hf.Softmax.apply(t, 1), (Z,)))
-print("gradcheck(diagonal-only softmax):", gradcheck(lambda t: hf.SoftmaxDiagonalOnly.apply(t, 1), (Z,),
-                                                       raise_exception=False))
+print(
+    "gradcheck(diagonal-only softmax):",
+    gradcheck(lambda t: hf.SoftmaxDiagonalOnly.apply(t, 1), (Z,), raise_exception=False),
+)
 
 # %% [markdown]
 # Inside attention the mistake changes every gradient upstream of the softmax. Here is seed 000's
@@ -325,25 +344,29 @@ print("gradcheck(diagonal-only softmax):", gradcheck(lambda t: hf.SoftmaxDiagona
 # its own forward; the scale changes nothing about the softmax mistake. Chapter 6 derives the
 # scaled version and checks it against `F.scaled_dot_product_attention`.
 
+
 # %%
 def attention_backward(Q, K, V, P, grad_O, softmax_bwd):
     """O = softmax(Q Kᵀ) V, the seed's forward (1/√d missing, see chapter 6); softmax_bwd is under test."""
-    grad_V = P.transpose(-2, -1) @ grad_O                    # (B, N, N) @ (B, N, d) -> (B, N, d)
-    grad_P = grad_O @ V.transpose(-2, -1)                    # (B, N, d) @ (B, d, N) -> (B, N, N)
-    grad_S = softmax_bwd(P, grad_P)                          # (B, N, N)
-    grad_Q = grad_S @ K                                      # (B, N, N) @ (B, N, d) -> (B, N, d)
-    grad_K = grad_S.transpose(-2, -1) @ Q                    # (B, N, N) @ (B, N, d) -> (B, N, d)
+    grad_V = P.transpose(-2, -1) @ grad_O  # (B, N, N) @ (B, N, d) -> (B, N, d)
+    grad_P = grad_O @ V.transpose(-2, -1)  # (B, N, d) @ (B, d, N) -> (B, N, N)
+    grad_S = softmax_bwd(P, grad_P)  # (B, N, N)
+    grad_Q = grad_S @ K  # (B, N, N) @ (B, N, d) -> (B, N, d)
+    grad_K = grad_S.transpose(-2, -1) @ Q  # (B, N, N) @ (B, N, d) -> (B, N, d)
     return grad_Q, grad_K, grad_V
 
 
 B, N, d = 2, 5, 4
 Q, K, V = (randn(B, N, d, seed=s, device=dev, requires_grad=True) for s in (20, 21, 22))
 grad_O = randn(B, N, d, seed=23, device=dev)
-S = Q @ K.transpose(-2, -1)                                  # (B, N, d) @ (B, d, N) -> (B, N, N)
-O = torch.softmax(S, -1) @ V                                 # (B, N, N) @ (B, N, d) -> (B, N, d)
+S = Q @ K.transpose(-2, -1)  # (B, N, d) @ (B, d, N) -> (B, N, N)
+O = torch.softmax(S, -1) @ V  # (B, N, N) @ (B, N, d) -> (B, N, d)
 ref = torch.autograd.grad(O, (Q, K, V), grad_O)
-P_att = torch.softmax(S, -1).detach()                        # (B, N, N)
-for label, bwd in (("seed 000 (diagonal only)", hf.softmax_backward_diagonal_only), ("correct", hf.softmax_backward)):
+P_att = torch.softmax(S, -1).detach()  # (B, N, N)
+for label, bwd in (
+    ("seed 000 (diagonal only)", hf.softmax_backward_diagonal_only),
+    ("correct", hf.softmax_backward),
+):
     ours = attention_backward(Q.detach(), K.detach(), V.detach(), P_att, grad_O, bwd)
     for name, o, r in zip(("grad_Q", "grad_K", "grad_V"), ours, ref):
         compare(f"{label}: {name}", o, r)
@@ -381,10 +404,10 @@ beta = randn(D, seed=32, device=dev, dtype=torch.float64)
 grad_Y = randn(3, D, seed=33, device=dev, dtype=torch.float64)
 ln_eps = 1e-5
 
-mu = X.mean(-1, keepdim=True)                                # (3, 1)
-sigma = torch.sqrt(((X - mu) ** 2).mean(-1, keepdim=True) + ln_eps)   # (3, 1)
-X_hat = (X - mu) / sigma                                     # (3, D)
-g_ln = grad_Y * gamma                                        # (3, D)
+mu = X.mean(-1, keepdim=True)  # (3, 1)
+sigma = torch.sqrt(((X - mu) ** 2).mean(-1, keepdim=True) + ln_eps)  # (3, 1)
+X_hat = (X - mu) / sigma  # (3, D)
+g_ln = grad_Y * gamma  # (3, D)
 direct = g_ln / sigma
 mean_path = -g_ln.mean(-1, keepdim=True) / sigma
 var_path = -X_hat * (g_ln * X_hat).mean(-1, keepdim=True) / sigma
@@ -431,14 +454,16 @@ print("gradcheck(layer_norm):", gradcheck(hf.layer_norm, (Xr, gr, br)))
 # row maximum `m` first, `log Σ e^{z_c} = m + log Σ e^{z_c − m}`, so the largest exponent taken is of zero:
 
 # %%
-logits = 100 * randn(4, 5, seed=40, device=dev)              # large logits, as in an overconfident model
+logits = 100 * randn(4, 5, seed=40, device=dev)  # large logits, as in an overconfident model
 target = torch.tensor([0, 3, 1, 4], device=dev)
 show("log(largest float32)", math.log(torch.finfo(torch.float32).max), 2)
 naive = -torch.log(torch.exp(logits) / torch.exp(logits).sum(1, keepdim=True))[torch.arange(4), target].mean()
 show("max logit", logits.max(), 2)
 show("naive -log(softmax) loss", naive)
 show("hf.cross_entropy", hf.cross_entropy(logits, target))
-_ = compare("hf.cross_entropy vs F.cross_entropy", hf.cross_entropy(logits, target), F.cross_entropy(logits, target))
+_ = compare(
+    "hf.cross_entropy vs F.cross_entropy", hf.cross_entropy(logits, target), F.cross_entropy(logits, target)
+)
 
 # %% [markdown]
 # With logits up to `218.33`, far past `88.72`, the naive loss is `nan` (an `inf / inf`); the fused one is
@@ -453,7 +478,7 @@ _ = compare("hf.cross_entropy vs F.cross_entropy", hf.cross_entropy(logits, targ
 # %%
 z_ce = randn(4, 5, seed=41, device=dev, requires_grad=True)
 hf.cross_entropy(z_ce, target).backward()
-expected = (torch.softmax(z_ce.detach(), 1) - F.one_hot(target, 5)) / 4   # (4, 5)
+expected = (torch.softmax(z_ce.detach(), 1) - F.one_hot(target, 5)) / 4  # (4, 5)
 show("grad_z", z_ce.grad)
 show("row sums of grad_z", z_ce.grad.sum(1))
 compare("row sums of grad_z vs 0", z_ce.grad.sum(1), torch.zeros(4, device=dev))
@@ -470,9 +495,11 @@ _ = compare("grad_z vs (softmax - one_hot) / N", z_ce.grad, expected)
 
 # %%
 t_pad = torch.tensor([0, -100, 1, 4], device=dev)
-_ = compare("ignore_index + label_smoothing=0.1 vs F.cross_entropy",
-        hf.cross_entropy(logits, t_pad, label_smoothing=0.1),
-        F.cross_entropy(logits, t_pad, label_smoothing=0.1))
+_ = compare(
+    "ignore_index + label_smoothing=0.1 vs F.cross_entropy",
+    hf.cross_entropy(logits, t_pad, label_smoothing=0.1),
+    F.cross_entropy(logits, t_pad, label_smoothing=0.1),
+)
 
 # %% [markdown]
 # ## 5. GELU, exact and tanh
@@ -517,27 +544,37 @@ plt.show()
 # `[−2, −0.1]`, so bisection in float64 finds the threshold; a grid with step `1e-5` finds the minimum
 # (calculus says where: `gelu″(x) = φ(x)(2 − x²)` vanishes at `x = −√2`):
 
+
 # %%
 def d_gelu(x):
     """gelu'(x) = Φ(x) + x φ(x) (erf form), elementwise."""
     return hf.gelu_backward(x, torch.ones_like(x), "none")
 
 
-lo = torch.tensor(-2.0, dtype=torch.float64, device=dev)     # gelu'(-2) < 0
-hi = torch.tensor(-0.1, dtype=torch.float64, device=dev)     # gelu'(-0.1) > 0
-for _ in range(60):                                          # halves the bracket 60 times: below 1e-17
+lo = torch.tensor(-2.0, dtype=torch.float64, device=dev)  # gelu'(-2) < 0
+hi = torch.tensor(-0.1, dtype=torch.float64, device=dev)  # gelu'(-0.1) > 0
+for _ in range(60):  # halves the bracket 60 times: below 1e-17
     mid = (lo + hi) / 2
     lo, hi = (mid, hi) if d_gelu(mid) < 0 else (lo, mid)
 show("zero of gelu' (gelu' < 0 to its left)", lo, 4)
-grid = torch.linspace(-6, 0, 600001, dtype=torch.float64, device=dev)   # step 1e-5
+grid = torch.linspace(-6, 0, 600001, dtype=torch.float64, device=dev)  # step 1e-5
 d_grid = d_gelu(grid)
 i_min = int(d_grid.argmin())
 show("argmin of gelu' on the grid", grid[i_min], 4)
 show("min gelu'", d_grid[i_min], 4)
-compare("argmin vs -√2 (within one grid step)", grid[i_min], torch.tensor(-math.sqrt(2), dtype=torch.float64),
-        atol=1e-5, rtol=0)
-print("gelu' < 0 on every grid point below the threshold:", bool((d_grid[grid < lo] < 0).all()),
-      "| >= 0 above it:", bool((d_grid[grid > hi] >= 0).all()))
+compare(
+    "argmin vs -√2 (within one grid step)",
+    grid[i_min],
+    torch.tensor(-math.sqrt(2), dtype=torch.float64),
+    atol=1e-5,
+    rtol=0,
+)
+print(
+    "gelu' < 0 on every grid point below the threshold:",
+    bool((d_grid[grid < lo] < 0).all()),
+    "| >= 0 above it:",
+    bool((d_grid[grid > hi] >= 0).all()),
+)
 print("gelu'(-4) =", fmt_sci(d_gelu(torch.tensor(-4.0, dtype=torch.float64)).item()))
 
 # %% [markdown]
@@ -558,7 +595,9 @@ print("gelu'(-4) =", fmt_sci(d_gelu(torch.tensor(-4.0, dtype=torch.float64)).ite
 x_d = randn(4, 6, seed=50, device=dev, requires_grad=True)
 y_d = hf.dropout(x_d, p=0.5, training=True, generator=7)
 (mask,) = y_d.grad_fn.saved_tensors
-print("saved:", mask.dtype, tuple(mask.shape), tensor_bytes(mask), "bytes, vs", tensor_bytes(x_d), "bytes for x")
+print(
+    "saved:", mask.dtype, tuple(mask.shape), tensor_bytes(mask), "bytes, vs", tensor_bytes(x_d), "bytes for x"
+)
 show("mask as 0/1", mask.float(), 0)
 g_d = randn(4, 6, seed=51, device=dev)
 (grad_x_d,) = torch.autograd.grad(y_d, x_d, g_d)
@@ -575,6 +614,7 @@ print("eval mode returns x itself:", hf.dropout(x_d, 0.5, training=False) is x_d
 # on a batch of `8` rows of width `16` (a Linear to width `32`) and lists what its node holds, marking
 # whether each saved tensor is an input, the output, or a **new** tensor made just to be saved:
 
+
 # %%
 def saved_report(name, out, inputs, ctx_attrs=()):
     """One row: what out.grad_fn saved, each tagged input / output / new."""
@@ -584,8 +624,13 @@ def saved_report(name, out, inputs, ctx_attrs=()):
         if s is None:
             continue
         ptr = s.untyped_storage().data_ptr()
-        tag = ("input" if any(isinstance(i, torch.Tensor) and i.untyped_storage().data_ptr() == ptr for i in inputs)
-               else "output" if ptr == out.untyped_storage().data_ptr() else "new")
+        tag = (
+            "input"
+            if any(isinstance(i, torch.Tensor) and i.untyped_storage().data_ptr() == ptr for i in inputs)
+            else "output"
+            if ptr == out.untyped_storage().data_ptr()
+            else "new"
+        )
         items.append(f"{tuple(s.shape)} {str(s.dtype).replace('torch.', '')} ({tag})")
     attrs = ", ".join(f"{a}={getattr(node, a)!r}" for a in ctx_attrs) or "-"
     print(f"{name:<13} | {'; '.join(items):<90} | {attrs}")

@@ -76,9 +76,9 @@ y = torch.tensor([1, 0, 3, 3], device=dev)
 L = F.cross_entropy(z, y)
 L.backward()
 
-p = torch.softmax(z.detach(), dim=-1)                      # (B, C)
-onehot = F.one_hot(y, C).to(z.dtype)                       # (B, C)
-grad_z = (p - onehot) / B                                  # (B, C)
+p = torch.softmax(z.detach(), dim=-1)  # (B, C)
+onehot = F.one_hot(y, C).to(z.dtype)  # (B, C)
+grad_z = (p - onehot) / B  # (B, C)
 show("grad_z (softmax - onehot) / B", grad_z)
 compare("grad_z vs autograd", grad_z, z.grad)
 show("row sums", grad_z.sum(dim=-1))
@@ -103,14 +103,14 @@ scales = [0.5, 1, 2, 4, 8, 16, 32, 64]
 ce_norms, mse_norms = [], []
 for s in scales:
     zs = (s * z0).requires_grad_(True)
-    grad_ce, = torch.autograd.grad(F.cross_entropy(zs[None], target[None]), zs)
-    grad_mse, = torch.autograd.grad(F.mse_loss(zs, F.one_hot(target, 10).to(zs.dtype), reduction="sum"), zs)
+    (grad_ce,) = torch.autograd.grad(F.cross_entropy(zs[None], target[None]), zs)
+    (grad_mse,) = torch.autograd.grad(F.mse_loss(zs, F.one_hot(target, 10).to(zs.dtype), reduction="sum"), zs)
     ce_norms.append(grad_ce.norm().item())
     mse_norms.append(grad_mse.norm().item())
     print(f"s = {fmt(s, 1):>5}   ‖∂CE/∂z‖ = {fmt(ce_norms[-1], 3)}   ‖∂MSE/∂z‖ = {fmt(mse_norms[-1], 3)}")
 
 zs = (8 * z0).requires_grad_(True)
-grad_mse, = torch.autograd.grad(F.mse_loss(zs, F.one_hot(target, 10).to(zs.dtype), reduction="sum"), zs)
+(grad_mse,) = torch.autograd.grad(F.mse_loss(zs, F.one_hot(target, 10).to(zs.dtype), reduction="sum"), zs)
 ok = compare("2(z - onehot) vs autograd", 2 * (zs.detach() - F.one_hot(target, 10)), grad_mse)
 
 # %%
@@ -137,8 +137,8 @@ plt.show()
 eps = 0.1
 z = randn(B, C, seed=0, device=dev, requires_grad=True)
 F.cross_entropy(z, y, label_smoothing=eps).backward()
-q = (1 - eps) * F.one_hot(y, C).to(z.dtype) + eps / C      # (B, C)
-grad_z = (torch.softmax(z.detach(), dim=-1) - q) / B       # (B, C)
+q = (1 - eps) * F.one_hot(y, C).to(z.dtype) + eps / C  # (B, C)
+grad_z = (torch.softmax(z.detach(), dim=-1) - q) / B  # (B, C)
 ok = compare("softmax - q vs autograd (label_smoothing=0.1)", grad_z, z.grad)
 
 # %% [markdown]
@@ -148,22 +148,29 @@ ok = compare("softmax - q vs autograd (label_smoothing=0.1)", grad_z, z.grad)
 # gradient is zero at the finite gap $z_y - z_{j} = \log\frac{1-\varepsilon+\varepsilon/C}{\varepsilon/C}$,
 # and beyond it the gradient pushes the correct logit back *down*.
 
+
 # %%
 def grad_at_gap(gap, eps):
     """∂L/∂z for one example whose correct logit (class 0) is `gap` above the other C-1 (zero) logits."""
     zg = torch.zeros(C, device=dev)
     zg[0] = gap
     zg.requires_grad_(True)
-    g, = torch.autograd.grad(F.cross_entropy(zg[None], torch.zeros(1, dtype=torch.long, device=dev),
-                                             label_smoothing=eps), zg)
+    (g,) = torch.autograd.grad(
+        F.cross_entropy(zg[None], torch.zeros(1, dtype=torch.long, device=dev), label_smoothing=eps), zg
+    )
     return g
+
 
 gap_star = math.log((1 - eps + eps / C) / (eps / C))
 show("zero-gradient gap log((1-ε+ε/C)/(ε/C))", gap_star)
 for gap in (2.0, gap_star, 10.0):
-    print(f"gap {fmt(gap, 4):>7}:  one-hot ∂L/∂z_y = {fmt(grad_at_gap(gap, 0.0)[0], 4):>7}"
-          f"   smoothed ∂L/∂z_y = {fmt(grad_at_gap(gap, eps)[0], 4):>7}")
-_ = compare("smoothed ∂L/∂z at gap* vs 0 (every class)", grad_at_gap(gap_star, eps), torch.zeros(C, device=dev))
+    print(
+        f"gap {fmt(gap, 4):>7}:  one-hot ∂L/∂z_y = {fmt(grad_at_gap(gap, 0.0)[0], 4):>7}"
+        f"   smoothed ∂L/∂z_y = {fmt(grad_at_gap(gap, eps)[0], 4):>7}"
+    )
+_ = compare(
+    "smoothed ∂L/∂z at gap* vs 0 (every class)", grad_at_gap(gap_star, eps), torch.zeros(C, device=dev)
+)
 
 # %% [markdown]
 # With ε = 0.1 and C = 5 the smoothed gradient is 0 at a gap of 3.8286 — on every class, since
@@ -180,12 +187,12 @@ _ = compare("smoothed ∂L/∂z at gap* vs 0 (every class)", grad_at_gap(gap_sta
 # never of the target $q$, which only multiplies. Even for a very confident model:
 
 # %%
-z_ls = torch.tensor([[30.0, 0.0, -30.0, -60.0, -90.0]], device=dev, requires_grad=True)   # (1, C)
+z_ls = torch.tensor([[30.0, 0.0, -30.0, -60.0, -90.0]], device=dev, requires_grad=True)  # (1, C)
 t_ls = torch.tensor([0], device=dev)
 L_ls = F.cross_entropy(z_ls, t_ls, label_smoothing=0.5)
 L_ls.backward()
-q_ls = 0.5 * F.one_hot(t_ls, C).to(z_ls.dtype) + 0.5 / C                 # (1, C): the smoothed target
-logp_ls = F.log_softmax(z_ls.detach(), dim=-1)                              # (1, C): the model's log p
+q_ls = 0.5 * F.one_hot(t_ls, C).to(z_ls.dtype) + 0.5 / C  # (1, C): the smoothed target
+logp_ls = F.log_softmax(z_ls.detach(), dim=-1)  # (1, C): the model's log p
 show("q", q_ls)
 show("log p", logp_ls)
 show("loss, label_smoothing=0.5", L_ls)
@@ -215,13 +222,13 @@ L.backward()
 
 keep = y_pad != -100
 n_keep = int(keep.sum().item())
-per_row = F.cross_entropy(z.detach()[keep], y_pad[keep], reduction="none")    # (n_keep,)
+per_row = F.cross_entropy(z.detach()[keep], y_pad[keep], reduction="none")  # (n_keep,)
 print("rows kept:", n_keep, "of", len(y_pad))
 compare("loss = sum over kept rows / n_keep", L, per_row.sum() / n_keep)
 show("sum over kept rows / batch size (not what torch does)", per_row.sum() / len(y_pad))
 show("loss", L)
 compare("grad of padding rows == 0", z.grad[~keep], torch.zeros_like(z.grad[~keep]), exact=True)
-grad_kept = (torch.softmax(z.detach()[keep], -1) - F.one_hot(y_pad[keep], C)) / n_keep   # (n_keep, C)
+grad_kept = (torch.softmax(z.detach()[keep], -1) - F.one_hot(y_pad[keep], C)) / n_keep  # (n_keep, C)
 ok = compare("grad of kept rows = (softmax - onehot) / n_keep", grad_kept, z.grad[keep])
 
 # %% [markdown]
@@ -242,10 +249,12 @@ ok = compare("grad of kept rows = (softmax - onehot) / n_keep", grad_kept, z.gra
 show("log(float32 max)", math.log(torch.finfo(torch.float32).max))
 show("log(float16 max)", math.log(torch.finfo(torch.float16).max))
 
+
 def softmax_naive(z):
     """exp(z) / Σ exp(z): overflows once a logit exceeds log(float max)."""
     e = torch.exp(z)
     return e / e.sum(dim=-1, keepdim=True)
+
 
 big32 = torch.tensor([100.0, 90.0, 80.0], device=dev)
 show("naive softmax, float32, z = [100, 90, 80]", softmax_naive(big32))
@@ -264,11 +273,13 @@ show("F.softmax,     float16, z = [12, 10, 0]", F.softmax(big16, dim=-1), 3)
 # It also avoids the opposite failure: `log(softmax(z))` takes the log of a probability
 # that has already underflowed to 0.
 
+
 # %%
 def log_softmax_lse(z):
     """z - m - log Σ exp(z - m), m = max z: every exponent is ≤ 0, so nothing overflows."""
     m = z.max(dim=-1, keepdim=True).values
     return z - m - torch.log(torch.exp(z - m).sum(dim=-1, keepdim=True))
+
 
 z = torch.tensor([100.0, 0.0, -200.0], device=dev)
 show("log(naive softmax)", torch.log(softmax_naive(z)))
@@ -276,7 +287,9 @@ show("log(F.softmax)    ", torch.log(F.softmax(z, dim=-1)))
 show("log-sum-exp form  ", log_softmax_lse(z))
 compare("log-sum-exp vs F.log_softmax", log_softmax_lse(z), F.log_softmax(z, dim=-1))
 show("log-sum-exp form, float16, z = [12, 10, 0]", log_softmax_lse(big16), 3)
-print(f"e^-100 = {fmt_sci(math.exp(-100))}; smallest normal float32 = {fmt_sci(torch.finfo(torch.float32).tiny)}")
+print(
+    f"e^-100 = {fmt_sci(math.exp(-100))}; smallest normal float32 = {fmt_sci(torch.finfo(torch.float32).tiny)}"
+)
 
 # %% [markdown]
 # `log(F.softmax(z))` no longer gives NaN but still gives `-inf` for the −200 logit
@@ -297,8 +310,8 @@ print(f"e^-100 = {fmt_sci(math.exp(-100))}; smallest normal float32 = {fmt_sci(t
 z = torch.tensor([60.0, 55.0, 0.0], device=dev, requires_grad=True)
 y1 = torch.tensor([1], device=dev)
 L_raw = F.cross_entropy(z[None], y1)
-grad_raw, = torch.autograd.grad(L_raw, z)
-z_c = torch.clamp(z, -50, 50)                              # (3,)
+(grad_raw,) = torch.autograd.grad(L_raw, z)
+z_c = torch.clamp(z, -50, 50)  # (3,)
 L_clamp = F.cross_entropy(z_c[None], y1)
 grad_at_z_c, grad_clamp = torch.autograd.grad(L_clamp, (z_c, z))
 show("loss without clamp", L_raw)
@@ -325,7 +338,7 @@ show("grad with clamp(-50, 50), at z", grad_clamp)
 
 # %%
 x = torch.tensor([4.0, -1.0, 0.25], device=dev, requires_grad=True)
-L = torch.where(x > 0, x.sqrt(), 0.0).sum()               # sqrt(-1) = nan, but where() drops it
+L = torch.where(x > 0, x.sqrt(), 0.0).sum()  # sqrt(-1) = nan, but where() drops it
 show("loss (finite)", L)
 L.backward()
 show("x.grad", x.grad)
@@ -359,7 +372,7 @@ for w in caught:
 
 # %%
 x.grad = None
-x_safe = torch.where(x > 0, x, torch.ones_like(x))        # a harmless value where the branch is unused
+x_safe = torch.where(x > 0, x, torch.ones_like(x))  # a harmless value where the branch is unused
 L = torch.where(x > 0, x_safe.sqrt(), 0.0).sum()
 L.backward()
 show("x.grad (double where)", x.grad)
@@ -400,6 +413,7 @@ show("train: distinct values of x.grad (mask / (1 - p))", torch.unique(x.grad))
 # multiplied by `max_norm / (‖g‖ + 1e-6)`: the direction of the update is kept, only its
 # length shrinks. Written out:
 
+
 # %%
 def clip_by_hand(params, max_norm):
     """g ← g · min(1, max_norm / (‖g‖ + 1e-6)) with ‖g‖ the global L2 norm; returns ‖g‖."""
@@ -410,6 +424,7 @@ def clip_by_hand(params, max_norm):
         g.mul_(coef)
     return total
 
+
 from helpers.gradflow import clip_grad_norm, deep_mlp, fixed_batch, global_grad_norm
 
 
@@ -419,6 +434,7 @@ def model_with_grads():
     X, y = fixed_batch(batch=32, width=16, device=dev)
     F.cross_entropy(model(X), y).backward()
     return model
+
 
 m_hand, m_helper, m_torch = model_with_grads(), model_with_grads(), model_with_grads()
 max_norm = 1.0
@@ -449,9 +465,9 @@ opt = torch.optim.SGD(model.parameters(), lr=0.1)
 
 opt.zero_grad(set_to_none=True)
 loss = F.cross_entropy(model(X), y)
-loss.backward()                                                   # fills .grad
-norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)    # rescales .grad
-opt.step()                                                        # uses the clipped .grad
+loss.backward()  # fills .grad
+norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # rescales .grad
+opt.step()  # uses the clipped .grad
 show("loss before the step", loss, 4)
 show("‖g‖ before clipping (log this: it is the best early warning of a blow-up)", norm, 2)
 show("loss after the step", F.cross_entropy(model(X), y), 4)
@@ -481,8 +497,12 @@ from helpers.gradflow import layer_grad_norms
 X, y = fixed_batch(batch=64, width=32, device=dev)
 inits = (1.0, 2.0)
 archs = ((False, False), (True, False), (False, True), (True, True))
-arch_name = {(False, False): "plain", (True, False): "residual",
-             (False, True): "LayerNorm", (True, True): "residual+LN"}
+arch_name = {
+    (False, False): "plain",
+    (True, False): "residual",
+    (False, True): "LayerNorm",
+    (True, True): "residual+LN",
+}
 acts = ("sigmoid", "relu", "gelu")
 norms = {}
 print(f"{'init':>4} {'architecture':>12} {'activation':>10}  {'layer 1':>8} {'layer 20':>8}")
@@ -492,13 +512,16 @@ for init in inits:
             model = deep_mlp(20, 32, act, res, ln, init, device=dev)
             n = layer_grad_norms(model, X, y)
             norms[(init, arch_name[(res, ln)], act)] = n
-            print(f"{fmt(init, 1):>4} {arch_name[(res, ln)]:>12} {act:>10}  {fmt_sci(n[0]):>8} {fmt_sci(n[-1]):>8}")
+            print(
+                f"{fmt(init, 1):>4} {arch_name[(res, ln)]:>12} {act:>10}  {fmt_sci(n[0]):>8} {fmt_sci(n[-1]):>8}"
+            )
 
 # %%
 from helpers.plot_flow import plot_flow_grid
 
-fig = plot_flow_grid(norms, rows=inits, cols=[arch_name[a] for a in archs], labels=acts,
-                     row_title=lambda r: f"init {r:g}")
+fig = plot_flow_grid(
+    norms, rows=inits, cols=[arch_name[a] for a in archs], labels=acts, row_title=lambda r: f"init {r:g}"
+)
 plt.show()
 
 # %% [markdown]
@@ -555,10 +578,13 @@ def n_dead(model):
     counts = dead_relu_units(model, X)
     return sum(d for d, _ in counts.values()), sum(n for _, n in counts.values())
 
+
 dead_plain = dead_relu_units(deep_mlp(20, 32, "relu", device=dev), X)
 print("plain relu, init 1, dead units per layer:", [d for d, _ in dead_plain.values()])
 print("plain relu, init 1: dead / units =", *n_dead(deep_mlp(20, 32, "relu", device=dev)))
-print("relu + LayerNorm, init 1: dead / units =", *n_dead(deep_mlp(20, 32, "relu", layernorm=True, device=dev)))
+print(
+    "relu + LayerNorm, init 1: dead / units =", *n_dead(deep_mlp(20, 32, "relu", layernorm=True, device=dev))
+)
 
 # %% [markdown]
 # At init 1, 114 of the 640 units of the plain ReLU stack are already dead on this batch,
@@ -581,10 +607,15 @@ for lr in (0.1, 1.0, 3.0):
 model.zero_grad(set_to_none=True)
 F.cross_entropy(model(X), y).backward()
 dead_now = dead_relu_units(model, X)
-rows_zero = sum(int((model.blocks[i].linear.weight.grad.abs().sum(dim=1) == 0).sum().item())
-                for i in range(6))
-print("after lr 3.0: dead units", sum(d for d, _ in dead_now.values()),
-      "| weight rows with exactly zero gradient", rows_zero)
+rows_zero = sum(
+    int((model.blocks[i].linear.weight.grad.abs().sum(dim=1) == 0).sum().item()) for i in range(6)
+)
+print(
+    "after lr 3.0: dead units",
+    sum(d for d, _ in dead_now.values()),
+    "| weight rows with exactly zero gradient",
+    rows_zero,
+)
 
 # %% [markdown]
 # One step at learning rate 3.0 takes the dead count from 8 to 54 of 192 units, and every
@@ -592,15 +623,17 @@ print("after lr 3.0: dead units", sum(d for d, _ in dead_now.values()),
 # Their *inputs* can. Keep training the same network, 100 plain SGD steps at learning rate 0.1
 # on the same batch, and follow each layer's dead units:
 
+
 # %%
 def dead_units_per_layer(model):
     """Per block, the set of units that output 0 on every row of X."""
     sets, h = [], X
     with torch.no_grad():
         for block in model.blocks:
-            h = block(h)                                 # (B, 32)
+            h = block(h)  # (B, 32)
             sets.append(set((h == 0).all(dim=0).nonzero().flatten().tolist()))
     return sets
+
 
 dead_before = dead_units_per_layer(model)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -631,33 +664,37 @@ print("loss", fmt(losses[0], 2), "->", fmt(losses[-1], 2))
 # Seed 000 (4.3) offers `debug_gradient_flow`. Here it is, logic unchanged, run on a small
 # MLP:
 
+
 # %%
 def seed_debug_gradient_flow(model, input_tensor, target, criterion):
     """Seed 000, section 4.3 (verbatim logic): hooks store outputs keyed by MODULE ..."""
     activations = {}
+
     def hook_fn(module, input, output):
         activations[module] = output
+
     hooks = []
-    for name, layer in model.named_modules():                # noqa: B007  (the seed's code, as it is)
+    for name, layer in model.named_modules():  # noqa: B007  (the seed's code, as it is)
         if isinstance(layer, (nn.Linear, nn.MultiheadAttention)):
             hooks.append(layer.register_forward_hook(hook_fn))
     loss = criterion(model(input_tensor), target)
     grads = {}
     for name, layer in model.named_modules():
-        if name in activations:                          # ... but look them up by NAME
+        if name in activations:  # ... but look them up by NAME
             try:
                 grad = torch.autograd.grad(loss, activations[layer], retain_graph=True)[0]
                 grads[name] = grad.norm().item()
-            except:                                      # noqa: E722  (and hide every error as 0.0)
+            except:  # noqa: E722  (and hide every error as 0.0)
                 grads[name] = 0.0
     for hook in hooks:
         hook.remove()
     return grads
 
+
 torch.manual_seed(0)
 mlp = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)).to(dev)
 with torch.no_grad():
-    mlp[2].weight.zero_()                                # a known dead layer: W = b = 0
+    mlp[2].weight.zero_()  # a known dead layer: W = b = 0
     mlp[2].bias.zero_()
 print("seed's helper reports:", seed_debug_gradient_flow(mlp, X, y, nn.CrossEntropyLoss()))
 
@@ -682,10 +719,18 @@ fired = []
 for name, layer in mha.named_modules():
     if isinstance(layer, (nn.Linear, nn.MultiheadAttention)):
         layer.register_forward_hook(lambda m, inp, out, name=name or "(the attention)": fired.append(name))
-tokens = randn(1, 20, 16, seed=5, device=dev)                    # (B, N, d)
+tokens = randn(1, 20, 16, seed=5, device=dev)  # (B, N, d)
 result = mha(tokens, tokens, tokens)
-print("hooked:", [name or "(the attention)" for name, layer in mha.named_modules()
-                  if isinstance(layer, (nn.Linear, nn.MultiheadAttention))], "| fired:", fired)
+print(
+    "hooked:",
+    [
+        name or "(the attention)"
+        for name, layer in mha.named_modules()
+        if isinstance(layer, (nn.Linear, nn.MultiheadAttention))
+    ],
+    "| fired:",
+    fired,
+)
 print("nn.MultiheadAttention returns a", type(result).__name__, "of", len(result))
 try:
     nn.CrossEntropyLoss()(result[0], torch.zeros(1, 20, dtype=torch.long, device=dev))
@@ -724,14 +769,17 @@ for name in rec.names:
 
 # %%
 outs = {}
-hooks = [mlp[i].register_forward_hook(lambda m, inp, out, i=i: outs.__setitem__(str(i), out)) for i in (0, 2, 4)]
+hooks = [
+    mlp[i].register_forward_hook(lambda m, inp, out, i=i: outs.__setitem__(str(i), out)) for i in (0, 2, 4)
+]
 loss = F.cross_entropy(mlp(X), y)
 for h in hooks:
     h.remove()
 for name in ("0", "2", "4"):
-    g, = torch.autograd.grad(loss, outs[name], retain_graph=True)
-    compare(f"recorder vs autograd.grad, module {name}", torch.tensor(rec.output_grad_norms[name]),
-            g.norm().cpu())
+    (g,) = torch.autograd.grad(loss, outs[name], retain_graph=True)
+    compare(
+        f"recorder vs autograd.grad, module {name}", torch.tensor(rec.output_grad_norms[name]), g.norm().cpu()
+    )
 
 # %% [markdown]
 # ## 5.10 Try it: the gradient-flow panel

@@ -57,17 +57,18 @@ F64 = torch.float64
 # you it happened. We can emulate that rounding on any machine and see what it does to one
 # $QK^\top$-sized product:
 
+
 # %%
 def round_to_tf32(t):
     """t with its float32 mantissa rounded to TF32's 10 bits (round to nearest): what TF32 multiplies."""
-    bits = t.view(torch.int32)                              # the same 4 bytes, read as an integer
+    bits = t.view(torch.int32)  # the same 4 bytes, read as an integer
     return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)  # drop the low 13 of 23 mantissa bits
 
 
-Q_tf = randn(64, 64, seed=90, device=dev)                   # (N, d)
-K_tf = randn(64, 64, seed=91, device=dev)                   # (N, d)
-S_fp32 = Q_tf @ K_tf.T                                      # (N, d) @ (d, N) -> (N, N), true fp32
-S_tf32 = round_to_tf32(Q_tf) @ round_to_tf32(K_tf).T        # (N, d) @ (d, N) -> (N, N), as TF32 would
+Q_tf = randn(64, 64, seed=90, device=dev)  # (N, d)
+K_tf = randn(64, 64, seed=91, device=dev)  # (N, d)
+S_fp32 = Q_tf @ K_tf.T  # (N, d) @ (d, N) -> (N, N), true fp32
+S_tf32 = round_to_tf32(Q_tf) @ round_to_tf32(K_tf).T  # (N, d) @ (d, N) -> (N, N), as TF32 would
 show("max |S_tf32 - S_fp32|", (S_tf32 - S_fp32).abs().max(), 3)
 _ = compare("emulated TF32 vs fp32, at float32's tolerance", S_tf32, S_fp32)
 
@@ -95,16 +96,16 @@ _ = compare("emulated TF32 vs fp32, at float32's tolerance", S_tf32, S_fp32)
 
 # %%
 s = torch.tensor([1.0, 2.0, 0.5, -1.0], dtype=F64, device=dev)
-g = torch.tensor([0.3, -1.0, 0.8, 0.1], dtype=F64, device=dev)   # some ∂L/∂p
+g = torch.tensor([0.3, -1.0, 0.8, 0.1], dtype=F64, device=dev)  # some ∂L/∂p
 p = torch.softmax(s, dim=-1)
-J = torch.diag(p) - torch.outer(p, p)                             # (4, 4)
+J = torch.diag(p) - torch.outer(p, p)  # (4, 4)
 show("p", p)
 show("J = diag(p) - p pᵀ", J)
 
 
 def softmax_vjp(P, grad_P):
     """grad_S = P ∘ (g − rowsum(g ∘ P)), row by row over the last dim."""
-    return P * (grad_P - (grad_P * P).sum(dim=-1, keepdim=True))   # (..., N)
+    return P * (grad_P - (grad_P * P).sum(dim=-1, keepdim=True))  # (..., N)
 
 
 s_ = s.clone().requires_grad_()
@@ -157,22 +158,23 @@ _ = compare("diagonal only vs Jᵀg", p * (1 - p) * g, J.T @ g)
 #
 # Written out for one head:
 
+
 # %%
 def attention_forward_1(Q, K, V):
     """O = softmax(Q Kᵀ/√d) V for one head; returns O and P."""
-    S = (Q @ K.T) / math.sqrt(Q.shape[-1])   # (Nq, d) @ (d, Nk) -> (Nq, Nk)
-    P = torch.softmax(S, dim=-1)             # (Nq, Nk)
-    return P @ V, P                          # (Nq, Nk) @ (Nk, dv) -> (Nq, dv)
+    S = (Q @ K.T) / math.sqrt(Q.shape[-1])  # (Nq, d) @ (d, Nk) -> (Nq, Nk)
+    P = torch.softmax(S, dim=-1)  # (Nq, Nk)
+    return P @ V, P  # (Nq, Nk) @ (Nk, dv) -> (Nq, dv)
 
 
 def attention_backward_1(Q, K, V, P, grad_O):
     """dV = Pᵀ dO, dP = dO Vᵀ, dS = softmax_vjp(P, dP), dQ = dS K/√d, dK = dSᵀ Q/√d."""
     c = 1 / math.sqrt(Q.shape[-1])
-    grad_V = P.T @ grad_O                    # (Nk, Nq) @ (Nq, dv) -> (Nk, dv)
-    grad_P = grad_O @ V.T                    # (Nq, dv) @ (dv, Nk) -> (Nq, Nk)
-    grad_S = softmax_vjp(P, grad_P)          # (Nq, Nk)
-    grad_Q = c * grad_S @ K                  # (Nq, Nk) @ (Nk, d) -> (Nq, d)
-    grad_K = c * grad_S.T @ Q                # (Nk, Nq) @ (Nq, d) -> (Nk, d)
+    grad_V = P.T @ grad_O  # (Nk, Nq) @ (Nq, dv) -> (Nk, dv)
+    grad_P = grad_O @ V.T  # (Nq, dv) @ (dv, Nk) -> (Nq, Nk)
+    grad_S = softmax_vjp(P, grad_P)  # (Nq, Nk)
+    grad_Q = c * grad_S @ K  # (Nq, Nk) @ (Nk, d) -> (Nq, d)
+    grad_K = c * grad_S.T @ Q  # (Nk, Nq) @ (Nq, d) -> (Nk, d)
     return grad_Q, grad_K, grad_V
 
 
@@ -199,8 +201,8 @@ show("grad_Q[0]", ours[0][0])
 # It can be computed from $O$ without touching any $N\times N$ matrix.
 
 # %%
-D_from_P = ((grad_O @ V.T) * P).sum(-1)   # (Nq, Nk) -> (Nq,)
-D_from_O = (grad_O * O).sum(-1)           # (Nq, dv) -> (Nq,)
+D_from_P = ((grad_O @ V.T) * P).sum(-1)  # (Nq, Nk) -> (Nq,)
+D_from_O = (grad_O * O).sum(-1)  # (Nq, dv) -> (Nq,)
 _ = compare("rowsum(dP∘P) = rowsum(dO∘O)", D_from_P, D_from_O)
 
 # %% [markdown]
@@ -210,14 +212,15 @@ _ = compare("rowsum(dP∘P) = rowsum(dO∘O)", D_from_P, D_from_O)
 # with its formulas untouched. Compared with autograd on *its own* forward, the missing
 # scale does not matter; the softmax does.
 
+
 # %%
 class SeedAttention(torch.autograd.Function):
     """Seed 000's SimpleAttention: softmax(q kᵀ) v (no 1/√d), diagonal-only softmax backward."""
 
     @staticmethod
     def forward(q, k, v):
-        P = torch.softmax(q @ k.transpose(-2, -1), dim=-1)   # (B, N, N)
-        return P @ v                                          # (B, N, d)
+        P = torch.softmax(q @ k.transpose(-2, -1), dim=-1)  # (B, N, N)
+        return P @ v  # (B, N, d)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -229,7 +232,7 @@ class SeedAttention(torch.autograd.Function):
         P = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
         grad_v = P.transpose(-2, -1) @ grad_output
         grad_P = grad_output @ v.transpose(-2, -1)
-        grad_S = grad_P * (P - P ** 2)                        # the seed's softmax derivative
+        grad_S = grad_P * (P - P**2)  # the seed's softmax derivative
         return grad_S @ k, grad_S.transpose(-2, -1) @ q, grad_v
 
 
@@ -288,11 +291,14 @@ print(inspect.getsource(Attention))
 
 # %%
 compare("chapter 4's softmax_backward = ours", softmax_backward(p, g), softmax_vjp(p, g), exact=True)
-Qb, Kb, Vb = (t.detach()[None, None] for t in (Q, K, V))   # (1, 1, N, d)
+Qb, Kb, Vb = (t.detach()[None, None] for t in (Q, K, V))  # (1, 1, N, d)
 Ob, Pb = attention_forward(Qb, Kb, Vb)
 compare("helpers attention_forward", Ob[0, 0], O)
-for name, a, b in zip(("grad_Q", "grad_K", "grad_V"),
-                      attention_backward(Qb, Kb, Vb, Pb, grad_O[None, None], 1 / math.sqrt(4)), ours):
+for name, a, b in zip(
+    ("grad_Q", "grad_K", "grad_V"),
+    attention_backward(Qb, Kb, Vb, Pb, grad_O[None, None], 1 / math.sqrt(4)),
+    ours,
+):
     compare(f"helpers {name}", a[0, 0], b)
 
 # %% [markdown]
@@ -300,11 +306,14 @@ for name, a, b in zip(("grad_Q", "grad_K", "grad_V"),
 # with each kind of mask the next section introduces. The shapes are tiny because
 # `gradcheck` perturbs every input element one at a time.
 
+
 # %%
 def qkv(B, H, Nq, Nk, d, dtype=F64, seed=0):
     """Random Q (B, H, Nq, d), K and V (B, H, Nk, d) that require grad."""
-    return [randn(B, H, n, d, seed=seed + i, dtype=dtype, device=dev, requires_grad=True)
-            for i, n in enumerate((Nq, Nk, Nk))]
+    return [
+        randn(B, H, n, d, seed=seed + i, dtype=dtype, device=dev, requires_grad=True)
+        for i, n in enumerate((Nq, Nk, Nk))
+    ]
 
 
 def pad_mask(B, Nk, pads):
@@ -324,14 +333,17 @@ for label, c in cases.items():
     Q4, K4, V4 = qkv(2, 2, c["Nq"], c["Nk"], 3)
     kpm = None if c["pads"] is None else pad_mask(2, c["Nk"], c["pads"])
     align = c.get("align", "top_left")
-    ok = gradcheck(lambda q, k, v: attention(q, k, v, causal=c["causal"], key_padding_mask=kpm, align=align),
-                   (Q4, K4, V4))
+    ok = gradcheck(
+        lambda q, k, v: attention(q, k, v, causal=c["causal"], key_padding_mask=kpm, align=align),
+        (Q4, K4, V4),
+    )
     print(f"gradcheck {label}: {ok}")
 
 # %% [markdown]
 # And the test that the tests can fail: the same Function with the scale forgotten in
 # $dQ$ and $dK$ (a very common slip, since the forward's $1/\sqrt d$ is easy to forget
 # when deriving) must fail.
+
 
 # %%
 def backward_without_scale(Q, K, V, P, grad_O, scale, needs=(True, True, True)):
@@ -341,12 +353,12 @@ def backward_without_scale(Q, K, V, P, grad_O, scale, needs=(True, True, True)):
 
 # Attention.backward looks attention_backward up in the module's namespace at call time,
 # so replacing the module attribute reaches it.
-ha.attention_backward = backward_without_scale          # break it...
+ha.attention_backward = backward_without_scale  # break it...
 try:
     Q4, K4, V4 = qkv(1, 2, 4, 4, 3)
     ok = gradcheck(lambda q, k, v: attention(q, k, v), (Q4, K4, V4), raise_exception=False)
 finally:
-    ha.attention_backward = attention_backward          # ...and restore it
+    ha.attention_backward = attention_backward  # ...and restore it
 print("gradcheck with the scale missing:", ok)
 
 # %% [markdown]
@@ -378,17 +390,22 @@ print("gradcheck with the scale missing:", ok)
 # One function, `causal_mask(Nq, Nk, align=...)`, builds both.
 
 # %%
-M_top_left = causal_mask(4, 7)                                        # = is_causal=True
-M_bottom_right = causal_mask(4, 7, align="bottom_right")              # KV cache
+M_top_left = causal_mask(4, 7)  # = is_causal=True
+M_bottom_right = causal_mask(4, 7, align="bottom_right")  # KV cache
 show("causal_mask(4, 7), top-left", M_top_left.int(), 0)
 show("causal_mask(4, 7, align='bottom_right')", M_bottom_right.int(), 0)
-show("causal_mask(7, 4, align='bottom_right'): rows 0-2 see nothing",
-     causal_mask(7, 4, align="bottom_right").int(), 0)
+show(
+    "causal_mask(7, 4, align='bottom_right'): rows 0-2 see nothing",
+    causal_mask(7, 4, align="bottom_right").int(),
+    0,
+)
 
 fig, axes = plt.subplots(1, 3, figsize=(8, 2.4))
-for ax, M, title in zip(axes, (M_top_left, M_bottom_right, causal_mask(7, 4, align="bottom_right")),
-                        ("top-left (is_causal), 4×7", "bottom-right, 4×7",
-                         "bottom-right, 7×4")):
+for ax, M, title in zip(
+    axes,
+    (M_top_left, M_bottom_right, causal_mask(7, 4, align="bottom_right")),
+    ("top-left (is_causal), 4×7", "bottom-right, 4×7", "bottom-right, 7×4"),
+):
     ax.imshow(M.int().numpy(), cmap="Greys", vmin=0, vmax=1.4)
     ax.set(title=title, xlabel="key j", ylabel="query i")
     ax.title.set_fontsize(9)
@@ -412,7 +429,9 @@ O4 = attention(Q4, K4, V4, causal=True, align="bottom_right")
 show("O rows of a 7×4 bottom-right causal attention (first 3 see no key)", O4[0, 0])
 (gQ4,) = torch.autograd.grad(O4.sum(), Q4)
 print("any NaN in grad_Q:", bool(torch.isnan(gQ4).any()))
-O4_sdpa = F.scaled_dot_product_attention(*(t.detach().cpu() for t in (Q4, K4, V4)), attn_mask=causal_mask(7, 4, align="bottom_right"))
+O4_sdpa = F.scaled_dot_product_attention(
+    *(t.detach().cpu() for t in (Q4, K4, V4)), attn_mask=causal_mask(7, 4, align="bottom_right")
+)
 _ = compare("ours vs SDPA on the CPU, rows with no key included", O4.detach().cpu(), O4_sdpa)
 
 # %% [markdown]
@@ -435,17 +454,21 @@ def check_vs_sdpa(label, Nq, Nk, causal, pads, align="top_left"):
     G = randn(2, 3, Nq, 8, seed=20, device=dev)
     O = attention(Q, K, V, causal=causal, key_padding_mask=kpm, align=align)
     O.backward(G)
-    if kpm is None:   # PyTorch's own masks: is_causal (top-left) or the lower-right causal bias
+    if kpm is None:  # PyTorch's own masks: is_causal (top-left) or the lower-right causal bias
         mask = causal_lower_right(Nq, Nk) if causal and align == "bottom_right" else None
         is_causal = causal and align == "top_left"
-    else:             # padding (+ causal, square here): built by hand, True = attend
+    else:  # padding (+ causal, square here): built by hand, True = attend
         mask, is_causal = ~kpm[:, None, None, :], False
         if causal:
             mask = mask & torch.ones(Nq, Nk, dtype=torch.bool, device=dev).tril()
     O_ref = F.scaled_dot_product_attention(Q2, K2, V2, attn_mask=mask, is_causal=is_causal)
     O_ref.backward(G)
-    for name, a, b in (("O", O, O_ref), ("grad_Q", Q.grad, Q2.grad),
-                       ("grad_K", K.grad, K2.grad), ("grad_V", V.grad, V2.grad)):
+    for name, a, b in (
+        ("O", O, O_ref),
+        ("grad_Q", Q.grad, Q2.grad),
+        ("grad_K", K.grad, K2.grad),
+        ("grad_V", V.grad, V2.grad),
+    ):
         compare(f"{label} {name}", a, b, atol=1e-5, rtol=1e-4)
 
 
@@ -463,13 +486,21 @@ check_vs_sdpa("causal + padding, ", 6, 6, True, [0, 2])
 # %%
 Q, K, V = qkv(2, 3, 3, 7, 8, dtype=torch.float32, seed=10)
 with torch.no_grad():
-    compare("3×7 align='bottom_right' vs is_causal=True",
-            attention(Q, K, V, causal=True, align="bottom_right"),
-            F.scaled_dot_product_attention(Q, K, V, is_causal=True), atol=1e-5, rtol=1e-4)
+    compare(
+        "3×7 align='bottom_right' vs is_causal=True",
+        attention(Q, K, V, causal=True, align="bottom_right"),
+        F.scaled_dot_product_attention(Q, K, V, is_causal=True),
+        atol=1e-5,
+        rtol=1e-4,
+    )
     Q, K, V = qkv(2, 3, 6, 6, 8, dtype=torch.float32, seed=10)
-    compare("6×6 align='bottom_right' vs is_causal=True",
-            attention(Q, K, V, causal=True, align="bottom_right"),
-            F.scaled_dot_product_attention(Q, K, V, is_causal=True), atol=1e-5, rtol=1e-4)
+    compare(
+        "6×6 align='bottom_right' vs is_causal=True",
+        attention(Q, K, V, causal=True, align="bottom_right"),
+        F.scaled_dot_product_attention(Q, K, V, is_causal=True),
+        atol=1e-5,
+        rtol=1e-4,
+    )
 
 # %% [markdown]
 # **`nn.MultiheadAttention`.** A multi-head layer projects $X$ (B, N, E) to $Q, K, V$ with one
@@ -487,11 +518,15 @@ with torch.no_grad():
 # %%
 from einops import rearrange
 
-X3 = randn(5, 8, seed=70, dtype=F64, device=dev)                  # (n, d)
-grad_Q3 = randn(5, 4, seed=71, dtype=F64, device=dev)             # (n, d_k)
-grad_WQ3 = X3.T @ grad_Q3                                          # (d, n) @ (n, d_k) -> (d, d_k)
-_ = compare("seed 003's rearrange(Xᵀ dQ, 'd n -> d (n)') vs Xᵀ dQ",
-            rearrange(grad_WQ3, "d n -> d (n)"), grad_WQ3, exact=True)
+X3 = randn(5, 8, seed=70, dtype=F64, device=dev)  # (n, d)
+grad_Q3 = randn(5, 4, seed=71, dtype=F64, device=dev)  # (n, d_k)
+grad_WQ3 = X3.T @ grad_Q3  # (d, n) @ (n, d_k) -> (d, d_k)
+_ = compare(
+    "seed 003's rearrange(Xᵀ dQ, 'd n -> d (n)') vs Xᵀ dQ",
+    rearrange(grad_WQ3, "d n -> d (n)"),
+    grad_WQ3,
+    exact=True,
+)
 
 # %% [markdown]
 # The backward runs the same steps in reverse: `out_proj`'s linear backward, split the
@@ -519,18 +554,21 @@ def check_vs_mha(dtype, causal, pads, show_all=False):
     with torch.no_grad():
         ref.in_proj_bias.copy_(randn(3 * E, seed=7, dtype=dtype, device=dev) * 0.1)
         ref.out_proj.bias.copy_(randn(E, seed=8, dtype=dtype, device=dev) * 0.1)
-        ref.in_proj_weight.copy_(randn(3 * E, E, seed=9, dtype=dtype, device=dev) * E ** -0.5)
-        ref.out_proj.weight.copy_(randn(E, E, seed=10, dtype=dtype, device=dev) * E ** -0.5)
+        ref.in_proj_weight.copy_(randn(3 * E, E, seed=9, dtype=dtype, device=dev) * E**-0.5)
+        ref.out_proj.weight.copy_(randn(E, E, seed=10, dtype=dtype, device=dev) * E**-0.5)
     ours = MultiHeadSelfAttention.from_module(ref)
     X = randn(B, N, E, seed=3, dtype=dtype, device=dev, requires_grad=True)
     G = randn(B, N, E, seed=4, dtype=dtype, device=dev)
     kpm = None if pads is None else pad_mask(B, N, pads)
-    attn_mask = ~causal_mask(N, N, device=dev) if causal else None   # nn.MHA: True = blocked
+    attn_mask = ~causal_mask(N, N, device=dev) if causal else None  # nn.MHA: True = blocked
     Y_ref, _ = ref(X, X, X, key_padding_mask=kpm, attn_mask=attn_mask, need_weights=False)
     Y_ref.backward(G)
     Y = ours.forward(X.detach(), causal=causal, key_padding_mask=kpm)
-    grads = ours.backward(G)                         # no autograd inside
-    results = [compare("Y", Y, Y_ref, quiet=not show_all), compare("grad X", grads["X"], X.grad, quiet=not show_all)]
+    grads = ours.backward(G)  # no autograd inside
+    results = [
+        compare("Y", Y, Y_ref, quiet=not show_all),
+        compare("grad X", grads["X"], X.grad, quiet=not show_all),
+    ]
     for name, p in ref.named_parameters():
         results.append(compare(f"grad {name}", grads[name], p.grad, quiet=not show_all))
     return all(results)
@@ -539,7 +577,9 @@ def check_vs_mha(dtype, causal, pads, show_all=False):
 check_vs_mha(F64, causal=True, pads=[0, 2], show_all=True)
 for dtype in (F64, torch.float32):
     for causal, pads in ((False, None), (True, None), (False, [1, 3]), (True, [0, 2])):
-        print(f"{str(dtype):14s} causal={causal!s:5s} pads={pads}: all match {check_vs_mha(dtype, causal, pads)}")
+        print(
+            f"{str(dtype):14s} causal={causal!s:5s} pads={pads}: all match {check_vs_mha(dtype, causal, pads)}"
+        )
 
 # %% [markdown]
 # ## 6. A padded key gets exactly zero gradient
@@ -555,7 +595,7 @@ for dtype in (F64, torch.float32):
 
 # %%
 Q, K, V = qkv(1, 1, 6, 6, 4, seed=30)
-kpm = pad_mask(1, 6, [2])                                # keys 4 and 5 are padding
+kpm = pad_mask(1, 6, [2])  # keys 4 and 5 are padding
 O, P = Attention.apply(Q, K, V, ~kpm[:, None, None, :], None)
 G = randn(*O.shape, seed=31, dtype=F64, device=dev)
 gQ, gK, gV = torch.autograd.grad(O, (Q, K, V), G)
@@ -590,12 +630,13 @@ X = randn(1, N, E, seed=41, dtype=F64, device=dev, requires_grad=True)
 w = randn(1, N, E, seed=42, dtype=F64, device=dev)
 norm = torch.nn.LayerNorm(E, dtype=F64, device=dev)
 
-Y, cache = mha_forward(X, params, H, causal=True)   # (1, N, E), attention sublayer
-Z = X + Y                                           # residual
-out = norm(Z)                                       # LayerNorm
+Y, cache = mha_forward(X, params, H, causal=True)  # (1, N, E), attention sublayer
+Z = X + Y  # residual
+out = norm(Z)  # LayerNorm
 L = (out * w).sum()
 grad_X, grad_Y, grad_Z, grad_Q, grad_K, grad_V, grad_P = torch.autograd.grad(
-    L, (X, Y, Z, cache["Q"], cache["K"], cache["V"], cache["P"]))
+    L, (X, Y, Z, cache["Q"], cache["K"], cache["V"], cache["P"])
+)
 show("L", L)
 show("|dL/dx_j| per token j", grad_X[0].norm(dim=-1))
 
@@ -608,12 +649,12 @@ show("|dL/dx_j| per token j", grad_X[0].norm(dim=-1))
 
 # %%
 j = 2
-W_q, W_k, W_v = params["in_proj_weight"].chunk(3, dim=0)          # 3 × (E, E)
+W_q, W_k, W_v = params["in_proj_weight"].chunk(3, dim=0)  # 3 × (E, E)
 paths = {
-    "residual": grad_Z[0, j],                                     # Z = X + Y copies dL/dZ to X
-    "as query": merge_heads(grad_Q)[0, j] @ W_q,                  # (E,) @ (E, E) -> (E,)
-    "as key  ": merge_heads(grad_K)[0, j] @ W_k,                  # (E,) @ (E, E) -> (E,)
-    "as value": merge_heads(grad_V)[0, j] @ W_v,                  # (E,) @ (E, E) -> (E,)
+    "residual": grad_Z[0, j],  # Z = X + Y copies dL/dZ to X
+    "as query": merge_heads(grad_Q)[0, j] @ W_q,  # (E,) @ (E, E) -> (E,)
+    "as key  ": merge_heads(grad_K)[0, j] @ W_k,  # (E,) @ (E, E) -> (E,)
+    "as value": merge_heads(grad_V)[0, j] @ W_v,  # (E,) @ (E, E) -> (E,)
 }
 for name, contribution in paths.items():
     show(f"|dL/dx_{j}| {name}", contribution.norm())
@@ -629,9 +670,11 @@ _ = compare(f"sum of the four paths = dL/dx_{j}", sum(paths.values()), grad_X[0,
 # %%
 manual = mha_backward(grad_Y, cache)
 compare("mha_backward(dL/dY)['X'] + dL/dZ = dL/dX", manual["X"] + grad_Z, grad_X)
-grad_O = split_heads(grad_Y @ params["out_proj.weight"], H)           # (1, H, N, d)
-compare("dP = dO Vᵀ", grad_O @ cache["V"].transpose(-2, -1), grad_P)   # (1, H, N, d) @ (1, H, d, N) -> (1, H, N, N)
-grad_S = softmax_backward(cache["P"], grad_P)                          # (1, H, N, N)
+grad_O = split_heads(grad_Y @ params["out_proj.weight"], H)  # (1, H, N, d)
+compare(
+    "dP = dO Vᵀ", grad_O @ cache["V"].transpose(-2, -1), grad_P
+)  # (1, H, N, d) @ (1, H, d, N) -> (1, H, N, N)
+grad_S = softmax_backward(cache["P"], grad_P)  # (1, H, N, N)
 
 # %% [markdown]
 # Now the pictures, for head 0: the attention weights $P$, the gradient arriving at them
@@ -685,8 +728,11 @@ with SavedTensors(exclude=[Q, K, V]) as saved_causal:
     S = (Q @ K.transpose(-2, -1) / math.sqrt(d)).masked_fill(~causal_mask(N, N, device=dev), float("-inf"))
     torch.softmax(S, dim=-1) @ V
 
-for label, saved in (("Attention Function", saved_fn), ("naive autograd", saved_naive),
-                     ("naive, causal", saved_causal)):
+for label, saved in (
+    ("Attention Function", saved_fn),
+    ("naive autograd", saved_naive),
+    ("naive, causal", saved_causal),
+):
     show(f"{label}: tensors kept", saved.count, 0)
     show(f"{label}: bytes kept", saved.total_bytes, 0)
 compare("Function's bytes = formula", saved_fn.total_bytes, formula, exact=True)
@@ -721,13 +767,13 @@ B, H, N = 16, 12, 512
 one = attention_saved_bytes_formula(B, H, N, 4)
 show("16·12·512²·4 bytes", one, 0)
 print("=", fmt_bytes(one))
-show("in GiB", one / 2 ** 30, 4)
+show("in GiB", one / 2**30, 4)
 show("in GB (10⁹ bytes)", one / 1e9, 4)
 show("seed's 1.2 GB / true size", 1.2e9 / one, 2)
-n_kept = saved_naive.total_bytes // formula                 # measured above: N×N tensors per layer
+n_kept = saved_naive.total_bytes // formula  # measured above: N×N tensors per layer
 show("N×N float32 tensors autograd keeps per attention layer", n_kept, 0)
-show("kept per layer at B=16, H=12, N=512, GiB", n_kept * one / 2 ** 30, 4)
-show("12 layers (BERT-base), GiB", 12 * n_kept * one / 2 ** 30, 4)
+show("kept per layer at B=16, H=12, N=512, GiB", n_kept * one / 2**30, 4)
+show("12 layers (BERT-base), GiB", 12 * n_kept * one / 2**30, 4)
 
 # %% [markdown]
 # One $16\times12\times512\times512$ float32 tensor is 201326592 bytes, 0.1875 GiB

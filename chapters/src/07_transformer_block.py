@@ -115,8 +115,8 @@ for name, ours, r in zip(("grad_x", "grad_gamma", "grad_beta"), (grad_x, grad_ga
 
 g = grad_y * gamma
 x_hat = (x - mu) * rstd
-no_mean = rstd * (g - x_hat * (g * x_hat).mean(-1, keepdim=True))          # mean path dropped
-no_var = rstd * (g - g.mean(-1, keepdim=True))                              # variance path dropped
+no_mean = rstd * (g - x_hat * (g * x_hat).mean(-1, keepdim=True))  # mean path dropped
+no_var = rstd * (g - g.mean(-1, keepdim=True))  # variance path dropped
 compare("without the mean path", no_mean, ref[0])
 _ = compare("without the variance path", no_var, ref[0])
 
@@ -164,7 +164,7 @@ def small_block(l):
 
 stack = [small_block(l) for l in range(depth)]
 X0 = randn(B, N, d, seed=7, dtype=F64, device=dev)
-grad_out = randn(B, N, d, seed=8, dtype=F64, device=dev)          # some ∂L/∂Y at the top
+grad_out = randn(B, N, d, seed=8, dtype=F64, device=dev)  # some ∂L/∂Y at the top
 
 
 def stack_input_grad_norms(residual):
@@ -185,9 +185,11 @@ print("block input     " + " ".join(f"{l:>7}" for l in range(1, depth + 1)) + " 
 print("with skip     " + " ".join(f"{fmt_sci(v):>7}" for v in with_res))
 print("without skip  " + " ".join(f"{fmt_sci(v):>7}" for v in without_res))
 
-fig = plot_layer_norms({"with residual": with_res[:-1], "without residual": without_res[:-1]},
-                       title="12 pre-norm blocks: gradient at each block's input",
-                       ylabel="‖∂L/∂X_l‖")
+fig = plot_layer_norms(
+    {"with residual": with_res[:-1], "without residual": without_res[:-1]},
+    title="12 pre-norm blocks: gradient at each block's input",
+    ylabel="‖∂L/∂X_l‖",
+)
 plt.show()
 
 # %% [markdown]
@@ -203,8 +205,8 @@ plt.show()
 # %%
 a = randn(3, seed=1, dtype=F64, device=dev, requires_grad=True)
 b = randn(3, seed=2, dtype=F64, device=dev, requires_grad=True)
-g_y = randn(3, seed=3, dtype=F64, device=dev)                            # some ∂L/∂y
-grad_a, grad_b = torch.autograd.grad(a + b, (a, b), g_y)                 # y = a + b: skip + branch
+g_y = randn(3, seed=3, dtype=F64, device=dev)  # some ∂L/∂y
+grad_a, grad_b = torch.autograd.grad(a + b, (a, b), g_y)  # y = a + b: skip + branch
 compare("skip input gets ∂L/∂y", grad_a, g_y, exact=True)
 _ = compare("branch input gets ∂L/∂y (not half)", grad_b, g_y, exact=True)
 
@@ -226,22 +228,26 @@ _ = compare("branch input gets ∂L/∂y (not half)", grad_b, g_y, exact=True)
 
 # %%
 h = randn(2, 5, 8, seed=10, dtype=F64, device=dev)
-W1, b1 = randn(16, 8, seed=11, dtype=F64, device=dev) / 8**0.5, 0.1 * randn(16, seed=12, dtype=F64, device=dev)
+W1, b1 = (
+    randn(16, 8, seed=11, dtype=F64, device=dev) / 8**0.5,
+    0.1 * randn(16, seed=12, dtype=F64, device=dev),
+)
 W2, b2 = randn(8, 16, seed=13, dtype=F64, device=dev) / 4, 0.1 * randn(8, seed=14, dtype=F64, device=dev)
 grad_F = randn(2, 5, 8, seed=15, dtype=F64, device=dev)
 
-U = h @ W1.T + b1                                       # (2, 5, 8) @ (8, 16) -> (2, 5, 16)
+U = h @ W1.T + b1  # (2, 5, 8) @ (8, 16) -> (2, 5, 16)
 a = F.gelu(U)
-grad_a, grad_W2, grad_b2 = linear_backward(a, W2, grad_F)   # step 1
-grad_U = gelu_backward(U, grad_a)                           # step 2
-grad_h, grad_W1, grad_b1 = linear_backward(h, W1, grad_U)   # step 3
+grad_a, grad_W2, grad_b2 = linear_backward(a, W2, grad_F)  # step 1
+grad_U = gelu_backward(U, grad_a)  # step 2
+grad_h, grad_W1, grad_b1 = linear_backward(h, W1, grad_U)  # step 3
 
 leaves = [t.clone().requires_grad_() for t in (h, W1, b1, W2, b2)]
 hr, W1r, b1r, W2r, b2r = leaves
-Fr = F.gelu(hr @ W1r.T + b1r) @ W2r.T + b2r             # (2, 5, 16) @ (16, 8) -> (2, 5, 8)
+Fr = F.gelu(hr @ W1r.T + b1r) @ W2r.T + b2r  # (2, 5, 16) @ (16, 8) -> (2, 5, 8)
 ref = torch.autograd.grad(Fr, leaves, grad_F)
-for name, ours, r in zip(("grad_h", "grad_W1", "grad_b1", "grad_W2", "grad_b2"),
-                         (grad_h, grad_W1, grad_b1, grad_W2, grad_b2), ref):
+for name, ours, r in zip(
+    ("grad_h", "grad_W1", "grad_b1", "grad_W2", "grad_b2"), (grad_h, grad_W1, grad_b1, grad_W2, grad_b2), ref
+):
     compare(name, ours, r)
 
 # %% [markdown]
@@ -301,7 +307,9 @@ def autograd_block_grads(params, norm_first, causal, activation, X, grad_Y):
     """Y and {"X", every parameter name: gradient} from nn.TransformerEncoderLayer."""
     layer = layer_from_params(params, H, norm_first, activation)
     Xr = X.clone().requires_grad_()
-    mask = nn.Transformer.generate_square_subsequent_mask(N, device=X.device, dtype=X.dtype) if causal else None
+    mask = (
+        nn.Transformer.generate_square_subsequent_mask(N, device=X.device, dtype=X.dtype) if causal else None
+    )
     Y = layer(Xr, src_mask=mask, is_causal=causal)
     weights = [layer.get_parameter(n) for n in BLOCK_PARAM_NAMES]
     return Y, dict(zip(("X", *BLOCK_PARAM_NAMES), torch.autograd.grad(Y, [Xr, *weights], grad_Y)))
@@ -335,8 +343,13 @@ for norm_first in (False, True):
         _, cache = block_forward(X32, params32, H, norm_first, True, activation)
         ours = block_manual_backward(grad_Y32, cache)
         cat = lambda g: torch.cat([g[n].flatten() for n in ("X", *BLOCK_PARAM_NAMES)])  # noqa: E731
-        compare(f"{'pre' if norm_first else 'post'}-norm {activation}, float32, all 13", cat(ours), cat(ref),
-                atol=5e-5, rtol=1e-4)
+        compare(
+            f"{'pre' if norm_first else 'post'}-norm {activation}, float32, all 13",
+            cat(ours),
+            cat(ref),
+            atol=5e-5,
+            rtol=1e-4,
+        )
 
 # %% [markdown]
 # ### Seed claims about a block's parameters, checked
@@ -372,7 +385,7 @@ print("parameter tensors:", len(list(layer512.named_parameters())), " groups:", 
 # `.sum(dim=1)` fails; per-head weights need `average_attn_weights=False`:
 
 # %%
-x512 = torch.randn(2, 10, 512, generator=torch.Generator().manual_seed(0))   # (B, N, d)
+x512 = torch.randn(2, 10, 512, generator=torch.Generator().manual_seed(0))  # (B, N, d)
 _, w_avg = layer512.self_attn(x512, x512, x512, need_weights=True)
 _, w_heads = layer512.self_attn(x512, x512, x512, need_weights=True, average_attn_weights=False)
 print("default attn_weights:", tuple(w_avg.shape), "  average_attn_weights=False:", tuple(w_heads.shape))
@@ -428,13 +441,20 @@ show("loss (ours)", L)
 show("log(vocab size)", math.log(tok.vocab_size))
 compare("logits", gpt_forward(idx, params, config)[0], logits_ref, atol=1e-10, rtol=0)
 compare("loss", L, L_ref, atol=1e-10, rtol=0)
-groups = {"embeddings": ["wte", "wpe"], **{f"block {l}": [f"blocks.{l}.{n}" for n in BLOCK_PARAM_NAMES]
-                                           for l in range(config.n_layers)}, "ln_f + head": ["ln_f.weight",
-                                                                                            "ln_f.bias", "head.weight"]}
+groups = {
+    "embeddings": ["wte", "wpe"],
+    **{f"block {l}": [f"blocks.{l}.{n}" for n in BLOCK_PARAM_NAMES] for l in range(config.n_layers)},
+    "ln_f + head": ["ln_f.weight", "ln_f.bias", "head.weight"],
+}
 named = dict(model.named_parameters())
 for group, names in groups.items():
-    compare(f"{group} ({len(names)} tensors)", torch.cat([grads[n].flatten() for n in names]),
-            torch.cat([named[n].grad.flatten() for n in names]), atol=1e-10, rtol=0)
+    compare(
+        f"{group} ({len(names)} tensors)",
+        torch.cat([grads[n].flatten() for n in names]),
+        torch.cat([named[n].grad.flatten() for n in names]),
+        atol=1e-10,
+        rtol=0,
+    )
 
 # %% [markdown]
 # The loss at initialisation is 3.7723, close to $\log 43 = 3.7612$: with weights of standard
@@ -459,11 +479,11 @@ for group, names in groups.items():
 
 # %%
 s = "the cat sat there"[:16]
-ids = tok.encode(s)[None].to(dev)                                  # (1, 16)
-g0 = randn(1, len(s), config.d_model, seed=30, dtype=F64, device=dev)   # some ∂L/∂X0
+ids = tok.encode(s)[None].to(dev)  # (1, 16)
+g0 = randn(1, len(s), config.d_model, seed=30, dtype=F64, device=dev)  # some ∂L/∂X0
 grad_wte, _ = embedding_backward(ids, g0, tok.vocab_size, config.n_ctx)
 assigned = torch.zeros_like(grad_wte)
-assigned[ids.flatten()] = g0.flatten(0, 1)                          # the trap
+assigned[ids.flatten()] = g0.flatten(0, 1)  # the trap
 
 wte = params["wte"].clone().requires_grad_()
 (ref_wte,) = torch.autograd.grad(F.embedding(ids, wte), wte, g0)
@@ -491,7 +511,9 @@ deep = GPTConfig(vocab_size=tok.vocab_size, n_ctx=16, d_model=32, n_heads=4, n_l
 deep_params = gpt_init(deep, seed=0, dtype=F64, device=dev)
 logits, cache = gpt_forward(idx, deep_params, deep)
 z = logits.flatten(0, 1)
-grad_logits = (torch.softmax(z, -1) - F.one_hot(targets.flatten(), deep.vocab_size)) / z.shape[0]  # CE backward
+grad_logits = (torch.softmax(z, -1) - F.one_hot(targets.flatten(), deep.vocab_size)) / z.shape[
+    0
+]  # CE backward
 stream = []
 deep_grads = gpt_backward(grad_logits.view_as(logits), cache, stream)
 param_norms = block_grad_norms(deep_grads, deep.n_layers)
@@ -501,8 +523,9 @@ print("‖∂L/∂θ_block‖    " + " ".join(f"{fmt_sci(v):>7}" for v in param_
 print("‖∂L/∂X_l‖ (in)   " + " ".join(f"{fmt_sci(v):>7}" for v in stream_norms[:-1]))
 fig, axes = plt.subplots(1, 2, figsize=(9, 3), dpi=90)
 plot_layer_norms({"block parameters": param_norms}, ax=axes[0], ylabel="‖∂L/∂θ‖", title="per block")
-plot_layer_norms({"residual stream": stream_norms[:-1]}, ax=axes[1], ylabel="‖∂L/∂X_l‖",
-                 title="at each block's input")
+plot_layer_norms(
+    {"residual stream": stream_norms[:-1]}, ax=axes[1], ylabel="‖∂L/∂X_l‖", title="at each block's input"
+)
 fig.tight_layout()
 plt.show()
 
@@ -542,10 +565,10 @@ print(repr(tok.decode(out[0])))
 # on which attention kernel runs, which depends on the device).
 
 # %%
-Qa, Ka, Va = (randn(1, 2, 5, 4, seed=s, dtype=F64, device=dev) for s in (60, 61, 62))   # (B, H, N, d)
-Sa = Qa @ Ka.transpose(-2, -1) / math.sqrt(4)                      # (B, H, N, d) @ (B, H, d, N) -> (B, H, N, N)
-lse = torch.logsumexp(Sa, dim=-1, keepdim=True)                    # (B, H, N, 1): one number per row and head
-_, P_kept = attention_forward(Qa, Ka, Va)                           # chapter 6 keeps the whole P
+Qa, Ka, Va = (randn(1, 2, 5, 4, seed=s, dtype=F64, device=dev) for s in (60, 61, 62))  # (B, H, N, d)
+Sa = Qa @ Ka.transpose(-2, -1) / math.sqrt(4)  # (B, H, N, d) @ (B, H, d, N) -> (B, H, N, N)
+lse = torch.logsumexp(Sa, dim=-1, keepdim=True)  # (B, H, N, 1): one number per row and head
+_, P_kept = attention_forward(Qa, Ka, Va)  # chapter 6 keeps the whole P
 _ = compare("P = exp(S − lse) vs chapter 6's P", torch.exp(Sa - lse), P_kept, atol=1e-14, rtol=0)
 
 # %% [markdown]
@@ -574,10 +597,16 @@ for norm_first in (False, True):
         layer(Xc, src_mask=mask, is_causal=True)
     _, cache = block_forward(Xc, cpu_params, H, norm_first, causal=True)
     formula = block_saved_bytes_formula(B, N, d, H, d_ff, 4, norm_first)
-    print(f"{'pre-norm' if norm_first else 'post-norm':<10} {fmt_bytes(saved.total_bytes):>20} "
-          f"{fmt_bytes(block_cache_bytes(cache)):>16} {fmt_bytes(formula):>15}")
-    compare(f"{'pre' if norm_first else 'post'}-norm cache = formula", block_cache_bytes(cache), formula,
-            exact=True)
+    print(
+        f"{'pre-norm' if norm_first else 'post-norm':<10} {fmt_bytes(saved.total_bytes):>20} "
+        f"{fmt_bytes(block_cache_bytes(cache)):>16} {fmt_bytes(formula):>15}"
+    )
+    compare(
+        f"{'pre' if norm_first else 'post'}-norm cache = formula",
+        block_cache_bytes(cache),
+        formula,
+        exact=True,
+    )
 print("P, if it were kept:", fmt_bytes(B * H * N * N * 4))
 
 # %% [markdown]
@@ -614,8 +643,10 @@ for _ in range(6):
     block_manual_backward(gs, cache)
     t_man.append(time.perf_counter() - t0)
 med = lambda v: sorted(v)[len(v) // 2]  # noqa: E731
-varies(f"pre-norm block B={B} N={N} d={d}, CPU: autograd backward {1e3 * med(t_auto):.1f} ms, "
-       f"manual {1e3 * med(t_man):.1f} ms, ratio {med(t_man) / med(t_auto):.2f}x")
+varies(
+    f"pre-norm block B={B} N={N} d={d}, CPU: autograd backward {1e3 * med(t_auto):.1f} ms, "
+    f"manual {1e3 * med(t_man):.1f} ms, ratio {med(t_man) / med(t_auto):.2f}x"
+)
 
 # %% [markdown]
 # Both sides call the same matrix products, which dominate; what is left is our unfused elementwise

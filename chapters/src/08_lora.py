@@ -68,7 +68,7 @@ dev = get_device()
 no_tf32()  # TF32 would change the last digits of fp32 matmuls on Ampere+ GPUs
 F64 = torch.float64
 if dev.type == "cpu":
-    torch.set_num_threads(1)   # tiny tensors: one thread beats the cost of sharing work between threads
+    torch.set_num_threads(1)  # tiny tensors: one thread beats the cost of sharing work between threads
 
 # %% [markdown]
 # ## 1. The gradients of A and B, from ∂L/∂W′
@@ -90,18 +90,18 @@ if dev.type == "cpu":
 # %%
 d_in, d_out, r, alpha = 5, 4, 2, 4.0
 s = alpha / r
-W = randn(d_out, d_in, seed=1, dtype=F64, device=dev)    # (out, in), frozen
-A = randn(r, d_in, seed=2, dtype=F64, device=dev)        # (r, in)
-B = randn(d_out, r, seed=3, dtype=F64, device=dev)       # (out, r)
-x = randn(6, d_in, seed=4, dtype=F64, device=dev)        # (R, in): 6 rows
-g = randn(6, d_out, seed=5, dtype=F64, device=dev)       # some ∂L/∂y, (R, out)
+W = randn(d_out, d_in, seed=1, dtype=F64, device=dev)  # (out, in), frozen
+A = randn(r, d_in, seed=2, dtype=F64, device=dev)  # (r, in)
+B = randn(d_out, r, seed=3, dtype=F64, device=dev)  # (out, r)
+x = randn(6, d_in, seed=4, dtype=F64, device=dev)  # (R, in): 6 rows
+g = randn(6, d_out, seed=5, dtype=F64, device=dev)  # some ∂L/∂y, (R, out)
 
-grad_Wp = g.T @ x                                        # ∂L/∂W': (out, R) @ (R, in) -> (out, in)
-grad_B_seed = s * grad_Wp @ A.T                          # (out, in) @ (in, r) -> (out, r)
-grad_A_seed = s * B.T @ grad_Wp                          # (r, out) @ (out, in) -> (r, in)
+grad_Wp = g.T @ x  # ∂L/∂W': (out, R) @ (R, in) -> (out, in)
+grad_B_seed = s * grad_Wp @ A.T  # (out, in) @ (in, r) -> (out, r)
+grad_A_seed = s * B.T @ grad_Wp  # (r, out) @ (out, in) -> (r, in)
 
 A_, B_ = A.clone().requires_grad_(), B.clone().requires_grad_()
-y = x @ (W + s * B_ @ A_).T                              # plain autograd on W' = W + s·BA
+y = x @ (W + s * B_ @ A_).T  # plain autograd on W' = W + s·BA
 y.backward(g)
 show("∂L/∂B", grad_B_seed)
 compare("∂L/∂B = s·(∂L/∂W') Aᵀ vs autograd", grad_B_seed, B_.grad)
@@ -129,17 +129,18 @@ _ = compare("∂L/∂A = s·Bᵀ(∂L/∂W') vs autograd", grad_A_seed, A_.grad)
 # $x \to xA^\top \to (xA^\top)B^\top$, and its backward only needs $x$ (which the layer has
 # anyway), the **r-dimensional** activation $xA^\top$ (R × r) and the small matrices.
 
+
 # %%
 def lora_backward_1(x, W, A, B, xA, g, s):
     """∂L/∂B = s·gᵀ(xAᵀ), ∂L/∂A = s·(gB)ᵀx, ∂L/∂x = gW + s·(gB)A, for 2-D x and g."""
-    gB = g @ B                                           # (R, out) @ (out, r) -> (R, r)
-    grad_B = s * (g.T @ xA)                              # (out, R) @ (R, r) -> (out, r)
-    grad_A = s * (gB.T @ x)                              # (r, R) @ (R, in) -> (r, in)
-    grad_x = g @ W + s * (gB @ A)                        # (R, out) @ (out, in) + (R, r) @ (r, in) -> (R, in)
+    gB = g @ B  # (R, out) @ (out, r) -> (R, r)
+    grad_B = s * (g.T @ xA)  # (out, R) @ (R, r) -> (out, r)
+    grad_A = s * (gB.T @ x)  # (r, R) @ (R, in) -> (r, in)
+    grad_x = g @ W + s * (gB @ A)  # (R, out) @ (out, in) + (R, r) @ (r, in) -> (R, in)
     return grad_x, grad_A, grad_B
 
 
-xA = x @ A.T                                             # (R, in) @ (in, r) -> (R, r)
+xA = x @ A.T  # (R, in) @ (in, r) -> (R, r)
 grad_x_1, grad_A_1, grad_B_1 = lora_backward_1(x, W, A, B, xA, g, s)
 compare("cheap ∂L/∂B vs the route through ∂L/∂W'", grad_B_1, grad_B_seed)
 compare("cheap ∂L/∂A vs the route through ∂L/∂W'", grad_A_1, grad_A_seed)
@@ -152,8 +153,8 @@ _ = compare("cheap ∂L/∂x vs g·W'", grad_x_1, g @ (W + s * B @ A))
 # %%
 n_in = n_out = 4096
 R_tok, r_big = 4096, 8
-via_Wp = n_out * R_tok * n_in + 2 * n_out * n_in * r_big   # gᵀx, then (∂L/∂W')Aᵀ and Bᵀ(∂L/∂W')
-cheap = R_tok * n_out * r_big + n_out * R_tok * r_big + r_big * R_tok * n_in   # gB, gᵀ(xAᵀ), (gB)ᵀx
+via_Wp = n_out * R_tok * n_in + 2 * n_out * n_in * r_big  # gᵀx, then (∂L/∂W')Aᵀ and Bᵀ(∂L/∂W')
+cheap = R_tok * n_out * r_big + n_out * R_tok * r_big + r_big * R_tok * n_in  # gB, gᵀ(xAᵀ), (gB)ᵀx
 show("multiply-adds via ∂L/∂W' (×1e9)", via_Wp / 1e9, 1)
 show("multiply-adds, cheap route (×1e9)", cheap / 1e9, 2)
 show("ratio", via_Wp / cheap, 0)
@@ -194,17 +195,22 @@ print(inspect.getsource(LoRALinearFunction.setup_context))
 
 # %%
 grad_x_h, _, _, grad_A_h, grad_B_h, _, _ = lora_linear_backward(
-    g, x, W, A, B, xA, s, needs=(True, False, False, True, True, False, False))
+    g, x, W, A, B, xA, s, needs=(True, False, False, True, True, False, False)
+)
 compare("helpers' ∂L/∂A vs lora_backward_1", grad_A_h, grad_A_1)
 compare("helpers' ∂L/∂B vs lora_backward_1", grad_B_h, grad_B_1)
 compare("helpers' ∂L/∂x vs lora_backward_1", grad_x_h, grad_x_1)
 
 args = [t.clone().requires_grad_() for t in (x, A, B)]
-print("gradcheck (x, A, B; W frozen):",
-      gradcheck(lambda x_, A_, B_: lora_linear(x_, W, None, A_, B_, alpha, r), args))
+print(
+    "gradcheck (x, A, B; W frozen):",
+    gradcheck(lambda x_, A_, B_: lora_linear(x_, W, None, A_, B_, alpha, r), args),
+)
 args = [t.clone().requires_grad_() for t in (x, W, A, B)]
-print("gradcheck (x, W, A, B; W trainable):",
-      gradcheck(lambda x_, W_, A_, B_: lora_linear(x_, W_, None, A_, B_, alpha, r), args))
+print(
+    "gradcheck (x, W, A, B; W trainable):",
+    gradcheck(lambda x_, W_, A_, B_: lora_linear(x_, W_, None, A_, B_, alpha, r), args),
+)
 
 # %% [markdown]
 # `LoRALinear` wraps an existing `nn.Linear`: it sets `requires_grad=False` on the base's
@@ -218,17 +224,17 @@ print("gradcheck (x, W, A, B; W trainable):",
 base = nn.Linear(16, 8).to(device=dev, dtype=F64)
 lora = LoRALinear(base, r=4, alpha=8.0, seed=0)
 print(lora)
-with torch.no_grad():                                    # a trained-looking B, so every term counts
+with torch.no_grad():  # a trained-looking B, so every term counts
     lora.lora_B.copy_(randn(8, 4, seed=6, dtype=F64, device=dev))
-X = randn(3, 5, 16, seed=7, dtype=F64, device=dev, requires_grad=True)   # (batch, tokens, in)
+X = randn(3, 5, 16, seed=7, dtype=F64, device=dev, requires_grad=True)  # (batch, tokens, in)
 G = randn(3, 5, 8, seed=8, dtype=F64, device=dev)
 lora(X).backward(G)
 
 A_ref = lora.lora_A.detach().clone().requires_grad_()
 B_ref = lora.lora_B.detach().clone().requires_grad_()
 X_ref = X.detach().clone().requires_grad_()
-W_prime = base.weight + lora.scale * B_ref @ A_ref       # (out, r) @ (r, in) -> (out, in)
-y_ref = X_ref @ W_prime.T + base.bias                    # (3, 5, 16) @ (16, 8) -> (3, 5, 8)
+W_prime = base.weight + lora.scale * B_ref @ A_ref  # (out, r) @ (r, in) -> (out, in)
+y_ref = X_ref @ W_prime.T + base.bias  # (3, 5, 16) @ (16, 8) -> (3, 5, 8)
 y_ref.backward(G)
 compare("LoRALinear output", lora(X), y_ref, atol=1e-12, rtol=0)
 compare("∂L/∂x", X.grad, X_ref.grad, atol=1e-12, rtol=0)
@@ -256,6 +262,7 @@ _ = compare("∂L/∂x = G·W' (flows through the frozen W)", X.grad, G @ W_prim
 # (r = 8) on both layers. `SavedTensors` (chapter 3) counts the bytes kept for backward,
 # parameters and the input excluded.
 
+
 # %%
 def two_layers(mode):
     """Linear → GELU → Linear (256 wide): 'trainable', 'frozen' or 'lora' (frozen + r=8 adapters)."""
@@ -269,17 +276,19 @@ def two_layers(mode):
     return net
 
 
-X2 = randn(1024, 256, seed=9, device=dev, requires_grad=True)                # (R, in)
+X2 = randn(1024, 256, seed=9, device=dev, requires_grad=True)  # (R, in)
 stats = {}
 for mode in ("trainable", "frozen", "lora"):
     net = two_layers(mode)
     with SavedTensors(exclude=list(net.parameters()) + [X2], by_op=True) as saved:
-        L = net(X2).sum()                  # sum saves nothing: only the layers' tensors count
+        L = net(X2).sum()  # sum saves nothing: only the layers' tensors count
     L.backward()
     grad_bytes = sum(p.grad.numel() * p.grad.element_size() for p in net.parameters() if p.grad is not None)
     stats[mode] = (saved.total_bytes, grad_bytes)
-    print(f"{mode:9s}  saved for backward {fmt_bytes(saved.total_bytes):>9s}   "
-          f"parameter gradients {fmt_bytes(grad_bytes):>9s}")
+    print(
+        f"{mode:9s}  saved for backward {fmt_bytes(saved.total_bytes):>9s}   "
+        f"parameter gradients {fmt_bytes(grad_bytes):>9s}"
+    )
     X2.grad = None
 
 # %% [markdown]
@@ -290,6 +299,7 @@ for mode in ("trainable", "frozen", "lora"):
 # small $xA^\top$: activation memory is back to 2.1 MiB. **LoRA does not save activation memory**;
 # what it saves is every $\partial L/\partial W$ (here 514.0 KiB become 32.0 KiB of adapter
 # gradients), and, below, the optimizer state. Time per forward + backward:
+
 
 # %%
 def time_fwd_bwd(net, reps=10):
@@ -308,14 +318,16 @@ def time_fwd_bwd(net, reps=10):
 
 nets = {mode: two_layers(mode) for mode in ("trainable", "frozen", "lora")}
 samples = {mode: [] for mode in nets}
-for _ in range(7):                          # interleaved, so all three see the same machine load
+for _ in range(7):  # interleaved, so all three see the same machine load
     for mode, net in nets.items():
         samples[mode].append(time_fwd_bwd(net, reps=3))
-times = {mode: sorted(v)[len(v) // 2] for mode, v in samples.items()}   # median
+times = {mode: sorted(v)[len(v) // 2] for mode, v in samples.items()}  # median
 for mode, t in times.items():
     varies(f"{mode:9s} {t * 1e3:.2f} ms per forward + backward")
-varies(f"frozen / trainable = {times['frozen'] / times['trainable']:.2f}, "
-       f"lora / trainable = {times['lora'] / times['trainable']:.2f}")
+varies(
+    f"frozen / trainable = {times['frozen'] / times['trainable']:.2f}, "
+    f"lora / trainable = {times['lora'] / times['trainable']:.2f}"
+)
 
 # %% [markdown]
 # The frozen version skips the $g^\top x$ matmul of each layer, about a third of a linear
@@ -369,7 +381,7 @@ _ = compare("adapted vs base output at init", lora(x5), base(x5), exact=True)
 # $\partial L/\partial A = s\,(gB)^\top x = 0$, while $\partial L/\partial B = s\,g^\top(xA^\top) \ne 0$.
 
 # %%
-teacher = randn(8, 16, seed=11, dtype=F64, device=dev) / 4    # the layer we want to reach
+teacher = randn(8, 16, seed=11, dtype=F64, device=dev) / 4  # the layer we want to reach
 y5 = x5 @ teacher.T
 
 
@@ -386,9 +398,11 @@ def step0_grads(A0, B0):
 A_kaiming = lora.lora_A.detach().clone()
 B_gauss = randn(8, 4, seed=12, dtype=F64, device=dev) * 0.02
 zero_A, zero_B = torch.zeros_like(A_kaiming), torch.zeros_like(B_gauss)
-inits = {"A random, B = 0 (LoRA)": (A_kaiming, zero_B),
-         "A = 0, B random (seed 003's prose)": (zero_A, B_gauss),
-         "A = 0, B = 0": (zero_A, zero_B)}
+inits = {
+    "A random, B = 0 (LoRA)": (A_kaiming, zero_B),
+    "A = 0, B random (seed 003's prose)": (zero_A, B_gauss),
+    "A = 0, B = 0": (zero_A, zero_B),
+}
 for name, (A0, B0) in inits.items():
     gA, gB_ = step0_grads(A0, B0)
     print(f"{name:36s} ‖∂L/∂A‖ = {fmt(gA, 6)}   ‖∂L/∂B‖ = {fmt(gB_, 6)}")
@@ -422,8 +436,10 @@ for name, (A0, B0) in inits.items():
         L.backward()
         opt.step()
         curves[name].append(L.item())
-    print(f"{name:36s} loss {fmt(curves[name][0], 4)} -> {fmt(curves[name][-1], 4)};"
-          f" still A = B = 0: {bool(lora.lora_A.abs().max() == 0 and lora.lora_B.abs().max() == 0)}")
+    print(
+        f"{name:36s} loss {fmt(curves[name][0], 4)} -> {fmt(curves[name][-1], 4)};"
+        f" still A = B = 0: {bool(lora.lora_A.abs().max() == 0 and lora.lora_B.abs().max() == 0)}"
+    )
 
 fig, ax = plt.subplots(figsize=(6, 3))
 for name, c in curves.items():
@@ -472,8 +488,10 @@ for rs in (False, True):
         dW[(rs, steps)] = row
 print("r:                 " + " ".join(f"{rk:>7d}" for rk in ranks))
 for (rs, steps), row in dW.items():
-    print(f"{'α/√r' if rs else 'α/r '}, {steps:2d} step{'s' if steps > 1 else ' '}:  "
-          + " ".join(f"{fmt(v, 4):>7s}" for v in row))
+    print(
+        f"{'α/√r' if rs else 'α/r '}, {steps:2d} step{'s' if steps > 1 else ' '}:  "
+        + " ".join(f"{fmt(v, 4):>7s}" for v in row)
+    )
 
 # %%
 fig, ax = plt.subplots(figsize=(6, 3))
@@ -556,7 +574,7 @@ cfg = GPTConfig(vocab_size=tok.vocab_size, n_ctx=32, d_model=32, n_heads=4, n_la
 gpt = TinyGPT(cfg, seed=0).to(dev)
 print("packed in_proj_weight:", tuple(gpt.blocks[0].self_attn.in_proj_weight.shape))
 
-probe = tok.encode(text[:64]).reshape(2, 32).to(dev)      # (B, N) token ids
+probe = tok.encode(text[:64]).reshape(2, 32).to(dev)  # (B, N) token ids
 logits_base = gpt(probe)
 gpt_qv = copy.deepcopy(gpt)
 add_lora_attention(gpt_qv, r=4, alpha=16.0, targets=("q", "v"))
@@ -577,11 +595,12 @@ print("trainable:", [n for n, p in gpt_qv.named_parameters() if p.requires_grad]
 # forward → backward → step; chapter 11 takes it apart). `lm_loss` is the next-token
 # cross-entropy over every position; `fine_tune` gives Adam only the parameters that train.
 
+
 # %%
 def fine_tune(model, data, steps, lr, seed, desc):
     """Adam on model's trainable parameters, lm_loss on 16 random windows per step (step s: seed + s)."""
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
-    batch_at = lambda s: get_batch(data, 16, cfg.n_ctx, seed=seed + s, device=dev)   # idx, targets (16, n_ctx)
+    batch_at = lambda s: get_batch(data, 16, cfg.n_ctx, seed=seed + s, device=dev)  # idx, targets (16, n_ctx)
     t0 = time.perf_counter()
     hist = train(opt, batch_at, steps, loss_fn=lambda idx, targets: lm_loss(model, idx, targets), desc=desc)
     return {"losses": hist["loss"], "optimizer": opt, "seconds": time.perf_counter() - t0}
@@ -613,6 +632,7 @@ base_state = copy.deepcopy(gpt.state_dict())
 # * **full**: every parameter trains, Adam lr 1e-3;
 # * **LoRA Q,V**: adapters of rank 4 ($\alpha = 16$) on Q and V of both blocks, lr 1e-2;
 # * **LoRA all**: adapters of rank 4 on Q, K, V, the output projection and both FFN layers.
+
 
 # %%
 def fresh_gpt():
@@ -646,20 +666,29 @@ for name, model in models.items():
     c = parameter_counts(model)
     held = eval_lm(model, ft_held, n_ctx=cfg.n_ctx)
     table[name] = (c, held)
-    print(f"{name:10s} {c['trainable']:>10d} {fmt(100 * c['trainable'] / c['total'], 1):>8s}%"
-          f" {fmt_bytes(c['trainable_bytes']):>11s} {fmt_bytes(optimizer_state_bytes(runs[name]['optimizer'])):>11s}"
-          f"  {fmt(held, 2)}")
-show("Adam state, full / LoRA Q,V", optimizer_state_bytes(runs["full"]["optimizer"])
-     / optimizer_state_bytes(runs["LoRA Q,V"]["optimizer"]), 1)
+    print(
+        f"{name:10s} {c['trainable']:>10d} {fmt(100 * c['trainable'] / c['total'], 1):>8s}%"
+        f" {fmt_bytes(c['trainable_bytes']):>11s} {fmt_bytes(optimizer_state_bytes(runs[name]['optimizer'])):>11s}"
+        f"  {fmt(held, 2)}"
+    )
+show(
+    "Adam state, full / LoRA Q,V",
+    optimizer_state_bytes(runs["full"]["optimizer"]) / optimizer_state_bytes(runs["LoRA Q,V"]["optimizer"]),
+    1,
+)
 for name, run in runs.items():
     varies(f"{name:9s} {1e3 * run['seconds'] / STEPS:.1f} ms per training step")
 
 # %%
 fig, ax = plt.subplots(figsize=(6.5, 3.4))
-smooth = lambda v, k=10: [sum(v[max(0, i - k + 1):i + 1]) / len(v[max(0, i - k + 1):i + 1]) for i in range(len(v))]
+smooth = lambda v, k=10: [
+    sum(v[max(0, i - k + 1) : i + 1]) / len(v[max(0, i - k + 1) : i + 1]) for i in range(len(v))
+]
 for name, run in runs.items():
     ax.plot(smooth(run["losses"]), lw=2, label=name)
-ax.axhline(eval_lm(gpt, ft_held, n_ctx=cfg.n_ctx), color="0.5", ls=":", label="pretrained, before fine-tuning")
+ax.axhline(
+    eval_lm(gpt, ft_held, n_ctx=cfg.n_ctx), color="0.5", ls=":", label="pretrained, before fine-tuning"
+)
 ax.set_xlabel("fine-tuning step")
 ax.set_ylabel("training loss (running mean of 10)")
 ax.legend(fontsize=8)
@@ -686,10 +715,14 @@ plt.show()
 # %%
 sd = lora_state_dict(models["LoRA Q,V"])
 print("adapter state dict:", list(sd)[:4], "...")
-print("adapter bytes:", fmt_bytes(sum(t.numel() * t.element_size() for t in sd.values())),
-      " full model bytes:", fmt_bytes(sum(t.numel() * t.element_size() for t in base_state.values())))
+print(
+    "adapter bytes:",
+    fmt_bytes(sum(t.numel() * t.element_size() for t in sd.values())),
+    " full model bytes:",
+    fmt_bytes(sum(t.numel() * t.element_size() for t in base_state.values())),
+)
 restored = fresh_gpt()
-add_lora_attention(restored, r=R_MAIN, alpha=ALPHA_MAIN, targets=("q", "v"), seed=123)   # other init
+add_lora_attention(restored, r=R_MAIN, alpha=ALPHA_MAIN, targets=("q", "v"), seed=123)  # other init
 load_lora_state_dict(restored, sd)
 logits_ft = models["LoRA Q,V"](probe)
 compare("fresh base + loaded adapters vs fine-tuned", restored(probe), logits_ft, exact=True)
@@ -711,24 +744,43 @@ _ = unmerge_lora(restored)
 from helpers.widgets_lora import lora_animation, lora_panel, lora_run
 
 grid = [(rk, a) for a in (4.0, 16.0) for rk in (1, 4, 16)]
-precomputed = {(R_MAIN, ALPHA_MAIN): {"r": R_MAIN, "alpha": ALPHA_MAIN, "losses": runs["LoRA Q,V"]["losses"],
-                                      "trainable": table["LoRA Q,V"][0]["trainable"],
-                                      "total": table["LoRA Q,V"][0]["total"],
-                                      "opt_bytes": optimizer_state_bytes(runs["LoRA Q,V"]["optimizer"])}}
+precomputed = {
+    (R_MAIN, ALPHA_MAIN): {
+        "r": R_MAIN,
+        "alpha": ALPHA_MAIN,
+        "losses": runs["LoRA Q,V"]["losses"],
+        "trainable": table["LoRA Q,V"][0]["trainable"],
+        "total": table["LoRA Q,V"][0]["total"],
+        "opt_bytes": optimizer_state_bytes(runs["LoRA Q,V"]["optimizer"]),
+    }
+}
 for rk, a in tqdm([k for k in grid if k not in precomputed], desc="precompute (r, α)"):
-    precomputed[(rk, a)] = lora_run(cfg, base_state, ft_train, rk, a, steps=STEPS, lr=1e-2, seed=1000, device=dev)
+    precomputed[(rk, a)] = lora_run(
+        cfg, base_state, ft_train, rk, a, steps=STEPS, lr=1e-2, seed=1000, device=dev
+    )
 reference = {"full": runs["full"]["losses"], "LoRA all": runs["LoRA all"]["losses"]}
 
 # %%
 print(f"{'r':>3s} {'α':>5s} {'α/r':>6s} {'trainable':>10s} {'Adam state':>11s}  loss, last 10 steps")
-for (rk, a) in sorted(precomputed, key=lambda k: (k[1], k[0])):
+for rk, a in sorted(precomputed, key=lambda k: (k[1], k[0])):
     run = precomputed[(rk, a)]
-    print(f"{rk:>3d} {fmt(a, 0):>5s} {fmt(a / rk, 2):>6s} {run['trainable']:>10d} "
-          f"{fmt_bytes(run['opt_bytes']):>11s}  {fmt(sum(run['losses'][-10:]) / 10, 2)}")
+    print(
+        f"{rk:>3d} {fmt(a, 0):>5s} {fmt(a / rk, 2):>6s} {run['trainable']:>10d} "
+        f"{fmt_bytes(run['opt_bytes']):>11s}  {fmt(sum(run['losses'][-10:]) / 10, 2)}"
+    )
 
 # %% tags=["nbval-ignore-output"]
-lora_panel(cfg, base_state, ft_train, ranks=(1, 2, 4, 8, 16), alphas=(4.0, 16.0), steps=STEPS,
-           precomputed=precomputed, reference=reference, device=dev)
+lora_panel(
+    cfg,
+    base_state,
+    ft_train,
+    ranks=(1, 2, 4, 8, 16),
+    alphas=(4.0, 16.0),
+    steps=STEPS,
+    precomputed=precomputed,
+    reference=reference,
+    device=dev,
+)
 
 # %% tags=["nbval-ignore-output"]
 from IPython.display import HTML

@@ -82,7 +82,7 @@ F64 = torch.float64
 # %%
 B, N, d, H, d_ff, V = 2, 12, 24, 3, 40, 17
 cfg = GPTConfig(vocab_size=V, n_ctx=64, d_model=d, n_heads=H, n_layers=1, d_ff=d_ff)
-model = TinyGPT(cfg, seed=0)                                   # on the CPU
+model = TinyGPT(cfg, seed=0)  # on the CPU
 idx = torch.randint(0, V, (B, N), generator=torch.Generator().manual_seed(0))
 with SavedTensors(exclude=list(model.parameters()), by_op=True) as saved:
     model(idx)
@@ -113,7 +113,7 @@ show("bytes kept", saved.total_bytes, 0)
 # `helpers.checkpoint.activation_bytes_formula` adds these up:
 
 # %% tags=["nbval-ignore-output"]
-print(inspect.getsource(block_activation_bytes))   # a listing: nbval skips its output, the next cell checks
+print(inspect.getsource(block_activation_bytes))  # a listing: nbval skips its output, the next cell checks
 
 # %%
 formula = activation_bytes_formula(B, N, d, H, 1, d_ff, 4, head=True)
@@ -127,14 +127,16 @@ _ = compare("measured = formula", saved.total_bytes, formula, exact=True)
 # %%
 cfg4 = GPTConfig(vocab_size=V, n_ctx=64, d_model=d, n_heads=H, n_layers=4, d_ff=d_ff)
 gpt4 = TinyGPT(cfg4, seed=0)
-X = nn.functional.embedding(idx, gpt4.wte) + gpt4.wpe[:N]       # (B, N, d), as TinyGPT.forward
-mask = nn.Transformer.generate_square_subsequent_mask(N, dtype=X.dtype)   # (N, N)
+X = nn.functional.embedding(idx, gpt4.wte) + gpt4.wpe[:N]  # (B, N, d), as TinyGPT.forward
+mask = nn.Transformer.generate_square_subsequent_mask(N, dtype=X.dtype)  # (N, N)
 per_block = block_activation_bytes(B, N, d, H, d_ff, 4)
 for l, block in enumerate(gpt4.blocks):
     with SavedTensors(exclude=list(block.parameters())) as s:
         X = block(X, src_mask=mask, is_causal=True)
-    print(f"block {l}: {fmt(s.total_bytes, 0)} bytes, formula {fmt(per_block, 0)}",
-          "✓" if s.total_bytes == per_block else "✗")
+    print(
+        f"block {l}: {fmt(s.total_bytes, 0)} bytes, formula {fmt(per_block, 0)}",
+        "✓" if s.total_bytes == per_block else "✗",
+    )
 
 for n_layers in range(1, 5):
     c = GPTConfig(vocab_size=V, n_ctx=64, d_model=d, n_heads=H, n_layers=n_layers, d_ff=d_ff)
@@ -142,8 +144,10 @@ for n_layers in range(1, 5):
     with SavedTensors(exclude=list(m.parameters())) as s:
         m(idx)
     f = activation_bytes_formula(B, N, d, H, n_layers, d_ff, 4, head=True)
-    print(f"{n_layers} blocks: measured {fmt(s.total_bytes, 0)}, formula {fmt(f, 0)}",
-          "✓" if s.total_bytes == f else "✗")
+    print(
+        f"{n_layers} blocks: measured {fmt(s.total_bytes, 0)}, formula {fmt(f, 0)}",
+        "✓" if s.total_bytes == f else "✗",
+    )
 
 # %% [markdown]
 # Every block adds the same 26784 bytes, $B N (8d + H + 4 + 2d_\text{ff}) \cdot 4$, and the
@@ -166,8 +170,10 @@ for n_tok in (12, 24):
     with sdpa_kernel(SDPBackend.MATH), SavedTensors(exclude=list(gpt4.parameters())) as s:
         gpt4(ids)
     f = activation_bytes_formula(B, n_tok, d, H, 4, d_ff, 4, attention="math", head=True)
-    print(f"math attention, N={n_tok}: measured {fmt(s.total_bytes, 0)}, formula {fmt(f, 0)}",
-          "✓" if s.total_bytes == f else "✗")
+    print(
+        f"math attention, N={n_tok}: measured {fmt(s.total_bytes, 0)}, formula {fmt(f, 0)}",
+        "✓" if s.total_bytes == f else "✗",
+    )
 
 # %% [markdown]
 # The math backend also keeps scaled copies of $Q$ and $K^\top$ ($2d$) and the merged output
@@ -178,13 +184,15 @@ for n_tok in (12, 24):
 
 # %%
 d_, H_, f_, L_, B_ = 768, 12, 3072, 12, 8
-Ns = [128 * 2 ** k for k in range(7)]                           # 128 .. 8192
-math_GiB = [activation_bytes_formula(B_, n, d_, H_, L_, f_, 2, attention="math") / 2 ** 30 for n in Ns]
-fused_GiB = [activation_bytes_formula(B_, n, d_, H_, L_, f_, 2) / 2 ** 30 for n in Ns]
-P_GiB = [L_ * B_ * H_ * n * n * 2 / 2 ** 30 for n in Ns]
+Ns = [128 * 2**k for k in range(7)]  # 128 .. 8192
+math_GiB = [activation_bytes_formula(B_, n, d_, H_, L_, f_, 2, attention="math") / 2**30 for n in Ns]
+fused_GiB = [activation_bytes_formula(B_, n, d_, H_, L_, f_, 2) / 2**30 for n in Ns]
+P_GiB = [L_ * B_ * H_ * n * n * 2 / 2**30 for n in Ns]
 show("N* = (10d + 4 + 2 d_ff)/H", (10 * d_ + 4 + 2 * f_) / H_, 1)
 for n, a, b, p in zip(Ns, math_GiB, fused_GiB, P_GiB):
-    print(f"N={n:5d}: math {fmt(a, 2):>8s} GiB (P's share {fmt(100 * p / a, 1):>5s}%), fused {fmt(b, 2):>6s} GiB")
+    print(
+        f"N={n:5d}: math {fmt(a, 2):>8s} GiB (P's share {fmt(100 * p / a, 1):>5s}%), fused {fmt(b, 2):>6s} GiB"
+    )
 
 fig, ax = plt.subplots(figsize=(6, 3.6))
 ax.loglog(Ns, math_GiB, "o-", label="math attention (keeps P)")
@@ -212,6 +220,7 @@ plt.show()
 #
 # A first version, straight from that description:
 
+
 # %%
 class FirstCheckpoint(torch.autograd.Function):
     """y = fn(x, *params), keeping only x; backward recomputes fn and differentiates it."""
@@ -231,22 +240,28 @@ class FirstCheckpoint(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_y):
         x, *params = ctx.saved_tensors
-        needs = ctx.needs_input_grad[1:]                         # one flag for x, one per parameter
+        needs = ctx.needs_input_grad[1:]  # one flag for x, one per parameter
         # Fresh leaves sharing x's and θ's memory; only those that need a gradient require one.
         leaves = [t.detach().requires_grad_(n) for t, n in zip((x, *params), needs)]
         with torch.enable_grad():
-            y = ctx.fn(*leaves)                                  # the forward again, now with a graph
+            y = ctx.fn(*leaves)  # the forward again, now with a graph
         got = iter(torch.autograd.grad(y, [t for t, n in zip(leaves, needs) if n], grad_y))
         return (None, *(next(got) if n else None for n in needs))
 
 
 def ffn(x, W1, b1, W2, b2):
     """y = x + GELU(x W1ᵀ + b1) W2ᵀ + b2."""
-    return x + nn.functional.gelu(x @ W1.T + b1) @ W2.T + b2     # (B, N, d) @ (d, f) @ (f, d) -> (B, N, d)
+    return x + nn.functional.gelu(x @ W1.T + b1) @ W2.T + b2  # (B, N, d) @ (d, f) @ (f, d) -> (B, N, d)
 
 
-W1, b1 = randn(d_ff, d, seed=1, dtype=F64, device=dev) / math.sqrt(d), randn(d_ff, seed=2, dtype=F64, device=dev)
-W2, b2 = randn(d, d_ff, seed=3, dtype=F64, device=dev) / math.sqrt(d_ff), randn(d, seed=4, dtype=F64, device=dev)
+W1, b1 = (
+    randn(d_ff, d, seed=1, dtype=F64, device=dev) / math.sqrt(d),
+    randn(d_ff, seed=2, dtype=F64, device=dev),
+)
+W2, b2 = (
+    randn(d, d_ff, seed=3, dtype=F64, device=dev) / math.sqrt(d_ff),
+    randn(d, seed=4, dtype=F64, device=dev),
+)
 ffn_params = [p.requires_grad_() for p in (W1, b1, W2, b2)]
 x = randn(B, N, d, seed=5, dtype=F64, device=dev, requires_grad=True)
 g_ref = torch.autograd.grad((ffn(x, *ffn_params) ** 2).sum(), [x, *ffn_params])
@@ -266,6 +281,7 @@ for name, a, b in zip(["x", "W1", "b1", "W2", "b2"], g_ours, g_ref):
 # **Why the weights are inputs of the Function.** Autograd asks a Function for the gradients of
 # its *inputs*, nothing else. Write the block as a closure over its weights and autograd sees a
 # function of $x$ alone:
+
 
 # %%
 class ClosureCheckpoint(torch.autograd.Function):
@@ -293,7 +309,7 @@ class ClosureCheckpoint(torch.autograd.Function):
 for p in ffn_params:
     p.grad = None
 y = ClosureCheckpoint.apply(lambda x: ffn(x, *ffn_params), x)
-(y ** 2).sum().backward()
+(y**2).sum().backward()
 show("weights that received a gradient", sum(p.grad is not None for p in ffn_params), 0)
 show("weights in the block", len(ffn_params), 0)
 
@@ -319,13 +335,17 @@ print(inspect.getsource(Checkpoint))
 # with `torch.func.functional_call`, and `checkpoint_sequential(blocks, x)` checkpoints every
 # block. Gradients of a 3-block stack with dropout 0.3, each run started from the same seed:
 
+
 # %%
 def stack(dropout, dtype, n_layers=3, seed=0, device=dev):
     """n_layers pre-norm nn.TransformerEncoderLayer blocks (GELU, batch_first), weights from a fixed seed."""
     torch.manual_seed(seed)
-    return nn.ModuleList(nn.TransformerEncoderLayer(d, H, d_ff, dropout=dropout, activation="gelu",
-                                                    batch_first=True, norm_first=True, dtype=dtype)
-                         for _ in range(n_layers)).to(device)
+    return nn.ModuleList(
+        nn.TransformerEncoderLayer(
+            d, H, d_ff, dropout=dropout, activation="gelu", batch_first=True, norm_first=True, dtype=dtype
+        )
+        for _ in range(n_layers)
+    ).to(device)
 
 
 def run(blocks, x, mode, **kw):
@@ -347,8 +367,9 @@ def grads(blocks, x, mode, seed=123, **kw):
 
 def agree(name, ga, gb):
     """One compare line for a whole list of gradients (atol 1e-12 in float64)."""
-    return compare(name, torch.cat([g.flatten() for g in ga]), torch.cat([g.flatten() for g in gb]),
-                   atol=1e-12, rtol=0)
+    return compare(
+        name, torch.cat([g.flatten() for g in ga]), torch.cat([g.flatten() for g in gb]), atol=1e-12, rtol=0
+    )
 
 
 blocks = stack(dropout=0.3, dtype=F64)
@@ -357,7 +378,9 @@ ref = grads(blocks, x, "none")
 show("gradient tensors (x and every parameter)", len(ref), 0)
 agree("ours, RNG restored vs no checkpointing", grads(blocks, x, "ours"), ref)
 agree("torch.utils.checkpoint vs no checkpointing", grads(blocks, x, "torch"), ref)
-_ = agree("ours, RNG NOT restored vs no checkpointing", grads(blocks, x, "ours", preserve_rng_state=False), ref)
+_ = agree(
+    "ours, RNG NOT restored vs no checkpointing", grads(blocks, x, "ours", preserve_rng_state=False), ref
+)
 
 # %% [markdown]
 # With the RNG restored, all 37 gradients (the input and 36 parameter tensors) agree with the
@@ -373,7 +396,7 @@ _ = agree("ours, RNG NOT restored vs no checkpointing", grads(blocks, x, "ours",
 # `torch.utils.checkpoint` does. On the CPU in bfloat16:
 
 # %%
-ffn32 = [t.detach().to(cpu, torch.float32).requires_grad_() for t in (x, *ffn_params)]   # x, W1, b1, W2, b2
+ffn32 = [t.detach().to(cpu, torch.float32).requires_grad_() for t in (x, *ffn_params)]  # x, W1, b1, W2, b2
 
 
 def grads_autocast(apply):
@@ -385,11 +408,20 @@ def grads_autocast(apply):
 
 ref_ac = grads_autocast(lambda f, *a: f(*a))
 compare("bf16 autocast: ours vs no checkpointing", grads_autocast(checkpoint), ref_ac, exact=True)
-compare("bf16 autocast: torch.utils.checkpoint vs none",
-        grads_autocast(lambda f, *a: tuc.checkpoint(f, *a, use_reentrant=False)), ref_ac, exact=True)
+compare(
+    "bf16 autocast: torch.utils.checkpoint vs none",
+    grads_autocast(lambda f, *a: tuc.checkpoint(f, *a, use_reentrant=False)),
+    ref_ac,
+    exact=True,
+)
 # The bug: Checkpoint without the autocast state (None) re-runs ffn in float32.
-_ = compare("bf16 autocast: re-run outside autocast vs none",
-            grads_autocast(lambda f, x, *p: Checkpoint.apply(f, None, None, x, *p)), ref_ac, atol=2e-2, rtol=2e-2)
+_ = compare(
+    "bf16 autocast: re-run outside autocast vs none",
+    grads_autocast(lambda f, x, *p: Checkpoint.apply(f, None, None, x, *p)),
+    ref_ac,
+    atol=2e-2,
+    rtol=2e-2,
+)
 
 # %% [markdown]
 # Ours and PyTorch's agree with the un-checkpointed run bit for bit: the re-run repeats the
@@ -410,7 +442,9 @@ for mode in ("none", "torch", "ours"):
     with SavedTensors(exclude=list(blocks32.parameters())) as s:
         run(blocks32, x32, mode)
     kept[mode] = s.total_bytes
-    print(f"{mode:>5s}: {fmt(s.total_bytes, 0):>6s} bytes in {fmt(s.count, 0):>2s} tensors ({fmt_bytes(s.total_bytes)})")
+    print(
+        f"{mode:>5s}: {fmt(s.total_bytes, 0):>6s} bytes in {fmt(s.count, 0):>2s} tensors ({fmt_bytes(s.total_bytes)})"
+    )
 show("one block input, B·N·d·4", B * N * d * 4, 0)
 show("4 block inputs", 4 * B * N * d * 4, 0)
 show("no checkpointing / checkpointing", kept["none"] / kept["ours"], 2)
@@ -439,11 +473,13 @@ for rep in range(6):
         torch.autograd.grad((y * y).sum(), [x_t, *blocks_t.parameters()])
         if dev.type == "cuda":
             torch.cuda.synchronize()
-        if rep > 0:                                                # the first round warms up
+        if rep > 0:  # the first round warms up
             times[mode].append(time.perf_counter() - t0)
 med = {m: sorted(t)[len(t) // 2] for m, t in times.items()}
-varies(f"fwd+bwd: none {1e3 * med['none']:.1f} ms, torch.utils.checkpoint {med['torch'] / med['none']:.2f}x, "
-       f"ours {med['ours'] / med['none']:.2f}x")
+varies(
+    f"fwd+bwd: none {1e3 * med['none']:.1f} ms, torch.utils.checkpoint {med['torch'] / med['none']:.2f}x, "
+    f"ours {med['ours'] / med['none']:.2f}x"
+)
 
 # %% [markdown]
 # Expect about $1.3\times$ on a large model where matmuls dominate: backward costs about two
@@ -488,10 +524,10 @@ show("seed: 1 − 0.7/1.2 (memory saved)", 1 - 0.7 / 1.2, 3)
 full = activation_bytes_formula(16, 512, 768, 12, 12, 3072, 4)
 inputs = 12 * 16 * 512 * 768 * 4
 one_block = block_activation_bytes(16, 512, 768, 12, 3072, 4)
-show("kept, no checkpointing, GiB", full / 2 ** 30, 3)
-show("kept, checkpointing every block (12 inputs), GiB", inputs / 2 ** 30, 3)
-show("one block's activations, GiB", one_block / 2 ** 30, 3)
-show("checkpointed peak: inputs + one block, GiB", (inputs + one_block) / 2 ** 30, 3)
+show("kept, no checkpointing, GiB", full / 2**30, 3)
+show("kept, checkpointing every block (12 inputs), GiB", inputs / 2**30, 3)
+show("one block's activations, GiB", one_block / 2**30, 3)
+show("checkpointed peak: inputs + one block, GiB", (inputs + one_block) / 2**30, 3)
 show("checkpointed peak / full", (inputs + one_block) / full, 3)
 
 # %% [markdown]
@@ -515,7 +551,9 @@ show("checkpointed peak / full", (inputs + one_block) / full, 3)
 # unless someone turned it off:
 
 # %%
-show("torch.backends.cuda.mem_efficient_sdp_enabled()", int(torch.backends.cuda.mem_efficient_sdp_enabled()), 0)
+show(
+    "torch.backends.cuda.mem_efficient_sdp_enabled()", int(torch.backends.cuda.mem_efficient_sdp_enabled()), 0
+)
 show("torch.backends.cuda.flash_sdp_enabled()", int(torch.backends.cuda.flash_sdp_enabled()), 0)
 
 # %% [markdown]
@@ -530,21 +568,26 @@ show("torch.backends.cuda.flash_sdp_enabled()", int(torch.backends.cuda.flash_sd
 # they can represent (`torch.finfo`; "tiny" is the smallest *normal* number, below it the
 # subnormals go down to tiny·eps):
 
+
 # %%
 def sci(v):
     """v as mantissa e exponent, the mantissa through fmt (whole numbers below 10⁶ as they are)."""
     if v >= 1 and v < 1e6 and v == int(v):
         return fmt(v, 0)
     e = math.floor(math.log10(abs(v)))
-    return f"{fmt(v / 10 ** e, 3)}e{e}"
+    return f"{fmt(v / 10**e, 3)}e{e}"
 
 
-print(f"{'dtype':<9s} {'bits':>4s} {'max':>10s} {'tiny':>10s} {'subnormal':>10s} {'eps':>10s}   "
-      f"{'log2: tiny, subnormal, eps':>26s}")
+print(
+    f"{'dtype':<9s} {'bits':>4s} {'max':>10s} {'tiny':>10s} {'subnormal':>10s} {'eps':>10s}   "
+    f"{'log2: tiny, subnormal, eps':>26s}"
+)
 for r in float_format_table():
     logs = ", ".join(fmt(math.log2(r[k]), 0) for k in ("tiny", "subnormal", "eps"))
-    print(f"{r['dtype']:<9s} {r['bits']:>4d} {sci(r['max']):>10s} {sci(r['tiny']):>10s} "
-          f"{sci(r['subnormal']):>10s} {sci(r['eps']):>10s}   {logs:>26s}")
+    print(
+        f"{r['dtype']:<9s} {r['bits']:>4d} {sci(r['max']):>10s} {sci(r['tiny']):>10s} "
+        f"{sci(r['subnormal']):>10s} {sci(r['eps']):>10s}   {logs:>26s}"
+    )
 
 # %% [markdown]
 # float16 has 10 stored mantissa bits (+1 implicit) and 5 exponent bits: fine steps
@@ -562,7 +605,7 @@ for r in float_format_table():
 # ### Overflow: logits above 65504
 
 # %%
-z = torch.tensor([[120.0, 30.0, -5.0], [70000.0, 2.0, 1.0]])   # two rows of logits, float32
+z = torch.tensor([[120.0, 30.0, -5.0], [70000.0, 2.0, 1.0]])  # two rows of logits, float32
 target = torch.tensor([0, 0])
 show("logits in float16", z.half(), 1)
 show("exp(11) in float16", torch.exp(torch.tensor(11.0, dtype=torch.float16)), 1)
@@ -596,7 +639,7 @@ show("CE per row, float16", ce_by_hand(z.half()), 4)
 # %%
 show("float16(1e-12)", torch.tensor(1e-12, dtype=torch.float16), 4)
 show("float16(1e-5) × 1e6", torch.tensor(1e-5, dtype=torch.float16).float() * 1e6, 4)
-show("smallest float16 subnormal × 1e8", 2.0 ** -24 * 1e8, 4)
+show("smallest float16 subnormal × 1e8", 2.0**-24 * 1e8, 4)
 
 # %% [markdown]
 # 1e-12 is far below the smallest float16 subnormal ($5.96\times10^{-8}$) and rounds to exactly
@@ -606,7 +649,7 @@ show("smallest float16 subnormal × 1e8", 2.0 ** -24 * 1e8, 4)
 # $0 \cdot \infty$:
 
 # %%
-row = torch.full((1, 8), 3.0, dtype=torch.float16)                 # constant: σ² = 0
+row = torch.full((1, 8), 3.0, dtype=torch.float16)  # constant: σ² = 0
 show("by hand, fp16, eps=1e-12", layernorm_forward(row, None, None, eps=1e-12)[0], 4)
 show("by hand, fp16, eps=1e-5 ", layernorm_forward(row, None, None, eps=1e-5)[0], 4)
 show("F.layer_norm, fp16, eps=1e-12", nn.functional.layer_norm(row, (8,), eps=1e-12), 4)
@@ -619,7 +662,7 @@ show("F.layer_norm, fp16, eps=1e-12", nn.functional.layer_norm(row, (8,), eps=1e
 # a row's variance is tiny, not zero. A row that differs from constant by one float16 step:
 
 # %%
-near = torch.tensor([[1.0, 1.0, 1.0, 1.0 + 2 ** -10, 1.0, 1.0, 1.0, 1.0]], dtype=torch.float16)
+near = torch.tensor([[1.0, 1.0, 1.0, 1.0 + 2**-10, 1.0, 1.0, 1.0, 1.0]], dtype=torch.float16)
 var = near.float().var(-1, unbiased=False)
 show("σ² of the row × 1e8", var * 1e8, 4)
 for eps in (1e-12, 1e-5):
@@ -627,8 +670,11 @@ for eps in (1e-12, 1e-5):
     show(f"1/√(σ² + eps), eps={eps:g}", 1 / torch.sqrt(var + eps), 1)
     # Under a loss scale S = 2¹⁶, an upstream gradient g becomes S·g·(1/√(σ² + eps)) in this
     # backward: it overflows float16 once |g| > 65504 / (S / √(σ² + eps)).
-    show(f"largest |g| that survives ×2¹⁶ and this factor, × 1e4, eps={eps:g}",
-         65504 / (2.0 ** 16 / torch.sqrt(var + eps)) * 1e4, 3)
+    show(
+        f"largest |g| that survives ×2¹⁶ and this factor, × 1e4, eps={eps:g}",
+        65504 / (2.0**16 / torch.sqrt(var + eps)) * 1e4,
+        3,
+    )
 
 # %% [markdown]
 # With eps = 1e-12 a difference of one rounding step ($2^{-10}$) is blown up to a value of
@@ -648,28 +694,32 @@ for eps in (1e-12, 1e-5):
 # weights per operation, keep the parameters in float32), with a loss whose gradients are
 # around 1e-8:
 
+
 # %%
 def fp16_forward_loss(W, b, x, t, c):
     """L = c · Σ (tanh(x Wᵀ + b) − t)², the layer in float16 from float32 weights; L in float32."""
-    h = torch.tanh(x.half() @ W.half().T + b.half())               # (n, 4) @ (4, 3) -> (n, 3), float16
+    h = torch.tanh(x.half() @ W.half().T + b.half())  # (n, 4) @ (4, 3) -> (n, 3), float16
     return c * ((h.float() - t) ** 2).sum()
 
 
 W = randn(3, 4, seed=10, requires_grad=True)
 b = randn(3, seed=11, requires_grad=True)
 xb, tb = randn(16, 4, seed=12), randn(16, 3, seed=13)
-c = 1e-9                                                             # makes ∂L/∂h ~ 1e-9..1e-8
+c = 1e-9  # makes ∂L/∂h ~ 1e-9..1e-8
 h32 = torch.tanh(xb @ W.T + b)
-g32 = torch.autograd.grad(c * ((h32 - tb) ** 2).sum(), [W, b])     # float32 reference
+g32 = torch.autograd.grad(c * ((h32 - tb) ** 2).sum(), [W, b])  # float32 reference
 g16 = torch.autograd.grad(fp16_forward_loss(W, b, xb, tb, c), [W, b])
-S = 2.0 ** 16
+S = 2.0**16
 g16s = torch.autograd.grad(S * fp16_forward_loss(W, b, xb, tb, c), [W, b])
 g16u = [g / S for g in g16s]
 show("grad_W, float32 × 1e8", g32[0] * 1e8, 4)
 show("grad_W, float16, no scaling × 1e8", g16[0] * 1e8, 4)
 show("grad_W, float16, scaled by 2^16 then unscaled × 1e8", g16u[0] * 1e8, 4)
-show("fraction of float16 gradient entries that are exactly 0, unscaled",
-     sum(int((g == 0).sum()) for g in g16) / sum(g.numel() for g in g16), 4)
+show(
+    "fraction of float16 gradient entries that are exactly 0, unscaled",
+    sum(int((g == 0).sum()) for g in g16) / sum(g.numel() for g in g16),
+    4,
+)
 compare("scaled float16 grad_W vs float32", g16u[0], g32[0], atol=0, rtol=2e-2)
 _ = compare("unscaled float16 grad_W vs float32", g16[0], g32[0], atol=0, rtol=2e-2)
 
@@ -698,11 +748,11 @@ print(inspect.getsource(loss_scale_step))
 # large scales overflow:
 
 # %%
-scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16, growth_interval=3)
+scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_interval=3)
 W_ref, b_ref = randn(3, 4, seed=20, requires_grad=True), randn(3, seed=21, requires_grad=True)
 opt = torch.optim.SGD([W_ref, b_ref], lr=0.01)
 W_us, b_us = W_ref.detach().clone().requires_grad_(), b_ref.detach().clone().requires_grad_()
-state = ScalerState(scale=2.0 ** 16, growth_interval=3)
+state = ScalerState(scale=2.0**16, growth_interval=3)
 for step in range(10):
     xs, ts = 3 * randn(16, 4, seed=100 + step), randn(16, 3, seed=200 + step)
     opt.zero_grad()
@@ -712,8 +762,10 @@ for step in range(10):
     scaled = torch.autograd.grad(state.scale * fp16_forward_loss(W_us, b_us, xs, ts, 1.0), [W_us, b_us])
     state, stepped = loss_scale_step([W_us, b_us], scaled, state, lr=0.01)
     same = torch.equal(W_us, W_ref) and torch.equal(b_us, b_ref) and state.scale == scaler.get_scale()
-    print(f"step {step}: {'step   ' if stepped else 'SKIPPED'}  scale now {fmt(state.scale, 0):>6s}  "
-          f"GradScaler's {fmt(scaler.get_scale(), 0):>6s}  weights identical: {same}")
+    print(
+        f"step {step}: {'step   ' if stepped else 'SKIPPED'}  scale now {fmt(state.scale, 0):>6s}  "
+        f"GradScaler's {fmt(scaler.get_scale(), 0):>6s}  weights identical: {same}"
+    )
 
 # %% [markdown]
 # At $2^{16}$ the gradients of the summed loss overflow float16, so the first steps are skipped
@@ -729,8 +781,8 @@ for step in range(10):
 # %%
 for v in (1e-12, 1e-9, 70000.0):
     show(f"bfloat16({v:g}) / {v:g}", torch.tensor(v, dtype=torch.bfloat16).float() / v, 4)
-show("bfloat16(1 + 2^-9) - 1", torch.tensor(1 + 2 ** -9, dtype=torch.bfloat16).float() - 1, 4)
-show("float16(1 + 2^-9) - 1 × 1e3", (torch.tensor(1 + 2 ** -9, dtype=torch.float16).float() - 1) * 1e3, 4)
+show("bfloat16(1 + 2^-9) - 1", torch.tensor(1 + 2**-9, dtype=torch.bfloat16).float() - 1, 4)
+show("float16(1 + 2^-9) - 1 × 1e3", (torch.tensor(1 + 2**-9, dtype=torch.float16).float() - 1) * 1e3, 4)
 
 # %% [markdown]
 # Each lands within bfloat16's precision (7 stored mantissa bits + 1 implicit) of the true

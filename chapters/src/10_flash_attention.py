@@ -68,12 +68,13 @@ no_tf32()  # fp32 matmuls in true fp32 on GPUs, so CPU and GPU agree to fp32 rou
 # That factor $e^{m - m_\text{new}} \le 1$ is **the rescaling step**. Forgetting it gives a wrong
 # $\ell$ as soon as a later block holds a bigger value.
 
+
 # %%
 def online_softmax_1d(x, block):
     """softmax(x) from a running max m and normaliser ℓ built block by block."""
     m, ell = -math.inf, 0.0
     for start in range(0, len(x), block):
-        xb = x[start:start + block]
+        xb = x[start : start + block]
         m_new = max(m, xb.max().item())
         ell = ell * math.exp(m - m_new) + torch.exp(xb - m_new).sum().item()  # rescale, then add
         m = m_new
@@ -82,7 +83,13 @@ def online_softmax_1d(x, block):
 
 x = randn(16, seed=1, dtype=torch.float64) * 2
 x[9] = 5.0  # a late maximum: block 2 raises m, so the sum so far must be rescaled
-ok = compare("online softmax (block 4) vs torch.softmax", online_softmax_1d(x, 4), torch.softmax(x, 0), atol=1e-15, rtol=1e-14)
+ok = compare(
+    "online softmax (block 4) vs torch.softmax",
+    online_softmax_1d(x, 4),
+    torch.softmax(x, 0),
+    atol=1e-15,
+    rtol=1e-14,
+)
 
 # %% [markdown]
 # Both sides do float64 arithmetic in a different order, so they agree to round-off (a few
@@ -95,8 +102,10 @@ from helpers.flash import online_softmax, online_softmax_trace
 steps = online_softmax_trace(x, block=4)
 print("block   block max   m before   m after   rescale   ℓ after")
 for s in steps:
-    print(f"{s['block']:>5} {fmt(s['block_max'], 4):>11} {fmt(s['m_old'], 4):>10} {fmt(s['m'], 4):>9} "
-          f"{fmt(s['rescale'], 4):>9} {fmt(s['ell'], 4):>9}")
+    print(
+        f"{s['block']:>5} {fmt(s['block_max'], 4):>11} {fmt(s['m_old'], 4):>10} {fmt(s['m'], 4):>9} "
+        f"{fmt(s['rescale'], 4):>9} {fmt(s['ell'], 4):>9}"
+    )
 show("two-pass m", x.max())
 show("two-pass ℓ", torch.exp(x - x.max()).sum())
 
@@ -111,12 +120,29 @@ ax1.set_xlabel("position j")
 ax1.legend(fontsize=8, loc="lower left")
 ax1.set_title("scores, in blocks of 4")
 blocks = [s["block"] for s in steps]
-ax2.bar([b - 0.2 for b in blocks], [s["ell_old"] * s["rescale"] for s in steps], width=0.4, color="C0",
-        label="old ℓ × exp(m_old − m_new)")
-ax2.bar([b - 0.2 for b in blocks], [s["block_sum"] for s in steps], width=0.4, color="C1",
-        bottom=[s["ell_old"] * s["rescale"] for s in steps], label="Σ exp(x_block − m_new)")
-ax2.bar([b + 0.2 for b in blocks], [s["ell_old"] for s in steps], width=0.4, color="C0", alpha=0.35,
-        label="old ℓ before rescaling")
+ax2.bar(
+    [b - 0.2 for b in blocks],
+    [s["ell_old"] * s["rescale"] for s in steps],
+    width=0.4,
+    color="C0",
+    label="old ℓ × exp(m_old − m_new)",
+)
+ax2.bar(
+    [b - 0.2 for b in blocks],
+    [s["block_sum"] for s in steps],
+    width=0.4,
+    color="C1",
+    bottom=[s["ell_old"] * s["rescale"] for s in steps],
+    label="Σ exp(x_block − m_new)",
+)
+ax2.bar(
+    [b + 0.2 for b in blocks],
+    [s["ell_old"] for s in steps],
+    width=0.4,
+    color="C0",
+    alpha=0.35,
+    label="old ℓ before rescaling",
+)
 ax2.set_xticks(blocks)
 ax2.set_xlabel("block")
 ax2.set_ylabel("ℓ")
@@ -134,7 +160,9 @@ plt.show()
 
 # %%
 X = randn(3, 5, 23, seed=2) * 10  # float32 rows of 23: a ragged last block
-ok = compare("helpers.flash.online_softmax (block 4)", online_softmax(X, 4), torch.softmax(X, -1), atol=1e-7, rtol=1e-6)
+ok = compare(
+    "helpers.flash.online_softmax (block 4)", online_softmax(X, 4), torch.softmax(X, -1), atol=1e-7, rtol=1e-6
+)
 
 # %% [markdown]
 # ## 2. The tiled forward
@@ -148,26 +176,27 @@ ok = compare("helpers.flash.online_softmax (block 4)", online_softmax(X, 4), tor
 # the tile $S_{ij} = s\, Q_i K_j^\top$ ($b_q \times b_k$, $s$ the scale) ever exists.
 # One head, written inline:
 
+
 # %%
 def tiled_forward_1head(Q, K, V, block):
     """O = softmax(Q Kᵀ/√d) V and L = logsumexp rows, one (block × block) tile at a time; Q (N, d)."""
     N, d = Q.shape
     O, L = torch.empty_like(Q), torch.empty(N, dtype=Q.dtype, device=Q.device)
     for q0 in range(0, N, block):
-        Qi = Q[q0:q0 + block]                                  # (bq, d)
+        Qi = Q[q0 : q0 + block]  # (bq, d)
         m = torch.full((Qi.shape[0],), -math.inf, dtype=Q.dtype, device=Q.device)
         ell = torch.zeros_like(m)
-        acc = torch.zeros_like(Qi)                             # (bq, d)
+        acc = torch.zeros_like(Qi)  # (bq, d)
         for k0 in range(0, N, block):
-            S = Qi @ K[k0:k0 + block].T / math.sqrt(d)         # (bq, bk): the only scores in memory
+            S = Qi @ K[k0 : k0 + block].T / math.sqrt(d)  # (bq, bk): the only scores in memory
             m_new = torch.maximum(m, S.amax(dim=1))
-            P = torch.exp(S - m_new[:, None])                  # (bq, bk), relative to m_new
-            alpha = torch.exp(m - m_new)                       # the rescaling step
+            P = torch.exp(S - m_new[:, None])  # (bq, bk), relative to m_new
+            alpha = torch.exp(m - m_new)  # the rescaling step
             ell = alpha * ell + P.sum(dim=1)
-            acc = alpha[:, None] * acc + P @ V[k0:k0 + block]  # (bq, d)
+            acc = alpha[:, None] * acc + P @ V[k0 : k0 + block]  # (bq, d)
             m = m_new
-        O[q0:q0 + block] = acc / ell[:, None]
-        L[q0:q0 + block] = m + torch.log(ell)
+        O[q0 : q0 + block] = acc / ell[:, None]
+        L[q0 : q0 + block] = m + torch.log(ell)
     return O, L
 
 
@@ -218,15 +247,17 @@ print(draw(causal_mask(3, 8, align="bottom_right", tile=(1, 4, 2, 4))))
 # kernels of section 4 compute only the top-left alignment and refuse the other in one line.
 
 # %%
-from helpers.flash import flash_attention, flash_backward, flash_forward, naive_attention
+from helpers.flash import flash_attention, flash_forward, naive_attention
 
-for (Nq, Nk, d) in [(50, 50, 16), (37, 37, 64), (20, 45, 32)]:
+for Nq, Nk, d in [(50, 50, 16), (37, 37, 64), (20, 45, 32)]:
     Q, K, V = (randn(2, 3, n, d, seed=s, device=dev) for s, n in ((6, Nq), (7, Nk), (8, Nk)))
     for causal in (False, True):
         O, L = flash_forward(Q, K, V, causal, block_q=16, block_k=16)
         _, L_ref = naive_attention(Q, K, V, causal, return_lse=True)
         tag = f"Nq={Nq} Nk={Nk} d={d} causal={causal}"
-        compare(f"O {tag}", O, F.scaled_dot_product_attention(Q, K, V, is_causal=causal), atol=1e-5, rtol=1e-4)
+        compare(
+            f"O {tag}", O, F.scaled_dot_product_attention(Q, K, V, is_causal=causal), atol=1e-5, rtol=1e-4
+        )
         compare(f"L {tag}", L, L_ref, atol=1e-5, rtol=1e-4)
 
 # %% [markdown]
@@ -259,27 +290,30 @@ for (Nq, Nk, d) in [(50, 50, 16), (37, 37, 64), (20, 45, 32)]:
 #
 # One head, inline, against autograd on the naive version:
 
+
 # %%
 def tiled_backward_1head(Q, K, V, O, L, grad_O, block):
     """dQ, dK, dV from Q, K, V, O, L only: D = rowsum(dO∘O), P = exp(S − L) per tile."""
     N, d = Q.shape
-    D = (grad_O * O).sum(dim=1)                                # (N,) = rowsum(P ∘ dP)
+    D = (grad_O * O).sum(dim=1)  # (N,) = rowsum(P ∘ dP)
     grad_Q, grad_K, grad_V = torch.zeros_like(Q), torch.zeros_like(K), torch.zeros_like(V)
     for k0 in range(0, N, block):
-        Kj, Vj = K[k0:k0 + block], V[k0:k0 + block]            # (bk, d)
+        Kj, Vj = K[k0 : k0 + block], V[k0 : k0 + block]  # (bk, d)
         for q0 in range(0, N, block):
-            Qi, dOi = Q[q0:q0 + block], grad_O[q0:q0 + block]  # (bq, d)
-            P = torch.exp(Qi @ Kj.T / math.sqrt(d) - L[q0:q0 + block, None])  # (bq, bk), recomputed
-            grad_V[k0:k0 + block] += P.T @ dOi                 # (bk, d)
-            dS = P * (dOi @ Vj.T - D[q0:q0 + block, None])     # (bq, bk)
-            grad_Q[q0:q0 + block] += dS @ Kj / math.sqrt(d)    # (bq, d)
-            grad_K[k0:k0 + block] += dS.T @ Qi / math.sqrt(d)  # (bk, d)
+            Qi, dOi = Q[q0 : q0 + block], grad_O[q0 : q0 + block]  # (bq, d)
+            P = torch.exp(Qi @ Kj.T / math.sqrt(d) - L[q0 : q0 + block, None])  # (bq, bk), recomputed
+            grad_V[k0 : k0 + block] += P.T @ dOi  # (bk, d)
+            dS = P * (dOi @ Vj.T - D[q0 : q0 + block, None])  # (bq, bk)
+            grad_Q[q0 : q0 + block] += dS @ Kj / math.sqrt(d)  # (bq, d)
+            grad_K[k0 : k0 + block] += dS.T @ Qi / math.sqrt(d)  # (bk, d)
     return grad_Q, grad_K, grad_V
 
 
 grad_O1 = randn(50, 16, seed=9, device=dev)
 Qr, Kr, Vr = (t.clone().requires_grad_() for t in (Q1, K1, V1))
-ref = torch.autograd.grad(naive_attention(Qr[None, None], Kr[None, None], Vr[None, None])[0, 0], (Qr, Kr, Vr), grad_O1)
+ref = torch.autograd.grad(
+    naive_attention(Qr[None, None], Kr[None, None], Vr[None, None])[0, 0], (Qr, Kr, Vr), grad_O1
+)
 ours = tiled_backward_1head(Q1, K1, V1, O1, L1, grad_O1, block=16)
 for name, g, r in zip(("grad_Q", "grad_K", "grad_V"), ours, ref):
     compare(name, g, r, atol=1e-5, rtol=1e-4)
@@ -303,12 +337,19 @@ for i, t in enumerate(O.grad_fn.saved_tensors):
 # tolerance):
 
 # %%
-for (Nq, Nk, d) in [(50, 50, 16), (37, 37, 64), (20, 45, 32)]:
+for Nq, Nk, d in [(50, 50, 16), (37, 37, 64), (20, 45, 32)]:
     for causal in (False, True):
-        Q, K, V = (randn(2, 3, n, d, seed=s, device=dev, requires_grad=True) for s, n in ((13, Nq), (14, Nk), (15, Nk)))
+        Q, K, V = (
+            randn(2, 3, n, d, seed=s, device=dev, requires_grad=True)
+            for s, n in ((13, Nq), (14, Nk), (15, Nk))
+        )
         grad_O = randn(2, 3, Nq, d, seed=16, device=dev)
-        ours = torch.autograd.grad(flash_attention(Q, K, V, causal, block_q=16, block_k=16), (Q, K, V), grad_O)
-        ref = torch.autograd.grad(F.scaled_dot_product_attention(Q, K, V, is_causal=causal), (Q, K, V), grad_O)
+        ours = torch.autograd.grad(
+            flash_attention(Q, K, V, causal, block_q=16, block_k=16), (Q, K, V), grad_O
+        )
+        ref = torch.autograd.grad(
+            F.scaled_dot_product_attention(Q, K, V, is_causal=causal), (Q, K, V), grad_O
+        )
         for n, g, r in zip(("grad_Q", "grad_K", "grad_V"), ours, ref):
             compare(f"{n} Nq={Nq} Nk={Nk} d={d} causal={causal}", g, r, atol=1e-5, rtol=1e-4)
 
@@ -317,9 +358,13 @@ for (Nq, Nk, d) in [(50, 50, 16), (37, 37, 64), (20, 45, 32)]:
 # backward; float64 so that the differences are not round-off):
 
 # %%
-Q, K, V = (randn(1, 2, 7, 4, seed=s, device=dev, dtype=torch.float64, requires_grad=True) for s in (17, 18, 19))
+Q, K, V = (
+    randn(1, 2, 7, 4, seed=s, device=dev, dtype=torch.float64, requires_grad=True) for s in (17, 18, 19)
+)
 for causal in (False, True):
-    ok = torch.autograd.gradcheck(lambda q, k, v: flash_attention(q, k, v, causal, block_q=3, block_k=2), (Q, K, V))
+    ok = torch.autograd.gradcheck(
+        lambda q, k, v: flash_attention(q, k, v, causal, block_q=3, block_k=2), (Q, K, V)
+    )
     print(f"gradcheck float64, causal={causal}: {ok}")
 
 # %% [markdown]
@@ -364,8 +409,10 @@ for causal in (False, True):
 import helpers.flash_triton as ft
 
 if not ft.HAS_TRITON:
-    print("skipped: Triton is not installed, so section 4 shows the kernels but does not run them "
-          "(pip install triton)")
+    print(
+        "skipped: Triton is not installed, so section 4 shows the kernels but does not run them "
+        "(pip install triton)"
+    )
 
 # %% tags=["nbval-ignore-output"]
 # A listing (nbval does not compare it: editing a comment in the kernel must not break this page).
@@ -397,8 +444,10 @@ runs_triton = ft.HAS_TRITON and (ft.INTERPRET or torch.cuda.is_available())
 cases = [(40, 40, 16, False), (40, 40, 16, True), (20, 45, 32, True)] if runs_triton else []
 if not runs_triton:
     print("skipped: the Triton checks (Triton is not installed here)")
-for (Nq, Nk, d, causal) in cases:
-    Q, K, V = (randn(1, 2, n, d, seed=s, device=tdev, requires_grad=True) for s, n in ((20, Nq), (21, Nk), (22, Nk)))
+for Nq, Nk, d, causal in cases:
+    Q, K, V = (
+        randn(1, 2, n, d, seed=s, device=tdev, requires_grad=True) for s, n in ((20, Nq), (21, Nk), (22, Nk))
+    )
     grad_O = randn(1, 2, Nq, d, seed=23, device=tdev)
     O, L = ft.triton_flash_attention(Q, K, V, causal, return_lse=True)
     ours = torch.autograd.grad(O, (Q, K, V), grad_O)
@@ -422,7 +471,10 @@ for (Nq, Nk, d, causal) in cases:
 # %%
 if torch.cuda.is_available() and not ft.INTERPRET and ft.HAS_TRITON:
     for dtype in [t for t in ft.supported_dtypes("cuda") if t != torch.float32]:
-        Q, K, V = (randn(2, 4, 1000, 64, seed=s, device="cuda", dtype=dtype, requires_grad=True) for s in (24, 25, 26))
+        Q, K, V = (
+            randn(2, 4, 1000, 64, seed=s, device="cuda", dtype=dtype, requires_grad=True)
+            for s in (24, 25, 26)
+        )
         grad_O = randn(2, 4, 1000, 64, seed=27, device="cuda", dtype=dtype)
         O, L = ft.triton_flash_attention(Q, K, V, True, return_lse=True)
         ours = (O, L, *torch.autograd.grad(O, (Q, K, V), grad_O))
@@ -432,8 +484,10 @@ if torch.cuda.is_available() and not ft.INTERPRET and ft.HAS_TRITON:
         tol = 3e-2 if dtype == torch.bfloat16 else 1e-2
         for n, got, r in zip(("O", "L", "grad_Q", "grad_K", "grad_V"), ours, ref):
             ok = compare(n, got, r.to(got.dtype), atol=tol, rtol=tol, quiet=True)
-            varies(f"{'✓' if ok else '✗'} {dtype} Triton {n} vs fp32 reference (N=1000, d=64, causal): "
-                   f"max|Δ| {max_abs_diff(got, r.to(got.dtype)):.1e} (atol=rtol={tol})")
+            varies(
+                f"{'✓' if ok else '✗'} {dtype} Triton {n} vs fp32 reference (N=1000, d=64, causal): "
+                f"max|Δ| {max_abs_diff(got, r.to(got.dtype)):.1e} (atol=rtol={tol})"
+            )
 else:
     varies("no GPU here: fp16/bf16 Triton checks skipped")
 
@@ -451,7 +505,9 @@ from helpers.flash import saved_bytes
 
 Ns = [256, 512, 1024, 2048, 4096]
 naive_b = [saved_bytes(naive_attention, 1, 1, N, 16) for N in Ns]
-tiled_b = [saved_bytes(lambda q, k, v, causal: flash_attention(q, k, v, causal, 256, 256), 1, 1, N, 16) for N in Ns]
+tiled_b = [
+    saved_bytes(lambda q, k, v, causal: flash_attention(q, k, v, causal, 256, 256), 1, 1, N, 16) for N in Ns
+]
 print(f"{'N':>5} {'naive':>10} {'tiled':>10} {'naive/tiled':>12}")
 for N, a, b in zip(Ns, naive_b, tiled_b):
     print(f"{N:>5} {fmt_bytes(a):>10} {fmt_bytes(b):>10} {fmt(a / b, 1):>12}")
@@ -485,7 +541,7 @@ B, H, N, d = 16, 12, 512, 64
 show("(batch, head) pairs B·H", B * H, 0)
 show("B·H·N² float32 bytes (one N × N matrix per pair)", B * H * N * N * 4, 0)
 print("as binary units:", fmt_bytes(B * H * N * N * 4))
-show("the seed's own product 16·12·512·512·4, GiB", 16 * 12 * 512 * 512 * 4 / 2 ** 30, 4)
+show("the seed's own product 16·12·512·512·4, GiB", 16 * 12 * 512 * 512 * 4 / 2**30, 4)
 show("... in GB (10⁹ bytes)", 16 * 12 * 512 * 512 * 4 / 1e9, 4)
 print("tiled O and L for the same shapes:", fmt_bytes(B * H * N * (d + 1) * 4))
 print("seed's 1.2 GB / B·H·N² float32 bytes:", fmt(1.2e9 / (B * H * N * N * 4), 1))
@@ -507,6 +563,7 @@ print("seed's 1.2 GB / B·H·N² float32 bytes:", fmt(1.2e9 / (B * H * N * N * 4
 # On a CPU the tiled PyTorch version mostly measures Python loop overhead; the point of tiling is
 # memory, and — on a GPU — keeping tiles in on-chip SRAM instead of writing `S` and `P` to HBM.
 # A small live comparison (one thread, forward + backward, median of 3; numbers vary by machine):
+
 
 # %%
 def fwd_bwd_ms(attn, Q, K, V, grad_O, repeats=3):
@@ -544,15 +601,27 @@ from pathlib import Path
 
 import helpers
 
-results = sorted((Path(helpers.__file__).resolve().parents[1] / "benchmarks" / "results").glob("flash_gpu_*.json"))
+results = sorted(
+    (Path(helpers.__file__).resolve().parents[1] / "benchmarks" / "results").glob("flash_gpu_*.json")
+)
 if not results:
-    print("No GPU results committed yet. Once  python benchmarks/flash_gpu.py  has run on a CUDA GPU and its\n"
-          "benchmarks/results/flash_gpu_<gpu>.json is committed, this cell prints its TFLOP/s table here\n"
-          "(naive, tiled, Triton and SDPA's flash backend, forward + backward, bf16, d = 64).")
+    print(
+        "No GPU results committed yet. Once  python benchmarks/flash_gpu.py  has run on a CUDA GPU and its\n"
+        "benchmarks/results/flash_gpu_<gpu>.json is committed, this cell prints its TFLOP/s table here\n"
+        "(naive, tiled, Triton and SDPA's flash backend, forward + backward, bf16, d = 64)."
+    )
 for path in results:
     data = json.loads(path.read_text())
-    rows = [r for r in data["rows"] if r["tflops"] and r["d"] == 64 and r["mode"] == "fwd+bwd" and not r["causal"]
-            and r["impl"] in ("triton", "sdpa-flash", "tiled", "naive") and r["dtype"] == "bf16"]
+    rows = [
+        r
+        for r in data["rows"]
+        if r["tflops"]
+        and r["d"] == 64
+        and r["mode"] == "fwd+bwd"
+        and not r["causal"]
+        and r["impl"] in ("triton", "sdpa-flash", "tiled", "naive")
+        and r["dtype"] == "bf16"
+    ]
     print(f"{data['meta']['gpu']} (torch {data['meta']['torch']}): fwd+bwd, bf16, d=64, not causal, TFLOP/s")
     for r in rows:
         print(f"  {r['impl']:<11} N={r['N']:>6}  {fmt(r['tflops'], 1):>7}  peak {fmt(r['peak_mib'], 0)} MiB")

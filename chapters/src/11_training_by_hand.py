@@ -70,20 +70,22 @@ Y = randn(8, 3, seed=2, device=dev, dtype=torch.float64)
 
 def init():
     """The same starting point every time: W (3, 4), b (3,)."""
-    return {"W": 0.5 * randn(3, 4, seed=3, device=dev, dtype=torch.float64),
-            "b": 0.1 * randn(3, seed=4, device=dev, dtype=torch.float64)}
+    return {
+        "W": 0.5 * randn(3, 4, seed=3, device=dev, dtype=torch.float64),
+        "b": 0.1 * randn(3, seed=4, device=dev, dtype=torch.float64),
+    }
 
 
 def loss_of(W, b):
     """L = mean (tanh(X Wᵀ + b) − Y)²."""
-    return ((torch.tanh(X @ W.T + b) - Y) ** 2).mean()              # (8, 4) @ (4, 3) -> (8, 3)
+    return ((torch.tanh(X @ W.T + b) - Y) ** 2).mean()  # (8, 4) @ (4, 3) -> (8, 3)
 
 
 def loss_and_grads(p):
     """L and {grad_W = δᵀX, grad_b = Σδ} with δ = 2/n (a − Y)(1 − a²), by hand."""
-    a = torch.tanh(X @ p["W"].T + p["b"])                             # (8, 4) @ (4, 3) -> (8, 3)
-    delta = 2 / a.numel() * (a - Y) * (1 - a ** 2)                    # (8, 3)
-    return ((a - Y) ** 2).mean(), {"W": delta.T @ X, "b": delta.sum(0)}   # (3, 8) @ (8, 4) -> (3, 4)
+    a = torch.tanh(X @ p["W"].T + p["b"])  # (8, 4) @ (4, 3) -> (8, 3)
+    delta = 2 / a.numel() * (a - Y) * (1 - a**2)  # (8, 3)
+    return ((a - Y) ** 2).mean(), {"W": delta.T @ X, "b": delta.sum(0)}  # (3, 8) @ (8, 4) -> (3, 4)
 
 
 p = {k: v.requires_grad_(True) for k, v in init().items()}
@@ -104,7 +106,7 @@ theta = init()
 for _ in range(10):
     L, grads = loss_and_grads(theta)
     for k in theta:
-        theta[k] -= eta * grads[k]                      # θ ← θ − η g
+        theta[k] -= eta * grads[k]  # θ ← θ − η g
 
 ref = {k: v.requires_grad_(True) for k, v in init().items()}
 opt = torch.optim.SGD(ref.values(), lr=eta)
@@ -139,8 +141,8 @@ b = {k: None for k in theta}
 for _ in range(10):
     L, grads = loss_and_grads(theta)
     for k in theta:
-        b[k] = grads[k].clone() if b[k] is None else mu * b[k] + grads[k]   # b₁ = g₁, then b ← μb + g
-        theta[k] -= eta * b[k]                                              # θ ← θ − η b
+        b[k] = grads[k].clone() if b[k] is None else mu * b[k] + grads[k]  # b₁ = g₁, then b ← μb + g
+        theta[k] -= eta * b[k]  # θ ← θ − η b
 
 ref = {k: v.requires_grad_(True) for k, v in init().items()}
 opt = torch.optim.SGD(ref.values(), lr=eta, momentum=mu)
@@ -177,10 +179,16 @@ def ten_steps(make_ours, make_ref, steps=10):
 
 
 for name, make_ours, make_ref in [
-    ("momentum 0.9", lambda p: SGD(p, lr=0.1, momentum=0.9),
-     lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)),
-    ("Nesterov 0.9 + L2 0.01", lambda p: SGD(p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01),
-     lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01)),
+    (
+        "momentum 0.9",
+        lambda p: SGD(p, lr=0.1, momentum=0.9),
+        lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+    ),
+    (
+        "Nesterov 0.9 + L2 0.01",
+        lambda p: SGD(p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01),
+        lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01),
+    ),
 ]:
     ours, ref = ten_steps(make_ours, make_ref)
     compare(f"{name}: W after 10 steps", ours["W"], ref["W"], atol=1e-12, rtol=0)
@@ -203,8 +211,8 @@ for name, make_ours, make_ref in [
 # %%
 beta1, beta2, eps, eta = 0.9, 0.999, 1e-8, 0.01
 g = torch.tensor([1e-3, -2.0, 50.0], dtype=torch.float64)
-m1 = (1 - beta1) * g                                  # m₁ (m₀ = 0)
-v1 = (1 - beta2) * g * g                              # v₁ (v₀ = 0)
+m1 = (1 - beta1) * g  # m₁ (m₀ = 0)
+v1 = (1 - beta2) * g * g  # v₁ (v₀ = 0)
 step_corrected = eta * (m1 / (1 - beta1)) / ((v1 / (1 - beta2)).sqrt() + eps)
 step_raw = eta * m1 / (v1.sqrt() + eps)
 show("g", g)
@@ -217,10 +225,11 @@ show("ratio (1-β1)/sqrt(1-β2)", (1 - beta1) / math.sqrt(1 - beta2))
 # and $v_t = (1-\beta_2^t)g^2$, so the uncorrected step is $(1-\beta_1^t)/\sqrt{1-\beta_2^t}$
 # times the corrected one. The two factors fade at very different speeds:
 
+
 # %%
 def raw_over_corrected(t):
     """(1 − β1ᵗ)/√(1 − β2ᵗ): the uncorrected Adam step over the corrected one, constant gradient."""
-    return (1 - beta1 ** t) / math.sqrt(1 - beta2 ** t)
+    return (1 - beta1**t) / math.sqrt(1 - beta2**t)
 
 
 for t in (1, 12, 100, 1000):
@@ -247,7 +256,7 @@ for t in range(1, 11):
         g = grads[k]
         m[k] = beta1 * m[k] + (1 - beta1) * g
         v[k] = beta2 * v[k] + (1 - beta2) * g * g
-        m_hat, v_hat = m[k] / (1 - beta1 ** t), v[k] / (1 - beta2 ** t)
+        m_hat, v_hat = m[k] / (1 - beta1**t), v[k] / (1 - beta2**t)
         theta[k] -= eta * m_hat / (v_hat.sqrt() + eps)
 
 ref = {k: t.requires_grad_(True) for k, t in init().items()}
@@ -270,10 +279,16 @@ from helpers.optim import Adam, AdamW, adam_update
 
 for name, make_ours, make_ref in [
     ("Adam", lambda p: Adam(p, lr=0.05), lambda p: torch.optim.Adam(p, lr=0.05)),
-    ("Adam + L2 0.1", lambda p: Adam(p, lr=0.05, weight_decay=0.1),
-     lambda p: torch.optim.Adam(p, lr=0.05, weight_decay=0.1)),
-    ("AdamW 0.1", lambda p: AdamW(p, lr=0.05, weight_decay=0.1),
-     lambda p: torch.optim.AdamW(p, lr=0.05, weight_decay=0.1)),
+    (
+        "Adam + L2 0.1",
+        lambda p: Adam(p, lr=0.05, weight_decay=0.1),
+        lambda p: torch.optim.Adam(p, lr=0.05, weight_decay=0.1),
+    ),
+    (
+        "AdamW 0.1",
+        lambda p: AdamW(p, lr=0.05, weight_decay=0.1),
+        lambda p: torch.optim.AdamW(p, lr=0.05, weight_decay=0.1),
+    ),
 ]:
     ours, ref = ten_steps(make_ours, make_ref)
     compare(f"{name}: W after 10 steps", ours["W"], ref["W"], atol=1e-12, rtol=0)
@@ -283,6 +298,7 @@ for name, make_ours, make_ref in [
 # A bias correction that is wrong — say $t$ stuck at its final value, so the correction is
 # never applied — is not a small effect:
 
+
 # %%
 class AdamNoBiasCorrection(Adam):
     """Adam with t stuck at 10⁶: m and v are used uncorrected (a deliberate bug)."""
@@ -291,7 +307,7 @@ class AdamNoBiasCorrection(Adam):
         s = self.state[key]
         if not s:
             s["t"], s["m"], s["v"] = 0, torch.zeros_like(theta), torch.zeros_like(theta)
-        adam_update(theta, g, s["m"], s["v"], 10 ** 6, self.lr, self.betas, self.eps)
+        adam_update(theta, g, s["m"], s["v"], 10**6, self.lr, self.betas, self.eps)
 
 
 ours, ref = ten_steps(lambda p: AdamNoBiasCorrection(p, lr=0.05), lambda p: torch.optim.Adam(p, lr=0.05))
@@ -313,6 +329,7 @@ ok = compare("Adam without bias correction: W after 10 steps", ours["W"], ref["W
 #
 # Two weights, both at 1; the loss pulls hard on the first ($g = 10$) and ignores the second
 # ($g = 0$). Ten steps with $\eta = 0.01$, $\lambda = 0.01$:
+
 
 # %%
 def decay_demo(make_opt, steps=10):
@@ -337,8 +354,12 @@ show("(1 − ηλ)¹⁰      ", (1 - 0.01 * 0.01) ** 10, 6)
 # the two routes ends in different parameters:
 
 # %%
-W_l2, _ = ten_steps(lambda p: Adam(p, lr=0.05, weight_decay=0.1), lambda p: torch.optim.Adam(p, lr=0.05, weight_decay=0.1))
-W_dec, _ = ten_steps(lambda p: AdamW(p, lr=0.05, weight_decay=0.1), lambda p: torch.optim.AdamW(p, lr=0.05, weight_decay=0.1))
+W_l2, _ = ten_steps(
+    lambda p: Adam(p, lr=0.05, weight_decay=0.1), lambda p: torch.optim.Adam(p, lr=0.05, weight_decay=0.1)
+)
+W_dec, _ = ten_steps(
+    lambda p: AdamW(p, lr=0.05, weight_decay=0.1), lambda p: torch.optim.AdamW(p, lr=0.05, weight_decay=0.1)
+)
 show("max |W_L2 − W_decoupled| after 10 steps", (W_l2["W"] - W_dec["W"]).abs().max().item(), 6)
 
 # %% [markdown]
@@ -361,7 +382,7 @@ show("max |W_L2 − W_decoupled| after 10 steps", (W_l2["W"] - W_dec["W"]).abs()
 # %%
 from helpers.optim import lr_warmup_cosine
 
-W_up, T, lr_max, lr_min = 20, 300, 1e-2, 1e-3          # the schedule of the capstone below
+W_up, T, lr_max, lr_min = 20, 300, 1e-2, 1e-3  # the schedule of the capstone below
 lrs = [lr_warmup_cosine(s, W_up, T, lr_max, lr_min) for s in range(T + 1)]
 for s in (0, W_up - 1, W_up, (W_up + T) // 2, T):
     print(f"step {s:3d}: lr = {lr_warmup_cosine(s, W_up, T, lr_max, lr_min):.6f}")
@@ -391,7 +412,7 @@ plt.show()
 p = {k: v.requires_grad_(True) for k, v in init().items()}
 g_true = []
 for step in range(3):
-    loss_of(p["W"], p["b"]).backward()               # no zero_grad: .grad += new gradient
+    loss_of(p["W"], p["b"]).backward()  # no zero_grad: .grad += new gradient
     g_true.append(torch.autograd.grad(loss_of(p["W"], p["b"]), p["W"])[0].norm().item())
     print(f"step {step}: ‖W.grad‖ = {fmt(p['W'].grad.norm().item())}   ‖true gradient‖ = {fmt(g_true[-1])}")
 
@@ -425,19 +446,28 @@ Y_big = randn(12, 3, seed=6, device=dev, dtype=torch.float64)
 
 def grads_fn(Xb, Yb):
     """(L, grads) of the tanh layer on one (micro-)batch, by hand."""
-    a = torch.tanh(Xb @ theta["W"].T + theta["b"])                      # (b, 4) @ (4, 3) -> (b, 3)
-    delta = 2 / a.numel() * (a - Yb) * (1 - a ** 2)                       # (b, 3)
+    a = torch.tanh(Xb @ theta["W"].T + theta["b"])  # (b, 4) @ (4, 3) -> (b, 3)
+    delta = 2 / a.numel() * (a - Yb) * (1 - a**2)  # (b, 3)
     return ((a - Yb) ** 2).mean(), {"W": delta.T @ Xb, "b": delta.sum(0)}
 
 
 results = {}
 for accum in (1, 4):
     theta = init()
-    hist = train(SGD(theta, lr=0.5, momentum=0.9), lambda step: (X_big, Y_big), 30,
-                 grads_fn=grads_fn, accum=accum, clip=1.0, desc=f"accum={accum}")
+    hist = train(
+        SGD(theta, lr=0.5, momentum=0.9),
+        lambda step: (X_big, Y_big),
+        30,
+        grads_fn=grads_fn,
+        accum=accum,
+        clip=1.0,
+        desc=f"accum={accum}",
+    )
     results[accum] = (theta, hist)
 show("loss, first and last step", [results[1][1]["loss"][0], results[1][1]["loss"][-1]])
-_ = compare("W, 4 micro-batches of 3 vs 1 batch of 12", results[4][0]["W"], results[1][0]["W"], atol=1e-12, rtol=0)
+_ = compare(
+    "W, 4 micro-batches of 3 vs 1 batch of 12", results[4][0]["W"], results[1][0]["W"], atol=1e-12, rtol=0
+)
 
 # %% [markdown]
 # Four micro-batches of three give the parameters of one batch of twelve, to 1e-12: the
@@ -480,7 +510,7 @@ data = tok.encode(text)
 config = GPTConfig(vocab_size=tok.vocab_size, n_ctx=32, d_model=32, n_heads=4, n_layers=2, d_ff=128)
 STEPS, BATCH, dtype = 300, 16, torch.float64
 schedule = lambda s: lr_warmup_cosine(s, W_up, STEPS, lr_max, lr_min)
-batch_at = lambda s: get_batch(data, BATCH, config.n_ctx, seed=s, device=dev)   # idx, targets (B, n_ctx)
+batch_at = lambda s: get_batch(data, BATCH, config.n_ctx, seed=s, device=dev)  # idx, targets (B, n_ctx)
 
 params0 = gpt_init(config, seed=0, dtype=dtype, device=dev)
 n_params = sum(t.numel() for t in params0.values())
@@ -495,36 +525,57 @@ opt_ref = torch.optim.AdamW(model.parameters(), lr=0.0, weight_decay=0.1)
 
 def loss_fn(idx, targets):
     """Mean cross-entropy of the autograd model over all B·N positions."""
-    logits = model(idx)                                              # (B, N, V)
+    logits = model(idx)  # (B, N, V)
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())  # (B·N, V), (B·N,)
 
 
 t0 = time.perf_counter()
-hist_ref = train(opt_ref, batch_at, STEPS, loss_fn=loss_fn, clip=1.0, lr_schedule=schedule,
-                 desc="autograd + torch.optim.AdamW")
+hist_ref = train(
+    opt_ref,
+    batch_at,
+    STEPS,
+    loss_fn=loss_fn,
+    clip=1.0,
+    lr_schedule=schedule,
+    desc="autograd + torch.optim.AdamW",
+)
 t_ref = time.perf_counter() - t0
 
 # %%
 params = {k: v.clone() for k, v in params0.items()}
 opt = AdamW(params, lr=0.0, weight_decay=0.1)
 t0 = time.perf_counter()
-hist = train(opt, batch_at, STEPS, grads_fn=lambda idx, targets: gpt_loss_and_grads(idx, targets, params, config),
-             clip=1.0, lr_schedule=schedule, desc="by hand + our AdamW")
+hist = train(
+    opt,
+    batch_at,
+    STEPS,
+    grads_fn=lambda idx, targets: gpt_loss_and_grads(idx, targets, params, config),
+    clip=1.0,
+    lr_schedule=schedule,
+    desc="by hand + our AdamW",
+)
 t_hand = time.perf_counter() - t0
 varies(f"training time: autograd {t_ref:.1f} s, by hand {t_hand:.1f} s ({STEPS} steps each)")
 
 # %%
 for s in (0, 1, 10, 100, 200, STEPS - 1):
     print(f"step {s:3d}: loss autograd {fmt(hist_ref['loss'][s])}   by hand {fmt(hist['loss'][s])}")
-compare(f"loss curve over {STEPS} steps, by hand vs autograd", torch.tensor(hist["loss"]),
-        torch.tensor(hist_ref["loss"]), atol=1e-13, rtol=0)
+compare(
+    f"loss curve over {STEPS} steps, by hand vs autograd",
+    torch.tensor(hist["loss"]),
+    torch.tensor(hist_ref["loss"]),
+    atol=1e-13,
+    rtol=0,
+)
 
 
 def key_bias_and_rest(p):
     """(the K part of every in_proj_bias, every other parameter entry), flattened."""
     d = config.d_model
-    k_bias = [p[f"blocks.{l}.self_attn.in_proj_bias"][d:2 * d] for l in range(config.n_layers)]
-    rest = [torch.cat([t[:d], t[2 * d:]]) if n.endswith("in_proj_bias") else t.flatten() for n, t in p.items()]
+    k_bias = [p[f"blocks.{l}.self_attn.in_proj_bias"][d : 2 * d] for l in range(config.n_layers)]
+    rest = [
+        torch.cat([t[:d], t[2 * d :]]) if n.endswith("in_proj_bias") else t.flatten() for n, t in p.items()
+    ]
     return torch.cat(k_bias), torch.cat(rest)
 
 
@@ -532,8 +583,10 @@ sd = {k: v.detach() for k, v in model.state_dict().items()}
 (k_ours, rest_ours), (k_ref, rest_ref) = key_bias_and_rest(params), key_bias_and_rest(sd)
 compare("parameters after training (all but the key biases)", rest_ours, rest_ref, atol=1e-11, rtol=0)
 compare("key biases after training", k_ours, k_ref, atol=1e-9, rtol=0)
-print(f"AdamW state: {optimizer_state_bytes(opt)} bytes = "
-      f"{optimizer_state_bytes(opt) / sum(t.numel() * t.element_size() for t in params.values()):.0f} × the parameters' bytes")
+print(
+    f"AdamW state: {optimizer_state_bytes(opt)} bytes = "
+    f"{optimizer_state_bytes(opt) / sum(t.numel() * t.element_size() for t in params.values()):.0f} × the parameters' bytes"
+)
 
 fig, ax = plt.subplots(figsize=(6.5, 3))
 ax.plot(hist_ref["loss"], lw=3, alpha=0.4, label="autograd + torch.optim.AdamW")
@@ -559,10 +612,15 @@ plt.show()
 # %%
 _, g_end = gpt_loss_and_grads(*batch_at(STEPS), params, config)
 d = config.d_model
-g_bias = g_end["blocks.0.self_attn.in_proj_bias"]                 # (3d,): the Q, K, V parts
+g_bias = g_end["blocks.0.self_attn.in_proj_bias"]  # (3d,): the Q, K, V parts
 print(f"block 0, max |grad| of the query bias: {fmt(g_bias[:d].abs().max().item(), 6)}")
-_ = compare("block 0, gradient of the key bias vs 0", g_bias[d:2 * d], torch.zeros_like(g_bias[d:2 * d]),
-            atol=1e-15, rtol=0)
+_ = compare(
+    "block 0, gradient of the key bias vs 0",
+    g_bias[d : 2 * d],
+    torch.zeros_like(g_bias[d : 2 * d]),
+    atol=1e-15,
+    rtol=0,
+)
 
 # %% [markdown]
 # The loss fell
@@ -602,9 +660,15 @@ if BIG and torch.cuda.is_available():
     big_batch = lambda s: get_batch(data, 64, big.n_ctx, seed=s, device=dev)
     p_big = gpt_init(big, seed=0, dtype=torch.float32, device=dev)
     t0 = time.perf_counter()
-    h_big = train(AdamW(p_big, lr=0.0, weight_decay=0.1), big_batch, big_steps,
-                  grads_fn=lambda i, t: gpt_loss_and_grads(i, t, p_big, big), clip=1.0,
-                  lr_schedule=big_sched, desc="big, by hand")
+    h_big = train(
+        AdamW(p_big, lr=0.0, weight_decay=0.1),
+        big_batch,
+        big_steps,
+        grads_fn=lambda i, t: gpt_loss_and_grads(i, t, p_big, big),
+        clip=1.0,
+        lr_schedule=big_sched,
+        desc="big, by hand",
+    )
     varies(f"big model: final loss {h_big['loss'][-1]:.4f} in {time.perf_counter() - t0:.0f} s")
     out = sample(p_big, big, tok.encode("The cat")[None].to(dev), 200, temperature=0.8, seed=0)
     varies(repr(tok.decode(out[0])))
@@ -640,16 +704,26 @@ res = data_parallel_grads(world_size=2, B=16, steps=3)
 varies(f"two gloo processes: {time.perf_counter() - t0:.1f} s")
 full = res["full"]["grads"]
 r0, r1 = res["ranks"]
-name = "0.weight"                                     # the first layer's W, (16, 6)
+name = "0.weight"  # the first layer's W, (16, 6)
 print(f"rows per shard: {r0['shard_rows']} and {r1['shard_rows']}")
 compare("rank 0's shard gradient vs full batch", r0["shard_grads"][name], full[name], atol=1e-12, rtol=0)
-compare("all_reduce SUM vs full batch (the mean-vs-sum mistake)", r0["allreduce_sum"][name], full[name],
-        atol=1e-12, rtol=0)
+compare(
+    "all_reduce SUM vs full batch (the mean-vs-sum mistake)",
+    r0["allreduce_sum"][name],
+    full[name],
+    atol=1e-12,
+    rtol=0,
+)
 compare("all_reduce SUM vs 2 × full batch", r0["allreduce_sum"][name], 2 * full[name], atol=1e-12, rtol=0)
 for r, rank in enumerate(res["ranks"]):
     for n in full:
-        compare(f"rank {r}: all_reduce SUM / 2 vs full batch, {n}", rank["allreduce_mean"][n], full[n],
-                atol=1e-12, rtol=0)
+        compare(
+            f"rank {r}: all_reduce SUM / 2 vs full batch, {n}",
+            rank["allreduce_mean"][n],
+            full[n],
+            atol=1e-12,
+            rtol=0,
+        )
 
 # %% [markdown]
 # One shard's gradient is not the full-batch gradient; the sum over ranks is twice it; the sum
@@ -661,11 +735,18 @@ for r, rank in enumerate(res["ranks"]):
 # %%
 for r, rank in enumerate(res["ranks"]):
     for n in full:
-        compare(f"rank {r}: DDP gradient vs full batch, {n}", rank["ddp_grads"][n], full[n], atol=1e-12, rtol=0)
+        compare(
+            f"rank {r}: DDP gradient vs full batch, {n}", rank["ddp_grads"][n], full[n], atol=1e-12, rtol=0
+        )
 for n in full:
     compare(f"after 3 DDP steps, rank 0 vs rank 1, {n}", r0["ddp_params"][n], r1["ddp_params"][n], exact=True)
-    compare(f"after 3 DDP steps vs one process, {n}", r0["ddp_params"][n], res["full"]["params"][n],
-            atol=1e-12, rtol=0)
+    compare(
+        f"after 3 DDP steps vs one process, {n}",
+        r0["ddp_params"][n],
+        res["full"]["params"][n],
+        atol=1e-12,
+        rtol=0,
+    )
 
 # %% [markdown]
 # ### What changes on many GPUs

@@ -33,6 +33,7 @@ leading dots and trailing dots/spaces are removed; letters of any script and spa
 
     python collect.py SUBMISSIONS_FOLDER     # prints one line per student
 """
+
 from __future__ import annotations
 
 import os
@@ -49,14 +50,17 @@ NOTEBOOK_SUFFIX = ".ipynb"
 # Never submissions, at any depth (hidden names, starting with ".", are skipped as well).
 IGNORED_DIRS = frozenset({"__MACOSX", "__pycache__"})
 # Never submissions at the top level of an export: platform metadata and OS litter.
-IGNORED_TOP_FILES = frozenset({"submission_metadata.yml", "submission_metadata.yaml",
-                               "thumbs.db", "desktop.ini"})
-MAX_NAME_BYTES = 150        # a student's name, before any suffix: well under a file name's 255
+IGNORED_TOP_FILES = frozenset(
+    {"submission_metadata.yml", "submission_metadata.yaml", "thumbs.db", "desktop.ini"}
+)
+MAX_NAME_BYTES = 150  # a student's name, before any suffix: well under a file name's 255
 
-_MOODLE = re.compile(r"^(?P<name>.+?)_(?P<id>\d+)_assign(?:submission|feedback)_"
-                     r"(?P<plugin>[A-Za-z0-9]+)_(?P<rest>.*)$", re.DOTALL)
-_CANVAS = re.compile(r"^(?P<name>[^_]+)_(?:LATE_)?(?P<id>\d+)_(?P<attachment>\d+)_(?P<rest>.+)$",
-                     re.DOTALL)
+_MOODLE = re.compile(
+    r"^(?P<name>.+?)_(?P<id>\d+)_assign(?:submission|feedback)_"
+    r"(?P<plugin>[A-Za-z0-9]+)_(?P<rest>.*)$",
+    re.DOTALL,
+)
+_CANVAS = re.compile(r"^(?P<name>[^_]+)_(?:LATE_)?(?P<id>\d+)_(?P<attachment>\d+)_(?P<rest>.+)$", re.DOTALL)
 _RESUBMISSION = re.compile(r"^(?P<base>.*?)-(?P<n>\d+)$", re.DOTALL)
 
 
@@ -66,11 +70,13 @@ class CollectError(ValueError):
 
 @dataclass(frozen=True)
 class Submission:
-    student: str          # the gradebook's 'submission' column: unique, stable, filesystem-safe
-    path: Path            # the file to grade (a notebook, or the non-notebook file for a not-a-notebook row)
-    others: tuple[Path, ...] = ()   # other notebooks the same student handed in (not graded)
-    note: str = ""        # e.g. "2 notebooks from this student: graded lab01-1.ipynb (the newest), not lab01.ipynb"
-    source: str = ""      # the export entry (folder or file name) the graded file came from, e.g. Moodle's full folder name
+    student: str  # the gradebook's 'submission' column: unique, stable, filesystem-safe
+    path: Path  # the file to grade (a notebook, or the non-notebook file for a not-a-notebook row)
+    others: tuple[Path, ...] = ()  # other notebooks the same student handed in (not graded)
+    note: str = ""  # e.g. "2 notebooks from this student: graded lab01-1.ipynb (the newest), not lab01.ipynb"
+    source: str = (
+        ""  # the export entry (folder or file name) the graded file came from, e.g. Moodle's full folder name
+    )
 
     @property
     def is_notebook(self) -> bool:
@@ -81,9 +87,9 @@ class Submission:
 @dataclass
 class _File:
     path: Path
-    label: str            # how the note names it: the original file name, or the path inside the student's folder
-    entry: str            # the top-level entry it came from
-    attachment: int = 0   # Canvas attachment id (a later upload has a larger one)
+    label: str  # how the note names it: the original file name, or the path inside the student's folder
+    entry: str  # the top-level entry it came from
+    attachment: int = 0  # Canvas attachment id (a later upload has a larger one)
 
     @property
     def is_notebook(self) -> bool:
@@ -92,9 +98,9 @@ class _File:
 
 @dataclass
 class _Group:
-    identity: tuple[str, ...]   # what makes two entries one student; also the deterministic order
-    name: str                   # the student, before making it unique
-    tag: str                    # what tells this student apart from another of the same name
+    identity: tuple[str, ...]  # what makes two entries one student; also the deterministic order
+    name: str  # the student, before making it unique
+    tag: str  # what tells this student apart from another of the same name
     entries: list[str] = field(default_factory=list)
     files: list[_File] = field(default_factory=list)
     folders: list[Path] = field(default_factory=list)
@@ -108,8 +114,8 @@ def safe_name(text: str, fallback: str = "unnamed") -> str:
     for ch in text:
         cat = unicodedata.category(ch)
         if ch in "/\\" or cat in ("Cc", "Zl", "Zp"):
-            continue                     # separators, control characters, line breaks
-        out.append("\ufffd" if cat == "Cs" else ch)   # undecodable bytes (surrogateescape)
+            continue  # separators, control characters, line breaks
+        out.append("\ufffd" if cat == "Cs" else ch)  # undecodable bytes (surrogateescape)
     name = "".join(out).strip().lstrip(".").strip()
     encoded = name.encode("utf-8")
     if len(encoded) > MAX_NAME_BYTES:
@@ -155,8 +161,13 @@ def _classify(entry: Path) -> tuple[tuple[str, ...], str, str, str, int]:
         return ("folder", raw), raw, raw, raw, 0
     canvas = _CANVAS.match(raw)
     if canvas:
-        return (("canvas", canvas["name"], canvas["id"]), canvas["name"], canvas["id"],
-                canvas["rest"], int(canvas["attachment"]))
+        return (
+            ("canvas", canvas["name"], canvas["id"]),
+            canvas["name"],
+            canvas["id"],
+            canvas["rest"],
+            int(canvas["attachment"]),
+        )
     stem = Path(raw).stem
     return ("file", stem), stem, raw, raw, 0
 
@@ -167,6 +178,7 @@ def _newest_first(files: list[_File]) -> list[_File]:
         resub = _RESUBMISSION.match(stem)
         n = int(resub["n"]) if resub else 0
         return (_mtime_ns(f.path), f.attachment, n, f.label, str(f.path))
+
     return sorted(files, key=key, reverse=True)
 
 
@@ -188,17 +200,21 @@ def _submission(group: _Group, student: str) -> Submission:
             labels = _labels(notebooks)
             why = "the newest"
             if _mtime_ns(rest[0].path) == _mtime_ns(graded.path):
-                why = ("tied for the newest: the later upload" if graded.attachment != rest[0].attachment
-                       else "tied for the newest: chosen by name")
-            note = (f"{len(notebooks)} notebooks from this student: graded {labels[0]} ({why}), "
-                    f"not {', '.join(labels[1:])}")
+                why = (
+                    "tied for the newest: the later upload"
+                    if graded.attachment != rest[0].attachment
+                    else "tied for the newest: chosen by name"
+                )
+            note = (
+                f"{len(notebooks)} notebooks from this student: graded {labels[0]} ({why}), "
+                f"not {', '.join(labels[1:])}"
+            )
         return Submission(student, graded.path, tuple(f.path for f in rest), note, graded.entry)
     others = _newest_first(group.files)
     if others:
         labels = _labels(others)
         shown = ", ".join(labels[:5]) + (f", and {len(labels) - 5} more" if len(labels) > 5 else "")
-        return Submission(student, others[0].path, (), f"no notebook: handed in {shown}",
-                          others[0].entry)
+        return Submission(student, others[0].path, (), f"no notebook: handed in {shown}", others[0].entry)
     folder = sorted(group.folders)[0]
     return Submission(student, folder, (), "no notebook: the folder is empty", folder.name)
 
@@ -224,7 +240,7 @@ def _unique_names(groups: list[_Group]) -> dict[int, str]:
     seen: set[str] = set()
     for i in sorted(range(len(groups)), key=lambda i: groups[i].identity):
         name = names[i]
-        if name.casefold() in seen:          # a repeat: the first (in identity order) kept it
+        if name.casefold() in seen:  # a repeat: the first (in identity order) kept it
             k = 2
             while f"{name} ({k})".casefold() in taken:
                 k += 1

@@ -12,6 +12,7 @@ run here, on this process's untouched torch. Scores are computed here and capped
 
     python harness.py SPEC.json      # SPEC: source, worker command, limits; writes spec["result"]
 """
+
 from __future__ import annotations
 
 import ast
@@ -39,7 +40,7 @@ class Case:
     code: str
     points: float
     hidden: bool
-    where: str = "harness"    # or "student": runs in the worker, beside the student's objects
+    where: str = "harness"  # or "student": runs in the worker, beside the student's objects
 
 
 @dataclass
@@ -47,8 +48,8 @@ class Question:
     name: str
     points: float
     cases: list[Case] = field(default_factory=list)
-    by_hand: list[str] = field(default_factory=list)   # 'autograd' and reference functions it may not use
-    in_place: bool = False    # may the answer change its tensor arguments (an optimizer step, clipping)?
+    by_hand: list[str] = field(default_factory=list)  # 'autograd' and reference functions it may not use
+    in_place: bool = False  # may the answer change its tensor arguments (an optimizer step, clipping)?
 
 
 def _config(code: str) -> tuple[dict, str]:
@@ -73,8 +74,14 @@ def questions(source_path: Path) -> list[Question]:
         text = cell.source.strip()
         if cell.cell_type == "raw" and text.startswith("# BEGIN QUESTION"):
             conf = yaml.safe_load(cell.source.split("\n", 1)[1]) or {}
-            out.append(Question(str(conf["name"]), float(conf.get("points", 0)), by_hand=list(conf.get("by_hand") or []),
-                                in_place=bool(conf.get("in_place", False))))
+            out.append(
+                Question(
+                    str(conf["name"]),
+                    float(conf.get("points", 0)),
+                    by_hand=list(conf.get("by_hand") or []),
+                    in_place=bool(conf.get("in_place", False)),
+                )
+            )
         elif cell.cell_type == "raw" and text.startswith("# BEGIN TESTS"):
             in_tests = True
         elif cell.cell_type == "raw" and text.startswith("# END TESTS"):
@@ -115,8 +122,11 @@ class _MarkFunctions(ast.NodeTransformer):
     def _after_def(self, node):
         src = ast.get_source_segment(self.code, node)
         self.generic_visit(node)
-        mark = ast.Expr(ast.Call(ast.Name("__portable__", ast.Load()),
-                                 [ast.Name(node.name, ast.Load()), ast.Constant(src)], []))
+        mark = ast.Expr(
+            ast.Call(
+                ast.Name("__portable__", ast.Load()), [ast.Name(node.name, ast.Load()), ast.Constant(src)], []
+            )
+        )
         return [node, mark] if not node.decorator_list else [node]
 
     visit_FunctionDef = _after_def
@@ -161,8 +171,11 @@ class Across(torch.autograd.Function):
                 kept.append(outs[j] if j in outs else box["all_outs"][j])
             else:
                 flat = storages[e["storage"]]
-                kept.append(torch.empty(0, dtype=e["dtype"]).set_(flat.untyped_storage(), e["offset"],
-                                                                   e["shape"], e["stride"]))
+                kept.append(
+                    torch.empty(0, dtype=e["dtype"]).set_(
+                        flat.untyped_storage(), e["offset"], e["shape"], e["stride"]
+                    )
+                )
         ctx.save_for_backward(*kept)
 
     @staticmethod
@@ -221,8 +234,10 @@ class HarnessPeer(wire.Peer):
     def call(self, fn, args, kwargs, **opts):
         ins = wire.tensors((args, kwargs))
         track = torch.is_grad_enabled() and any(t.requires_grad for t in ins)
-        reply = self.synced({"op": "call", "ref": fn._id, "opts": {"exercise": self.exercise, "track": track}},
-                            (tuple(args), dict(kwargs)))
+        reply = self.synced(
+            {"op": "call", "ref": fn._id, "opts": {"exercise": self.exercise, "track": track}},
+            (tuple(args), dict(kwargs)),
+        )
         if reply["changed"] and not self.in_place:
             # the test's own tensors stay as they were, so a reference computed after the call is still right
             raise InPlaceEdit(f"changed {len(reply['changed'])} of its tensor arguments in place")
@@ -236,7 +251,7 @@ class HarnessPeer(wire.Peer):
                 if not t.is_leaf:
                     continue
                 if same_grad and t.grad is not None and grad is not None and t.grad.shape == grad.shape:
-                    t.grad.copy_(grad)       # edited in place there: in place here too
+                    t.grad.copy_(grad)  # edited in place there: in place here too
                 else:
                     t.grad = grad
         result = reply["result"]
@@ -249,8 +264,16 @@ class HarnessPeer(wire.Peer):
         grad_ins = [t for t in ins if t.requires_grad]
         if not diff:
             return result
-        box = {"peer": self, "graph": reply["graph"], "outs": [outs[i] for i in diff], "diff": diff,
-               "n_all": len(outs), "ins": ins, "saved": reply["saved"], "all_outs": outs}
+        box = {
+            "peer": self,
+            "graph": reply["graph"],
+            "outs": [outs[i] for i in diff],
+            "diff": diff,
+            "n_all": len(outs),
+            "ins": ins,
+            "saved": reply["saved"],
+            "all_outs": outs,
+        }
         joined = Across.apply(box, *grad_ins)
         for i, o in zip(diff, joined):
             outs[i] = o
@@ -261,7 +284,9 @@ class Student:
     """The submission's worker process, reached through a ``HarnessPeer``."""
 
     def __init__(self, argv: list[str], forbidden: dict, start_timeout: float):
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        )
         self.peer = HarnessPeer(self.proc.stdout, self.proc.stdin)
         self.peer.returned_nothing = set()
         self.peer.send_code = True
@@ -275,8 +300,12 @@ class Student:
     def bind(self, code: str) -> dict:
         """A fresh namespace for one test: builtins, plus handles on the student's names it uses."""
         # zip is strict: `all(... for o, r in zip(answer, reference))` must not pass on an empty answer
-        ns = {"__builtins__": builtins, "__name__": "__hidden_test__", "__portable__": _portable,
-              "zip": functools.partial(zip, strict=True)}
+        ns = {
+            "__builtins__": builtins,
+            "__name__": "__hidden_test__",
+            "__portable__": _portable,
+            "zip": functools.partial(zip, strict=True),
+        }
         for name in sorted(free_names(code) & self.names):
             ns[name] = self.peer.request({"op": "get"}, name, True)
         return ns
@@ -330,11 +359,15 @@ def grade(spec: dict) -> dict:
         for k, case in enumerate(q.cases, 1):
             ok = False
             try:
-                student.peer.deadline = time.monotonic() + min(case_timeout, spec["timeout"] - (time.monotonic() - started))
+                student.peer.deadline = time.monotonic() + min(
+                    case_timeout, spec["timeout"] - (time.monotonic() - started)
+                )
                 if case.where == "student" and distrust:
                     ok = False
                 elif case.where == "student":
-                    reply = student.peer.request({"op": "run_test"}, {"code": case.code, "exercise": q.name}, True)
+                    reply = student.peer.request(
+                        {"op": "run_test"}, {"code": case.code, "exercise": q.name}, True
+                    )
                     ok = reply.get("ok") is True
                     if "raised" in reply and reply["raised"] != "AssertionError":
                         raised.setdefault(kind(wire.RemoteError(str(reply["raised"]), "")), []).append(k)
@@ -369,11 +402,17 @@ def grade(spec: dict) -> dict:
             passed.append(ok)
         student.peer.exercise = None
         used = student.violations().get(q.name)
-        raised.pop("ByHandError", None)          # said once, below
+        raised.pop("ByHandError", None)  # said once, below
         if edited:
-            tests = f"hidden test {edited[0]}" if len(edited) == 1 else f"hidden tests {', '.join(map(str, edited))}"
-            result["notes"].append(f"{q.name}: your function changed its input tensors in place in {tests} "
-                                   "(it must leave them as they were)")
+            tests = (
+                f"hidden test {edited[0]}"
+                if len(edited) == 1
+                else f"hidden tests {', '.join(map(str, edited))}"
+            )
+            result["notes"].append(
+                f"{q.name}: your function changed its input tensors in place in {tests} "
+                "(it must leave them as they were)"
+            )
         for what, ks in sorted(raised.items()):
             tests = f"hidden test {ks[0]}" if len(ks) == 1 else f"hidden tests {', '.join(map(str, ks))}"
             result["notes"].append(f"{q.name}: your code raised {what} in {tests}")
@@ -384,11 +423,15 @@ def grade(spec: dict) -> dict:
             result["notes"].append(f"used {used} in {q.name}, which asks {asks}: 0 points for {q.name}")
         elif distrust and q.by_hand:
             used = distrust
-            result["notes"].append(f"{q.name}: your code uses {distrust}, which can switch off the checks this exercise "
-                                   f"needs: 0 points for {q.name} until your instructor has looked at it")
+            result["notes"].append(
+                f"{q.name}: your code uses {distrust}, which can switch off the checks this exercise "
+                f"needs: 0 points for {q.name} until your instructor has looked at it"
+            )
         elif distrust and any(c.where == "student" for c in q.cases):
-            result["notes"].append(f"{q.name}: your code uses {distrust}: the hidden tests that run beside your code "
-                                   "were not counted")
+            result["notes"].append(
+                f"{q.name}: your code uses {distrust}: the hidden tests that run beside your code "
+                "were not counted"
+            )
         if used:
             passed = [False] * len(passed)
             result.setdefault("by_hand", {})[q.name] = used
@@ -411,8 +454,12 @@ def _errors(reported) -> list[dict]:
 
 def _score(q: Question, passed: list[bool]) -> dict:
     got = sum(c.points for c, ok in zip(q.cases, passed) if ok)
-    return {"score": min(round(got, 6), q.points), "possible": q.points, "passed": sum(passed),
-            "cases": len(q.cases)}
+    return {
+        "score": min(round(got, 6), q.points),
+        "possible": q.points,
+        "passed": sum(passed),
+        "cases": len(q.cases),
+    }
 
 
 def _finish(result: dict, qs, skip) -> dict:
@@ -423,7 +470,7 @@ def _finish(result: dict, qs, skip) -> dict:
     return result
 
 
-HARNESS_MEMORY = 6 << 30   # bytes of address space: what a submission sends back cannot exhaust the machine
+HARNESS_MEMORY = 6 << 30  # bytes of address space: what a submission sends back cannot exhaust the machine
 
 
 def main(argv: list[str]) -> int:

@@ -10,30 +10,118 @@ points, with a note naming the construct, and flags it for the instructor.
 
     reach_around(code) -> ["__globals__", "import sys", ...]   # sorted, empty for honest code
 """
+
 from __future__ import annotations
 
 import ast
 import re
 
 # modules a lab answer may import (the course's own and what its labs use)
-ALLOWED_IMPORTS = ("torch", "math", "numpy", "einops", "helpers", "functools", "itertools", "collections",
-                   "typing", "dataclasses", "time", "random", "matplotlib", "__future__", "statistics",
-                   "contextlib", "copy", "os", "sys", "signal", "warnings", "re", "string", "abc", "enum")
+ALLOWED_IMPORTS = (
+    "torch",
+    "math",
+    "numpy",
+    "einops",
+    "helpers",
+    "functools",
+    "itertools",
+    "collections",
+    "typing",
+    "dataclasses",
+    "time",
+    "random",
+    "matplotlib",
+    "__future__",
+    "statistics",
+    "contextlib",
+    "copy",
+    "os",
+    "sys",
+    "signal",
+    "warnings",
+    "re",
+    "string",
+    "abc",
+    "enum",
+)
 # names whose use alone can switch a guard off or run hidden code
-NAMES = {"eval", "exec", "compile", "globals", "vars", "__import__", "getattr", "setattr", "delattr",
-         "get_ipython", "breakpoint", "memoryview", "open"}
+NAMES = {
+    "eval",
+    "exec",
+    "compile",
+    "globals",
+    "vars",
+    "__import__",
+    "getattr",
+    "setattr",
+    "delattr",
+    "get_ipython",
+    "breakpoint",
+    "memoryview",
+    "open",
+}
 # attributes that reach past the public API of torch
-ATTRIBUTES = {"_execution_engine", "_ImperativeEngine", "_EngineBase", "_C", "_getframe", "settrace", "setprofile",
-              "f_globals", "f_locals", "f_back", "gi_frame", "tb_frame", "cell_contents", "meta_path", "path_hooks"}
+ATTRIBUTES = {
+    "_execution_engine",
+    "_ImperativeEngine",
+    "_EngineBase",
+    "_C",
+    "_getframe",
+    "settrace",
+    "setprofile",
+    "f_globals",
+    "f_locals",
+    "f_back",
+    "gi_frame",
+    "tb_frame",
+    "cell_contents",
+    "meta_path",
+    "path_hooks",
+}
 # attributes flagged on one module only (`sys.modules` reaches the grader's own modules; `model.modules()` is fine)
 MODULE_ATTRIBUTES = {("sys", "modules"), ("os", "environ")}
 # plain attribute names a dunder check would otherwise flag, but which any answer may use
-HARMLESS_DUNDERS = {"__init__", "__name__", "__doc__", "__len__", "__call__", "__repr__", "__str__",
-                    "__add__", "__radd__", "__mul__", "__rmul__", "__sub__", "__rsub__", "__neg__",
-                    "__truediv__", "__rtruediv__", "__pow__", "__rpow__", "__matmul__", "__rmatmul__",
-                    "__getitem__", "__setitem__", "__iter__", "__next__", "__enter__", "__exit__",
-                    "__eq__", "__hash__", "__lt__", "__le__", "__gt__", "__ge__", "__bool__", "__float__",
-                    "__int__", "__slots__", "__post_init__", "__contains__", "__future__"}
+HARMLESS_DUNDERS = {
+    "__init__",
+    "__name__",
+    "__doc__",
+    "__len__",
+    "__call__",
+    "__repr__",
+    "__str__",
+    "__add__",
+    "__radd__",
+    "__mul__",
+    "__rmul__",
+    "__sub__",
+    "__rsub__",
+    "__neg__",
+    "__truediv__",
+    "__rtruediv__",
+    "__pow__",
+    "__rpow__",
+    "__matmul__",
+    "__rmatmul__",
+    "__getitem__",
+    "__setitem__",
+    "__iter__",
+    "__next__",
+    "__enter__",
+    "__exit__",
+    "__eq__",
+    "__hash__",
+    "__lt__",
+    "__le__",
+    "__gt__",
+    "__ge__",
+    "__bool__",
+    "__float__",
+    "__int__",
+    "__slots__",
+    "__post_init__",
+    "__contains__",
+    "__future__",
+}
 
 
 def _dunder(name: str) -> bool:

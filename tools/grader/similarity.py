@@ -28,6 +28,7 @@ answer is shared). The max would also flag an answer *contained* in a larger one
 copied), but a short canonical answer is contained in the full published solutions whoever wrote
 it, so the mean is the safer default for a flag an instructor acts on.
 """
+
 from __future__ import annotations
 
 import csv
@@ -38,20 +39,20 @@ from os import PathLike
 import copydetect
 
 SOLUTIONS = "(published solutions)"
-K = 20            # copydetect noise threshold = guarantee threshold, in filtered characters
-WIN_SIZE = 1      # guarantee - noise + 1: keep every k-gram
+K = 20  # copydetect noise threshold = guarantee threshold, in filtered characters
+WIN_SIZE = 1  # guarantee - noise + 1: keep every k-gram
 FIELDS = ("a", "b", "similarity", "tokens_overlap")
 
 
 def _fingerprint(code: str) -> copydetect.CodeFingerprint:
     # fp= gives the text directly (no temporary files); the name is only a label, the lexer is
     # fixed to Python so no file extension is needed either.
-    return copydetect.CodeFingerprint("answer.py", K, WIN_SIZE, fp=io.StringIO(code),
-                                      language="python")
+    return copydetect.CodeFingerprint("answer.py", K, WIN_SIZE, fp=io.StringIO(code), language="python")
 
 
-def similarity_pairs(answers: dict[str, str], solutions: str | None = None, threshold: float = 0.8,
-                     min_chars: int = 40) -> list[dict]:
+def similarity_pairs(
+    answers: dict[str, str], solutions: str | None = None, threshold: float = 0.8, min_chars: int = 40
+) -> list[dict]:
     """Pairs of submissions (and submission vs the published solutions) whose answer code is near-identical.
 
     answers: {submission name: the text of its answer code (already extracted, plain Python)}.

@@ -12,6 +12,7 @@ While one side waits for the answer to its request it serves the other side's re
 student's function calling a harness callback, the harness reading an attribute of a
 student's object), so calls can nest both ways.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,12 +25,28 @@ from typing import Any, BinaryIO, Callable
 
 import torch
 
-MAX_HEADER = 64 << 20     # bytes of JSON in one message
-MAX_BLOBS = 256 << 20    # tensor bytes in one message (a lab's tensors are KiB; the harness keeps what comes back)
-MAX_DEPTH = 64            # nesting of lists, tuples and dicts
-DTYPES = {str(d).removeprefix("torch."): d for d in (
-    torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
-    torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)}
+MAX_HEADER = 64 << 20  # bytes of JSON in one message
+MAX_BLOBS = (
+    256 << 20
+)  # tensor bytes in one message (a lab's tensors are KiB; the harness keeps what comes back)
+MAX_DEPTH = 64  # nesting of lists, tuples and dicts
+DTYPES = {
+    str(d).removeprefix("torch."): d
+    for d in (
+        torch.float64,
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+        torch.complex64,
+        torch.complex128,
+    )
+}
 
 
 class WireError(Exception):
@@ -64,9 +81,9 @@ class Blobs(list):
 
     def __init__(self, *args):
         super().__init__(*args)
-        self.sent: dict[int, int] = {}       # id(tensor) -> its number in this message (encoding)
-        self.got: dict[int, torch.Tensor] = {}   # number -> tensor (decoding)
-        self.keep: list = []                 # objects whose id() is in `sent` stay alive meanwhile
+        self.sent: dict[int, int] = {}  # id(tensor) -> its number in this message (encoding)
+        self.got: dict[int, torch.Tensor] = {}  # number -> tensor (decoding)
+        self.keep: list = []  # objects whose id() is in `sent` stay alive meanwhile
 
 
 class Remote:
@@ -105,6 +122,7 @@ def _dunder(name):
             # 0.0 would pass `abs(x.data - expected) < tol` without computing anything
             raise TypeError(f"{self._kind}.{name} returned a plain value across the boundary")
         return result
+
     method.__name__ = name
     return method
 
@@ -115,8 +133,21 @@ def _not_a_truth_value(self):
 
 # operators a test may apply to a student's object (a micrograd Value: `power(y, 0.5) + power(y, -1)`);
 # no comparisons and no truth value: `assert student_object < tol` must not be the student's to answer
-ARITHMETIC = ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__",
-              "__rtruediv__", "__pow__", "__rpow__", "__neg__", "__matmul__", "__rmatmul__")
+ARITHMETIC = (
+    "__add__",
+    "__radd__",
+    "__sub__",
+    "__rsub__",
+    "__mul__",
+    "__rmul__",
+    "__truediv__",
+    "__rtruediv__",
+    "__pow__",
+    "__rpow__",
+    "__neg__",
+    "__matmul__",
+    "__rmatmul__",
+)
 DUNDERS = ARITHMETIC + ("__float__", "__int__", "__len__")
 for _name in DUNDERS:
     setattr(Remote, _name, _dunder(_name))
@@ -126,20 +157,21 @@ Remote.__bool__ = _not_a_truth_value
 class Peer:
     """One end of the boundary: encodes, decodes, sends requests and serves the other end's."""
 
-    def __init__(self, rfile: BinaryIO, wfile: BinaryIO, *, serve_dunder: bool = False,
-                 on_call: Callable | None = None):
+    def __init__(
+        self, rfile: BinaryIO, wfile: BinaryIO, *, serve_dunder: bool = False, on_call: Callable | None = None
+    ):
         self.rfile, self.wfile = rfile, wfile
-        self.objects: dict[int, Any] = {}          # handles this side gave out
-        self.ids: dict[int, int] = {}              # id(obj) -> handle
-        self.remotes: dict[int, Remote] = {}       # the other side's handles, one Remote each (keeps `is`)
+        self.objects: dict[int, Any] = {}  # handles this side gave out
+        self.ids: dict[int, int] = {}  # id(obj) -> handle
+        self.remotes: dict[int, Remote] = {}  # the other side's handles, one Remote each (keeps `is`)
         self.serve_dunder = serve_dunder
-        self.send_code = False       # the harness sends its tests' functions as source (see portable)
-        self.accept_code = False     # only the worker compiles what it receives; the harness never does
-        self.mutables: list[dict] = []   # harness: per portable function, its list/dict globals
-        self.envs: dict = {}             # worker: per portable function, its namespace
-        self.sent_modules: dict[int, torch.nn.Module] = {}   # token -> a module this side sent by value
-        self.module_token: dict[int, tuple] = {}   # id(module received by value) -> (the sender's token, it)
-        self.received_modules: list = []         # (token, module) received by value, echoed back after a call
+        self.send_code = False  # the harness sends its tests' functions as source (see portable)
+        self.accept_code = False  # only the worker compiles what it receives; the harness never does
+        self.mutables: list[dict] = []  # harness: per portable function, its list/dict globals
+        self.envs: dict = {}  # worker: per portable function, its namespace
+        self.sent_modules: dict[int, torch.nn.Module] = {}  # token -> a module this side sent by value
+        self.module_token: dict[int, tuple] = {}  # id(module received by value) -> (the sender's token, it)
+        self.received_modules: list = []  # (token, module) received by value, echoed back after a call
         self.on_call = on_call or (lambda fn, args, kwargs, opts: fn(*args, **kwargs))
         self.handlers: dict[str, Callable] = {}
 
@@ -151,13 +183,17 @@ class Peer:
             raise WireError("value nested too deeply")
         if obj is None or isinstance(obj, (bool, str)):
             return obj
-        if obj is Ellipsis:   # a stub's `...`
+        if obj is Ellipsis:  # a stub's `...`
             return {"ellipsis": True}
         if isinstance(obj, int):
-            return obj if abs(obj) < 2 ** 62 else {"bigint": str(obj)}
+            return obj if abs(obj) < 2**62 else {"bigint": str(obj)}
         if isinstance(obj, float):
             return obj if math.isfinite(obj) else {"float": repr(obj)}
-        if isinstance(obj, torch.Tensor) and type(obj) in (torch.Tensor, torch.nn.Parameter) and obj.layout == torch.strided:
+        if (
+            isinstance(obj, torch.Tensor)
+            and type(obj) in (torch.Tensor, torch.nn.Parameter)
+            and obj.layout == torch.strided
+        ):
             if isinstance(blobs, Blobs):
                 if id(obj) in blobs.sent:
                     return {"same": blobs.sent[id(obj)]}
@@ -168,8 +204,13 @@ class Peer:
             if dtype not in DTYPES:
                 raise WireError(f"tensor dtype {dtype} cannot cross")
             blobs.append(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-            node = {"tensor": len(blobs) - 1, "dtype": dtype, "shape": list(t.shape),
-                    "grad": bool(obj.requires_grad), "param": isinstance(obj, torch.nn.Parameter)}
+            node = {
+                "tensor": len(blobs) - 1,
+                "dtype": dtype,
+                "shape": list(t.shape),
+                "grad": bool(obj.requires_grad),
+                "param": isinstance(obj, torch.nn.Parameter),
+            }
             if obj.is_leaf and obj.grad is not None:  # a leaf's .grad travels with it (clipping edits it)
                 node["dot_grad"] = self.encode(obj.grad, blobs, depth + 1)
             if isinstance(blobs, Blobs):
@@ -180,7 +221,9 @@ class Peer:
         if isinstance(obj, torch.Size):
             return {"size": [int(s) for s in obj]}
         if isinstance(obj, (list, tuple)) and type(obj) in (list, tuple):
-            return {"list" if isinstance(obj, list) else "tuple": [self.encode(x, blobs, depth + 1) for x in obj]}
+            return {
+                "list" if isinstance(obj, list) else "tuple": [self.encode(x, blobs, depth + 1) for x in obj]
+            }
         if type(obj) is dict and all(isinstance(k, (str, int)) and not isinstance(k, bool) for k in obj):
             return {"dict": [[k, self.encode(v, blobs, depth + 1)] for k, v in obj.items()]}
         if isinstance(obj, Remote) and obj._peer is self:
@@ -212,13 +255,19 @@ class Peer:
         if "tensor" in node:
             dtype = DTYPES.get(node.get("dtype"))
             shape = node.get("shape")
-            if dtype is None or not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
+            if (
+                dtype is None
+                or not isinstance(shape, list)
+                or not all(isinstance(s, int) and s >= 0 for s in shape)
+            ):
                 raise WireError("bad tensor header")
             raw = blobs[node["tensor"]]
             n = math.prod(shape)
             if len(raw) != n * torch.empty((), dtype=dtype).element_size():
                 raise WireError("tensor bytes do not match its shape")
-            t = (torch.frombuffer(bytearray(raw), dtype=dtype) if n else torch.empty(0, dtype=dtype)).reshape(shape)
+            t = (torch.frombuffer(bytearray(raw), dtype=dtype) if n else torch.empty(0, dtype=dtype)).reshape(
+                shape
+            )
             if node.get("param"):
                 t = torch.nn.Parameter(t, requires_grad=bool(node.get("grad")))
             elif node.get("grad") and (t.is_floating_point() or t.is_complex()):
@@ -250,8 +299,10 @@ class Peer:
         if "tuple" in node:
             return tuple(self.decode(x, blobs, depth + 1) for x in node["tuple"])
         if "dict" in node:
-            return {(k if isinstance(k, (str, int)) else _bad(node)): self.decode(v, blobs, depth + 1)
-                    for k, v in node["dict"]}
+            return {
+                (k if isinstance(k, (str, int)) else _bad(node)): self.decode(v, blobs, depth + 1)
+                for k, v in node["dict"]
+            }
         if "portable" in node:
             if not self.accept_code:
                 raise WireError("code is not accepted from this side")
@@ -260,6 +311,7 @@ class Peer:
             if not self.accept_code:
                 raise WireError("code is not accepted from this side")
             import importlib
+
             return importlib.import_module(str(node["module"]))
         if "nn" in node:
             return self.decode_module(node, blobs, depth)
@@ -293,11 +345,15 @@ class Peer:
         return {"nn": _path(type(m)), "token": token, "state": self._module_state(m, blobs, depth)}
 
     def _module_state(self, m, blobs, depth):
-        state = {"training": m.training,
-                 "_parameters": self.encode(dict(m._parameters), blobs, depth + 1),
-                 "_buffers": self.encode(dict(m._buffers), blobs, depth + 1),
-                 "_modules": {k: (None if v is None else self.encode(v, blobs, depth + 1)) for k, v in m._modules.items()},
-                 "hooks": {k: self.encode(list(getattr(m, k).values()), blobs, depth + 1) for k in _HOOKS}}
+        state = {
+            "training": m.training,
+            "_parameters": self.encode(dict(m._parameters), blobs, depth + 1),
+            "_buffers": self.encode(dict(m._buffers), blobs, depth + 1),
+            "_modules": {
+                k: (None if v is None else self.encode(v, blobs, depth + 1)) for k, v in m._modules.items()
+            },
+            "hooks": {k: self.encode(list(getattr(m, k).values()), blobs, depth + 1) for k in _HOOKS},
+        }
         plain = {}
         for k, v in vars(m).items():
             if k.startswith("_") or k == "training":
@@ -327,12 +383,18 @@ class Peer:
         for k in _HOOKS:
             hooks = self.decode(st["hooks"].get(k, {"list": []}), blobs, depth + 1)
             setattr(m, k, collections.OrderedDict(enumerate(_inert(h) for h in hooks)))
-        m._modules.update({k: (None if v is None else self.decode(v, blobs, depth + 1)) for k, v in st["_modules"].items()})
+        m._modules.update(
+            {k: (None if v is None else self.decode(v, blobs, depth + 1)) for k, v in st["_modules"].items()}
+        )
         token = int(node["token"])
-        self.module_token[id(m)] = (token, m)   # the module itself too: an id alone could be reused
+        self.module_token[id(m)] = (token, m)  # the module itself too: an id alone could be reused
         if not any(t == token for t, *_ in self.received_modules):
-            first = {(path, key, name): t for path, sub in m.named_modules()
-                     for key in ("_parameters", "_buffers") for name, t in getattr(sub, key).items()}
+            first = {
+                (path, key, name): t
+                for path, sub in m.named_modules()
+                for key in ("_parameters", "_buffers")
+                for name, t in getattr(sub, key).items()
+            }
             self.received_modules.append((token, m, first))
         return m
 
@@ -346,10 +408,21 @@ class Peer:
         for token, m, first in self.received_modules:
             rows = []
             for path, sub in m.named_modules(remove_duplicate=False):
-                slots = {key: {name: [t, t is not None and first.get((path, key, name)) is t]
-                               for name, t in getattr(sub, key).items()} for key in ("_parameters", "_buffers")}
-                rows.append({"path": path, "training": sub.training, **slots,
-                             "hooks": {k: list(getattr(sub, k).values()) for k in _HOOKS}})
+                slots = {
+                    key: {
+                        name: [t, t is not None and first.get((path, key, name)) is t]
+                        for name, t in getattr(sub, key).items()
+                    }
+                    for key in ("_parameters", "_buffers")
+                }
+                rows.append(
+                    {
+                        "path": path,
+                        "training": sub.training,
+                        **slots,
+                        "hooks": {k: list(getattr(sub, k).values()) for k in _HOOKS},
+                    }
+                )
             out.append([token, rows])
         self.received_modules = []
         return out
@@ -372,7 +445,12 @@ class Peer:
                     slots = getattr(sub, key)
                     for name, (t, same) in row[key].items():
                         cur = slots.get(name)
-                        if same and isinstance(cur, torch.Tensor) and isinstance(t, torch.Tensor) and cur.shape == t.shape:
+                        if (
+                            same
+                            and isinstance(cur, torch.Tensor)
+                            and isinstance(t, torch.Tensor)
+                            and cur.shape == t.shape
+                        ):
                             with torch.no_grad():
                                 cur.copy_(t)
                             cur.requires_grad_(t.requires_grad)
@@ -380,16 +458,25 @@ class Peer:
                         else:
                             slots[name] = t
                 for k in _HOOKS:
-                    setattr(sub, k, collections.OrderedDict(enumerate(_inert(h) for h in row["hooks"].get(k, []))))
+                    setattr(
+                        sub, k, collections.OrderedDict(enumerate(_inert(h) for h in row["hooks"].get(k, [])))
+                    )
 
     def encode_optimizer(self, opt, blobs, depth):
         params = [p for g in opt.param_groups for p in g["params"]]
-        index = {id(p): i for i, p in enumerate(params)}     # by identity: == on tensors compares values
-        groups = [{k: (v if k != "params" else [index[id(p)] for p in v]) for k, v in g.items()} for g in opt.param_groups]
+        index = {id(p): i for i, p in enumerate(params)}  # by identity: == on tensors compares values
+        groups = [
+            {k: (v if k != "params" else [index[id(p)] for p in v]) for k, v in g.items()}
+            for g in opt.param_groups
+        ]
         state = [[index[id(p)], s] for p, s in opt.state.items() if id(p) in index]
-        return {"optim": _path(type(opt)), "params": self.encode(params, blobs, depth + 1),
-                "groups": self.encode(groups, blobs, depth + 1), "defaults": self.encode(dict(opt.defaults), blobs, depth + 1),
-                "state": self.encode(state, blobs, depth + 1)}
+        return {
+            "optim": _path(type(opt)),
+            "params": self.encode(params, blobs, depth + 1),
+            "groups": self.encode(groups, blobs, depth + 1),
+            "defaults": self.encode(dict(opt.defaults), blobs, depth + 1),
+            "state": self.encode(state, blobs, depth + 1),
+        }
 
     def decode_optimizer(self, node, blobs, depth):
         cls = _resolve(str(node["optim"]), torch.optim.Optimizer, ("torch.optim.",))
@@ -399,7 +486,9 @@ class Peer:
             g["params"] = [params[i] for i in g["params"]]
         import inspect
 
-        accepted = inspect.signature(cls.__init__).parameters   # defaults may hold keys the constructor sets itself
+        accepted = inspect.signature(
+            cls.__init__
+        ).parameters  # defaults may hold keys the constructor sets itself
         defaults = {k: v for k, v in self.decode(node["defaults"], blobs, depth + 1).items() if k in accepted}
         opt = cls(groups, **defaults)
         for i, s in self.decode(node["state"], blobs, depth + 1):
@@ -428,18 +517,21 @@ class Peer:
             elif name in obj.__globals__:
                 value = obj.__globals__[name]
             else:
-                continue   # a builtin
+                continue  # a builtin
             if isinstance(value, types.ModuleType):
                 env[name] = {"module": value.__name__}
-            elif (isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type))
-                  and not hasattr(value, "__portable_source__") and getattr(value, "__module__", None)
-                  and "." not in getattr(value, "__qualname__", ".")):
+            elif (
+                isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type))
+                and not hasattr(value, "__portable_source__")
+                and getattr(value, "__module__", None)
+                and "." not in getattr(value, "__qualname__", ".")
+            ):
                 env[name] = {"import": value.__module__, "name": value.__qualname__}
             else:
                 env[name] = self.encode(value, blobs, depth + 1)
                 if type(value) in (list, dict):
                     mutable[name] = value
-        self.mutables.append(mutable)   # what the function appends to there is appended to here too
+        self.mutables.append(mutable)  # what the function appends to there is appended to here too
         return {"portable": src, "name": obj.__code__.co_name, "env": env, "pid": len(self.mutables) - 1}
 
     def compile_portable(self, node, blobs, depth):
@@ -501,7 +593,7 @@ class Peer:
             raise WireError("bad header")
         return header, blobs
 
-    deadline: float | None = None   # time.monotonic() after which a read raises TimeoutError
+    deadline: float | None = None  # time.monotonic() after which a read raises TimeoutError
 
     def _read(self, n: int) -> bytes:
         chunks, fd = [], self.rfile.fileno()
@@ -521,7 +613,9 @@ class Peer:
 
     def request(self, header: dict, value=None, has_value: bool | None = None):
         """Send a request and serve the other side until its reply comes; return the reply's value."""
-        self.send(dict(header, kind="request"), value, has_value if has_value is not None else value is not None)
+        self.send(
+            dict(header, kind="request"), value, has_value if has_value is not None else value is not None
+        )
         while True:
             msg, blobs = self.receive()
             if msg.get("kind") == "reply":
@@ -547,9 +641,14 @@ class Peer:
                 if obj is None:
                     raise WireError("unknown handle")
                 name = msg.get("name")
-                if op in ("getattr", "setattr", "dunder") and name not in DUNDERS and (not isinstance(name, str) or
-                                                       (name.startswith("__") and not self.serve_dunder)):
-                    raise AttributeError(f"attribute {str(name)[:40]!r} cannot be reached across the boundary")
+                if (
+                    op in ("getattr", "setattr", "dunder")
+                    and name not in DUNDERS
+                    and (not isinstance(name, str) or (name.startswith("__") and not self.serve_dunder))
+                ):
+                    raise AttributeError(
+                        f"attribute {str(name)[:40]!r} cannot be reached across the boundary"
+                    )
                 if op == "dunder":
                     if name not in DUNDERS:
                         raise AttributeError(f"operator {str(name)[:20]} cannot be used across the boundary")
@@ -570,7 +669,7 @@ class Peer:
         except BaseException as e:  # noqa: BLE001 - every failure is the other side's answer
             if isinstance(e, (KeyboardInterrupt,)):
                 raise
-            if isinstance(e, RemoteError):   # raised further along a nested call: pass the original on
+            if isinstance(e, RemoteError):  # raised further along a nested call: pass the original on
                 kind, message = e.kind, e.message
             else:
                 kind, message = type(e).__name__, (str(e).splitlines() or [""])[0][:300]

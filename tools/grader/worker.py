@@ -9,6 +9,7 @@ when it was answered with them instead.
 
     python worker.py NOTEBOOK        # protocol on stdin/stdout; the student's prints go nowhere
 """
+
 from __future__ import annotations
 
 import json
@@ -49,6 +50,7 @@ def _guard(what: str, fn):
         if _forbidden(what):
             _violate(what)
         return fn(*args, **kwargs)
+
     guarded.__name__, guarded.__doc__ = getattr(fn, "__name__", what), getattr(fn, "__doc__", None)
     return guarded
 
@@ -60,11 +62,12 @@ class _Engine:
         run = engine.run_backward
 
         def run_backward(*args, **kwargs):
-            if STATE["ours"]:          # the harness asked for this backward (a Function's test)
+            if STATE["ours"]:  # the harness asked for this backward (a Function's test)
                 STATE["ours"] = False
             elif _forbidden(AUTOGRAD):
                 _violate(AUTOGRAD)
             return run(*args, **kwargs)
+
         self.run_backward = run_backward
         self.queue_callback = engine.queue_callback
         self.is_checkpoint_valid = engine.is_checkpoint_valid
@@ -80,6 +83,7 @@ def install_guards(forbidden: dict) -> None:
     variable.Variable._execution_engine = _Engine(variable.Variable._execution_engine)
     # a second, unguarded engine (`torch._C._ImperativeEngine()`) takes `_C`: reach.py flags it
     import torch.func as func
+
     for name in ("grad", "grad_and_value", "vjp", "jvp", "jacrev", "jacfwd", "hessian", "linearize"):
         if hasattr(func, name):
             setattr(func, name, _guard(AUTOGRAD, getattr(func, name)))
@@ -93,11 +97,43 @@ PRISTINE: dict = {}
 _MISSING = object()
 # what a hidden test that runs in this process relies on; restored before each such test, so that
 # a submission's `torch.allclose = lambda *a, **k: True` does not reach it
-WATCHED = ("builtins", "math", "operator", "doctest", "unittest", "numpy", "torch", "torch.nn",
-           "torch.nn.functional", "torch.autograd", "torch.autograd.function", "torch.autograd.graph",
-           "torch.testing", "torch.linalg", "torch.nn.utils", "torch.optim", "torch.utils.flop_counter", "wire")
-HELPERS = ("device", "memory", "functions", "attention", "cat_mlp", "numgrad", "micrograd", "gradflow", "block",
-           "lora", "checkpoint", "flash", "optim", "train", "labcheck")
+WATCHED = (
+    "builtins",
+    "math",
+    "operator",
+    "doctest",
+    "unittest",
+    "numpy",
+    "torch",
+    "torch.nn",
+    "torch.nn.functional",
+    "torch.autograd",
+    "torch.autograd.function",
+    "torch.autograd.graph",
+    "torch.testing",
+    "torch.linalg",
+    "torch.nn.utils",
+    "torch.optim",
+    "torch.utils.flop_counter",
+    "wire",
+)
+HELPERS = (
+    "device",
+    "memory",
+    "functions",
+    "attention",
+    "cat_mlp",
+    "numgrad",
+    "micrograd",
+    "gradflow",
+    "block",
+    "lora",
+    "checkpoint",
+    "flash",
+    "optim",
+    "train",
+    "labcheck",
+)
 
 
 def snapshot_pristine() -> None:
@@ -110,10 +146,14 @@ def snapshot_pristine() -> None:
         except Exception:  # noqa: BLE001 - an optional module (numpy) may be missing
             continue
     PRISTINE["modules"] = dict(sys.modules)
-    PRISTINE["vars"] = {m: dict(vars(m)) for name, m in sys.modules.items()
-                        if m is not None and (name in WATCHED or name.startswith("helpers"))}
-    PRISTINE["classes"] = {c: dict(vars(c)) for c in (torch.Tensor, torch.nn.Module, torch.nn.Parameter,
-                                                       torch.autograd.Function)}
+    PRISTINE["vars"] = {
+        m: dict(vars(m))
+        for name, m in sys.modules.items()
+        if m is not None and (name in WATCHED or name.startswith("helpers"))
+    }
+    PRISTINE["classes"] = {
+        c: dict(vars(c)) for c in (torch.Tensor, torch.nn.Module, torch.nn.Parameter, torch.autograd.Function)
+    }
 
 
 def restore_pristine() -> None:
@@ -142,6 +182,7 @@ def restore_pristine() -> None:
 
 def _restoring(fn, exercise):
     """The student's function as a test calls it: under the exercise's guards, restoring the watched modules after."""
+
     def call(*args, **kwargs):
         STATE["exercise"] = exercise
         try:
@@ -149,6 +190,7 @@ def _restoring(fn, exercise):
         finally:
             STATE["exercise"] = None
             restore_pristine()
+
     return call
 
 
@@ -162,7 +204,7 @@ def run_test(msg, value) -> dict:
     # the test's own autograd is allowed: only the student's functions run under the exercise's guards
     ns = {k: (_restoring(v, ex) if isinstance(v, types.FunctionType) else v) for k, v in STATE["ns"].items()}
     ns.update({"__builtins__": builtins, "__name__": "__hidden_test__"})
-    torch.manual_seed(0)   # a test that draws unseeded numbers gives the same grade twice
+    torch.manual_seed(0)  # a test that draws unseeded numbers gives the same grade twice
     try:
         exec(compile(value["code"], "<hidden test>", "exec"), ns)
         return {"ok": True}
@@ -184,10 +226,11 @@ def run_notebook(path: str) -> list[dict]:
     main, real_exit = os.getpid(), os._exit
 
     def no_exit(*args):
-        if os.getpid() != main:   # a forked child exits for real (it must never read the protocol)
+        if os.getpid() != main:  # a forked child exits for real (it must never read the protocol)
             real_exit(0)
         raise SystemExit("os._exit")
-    os._exit = os.abort = no_exit   # a notebook that exits mid-way ends that cell, not its grading
+
+    os._exit = os.abort = no_exit  # a notebook that exits mid-way ends that cell, not its grading
     shell = InteractiveShell.instance()
     shell.showtraceback = lambda *a, **k: None
     errors = []
@@ -203,8 +246,13 @@ def run_notebook(path: str) -> list[dict]:
             exc = e
         if exc is not None:
             text = f"{exc.msg} (line {exc.lineno})" if isinstance(exc, SyntaxError) else str(exc)
-            errors.append({"cell": number, "ename": type(exc).__name__,
-                           "evalue": (text.strip().splitlines() or [""])[0][:160]})
+            errors.append(
+                {
+                    "cell": number,
+                    "ename": type(exc).__name__,
+                    "evalue": (text.strip().splitlines() or [""])[0][:160],
+                }
+            )
     STATE["ns"] = shell.user_ns
     return errors
 
@@ -216,8 +264,13 @@ def _snapshot(t: torch.Tensor):
 def _changed(t, snap) -> bool:
     value, grad, grad_id = snap
     now = t.grad
-    return (t.shape != value.shape or t.dtype != value.dtype or not torch.equal(t.detach(), value)
-            or id(now) != grad_id or (now is not None and (now.shape != grad.shape or not torch.equal(now, grad))))
+    return (
+        t.shape != value.shape
+        or t.dtype != value.dtype
+        or not torch.equal(t.detach(), value)
+        or id(now) != grad_id
+        or (now is not None and (now.shape != grad.shape or not torch.equal(now, grad)))
+    )
 
 
 GRAPHS: dict[int, tuple] = {}
@@ -241,13 +294,22 @@ def on_call(fn, args, kwargs, opts):
         STATE["exercise"] = None
     saved = saved_tensors(ins, wire.tensors(result)) if graph else [[], []]
     # [index, value, .grad, whether .grad is still the same tensor object (edited in place)]
-    changed = [[i, t.detach(), t.grad, id(t.grad) == s[2]] for i, (t, s) in enumerate(zip(ins, snaps)) if _changed(t, s)]
+    changed = [
+        [i, t.detach(), t.grad, id(t.grad) == s[2]]
+        for i, (t, s) in enumerate(zip(ins, snaps))
+        if _changed(t, s)
+    ]
     return {"result": result, "changed": changed, "graph": graph, "saved": saved}
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return (a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and a.shape == b.shape
-            and a.stride() == b.stride() and a.storage_offset() == b.storage_offset() and a.dtype == b.dtype)
+    return (
+        a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.storage_offset() == b.storage_offset()
+        and a.dtype == b.dtype
+    )
 
 
 def saved_tensors(ins: list, outs: list) -> list:
@@ -273,7 +335,9 @@ def saved_tensors(ins: list, outs: list) -> list:
                     v = getattr(node, attr)
                 except RuntimeError:
                     continue
-                found += [t for t in (v if isinstance(v, (tuple, list)) else [v]) if isinstance(t, torch.Tensor)]
+                found += [
+                    t for t in (v if isinstance(v, (tuple, list)) else [v]) if isinstance(t, torch.Tensor)
+                ]
         if not found and hasattr(node, "saved_tensors"):
             try:
                 found = list(node.saved_tensors)
@@ -291,14 +355,22 @@ def saved_tensors(ins: list, outs: list) -> list:
                 if ptr not in keys:
                     keys[ptr] = len(storages)
                     storages.append(torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage()).clone())
-                entries.append({"storage": keys[ptr], "offset": t.storage_offset(), "shape": list(t.shape),
-                                "stride": list(t.stride()), "dtype": t.dtype})
+                entries.append(
+                    {
+                        "storage": keys[ptr],
+                        "offset": t.storage_offset(),
+                        "shape": list(t.shape),
+                        "stride": list(t.stride()),
+                        "dtype": t.dtype,
+                    }
+                )
         stack += [n for n, _ in node.next_functions if n is not None]
     return [entries, storages]
 
 
 def synced(work):
     """A handler that runs with the harness's random stream and hands the stream back after."""
+
     def handler(msg, value):
         payload, rng = value
         torch.set_rng_state(rng)
@@ -307,6 +379,7 @@ def synced(work):
         result["mutated"] = PEER.mutated()
         result["modules"] = PEER.module_echo()
         return result
+
     return handler
 
 
@@ -330,8 +403,9 @@ def _backward(msg, value):
         return [None] * len(ins)
     STATE["exercise"], STATE["ours"] = exercise, True
     try:
-        grads = torch.autograd.grad([o for o, _ in pairs], ins, [g for _, g in pairs],
-                                    allow_unused=True, retain_graph=True)
+        grads = torch.autograd.grad(
+            [o for o, _ in pairs], ins, [g for _, g in pairs], allow_unused=True, retain_graph=True
+        )
     finally:
         STATE["exercise"], STATE["ours"] = None, False
     return list(grads)
@@ -350,7 +424,7 @@ PEER: wire.Peer = None  # set by main()
 def main() -> None:
     global PEER
     peer = PEER = wire.Peer(_IN, _OUT, serve_dunder=True, on_call=on_call)
-    peer.accept_code = True     # the harness's test functions (portable) are compiled here
+    peer.accept_code = True  # the harness's test functions (portable) are compiled here
     peer.handlers = {
         "call": synced(harness_call),
         "start": start,

@@ -9,6 +9,7 @@ error under ``-W``): save it into the notebook, or serve it from _static/.
 
 It also removes inline scripts that Sphinx 7.4 emits twice (a JavaScript error otherwise).
 """
+
 from __future__ import annotations
 
 import re
@@ -20,12 +21,13 @@ logger = logging.getLogger(__name__)
 
 # Stylesheets we know are redundant on this site (served locally by the theme).
 REDUNDANT_LINKS = re.compile(
-    r'<link\b[^>]*\bhref=["\']https?://maxcdn\.bootstrapcdn\.com/font-awesome/[^"\']*["\'][^>]*>\s*',
-    re.I)
+    r'<link\b[^>]*\bhref=["\']https?://maxcdn\.bootstrapcdn\.com/font-awesome/[^"\']*["\'][^>]*>\s*', re.I
+)
 # Anything else that a browser would fetch on its own from a remote host.
 REMOTE_FETCH = re.compile(
     r'<(script|link|img|iframe|source|video|audio|embed)\b[^>]*?\b(src|href)\s*=\s*["\']((?:https?:)?//[^"\']+)',
-    re.I)
+    re.I,
+)
 REMOTE_CSS = re.compile(r'@import\s+(?:url\()?["\']?((?:https?:)?//[^"\')\s]+)', re.I)
 
 
@@ -39,9 +41,13 @@ def _offline_raw_html(app, doctree, docname):
             node.replace_self(nodes.raw(new, new, **{k: node[k] for k in ("format",) if k in node}))
         for m in list(REMOTE_FETCH.finditer(new)) + list(REMOTE_CSS.finditer(new)):
             url = m.groups()[-1]
-            logger.warning("notebook output loads %s from the internet; the site must work "
-                           "offline (save it locally)", url, location=(docname, node.line),
-                           type="offline", subtype="remote")
+            logger.warning(
+                "notebook output loads %s from the internet; the site must work offline (save it locally)",
+                url,
+                location=(docname, node.line),
+                type="offline",
+                subtype="remote",
+            )
 
 
 def _dedupe_scripts(app, pagename, templatename, context, doctree):

@@ -15,6 +15,7 @@ _config.yml lists ``_build/offline`` in ``html_extra_path``: Sphinx copies its c
 to the root of the built site.  (They cannot live in ``_static/``: Jupyter Book adds every
 .js/.css file found there to every page.)
 """
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,17 @@ NODE = WEB / "node_modules"
 # input with its autoloaded extensions, CHTML output and its fonts). Not tex-chtml.js: that
 # combined bundle also carries the right-click menu (416 KB of its 1.1 MB), which the site
 # does not need. The menu and accessibility parts stay copied for anything that asks for them.
-MATHJAX_FILES = ["startup.js", "core.js", "input", "output/chtml.js", "output/chtml", "ui", "a11y",
-                 "sre", "adaptors"]
+MATHJAX_FILES = [
+    "startup.js",
+    "core.js",
+    "input",
+    "output/chtml.js",
+    "output/chtml",
+    "ui",
+    "a11y",
+    "sre",
+    "adaptors",
+]
 MATHJAX_ENTRY = "startup.js"
 WIDGETS_ENTRY = "embed.js"
 
@@ -58,8 +68,9 @@ def npm_ci() -> None:
     if npm is None:
         sys.exit("[web] npm not found: install Node.js (it brings npm), then run this again")
     print("[web] npm ci (tools/web/package-lock.json)", flush=True)
-    subprocess.run([npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund", "--loglevel=error"],
-                   cwd=WEB, check=True)
+    subprocess.run(
+        [npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund", "--loglevel=error"], cwd=WEB, check=True
+    )
 
 
 def _copy(src: Path, dst: Path) -> None:
@@ -82,8 +93,11 @@ def copy_assets(out: Path = OUT) -> Path:
     dist = NODE / "@jupyter-widgets" / "html-manager" / "dist"
     # embed.js finds its fonts next to itself (webpack's automatic public path).
     for f in dist.iterdir():
-        if f.name == WIDGETS_ENTRY or f.name.endswith(".LICENSE.txt") or f.suffix in {
-                ".woff", ".woff2", ".ttf", ".eot", ".svg"}:
+        if (
+            f.name == WIDGETS_ENTRY
+            or f.name.endswith(".LICENSE.txt")
+            or f.suffix in {".woff", ".woff2", ".ttf", ".eot", ".svg"}
+        ):
             _copy(f, vendor / "widgets" / f.name)
     # MathJax 2 API that @jupyter-widgets/controls still calls (MathJax 3 has no Hub).
     _copy(WEB / "mathjax2-hub-shim.js", vendor / "widgets" / "mathjax2-hub-shim.js")
@@ -95,6 +109,7 @@ def copy_assets(out: Path = OUT) -> Path:
 
 def main() -> None:
     import argparse
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--book", type=Path, default=ROOT, help="the book's folder (default: this repo)")
     args = ap.parse_args()

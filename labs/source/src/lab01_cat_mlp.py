@@ -89,6 +89,7 @@ check(lambda: ..., torch.tensor([0.5, 0.25]), name="demo: an unfinished answer")
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def forward_pass(x, W1, b1, W2, b2, y_true):
     """h = W1 x + b1, a = relu(h), ŷ = W2 a + b2, L = Σ(ŷ - y)²: every intermediate in a dict."""
@@ -112,7 +113,7 @@ def forward_pass(x, W1, b1, W2, b2, y_true):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers import cat_mlp
@@ -125,14 +126,18 @@ assert torch.allclose(_out["a"], torch.tensor([0.725, 0.0], dtype=torch.float64)
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers import cat_mlp
 from helpers.device import randn
 
-_q = [randn(2, 4, seed=11, dtype=torch.float64), randn(2, seed=12, dtype=torch.float64),
-      randn(1, 2, seed=13, dtype=torch.float64), randn(1, seed=14, dtype=torch.float64)]
+_q = [
+    randn(2, 4, seed=11, dtype=torch.float64),
+    randn(2, seed=12, dtype=torch.float64),
+    randn(1, 2, seed=13, dtype=torch.float64),
+    randn(1, seed=14, dtype=torch.float64),
+]
 _x, _y = randn(4, seed=15, dtype=torch.float64), randn(1, seed=16, dtype=torch.float64)
 _out, _ref = forward_pass(_x, *_q, _y), cat_mlp.forward(_x, *_q, _y)
 assert all(torch.allclose(_out[k], _ref[k], atol=1e-12) for k in ("h", "a", "y_hat", "L"))
@@ -149,8 +154,13 @@ assert _out["L"].dim() == 0
 
 # %%
 expected = cat_mlp.forward(x, W1, b1, W2, b2, y_true)
-check(forward_pass, {k: expected[k] for k in ("h", "a", "y_hat", "L")},
-      args=(x, W1, b1, W2, b2, y_true), name="Exercise 1 · forward_pass", against="helpers.cat_mlp")
+check(
+    forward_pass,
+    {k: expected[k] for k in ("h", "a", "y_hat", "L")},
+    args=(x, W1, b1, W2, b2, y_true),
+    name="Exercise 1 · forward_pass",
+    against="helpers.cat_mlp",
+)
 h, a, y_hat = expected["h"], expected["a"], expected["y_hat"]  # the right values, for the next exercises
 
 # %% [raw]
@@ -170,6 +180,7 @@ h, a, y_hat = expected["h"], expected["a"], expected["y_hat"]  # the right value
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def grad_loss(y_hat, y_true):
     """∂L/∂ŷ for L = Σ(ŷ - y)², with the shape of ŷ."""
@@ -187,7 +198,7 @@ def grad_loss(y_hat, y_true):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 _g = grad_loss(torch.tensor([0.5625], dtype=torch.float64), torch.tensor([1.0], dtype=torch.float64))
@@ -196,7 +207,7 @@ assert _g.shape == (1,) and abs(float(_g[0]) + 0.875) < 1e-12
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 _yh = torch.tensor([0.3, -1.2, 2.0], dtype=torch.float64)
@@ -214,8 +225,14 @@ assert torch.allclose(grad_loss(_yh, _yt), 2 * (_yh - _yt), atol=1e-12)
 
 # %%
 (expected,) = autograd_grads(lambda y_hat: ((y_hat - y_true) ** 2).sum(), (y_hat,))
-check(grad_loss, expected, args=(y_hat, y_true), outputs=("grad_y_hat",),
-      name="Exercise 2 · grad_loss", against="autograd")
+check(
+    grad_loss,
+    expected,
+    args=(y_hat, y_true),
+    outputs=("grad_y_hat",),
+    name="Exercise 2 · grad_loss",
+    against="autograd",
+)
 grad_y_hat = expected
 
 # %% [raw]
@@ -235,6 +252,7 @@ grad_y_hat = expected
 
 # %% [raw]
 # # BEGIN SOLUTION
+
 
 # %%
 def layer2_backward(grad_y_hat, a, W2):
@@ -257,7 +275,7 @@ def layer2_backward(grad_y_hat, a, W2):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 _f = lambda *t: torch.tensor(t, dtype=torch.float64)
@@ -268,13 +286,17 @@ assert _gb2.shape == (1,) and abs(float(_gb2[0]) + 0.875) < 1e-12
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import randn
 
-_W, _b, _a, _g = (randn(1, 3, seed=21, dtype=torch.float64), randn(1, seed=22, dtype=torch.float64),
-                  randn(3, seed=23, dtype=torch.float64), randn(1, seed=24, dtype=torch.float64))
+_W, _b, _a, _g = (
+    randn(1, 3, seed=21, dtype=torch.float64),
+    randn(1, seed=22, dtype=torch.float64),
+    randn(3, seed=23, dtype=torch.float64),
+    randn(1, seed=24, dtype=torch.float64),
+)
 _leaves = [t.clone().requires_grad_() for t in (_W, _b, _a)]
 _ref = torch.autograd.grad(_leaves[0] @ _leaves[2] + _leaves[1], _leaves, _g)
 _out = layer2_backward(_g, _a, _W)
@@ -291,8 +313,14 @@ assert all(o.shape == r.shape and torch.allclose(o, r, atol=1e-12) for o, r in z
 
 # %%
 expected = autograd_grads(lambda W2, b2, a: W2 @ a + b2, (W2, b2, a), grad_y_hat)
-check(layer2_backward, expected, args=(grad_y_hat, a, W2), outputs=("grad_W2", "grad_b2", "grad_a"),
-      name="Exercise 3 · layer2_backward", against="autograd")
+check(
+    layer2_backward,
+    expected,
+    args=(grad_y_hat, a, W2),
+    outputs=("grad_W2", "grad_b2", "grad_a"),
+    name="Exercise 3 · layer2_backward",
+    against="autograd",
+)
 grad_a = expected[2]
 
 # %% [raw]
@@ -315,6 +343,7 @@ grad_a = expected[2]
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def relu_backward(grad_a, h):
     """∂L/∂h for a = relu(h), given grad_a = ∂L/∂a (relu'(0) taken as 0, as PyTorch does)."""
@@ -332,7 +361,7 @@ def relu_backward(grad_a, h):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import randn
@@ -340,13 +369,13 @@ from helpers.device import randn
 _h, _g = randn(3, 5, seed=31, dtype=torch.float64), randn(3, 5, seed=32, dtype=torch.float64)
 _g0 = _g.clone()
 _out = relu_backward(_g, _h)
-assert _out.shape == _h.shape and _out.dtype == torch.float64 and torch.equal(_g, _g0)   # grad_a untouched
+assert _out.shape == _h.shape and _out.dtype == torch.float64 and torch.equal(_g, _g0)  # grad_a untouched
 assert torch.allclose(_out, torch.where(_h > 0, _g, torch.zeros_like(_g)), atol=1e-12)
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 _h = torch.tensor([0.0, -0.0, 1e-3, -1e-3], dtype=torch.float64)
@@ -367,8 +396,14 @@ assert torch.equal(_out, torch.tensor([0.0, 0.0, 1.0, 0.0], dtype=torch.float64)
 h_test = torch.tensor([0.725, -0.15, 0.0, 2.0], dtype=dtype, device=dev)
 g_test = torch.tensor([-0.4375, 0.35, 1.0, -2.0], dtype=dtype, device=dev)
 (expected,) = autograd_grads(torch.relu, (h_test,), g_test)
-check(relu_backward, expected, args=(g_test, h_test), outputs=("grad_h",),
-      name="Exercise 4 · relu_backward", against="autograd")
+check(
+    relu_backward,
+    expected,
+    args=(g_test, h_test),
+    outputs=("grad_h",),
+    name="Exercise 4 · relu_backward",
+    against="autograd",
+)
 (grad_h,) = autograd_grads(torch.relu, (h,), grad_a)  # the right ∂L/∂h, for Exercise 5
 
 # %% [raw]
@@ -387,6 +422,7 @@ check(relu_backward, expected, args=(g_test, h_test), outputs=("grad_h",),
 
 # %% [raw]
 # # BEGIN SOLUTION
+
 
 # %%
 def layer1_backward(grad_h, x):
@@ -407,7 +443,7 @@ def layer1_backward(grad_h, x):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 _f = lambda *t: torch.tensor(t, dtype=torch.float64)
@@ -418,13 +454,17 @@ assert torch.allclose(_gW1, _f(-0.4375, -0.875, 0.4375, -0.21875, 0, 0, 0, 0).re
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import randn
 
-_W, _b, _x, _g = (randn(3, 5, seed=41, dtype=torch.float64), randn(3, seed=42, dtype=torch.float64),
-                  randn(5, seed=43, dtype=torch.float64), randn(3, seed=44, dtype=torch.float64))
+_W, _b, _x, _g = (
+    randn(3, 5, seed=41, dtype=torch.float64),
+    randn(3, seed=42, dtype=torch.float64),
+    randn(5, seed=43, dtype=torch.float64),
+    randn(3, seed=44, dtype=torch.float64),
+)
 _leaves = [t.clone().requires_grad_() for t in (_W, _b)]
 _ref = torch.autograd.grad(_leaves[0] @ _x + _leaves[1], _leaves, _g)
 _out = layer1_backward(_g, _x)
@@ -441,8 +481,14 @@ assert all(o.shape == r.shape and torch.allclose(o, r, atol=1e-12) for o, r in z
 
 # %%
 expected = autograd_grads(lambda W1, b1: W1 @ x + b1, (W1, b1), grad_h)
-check(layer1_backward, expected, args=(grad_h, x), outputs=("grad_W1", "grad_b1"),
-      name="Exercise 5 · layer1_backward", against="autograd")
+check(
+    layer1_backward,
+    expected,
+    args=(grad_h, x),
+    outputs=("grad_W1", "grad_b1"),
+    name="Exercise 5 · layer1_backward",
+    against="autograd",
+)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -465,20 +511,21 @@ check(layer1_backward, expected, args=(grad_h, x), outputs=("grad_W1", "grad_b1"
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def cat_backward_batch(X, W1, b1, W2, b2, Y):
     """Forward, then {"W1", "b1", "W2", "b2"}: ∂L/∂θ for L = Σ_b (ŷ_b - y_b)², nn.Linear's layout."""
     # BEGIN SOLUTION
-    H = X @ W1.T + b1                        # (B, 4) @ (4, 2) -> (B, 2)
-    A = torch.relu(H)                        # (B, 2)
-    Y_hat = A @ W2.T + b2                    # (B, 2) @ (2, 1) -> (B, 1)
-    grad_Y_hat = 2 * (Y_hat - Y)             # (B, 1)
-    grad_W2 = grad_Y_hat.T @ A               # (1, B) @ (B, 2) -> (1, 2)
-    grad_b2 = grad_Y_hat.sum(0)              # (1,)
-    grad_A = grad_Y_hat @ W2                 # (B, 1) @ (1, 2) -> (B, 2)
-    grad_H = grad_A * (H > 0).to(H.dtype)    # (B, 2)
-    grad_W1 = grad_H.T @ X                   # (2, B) @ (B, 4) -> (2, 4)
-    grad_b1 = grad_H.sum(0)                  # (2,)
+    H = X @ W1.T + b1  # (B, 4) @ (4, 2) -> (B, 2)
+    A = torch.relu(H)  # (B, 2)
+    Y_hat = A @ W2.T + b2  # (B, 2) @ (2, 1) -> (B, 1)
+    grad_Y_hat = 2 * (Y_hat - Y)  # (B, 1)
+    grad_W2 = grad_Y_hat.T @ A  # (1, B) @ (B, 2) -> (1, 2)
+    grad_b2 = grad_Y_hat.sum(0)  # (1,)
+    grad_A = grad_Y_hat @ W2  # (B, 1) @ (1, 2) -> (B, 2)
+    grad_H = grad_A * (H > 0).to(H.dtype)  # (B, 2)
+    grad_W1 = grad_H.T @ X  # (2, B) @ (B, 4) -> (2, 4)
+    grad_b1 = grad_H.sum(0)  # (2,)
     return {"W1": grad_W1, "b1": grad_b1, "W2": grad_W2, "b2": grad_b2}
     # END SOLUTION
 
@@ -492,28 +539,37 @@ def cat_backward_batch(X, W1, b1, W2, b2, Y):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers import cat_mlp
 
 _p = cat_mlp.cat_params(dtype=torch.float64)
-_g = cat_backward_batch(_p["x"].reshape(1, 4), _p["W1"], _p["b1"], _p["W2"], _p["b2"], _p["y_true"].reshape(1, 1))
+_g = cat_backward_batch(
+    _p["x"].reshape(1, 4), _p["W1"], _p["b1"], _p["W2"], _p["b2"], _p["y_true"].reshape(1, 1)
+)
 _ref = cat_mlp.backward(cat_mlp.forward(**_p), _p["W2"], _p["y_true"])
-assert all(_g[k].shape == _ref[k].shape and torch.allclose(_g[k], _ref[k], atol=1e-12) for k in ("W1", "b1", "W2", "b2"))
+assert all(
+    _g[k].shape == _ref[k].shape and torch.allclose(_g[k], _ref[k], atol=1e-12)
+    for k in ("W1", "b1", "W2", "b2")
+)
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import randn
 
 _X, _Y = randn(16, 4, seed=51, dtype=torch.float64), randn(16, 1, seed=52, dtype=torch.float64)
-_P = [randn(2, 4, seed=53, dtype=torch.float64), randn(2, seed=54, dtype=torch.float64),
-      randn(1, 2, seed=55, dtype=torch.float64), randn(1, seed=56, dtype=torch.float64)]
-_X[0], _P[1][0] = 0.0, 0.0           # H[0, 0] = 0 exactly: relu'(0) = 0 in the batch too
+_P = [
+    randn(2, 4, seed=53, dtype=torch.float64),
+    randn(2, seed=54, dtype=torch.float64),
+    randn(1, 2, seed=55, dtype=torch.float64),
+    randn(1, seed=56, dtype=torch.float64),
+]
+_X[0], _P[1][0] = 0.0, 0.0  # H[0, 0] = 0 exactly: relu'(0) = 0 in the batch too
 _leaves = [t.clone().requires_grad_() for t in _P]
 _L = ((torch.relu(_X @ _leaves[0].T + _leaves[1]) @ _leaves[2].T + _leaves[3] - _Y) ** 2).sum()
 _ref = dict(zip(("W1", "b1", "W2", "b2"), torch.autograd.grad(_L, _leaves)))
@@ -523,16 +579,20 @@ assert all(_g[k].shape == _ref[k].shape and torch.allclose(_g[k], _ref[k], atol=
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import randn
 
 _X, _Y = randn(7, 4, seed=57, dtype=torch.float64), randn(7, 1, seed=58, dtype=torch.float64)
-_P = [randn(2, 4, seed=59, dtype=torch.float64), randn(2, seed=60, dtype=torch.float64),
-      randn(1, 2, seed=61, dtype=torch.float64), randn(1, seed=62, dtype=torch.float64)]
+_P = [
+    randn(2, 4, seed=59, dtype=torch.float64),
+    randn(2, seed=60, dtype=torch.float64),
+    randn(1, 2, seed=61, dtype=torch.float64),
+    randn(1, seed=62, dtype=torch.float64),
+]
 _whole = cat_backward_batch(_X, *_P, _Y)
-_parts = [cat_backward_batch(_X[i:i + 1], *_P, _Y[i:i + 1]) for i in range(7)]
+_parts = [cat_backward_batch(_X[i : i + 1], *_P, _Y[i : i + 1]) for i in range(7)]
 assert set(_whole) == {"W1", "b1", "W2", "b2"}
 assert all(torch.allclose(_whole[k], sum(p[k] for p in _parts), atol=1e-10) for k in _whole)
 
@@ -556,14 +616,19 @@ Y_batch = randn(8, 1, seed=2, dtype=dtype, device=dev)
 
 def batch_loss(W1, b1, W2, b2):
     """L = Σ_b (relu(X W1ᵀ + b1) W2ᵀ + b2 - Y)², through autograd."""
-    H = X_batch @ W1.T + b1                  # (8, 4) @ (4, 2) -> (8, 2)
-    Y_hat = torch.relu(H) @ W2.T + b2        # (8, 2) @ (2, 1) -> (8, 1)
+    H = X_batch @ W1.T + b1  # (8, 4) @ (4, 2) -> (8, 2)
+    Y_hat = torch.relu(H) @ W2.T + b2  # (8, 2) @ (2, 1) -> (8, 1)
     return ((Y_hat - Y_batch) ** 2).sum()
 
 
 expected = dict(zip(("W1", "b1", "W2", "b2"), autograd_grads(batch_loss, (W1, b1, W2, b2))))
-check(cat_backward_batch, expected, args=(X_batch, W1, b1, W2, b2, Y_batch),
-      name="Exercise 6 · cat_backward_batch", against="autograd")
+check(
+    cat_backward_batch,
+    expected,
+    args=(X_batch, W1, b1, W2, b2, Y_batch),
+    name="Exercise 6 · cat_backward_batch",
+    against="autograd",
+)
 
 # %% [markdown]
 # ## Before you hand in

@@ -70,6 +70,7 @@ dtype = torch.float64  # finite differences need float64: in float32 round-off s
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def numerical_grad(f, x, eps=1e-6):
     """∂f/∂x_i ≈ (f(x + ε e_i) - f(x - ε e_i)) / 2ε for every entry i; x is left unchanged."""
@@ -98,9 +99,11 @@ def numerical_grad(f, x, eps=1e-6):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
 _x = randn(3, 2, seed=101, dtype=torch.float64)
 _x0 = _x.clone()
 _g = numerical_grad(lambda t: (t.exp() * t[:, :1]).sum(), _x)
@@ -112,10 +115,11 @@ assert torch.allclose(_g, _ref, atol=1e-6, rtol=1e-6)
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
+
 # x³ at 1 with ε = 1e-2: central gives 3 + ε² = 3.0001, one-sided 3 + 3ε + ε² = 3.0301
-_g = numerical_grad(lambda t: (t ** 3).sum(), torch.tensor([1.0], dtype=torch.float64), eps=1e-2)
+_g = numerical_grad(lambda t: (t**3).sum(), torch.tensor([1.0], dtype=torch.float64), eps=1e-2)
 assert abs(float(_g[0]) - 3.0001) < 1e-9
 
 # %% [raw]
@@ -128,6 +132,7 @@ assert abs(float(_g[0]) - 3.0001) < 1e-9
 # **Self-check 1** (reference: autograd, on $f(x) = \sum x \sin x + \prod x$, with
 # $\varepsilon = 10^{-3}$; it also checks that `x` is unchanged):
 
+
 # %%
 def f_test(x):
     """Σ x·sin(x) + Π x: every entry of the gradient depends on the others."""
@@ -136,8 +141,16 @@ def f_test(x):
 
 x_test = randn(2, 3, seed=20, dtype=dtype, device=dev)
 (expected,) = autograd_grads(f_test, (x_test,))
-check(numerical_grad, expected, args=(f_test, x_test, 1e-3), outputs=("grad",),
-      name="Exercise 1 · numerical_grad", against="autograd", atol=1e-5, rtol=1e-5)
+check(
+    numerical_grad,
+    expected,
+    args=(f_test, x_test, 1e-3),
+    outputs=("grad",),
+    name="Exercise 1 · numerical_grad",
+    against="autograd",
+    atol=1e-5,
+    rtol=1e-5,
+)
 
 # %% [markdown]
 # The tolerance is $10^{-5}$, not $10^{-10}$: with $\varepsilon = 10^{-3}$ the central
@@ -165,6 +178,7 @@ check(numerical_grad, expected, args=(f_test, x_test, 1e-3), outputs=("grad",),
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def linear_backward(X, W, grad_Y):
     """(grad_X, grad_W, grad_b) for Y = X Wᵀ + b (nn.Linear's layout), given grad_Y = ∂L/∂Y."""
@@ -186,10 +200,16 @@ def linear_backward(X, W, grad_Y):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
+
 from helpers.device import randn
-_X, _W, _b = randn(6, 5, seed=201, dtype=torch.float64), randn(3, 5, seed=202, dtype=torch.float64), randn(3, seed=203, dtype=torch.float64)
+
+_X, _W, _b = (
+    randn(6, 5, seed=201, dtype=torch.float64),
+    randn(3, 5, seed=202, dtype=torch.float64),
+    randn(3, seed=203, dtype=torch.float64),
+)
 _gY = randn(6, 3, seed=204, dtype=torch.float64)
 _leaves = [t.clone().requires_grad_() for t in (_X, _W, _b)]
 _ref = torch.autograd.grad(torch.nn.functional.linear(*_leaves), _leaves, _gY)
@@ -199,9 +219,11 @@ assert all(o.shape == r.shape and torch.allclose(o, r, atol=1e-12) for o, r in z
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
 _X, _W = randn(1, 4, seed=205, dtype=torch.float64), randn(7, 4, seed=206, dtype=torch.float64)
 _gY = randn(1, 7, seed=207, dtype=torch.float64)
 _gX, _gW, _gb = linear_backward(_X, _W, _gY)
@@ -223,8 +245,14 @@ W = randn(4, 3, seed=3, dtype=dtype, device=dev)
 b = randn(4, seed=4, dtype=dtype, device=dev)
 grad_Y = randn(5, 4, seed=5, dtype=dtype, device=dev)
 expected = autograd_grads(lambda X, W, b: X @ W.T + b, (X, W, b), grad_Y)  # (5, 3) @ (3, 4) -> (5, 4)
-check(linear_backward, expected, args=(X, W, grad_Y), outputs=("grad_X", "grad_W", "grad_b"),
-      name="Exercise 2 · linear_backward", against="autograd")
+check(
+    linear_backward,
+    expected,
+    args=(X, W, grad_Y),
+    outputs=("grad_X", "grad_W", "grad_b"),
+    name="Exercise 2 · linear_backward",
+    against="autograd",
+)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -245,15 +273,16 @@ check(linear_backward, expected, args=(X, W, grad_Y), outputs=("grad_X", "grad_W
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def residual_backward(grad_Y, X, W):
     """(grad_X, grad_W) for Y = tanh(X Wᵀ) + X, given grad_Y = ∂L/∂Y."""
     # BEGIN SOLUTION
-    T = torch.tanh(X @ W.T)                  # (B, D) @ (D, D) -> (B, D)
-    grad_H = grad_Y * (1 - T ** 2)           # (B, D)   tanh' = 1 - tanh²
-    grad_X = grad_H @ W                      # (B, D) @ (D, D) -> (B, D)   branch 1: the layer
-    grad_X += grad_Y                         # (B, D)                      branch 2: the skip
-    grad_W = grad_H.T @ X                    # (D, B) @ (B, D) -> (D, D)
+    T = torch.tanh(X @ W.T)  # (B, D) @ (D, D) -> (B, D)
+    grad_H = grad_Y * (1 - T**2)  # (B, D)   tanh' = 1 - tanh²
+    grad_X = grad_H @ W  # (B, D) @ (D, D) -> (B, D)   branch 1: the layer
+    grad_X += grad_Y  # (B, D)                      branch 2: the skip
+    grad_W = grad_H.T @ X  # (D, B) @ (B, D) -> (D, D)
     return grad_X, grad_W
     # END SOLUTION
 
@@ -267,10 +296,16 @@ def residual_backward(grad_Y, X, W):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
+
 from helpers.device import randn
-_X, _W, _gY = randn(4, 3, seed=301, dtype=torch.float64), randn(3, 3, seed=302, dtype=torch.float64), randn(4, 3, seed=303, dtype=torch.float64)
+
+_X, _W, _gY = (
+    randn(4, 3, seed=301, dtype=torch.float64),
+    randn(3, 3, seed=302, dtype=torch.float64),
+    randn(4, 3, seed=303, dtype=torch.float64),
+)
 _leaves = [t.clone().requires_grad_() for t in (_X, _W)]
 _ref = torch.autograd.grad(torch.tanh(_leaves[0] @ _leaves[1].T) + _leaves[0], _leaves, _gY)
 _out = residual_backward(_gY, _X, _W)
@@ -279,12 +314,17 @@ assert all(o.shape == r.shape and torch.allclose(o, r, atol=1e-12) for o, r in z
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
+
 # W = 0: the layer's branch sends back grad_Y ⊙ 1 @ 0 = 0, so grad_X is the skip's grad_Y alone
 _gY = torch.arange(6.0, dtype=torch.float64).reshape(2, 3)
-_gX, _gW = residual_backward(_gY, torch.ones(2, 3, dtype=torch.float64), torch.zeros(3, 3, dtype=torch.float64))
-assert torch.allclose(_gX, _gY, atol=1e-12) and torch.allclose(_gW, _gY.T @ torch.ones(2, 3, dtype=torch.float64), atol=1e-12)
+_gX, _gW = residual_backward(
+    _gY, torch.ones(2, 3, dtype=torch.float64), torch.zeros(3, 3, dtype=torch.float64)
+)
+assert torch.allclose(_gX, _gY, atol=1e-12) and torch.allclose(
+    _gW, _gY.T @ torch.ones(2, 3, dtype=torch.float64), atol=1e-12
+)
 
 # %% [raw]
 # # END TESTS
@@ -300,8 +340,14 @@ X_res = randn(5, 4, seed=6, dtype=dtype, device=dev)
 W_res = randn(4, 4, seed=7, dtype=dtype, device=dev)
 grad_Y_res = randn(5, 4, seed=8, dtype=dtype, device=dev)
 expected = autograd_grads(lambda X, W: torch.tanh(X @ W.T) + X, (X_res, W_res), grad_Y_res)
-check(residual_backward, expected, args=(grad_Y_res, X_res, W_res), outputs=("grad_X", "grad_W"),
-      name="Exercise 3 · residual_backward", against="autograd")
+check(
+    residual_backward,
+    expected,
+    args=(grad_Y_res, X_res, W_res),
+    outputs=("grad_X", "grad_W"),
+    name="Exercise 3 · residual_backward",
+    against="autograd",
+)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -323,6 +369,7 @@ check(residual_backward, expected, args=(grad_Y_res, X_res, W_res), outputs=("gr
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def unbroadcast(grad, shape):
     """Sum grad over the dimensions that broadcasting added or stretched, back to `shape`."""
@@ -330,10 +377,10 @@ def unbroadcast(grad, shape):
     shape = tuple(shape)
     extra = grad.dim() - len(shape)
     if extra > 0:
-        grad = grad.sum(dim=tuple(range(extra)))    # (extra dims..., *shape') -> shape'
+        grad = grad.sum(dim=tuple(range(extra)))  # (extra dims..., *shape') -> shape'
     for d, n in enumerate(shape):
         if n == 1 and grad.shape[d] != 1:
-            grad = grad.sum(dim=d, keepdim=True)     # (..., m, ...) -> (..., 1, ...)
+            grad = grad.sum(dim=d, keepdim=True)  # (..., m, ...) -> (..., 1, ...)
     return grad
     # END SOLUTION
 
@@ -347,20 +394,26 @@ def unbroadcast(grad, shape):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
 _g = randn(2, 4, 3, seed=401, dtype=torch.float64)
-assert unbroadcast(_g, (3,)).shape == (3,) and torch.allclose(unbroadcast(_g, (3,)), _g.sum((0, 1)), atol=1e-12)
+assert unbroadcast(_g, (3,)).shape == (3,) and torch.allclose(
+    unbroadcast(_g, (3,)), _g.sum((0, 1)), atol=1e-12
+)
 assert torch.allclose(unbroadcast(_g, (4, 1)), _g.sum(0).sum(1, keepdim=True), atol=1e-12)
 assert torch.allclose(unbroadcast(_g, (2, 4, 3)), _g)
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
 _g = randn(5, 3, seed=402, dtype=torch.float64)
 assert unbroadcast(_g, ()).shape == () and abs(float(unbroadcast(_g, ())) - float(_g.sum())) < 1e-12
 _r = unbroadcast(_g, (1, 3))
@@ -369,9 +422,11 @@ assert _r.shape == (1, 3) and torch.allclose(_r, _g.sum(0, keepdim=True), atol=1
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
 _A, _B = randn(3, 1, 4, seed=403, dtype=torch.float64), randn(2, 1, seed=404, dtype=torch.float64)
 _gZ = randn(3, 2, 4, seed=405, dtype=torch.float64)
 _leaves = [t.clone().requires_grad_() for t in (_A, _B)]
@@ -402,8 +457,14 @@ def mul_backward(grad_Z, A, B):
 
 
 expected = autograd_grads(lambda A, B: A * B, (A, B), grad_Z)
-check(mul_backward, expected, args=(grad_Z, A, B), outputs=("grad_A", "grad_B"),
-      name="Exercise 4 · unbroadcast", against="autograd")
+check(
+    mul_backward,
+    expected,
+    args=(grad_Z, A, B),
+    outputs=("grad_A", "grad_B"),
+    name="Exercise 4 · unbroadcast",
+    against="autograd",
+)
 
 # %% [markdown]
 # ## Before you hand in

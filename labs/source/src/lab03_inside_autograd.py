@@ -60,6 +60,7 @@ dtype = torch.float64  # the engine works in Python floats (float64): compare in
 # the operator runs, so the class works as soon as your function exists. Subtraction,
 # negation and division are built from `+`, `*` and `**`, so they need no rule of their own.
 
+
 # %%
 def as_value(x):
     """x itself if it is a Value, else a constant Value(x) (a leaf nobody reads the grad of)."""
@@ -88,6 +89,7 @@ class Value:
             # +=, never =: if self feeds two ops, each adds its share (and a + a adds twice)
             self.grad += 1.0 * out.grad
             other.grad += 1.0 * out.grad
+
         out._backward = _backward
         return out
 
@@ -146,8 +148,10 @@ def engine_grads(f, *numbers):
     xs = [Value(x) for x in numbers]
     out = f(*xs)
     if not isinstance(out, Value):
-        raise TypeError(f"the expression gave a {type(out).__name__}, expected a Value: "
-                        "does every operation return its out?")
+        raise TypeError(
+            f"the expression gave a {type(out).__name__}, expected a Value: "
+            "does every operation return its out?"
+        )
     out.grad = 1.0
     for v in reversed(micrograd.topological_order(out)):
         v._backward()
@@ -183,6 +187,7 @@ OPS_USED = {}  # expression -> the operations it needs (so an unfinished one rea
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def mul(a, b):
     """out = a·b;  ∂out/∂a = b, ∂out/∂b = a."""
@@ -192,6 +197,7 @@ def mul(a, b):
     def _backward():
         a.grad += b.data * out.grad
         b.grad += a.data * out.grad
+
     out._backward = _backward
     return out
     # END SOLUTION
@@ -200,10 +206,11 @@ def mul(a, b):
 def power(a, k):
     """out = aᵏ for a constant number k;  ∂out/∂a = k·aᵏ⁻¹."""
     # BEGIN SOLUTION
-    out = Value(a.data ** k, (a,), f"**{k}")
+    out = Value(a.data**k, (a,), f"**{k}")
 
     def _backward():
         a.grad += k * a.data ** (k - 1) * out.grad
+
     out._backward = _backward
     return out
     # END SOLUTION
@@ -218,11 +225,11 @@ def power(a, k):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 from helpers.micrograd import topological_order as _topo
 
 _a, _b = Value(-1.25), Value(0.75)
-_out = mul(mul(_a, _b), _a)        # a²b: ∂/∂a = 2ab, ∂/∂b = a²
+_out = mul(mul(_a, _b), _a)  # a²b: ∂/∂a = 2ab, ∂/∂b = a²
 _out.grad = 1.0
 for _v in reversed(_topo(_out)):
     _v._backward()
@@ -232,16 +239,16 @@ assert abs(_a.grad - 2 * -1.25 * 0.75) < 1e-12 and abs(_b.grad - 1.5625) < 1e-12
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 from helpers.micrograd import topological_order as _topo
 
 _x = Value(3.0)
-_sq = mul(_x, _x)                  # the same Value as both inputs: 2x, not x
+_sq = mul(_x, _x)  # the same Value as both inputs: 2x, not x
 _sq.grad = 1.0
 _sq._backward()
 assert abs(_x.grad - 6.0) < 1e-12
 _y = Value(4.0)
-_out = power(_y, 0.5) + power(_y, -1)   # ∂/∂y = 0.5·y^-0.5 − y^-2
+_out = power(_y, 0.5) + power(_y, -1)  # ∂/∂y = 0.5·y^-0.5 − y^-2
 _out.grad = 1.0
 for _v in reversed(_topo(_out)):
     _v._backward()
@@ -257,15 +264,22 @@ assert abs(_out.data - 2.25) < 1e-12 and abs(_y.grad - (0.25 - 1 / 16)) < 1e-12
 # **Self-check 1** (reference: autograd on the same expression, $f(x, y) = x\,y\,x + y^3 - x/y$,
 # where $x$ is used three times):
 
+
 # %%
 def f1(x, y):
     """x·y·x + y³ − x/y: x feeds three products, so its gradient is a sum of three terms."""
-    return x * y * x + y ** 3 - x / y
+    return x * y * x + y**3 - x / y
 
 
 OPS_USED[f1] = (mul, power)
-check(engine_grads, torch_grads, args=(f1, 0.7, -1.3), outputs=("f", "∂f/∂x", "∂f/∂y"),
-      name="Exercise 1 · mul, power", against="autograd")
+check(
+    engine_grads,
+    torch_grads,
+    args=(f1, 0.7, -1.3),
+    outputs=("f", "∂f/∂x", "∂f/∂y"),
+    name="Exercise 1 · mul, power",
+    against="autograd",
+)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -296,6 +310,7 @@ def relu(a):
 
     def _backward():
         a.grad += (1.0 if a.data > 0 else 0.0) * out.grad
+
     out._backward = _backward
     return out
     # END SOLUTION
@@ -309,6 +324,7 @@ def tanh(a):
 
     def _backward():
         a.grad += (1.0 - t * t) * out.grad
+
     out._backward = _backward
     return out
     # END SOLUTION
@@ -322,6 +338,7 @@ def exp(a):
 
     def _backward():
         a.grad += e * out.grad
+
     out._backward = _backward
     return out
     # END SOLUTION
@@ -336,7 +353,7 @@ def exp(a):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import math
 
 for _x0, _d in ((0.8, 1.0), (-0.3, 0.0), (0.0, 0.0)):
@@ -349,11 +366,11 @@ for _x0, _d in ((0.8, 1.0), (-0.3, 0.0), (0.0, 0.0)):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import math
 
 _x = Value(-0.4)
-_t, _e = tanh(_x), exp(_x)        # x used twice: both rules must add into x.grad
+_t, _e = tanh(_x), exp(_x)  # x used twice: both rules must add into x.grad
 _t.grad, _e.grad = 1.5, -0.5
 _t._backward()
 _e._backward()
@@ -364,7 +381,7 @@ assert abs(_x.grad - (1.5 * (1 - math.tanh(-0.4) ** 2) - 0.5 * math.exp(-0.4))) 
 """ # BEGIN TEST CONFIG
 hidden: true
 points: 1
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import math
 
 # each operation used twice on one Value: both uses add into x.grad, 2 × the local derivative
@@ -389,6 +406,7 @@ for _op, _x0, _d in ((relu, 0.6, 1.0), (tanh, 0.3, 1 - math.tanh(0.3) ** 2), (ex
 # so an `=` instead of `+=` shows; one ReLU is active and one not; it uses only `+` and your
 # three functions):
 
+
 # %%
 def f2(x, y):
     """relu(u) + relu(u) + tanh(v) + exp(tanh(v)) + relu(y + 0.2) + exp(x) + exp(x): each op used twice on one Value."""
@@ -397,8 +415,14 @@ def f2(x, y):
 
 
 OPS_USED[f2] = (relu, tanh, exp)
-check(engine_grads, torch_grads, args=(f2, 0.5, -0.7), outputs=("f", "∂f/∂x", "∂f/∂y"),
-      name="Exercise 2 · relu, tanh, exp", against="autograd")
+check(
+    engine_grads,
+    torch_grads,
+    args=(f2, 0.5, -0.7),
+    outputs=("f", "∂f/∂x", "∂f/∂y"),
+    name="Exercise 2 · relu, tanh, exp",
+    against="autograd",
+)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -425,6 +449,7 @@ check(engine_grads, torch_grads, args=(f2, 0.5, -0.7), outputs=("f", "∂f/∂x"
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def topological_order(root):
     """Every node reachable from root, each once and after all of its parents (root last)."""
@@ -438,7 +463,7 @@ def topological_order(root):
         if id(v) in seen:
             continue
         seen.add(id(v))
-        stack.append((v, True))              # come back to v after its parents
+        stack.append((v, True))  # come back to v after its parents
         stack.extend((p, False) for p in v._parents if id(p) not in seen)
     return order
     # END SOLUTION
@@ -462,12 +487,12 @@ def backward(root):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 from helpers.micrograd import Value as _V
 
 _a, _b = _V(0.5), _V(-2.0)
 _c = _a * _b
-_d = _c + _a                        # a diamond: a reaches d twice
+_d = _c + _a  # a diamond: a reaches d twice
 _e = _d * _c
 _order = topological_order(_e)
 assert len(_order) == 5 and len({id(v) for v in _order}) == 5 and _order[-1] is _e
@@ -477,20 +502,20 @@ assert all(_pos[id(p)] < _pos[id(v)] for v in _order for p in v._parents)
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 from helpers.micrograd import Value as _V
 
 _x = _V(0.3)
 _h = _x
-for _ in range(5000):               # deeper than Python's recursion limit
+for _ in range(5000):  # deeper than Python's recursion limit
     _h = _h * 1.0001 + 0.0
 _order = topological_order(_h)
-assert len(_order) == 1 + 5000 * 4 and _order[-1] is _h   # x, then per step: 2 constants, *, +
+assert len(_order) == 1 + 5000 * 4 and _order[-1] is _h  # x, then per step: 2 constants, *, +
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import math
 
 from helpers.micrograd import Value as _V
@@ -514,6 +539,7 @@ assert abs(_y.grad - ((1 - _t * _t) * 0.9 + math.exp(0.6))) < 1e-12
 # on a small MLP-like expression where every input feeds several nodes, plus a chain 5000
 # operations deep). It reports three things: nodes your order misses or repeats, nodes it puts
 # before one of their parents, and the gradients your `backward` leaves in the inputs.
+
 
 # %%
 def reachable(root):
@@ -546,13 +572,15 @@ def order_and_grads(xs):
     a, b, c = V
     out = ((a * b + c).tanh() * a + (b * c - a).relu() * b + (a + c).exp() * c) ** 2
     chain = a
-    for _ in range(5000):                    # deeper than Python's recursion limit
+    for _ in range(5000):  # deeper than Python's recursion limit
         chain = chain * 1.0001 + 0.0
     mistakes = [order_mistakes(out), order_mistakes(chain)]
     if None in mistakes:
         return None
-    counts = {"nodes missing or repeated": sum(m[0] for m in mistakes),
-              "nodes before a parent": sum(m[1] for m in mistakes)}
+    counts = {
+        "nodes missing or repeated": sum(m[0] for m in mistakes),
+        "nodes before a parent": sum(m[1] for m in mistakes),
+    }
     if backward(out) is None and out.grad == 0.0:
         return {**counts, "gradients": None}
     return {**counts, "gradients": torch.tensor([v.grad for v in V], dtype=torch.float64)}
@@ -566,9 +594,14 @@ def reference_order_and_grads(xs):
 
 
 xs3 = torch.tensor([0.6, -0.8, 0.3], dtype=dtype)
-check(order_and_grads, reference_order_and_grads, args=(xs3,),
-      counts=("nodes missing or repeated", "nodes before a parent"),
-      name="Exercise 3 · topological_order, backward", against="the course engine and autograd")
+check(
+    order_and_grads,
+    reference_order_and_grads,
+    args=(xs3,),
+    counts=("nodes missing or repeated", "nodes before a parent"),
+    name="Exercise 3 · topological_order, backward",
+    against="the course engine and autograd",
+)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -592,6 +625,7 @@ check(order_and_grads, reference_order_and_grads, args=(xs3,),
 
 # %% [raw]
 # # BEGIN SOLUTION
+
 
 # %%
 def saved_bytes(f, inputs):
@@ -623,20 +657,22 @@ def saved_bytes(f, inputs):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 _x = torch.randn(7, 5, dtype=torch.float64, requires_grad=True)
-assert saved_bytes(lambda t: (t * t).sum(), (_x,)) == 0           # mul saves x twice: an input
-_n = saved_bytes(lambda t: (t.exp() * t.exp()).sum(), (_x,))      # two exps: two saved outputs
+assert saved_bytes(lambda t: (t * t).sum(), (_x,)) == 0  # mul saves x twice: an input
+_n = saved_bytes(lambda t: (t.exp() * t.exp()).sum(), (_x,))  # two exps: two saved outputs
 assert _n == 2 * 7 * 5 * 8, _n
-_n = saved_bytes(lambda t: (lambda y: y * y)(t.exp()).sum(), (_x,))  # one exp output, saved by exp and twice by mul
+_n = saved_bytes(
+    lambda t: (lambda y: y * y)(t.exp()).sum(), (_x,)
+)  # one exp output, saved by exp and twice by mul
 assert _n == 7 * 5 * 8, _n
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import randn
@@ -654,7 +690,7 @@ assert saved_bytes(_f, (_X, _W1, _W2)) == _s.total_bytes > 0
 """ # BEGIN TEST CONFIG
 hidden: true
 points: 0.75
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import randn
@@ -669,7 +705,7 @@ assert _n == 5 * 6 * 8, _n
 """ # BEGIN TEST CONFIG
 hidden: true
 points: 0.25
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import randn
@@ -698,7 +734,7 @@ W4b = randn(10, 64, seed=43, device=dev).requires_grad_()
 
 def mlp4(X, Wa, Wb):
     """softmax(relu(X Waᵀ) Wbᵀ): linear, relu, linear, softmax, summed."""
-    H = (X @ Wa.T).relu()                     # (32, 16) @ (16, 64) -> (32, 64)
+    H = (X @ Wa.T).relu()  # (32, 16) @ (16, 64) -> (32, 64)
     return torch.softmax(H @ Wb.T, dim=-1).sum()  # (32, 64) @ (64, 10) -> (32, 10)
 
 
@@ -711,17 +747,24 @@ def reference_saved_bytes(f, inputs):
 
 def sliced4(X, Wa):
     """sin of two columns of X Waᵀ, summed: sin saves a view of the whole product."""
-    return (X @ Wa.T)[:, :2].sin().sum()     # (32, 16) @ (16, 64) -> (32, 64) -> (32, 2)
+    return (X @ Wa.T)[:, :2].sin().sum()  # (32, 16) @ (16, 64) -> (32, 64) -> (32, 2)
 
 
 def saved_bytes_cases(count):
     """count(f, inputs) on the two cases."""
-    return {"bytes saved by the MLP": count(mlp4, (X4, W4a, W4b)),
-            "bytes saved by sin of a slice": count(sliced4, (X4, W4a))}
+    return {
+        "bytes saved by the MLP": count(mlp4, (X4, W4a, W4b)),
+        "bytes saved by sin of a slice": count(sliced4, (X4, W4a)),
+    }
 
 
-check(lambda: saved_bytes_cases(saved_bytes), lambda: saved_bytes_cases(reference_saved_bytes),
-      name="Exercise 4 · saved_bytes", against="SavedTensors", exact=True)
+check(
+    lambda: saved_bytes_cases(saved_bytes),
+    lambda: saved_bytes_cases(reference_saved_bytes),
+    name="Exercise 4 · saved_bytes",
+    against="SavedTensors",
+    exact=True,
+)
 
 # %% [markdown]
 # ## Before you hand in

@@ -74,12 +74,13 @@ dtype = torch.float64  # gradcheck compares with finite differences: float64 onl
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def softmax_backward(P, grad_P):
     """grad_Z = P ⊙ (grad_P − Σ_last(grad_P ⊙ P)): Jᵀg for J = diag(p) − p pᵀ, per row."""
     # BEGIN SOLUTION
-    inner = (grad_P * P).sum(-1, keepdim=True)   # (..., 1): one ⟨g, p⟩ per row
-    return P * (grad_P - inner)                  # (..., n)
+    inner = (grad_P * P).sum(-1, keepdim=True)  # (..., 1): one ⟨g, p⟩ per row
+    return P * (grad_P - inner)  # (..., n)
     # END SOLUTION
 
 
@@ -92,7 +93,7 @@ def softmax_backward(P, grad_P):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import randn
@@ -104,18 +105,18 @@ _leaf = _Z.clone().requires_grad_()
 _g0 = _g.clone()
 _out = softmax_backward(torch.softmax(_Z, -1), _g)
 assert _out.shape == _Z.shape and torch.allclose(_out, _ref, atol=1e-12)
-assert torch.equal(_g, _g0)   # grad_P untouched
+assert torch.equal(_g, _g0)  # grad_P untouched
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 # a constant upstream gradient moves nothing: softmax is invariant to adding a constant
 _P = torch.softmax(torch.tensor([[1.0, 2.0, 3.0, -1.0]], dtype=torch.float64), -1)
 assert torch.allclose(softmax_backward(_P, torch.full_like(_P, 2.5)), torch.zeros_like(_P), atol=1e-15)
-_n = 4096                            # a long row: no n × n Jacobian needed
+_n = 4096  # a long row: no n × n Jacobian needed
 _P = torch.softmax(torch.linspace(-3, 3, _n, dtype=torch.float64), -1)[None]
 _g = torch.zeros_like(_P)
 _g[0, 0] = 1.0
@@ -135,8 +136,14 @@ assert torch.allclose(_out[0], _P[0, 0] * ((torch.arange(_n) == 0).double() - _P
 Z1 = randn(4, 3, 6, seed=1, dtype=dtype, device=dev)
 grad_P1 = randn(4, 3, 6, seed=2, dtype=dtype, device=dev)
 (expected,) = autograd_grads(lambda Z: torch.softmax(Z, -1), (Z1,), grad_P1)
-check(softmax_backward, expected, args=(torch.softmax(Z1, -1), grad_P1), outputs=("grad_Z",),
-      name="Exercise 1 · softmax_backward", against="autograd")
+check(
+    softmax_backward,
+    expected,
+    args=(torch.softmax(Z1, -1), grad_P1),
+    outputs=("grad_Z",),
+    name="Exercise 1 · softmax_backward",
+    against="autograd",
+)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -162,6 +169,7 @@ check(softmax_backward, expected, args=(torch.softmax(Z1, -1), grad_P1), outputs
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 class Softmax(torch.autograd.Function):
     """P = softmax(Z) over the last dim; saves only P."""
@@ -169,7 +177,7 @@ class Softmax(torch.autograd.Function):
     @staticmethod
     def forward(Z):
         # BEGIN SOLUTION
-        E = torch.exp(Z - Z.amax(-1, keepdim=True))   # (..., n), every exponent ≤ 0
+        E = torch.exp(Z - Z.amax(-1, keepdim=True))  # (..., n), every exponent ≤ 0
         return E / E.sum(-1, keepdim=True)
         # END SOLUTION
 
@@ -199,7 +207,7 @@ class Softmax(torch.autograd.Function):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import randn
@@ -213,7 +221,7 @@ assert torch.isfinite(_P).all() and torch.allclose(_P, torch.softmax(_big, -1), 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import randn
@@ -222,11 +230,13 @@ from helpers.memory import SavedTensors
 _Z = randn(6, 4, seed=202, dtype=torch.float64).requires_grad_()
 with SavedTensors() as _s:
     _P = Softmax.apply(_Z)
-assert _s.count == 1 and _s.records[0]["shape"] == (6, 4)          # P only
+assert _s.count == 1 and _s.records[0]["shape"] == (6, 4)  # P only
 _g = randn(6, 4, seed=203, dtype=torch.float64)
 _g0 = _g.clone()
 (_gZ,) = torch.autograd.grad(_P, _Z, _g)
-assert torch.equal(_g, _g0) and torch.allclose(_gZ, softmax_backward(torch.softmax(_Z.detach(), -1), _g0), atol=1e-12)
+assert torch.equal(_g, _g0) and torch.allclose(
+    _gZ, softmax_backward(torch.softmax(_Z.detach(), -1), _g0), atol=1e-12
+)
 
 # %% [raw]
 # # END TESTS
@@ -241,10 +251,19 @@ assert torch.equal(_g, _g0) and torch.allclose(_gZ, softmax_backward(torch.softm
 
 # %%
 Z2 = randn(3, 5, seed=3, dtype=dtype, device=dev) * 4
-Z2[1] = torch.tensor([1000.0, 0.0, -1000.0, 500.0, -500.0], dtype=dtype)   # e^1000 overflows without the max shift
+Z2[1] = torch.tensor(
+    [1000.0, 0.0, -1000.0, 500.0, -500.0], dtype=dtype
+)  # e^1000 overflows without the max shift
 grad_P2 = randn(3, 5, seed=4, dtype=dtype, device=dev)
-check_function("Exercise 2 · Softmax", Softmax.apply, lambda Z: torch.softmax(Z, -1), (Z2,), grad_P2,
-               outputs=("P", "grad_Z"), saves=(1, "P"))
+check_function(
+    "Exercise 2 · Softmax",
+    Softmax.apply,
+    lambda Z: torch.softmax(Z, -1),
+    (Z2,),
+    grad_P2,
+    outputs=("P", "grad_Z"),
+    saves=(1, "P"),
+)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -277,6 +296,7 @@ check_function("Exercise 2 · Softmax", Softmax.apply, lambda Z: torch.softmax(Z
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 class LayerNorm(torch.autograd.Function):
     """y = γ (x − μ)/√(var + eps) + β over the last dim; saves x and γ."""
@@ -284,9 +304,9 @@ class LayerNorm(torch.autograd.Function):
     @staticmethod
     def forward(x, weight, bias, eps):
         # BEGIN SOLUTION
-        mu = x.mean(-1, keepdim=True)                              # (..., 1)
+        mu = x.mean(-1, keepdim=True)  # (..., 1)
         rstd = torch.rsqrt(((x - mu) ** 2).mean(-1, keepdim=True) + eps)  # (..., 1)
-        return (x - mu) * rstd * weight + bias                     # (..., D)
+        return (x - mu) * rstd * weight + bias  # (..., D)
         # END SOLUTION
 
     @staticmethod
@@ -303,18 +323,18 @@ class LayerNorm(torch.autograd.Function):
         # BEGIN SOLUTION
         x, weight = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        mu = x.mean(-1, keepdim=True)                              # (..., 1)
+        mu = x.mean(-1, keepdim=True)  # (..., 1)
         rstd = torch.rsqrt(((x - mu) ** 2).mean(-1, keepdim=True) + ctx.eps)
-        x_hat = (x - mu) * rstd                                    # (..., D)
+        x_hat = (x - mu) * rstd  # (..., D)
         grad_x = grad_w = grad_b = None
         D = x.shape[-1]
         if need_x:
-            g = grad_y * weight                                    # (..., D)
+            g = grad_y * weight  # (..., D)
             grad_x = rstd * (g - g.mean(-1, keepdim=True) - x_hat * (g * x_hat).mean(-1, keepdim=True))
         if need_w:
-            grad_w = (grad_y * x_hat).reshape(-1, D).sum(0)         # (..., D) -> (R, D) -> (D,)
+            grad_w = (grad_y * x_hat).reshape(-1, D).sum(0)  # (..., D) -> (R, D) -> (D,)
         if need_b:
-            grad_b = grad_y.reshape(-1, D).sum(0)                   # (..., D) -> (R, D) -> (D,)
+            grad_b = grad_y.reshape(-1, D).sum(0)  # (..., D) -> (R, D) -> (D,)
         return grad_x, grad_w, grad_b, None
         # END SOLUTION
 
@@ -328,7 +348,7 @@ class LayerNorm(torch.autograd.Function):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import randn
@@ -336,13 +356,17 @@ from helpers.device import randn
 _x = randn(2, 3, 8, seed=301, dtype=torch.float64).requires_grad_()
 _w = (1 + 0.3 * randn(8, seed=302, dtype=torch.float64)).requires_grad_()
 _b = randn(8, seed=303, dtype=torch.float64).requires_grad_()
-assert torch.autograd.gradcheck(lambda x, w, b: LayerNorm.apply(x, w, b, 1e-5), (_x, _w, _b), eps=1e-6, atol=1e-6)
-assert torch.allclose(LayerNorm.apply(_x, _w, _b, 1e-5), torch.nn.functional.layer_norm(_x, (8,), _w, _b, 1e-5), atol=1e-12)
+assert torch.autograd.gradcheck(
+    lambda x, w, b: LayerNorm.apply(x, w, b, 1e-5), (_x, _w, _b), eps=1e-6, atol=1e-6
+)
+assert torch.allclose(
+    LayerNorm.apply(_x, _w, _b, 1e-5), torch.nn.functional.layer_norm(_x, (8,), _w, _b, 1e-5), atol=1e-12
+)
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import randn
@@ -359,18 +383,25 @@ assert torch.allclose(_gx, _ref, atol=1e-12)
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import randn
 
 # a constant row: var = 0, σ = √eps; the gradient must stay finite and match
-_x = torch.cat([torch.full((1, 4), 3.0, dtype=torch.float64), randn(1, 4, seed=308, dtype=torch.float64)]).requires_grad_()
-_w, _b = torch.ones(4, dtype=torch.float64, requires_grad=True), torch.zeros(4, dtype=torch.float64, requires_grad=True)
+_x = torch.cat(
+    [torch.full((1, 4), 3.0, dtype=torch.float64), randn(1, 4, seed=308, dtype=torch.float64)]
+).requires_grad_()
+_w, _b = (
+    torch.ones(4, dtype=torch.float64, requires_grad=True),
+    torch.zeros(4, dtype=torch.float64, requires_grad=True),
+)
 _g = randn(2, 4, seed=309, dtype=torch.float64)
 _ours = torch.autograd.grad(LayerNorm.apply(_x, _w, _b, 1e-5), (_x, _w, _b), _g)
 _leaves = [t.detach().clone().requires_grad_() for t in (_x, _w, _b)]
-_ref = torch.autograd.grad(torch.nn.functional.layer_norm(_leaves[0], (4,), _leaves[1], _leaves[2], 1e-5), _leaves, _g)
+_ref = torch.autograd.grad(
+    torch.nn.functional.layer_norm(_leaves[0], (4,), _leaves[1], _leaves[2], 1e-5), _leaves, _g
+)
 assert all(torch.isfinite(o).all() and torch.allclose(o, r, atol=1e-8) for o, r in zip(_ours, _ref))
 
 # %% [raw]
@@ -388,9 +419,14 @@ x3 = randn(2, 4, 5, seed=5, dtype=dtype, device=dev) * 2 + 1
 w3 = 1 + 0.5 * randn(5, seed=6, dtype=dtype, device=dev)
 b3 = randn(5, seed=7, dtype=dtype, device=dev)
 grad_y3 = randn(2, 4, 5, seed=8, dtype=dtype, device=dev)
-check_function("Exercise 3 · LayerNorm", lambda x, w, b: LayerNorm.apply(x, w, b, 1e-5),
-               lambda x, w, b: F.layer_norm(x, (5,), w, b, 1e-5), (x3, w3, b3), grad_y3,
-               outputs=("y", "grad_x", "grad_weight", "grad_bias"))
+check_function(
+    "Exercise 3 · LayerNorm",
+    lambda x, w, b: LayerNorm.apply(x, w, b, 1e-5),
+    lambda x, w, b: F.layer_norm(x, (5,), w, b, 1e-5),
+    (x3, w3, b3),
+    grad_y3,
+    outputs=("y", "grad_x", "grad_weight", "grad_bias"),
+)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -416,6 +452,7 @@ check_function("Exercise 3 · LayerNorm", lambda x, w, b: LayerNorm.apply(x, w, 
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 class CrossEntropy(torch.autograd.Function):
     """L = mean over kept rows of lse(z) − z[target]; rows with target == ignore_index are left out."""
@@ -423,10 +460,10 @@ class CrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(logits, target, ignore_index):
         # BEGIN SOLUTION
-        keep = target != ignore_index                                   # (R,)
-        safe = torch.where(keep, target, torch.zeros_like(target))      # (R,) a valid class everywhere
-        lse = torch.logsumexp(logits, dim=-1)                           # (R,)
-        picked = logits.gather(1, safe[:, None])[:, 0]                  # (R, C) -> (R,)
+        keep = target != ignore_index  # (R,)
+        safe = torch.where(keep, target, torch.zeros_like(target))  # (R,) a valid class everywhere
+        lse = torch.logsumexp(logits, dim=-1)  # (R,)
+        picked = logits.gather(1, safe[:, None])[:, 0]  # (R, C) -> (R,)
         return ((lse - picked) * keep).sum() / keep.sum()
         # END SOLUTION
 
@@ -445,10 +482,10 @@ class CrossEntropy(torch.autograd.Function):
         logits, target = ctx.saved_tensors
         if not ctx.needs_input_grad[0]:
             return None, None, None
-        keep = target != ctx.ignore_index                               # (R,)
+        keep = target != ctx.ignore_index  # (R,)
         safe = torch.where(keep, target, torch.zeros_like(target))
-        P = torch.softmax(logits, dim=-1)                               # (R, C)
-        onehot = F.one_hot(safe, logits.shape[-1]).to(logits.dtype)     # (R, C)
+        P = torch.softmax(logits, dim=-1)  # (R, C)
+        onehot = F.one_hot(safe, logits.shape[-1]).to(logits.dtype)  # (R, C)
         grad = (P - onehot) * keep[:, None] * (grad_L / keep.sum())
         return grad, None, None
         # END SOLUTION
@@ -463,7 +500,7 @@ class CrossEntropy(torch.autograd.Function):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import randn
@@ -476,7 +513,7 @@ assert torch.allclose(CrossEntropy.apply(_z, _t, -100), torch.nn.functional.cros
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 # huge logits: no inf/nan in the loss or the gradient
@@ -492,7 +529,7 @@ assert torch.isfinite(_g).all() and torch.allclose(_g, _ref, atol=1e-12)
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import randn
@@ -519,9 +556,14 @@ assert torch.allclose(_g.sum(1), torch.zeros(6, dtype=torch.float64), atol=1e-15
 # %%
 z4 = randn(6, 5, seed=9, dtype=dtype, device=dev) * 3
 t4 = torch.tensor([1, -100, 4, 0, -100, 2], device=dev)
-check_function("Exercise 4 · CrossEntropy", lambda z: CrossEntropy.apply(z, t4, -100),
-               lambda z: F.cross_entropy(z, t4, ignore_index=-100), (z4,), torch.tensor(1.0, dtype=dtype, device=dev),
-               outputs=("L", "grad_logits"))
+check_function(
+    "Exercise 4 · CrossEntropy",
+    lambda z: CrossEntropy.apply(z, t4, -100),
+    lambda z: F.cross_entropy(z, t4, ignore_index=-100),
+    (z4,),
+    torch.tensor(1.0, dtype=dtype, device=dev),
+    outputs=("L", "grad_logits"),
+)
 
 # %% [markdown]
 # ## Before you hand in

@@ -58,6 +58,7 @@ dtype = torch.float64
 # One thing went wrong when it was built. Do not go looking for it in this cell: in real life
 # the bug is in somebody else's code, and your tools must find it.
 
+
 # %%
 def colleagues_model(device=None):
     """The model that stopped learning (6 ReLU blocks of width 32, a 10-class head)."""
@@ -98,15 +99,16 @@ print(layer_names(model))
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def ce_grad(logits, target, ignore_index=-100, label_smoothing=0.0):
     """∂L/∂z = (softmax(z) − q)/N on kept rows (q = (1 − ε)·one-hot + ε/C), 0 on ignored rows."""
     # BEGIN SOLUTION
     R, C = logits.shape
-    keep = target != ignore_index                                   # (R,)
-    safe = torch.where(keep, target, torch.zeros_like(target))      # (R,) a valid class everywhere
+    keep = target != ignore_index  # (R,)
+    safe = torch.where(keep, target, torch.zeros_like(target))  # (R,) a valid class everywhere
     q = (1 - label_smoothing) * F.one_hot(safe, C).to(logits.dtype) + label_smoothing / C  # (R, C)
-    P = torch.softmax(logits, dim=-1)                               # (R, C)
+    P = torch.softmax(logits, dim=-1)  # (R, C)
     return (P - q) * keep[:, None] / keep.sum()
     # END SOLUTION
 
@@ -120,7 +122,7 @@ def ce_grad(logits, target, ignore_index=-100, label_smoothing=0.0):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import randn
@@ -135,7 +137,7 @@ assert _g.shape == (9, 4) and torch.allclose(_g, _ref, atol=1e-12)
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import randn
@@ -143,9 +145,13 @@ from helpers.device import randn
 _z = randn(5, 6, seed=102, dtype=torch.float64) * 3
 _t = torch.tensor([5, -1, 2, -1, 0])
 _leaf = _z.clone().requires_grad_()
-(_ref,) = torch.autograd.grad(torch.nn.functional.cross_entropy(_leaf, _t, ignore_index=-1, label_smoothing=0.2), _leaf)
+(_ref,) = torch.autograd.grad(
+    torch.nn.functional.cross_entropy(_leaf, _t, ignore_index=-1, label_smoothing=0.2), _leaf
+)
 _g = ce_grad(_z, _t, ignore_index=-1, label_smoothing=0.2)
-assert torch.allclose(_g, _ref, atol=1e-12) and torch.equal(_g[[1, 3]], torch.zeros(2, 6, dtype=torch.float64))
+assert torch.allclose(_g, _ref, atol=1e-12) and torch.equal(
+    _g[[1, 3]], torch.zeros(2, 6, dtype=torch.float64)
+)
 
 # %% [raw]
 # # END TESTS
@@ -161,8 +167,15 @@ assert torch.allclose(_g, _ref, atol=1e-12) and torch.equal(_g[[1, 3]], torch.ze
 z1 = randn(8, 5, seed=1, dtype=dtype, device=dev) * 2
 t1 = torch.tensor([4, 0, -100, 2, 2, -100, 1, 3], device=dev)
 (expected,) = autograd_grads(lambda z: F.cross_entropy(z, t1, label_smoothing=0.1), (z1,))
-check(ce_grad, expected, args=(z1, t1), kwargs={"label_smoothing": 0.1}, outputs=("grad_logits",),
-      name="Exercise 1 · ce_grad", against="autograd")
+check(
+    ce_grad,
+    expected,
+    args=(z1, t1),
+    kwargs={"label_smoothing": 0.1},
+    outputs=("grad_logits",),
+    name="Exercise 1 · ce_grad",
+    against="autograd",
+)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -187,6 +200,7 @@ check(ce_grad, expected, args=(z1, t1), kwargs={"label_smoothing": 0.1}, outputs
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def record_output_grad_norms(model, X, y):
     """{leaf module name: ‖∂L/∂(its output)‖} for L = cross_entropy(model(X), y); no hook left behind."""
@@ -200,8 +214,9 @@ def record_output_grad_norms(model, X, y):
 
     try:
         for name in layer_names(model):
-            handles.append(modules[name].register_forward_hook(
-                lambda m, i, o, name=name: forward_hook(m, i, o, name)))
+            handles.append(
+                modules[name].register_forward_hook(lambda m, i, o, name=name: forward_hook(m, i, o, name))
+            )
         F.cross_entropy(model(X), y).backward()
     finally:
         for h in handles:
@@ -219,7 +234,7 @@ def record_output_grad_norms(model, X, y):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import math
 
 from helpers.gradflow import deep_mlp, fixed_batch, record_grad_flow
@@ -235,7 +250,7 @@ assert all(math.isclose(_got[k], _ref[k], rel_tol=1e-5, abs_tol=1e-9) for k in _
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import math
 
 from helpers.gradflow import deep_mlp, fixed_batch
@@ -243,10 +258,10 @@ from helpers.gradflow import deep_mlp, fixed_batch
 _m = deep_mlp(depth=2, width=8, n_classes=3, seed=203)
 _X, _y = fixed_batch(batch=6, width=8, n_classes=3, seed=204)
 _a = record_output_grad_norms(_m, _X, _y)
-assert all(not m._forward_hooks for m in _m.modules())      # every hook removed
-_b = record_output_grad_norms(_m, _X, _y)                   # no stale hook adds a second entry
+assert all(not m._forward_hooks for m in _m.modules())  # every hook removed
+_b = record_output_grad_norms(_m, _X, _y)  # no stale hook adds a second entry
 assert _a.keys() == _b.keys() and all(math.isclose(_a[k], _b[k], rel_tol=1e-6) for k in _a)
-assert len(_a) == 5                                         # 2 × (linear, act) + head
+assert len(_a) == 5  # 2 × (linear, act) + head
 
 # %% [raw]
 # # END TESTS
@@ -258,6 +273,7 @@ assert len(_a) == 5                                         # 2 × (linear, act)
 # **Self-check 2** (reference: chapter 5's `GradFlowRecorder`, on the colleague's model; then
 # it counts the hooks left on the model, which must be none):
 
+
 # %%
 def reference_norms(model, X, y):
     """Chapter 5's recorder: one forward + backward, output-gradient norms by name."""
@@ -266,9 +282,11 @@ def reference_norms(model, X, y):
 
 def fresh_norms(fn):
     """fn on the model with its .grad reset (so earlier runs do not matter)."""
+
     def run(model, X, y):
         model.zero_grad(set_to_none=True)
         return fn(model, X, y)
+
     return run
 
 
@@ -277,12 +295,24 @@ def hooks_left(model):
     return sum(len(m._forward_hooks) + len(m._backward_hooks) for m in model.modules())
 
 
-result = evaluate(fresh_norms(record_output_grad_norms), reference_norms, args=(model, X, y),
-                  name="Exercise 2 · record_output_grad_norms", against="GradFlowRecorder",
-                  atol=1e-9, rtol=1e-5, noun="layers")
+result = evaluate(
+    fresh_norms(record_output_grad_norms),
+    reference_norms,
+    args=(model, X, y),
+    name="Exercise 2 · record_output_grad_norms",
+    against="GradFlowRecorder",
+    atol=1e-9,
+    rtol=1e-5,
+    noun="layers",
+)
 if result.status in ("pass", "fail") and hooks_left(model):
-    result = evaluate(hooks_left(model), 0, outputs=("hooks left on the model",), counts=("hooks left on the model",),
-                      name="Exercise 2 · record_output_grad_norms")
+    result = evaluate(
+        hooks_left(model),
+        0,
+        outputs=("hooks left on the model",),
+        counts=("hooks left on the model",),
+        name="Exercise 2 · record_output_grad_norms",
+    )
     for m in model.modules():  # so that the cells below run on a clean model
         m._forward_hooks.clear()
         m._backward_hooks.clear()
@@ -311,6 +341,7 @@ print(result.line)
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def steepest_drop(norms, names):
     """The layer names[i] (i ≥ 1) with the smallest norms[names[i-1]] / norms[names[i]]."""
@@ -329,15 +360,15 @@ def steepest_drop(norms, names):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 _n = {"a": 1e-3, "b": 2e-3, "c": 1.0, "d": 1.4, "e": 0.9}
 assert steepest_drop(_n, ["a", "b", "c", "d", "e"]) == "c"
-assert steepest_drop({"x": 5.0, "y": 1.0, "z": 0.5}, ["x", "y", "z"]) == "z"   # ratios: y 5.0, z 2.0
+assert steepest_drop({"x": 5.0, "y": 1.0, "z": 0.5}, ["x", "y", "z"]) == "z"  # ratios: y 5.0, z 2.0
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 from helpers.gradflow import fixed_batch as _fb
 from helpers.gradflow import record_grad_flow as _rgf
 
@@ -357,8 +388,14 @@ assert steepest_drop(_rgf(_m, _X, _y).output_grad_norms, layer_names(_m)) == "bl
 
 # %%
 profile = {"in": 0.02, "in.act": 0.03, "mid": 0.05, "mid.act": 40.0, "out": 55.0, "out.act": 60.0}
-check(steepest_drop, "mid.act", args=(profile, list(profile)), outputs=("the layer returned",),
-      name="Exercise 3 · steepest_drop", against="the profile's collapse")
+check(
+    steepest_drop,
+    "mid.act",
+    args=(profile, list(profile)),
+    outputs=("the layer returned",),
+    name="Exercise 3 · steepest_drop",
+    against="the profile's collapse",
+)
 
 # %% [markdown]
 # Now the colleague's model: the broken layer is the one your function names here (compare
@@ -390,6 +427,7 @@ print("broken layer:", broken)
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def clip_by_global_norm(params, max_norm):
     """‖g‖ = √Σ‖g_p‖²; if ‖g‖ > max_norm scale every g_p by max_norm / (‖g‖ + 1e-6) in place; return ‖g‖."""
@@ -413,13 +451,19 @@ def clip_by_global_norm(params, max_norm):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import randn
 
-_ps = [torch.zeros(3, 4, dtype=torch.float64, requires_grad=True), torch.zeros(5, dtype=torch.float64, requires_grad=True)]
-_ps[0].grad, _ps[1].grad = randn(3, 4, seed=401, dtype=torch.float64) * 3, randn(5, seed=402, dtype=torch.float64) * 3
+_ps = [
+    torch.zeros(3, 4, dtype=torch.float64, requires_grad=True),
+    torch.zeros(5, dtype=torch.float64, requires_grad=True),
+]
+_ps[0].grad, _ps[1].grad = (
+    randn(3, 4, seed=401, dtype=torch.float64) * 3,
+    randn(5, seed=402, dtype=torch.float64) * 3,
+)
 _qs = [p.detach().clone().requires_grad_() for p in _ps]
 for _q, _p in zip(_qs, _ps):
     _q.grad = _p.grad.clone()
@@ -431,7 +475,7 @@ assert all(torch.allclose(p.grad, q.grad, atol=1e-12) for p, q in zip(_ps, _qs))
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import randn
@@ -445,7 +489,7 @@ _tot = clip_by_global_norm([_a, _b], 10.0)
 assert abs(float(_tot) - 0.5) < 1e-12 and torch.equal(_a.grad, _g0) and _b.grad is None
 _grad_obj = _a.grad
 _ = clip_by_global_norm([_a, _b], 0.25)
-assert _a.grad is _grad_obj and torch.allclose(_a.grad, _g0 * 0.25 / (0.5 + 1e-6), atol=1e-12)   # in place
+assert _a.grad is _grad_obj and torch.allclose(_a.grad, _g0 * 0.25 / (0.5 + 1e-6), atol=1e-12)  # in place
 
 # %% [raw]
 # # END TESTS
@@ -457,6 +501,7 @@ assert _a.grad is _grad_obj and torch.allclose(_a.grad, _g0 * 0.25 / (0.5 + 1e-6
 # **Self-check 4** (reference: `torch.nn.utils.clip_grad_norm_` on copies of the colleague's
 # model's gradients, with `max_norm = 0.05`, below their norm so clipping happens; then it
 # checks that every `.grad` is still the same tensor, scaled in place):
+
 
 # %%
 def copies():
@@ -473,8 +518,10 @@ def clip_copies(clip_fn, max_norm):
     total = clip_fn(params, max_norm)
     if total is None:
         return None
-    return {"total norm": torch.as_tensor(float(total), dtype=dtype),
-            "clipped grads": torch.cat([q.grad.reshape(-1) for q in params])}
+    return {
+        "total norm": torch.as_tensor(float(total), dtype=dtype),
+        "clipped grads": torch.cat([q.grad.reshape(-1) for q in params]),
+    }
 
 
 def grads_replaced(clip_fn, max_norm):
@@ -487,13 +534,24 @@ def grads_replaced(clip_fn, max_norm):
 
 model.zero_grad(set_to_none=True)
 F.cross_entropy(model(X), y).backward()
-result = evaluate(clip_copies, lambda fn, m: clip_copies(torch.nn.utils.clip_grad_norm_, m),
-                  args=(clip_by_global_norm, 0.05), name="Exercise 4 · clip_by_global_norm",
-                  against="clip_grad_norm_", atol=1e-7, rtol=1e-5)
+result = evaluate(
+    clip_copies,
+    lambda fn, m: clip_copies(torch.nn.utils.clip_grad_norm_, m),
+    args=(clip_by_global_norm, 0.05),
+    name="Exercise 4 · clip_by_global_norm",
+    against="clip_grad_norm_",
+    atol=1e-7,
+    rtol=1e-5,
+)
 if result:
     what = "gradients replaced by new tensors instead of scaled in place"
-    in_place = evaluate(grads_replaced(clip_by_global_norm, 0.05), 0, outputs=(what,), counts=(what,),
-                        name="Exercise 4 · clip_by_global_norm")
+    in_place = evaluate(
+        grads_replaced(clip_by_global_norm, 0.05),
+        0,
+        outputs=(what,),
+        counts=(what,),
+        name="Exercise 4 · clip_by_global_norm",
+    )
     if in_place:
         result.line += "; scales in place"
     else:

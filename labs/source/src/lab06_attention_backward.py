@@ -81,14 +81,15 @@ dtype = torch.float64  # tight comparisons; float32 attention differs from SDPA 
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def causal_mask(Nq, Nk, align="top_left", device=None):
     """(Nq, Nk) bool, True = may attend: j ≤ i (top_left) or j ≤ i + (Nk − Nq) (bottom_right)."""
     # BEGIN SOLUTION
     shift = Nk - Nq if align == "bottom_right" else 0
-    i = torch.arange(Nq, device=device)[:, None]   # (Nq, 1)
-    j = torch.arange(Nk, device=device)[None, :]   # (1, Nk)
-    return j <= i + shift                          # (Nq, Nk)
+    i = torch.arange(Nq, device=device)[:, None]  # (Nq, 1)
+    j = torch.arange(Nk, device=device)[None, :]  # (1, Nk)
+    return j <= i + shift  # (Nq, Nk)
     # END SOLUTION
 
 
@@ -101,8 +102,9 @@ def causal_mask(Nq, Nk, align="top_left", device=None):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
+
 _m = causal_mask(5, 5)
 assert _m.dtype == torch.bool and _m.shape == (5, 5)
 assert torch.equal(_m, torch.ones(5, 5, dtype=torch.bool).tril())
@@ -110,24 +112,28 @@ assert torch.equal(_m, torch.ones(5, 5, dtype=torch.bool).tril())
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
+
 _m = causal_mask(2, 5, align="bottom_right")
 assert _m.dtype == torch.bool
 assert torch.equal(_m, torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool))
 _m = causal_mask(1, 7, align="bottom_right")
-assert _m.all() and _m.shape == (1, 7)   # one new token sees the whole cache
+assert _m.all() and _m.shape == (1, 7)  # one new token sees the whole cache
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
-_m = causal_mask(2, 5)   # top-left is the default: SDPA's is_causal
+
+_m = causal_mask(2, 5)  # top-left is the default: SDPA's is_causal
 assert _m.dtype == torch.bool
 assert torch.equal(_m, torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0]], dtype=torch.bool))
-assert torch.equal(causal_mask(5, 2), torch.tensor([[1, 0], [1, 1], [1, 1], [1, 1], [1, 1]], dtype=torch.bool))
-assert not causal_mask(5, 2, align="bottom_right")[:3].any()   # rows that see no key
+assert torch.equal(
+    causal_mask(5, 2), torch.tensor([[1, 0], [1, 1], [1, 1], [1, 1], [1, 1]], dtype=torch.bool)
+)
+assert not causal_mask(5, 2, align="bottom_right")[:3].any()  # rows that see no key
 
 # %% [raw]
 # # END TESTS
@@ -139,6 +145,7 @@ assert not causal_mask(5, 2, align="bottom_right")[:3].any()   # rows that see n
 # **Self-check 1** (reference: `helpers.attention.causal_mask`, for a square shape, fewer
 # queries than keys and more, in both alignments):
 
+
 # %%
 def masks(fn):
     """fn's masks for (4, 4), (3, 6) and (6, 3), both alignments, by shape; and whether they are bool."""
@@ -149,8 +156,14 @@ def masks(fn):
     return out
 
 
-check(lambda: masks(causal_mask), masks(ref.causal_mask), name="Exercise 1 · causal_mask",
-      against="the chapter's mask", atol=0, rtol=0)
+check(
+    lambda: masks(causal_mask),
+    masks(ref.causal_mask),
+    name="Exercise 1 · causal_mask",
+    against="the chapter's mask",
+    atol=0,
+    rtol=0,
+)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -180,20 +193,21 @@ check(lambda: masks(causal_mask), masks(ref.causal_mask), name="Exercise 1 · ca
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def attention_forward(Q, K, V, mask=None):
     """O = softmax(Q Kᵀ/√d, masked) V and P; a row with no visible key gets P = 0, O = 0."""
     # BEGIN SOLUTION
     scale = 1.0 / math.sqrt(Q.shape[-1])
-    S = (Q @ K.transpose(-2, -1)) * scale              # (..., Nq, d) @ (..., d, Nk) -> (..., Nq, Nk)
+    S = (Q @ K.transpose(-2, -1)) * scale  # (..., Nq, d) @ (..., d, Nk) -> (..., Nq, Nk)
     if mask is not None:
         S = S.masked_fill(~mask, float("-inf"))
-    m = S.amax(-1, keepdim=True)                         # (..., Nq, 1)
+    m = S.amax(-1, keepdim=True)  # (..., Nq, 1)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    E = torch.exp(S - m)                                 # masked: exp(-inf) = 0
-    Z = E.sum(-1, keepdim=True)                          # (..., Nq, 1)
+    E = torch.exp(S - m)  # masked: exp(-inf) = 0
+    Z = E.sum(-1, keepdim=True)  # (..., Nq, 1)
     P = E / torch.where(Z > 0, Z, torch.ones_like(Z))
-    O = P @ V                                            # (..., Nq, Nk) @ (..., Nk, d_v) -> (..., Nq, d_v)
+    O = P @ V  # (..., Nq, Nk) @ (..., Nk, d_v) -> (..., Nq, d_v)
     return O, P
     # END SOLUTION
 
@@ -207,30 +221,38 @@ def attention_forward(Q, K, V, mask=None):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
-from helpers.device import randn
+
 from helpers import attention as _ref
+from helpers.device import randn
+
 _Q, _K, _V = (randn(2, 3, 4, 8, seed=s, dtype=torch.float64) for s in (201, 202, 203))
 _O, _P = attention_forward(_Q, _K, _V)
 _O2 = torch.nn.functional.scaled_dot_product_attention(_Q, _K, _V)
 assert _O.shape == (2, 3, 4, 8) and _P.shape == (2, 3, 4, 4) and torch.allclose(_O, _O2, atol=1e-12)
-_O, _P = attention_forward(_Q * 100, _K * 100, _V, _ref.causal_mask(4, 4))   # huge scores: no overflow
+_O, _P = attention_forward(_Q * 100, _K * 100, _V, _ref.causal_mask(4, 4))  # huge scores: no overflow
 _Or, _Pr = _ref.attention_forward(_Q * 100, _K * 100, _V, _ref.causal_mask(4, 4))
-assert torch.isfinite(_O).all() and torch.allclose(_O, _Or, atol=1e-10) and torch.allclose(_P, _Pr, atol=1e-12)
+assert (
+    torch.isfinite(_O).all() and torch.allclose(_O, _Or, atol=1e-10) and torch.allclose(_P, _Pr, atol=1e-12)
+)
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
 # query 0 sees nothing: zeros, no NaN; the others match SDPA with the same mask
 _Q, _K, _V = (randn(1, 1, 3, 4, seed=s, dtype=torch.float64) for s in (204, 205, 206))
 _mask = torch.tensor([[False, False, False], [True, False, True], [True, True, True]])
 _O, _P = attention_forward(_Q, _K, _V, _mask)
 assert not torch.isnan(_O).any() and not torch.isnan(_P).any()
-assert torch.equal(_O[..., 0, :], torch.zeros(1, 1, 4, dtype=torch.float64)) and torch.equal(_P[..., 0, :], torch.zeros(1, 1, 3, dtype=torch.float64))
+assert torch.equal(_O[..., 0, :], torch.zeros(1, 1, 4, dtype=torch.float64)) and torch.equal(
+    _P[..., 0, :], torch.zeros(1, 1, 3, dtype=torch.float64)
+)
 _ref = torch.nn.functional.scaled_dot_product_attention(_Q, _K, _V, attn_mask=_mask)
 assert torch.allclose(_O[..., 1:, :], _ref[..., 1:, :], atol=1e-12)
 assert float(_P[0, 0, 1, 1]) == 0.0
@@ -247,10 +269,16 @@ assert float(_P[0, 0, 1, 1]) == 0.0
 
 # %%
 Q2, K2, V2 = (randn(2, 2, 5, 4, seed=s, dtype=dtype, device=dev) for s in (21, 22, 23))
-pad2 = torch.tensor([[False] * 5, [True] + [False] * 4], device=dev)        # (B, Nk), True = padding
-mask2 = ref.causal_mask(5, 5, device=dev) & ~pad2[:, None, None, :]           # (B, 1, Nq, Nk)
-check(attention_forward, lambda Q, K, V, mask: ref.attention_forward(Q, K, V, mask), args=(Q2, K2, V2, mask2),
-      outputs=("O", "P"), name="Exercise 2 · attention_forward", against="the chapter's attention")
+pad2 = torch.tensor([[False] * 5, [True] + [False] * 4], device=dev)  # (B, Nk), True = padding
+mask2 = ref.causal_mask(5, 5, device=dev) & ~pad2[:, None, None, :]  # (B, 1, Nq, Nk)
+check(
+    attention_forward,
+    lambda Q, K, V, mask: ref.attention_forward(Q, K, V, mask),
+    args=(Q2, K2, V2, mask2),
+    outputs=("O", "P"),
+    name="Exercise 2 · attention_forward",
+    against="the chapter's attention",
+)
 
 
 def masked_P_nonzero(Q, K, V, mask):
@@ -262,8 +290,14 @@ def masked_P_nonzero(Q, K, V, mask):
     return int((P.masked_select(~mask.expand_as(P)) != 0).sum())
 
 
-check(masked_P_nonzero, 0, args=(Q2, K2, V2, mask2), outputs=("masked entries of P not exactly 0",),
-      counts=("masked entries of P not exactly 0",), name="Exercise 2 · masked P")
+check(
+    masked_P_nonzero,
+    0,
+    args=(Q2, K2, V2, mask2),
+    outputs=("masked entries of P not exactly 0",),
+    counts=("masked entries of P not exactly 0",),
+    name="Exercise 2 · masked P",
+)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -304,15 +338,16 @@ check(masked_P_nonzero, 0, args=(Q2, K2, V2, mask2), outputs=("masked entries of
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def attention_backward(Q, K, V, P, grad_O, scale):
     """dV = Pᵀ dO, dS = P ⊙ (dO Vᵀ − rowsum(dO Vᵀ ⊙ P)), dQ = dS K·scale, dK = dSᵀ Q·scale."""
     # BEGIN SOLUTION
-    grad_V = P.transpose(-2, -1) @ grad_O                 # (..., Nk, Nq) @ (..., Nq, d_v) -> (..., Nk, d_v)
-    grad_P = grad_O @ V.transpose(-2, -1)                 # (..., Nq, d_v) @ (..., d_v, Nk) -> (..., Nq, Nk)
-    grad_S = P * (grad_P - (grad_P * P).sum(-1, keepdim=True))   # (..., Nq, Nk)
-    grad_Q = (grad_S @ K) * scale                         # (..., Nq, Nk) @ (..., Nk, d) -> (..., Nq, d)
-    grad_K = (grad_S.transpose(-2, -1) @ Q) * scale       # (..., Nk, Nq) @ (..., Nq, d) -> (..., Nk, d)
+    grad_V = P.transpose(-2, -1) @ grad_O  # (..., Nk, Nq) @ (..., Nq, d_v) -> (..., Nk, d_v)
+    grad_P = grad_O @ V.transpose(-2, -1)  # (..., Nq, d_v) @ (..., d_v, Nk) -> (..., Nq, Nk)
+    grad_S = P * (grad_P - (grad_P * P).sum(-1, keepdim=True))  # (..., Nq, Nk)
+    grad_Q = (grad_S @ K) * scale  # (..., Nq, Nk) @ (..., Nk, d) -> (..., Nq, d)
+    grad_K = (grad_S.transpose(-2, -1) @ Q) * scale  # (..., Nk, Nq) @ (..., Nq, d) -> (..., Nk, d)
     return grad_Q, grad_K, grad_V
     # END SOLUTION
 
@@ -326,10 +361,13 @@ def attention_backward(Q, K, V, P, grad_O, scale):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import math
+
 import torch
+
 from helpers.device import randn
+
 _Q, _K = randn(3, 6, 8, seed=301, dtype=torch.float64), randn(3, 9, 8, seed=302, dtype=torch.float64)
 _V, _gO = randn(3, 9, 5, seed=303, dtype=torch.float64), randn(3, 6, 5, seed=304, dtype=torch.float64)
 _leaves = [t.clone().requires_grad_() for t in (_Q, _K, _V)]
@@ -342,9 +380,11 @@ assert all(o.shape == r.shape and torch.allclose(o, r, atol=1e-12) for o, r in z
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
 # the scale is an argument, not 1/√d: with scale 1 the scores are unscaled
 _Q, _K, _V = (randn(4, 3, seed=s, dtype=torch.float64) for s in (305, 306, 307))
 _gO = randn(4, 3, seed=308, dtype=torch.float64)
@@ -352,7 +392,9 @@ _leaves = [t.clone().requires_grad_() for t in (_Q, _K, _V)]
 _O = torch.softmax(_leaves[0] @ _leaves[1].T, -1) @ _leaves[2]
 _ref = torch.autograd.grad(_O, _leaves, _gO)
 _P = torch.softmax(_Q @ _K.T, -1)
-assert all(torch.allclose(o, r, atol=1e-12) for o, r in zip(attention_backward(_Q, _K, _V, _P, _gO, 1.0), _ref))
+assert all(
+    torch.allclose(o, r, atol=1e-12) for o, r in zip(attention_backward(_Q, _K, _V, _P, _gO, 1.0), _ref)
+)
 
 # %% [raw]
 # # END TESTS
@@ -366,13 +408,22 @@ assert all(torch.allclose(o, r, atol=1e-12) for o, r in zip(attention_backward(_
 
 # %%
 Q3 = randn(2, 2, 4, 8, seed=31, dtype=dtype, device=dev)
-K3, V3 = randn(2, 2, 6, 8, seed=32, dtype=dtype, device=dev), randn(2, 2, 6, 3, seed=33, dtype=dtype, device=dev)
+K3, V3 = (
+    randn(2, 2, 6, 8, seed=32, dtype=dtype, device=dev),
+    randn(2, 2, 6, 3, seed=33, dtype=dtype, device=dev),
+)
 grad_O3 = randn(2, 2, 4, 3, seed=34, dtype=dtype, device=dev)
 mask3 = ref.causal_mask(4, 6, device=dev)
 _, P3 = ref.attention_forward(Q3, K3, V3, mask3)
 expected = autograd_grads(lambda Q, K, V: ref.attention_forward(Q, K, V, mask3)[0], (Q3, K3, V3), grad_O3)
-check(attention_backward, expected, args=(Q3, K3, V3, P3, grad_O3, 1 / math.sqrt(8)),
-      outputs=("grad_Q", "grad_K", "grad_V"), name="Exercise 3 · attention_backward", against="autograd")
+check(
+    attention_backward,
+    expected,
+    args=(Q3, K3, V3, P3, grad_O3, 1 / math.sqrt(8)),
+    outputs=("grad_Q", "grad_K", "grad_V"),
+    name="Exercise 3 · attention_backward",
+    against="autograd",
+)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -397,6 +448,7 @@ check(attention_backward, expected, args=(Q3, K3, V3, P3, grad_O3, 1 / math.sqrt
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def attention_grads(Q, K, V, grad_O, causal=False, key_padding_mask=None, align="top_left"):
     """(∂L/∂Q, ∂L/∂K, ∂L/∂V) of masked attention for upstream grad_O, by hand."""
@@ -404,8 +456,8 @@ def attention_grads(Q, K, V, grad_O, causal=False, key_padding_mask=None, align=
     Nq, Nk = Q.shape[-2], K.shape[-2]
     mask = causal_mask(Nq, Nk, align, device=Q.device) if causal else None  # (Nq, Nk)
     if key_padding_mask is not None:
-        keep = ~key_padding_mask[:, None, None, :]                          # (B, 1, 1, Nk)
-        mask = keep if mask is None else mask & keep                        # (B, 1, Nq, Nk)
+        keep = ~key_padding_mask[:, None, None, :]  # (B, 1, 1, Nk)
+        mask = keep if mask is None else mask & keep  # (B, 1, Nq, Nk)
     _, P = attention_forward(Q, K, V, mask)
     return attention_backward(Q, K, V, P, grad_O, 1.0 / math.sqrt(Q.shape[-1]))
     # END SOLUTION
@@ -420,14 +472,18 @@ def attention_grads(Q, K, V, grad_O, causal=False, key_padding_mask=None, align=
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
 _Q, _K, _V, _gO = (randn(2, 3, 6, 4, seed=s, dtype=torch.float64) for s in (401, 402, 403, 404))
 _pad = torch.tensor([[False] * 6, [False, False, False, False, True, True]])
 _mask = torch.ones(6, 6, dtype=torch.bool).tril() & ~_pad[:, None, None, :]
 _leaves = [t.clone().requires_grad_() for t in (_Q, _K, _V)]
-_ref = torch.autograd.grad(torch.nn.functional.scaled_dot_product_attention(*_leaves, attn_mask=_mask), _leaves, _gO)
+_ref = torch.autograd.grad(
+    torch.nn.functional.scaled_dot_product_attention(*_leaves, attn_mask=_mask), _leaves, _gO
+)
 _ours = attention_grads(_Q, _K, _V, _gO, causal=True, key_padding_mask=_pad)
 assert all(torch.allclose(o, r, atol=1e-12) for o, r in zip(_ours, _ref))
 assert torch.equal(_ours[1][1, :, 4:], torch.zeros(3, 2, 4, dtype=torch.float64))
@@ -436,10 +492,12 @@ assert torch.equal(_ours[2][1, :, 4:], torch.zeros(3, 2, 4, dtype=torch.float64)
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
-from helpers.device import randn
+
 from helpers import attention as _ref
+from helpers.device import randn
+
 # a KV cache: 2 new queries, 5 keys, bottom-right causal; and no mask at all
 _Q = randn(1, 2, 2, 4, seed=405, dtype=torch.float64)
 _K, _V = randn(1, 2, 5, 4, seed=406, dtype=torch.float64), randn(1, 2, 5, 4, seed=407, dtype=torch.float64)
@@ -449,9 +507,13 @@ _O, _ = _ref.attention_forward(*_leaves, _ref.causal_mask(2, 5, align="bottom_ri
 _g = torch.autograd.grad(_O, _leaves, _gO)
 _ours = attention_grads(_Q, _K, _V, _gO, causal=True, align="bottom_right")
 assert all(torch.allclose(o, r, atol=1e-12) for o, r in zip(_ours, _g))
-_leaves = [t.clone().requires_grad_() for t in (_Q, _K, _V)]   # causal=True alone: SDPA's is_causal
-_g = torch.autograd.grad(torch.nn.functional.scaled_dot_product_attention(*_leaves, is_causal=True), _leaves, _gO)
-assert all(torch.allclose(o, r, atol=1e-12) for o, r in zip(attention_grads(_Q, _K, _V, _gO, causal=True), _g))
+_leaves = [t.clone().requires_grad_() for t in (_Q, _K, _V)]  # causal=True alone: SDPA's is_causal
+_g = torch.autograd.grad(
+    torch.nn.functional.scaled_dot_product_attention(*_leaves, is_causal=True), _leaves, _gO
+)
+assert all(
+    torch.allclose(o, r, atol=1e-12) for o, r in zip(attention_grads(_Q, _K, _V, _gO, causal=True), _g)
+)
 _leaves = [t.clone().requires_grad_() for t in (_Q, _K, _V)]
 _g = torch.autograd.grad(torch.nn.functional.scaled_dot_product_attention(*_leaves), _leaves, _gO)
 assert all(torch.allclose(o, r, atol=1e-12) for o, r in zip(attention_grads(_Q, _K, _V, _gO), _g))
@@ -469,10 +531,10 @@ assert all(torch.allclose(o, r, atol=1e-12) for o, r in zip(attention_grads(_Q, 
 # are not exactly zero):
 
 # %%
-Q4 = randn(2, 2, 4, 4, seed=41, dtype=dtype, device=dev)                    # (B, H, Nq, d)
-K4, V4 = (randn(2, 2, 6, 4, seed=s, dtype=dtype, device=dev) for s in (42, 43))   # (B, H, Nk, d)
+Q4 = randn(2, 2, 4, 4, seed=41, dtype=dtype, device=dev)  # (B, H, Nq, d)
+K4, V4 = (randn(2, 2, 6, 4, seed=s, dtype=dtype, device=dev) for s in (42, 43))  # (B, H, Nk, d)
 grad_O4 = randn(2, 2, 4, 4, seed=44, dtype=dtype, device=dev)
-pad4 = torch.tensor([[False] * 6, [False] * 4 + [True] * 2], device=dev)   # (B, Nk), True = padding
+pad4 = torch.tensor([[False] * 6, [False] * 4 + [True] * 2], device=dev)  # (B, Nk), True = padding
 
 
 def with_padded_check(grads):
@@ -487,21 +549,26 @@ def with_padded_check(grads):
 def sdpa_grads(Q, K, V, grad_O, causal, key_padding_mask, align="top_left"):
     """Autograd through PyTorch's SDPA with the equivalent bool mask (True = may attend)."""
     Nq, Nk = Q.shape[-2], K.shape[-2]
-    allowed = torch.ones(Nq, Nk, dtype=torch.bool, device=Q.device)               # (Nq, Nk)
-    if causal:   # query i sees keys j ≤ i (top-left) or j ≤ i + (Nk − Nq) (bottom-right)
+    allowed = torch.ones(Nq, Nk, dtype=torch.bool, device=Q.device)  # (Nq, Nk)
+    if causal:  # query i sees keys j ≤ i (top-left) or j ≤ i + (Nk − Nq) (bottom-right)
         allowed = allowed.tril(Nk - Nq if align == "bottom_right" else 0)
     if key_padding_mask is not None:
-        allowed = allowed & ~key_padding_mask[:, None, None, :]                   # (B, 1, Nq, Nk)
-    return autograd_grads(lambda Q, K, V: F.scaled_dot_product_attention(Q, K, V, attn_mask=allowed),
-                          (Q, K, V), grad_O)
+        allowed = allowed & ~key_padding_mask[:, None, None, :]  # (B, 1, Nq, Nk)
+    return autograd_grads(
+        lambda Q, K, V: F.scaled_dot_product_attention(Q, K, V, attn_mask=allowed), (Q, K, V), grad_O
+    )
 
 
 for align in ("top_left", "bottom_right"):
-    check(lambda *a: with_padded_check(attention_grads(*a)), lambda *a: with_padded_check(sdpa_grads(*a)),
-          args=(Q4, K4, V4, grad_O4, True, pad4, align),
-          outputs=("grad_Q", "grad_K", "grad_V", "padded keys' gradient entries not exactly 0"),
-          counts=("padded keys' gradient entries not exactly 0",),
-          name=f"Exercise 4 · attention_grads, {align}", against="autograd through SDPA")
+    check(
+        lambda *a: with_padded_check(attention_grads(*a)),
+        lambda *a: with_padded_check(sdpa_grads(*a)),
+        args=(Q4, K4, V4, grad_O4, True, pad4, align),
+        outputs=("grad_Q", "grad_K", "grad_V", "padded keys' gradient entries not exactly 0"),
+        counts=("padded keys' gradient entries not exactly 0",),
+        name=f"Exercise 4 · attention_grads, {align}",
+        against="autograd through SDPA",
+    )
 
 # %% [markdown]
 # ## Before you hand in

@@ -99,16 +99,17 @@ dtype = torch.float64  # tight comparisons: the two sides only round differently
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def layernorm_backward(x, mu, rstd, weight, grad_y):
     """g = grad_y·γ: grad_x = (1/σ)(g − mean(g) − x̂·mean(g·x̂)), grad_γ = Σ grad_y·x̂, grad_β = Σ grad_y."""
     # BEGIN SOLUTION
-    x_hat = (x - mu) * rstd                                        # (..., D)
-    g = grad_y * weight                                            # (..., D)
+    x_hat = (x - mu) * rstd  # (..., D)
+    g = grad_y * weight  # (..., D)
     grad_x = rstd * (g - g.mean(-1, keepdim=True) - x_hat * (g * x_hat).mean(-1, keepdim=True))
     D = x.shape[-1]
-    grad_weight = (grad_y * x_hat).reshape(-1, D).sum(0)           # (..., D) -> (R, D) -> (D,)
-    grad_bias = grad_y.reshape(-1, D).sum(0)                       # (..., D) -> (R, D) -> (D,)
+    grad_weight = (grad_y * x_hat).reshape(-1, D).sum(0)  # (..., D) -> (R, D) -> (D,)
+    grad_bias = grad_y.reshape(-1, D).sum(0)  # (..., D) -> (R, D) -> (D,)
     return grad_x, grad_weight, grad_bias
     # END SOLUTION
 
@@ -122,7 +123,7 @@ def layernorm_backward(x, mu, rstd, weight, grad_y):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import randn
@@ -135,13 +136,15 @@ _g = randn(2, 3, 7, seed=104, dtype=torch.float64)
 _, _mu, _rstd = _lnf(_x, _w, _b)
 _ours = layernorm_backward(_x, _mu, _rstd, _w, _g)
 _leaves = [t.clone().requires_grad_() for t in (_x, _w, _b)]
-_ref = torch.autograd.grad(torch.nn.functional.layer_norm(_leaves[0], (7,), _leaves[1], _leaves[2], 1e-5), _leaves, _g)
+_ref = torch.autograd.grad(
+    torch.nn.functional.layer_norm(_leaves[0], (7,), _leaves[1], _leaves[2], 1e-5), _leaves, _g
+)
 assert all(o.shape == r.shape and torch.allclose(o, r, atol=1e-10) for o, r in zip(_ours, _ref))
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import randn
@@ -154,10 +157,12 @@ _g = randn(5, 4, seed=108, dtype=torch.float64)
 _, _mu, _rstd = _lnf(_x, _w, _b, eps=0.5)
 _gx, _gw, _gb = layernorm_backward(_x, _mu, _rstd, _w, _g)
 _leaves = [t.clone().requires_grad_() for t in (_x, _w, _b)]
-_ref = torch.autograd.grad(torch.nn.functional.layer_norm(_leaves[0], (4,), _leaves[1], _leaves[2], 0.5), _leaves, _g)
+_ref = torch.autograd.grad(
+    torch.nn.functional.layer_norm(_leaves[0], (4,), _leaves[1], _leaves[2], 0.5), _leaves, _g
+)
 assert torch.allclose(_gx, _ref[0], atol=1e-10) and torch.allclose(_gw, _ref[1], atol=1e-10)
 assert torch.allclose(_gb, _ref[2], atol=1e-10)
-assert torch.allclose(_gx.sum(-1), torch.zeros(5, dtype=torch.float64), atol=1e-12)   # the mean path
+assert torch.allclose(_gx.sum(-1), torch.zeros(5, dtype=torch.float64), atol=1e-12)  # the mean path
 
 # %% [raw]
 # # END TESTS
@@ -177,14 +182,25 @@ b1 = 0.5 * randn(6, seed=3, dtype=dtype, device=dev)
 grad_y1 = randn(2, 4, 6, seed=4, dtype=dtype, device=dev)
 _, mu1, rstd1 = layernorm_forward(x1, w1, b1)
 expected = autograd_grads(lambda x, w, b: F.layer_norm(x, (6,), w, b, 1e-5), (x1, w1, b1), grad_y1)
-check(layernorm_backward, expected, args=(x1, mu1, rstd1, w1, grad_y1),
-      outputs=("grad_x", "grad_weight", "grad_bias"), name="Exercise 1 · layernorm_backward", against="autograd")
+check(
+    layernorm_backward,
+    expected,
+    args=(x1, mu1, rstd1, w1, grad_y1),
+    outputs=("grad_x", "grad_weight", "grad_bias"),
+    name="Exercise 1 · layernorm_backward",
+    against="autograd",
+)
 # the same with eps = 0.5: your backward must use the saved μ and 1/σ, not recompute them
 _, mu1b, rstd1b = layernorm_forward(x1, w1, b1, eps=0.5)
 expected_b = autograd_grads(lambda x, w, b: F.layer_norm(x, (6,), w, b, 0.5), (x1, w1, b1), grad_y1)
-check(layernorm_backward, expected_b, args=(x1, mu1b, rstd1b, w1, grad_y1),
-      outputs=("grad_x", "grad_weight", "grad_bias"), name="Exercise 1 · layernorm_backward, eps 0.5",
-      against="autograd")
+check(
+    layernorm_backward,
+    expected_b,
+    args=(x1, mu1b, rstd1b, w1, grad_y1),
+    outputs=("grad_x", "grad_weight", "grad_bias"),
+    name="Exercise 1 · layernorm_backward, eps 0.5",
+    against="autograd",
+)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -216,23 +232,24 @@ check(layernorm_backward, expected_b, args=(x1, mu1b, rstd1b, w1, grad_y1),
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def ffn_backward(h, W1, b1, W2, b2, grad_F, activation="relu"):
     """F = act(h W1ᵀ + b1) W2ᵀ + b2  ⇒  (grad_h, grad_W1, grad_b1, grad_W2, grad_b2)."""
     # BEGIN SOLUTION
-    U = h @ W1.T + b1                                    # (..., d) @ (d, d_ff) -> (..., d_ff)
+    U = h @ W1.T + b1  # (..., d) @ (d, d_ff) -> (..., d_ff)
     a = U.clamp(min=0) if activation == "relu" else F.gelu(U)
     d_ff, d = W1.shape
-    a2, h2 = a.reshape(-1, d_ff), h.reshape(-1, d)      # (R, d_ff), (R, d)
-    gF2 = grad_F.reshape(-1, d)                          # (..., d) -> (R, d)
-    grad_a = grad_F @ W2                                 # (..., d) @ (d, d_ff) -> (..., d_ff)
-    grad_W2 = gF2.T @ a2                                 # (d, R) @ (R, d_ff) -> (d, d_ff)
-    grad_b2 = gF2.sum(0)                                 # (d,)
+    a2, h2 = a.reshape(-1, d_ff), h.reshape(-1, d)  # (R, d_ff), (R, d)
+    gF2 = grad_F.reshape(-1, d)  # (..., d) -> (R, d)
+    grad_a = grad_F @ W2  # (..., d) @ (d, d_ff) -> (..., d_ff)
+    grad_W2 = gF2.T @ a2  # (d, R) @ (R, d_ff) -> (d, d_ff)
+    grad_b2 = gF2.sum(0)  # (d,)
     grad_U = grad_a * (U > 0) if activation == "relu" else gelu_backward(U, grad_a)
-    gU2 = grad_U.reshape(-1, d_ff)                       # (..., d_ff) -> (R, d_ff)
-    grad_h = grad_U @ W1                                 # (..., d_ff) @ (d_ff, d) -> (..., d)
-    grad_W1 = gU2.T @ h2                                 # (d_ff, R) @ (R, d) -> (d_ff, d)
-    grad_b1 = gU2.sum(0)                                 # (d_ff,)
+    gU2 = grad_U.reshape(-1, d_ff)  # (..., d_ff) -> (R, d_ff)
+    grad_h = grad_U @ W1  # (..., d_ff) @ (d_ff, d) -> (..., d)
+    grad_W1 = gU2.T @ h2  # (d_ff, R) @ (R, d) -> (d_ff, d)
+    grad_b1 = gU2.sum(0)  # (d_ff,)
     return grad_h, grad_W1, grad_b1, grad_W2, grad_b2
     # END SOLUTION
 
@@ -246,7 +263,7 @@ def ffn_backward(h, W1, b1, W2, b2, grad_F, activation="relu"):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import randn
@@ -256,15 +273,19 @@ _W1, _b1 = randn(10, 4, seed=202, dtype=torch.float64) / 2, 0.3 * randn(10, seed
 _W2, _b2 = randn(4, 10, seed=204, dtype=torch.float64) / 3, randn(4, seed=205, dtype=torch.float64)
 _gF = randn(2, 3, 4, seed=206, dtype=torch.float64)
 _leaves = [t.clone().requires_grad_() for t in (_h, _W1, _b1, _W2, _b2)]
-_F = torch.nn.functional.linear(torch.relu(torch.nn.functional.linear(_leaves[0], _leaves[1], _leaves[2])), _leaves[3], _leaves[4])
+_F = torch.nn.functional.linear(
+    torch.relu(torch.nn.functional.linear(_leaves[0], _leaves[1], _leaves[2])), _leaves[3], _leaves[4]
+)
 _ref = torch.autograd.grad(_F, _leaves, _gF)
 _ours = ffn_backward(_h, _W1, _b1, _W2, _b2, _gF, "relu")
-assert len(_ours) == 5 and all(o.shape == r.shape and torch.allclose(o, r, atol=1e-10) for o, r in zip(_ours, _ref))
+assert len(_ours) == 5 and all(
+    o.shape == r.shape and torch.allclose(o, r, atol=1e-10) for o, r in zip(_ours, _ref)
+)
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import randn
@@ -275,7 +296,11 @@ _W1, _b1 = randn(5, 3, seed=208, dtype=torch.float64), randn(5, seed=209, dtype=
 _W2, _b2 = randn(3, 5, seed=210, dtype=torch.float64), randn(3, seed=211, dtype=torch.float64)
 _gF = randn(7, 3, seed=212, dtype=torch.float64)
 _leaves = [t.clone().requires_grad_() for t in (_h, _W1, _b1, _W2, _b2)]
-_F = torch.nn.functional.linear(torch.nn.functional.gelu(torch.nn.functional.linear(_leaves[0], _leaves[1], _leaves[2])), _leaves[3], _leaves[4])
+_F = torch.nn.functional.linear(
+    torch.nn.functional.gelu(torch.nn.functional.linear(_leaves[0], _leaves[1], _leaves[2])),
+    _leaves[3],
+    _leaves[4],
+)
 _ref = torch.autograd.grad(_F, _leaves, _gF)
 _ours = ffn_backward(_h, _W1, _b1, _W2, _b2, _gF, activation="gelu")
 assert all(o.shape == r.shape and torch.allclose(o, r, atol=1e-10) for o, r in zip(_ours, _ref))
@@ -292,15 +317,29 @@ assert all(o.shape == r.shape and torch.allclose(o, r, atol=1e-10) for o, r in z
 
 # %%
 h2 = randn(2, 5, 8, seed=11, dtype=dtype, device=dev)
-W1_2, b1_2 = randn(16, 8, seed=12, dtype=dtype, device=dev) / 8**0.5, 0.3 * randn(16, seed=13, dtype=dtype, device=dev)
-W2_2, b2_2 = randn(8, 16, seed=14, dtype=dtype, device=dev) / 4, 0.3 * randn(8, seed=15, dtype=dtype, device=dev)
+W1_2, b1_2 = (
+    randn(16, 8, seed=12, dtype=dtype, device=dev) / 8**0.5,
+    0.3 * randn(16, seed=13, dtype=dtype, device=dev),
+)
+W2_2, b2_2 = (
+    randn(8, 16, seed=14, dtype=dtype, device=dev) / 4,
+    0.3 * randn(8, seed=15, dtype=dtype, device=dev),
+)
 grad_F2 = randn(2, 5, 8, seed=16, dtype=dtype, device=dev)
 for act, act_fn in (("relu", F.relu), ("gelu", F.gelu)):
-    expected = autograd_grads(lambda h, W1, b1, W2, b2: F.linear(act_fn(F.linear(h, W1, b1)), W2, b2),
-                              (h2, W1_2, b1_2, W2_2, b2_2), grad_F2)
-    check(ffn_backward, expected, args=(h2, W1_2, b1_2, W2_2, b2_2, grad_F2, act),
-          outputs=("grad_h", "grad_W1", "grad_b1", "grad_W2", "grad_b2"),
-          name=f"Exercise 2 · ffn_backward ({act})", against="autograd")
+    expected = autograd_grads(
+        lambda h, W1, b1, W2, b2: F.linear(act_fn(F.linear(h, W1, b1)), W2, b2),
+        (h2, W1_2, b1_2, W2_2, b2_2),
+        grad_F2,
+    )
+    check(
+        ffn_backward,
+        expected,
+        args=(h2, W1_2, b1_2, W2_2, b2_2, grad_F2, act),
+        outputs=("grad_h", "grad_W1", "grad_b1", "grad_W2", "grad_b2"),
+        name=f"Exercise 2 · ffn_backward ({act})",
+        against="autograd",
+    )
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -331,18 +370,26 @@ for act, act_fn in (("relu", F.relu), ("gelu", F.gelu)):
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def ffn_sublayer_backward(X1, mu2, rstd2, params, grad_Y, activation="relu"):
     """Y = X1 + FF(LN2(X1))  ⇒  grad_X1 = grad_Y (skip) + LN2ᵀ(FFᵀ(grad_Y)) (branch), and the six parameter grads."""
     # BEGIN SOLUTION
     p = params
-    h2 = (X1 - mu2) * rstd2 * p["norm2.weight"] + p["norm2.bias"]                  # (B, N, d), recomputed
-    grad_h2, gW1, gb1, gW2, gb2 = ffn_backward(h2, p["linear1.weight"], p["linear1.bias"],
-                                               p["linear2.weight"], p["linear2.bias"], grad_Y, activation)
+    h2 = (X1 - mu2) * rstd2 * p["norm2.weight"] + p["norm2.bias"]  # (B, N, d), recomputed
+    grad_h2, gW1, gb1, gW2, gb2 = ffn_backward(
+        h2, p["linear1.weight"], p["linear1.bias"], p["linear2.weight"], p["linear2.bias"], grad_Y, activation
+    )
     grad_X1_branch, g_gamma, g_beta = layernorm_backward(X1, mu2, rstd2, p["norm2.weight"], grad_h2)
-    return {"X1": grad_Y + grad_X1_branch,                                          # skip + branch
-            "norm2.weight": g_gamma, "norm2.bias": g_beta,
-            "linear1.weight": gW1, "linear1.bias": gb1, "linear2.weight": gW2, "linear2.bias": gb2}
+    return {
+        "X1": grad_Y + grad_X1_branch,  # skip + branch
+        "norm2.weight": g_gamma,
+        "norm2.bias": g_beta,
+        "linear1.weight": gW1,
+        "linear1.bias": gb1,
+        "linear2.weight": gW2,
+        "linear2.bias": gb2,
+    }
     # END SOLUTION
 
 
@@ -355,7 +402,7 @@ def ffn_sublayer_backward(X1, mu2, rstd2, params, grad_Y, activation="relu"):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 import torch.nn.functional as _F
 
@@ -369,7 +416,11 @@ _X1 = randn(2, 3, 6, seed=301, dtype=torch.float64)
 _gY = randn(2, 3, 6, seed=302, dtype=torch.float64)
 _, _mu, _rstd = _lnf(_X1, _p["norm2.weight"], _p["norm2.bias"])
 _leaves = [_X1.clone().requires_grad_()] + [_p[n].clone().requires_grad_() for n in _names]
-_Y = _leaves[0] + _F.linear(_F.relu(_F.linear(_F.layer_norm(_leaves[0], (6,), _leaves[1], _leaves[2], 1e-5), _leaves[3], _leaves[4])), _leaves[5], _leaves[6])
+_Y = _leaves[0] + _F.linear(
+    _F.relu(_F.linear(_F.layer_norm(_leaves[0], (6,), _leaves[1], _leaves[2], 1e-5), _leaves[3], _leaves[4])),
+    _leaves[5],
+    _leaves[6],
+)
 _ref = dict(zip(("X1",) + _names, torch.autograd.grad(_Y, _leaves, _gY)))
 _ours = ffn_sublayer_backward(_X1, _mu, _rstd, _p, _gY)
 assert all(torch.allclose(_ours[k], _ref[k], atol=1e-10) for k in _ref)
@@ -377,7 +428,7 @@ assert all(torch.allclose(_ours[k], _ref[k], atol=1e-10) for k in _ref)
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 import torch.nn.functional as _F
 
@@ -392,7 +443,11 @@ _X1 = randn(1, 5, 4, seed=311, dtype=torch.float64)
 _gY = randn(1, 5, 4, seed=312, dtype=torch.float64)
 _, _mu, _rstd = _lnf(_X1, _p["norm2.weight"], _p["norm2.bias"])
 _leaves = [_X1.clone().requires_grad_()] + [_p[n].clone().requires_grad_() for n in _names]
-_Y = _leaves[0] + _F.linear(_F.gelu(_F.linear(_F.layer_norm(_leaves[0], (4,), _leaves[1], _leaves[2], 1e-5), _leaves[3], _leaves[4])), _leaves[5], _leaves[6])
+_Y = _leaves[0] + _F.linear(
+    _F.gelu(_F.linear(_F.layer_norm(_leaves[0], (4,), _leaves[1], _leaves[2], 1e-5), _leaves[3], _leaves[4])),
+    _leaves[5],
+    _leaves[6],
+)
 _ref = dict(zip(("X1",) + _names, torch.autograd.grad(_Y, _leaves, _gY)))
 with torch.no_grad():
     _ours = ffn_sublayer_backward(_X1, _mu, _rstd, _p, _gY, activation="gelu")
@@ -400,7 +455,7 @@ assert all(torch.allclose(_ours[k], _ref[k], atol=1e-10) for k in _ref)
 _z = {k: (torch.zeros_like(v) if k.startswith("linear2.weight") else v) for k, v in _p.items()}
 with torch.no_grad():
     _ours = ffn_sublayer_backward(_X1, _mu, _rstd, _z, _gY, activation="gelu")
-assert torch.allclose(_ours["X1"], _gY, atol=1e-14)   # W2 = 0: no branch gradient, only the skip's copy
+assert torch.allclose(_ours["X1"], _gY, atol=1e-14)  # W2 = 0: no branch gradient, only the skip's copy
 
 # %% [raw]
 # # END TESTS
@@ -427,12 +482,32 @@ def ffn_sublayer_reference(X1, g2, be2, W1, b1, W2, b2):
     return X1 + F.linear(F.relu(F.linear(F.layer_norm(X1, (8,), g2, be2, 1e-5), W1, b1)), W2, b2)
 
 
-grads3 = dict(zip(("X1", *NAMES3), autograd_grads(ffn_sublayer_reference, (X1_3, *(params3[n] for n in NAMES3)), grad_Y3)))
+grads3 = dict(
+    zip(
+        ("X1", *NAMES3),
+        autograd_grads(ffn_sublayer_reference, (X1_3, *(params3[n] for n in NAMES3)), grad_Y3),
+    )
+)
 # in the order backward computes them: the first one named wrong is where your backward first goes off
-expected = {k: grads3[k] for k in ("linear2.weight", "linear2.bias", "linear1.weight", "linear1.bias",
-                                   "norm2.weight", "norm2.bias", "X1")}
-check(ffn_sublayer_backward, expected, args=(X1_3, mu2_3, rstd2_3, params3, grad_Y3),
-      name="Exercise 3 · ffn_sublayer_backward", against="autograd")
+expected = {
+    k: grads3[k]
+    for k in (
+        "linear2.weight",
+        "linear2.bias",
+        "linear1.weight",
+        "linear1.bias",
+        "norm2.weight",
+        "norm2.bias",
+        "X1",
+    )
+}
+check(
+    ffn_sublayer_backward,
+    expected,
+    args=(X1_3, mu2_3, rstd2_3, params3, grad_Y3),
+    name="Exercise 3 · ffn_sublayer_backward",
+    against="autograd",
+)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -457,15 +532,16 @@ check(ffn_sublayer_backward, expected, args=(X1_3, mu2_3, rstd2_3, params3, grad
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def embedding_backward(idx, grad_X0, vocab_size, n_ctx):
     """X0 = wte[idx] + wpe[:N]  ⇒  grad_wte = scatter-add of grad_X0's rows at idx, grad_wpe[:N] = Σ_batch grad_X0."""
     # BEGIN SOLUTION
     B, N, d = grad_X0.shape
     grad_wte = torch.zeros(vocab_size, d, dtype=grad_X0.dtype, device=grad_X0.device)
-    grad_wte.index_add_(0, idx.flatten(), grad_X0.reshape(B * N, d))    # (B·N,) ids, (B·N, d) rows
+    grad_wte.index_add_(0, idx.flatten(), grad_X0.reshape(B * N, d))  # (B·N,) ids, (B·N, d) rows
     grad_wpe = torch.zeros(n_ctx, d, dtype=grad_X0.dtype, device=grad_X0.device)
-    grad_wpe[:N] = grad_X0.sum(0)                                        # (B, N, d) -> (N, d)
+    grad_wpe[:N] = grad_X0.sum(0)  # (B, N, d) -> (N, d)
     return grad_wte, grad_wpe
     # END SOLUTION
 
@@ -479,7 +555,7 @@ def embedding_backward(idx, grad_X0, vocab_size, n_ctx):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import randn
@@ -495,7 +571,7 @@ assert torch.allclose(_gwpe, _g.sum(0), atol=1e-12)
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import randn
@@ -503,7 +579,10 @@ from helpers.device import randn
 # repeated tokens in a sequence shorter than the context, vs autograd
 _idx = torch.tensor([[5, 0, 5, 2, 0], [1, 5, 5, 2, 7]])
 _g = randn(2, 5, 3, seed=402, dtype=torch.float64)
-_wte, _wpe = randn(8, 3, seed=403, dtype=torch.float64).requires_grad_(), randn(9, 3, seed=404, dtype=torch.float64).requires_grad_()
+_wte, _wpe = (
+    randn(8, 3, seed=403, dtype=torch.float64).requires_grad_(),
+    randn(9, 3, seed=404, dtype=torch.float64).requires_grad_(),
+)
 _ref = torch.autograd.grad(torch.nn.functional.embedding(_idx, _wte) + _wpe[:5], (_wte, _wpe), _g)
 _ours = embedding_backward(_idx, _g, 8, 9)
 assert _ours[1].shape == (9, 3) and all(torch.allclose(o, r, atol=1e-12) for o, r in zip(_ours, _ref))
@@ -519,12 +598,18 @@ assert _ours[1].shape == (9, 3) and all(torch.allclose(o, r, atol=1e-12) for o, 
 # context 8, two sequences of 6 tokens in which token 5 occurs three times and token 1 twice):
 
 # %%
-idx4 = torch.tensor([[3, 1, 4, 1, 5, 9], [2, 6, 5, 3, 5, 8]], device=dev)        # (B, N) = (2, 6)
+idx4 = torch.tensor([[3, 1, 4, 1, 5, 9], [2, 6, 5, 3, 5, 8]], device=dev)  # (B, N) = (2, 6)
 grad_X0_4 = randn(2, 6, 4, seed=41, dtype=dtype, device=dev)
 wte4, wpe4 = randn(10, 4, seed=42, dtype=dtype, device=dev), randn(8, 4, seed=43, dtype=dtype, device=dev)
 expected = autograd_grads(lambda wte, wpe: F.embedding(idx4, wte) + wpe[:6], (wte4, wpe4), grad_X0_4)
-check(embedding_backward, expected, args=(idx4, grad_X0_4, 10, 8), outputs=("grad_wte", "grad_wpe"),
-      name="Exercise 4 · embedding_backward", against="autograd")
+check(
+    embedding_backward,
+    expected,
+    args=(idx4, grad_X0_4, 10, 8),
+    outputs=("grad_wte", "grad_wpe"),
+    name="Exercise 4 · embedding_backward",
+    against="autograd",
+)
 
 # %% [markdown]
 # ## The block's forward, and its cache (given)
@@ -543,30 +628,51 @@ check(embedding_backward, expected, args=(idx4, grad_X0_4, 10, 8), outputs=("gra
 # merged head outputs `A` (B, N, d), `X1`, and the settings. The cell below checks that it is
 # the same block as PyTorch's.
 
+
 # %%
 def block_forward(X, params, H, causal=False, activation="relu", eps=1e-5):
     """Pre-norm block: X1 = X + SA(LN1(X)), Y = X1 + FF(LN2(X1)); returns (Y, cache)."""
     p = params
-    h1, mu1, rstd1 = layernorm_forward(X, p["norm1.weight"], p["norm1.bias"], eps)      # (B, N, d)
-    QKV = h1 @ p["self_attn.in_proj_weight"].T + p["self_attn.in_proj_bias"]            # (B, N, d) @ (d, 3d) -> (B, N, 3d)
-    Q, K, V = (split_heads(t, H) for t in QKV.chunk(3, dim=-1))                         # 3 × (B, H, N, d_h)
+    h1, mu1, rstd1 = layernorm_forward(X, p["norm1.weight"], p["norm1.bias"], eps)  # (B, N, d)
+    QKV = (
+        h1 @ p["self_attn.in_proj_weight"].T + p["self_attn.in_proj_bias"]
+    )  # (B, N, d) @ (d, 3d) -> (B, N, 3d)
+    Q, K, V = (split_heads(t, H) for t in QKV.chunk(3, dim=-1))  # 3 × (B, H, N, d_h)
     mask = causal_mask(X.shape[1], X.shape[1], device=X.device) if causal else None
-    O, P = attention_forward(Q, K, V, mask)                                              # (B, H, N, d_h), (B, H, N, N)
-    A = merge_heads(O)                                                                   # (B, H, N, d_h) -> (B, N, d)
-    X1 = X + A @ p["self_attn.out_proj.weight"].T + p["self_attn.out_proj.bias"]        # (B, N, d) @ (d, d) -> (B, N, d)
-    h2, mu2, rstd2 = layernorm_forward(X1, p["norm2.weight"], p["norm2.bias"], eps)     # (B, N, d)
-    U = h2 @ p["linear1.weight"].T + p["linear1.bias"]                                  # (B, N, d) @ (d, d_ff) -> (B, N, d_ff)
+    O, P = attention_forward(Q, K, V, mask)  # (B, H, N, d_h), (B, H, N, N)
+    A = merge_heads(O)  # (B, H, N, d_h) -> (B, N, d)
+    X1 = (
+        X + A @ p["self_attn.out_proj.weight"].T + p["self_attn.out_proj.bias"]
+    )  # (B, N, d) @ (d, d) -> (B, N, d)
+    h2, mu2, rstd2 = layernorm_forward(X1, p["norm2.weight"], p["norm2.bias"], eps)  # (B, N, d)
+    U = h2 @ p["linear1.weight"].T + p["linear1.bias"]  # (B, N, d) @ (d, d_ff) -> (B, N, d_ff)
     a = F.relu(U) if activation == "relu" else F.gelu(U)
-    Y = X1 + a @ p["linear2.weight"].T + p["linear2.bias"]                              # (B, N, d_ff) @ (d_ff, d) -> (B, N, d)
-    cache = {"X": X, "mu1": mu1, "rstd1": rstd1, "h1": h1, "Q": Q, "K": K, "V": V, "P": P, "A": A,
-             "X1": X1, "mu2": mu2, "rstd2": rstd2, "params": p, "H": H, "activation": activation}
+    Y = X1 + a @ p["linear2.weight"].T + p["linear2.bias"]  # (B, N, d_ff) @ (d_ff, d) -> (B, N, d)
+    cache = {
+        "X": X,
+        "mu1": mu1,
+        "rstd1": rstd1,
+        "h1": h1,
+        "Q": Q,
+        "K": K,
+        "V": V,
+        "P": P,
+        "A": A,
+        "X1": X1,
+        "mu2": mu2,
+        "rstd2": rstd2,
+        "params": p,
+        "H": H,
+        "activation": activation,
+    }
     return Y, cache
 
 
 B5, N5, d5, H5, d_ff5 = 2, 5, 8, 2, 16
-layer5 = nn.TransformerEncoderLayer(d5, H5, d_ff5, dropout=0.0, activation="relu", batch_first=True,
-                                    norm_first=True, device=dev, dtype=dtype)
-params5 = block_params(d5, d_ff5, seed=50, dtype=dtype, device=dev)   # γ ≠ 1, β ≠ 0: every term shows
+layer5 = nn.TransformerEncoderLayer(
+    d5, H5, d_ff5, dropout=0.0, activation="relu", batch_first=True, norm_first=True, device=dev, dtype=dtype
+)
+params5 = block_params(d5, d_ff5, seed=50, dtype=dtype, device=dev)  # γ ≠ 1, β ≠ 0: every term shows
 load_params_into_layer(layer5, params5)
 X5 = randn(B5, N5, d5, seed=51, dtype=dtype, device=dev)
 grad_Y5 = randn(B5, N5, d5, seed=52, dtype=dtype, device=dev)
@@ -607,24 +713,30 @@ _ = compare("block_forward vs nn.TransformerEncoderLayer", Y5, layer5(X5), atol=
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def block_backward(grad_Y, cache):
     """X1 = X + SA(LN1(X)), Y = X1 + FF(LN2(X1))  ⇒  {"X": ∂L/∂X, name: ∂L/∂θ for every parameter}."""
     # BEGIN SOLUTION
     p, H = cache["params"], cache["H"]
     grads = ffn_sublayer_backward(cache["X1"], cache["mu2"], cache["rstd2"], p, grad_Y, cache["activation"])
-    grad_X1 = grads.pop("X1")                                                    # (B, N, d)
+    grad_X1 = grads.pop("X1")  # (B, N, d)
     grad_A, grads["self_attn.out_proj.weight"], grads["self_attn.out_proj.bias"] = linear_backward(
-        cache["A"], p["self_attn.out_proj.weight"], grad_X1)                     # (B, N, d)
-    grad_O = split_heads(grad_A, H)                                              # (B, N, d) -> (B, H, N, d_h)
+        cache["A"], p["self_attn.out_proj.weight"], grad_X1
+    )  # (B, N, d)
+    grad_O = split_heads(grad_A, H)  # (B, N, d) -> (B, H, N, d_h)
     Q, K, V = cache["Q"], cache["K"], cache["V"]
     grad_Q, grad_K, grad_V = attention_backward(Q, K, V, cache["P"], grad_O, 1.0 / math.sqrt(Q.shape[-1]))
-    grad_QKV = torch.cat([merge_heads(g) for g in (grad_Q, grad_K, grad_V)], dim=-1)   # 3 × (B, N, d) -> (B, N, 3d)
+    grad_QKV = torch.cat(
+        [merge_heads(g) for g in (grad_Q, grad_K, grad_V)], dim=-1
+    )  # 3 × (B, N, d) -> (B, N, 3d)
     grad_h1, grads["self_attn.in_proj_weight"], grads["self_attn.in_proj_bias"] = linear_backward(
-        cache["h1"], p["self_attn.in_proj_weight"], grad_QKV)                    # (B, N, 3d) -> (B, N, d)
+        cache["h1"], p["self_attn.in_proj_weight"], grad_QKV
+    )  # (B, N, 3d) -> (B, N, d)
     grad_X_branch, grads["norm1.weight"], grads["norm1.bias"] = layernorm_backward(
-        cache["X"], cache["mu1"], cache["rstd1"], p["norm1.weight"], grad_h1)
-    grads["X"] = grad_X1 + grad_X_branch                                         # skip + branch
+        cache["X"], cache["mu1"], cache["rstd1"], p["norm1.weight"], grad_h1
+    )
+    grads["X"] = grad_X1 + grad_X_branch  # skip + branch
     return grads
     # END SOLUTION
 
@@ -638,7 +750,7 @@ def block_backward(grad_Y, cache):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.block import BLOCK_PARAM_NAMES as _NAMES
@@ -648,11 +760,16 @@ from helpers.device import randn
 
 # ReLU, no mask, other sizes (3 heads of width 4)
 _p = _bp(12, 20, seed=500, dtype=torch.float64)
-_X = randn(2, 4, 12, seed=501, dtype=torch.float64)    # B = 2: weight gradients are sums over the batch
+_X = randn(2, 4, 12, seed=501, dtype=torch.float64)  # B = 2: weight gradients are sums over the batch
 _gY = randn(2, 4, 12, seed=502, dtype=torch.float64)
 _L = _layer(_p, 3, norm_first=True, activation="relu")
 _Xr = _X.clone().requires_grad_()
-_ref = dict(zip(("X",) + tuple(_NAMES), torch.autograd.grad(_L(_Xr), [_Xr] + [_L.get_parameter(n) for n in _NAMES], _gY)))
+_ref = dict(
+    zip(
+        ("X",) + tuple(_NAMES),
+        torch.autograd.grad(_L(_Xr), [_Xr] + [_L.get_parameter(n) for n in _NAMES], _gY),
+    )
+)
 _, _c = block_forward(_X, _p, 3)
 with torch.no_grad():
     _ours = block_backward(_gY, _c)
@@ -661,7 +778,7 @@ assert all(_ours[k].shape == _ref[k].shape and torch.allclose(_ours[k], _ref[k],
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.block import BLOCK_PARAM_NAMES as _NAMES
@@ -677,7 +794,9 @@ _L = _layer(_p, 4, norm_first=True, activation="gelu")
 _Xr = _X.clone().requires_grad_()
 _mask = torch.nn.Transformer.generate_square_subsequent_mask(6, dtype=torch.float64)
 _Y = _L(_Xr, src_mask=_mask, is_causal=True)
-_ref = dict(zip(("X",) + tuple(_NAMES), torch.autograd.grad(_Y, [_Xr] + [_L.get_parameter(n) for n in _NAMES], _gY)))
+_ref = dict(
+    zip(("X",) + tuple(_NAMES), torch.autograd.grad(_Y, [_Xr] + [_L.get_parameter(n) for n in _NAMES], _gY))
+)
 _, _c = block_forward(_X, _p, 4, causal=True, activation="gelu")
 with torch.no_grad():
     _ours = block_backward(_gY, _c)
@@ -699,12 +818,31 @@ assert all(torch.allclose(_ours[k], _ref[k], atol=1e-10) for k in _ref)
 X5r = X5.clone().requires_grad_()
 weights5 = [layer5.get_parameter(n) for n in BLOCK_PARAM_NAMES]
 grads5 = dict(zip(("X", *BLOCK_PARAM_NAMES), torch.autograd.grad(layer5(X5r), [X5r, *weights5], grad_Y5)))
-BACKWARD_ORDER = ("linear2.weight", "linear2.bias", "linear1.weight", "linear1.bias", "norm2.weight", "norm2.bias",
-                  "self_attn.out_proj.weight", "self_attn.out_proj.bias", "self_attn.in_proj_weight",
-                  "self_attn.in_proj_bias", "norm1.weight", "norm1.bias", "X")
-expected = {k: grads5[k] for k in BACKWARD_ORDER}   # the first one named wrong is where backward first goes off
-check(block_backward, expected, args=(grad_Y5, cache5), name="Exercise 5 · block_backward",
-      against="autograd on nn.TransformerEncoderLayer")
+BACKWARD_ORDER = (
+    "linear2.weight",
+    "linear2.bias",
+    "linear1.weight",
+    "linear1.bias",
+    "norm2.weight",
+    "norm2.bias",
+    "self_attn.out_proj.weight",
+    "self_attn.out_proj.bias",
+    "self_attn.in_proj_weight",
+    "self_attn.in_proj_bias",
+    "norm1.weight",
+    "norm1.bias",
+    "X",
+)
+expected = {
+    k: grads5[k] for k in BACKWARD_ORDER
+}  # the first one named wrong is where backward first goes off
+check(
+    block_backward,
+    expected,
+    args=(grad_Y5, cache5),
+    name="Exercise 5 · block_backward",
+    against="autograd on nn.TransformerEncoderLayer",
+)
 
 # %% [markdown]
 # ## Before you hand in

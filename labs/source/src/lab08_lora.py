@@ -68,11 +68,11 @@ dtype = torch.float64  # exact checks and gradcheck: float64
 # matrix shows up as a wrong shape), α = 6, so s = α/r = 2
 d_in, d_out, r, alpha = 6, 4, 3, 6.0
 s = alpha / r
-W = randn(d_out, d_in, seed=1, dtype=dtype, device=dev)      # (out, in), frozen
-A = randn(r, d_in, seed=2, dtype=dtype, device=dev)          # (r, in)
-B = randn(d_out, r, seed=3, dtype=dtype, device=dev)         # (out, r): non-zero, as after training
-x = randn(5, d_in, seed=4, dtype=dtype, device=dev)          # (R, in): 5 rows
-g = randn(5, d_out, seed=5, dtype=dtype, device=dev)         # ∂L/∂y, (R, out)
+W = randn(d_out, d_in, seed=1, dtype=dtype, device=dev)  # (out, in), frozen
+A = randn(r, d_in, seed=2, dtype=dtype, device=dev)  # (r, in)
+B = randn(d_out, r, seed=3, dtype=dtype, device=dev)  # (out, r): non-zero, as after training
+x = randn(5, d_in, seed=4, dtype=dtype, device=dev)  # (R, in): 5 rows
+g = randn(5, d_out, seed=5, dtype=dtype, device=dev)  # ∂L/∂y, (R, out)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -96,12 +96,13 @@ g = randn(5, d_out, seed=5, dtype=dtype, device=dev)         # ∂L/∂y, (R, ou
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def grads_from_W_prime(grad_Wp, A, B, s):
     """grad_A = s·Bᵀ grad_Wp (r, in), grad_B = s·grad_Wp Aᵀ (out, r), for W' = W + s·BA."""
     # BEGIN SOLUTION
-    grad_A = s * (B.T @ grad_Wp)     # (r, out) @ (out, in) -> (r, in)
-    grad_B = s * (grad_Wp @ A.T)     # (out, in) @ (in, r) -> (out, r)
+    grad_A = s * (B.T @ grad_Wp)  # (r, out) @ (out, in) -> (r, in)
+    grad_B = s * (grad_Wp @ A.T)  # (out, in) @ (in, r) -> (out, r)
     return grad_A, grad_B
     # END SOLUTION
 
@@ -115,7 +116,7 @@ def grads_from_W_prime(grad_Wp, A, B, s):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import get_device, no_tf32, rand, randn
@@ -132,7 +133,7 @@ assert torch.allclose(_gA, _ref[0], atol=1e-12) and torch.allclose(_gB, _ref[1],
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import get_device, no_tf32, rand, randn
@@ -156,10 +157,16 @@ assert torch.allclose(_gA3, 3 * _gA1, atol=1e-14) and torch.allclose(_gB1, _G @ 
 # **Self-check 1** (reference: autograd through $W + s\,BA$, with a random $\partial L/\partial W'$):
 
 # %%
-grad_Wp1 = g.T @ x                                          # (out, R) @ (R, in) -> (out, in)
+grad_Wp1 = g.T @ x  # (out, R) @ (R, in) -> (out, in)
 expected = autograd_grads(lambda A_, B_: W + s * B_ @ A_, (A, B), grad_Wp1)
-check(grads_from_W_prime, expected, args=(grad_Wp1, A, B, s), outputs=("grad_A", "grad_B"),
-      name="Exercise 1 · grads_from_W_prime", against="autograd")
+check(
+    grads_from_W_prime,
+    expected,
+    args=(grad_Wp1, A, B, s),
+    outputs=("grad_A", "grad_B"),
+    name="Exercise 1 · grads_from_W_prime",
+    against="autograd",
+)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -186,6 +193,7 @@ check(grads_from_W_prime, expected, args=(grad_Wp1, A, B, s), outputs=("grad_A",
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def lora_backward(g, x, W, A, B, s, needs=(True, True, True)):
     """grad_x = gW + s(gB)A, grad_A = s(gB)ᵀx, grad_B = s·gᵀ(xAᵀ); None where needs is False."""
@@ -193,13 +201,13 @@ def lora_backward(g, x, W, A, B, s, needs=(True, True, True)):
     need_x, need_A, need_B = needs
     grad_x = grad_A = grad_B = None
     if need_x or need_A:
-        g_r = g @ B                                # (R, out) @ (out, r) -> (R, r): g in the rank-r space
+        g_r = g @ B  # (R, out) @ (out, r) -> (R, r): g in the rank-r space
     if need_x:
-        grad_x = g @ W + s * g_r @ A               # (R, out) @ (out, in) + (R, r) @ (r, in) -> (R, in)
+        grad_x = g @ W + s * g_r @ A  # (R, out) @ (out, in) + (R, r) @ (r, in) -> (R, in)
     if need_A:
-        grad_A = s * g_r.T @ x                     # (r, R) @ (R, in) -> (r, in)
+        grad_A = s * g_r.T @ x  # (r, R) @ (R, in) -> (r, in)
     if need_B:
-        grad_B = s * g.T @ (x @ A.T)               # (out, R) @ ((R, in) @ (in, r)) -> (out, r)
+        grad_B = s * g.T @ (x @ A.T)  # (out, R) @ ((R, in) @ (in, r)) -> (out, r)
     return (grad_x, grad_A, grad_B)
     # END SOLUTION
 
@@ -213,7 +221,7 @@ def lora_backward(g, x, W, A, B, s, needs=(True, True, True)):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import get_device, no_tf32, rand, randn
@@ -235,7 +243,7 @@ assert _only_xB[1] is None and torch.allclose(_only_xB[0], _ref[0], atol=1e-12)
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -265,8 +273,14 @@ assert _fc.get_total_flops() <= 2 * 64 * 64 * 1.5
 
 # %%
 expected = autograd_grads(lambda x_, A_, B_: x_ @ (W + s * B_ @ A_).T, (x, A, B), g)
-check(lora_backward, expected, args=(g, x, W, A, B, s), outputs=("grad_x", "grad_A", "grad_B"),
-      name="Exercise 2 · lora_backward", against="autograd")
+check(
+    lora_backward,
+    expected,
+    args=(g, x, W, A, B, s),
+    outputs=("grad_x", "grad_A", "grad_B"),
+    name="Exercise 2 · lora_backward",
+    against="autograd",
+)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -292,13 +306,14 @@ check(lora_backward, expected, args=(g, x, W, A, B, s), outputs=("grad_x", "grad
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def init_adapter(W, r, seed):
     """A (r, in) uniform on ±1/√in (Kaiming-uniform, a = √5), B (out, r) zeros; W's dtype and device."""
     # BEGIN SOLUTION
     d_out_, d_in_ = W.shape
-    A0 = (2 * rand(r, d_in_, seed=seed, dtype=torch.float64) - 1) / math.sqrt(d_in_)   # (r, in)
-    B0 = torch.zeros(d_out_, r, dtype=W.dtype, device=W.device)                        # (out, r)
+    A0 = (2 * rand(r, d_in_, seed=seed, dtype=torch.float64) - 1) / math.sqrt(d_in_)  # (r, in)
+    B0 = torch.zeros(d_out_, r, dtype=W.dtype, device=W.device)  # (out, r)
     return A0.to(dtype=W.dtype, device=W.device), B0
     # END SOLUTION
 
@@ -312,7 +327,7 @@ def init_adapter(W, r, seed):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import math
 
 import torch
@@ -331,12 +346,12 @@ assert torch.allclose(_A, _ref.lora_A.detach(), atol=1e-15)
 _W32 = _W.float()
 _A32, _B32 = init_adapter(_W32, 3, 8)
 assert _A32.dtype == _B32.dtype == torch.float32 and _A32.shape == (3, 9) and _B32.shape == (5, 3)
-assert not torch.equal(_A32[:2], _A.float())   # another seed, other numbers
+assert not torch.equal(_A32[:2], _A.float())  # another seed, other numbers
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 import torch.nn.functional as F
 
@@ -364,19 +379,28 @@ assert torch.equal(_gA, torch.zeros_like(_gA)) and _gB.abs().max() > 1e-3
 # **Self-check 3** (reference: `helpers.lora.LoRALinear`'s initialisation with the same seed;
 # then, with your `A` and `B`, one forward and backward of the adapted layer):
 
+
 # %%
 def check_init(fn, W, r, seed, x, g, name="Exercise 3 · init_adapter"):
     """Your (A, B) vs LoRALinear's init; if they match, what step 0 looks like with them."""
     ref = LoRALinear(nn.Linear(W.shape[1], W.shape[0], bias=False).to(W), r=r, alpha=alpha, seed=seed)
-    result = evaluate(fn, (ref.lora_A.detach(), ref.lora_B.detach()), args=(W, r, seed),
-                      outputs=("A", "B"), name=name, against="LoRALinear's init")
+    result = evaluate(
+        fn,
+        (ref.lora_A.detach(), ref.lora_B.detach()),
+        args=(W, r, seed),
+        outputs=("A", "B"),
+        name=name,
+        against="LoRALinear's init",
+    )
     print(result.line)
     if result:
         A0, B0 = (t.detach().clone().requires_grad_() for t in fn(W, r, seed))
         y = lora_linear(x, W, None, A0, B0, alpha, r)
         grad_A0, grad_B0 = torch.autograd.grad(y, (A0, B0), g)
-        print(f"  step 0 with your A, B: adapted output == base output: {torch.equal(y, F.linear(x, W))}; "
-              f"∂L/∂A == 0: {bool((grad_A0 == 0).all())}; ∂L/∂B == 0: {bool((grad_B0 == 0).all())}")
+        print(
+            f"  step 0 with your A, B: adapted output == base output: {torch.equal(y, F.linear(x, W))}; "
+            f"∂L/∂A == 0: {bool((grad_A0 == 0).all())}; ∂L/∂B == 0: {bool((grad_B0 == 0).all())}"
+        )
 
 
 check_init(init_adapter, W, r, 0, x, g)
@@ -404,12 +428,13 @@ check_init(init_adapter, W, r, 0, x, g)
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def merge_(layer, A, B, s):
     """layer.weight ← W + s·BA, in place; returns layer."""
     # BEGIN SOLUTION
     with torch.no_grad():
-        layer.weight += s * (B @ A)                # (out, r) @ (r, in) -> (out, in)
+        layer.weight += s * (B @ A)  # (out, r) @ (r, in) -> (out, in)
     return layer
     # END SOLUTION
 
@@ -418,7 +443,7 @@ def unmerge_(layer, A, B, s):
     """layer.weight ← W − s·BA, in place; returns layer."""
     # BEGIN SOLUTION
     with torch.no_grad():
-        layer.weight -= s * (B @ A)                # (out, r) @ (r, in) -> (out, in)
+        layer.weight -= s * (B @ A)  # (out, r) @ (r, in) -> (out, in)
     return layer
     # END SOLUTION
 
@@ -432,7 +457,7 @@ def unmerge_(layer, A, B, s):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 from torch import nn
 
@@ -444,7 +469,7 @@ _W0, _b0, _p = _layer.weight.detach().clone(), _layer.bias.detach().clone(), _la
 _A = randn(2, 7, seed=831, dtype=torch.float64)
 _B = randn(3, 2, seed=832, dtype=torch.float64)
 _x = randn(5, 7, seed=833, dtype=torch.float64)
-_y = lora_linear(_x, _W0, _b0, _A, _B, 3.0, 2)   # α = 3, r = 2: s = 1.5
+_y = lora_linear(_x, _W0, _b0, _A, _B, 3.0, 2)  # α = 3, r = 2: s = 1.5
 _out = merge_(_layer, _A, _B, 1.5)
 assert _out is _layer and _layer.weight is _p and not _p.requires_grad
 assert torch.allclose(_layer.weight, _W0 + 1.5 * _B @ _A, atol=1e-12)
@@ -453,7 +478,7 @@ assert torch.allclose(_layer(_x), _y, atol=1e-12) and torch.equal(_layer.bias, _
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 from torch import nn
 
@@ -465,7 +490,9 @@ _W0 = _layer.weight.detach().clone()
 _A = randn(3, 4, seed=834, dtype=torch.float64)
 _B = randn(6, 3, seed=835, dtype=torch.float64)
 _merged = merge_(_layer, _A, _B, 0.25)
-assert torch.allclose(_layer.weight, _W0 + 0.25 * _B @ _A, atol=1e-12)   # merge itself, not just the round trip
+assert torch.allclose(
+    _layer.weight, _W0 + 0.25 * _B @ _A, atol=1e-12
+)  # merge itself, not just the round trip
 _back = unmerge_(_merged, _A, _B, 0.25)
 assert _back is _layer and _layer.weight.requires_grad and _layer.weight.grad_fn is None
 assert torch.allclose(_layer.weight, _W0, atol=1e-12)
@@ -481,6 +508,7 @@ assert torch.allclose(_layer.weight, _W0, atol=1e-12)
 # original $W$, in float32 on your device: float32's default tolerance, atol 1e-5 and rtol
 # 1e-4, as merging reorders the additions; on a trainable layer, and `weight` must stay the same
 # `Parameter` object):
+
 
 # %%
 def merge_round_trip(layer, A, B, s, x):
@@ -498,16 +526,25 @@ def merge_round_trip(layer, A, B, s, x):
     return y.detach(), back.weight.detach().clone(), replaced + int(back.weight is not original)
 
 
-layer4 = nn.Linear(d_in, d_out).to(dev)        # trainable: merging must still work (no_grad, in place)
+layer4 = nn.Linear(d_in, d_out).to(dev)  # trainable: merging must still work (no_grad, in place)
 with torch.no_grad():
     layer4.weight.copy_(W.float())
     layer4.bias.copy_(randn(d_out, seed=6, device=dev))
 A4, B4, x4 = A.float(), 0.1 * B.float(), x.float()
-expected = (lora_linear(x4, layer4.weight, layer4.bias, A4, B4, alpha, r).detach(), layer4.weight.detach().clone(), 0)
-check(merge_round_trip, expected, args=(layer4, A4, B4, s, x4),
-      outputs=("merged output", "W after unmerge", "weight replaced by a new Parameter"),
-      counts=("weight replaced by a new Parameter",),
-      name="Exercise 4 · merge_ / unmerge_", against="the unmerged layer")
+expected = (
+    lora_linear(x4, layer4.weight, layer4.bias, A4, B4, alpha, r).detach(),
+    layer4.weight.detach().clone(),
+    0,
+)
+check(
+    merge_round_trip,
+    expected,
+    args=(layer4, A4, B4, s, x4),
+    outputs=("merged output", "W after unmerge", "weight replaced by a new Parameter"),
+    counts=("weight replaced by a new Parameter",),
+    name="Exercise 4 · merge_ / unmerge_",
+    against="the unmerged layer",
+)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -548,6 +585,7 @@ check(merge_round_trip, expected, args=(layer4, A4, B4, s, x4),
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 class LoRALinearFn(torch.autograd.Function):
     """y = x Wᵀ + s·(x Aᵀ) Bᵀ with W frozen; backward through the r-dim x Aᵀ only."""
@@ -555,7 +593,7 @@ class LoRALinearFn(torch.autograd.Function):
     @staticmethod
     def forward(x, W, A, B, s):
         # BEGIN SOLUTION
-        return x @ W.T + s * ((x @ A.T) @ B.T)     # (..., in) @ (in, out); (..., r) @ (r, out) -> (..., out)
+        return x @ W.T + s * ((x @ A.T) @ B.T)  # (..., in) @ (in, out); (..., r) @ (r, out) -> (..., out)
         # END SOLUTION
 
     @staticmethod
@@ -573,17 +611,18 @@ class LoRALinearFn(torch.autograd.Function):
         x, W, A, B = ctx.saved_tensors
         need_x, need_W, need_A, need_B, _ = ctx.needs_input_grad
         g2 = grad_y.reshape(-1, grad_y.shape[-1])  # (..., out) -> (R, out)
-        x2 = x.reshape(-1, x.shape[-1])            # (..., in) -> (R, in)
+        x2 = x.reshape(-1, x.shape[-1])  # (..., in) -> (R, in)
         grad_x, grad_A, grad_B = lora_backward(g2, x2, W, A, B, ctx.s, (need_x, need_A, need_B))
         if grad_x is not None:
-            grad_x = grad_x.reshape(x.shape)       # (R, in) -> (..., in)
-        grad_W = g2.T @ x2 if need_W else None     # (out, R) @ (R, in) -> (out, in): only if asked
+            grad_x = grad_x.reshape(x.shape)  # (R, in) -> (..., in)
+        grad_W = g2.T @ x2 if need_W else None  # (out, R) @ (R, in) -> (out, in): only if asked
         return grad_x, grad_W, grad_A, grad_B, None
         # END SOLUTION
 
 
 # %% [raw]
 # # END SOLUTION
+
 
 # %%
 def lora_linear_fn(x, W, A, B, s):
@@ -598,7 +637,7 @@ def lora_linear_fn(x, W, A, B, s):
 """ # BEGIN TEST CONFIG
 hidden: true
 runs_in: student
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 # exercise 5 is graded on its own: its backward calls a correct lora_backward here (exercise 2 is graded apart)
@@ -606,14 +645,18 @@ import helpers.lora as _hl
 
 _ns = LoRALinearFn.forward.__globals__
 _theirs = _ns.get("lora_backward")
-_ns["lora_backward"] = lambda g, x, W, A, B, s, needs=(True, True, True): (lambda o: (o[0], o[3], o[4]))(_hl.lora_linear_backward(g, x, W, A, B, x @ A.T, s, (needs[0], False, False, needs[1], needs[2])))
+_ns["lora_backward"] = lambda g, x, W, A, B, s, needs=(True, True, True): (lambda o: (o[0], o[3], o[4]))(
+    _hl.lora_linear_backward(g, x, W, A, B, x @ A.T, s, (needs[0], False, False, needs[1], needs[2]))
+)
 from helpers.device import get_device, no_tf32, rand, randn
 
 _W = randn(5, 4, seed=841, dtype=torch.float64)
 _x = randn(2, 3, 4, seed=842, dtype=torch.float64, requires_grad=True)
 _A = randn(2, 4, seed=843, dtype=torch.float64, requires_grad=True)
 _B = randn(5, 2, seed=844, dtype=torch.float64, requires_grad=True)
-assert torch.autograd.gradcheck(lambda x, A, B: LoRALinearFn.apply(x, _W, A, B, 1.5), (_x, _A, _B), eps=1e-6, atol=1e-6)
+assert torch.autograd.gradcheck(
+    lambda x, A, B: LoRALinearFn.apply(x, _W, A, B, 1.5), (_x, _A, _B), eps=1e-6, atol=1e-6
+)
 _y = LoRALinearFn.apply(_x, _W, _A, _B, 1.5)
 assert _y.shape == (2, 3, 5) and torch.allclose(_y, _x @ (_W + 1.5 * _B @ _A).T, atol=1e-12)
 _ns["lora_backward"] = _theirs
@@ -622,7 +665,7 @@ _ns["lora_backward"] = _theirs
 """ # BEGIN TEST CONFIG
 hidden: true
 runs_in: student
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 # exercise 5 is graded on its own: its backward calls a correct lora_backward here (exercise 2 is graded apart)
@@ -630,27 +673,29 @@ import helpers.lora as _hl
 
 _ns = LoRALinearFn.forward.__globals__
 _theirs = _ns.get("lora_backward")
-_ns["lora_backward"] = lambda g, x, W, A, B, s, needs=(True, True, True): (lambda o: (o[0], o[3], o[4]))(_hl.lora_linear_backward(g, x, W, A, B, x @ A.T, s, (needs[0], False, False, needs[1], needs[2])))
+_ns["lora_backward"] = lambda g, x, W, A, B, s, needs=(True, True, True): (lambda o: (o[0], o[3], o[4]))(
+    _hl.lora_linear_backward(g, x, W, A, B, x @ A.T, s, (needs[0], False, False, needs[1], needs[2]))
+)
 from helpers.device import get_device, no_tf32, rand, randn
 
 # a frozen W gets no gradient while ∂L/∂x flows through it; a trainable W gets gᵀx;
 # once_differentiable refuses a second backward
-_W = randn(3, 6, seed=845, dtype=torch.float64)                       # frozen
+_W = randn(3, 6, seed=845, dtype=torch.float64)  # frozen
 _x = randn(4, 6, seed=846, dtype=torch.float64, requires_grad=True)
 _A = randn(2, 6, seed=847, dtype=torch.float64, requires_grad=True)
 _B = randn(3, 2, seed=848, dtype=torch.float64, requires_grad=True)
 _g = randn(4, 3, seed=849, dtype=torch.float64)
 LoRALinearFn.apply(_x, _W, _A, _B, 0.5).backward(_g)
 assert _W.grad is None and torch.allclose(_x.grad, _g @ (_W + 0.5 * _B @ _A).detach(), atol=1e-12)
-_Wt = _W.clone().requires_grad_(True)                                  # trainable: its gradient, not None
+_Wt = _W.clone().requires_grad_(True)  # trainable: its gradient, not None
 LoRALinearFn.apply(_x, _Wt, _A, _B, 0.5).backward(_g)
 assert _Wt.grad is not None and torch.allclose(_Wt.grad, _g.T @ _x.detach(), atol=1e-12)
 _W = _Wt
-_gx, = torch.autograd.grad(LoRALinearFn.apply(_x, _W, _A, _B, 0.5), _x, _g, create_graph=True)
+(_gx,) = torch.autograd.grad(LoRALinearFn.apply(_x, _W, _A, _B, 0.5), _x, _g, create_graph=True)
 _raised = False
 try:
     _ = torch.autograd.grad(_gx.sum(), _x)
-except RuntimeError as _err:   # once_differentiable: no double backward
+except RuntimeError as _err:  # once_differentiable: no double backward
     _raised = True
 assert _raised
 _ns["lora_backward"] = _theirs
@@ -659,7 +704,7 @@ _ns["lora_backward"] = _theirs
 """ # BEGIN TEST CONFIG
 hidden: true
 runs_in: student
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 # exercise 5 is graded on its own: its backward calls a correct lora_backward here (exercise 2 is graded apart)
@@ -667,7 +712,9 @@ import helpers.lora as _hl
 
 _ns = LoRALinearFn.forward.__globals__
 _theirs = _ns.get("lora_backward")
-_ns["lora_backward"] = lambda g, x, W, A, B, s, needs=(True, True, True): (lambda o: (o[0], o[3], o[4]))(_hl.lora_linear_backward(g, x, W, A, B, x @ A.T, s, (needs[0], False, False, needs[1], needs[2])))
+_ns["lora_backward"] = lambda g, x, W, A, B, s, needs=(True, True, True): (lambda o: (o[0], o[3], o[4]))(
+    _hl.lora_linear_backward(g, x, W, A, B, x @ A.T, s, (needs[0], False, False, needs[1], needs[2]))
+)
 from torch.utils.flop_counter import FlopCounterMode
 
 from helpers.device import get_device, no_tf32, rand, randn
@@ -682,8 +729,8 @@ with FlopCounterMode(display=False) as _fc_all:
     _ = torch.autograd.grad(LoRALinearFn.apply(_x, _W, _A, _B, 2.0), (_x, _A, _B), _g)
 with FlopCounterMode(display=False) as _fc_AB:
     _gA, _gB = torch.autograd.grad(LoRALinearFn.apply(_x.detach(), _W, _A, _B, 2.0), (_A, _B), _g)
-assert _fc_all.get_total_flops() <= 2 * 2 * 64 * 64 * 1.5   # x Wᵀ and g W, plus small change
-assert _fc_AB.get_total_flops() <= 2 * 64 * 64 * 1.5        # x Wᵀ only: ∂L/∂x was not computed
+assert _fc_all.get_total_flops() <= 2 * 2 * 64 * 64 * 1.5  # x Wᵀ and g W, plus small change
+assert _fc_AB.get_total_flops() <= 2 * 64 * 64 * 1.5  # x Wᵀ only: ∂L/∂x was not computed
 assert torch.allclose(_gB, 2.0 * _g.T @ (_x.detach() @ _A.detach().T), atol=1e-12)
 _ns["lora_backward"] = _theirs
 
@@ -718,17 +765,27 @@ def check_frozen_W(name, W, inputs):
             raise RuntimeError("a trainable W got None: compute g2ᵀ x2 when ctx.needs_input_grad[1]")
         return W_train.grad
 
-    x2 = x_.detach().reshape(-1, x_.shape[-1])                  # (..., in) -> (R, in)
-    ones = torch.ones(x2.shape[0], W.shape[0], dtype=W.dtype, device=W.device)   # ∂(sum y)/∂y: (R, out)
-    check(grad_W_of_trainable, lambda: ones.T @ x2, outputs=("trainable W's gradient",), name=name,
-          against="gᵀx (and a frozen W got none)")                             # (out, R) @ (R, in)
+    x2 = x_.detach().reshape(-1, x_.shape[-1])  # (..., in) -> (R, in)
+    ones = torch.ones(x2.shape[0], W.shape[0], dtype=W.dtype, device=W.device)  # ∂(sum y)/∂y: (R, out)
+    check(
+        grad_W_of_trainable,
+        lambda: ones.T @ x2,
+        outputs=("trainable W's gradient",),
+        name=name,
+        against="gᵀx (and a frozen W got none)",
+    )  # (out, R) @ (R, in)
 
 
-x5 = randn(2, 5, d_in, seed=7, dtype=dtype, device=dev)       # (batch, tokens, in)
-g5 = randn(2, 5, d_out, seed=8, dtype=dtype, device=dev)      # (batch, tokens, out)
-check_function("Exercise 5 · LoRALinearFn", lambda x_, A_, B_: LoRALinearFn.apply(x_, W, A_, B_, s),
-               lambda x_, A_, B_: x_ @ (W + s * B_ @ A_).T, (x5, A, B), g5,
-               outputs=("y", "grad_x", "grad_A", "grad_B"))
+x5 = randn(2, 5, d_in, seed=7, dtype=dtype, device=dev)  # (batch, tokens, in)
+g5 = randn(2, 5, d_out, seed=8, dtype=dtype, device=dev)  # (batch, tokens, out)
+check_function(
+    "Exercise 5 · LoRALinearFn",
+    lambda x_, A_, B_: LoRALinearFn.apply(x_, W, A_, B_, s),
+    lambda x_, A_, B_: x_ @ (W + s * B_ @ A_).T,
+    (x5, A, B),
+    g5,
+    outputs=("y", "grad_x", "grad_A", "grad_B"),
+)
 check_frozen_W("Exercise 5 · W frozen / trainable", W, (x5, A, B))
 
 # %% [markdown]

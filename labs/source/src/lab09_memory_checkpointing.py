@@ -70,40 +70,46 @@ def grads_of(y, inputs, names, grad_y):
     except RuntimeError as e:
         if "incorrect number of gradients" not in str(e):
             raise
-        raise RuntimeError("backward must return one gradient per input of forward (None for non-tensors): "
-                           + str(e).split("returned ")[-1]) from None
+        raise RuntimeError(
+            "backward must return one gradient per input of forward (None for non-tensors): "
+            + str(e).split("returned ")[-1]
+        ) from None
     missing = [n for n, g in zip(names, grads) if g is None]
     if missing:
-        raise RuntimeError(f"no gradient reached {', '.join(missing)}: "
-                           "is it an input of the Function, and does backward return its gradient?")
+        raise RuntimeError(
+            f"no gradient reached {', '.join(missing)}: "
+            "is it an input of the Function, and does backward return its gradient?"
+        )
     return grads
 
 
 def mlp_block(x, ln_w, ln_b, W1, b1, W2, b2, activation="relu"):
     """y = x + act(LN(x) W1ᵀ + b1) W2ᵀ + b2 with x (B, d), W1 (d_ff, d), W2 (d, d_ff)."""
-    h = F.layer_norm(x, x.shape[-1:], ln_w, ln_b)                 # (B, d)
-    z = h @ W1.T + b1                                              # (B, d) @ (d, d_ff) -> (B, d_ff)
-    a = F.relu(z) if activation == "relu" else F.gelu(z)          # (B, d_ff)
-    return x + a @ W2.T + b2                                       # (B, d_ff) @ (d_ff, d) -> (B, d)
+    h = F.layer_norm(x, x.shape[-1:], ln_w, ln_b)  # (B, d)
+    z = h @ W1.T + b1  # (B, d) @ (d, d_ff) -> (B, d_ff)
+    a = F.relu(z) if activation == "relu" else F.gelu(z)  # (B, d_ff)
+    return x + a @ W2.T + b2  # (B, d_ff) @ (d_ff, d) -> (B, d)
 
 
 def ffn(x, W1, b1, W2, b2):
     """y = x + GELU(x W1ᵀ + b1) W2ᵀ + b2: a residual MLP block, its weights passed in."""
-    return x + F.gelu(x @ W1.T + b1) @ W2.T + b2                   # (B, d) @ (d, f) @ (f, d) -> (B, d)
+    return x + F.gelu(x @ W1.T + b1) @ W2.T + b2  # (B, d) @ (d, f) @ (f, d) -> (B, d)
 
 
 def ffn_dropout(x, W1, b1, W2, b2):
     """y = x + dropout₀.₃(GELU(x W1ᵀ + b1)) W2ᵀ + b2: every call draws a fresh mask."""
-    a = F.dropout(F.gelu(x @ W1.T + b1), p=0.3, training=True)    # (B, d) @ (d, f) -> (B, f)
-    return x + a @ W2.T + b2                                       # (B, f) @ (f, d) -> (B, d)
+    a = F.dropout(F.gelu(x @ W1.T + b1), p=0.3, training=True)  # (B, d) @ (d, f) -> (B, f)
+    return x + a @ W2.T + b2  # (B, f) @ (f, d) -> (B, d)
 
 
 def ffn_params(d, d_ff, seed, dtype=F64, device=dev):
     """[W1 (d_ff, d), b1 (d_ff,), W2 (d, d_ff), b2 (d,)], leaves that require grad."""
-    return [randn(d_ff, d, seed=seed, dtype=dtype, device=device, requires_grad=True),
-            randn(d_ff, seed=seed + 1, dtype=dtype, device=device, requires_grad=True),
-            randn(d, d_ff, seed=seed + 2, dtype=dtype, device=device, requires_grad=True),
-            randn(d, seed=seed + 3, dtype=dtype, device=device, requires_grad=True)]
+    return [
+        randn(d_ff, d, seed=seed, dtype=dtype, device=device, requires_grad=True),
+        randn(d_ff, seed=seed + 1, dtype=dtype, device=device, requires_grad=True),
+        randn(d, d_ff, seed=seed + 2, dtype=dtype, device=device, requires_grad=True),
+        randn(d, seed=seed + 3, dtype=dtype, device=device, requires_grad=True),
+    ]
 
 
 # %% [raw]
@@ -134,12 +140,13 @@ def ffn_params(d, d_ff, seed, dtype=F64, device=dev):
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def predict_saved_bytes(B, d, d_ff, activation, bytes_per_element):
     """Bytes the block keeps for backward (an int), its parameters not counted."""
     # BEGIN SOLUTION
-    ln = d + 2                    # LN: x, μ, 1/σ
-    mm1 = d                       # W1's matmul: LN's output
+    ln = d + 2  # LN: x, μ, 1/σ
+    mm1 = d  # W1's matmul: LN's output
     # ReLU's output is W2's input (one tensor); GELU keeps z, W2 keeps GELU(z) (two)
     act = d_ff if activation == "relu" else 2 * d_ff
     return B * (ln + mm1 + act) * bytes_per_element
@@ -155,7 +162,7 @@ def predict_saved_bytes(B, d, d_ff, activation, bytes_per_element):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 import torch.nn.functional as _F
 
@@ -165,7 +172,10 @@ from helpers.memory import SavedTensors
 
 def _measure(B, d, f, act, dt):
     _x = randn(B, d, seed=1, dtype=dt, requires_grad=True)
-    _ps = [randn(*s, seed=2 + i, dtype=dt, requires_grad=True) for i, s in enumerate([(d,), (d,), (f, d), (f,), (d, f), (d,)])]
+    _ps = [
+        randn(*s, seed=2 + i, dtype=dt, requires_grad=True)
+        for i, s in enumerate([(d,), (d,), (f, d), (f,), (d, f), (d,)])
+    ]
     with SavedTensors(exclude=_ps) as _s:
         _h = _F.layer_norm(_x, (d,), _ps[0], _ps[1]) @ _ps[2].T + _ps[3]
         _a = _F.relu(_h) if act == "relu" else _F.gelu(_h)
@@ -179,7 +189,7 @@ for _B, _d, _f in [(2, 3, 11), (7, 16, 4), (1, 9, 9)]:
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 import torch.nn.functional as _F
 
@@ -189,7 +199,10 @@ from helpers.memory import SavedTensors
 
 def _measure(B, d, f, act, dt):
     _x = randn(B, d, seed=1, dtype=dt, requires_grad=True)
-    _ps = [randn(*s, seed=2 + i, dtype=dt, requires_grad=True) for i, s in enumerate([(d,), (d,), (f, d), (f,), (d, f), (d,)])]
+    _ps = [
+        randn(*s, seed=2 + i, dtype=dt, requires_grad=True)
+        for i, s in enumerate([(d,), (d,), (f, d), (f,), (d, f), (d,)])
+    ]
     with SavedTensors(exclude=_ps) as _s:
         _h = _F.layer_norm(_x, (d,), _ps[0], _ps[1]) @ _ps[2].T + _ps[3]
         _a = _F.relu(_h) if act == "relu" else _F.gelu(_h)
@@ -211,21 +224,27 @@ for _B, _d, _f in [(2, 3, 11), (5, 8, 32)]:
 # **Self-check 1** (reference: the bytes `SavedTensors` measures while `mlp_block` runs, on the
 # CPU, parameters excluded):
 
+
 # %%
 def measured_saved_bytes(B, d, d_ff, activation, dtype):
     """Bytes SavedTensors records for one mlp_block forward, parameters excluded."""
     x = randn(B, d, seed=1, dtype=dtype, requires_grad=True)
-    params = [randn(*shape, seed=2 + i, dtype=dtype, requires_grad=True)
-              for i, shape in enumerate([(d,), (d,), (d_ff, d), (d_ff,), (d, d_ff), (d,)])]
+    params = [
+        randn(*shape, seed=2 + i, dtype=dtype, requires_grad=True)
+        for i, shape in enumerate([(d,), (d,), (d_ff, d), (d_ff,), (d, d_ff), (d,)])
+    ]
     with SavedTensors(exclude=params) as saved:
         mlp_block(x, *params, activation=activation)
     return saved.total_bytes
 
 
 cases = {"ReLU/float32": (4, 6, 10, "relu", torch.float32), "GELU/float64": (3, 5, 12, "gelu", torch.float64)}
-check(lambda: {k: predict_saved_bytes(*c[:4], torch.finfo(c[4]).bits // 8) for k, c in cases.items()},
-      {k: measured_saved_bytes(*c) for k, c in cases.items()},
-      name="Exercise 1 · predict_saved_bytes", against="SavedTensors")
+check(
+    lambda: {k: predict_saved_bytes(*c[:4], torch.finfo(c[4]).bits // 8) for k, c in cases.items()},
+    {k: measured_saved_bytes(*c) for k, c in cases.items()},
+    name="Exercise 1 · predict_saved_bytes",
+    against="SavedTensors",
+)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -261,6 +280,7 @@ check(lambda: {k: predict_saved_bytes(*c[:4], torch.finfo(c[4]).bits // 8) for k
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 class Checkpoint(torch.autograd.Function):
     """y = fn(x, *params), keeping only x (and the params); backward recomputes fn and differentiates it."""
@@ -285,10 +305,10 @@ class Checkpoint(torch.autograd.Function):
     def backward(ctx, grad_y):
         # BEGIN SOLUTION
         x, *params = ctx.saved_tensors
-        needs = ctx.needs_input_grad[1:]                                # x, then each parameter
-        leaves = [t.detach().requires_grad_(n) for t, n in zip((x, *params), needs)]   # share memory with x, θ
+        needs = ctx.needs_input_grad[1:]  # x, then each parameter
+        leaves = [t.detach().requires_grad_(n) for t, n in zip((x, *params), needs)]  # share memory with x, θ
         with torch.enable_grad():
-            y = ctx.fn(*leaves)                                         # the forward again, with a graph
+            y = ctx.fn(*leaves)  # the forward again, with a graph
         got = iter(torch.autograd.grad(y, [t for t, n in zip(leaves, needs) if n], grad_y))
         return (None, *(next(got) if n else None for n in needs))
         # END SOLUTION
@@ -303,7 +323,7 @@ class Checkpoint(torch.autograd.Function):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 import torch.nn.functional as _F
 
@@ -315,17 +335,20 @@ def _blk(x, W, c, V):
 
 
 _x = randn(5, 3, seed=501, dtype=torch.float64, requires_grad=True)
-_ps = [randn(4, 3, seed=502, dtype=torch.float64, requires_grad=True), randn(4, seed=503, dtype=torch.float64, requires_grad=True),
-       randn(3, 4, seed=504, dtype=torch.float64, requires_grad=True)]
+_ps = [
+    randn(4, 3, seed=502, dtype=torch.float64, requires_grad=True),
+    randn(4, seed=503, dtype=torch.float64, requires_grad=True),
+    randn(3, 4, seed=504, dtype=torch.float64, requires_grad=True),
+]
 _ref = torch.autograd.grad((_blk(_x, *_ps) ** 3).sum(), [_x, *_ps])
-(Checkpoint.apply(_blk, _x, *_ps) ** 3).sum().backward()       # .backward(): the weights' .grad must be set
+(Checkpoint.apply(_blk, _x, *_ps) ** 3).sum().backward()  # .backward(): the weights' .grad must be set
 for _t, _r in zip([_x, *_ps], _ref):
     assert _t.grad is not None and torch.allclose(_t.grad, _r, atol=1e-12)
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 import torch.nn.functional as _F
 
@@ -338,16 +361,19 @@ def _blk(x, W1, W2):
 
 
 _x = randn(2, 6, 3, seed=511, dtype=torch.float64, requires_grad=True)
-_ps = [randn(8, 3, seed=512, dtype=torch.float64, requires_grad=True), randn(3, 8, seed=513, dtype=torch.float64, requires_grad=True)]
+_ps = [
+    randn(8, 3, seed=512, dtype=torch.float64, requires_grad=True),
+    randn(3, 8, seed=513, dtype=torch.float64, requires_grad=True),
+]
 with SavedTensors(exclude=_ps) as _s:
     _y = Checkpoint.apply(_blk, _x, *_ps)
-assert _s.count == 1 and _s.total_bytes == _x.numel() * 8       # x only
+assert _s.count == 1 and _s.total_bytes == _x.numel() * 8  # x only
 assert torch.allclose(_y, _blk(_x, *_ps), atol=1e-12)
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import randn
@@ -370,7 +396,7 @@ assert torch.allclose(_gW, _ref, atol=1e-12) and torch.equal(_g, _g0)
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import randn
@@ -399,13 +425,16 @@ assert _seen == [False, False]
 # **Self-check 2** (reference: autograd through `ffn` without checkpointing; "bytes kept" is
 # what `SavedTensors` records during your forward, parameters excluded, against the bytes of `x`):
 
+
 # %%
 def with_saved_bytes(run):
     """(y, grad_x, grad_W1, grad_b1, grad_W2, grad_b2, bytes kept) for y = run(x, *params), upstream grad_y."""
+
     def go(x, *params):
         with SavedTensors(exclude=params) as saved:
             y = run(x, *params)
         return (y, *grads_of(y, [x, *params], ["x", "W1", "b1", "W2", "b2"], grad_y2), saved.total_bytes)
+
     return go
 
 
@@ -413,9 +442,16 @@ x2 = randn(6, 5, seed=1, dtype=F64, device=dev, requires_grad=True)
 params2 = ffn_params(5, 9, seed=2)
 grad_y2 = randn(6, 5, seed=6, dtype=F64, device=dev)
 expected = (ffn(x2, *params2), *autograd_grads(ffn, (x2, *params2), grad_y2), x2.numel() * x2.element_size())
-check(with_saved_bytes(lambda x, *p: applied(Checkpoint.apply)(ffn, x, *p)), expected, args=(x2, *params2),
-      outputs=("y", "grad_x", "grad_W1", "grad_b1", "grad_W2", "grad_b2", "bytes kept"),
-      name="Exercise 2 · Checkpoint", against="autograd", atol=1e-12, rtol=0)
+check(
+    with_saved_bytes(lambda x, *p: applied(Checkpoint.apply)(ffn, x, *p)),
+    expected,
+    args=(x2, *params2),
+    outputs=("y", "grad_x", "grad_W1", "grad_b1", "grad_W2", "grad_b2", "bytes kept"),
+    name="Exercise 2 · Checkpoint",
+    against="autograd",
+    atol=1e-12,
+    rtol=0,
+)
 
 # %% [markdown]
 # The tolerance is `atol 1e-12, rtol 0` in float64: backward repeats the very same operations
@@ -454,6 +490,7 @@ check(with_saved_bytes(lambda x, *p: applied(Checkpoint.apply)(ffn, x, *p)), exp
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 class CheckpointRNG(torch.autograd.Function):
     """y = fn(x, *params) keeping x; backward recomputes fn with the RNG put back to rng_state."""
@@ -478,13 +515,13 @@ class CheckpointRNG(torch.autograd.Function):
     def backward(ctx, grad_y):
         # BEGIN SOLUTION
         x, *params = ctx.saved_tensors
-        needs = ctx.needs_input_grad[2:]                                # x, then each parameter
+        needs = ctx.needs_input_grad[2:]  # x, then each parameter
         leaves = [t.detach().requires_grad_(n) for t, n in zip((x, *params), needs)]
         # fork_rng: the rewind below must not leak into the random stream after backward
         with torch.random.fork_rng(devices=[i for i, _ in ctx.rng_state.cuda]):
             set_rng_state(ctx.rng_state)
             with torch.enable_grad():
-                y = ctx.fn(*leaves)                                     # same mask as the forward's
+                y = ctx.fn(*leaves)  # same mask as the forward's
         got = iter(torch.autograd.grad(y, [t for t, n in zip(leaves, needs) if n], grad_y))
         return (None, None, *(next(got) if n else None for n in needs))
         # END SOLUTION
@@ -507,7 +544,7 @@ def checkpoint_rng(fn, x, *params):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 import torch.nn.functional as _F
 
@@ -519,18 +556,21 @@ def _blk(x, W1, W2):
 
 
 _x = randn(7, 4, seed=601, dtype=torch.float64, requires_grad=True)
-_ps = [randn(6, 4, seed=602, dtype=torch.float64, requires_grad=True), randn(4, 6, seed=603, dtype=torch.float64, requires_grad=True)]
+_ps = [
+    randn(6, 4, seed=602, dtype=torch.float64, requires_grad=True),
+    randn(4, 6, seed=603, dtype=torch.float64, requires_grad=True),
+]
 _ = torch.manual_seed(11)
 _ref = torch.autograd.grad((_blk(_x, *_ps) ** 2).sum(), [_x, *_ps])
 _ = torch.manual_seed(11)
 _y = checkpoint_rng(_blk, _x, *_ps)
-_ours = torch.autograd.grad((_y ** 2).sum(), [_x, *_ps])
+_ours = torch.autograd.grad((_y**2).sum(), [_x, *_ps])
 assert all(torch.allclose(_a, _b, atol=1e-12) for _a, _b in zip(_ours, _ref))
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 import torch.nn.functional as _F
 
@@ -545,19 +585,19 @@ _x = randn(3, 4, seed=611, dtype=torch.float64, requires_grad=True)
 _W = randn(5, 4, seed=612, dtype=torch.float64, requires_grad=True)
 _ = torch.manual_seed(12)
 _y = _blk(_x, _W)
-_ = torch.rand(2)                       # training draws something between forward and backward
+_ = torch.rand(2)  # training draws something between forward and backward
 _ = torch.autograd.grad(_y.sum(), [_x, _W])
 _after_ref = torch.rand(5)
 _ = torch.manual_seed(12)
 _y = checkpoint_rng(_blk, _x, _W)
 _ = torch.rand(2)
 _ = torch.autograd.grad(_y.sum(), [_x, _W])
-assert torch.equal(torch.rand(5), _after_ref)   # backward left the random stream alone
+assert torch.equal(torch.rand(5), _after_ref)  # backward left the random stream alone
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 import torch.nn.functional as _F
 
@@ -588,15 +628,18 @@ assert _seen == [False, False]
 # seeded the same way; "random stream after backward" is one draw made after backward, when
 # something else was drawn between forward and backward):
 
+
 # %%
 def dropout_run(run, seed=5):
     """(y, grads..., next draw) for y = run(x, *params) on ffn_dropout, seeded; a draw in between."""
+
     def go(x, *params):
         torch.manual_seed(seed)
         y = run(x, *params)
-        torch.rand(3, device=x.device)                             # e.g. the next batch's dropout
+        torch.rand(3, device=x.device)  # e.g. the next batch's dropout
         grads = grads_of(y, [x, *params], ["x", "W1", "b1", "W2", "b2"], grad_y3)
         return (y, *grads, torch.rand(4, device=x.device))
+
     return go
 
 
@@ -604,9 +647,16 @@ x3 = randn(8, 5, seed=7, dtype=F64, device=dev, requires_grad=True)
 params3 = ffn_params(5, 9, seed=8)
 grad_y3 = randn(8, 5, seed=12, dtype=F64, device=dev)
 expected = dropout_run(ffn_dropout)(x3, *params3)
-check(dropout_run(lambda x, *p: applied(checkpoint_rng)(ffn_dropout, x, *p)), expected, args=(x3, *params3),
-      outputs=("y", "grad_x", "grad_W1", "grad_b1", "grad_W2", "grad_b2", "random stream after backward"),
-      name="Exercise 3 · checkpoint_rng", against="autograd", atol=1e-12, rtol=0)
+check(
+    dropout_run(lambda x, *p: applied(checkpoint_rng)(ffn_dropout, x, *p)),
+    expected,
+    args=(x3, *params3),
+    outputs=("y", "grad_x", "grad_W1", "grad_b1", "grad_W2", "grad_b2", "random stream after backward"),
+    name="Exercise 3 · checkpoint_rng",
+    against="autograd",
+    atol=1e-12,
+    rtol=0,
+)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -634,17 +684,19 @@ check(dropout_run(lambda x, *p: applied(checkpoint_rng)(ffn_dropout, x, *p)), ex
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def checkpoint_stack(x, layers, segment):
     """x_L of the ffn_dropout stack, each run of `segment` consecutive blocks checkpointed as one function."""
+
     # BEGIN SOLUTION
     def run_segment(h, *flat):
-        for i in range(0, len(flat), 4):                    # regroup (W1, b1, W2, b2) per block
-            h = ffn_dropout(h, *flat[i:i + 4])
+        for i in range(0, len(flat), 4):  # regroup (W1, b1, W2, b2) per block
+            h = ffn_dropout(h, *flat[i : i + 4])
         return h
 
     for start in range(0, len(layers), segment):
-        flat = [p for block in layers[start:start + segment] for p in block]
+        flat = [p for block in layers[start : start + segment] for p in block]
         x = checkpoint_rng(run_segment, x, *flat)
     return x
     # END SOLUTION
@@ -659,7 +711,7 @@ def checkpoint_stack(x, layers, segment):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 import torch.nn.functional as _F
 
@@ -667,7 +719,10 @@ from helpers.device import randn
 
 
 def _mk(d, f, s):
-    return tuple(randn(*sh, seed=s + i, dtype=torch.float64, requires_grad=True) for i, sh in enumerate([(f, d), (f,), (d, f), (d,)]))
+    return tuple(
+        randn(*sh, seed=s + i, dtype=torch.float64, requires_grad=True)
+        for i, sh in enumerate([(f, d), (f,), (d, f), (d,)])
+    )
 
 
 def _plain(x, layers):
@@ -688,7 +743,7 @@ assert len(_ours) == 13 and all(torch.allclose(_a, _b, atol=1e-12) for _a, _b in
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import math
 
 import torch
@@ -698,7 +753,10 @@ from helpers.memory import SavedTensors
 
 
 def _mk(d, f, s):
-    return tuple(randn(*sh, seed=s + i, dtype=torch.float32, requires_grad=True) for i, sh in enumerate([(f, d), (f,), (d, f), (d,)]))
+    return tuple(
+        randn(*sh, seed=s + i, dtype=torch.float32, requires_grad=True)
+        for i, sh in enumerate([(f, d), (f,), (d, f), (d,)])
+    )
 
 
 _layers = [_mk(4, 6, 800 + 10 * l) for l in range(6)]
@@ -718,17 +776,22 @@ for _seg in (1, 4, 6):
 # **Self-check 4** (reference: autograd through the same 5-block stack without checkpointing,
 # seeded the same way; `segment=2`, so "bytes kept" must be 3 inputs of the shape of `x`):
 
+
 # %%
 def stack_run(run, seed=9):
     """(y, grad_x, all parameter gradients in one vector, bytes kept) for y = run(x, layers), seeded."""
+
     def go(x, *flat):
-        layers = [flat[i:i + 4] for i in range(0, len(flat), 4)]
+        layers = [flat[i : i + 4] for i in range(0, len(flat), 4)]
         torch.manual_seed(seed)
         with SavedTensors(exclude=flat) as saved:
             y = run(x, layers)
-        names = ["x"] + [f"{n} of block {i // 4}" for i, n in enumerate(["W1", "b1", "W2", "b2"] * len(layers))]
+        names = ["x"] + [
+            f"{n} of block {i // 4}" for i, n in enumerate(["W1", "b1", "W2", "b2"] * len(layers))
+        ]
         grads = grads_of(y, [x, *flat], names, grad_y4)
         return y, grads[0], torch.cat([g.flatten() for g in grads[1:]]), saved.total_bytes
+
     return go
 
 
@@ -744,9 +807,16 @@ flat4 = [p for l in range(5) for p in ffn_params(5, 7, seed=20 + 4 * l)]
 grad_y4 = randn(6, 5, seed=50, dtype=F64, device=dev)
 y_ref, gx_ref, gp_ref, _ = stack_run(plain_stack)(x4, *flat4)
 expected = (y_ref, gx_ref, gp_ref, 3 * x4.numel() * x4.element_size())
-check(stack_run(lambda x, layers: applied(checkpoint_stack)(x, layers, 2)), expected, args=(x4, *flat4),
-      outputs=("y", "grad_x", "grad_params", "bytes kept"),
-      name="Exercise 4 · checkpoint_stack", against="autograd", atol=1e-12, rtol=0)
+check(
+    stack_run(lambda x, layers: applied(checkpoint_stack)(x, layers, 2)),
+    expected,
+    args=(x4, *flat4),
+    outputs=("y", "grad_x", "grad_params", "bytes kept"),
+    name="Exercise 4 · checkpoint_stack",
+    against="autograd",
+    atol=1e-12,
+    rtol=0,
+)
 
 # %% [markdown]
 # What the segment length buys, on the same 5-block stack (this cell runs once your
@@ -754,16 +824,18 @@ check(stack_run(lambda x, layers: applied(checkpoint_stack)(x, layers, 2)), expe
 
 # %%
 with SavedTensors(exclude=flat4) as saved:
-    plain_stack(x4, [flat4[i:i + 4] for i in range(0, 20, 4)])
+    plain_stack(x4, [flat4[i : i + 4] for i in range(0, 20, 4)])
 print(f"no checkpointing: {fmt_bytes(saved.total_bytes)} kept")
 for seg in (1, 2, 5):
     with SavedTensors(exclude=flat4) as saved:
-        out = checkpoint_stack(x4, [flat4[i:i + 4] for i in range(0, 20, 4)], seg)
+        out = checkpoint_stack(x4, [flat4[i : i + 4] for i in range(0, 20, 4)], seg)
     if out is None:
         print("checkpoint_stack: not implemented yet")
         break
     n_in = math.ceil(5 / seg)
-    print(f"segment={seg}: {fmt_bytes(saved.total_bytes)} kept ({n_in} input{'s' if n_in > 1 else ''} of {fmt_bytes(x4.numel() * 8)})")
+    print(
+        f"segment={seg}: {fmt_bytes(saved.total_bytes)} kept ({n_in} input{'s' if n_in > 1 else ''} of {fmt_bytes(x4.numel() * 8)})"
+    )
 
 # %% [markdown]
 # The kept bytes are only part of the story: during backward, one segment is recomputed with
@@ -800,6 +872,7 @@ for seg in (1, 2, 5):
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def scaled_step(params, loss_fn, scale, tracker, lr, growth_interval=2000):
     """g = ∇(scale·L)/scale; inf/NaN → skip, scale/2; else θ -= lr·g, and ×2 after growth_interval clean steps."""
@@ -827,7 +900,7 @@ def scaled_step(params, loss_fn, scale, tracker, lr, growth_interval=2000):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import randn
@@ -844,14 +917,14 @@ def _loss(W):
 _W32 = _W.detach().clone().requires_grad_()
 (_g32,) = torch.autograd.grad(1e-9 * ((torch.tanh(_x @ _W32.T) - _t) ** 2).sum(), [_W32])
 _W0 = _W.detach().clone()
-_scale, _tr, _st = scaled_step([_W], _loss, 2.0 ** 16, 0, 1e6)
-assert _st and _scale == 2.0 ** 16 and _tr == 1
+_scale, _tr, _st = scaled_step([_W], _loss, 2.0**16, 0, 1e6)
+assert _st and _scale == 2.0**16 and _tr == 1
 assert torch.allclose((_W0 - _W.detach()) / 1e6, _g32, atol=0, rtol=2e-2)
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import randn
@@ -867,14 +940,14 @@ def _loss(W, b):
 
 
 _W0, _b0 = _W.detach().clone(), _b.detach().clone()
-_scale, _tr, _st = scaled_step([_W, _b], _loss, 2.0 ** 20, 7, 0.1)
-assert not _st and _scale == 2.0 ** 19 and _tr == 0
+_scale, _tr, _st = scaled_step([_W, _b], _loss, 2.0**20, 7, 0.1)
+assert not _st and _scale == 2.0**19 and _tr == 0
 assert torch.equal(_W.detach(), _W0) and torch.equal(_b.detach(), _b0)
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import randn
@@ -883,7 +956,7 @@ from helpers.precision import ScalerState, loss_scale_step
 # a run of steps: skips, then growth after growth_interval clean steps, against the course's helper
 _W = randn(3, 4, seed=921, requires_grad=True)
 _Wr = _W.detach().clone().requires_grad_()
-_state, _scale, _tr = ScalerState(scale=2.0 ** 17, growth_interval=2), 2.0 ** 17, 0
+_state, _scale, _tr = ScalerState(scale=2.0**17, growth_interval=2), 2.0**17, 0
 for _k in range(9):
     _x, _t = 3 * randn(16, 4, seed=930 + _k), randn(16, 3, seed=940 + _k)
 
@@ -907,23 +980,26 @@ for _k in range(9):
 # `GradScaler` does, checked there against `GradScaler` bit for bit; 8 SGD steps from scale
 # $2^{16}$ with `growth_interval=3`, a summed float16 loss whose gradients overflow at first):
 
+
 # %%
 def fp16_loss(W, b, x, t):
     """L = Σ (tanh(x Wᵀ + b) − t)², the layer in float16 from float32 weights; L in float32."""
-    h = torch.tanh(x.half() @ W.half().T + b.half())              # (n, 4) @ (4, 3) -> (n, 3), float16
+    h = torch.tanh(x.half() @ W.half().T + b.half())  # (n, 4) @ (4, 3) -> (n, 3), float16
     return ((h.float() - t) ** 2).sum()
 
 
 def batches(n_steps=8):
     """The same (x, t) batches for both runs."""
-    return [(3 * randn(16, 4, seed=100 + k, device=dev), randn(16, 3, seed=200 + k, device=dev))
-            for k in range(n_steps)]
+    return [
+        (3 * randn(16, 4, seed=100 + k, device=dev), randn(16, 3, seed=200 + k, device=dev))
+        for k in range(n_steps)
+    ]
 
 
 def run_ours(W, b):
     """(W, b, scales, stepped) after 8 steps of your scaled_step."""
     W, b = W.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
-    scale, tracker, scales, stepped = 2.0 ** 16, 2, [], []     # mid-interval: a skip must reset it
+    scale, tracker, scales, stepped = 2.0**16, 2, [], []  # mid-interval: a skip must reset it
     for x, t in batches():
         out = scaled_step([W, b], lambda W, b: fp16_loss(W, b, x, t), scale, tracker, 0.01, growth_interval=3)
         if out is None:
@@ -937,7 +1013,7 @@ def run_ours(W, b):
 def run_reference(W, b):
     """The same 8 steps with helpers.precision.loss_scale_step."""
     W, b = W.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
-    state, scales, stepped = ScalerState(scale=2.0 ** 16, growth_interval=3, growth_tracker=2), [], []
+    state, scales, stepped = ScalerState(scale=2.0**16, growth_interval=3, growth_tracker=2), [], []
     for x, t in batches():
         scaled = torch.autograd.grad(state.scale * fp16_loss(W, b, x, t), [W, b])
         state, did = loss_scale_step([W, b], scaled, state, lr=0.01)
@@ -947,8 +1023,14 @@ def run_reference(W, b):
 
 
 W5, b5 = randn(3, 4, seed=30, device=dev), randn(3, seed=31, device=dev)
-check(run_ours, run_reference, args=(W5, b5), outputs=("W", "b", "scale after each step", "stepped"),
-      name="Exercise 5 · scaled_step", against="loss_scale_step")
+check(
+    run_ours,
+    run_reference,
+    args=(W5, b5),
+    outputs=("W", "b", "scale after each step", "stepped"),
+    name="Exercise 5 · scaled_step",
+    against="loss_scale_step",
+)
 
 # %% [markdown]
 # ## Before you hand in

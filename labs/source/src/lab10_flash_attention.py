@@ -78,8 +78,11 @@ def named(names, fn, *args, **kwargs):
         return dict.fromkeys(names)
     out = out if isinstance(out, (tuple, list)) else (out,)
     if len(out) != len(names):
-        raise ValueError(f"{fn.__name__} returned {len(out)} values, expected {len(names)} ({', '.join(names)})")
+        raise ValueError(
+            f"{fn.__name__} returned {len(out)} values, expected {len(names)} ({', '.join(names)})"
+        )
     return dict(zip(names, out))
+
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -113,14 +116,15 @@ def named(names, fn, *args, **kwargs):
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def online_softmax_stats(x, block):
     """m = max x and ℓ = Σ exp(x − m) over the last dim, built block by block with rescaling."""
     # BEGIN SOLUTION
     m = torch.full(x.shape[:-1], -math.inf, dtype=x.dtype, device=x.device)  # (...,)
-    ell = torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)          # (...,)
+    ell = torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)  # (...,)
     for start in range(0, x.shape[-1], block):
-        xb = x[..., start:start + block]                                     # (..., ≤ block)
+        xb = x[..., start : start + block]  # (..., ≤ block)
         m_new = torch.maximum(m, xb.amax(dim=-1))
         ell = ell * torch.exp(m - m_new) + torch.exp(xb - m_new[..., None]).sum(dim=-1)
         m = m_new
@@ -137,9 +141,11 @@ def online_softmax_stats(x, block):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
 _x = randn(3, 2, 13, seed=1001, dtype=torch.float64) * 3
 _x[0, 1, 12] = 9.0  # the max in the last, short block: ℓ must be rescaled
 _m, _ell = online_softmax_stats(_x, 4)
@@ -150,9 +156,11 @@ assert torch.allclose(_ell, torch.exp(_x - _x.amax(-1, keepdim=True)).sum(-1), a
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
 # scores near 1000: exp(x) overflows float64, exp(x − m) does not; block 1 and a block longer than the row
 _x = randn(4, 7, seed=1002, dtype=torch.float64) * 5 + 1000
 for _block in (1, 3, 10):
@@ -174,8 +182,14 @@ for _block in (1, 3, 10):
 x_test = randn(2, 3, 10, seed=1, dtype=dtype, device=dev) * 2
 x_test[1, 2, 9] = 7.0  # a late maximum, in the last (short) block
 m_ref = x_test.amax(-1)
-check(online_softmax_stats, (m_ref, torch.exp(x_test - m_ref[..., None]).sum(-1)), args=(x_test, 3),
-      outputs=("m", "ell"), name="Exercise 1 · online_softmax_stats", against="the two-pass max and sum")
+check(
+    online_softmax_stats,
+    (m_ref, torch.exp(x_test - m_ref[..., None]).sum(-1)),
+    args=(x_test, 3),
+    outputs=("m", "ell"),
+    name="Exercise 1 · online_softmax_stats",
+    against="the two-pass max and sum",
+)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -205,6 +219,7 @@ check(online_softmax_stats, (m_ref, torch.exp(x_test - m_ref[..., None]).sum(-1)
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def tiled_forward(Q, K, V, block_q=16, block_k=16, causal=False):
     """O = softmax(Q Kᵀ/√d) V and L = logsumexp rows, one (block_q × block_k) tile of S at a time."""
@@ -212,28 +227,28 @@ def tiled_forward(Q, K, V, block_q=16, block_k=16, causal=False):
     Nq, d = Q.shape[-2:]
     Nk = K.shape[-2]
     scale = 1 / math.sqrt(d)
-    O = torch.empty_like(Q)                                                  # (B, H, Nq, d)
-    L = torch.empty(Q.shape[:-1], dtype=Q.dtype, device=Q.device)            # (B, H, Nq)
+    O = torch.empty_like(Q)  # (B, H, Nq, d)
+    L = torch.empty(Q.shape[:-1], dtype=Q.dtype, device=Q.device)  # (B, H, Nq)
     for q0 in range(0, Nq, block_q):
-        Qi = Q[..., q0:q0 + block_q, :]                                      # (B, H, bq, d)
+        Qi = Q[..., q0 : q0 + block_q, :]  # (B, H, bq, d)
         bq = Qi.shape[-2]
         m = torch.full(Qi.shape[:-1], -math.inf, dtype=Q.dtype, device=Q.device)  # (B, H, bq)
-        ell = torch.zeros_like(m)                                            # (B, H, bq)
-        acc = torch.zeros_like(Qi)                                           # (B, H, bq, d)
+        ell = torch.zeros_like(m)  # (B, H, bq)
+        acc = torch.zeros_like(Qi)  # (B, H, bq, d)
         k_stop = min(Nk, q0 + bq) if causal else Nk  # causal: later key blocks are all masked
         for k0 in range(0, k_stop, block_k):
-            Kj, Vj = K[..., k0:k0 + block_k, :], V[..., k0:k0 + block_k, :]  # (B, H, bk, d)
-            S = (Qi @ Kj.transpose(-2, -1)) * scale                          # (B, H, bq, bk)
+            Kj, Vj = K[..., k0 : k0 + block_k, :], V[..., k0 : k0 + block_k, :]  # (B, H, bk, d)
+            S = (Qi @ Kj.transpose(-2, -1)) * scale  # (B, H, bq, bk)
             if causal:
                 S = S.masked_fill(~causal_tile_mask(q0, k0, bq, Kj.shape[-2], Q.device), -math.inf)
             m_new = torch.maximum(m, S.amax(dim=-1))  # finite: every row sees key 0 in block 0
-            P = torch.exp(S - m_new[..., None])                              # (B, H, bq, bk)
-            alpha = torch.exp(m - m_new)                                     # (B, H, bq)
+            P = torch.exp(S - m_new[..., None])  # (B, H, bq, bk)
+            alpha = torch.exp(m - m_new)  # (B, H, bq)
             ell = alpha * ell + P.sum(dim=-1)
-            acc = alpha[..., None] * acc + P @ Vj                            # (B, H, bq, d)
+            acc = alpha[..., None] * acc + P @ Vj  # (B, H, bq, d)
             m = m_new
-        O[..., q0:q0 + bq, :] = acc / ell[..., None]
-        L[..., q0:q0 + bq] = m + torch.log(ell)
+        O[..., q0 : q0 + bq, :] = acc / ell[..., None]
+        L[..., q0 : q0 + bq] = m + torch.log(ell)
     return O, L
     # END SOLUTION
 
@@ -247,12 +262,18 @@ def tiled_forward(Q, K, V, block_q=16, block_k=16, causal=False):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
+
 from helpers.device import randn
 from helpers.flash import naive_attention
+
 # Nq ≠ Nk, neither a multiple of its block, d = 3 (so 1/√d is irrational)
-_Q, _K, _V = randn(2, 1, 9, 3, seed=2001, dtype=torch.float64), randn(2, 1, 14, 3, seed=2002, dtype=torch.float64), randn(2, 1, 14, 3, seed=2003, dtype=torch.float64)
+_Q, _K, _V = (
+    randn(2, 1, 9, 3, seed=2001, dtype=torch.float64),
+    randn(2, 1, 14, 3, seed=2002, dtype=torch.float64),
+    randn(2, 1, 14, 3, seed=2003, dtype=torch.float64),
+)
 _O, _L = tiled_forward(_Q, _K, _V, 4, 5)
 _O_ref, _L_ref = naive_attention(_Q, _K, _V, return_lse=True)
 assert _O.shape == (2, 1, 9, 3) and torch.allclose(_O, _O_ref, atol=1e-10, rtol=1e-8)
@@ -260,26 +281,40 @@ assert _O.shape == (2, 1, 9, 3) and torch.allclose(_O, _O_ref, atol=1e-10, rtol=
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
+
 from helpers.device import randn
 from helpers.flash import naive_attention
-_Q, _K, _V = randn(1, 2, 10, 4, seed=2004, dtype=torch.float64), randn(1, 2, 7, 4, seed=2005, dtype=torch.float64), randn(1, 2, 7, 4, seed=2006, dtype=torch.float64)
+
+_Q, _K, _V = (
+    randn(1, 2, 10, 4, seed=2004, dtype=torch.float64),
+    randn(1, 2, 7, 4, seed=2005, dtype=torch.float64),
+    randn(1, 2, 7, 4, seed=2006, dtype=torch.float64),
+)
 _O, _L = tiled_forward(_Q, _K, _V, 3, 2)
 _O_ref, _L_ref = naive_attention(_Q, _K, _V, return_lse=True)
 assert _L.shape == (1, 2, 10) and torch.allclose(_L, _L_ref, atol=1e-10, rtol=1e-8)
 _O1, _L1 = tiled_forward(_Q, _K, _V, 1, 100)  # one row at a time, one block holding every key
-assert torch.allclose(_O1, _O_ref, atol=1e-10, rtol=1e-8) and torch.allclose(_L1, _L_ref, atol=1e-10, rtol=1e-8)
+assert torch.allclose(_O1, _O_ref, atol=1e-10, rtol=1e-8) and torch.allclose(
+    _L1, _L_ref, atol=1e-10, rtol=1e-8
+)
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
+
 from helpers.device import randn
 from helpers.flash import naive_attention
+
 # scores in the thousands: exp(S) overflows float64, exp(S − m) does not
-_Q, _K, _V = randn(1, 1, 8, 4, seed=2007, dtype=torch.float64) * 40, randn(1, 1, 11, 4, seed=2008, dtype=torch.float64) * 40, randn(1, 1, 11, 4, seed=2009, dtype=torch.float64)
+_Q, _K, _V = (
+    randn(1, 1, 8, 4, seed=2007, dtype=torch.float64) * 40,
+    randn(1, 1, 11, 4, seed=2008, dtype=torch.float64) * 40,
+    randn(1, 1, 11, 4, seed=2009, dtype=torch.float64),
+)
 _O, _L = tiled_forward(_Q, _K, _V, 3, 4)
 _O_ref, _L_ref = naive_attention(_Q, _K, _V, return_lse=True)
 assert torch.isfinite(_O).all() and torch.allclose(_O, _O_ref, atol=1e-9, rtol=1e-8)
@@ -300,8 +335,14 @@ assert torch.allclose(_L, _L_ref, atol=1e-9, rtol=1e-10)
 Q = randn(1, 2, 11, 4, seed=2, dtype=dtype, device=dev)
 K = randn(1, 2, 11, 4, seed=3, dtype=dtype, device=dev)
 V = randn(1, 2, 11, 4, seed=4, dtype=dtype, device=dev)
-check(tiled_forward, naive_attention(Q, K, V, return_lse=True), args=(Q, K, V, 4, 3),
-      outputs=("O", "L"), name="Exercise 2 · tiled_forward", against="naive attention")
+check(
+    tiled_forward,
+    naive_attention(Q, K, V, return_lse=True),
+    args=(Q, K, V, 4, 3),
+    outputs=("O", "L"),
+    name="Exercise 2 · tiled_forward",
+    against="naive attention",
+)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -338,6 +379,7 @@ check(tiled_forward, naive_attention(Q, K, V, return_lse=True), args=(Q, K, V, 4
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def row_D(O, grad_O):
     """D = rowsum(dO ∘ O) = rowsum(dP ∘ P), one number per query row."""
@@ -349,14 +391,14 @@ def attention_backward_from_L(Q, K, V, O, L, grad_O):
     """grad_Q, grad_K, grad_V from Q, K, V, O, L only: P = exp(S − L), dS = P ∘ (dO Vᵀ − D)."""
     # BEGIN SOLUTION
     scale = 1 / math.sqrt(Q.shape[-1])
-    D = (grad_O * O).sum(dim=-1)                                   # (B, H, Nq)
-    S = (Q @ K.transpose(-2, -1)) * scale                          # (B, H, Nq, Nk)
-    P = torch.exp(S - L[..., None])                                # (B, H, Nq, Nk), normalised
-    grad_V = P.transpose(-2, -1) @ grad_O                          # (B, H, Nk, d)
-    dP = grad_O @ V.transpose(-2, -1)                              # (B, H, Nq, Nk)
-    dS = P * (dP - D[..., None])                                   # (B, H, Nq, Nk)
-    grad_Q = (dS @ K) * scale                                      # (B, H, Nq, d)
-    grad_K = (dS.transpose(-2, -1) @ Q) * scale                    # (B, H, Nk, d)
+    D = (grad_O * O).sum(dim=-1)  # (B, H, Nq)
+    S = (Q @ K.transpose(-2, -1)) * scale  # (B, H, Nq, Nk)
+    P = torch.exp(S - L[..., None])  # (B, H, Nq, Nk), normalised
+    grad_V = P.transpose(-2, -1) @ grad_O  # (B, H, Nk, d)
+    dP = grad_O @ V.transpose(-2, -1)  # (B, H, Nq, Nk)
+    dS = P * (dP - D[..., None])  # (B, H, Nq, Nk)
+    grad_Q = (dS @ K) * scale  # (B, H, Nq, d)
+    grad_K = (dS.transpose(-2, -1) @ Q) * scale  # (B, H, Nk, d)
     return grad_Q, grad_K, grad_V
     # END SOLUTION
 
@@ -370,9 +412,11 @@ def attention_backward_from_L(Q, K, V, O, L, grad_O):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
 _O, _gO = randn(2, 3, 5, 4, seed=3001, dtype=torch.float64), randn(2, 3, 5, 4, seed=3002, dtype=torch.float64)
 _D = row_D(_O, _gO)
 assert _D.shape == (2, 3, 5) and torch.allclose(_D, torch.einsum("bhnd,bhnd->bhn", _O, _gO), atol=1e-12)
@@ -380,11 +424,17 @@ assert _D.shape == (2, 3, 5) and torch.allclose(_D, torch.einsum("bhnd,bhnd->bhn
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
+
 from helpers.device import randn
 from helpers.flash import naive_attention
-_Q, _K, _V = randn(1, 2, 6, 5, seed=3003, dtype=torch.float64), randn(1, 2, 6, 5, seed=3004, dtype=torch.float64), randn(1, 2, 6, 5, seed=3005, dtype=torch.float64)
+
+_Q, _K, _V = (
+    randn(1, 2, 6, 5, seed=3003, dtype=torch.float64),
+    randn(1, 2, 6, 5, seed=3004, dtype=torch.float64),
+    randn(1, 2, 6, 5, seed=3005, dtype=torch.float64),
+)
 _gO = randn(1, 2, 6, 5, seed=3006, dtype=torch.float64)
 _O, _L = naive_attention(_Q, _K, _V, return_lse=True)
 _leaves = [t.clone().requires_grad_() for t in (_Q, _K, _V)]
@@ -395,12 +445,18 @@ assert all(o.shape == r.shape and torch.allclose(o, r, atol=1e-10, rtol=1e-8) fo
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
+
 from helpers.device import randn
 from helpers.flash import naive_attention
+
 # Nq ≠ Nk and d = 3: the scale 1/√3 and every shape must be right
-_Q, _K, _V = randn(2, 1, 4, 3, seed=3007, dtype=torch.float64), randn(2, 1, 7, 3, seed=3008, dtype=torch.float64), randn(2, 1, 7, 3, seed=3009, dtype=torch.float64)
+_Q, _K, _V = (
+    randn(2, 1, 4, 3, seed=3007, dtype=torch.float64),
+    randn(2, 1, 7, 3, seed=3008, dtype=torch.float64),
+    randn(2, 1, 7, 3, seed=3009, dtype=torch.float64),
+)
 _gO = randn(2, 1, 4, 3, seed=3010, dtype=torch.float64)
 _O, _L = naive_attention(_Q, _K, _V, return_lse=True)
 _leaves = [t.clone().requires_grad_() for t in (_Q, _K, _V)]
@@ -429,19 +485,30 @@ assert all(o.shape == r.shape and torch.allclose(o, r, atol=1e-10, rtol=1e-8) fo
 grad_O = randn(1, 2, 11, 4, seed=5, dtype=dtype, device=dev)
 O_ref, L_ref = naive_attention(Q, K, V, return_lse=True)
 P_full = torch.softmax((Q @ K.transpose(-2, -1)) / math.sqrt(Q.shape[-1]), dim=-1)  # (1, 2, 11, 11)
-dP_full = grad_O @ V.transpose(-2, -1)                                             # (1, 2, 11, 11)
-expected = dict(zip(("D", "grad_Q", "grad_K", "grad_V"),
-                    ((P_full * dP_full).sum(-1), *autograd_grads(naive_attention, (Q, K, V), grad_O))))
+dP_full = grad_O @ V.transpose(-2, -1)  # (1, 2, 11, 11)
+expected = dict(
+    zip(
+        ("D", "grad_Q", "grad_K", "grad_V"),
+        ((P_full * dP_full).sum(-1), *autograd_grads(naive_attention, (Q, K, V), grad_O)),
+    )
+)
 
 
 def exercise_3(Q, K, V, O, L, grad_O):
     """Your D and your three gradients, by name."""
-    return {**named(("D",), row_D, O, grad_O),
-            **named(("grad_Q", "grad_K", "grad_V"), attention_backward_from_L, Q, K, V, O, L, grad_O)}
+    return {
+        **named(("D",), row_D, O, grad_O),
+        **named(("grad_Q", "grad_K", "grad_V"), attention_backward_from_L, Q, K, V, O, L, grad_O),
+    }
 
 
-check(exercise_3, expected, args=(Q, K, V, O_ref, L_ref, grad_O),
-      name="Exercise 3 · row_D and attention_backward_from_L", against="rowsum(dP ∘ P) and autograd")
+check(
+    exercise_3,
+    expected,
+    args=(Q, K, V, O_ref, L_ref, grad_O),
+    name="Exercise 3 · row_D and attention_backward_from_L",
+    against="rowsum(dP ∘ P) and autograd",
+)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -478,6 +545,7 @@ check(exercise_3, expected, args=(Q, K, V, O_ref, L_ref, grad_O),
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def tiled_backward(Q, K, V, O, L, grad_O, block_q=16, block_k=16, causal=False):
     """FlashAttention-2 backward: D = rowsum(dO∘O); per tile P = exp(S − L), dV += Pᵀ dO, dS = P∘(dO Vᵀ − D), dQ += dS K·s, dK += dSᵀ Q·s."""
@@ -485,28 +553,28 @@ def tiled_backward(Q, K, V, O, L, grad_O, block_q=16, block_k=16, causal=False):
     Nq, d = Q.shape[-2:]
     Nk = K.shape[-2]
     scale = 1 / math.sqrt(d)
-    D = (grad_O * O).sum(dim=-1)                                             # (B, H, Nq)
+    D = (grad_O * O).sum(dim=-1)  # (B, H, Nq)
     grad_Q, grad_K, grad_V = torch.zeros_like(Q), torch.zeros_like(K), torch.zeros_like(V)
     for k0 in range(0, Nk, block_k):
-        Kj, Vj = K[..., k0:k0 + block_k, :], V[..., k0:k0 + block_k, :]      # (B, H, bk, d)
+        Kj, Vj = K[..., k0 : k0 + block_k, :], V[..., k0 : k0 + block_k, :]  # (B, H, bk, d)
         bk = Kj.shape[-2]
-        grad_Kj, grad_Vj = torch.zeros_like(Kj), torch.zeros_like(Vj)        # (B, H, bk, d)
+        grad_Kj, grad_Vj = torch.zeros_like(Kj), torch.zeros_like(Vj)  # (B, H, bk, d)
         for q0 in range(0, Nq, block_q):
-            Qi, dOi = Q[..., q0:q0 + block_q, :], grad_O[..., q0:q0 + block_q, :]  # (B, H, bq, d)
+            Qi, dOi = Q[..., q0 : q0 + block_q, :], grad_O[..., q0 : q0 + block_q, :]  # (B, H, bq, d)
             bq = Qi.shape[-2]
             if causal and q0 + bq - 1 < k0:  # every query of this block comes before every key
                 continue
-            S = (Qi @ Kj.transpose(-2, -1)) * scale                          # (B, H, bq, bk)
-            P = torch.exp(S - L[..., q0:q0 + bq, None])                      # (B, H, bq, bk)
+            S = (Qi @ Kj.transpose(-2, -1)) * scale  # (B, H, bq, bk)
+            P = torch.exp(S - L[..., q0 : q0 + bq, None])  # (B, H, bq, bk)
             if causal:
                 P = P.masked_fill(~causal_tile_mask(q0, k0, bq, bk, Q.device), 0.0)
-            grad_Vj += P.transpose(-2, -1) @ dOi                             # (B, H, bk, d)
-            dP = dOi @ Vj.transpose(-2, -1)                                  # (B, H, bq, bk)
-            dS = P * (dP - D[..., q0:q0 + bq, None])                         # (B, H, bq, bk)
-            grad_Q[..., q0:q0 + bq, :] += (dS @ Kj) * scale                  # (B, H, bq, d)
-            grad_Kj += (dS.transpose(-2, -1) @ Qi) * scale                   # (B, H, bk, d)
-        grad_K[..., k0:k0 + bk, :] = grad_Kj
-        grad_V[..., k0:k0 + bk, :] = grad_Vj
+            grad_Vj += P.transpose(-2, -1) @ dOi  # (B, H, bk, d)
+            dP = dOi @ Vj.transpose(-2, -1)  # (B, H, bq, bk)
+            dS = P * (dP - D[..., q0 : q0 + bq, None])  # (B, H, bq, bk)
+            grad_Q[..., q0 : q0 + bq, :] += (dS @ Kj) * scale  # (B, H, bq, d)
+            grad_Kj += (dS.transpose(-2, -1) @ Qi) * scale  # (B, H, bk, d)
+        grad_K[..., k0 : k0 + bk, :] = grad_Kj
+        grad_V[..., k0 : k0 + bk, :] = grad_Vj
     return grad_Q, grad_K, grad_V
     # END SOLUTION
 
@@ -520,12 +588,18 @@ def tiled_backward(Q, K, V, O, L, grad_O, block_q=16, block_k=16, causal=False):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
+
 from helpers.device import randn
 from helpers.flash import naive_attention
+
 # ragged blocks both ways, d = 3
-_Q, _K, _V = randn(2, 1, 10, 3, seed=4001, dtype=torch.float64), randn(2, 1, 10, 3, seed=4002, dtype=torch.float64), randn(2, 1, 10, 3, seed=4003, dtype=torch.float64)
+_Q, _K, _V = (
+    randn(2, 1, 10, 3, seed=4001, dtype=torch.float64),
+    randn(2, 1, 10, 3, seed=4002, dtype=torch.float64),
+    randn(2, 1, 10, 3, seed=4003, dtype=torch.float64),
+)
 _gO = randn(2, 1, 10, 3, seed=4004, dtype=torch.float64)
 _O, _L = naive_attention(_Q, _K, _V, return_lse=True)
 _leaves = [t.clone().requires_grad_() for t in (_Q, _K, _V)]
@@ -536,12 +610,18 @@ assert all(o.shape == r.shape and torch.allclose(o, r, atol=1e-10, rtol=1e-8) fo
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
+
 from helpers.device import randn
 from helpers.flash import naive_attention
+
 # Nq ≠ Nk: grad_Q has Q's shape, grad_K and grad_V have K's
-_Q, _K, _V = randn(1, 2, 5, 4, seed=4005, dtype=torch.float64), randn(1, 2, 9, 4, seed=4006, dtype=torch.float64), randn(1, 2, 9, 4, seed=4007, dtype=torch.float64)
+_Q, _K, _V = (
+    randn(1, 2, 5, 4, seed=4005, dtype=torch.float64),
+    randn(1, 2, 9, 4, seed=4006, dtype=torch.float64),
+    randn(1, 2, 9, 4, seed=4007, dtype=torch.float64),
+)
 _gO = randn(1, 2, 5, 4, seed=4008, dtype=torch.float64)
 _O, _L = naive_attention(_Q, _K, _V, return_lse=True)
 _leaves = [t.clone().requires_grad_() for t in (_Q, _K, _V)]
@@ -552,12 +632,18 @@ assert all(o.shape == r.shape and torch.allclose(o, r, atol=1e-10, rtol=1e-8) fo
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
+
 from helpers.device import randn
 from helpers.flash import naive_attention
+
 # the block size must not change the answer (1×1 tiles, and one tile larger than the matrix)
-_Q, _K, _V = randn(1, 1, 6, 2, seed=4009, dtype=torch.float64), randn(1, 1, 7, 2, seed=4010, dtype=torch.float64), randn(1, 1, 7, 2, seed=4011, dtype=torch.float64)
+_Q, _K, _V = (
+    randn(1, 1, 6, 2, seed=4009, dtype=torch.float64),
+    randn(1, 1, 7, 2, seed=4010, dtype=torch.float64),
+    randn(1, 1, 7, 2, seed=4011, dtype=torch.float64),
+)
 _gO = randn(1, 1, 6, 2, seed=4012, dtype=torch.float64)
 _O, _L = naive_attention(_Q, _K, _V, return_lse=True)
 _leaves = [t.clone().requires_grad_() for t in (_Q, _K, _V)]
@@ -569,10 +655,12 @@ for _bq, _bk in ((1, 1), (50, 50)):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
+
 from helpers.device import randn
 from helpers.flash import naive_attention
+
 # three gradients of the right shapes, and the inputs left unchanged (no in-place edits)
 _ins = [randn(1, 1, 5, 3, seed=s, dtype=torch.float64) for s in (4013, 4014, 4015)]
 _gO = randn(1, 1, 5, 3, seed=4016, dtype=torch.float64)
@@ -594,9 +682,14 @@ assert all(torch.equal(a, b) for a, b in zip(_all, _copies))
 # self-check 3, `N = 11` in tiles of 4 queries × 3 keys; `O` and `L` from `naive_attention`):
 
 # %%
-check(tiled_backward, autograd_grads(naive_attention, (Q, K, V), grad_O),
-      args=(Q, K, V, O_ref, L_ref, grad_O, 4, 3), outputs=("grad_Q", "grad_K", "grad_V"),
-      name="Exercise 4 · tiled_backward", against="autograd")
+check(
+    tiled_backward,
+    autograd_grads(naive_attention, (Q, K, V), grad_O),
+    args=(Q, K, V, O_ref, L_ref, grad_O, 4, 3),
+    outputs=("grad_Q", "grad_K", "grad_V"),
+    name="Exercise 4 · tiled_backward",
+    against="autograd",
+)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -629,13 +722,14 @@ check(tiled_backward, autograd_grads(naive_attention, (Q, K, V), grad_O),
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def causal_tile_mask(q0, k0, bq, bk, device=None):
     """allowed[i, j] = (k0 + j <= q0 + i): the causal mask of one (bq, bk) tile."""
     # BEGIN SOLUTION
-    rows = torch.arange(q0, q0 + bq, device=device)[:, None]                 # (bq, 1)
-    cols = torch.arange(k0, k0 + bk, device=device)[None, :]                 # (1, bk)
-    return cols <= rows                                                      # (bq, bk) bool
+    rows = torch.arange(q0, q0 + bq, device=device)[:, None]  # (bq, 1)
+    cols = torch.arange(k0, k0 + bk, device=device)[None, :]  # (1, bk)
+    return cols <= rows  # (bq, bk) bool
     # END SOLUTION
 
 
@@ -648,8 +742,9 @@ def causal_tile_mask(q0, k0, bq, bk, device=None):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
+
 _M = causal_tile_mask(3, 2, 4, 5)
 assert _M.shape == (4, 5) and _M.dtype == torch.bool
 _ref = torch.arange(2, 7)[None, :] <= torch.arange(3, 7)[:, None]
@@ -659,27 +754,41 @@ assert not causal_tile_mask(0, 4, 2, 3).any() and causal_tile_mask(6, 0, 2, 3).a
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
+
 from helpers.device import randn
 from helpers.flash import naive_attention
+
 # causal forward, ragged N, and Nq ≠ Nk (top-left aligned)
 for _Nq, _Nk, _bq, _bk in ((10, 10, 4, 3), (7, 12, 3, 5), (9, 4, 2, 3)):
-    _Q, _K, _V = randn(1, 2, _Nq, 3, seed=5001, dtype=torch.float64), randn(1, 2, _Nk, 3, seed=5002, dtype=torch.float64), randn(1, 2, _Nk, 3, seed=5003, dtype=torch.float64)
+    _Q, _K, _V = (
+        randn(1, 2, _Nq, 3, seed=5001, dtype=torch.float64),
+        randn(1, 2, _Nk, 3, seed=5002, dtype=torch.float64),
+        randn(1, 2, _Nk, 3, seed=5003, dtype=torch.float64),
+    )
     _O, _L = tiled_forward(_Q, _K, _V, _bq, _bk, causal=True)
     _O_ref, _L_ref = naive_attention(_Q, _K, _V, causal=True, return_lse=True)
-    assert torch.allclose(_O, _O_ref, atol=1e-10, rtol=1e-8) and torch.allclose(_L, _L_ref, atol=1e-10, rtol=1e-8)
+    assert torch.allclose(_O, _O_ref, atol=1e-10, rtol=1e-8) and torch.allclose(
+        _L, _L_ref, atol=1e-10, rtol=1e-8
+    )
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
+
 from helpers.device import randn
 from helpers.flash import naive_attention
+
 # causal backward, ragged N, and Nq ≠ Nk (top-left aligned)
 for _Nq, _Nk, _bq, _bk in ((10, 10, 3, 4), (6, 11, 4, 3), (9, 5, 2, 2)):
-    _Q, _K, _V = randn(2, 1, _Nq, 3, seed=5004, dtype=torch.float64), randn(2, 1, _Nk, 3, seed=5005, dtype=torch.float64), randn(2, 1, _Nk, 3, seed=5006, dtype=torch.float64)
+    _Q, _K, _V = (
+        randn(2, 1, _Nq, 3, seed=5004, dtype=torch.float64),
+        randn(2, 1, _Nk, 3, seed=5005, dtype=torch.float64),
+        randn(2, 1, _Nk, 3, seed=5006, dtype=torch.float64),
+    )
     _gO = randn(2, 1, _Nq, 3, seed=5007, dtype=torch.float64)
     _O, _L = naive_attention(_Q, _K, _V, causal=True, return_lse=True)
     _leaves = [t.clone().requires_grad_() for t in (_Q, _K, _V)]
@@ -701,29 +810,63 @@ for _Nq, _Nk, _bq, _bk in ((10, 10, 3, 4), (6, 11, 4, 3), (9, 5, 2, 2)):
 
 # %%
 O_causal, L_causal = naive_attention(Q, K, V, causal=True, return_lse=True)
-Q7, grad_O7 = Q[:, :, :7], grad_O[:, :, :7]                          # Nq = 7 < Nk = 11
+Q7, grad_O7 = Q[:, :, :7], grad_O[:, :, :7]  # Nq = 7 < Nk = 11
 O7, L7 = naive_attention(Q7, K, V, causal=True, return_lse=True)
-expected = dict(zip(("mask", "O", "L", "grad_Q", "grad_K", "grad_V"),
-                    (torch.arange(3, 9)[None, :] <= torch.arange(4, 8)[:, None], O_causal, L_causal,
-                     *autograd_grads(lambda q, k, v: naive_attention(q, k, v, causal=True), (Q, K, V), grad_O))))
-expected.update(zip(("O (Nq 7, Nk 11)", "L (Nq 7, Nk 11)", "grad_Q (Nq 7, Nk 11)", "grad_K (Nq 7, Nk 11)",
-                     "grad_V (Nq 7, Nk 11)"),
-                    (O7, L7, *autograd_grads(lambda q, k, v: naive_attention(q, k, v, causal=True), (Q7, K, V),
-                                             grad_O7))))
+expected = dict(
+    zip(
+        ("mask", "O", "L", "grad_Q", "grad_K", "grad_V"),
+        (
+            torch.arange(3, 9)[None, :] <= torch.arange(4, 8)[:, None],
+            O_causal,
+            L_causal,
+            *autograd_grads(lambda q, k, v: naive_attention(q, k, v, causal=True), (Q, K, V), grad_O),
+        ),
+    )
+)
+expected.update(
+    zip(
+        (
+            "O (Nq 7, Nk 11)",
+            "L (Nq 7, Nk 11)",
+            "grad_Q (Nq 7, Nk 11)",
+            "grad_K (Nq 7, Nk 11)",
+            "grad_V (Nq 7, Nk 11)",
+        ),
+        (O7, L7, *autograd_grads(lambda q, k, v: naive_attention(q, k, v, causal=True), (Q7, K, V), grad_O7)),
+    )
+)
 
 
 def exercise_5(Q, K, V, O, L, grad_O):
     """Your tile mask, causal O and L, and causal gradients (from the reference O and L), by name."""
-    return {**named(("mask",), causal_tile_mask, 4, 3, 4, 6),
-            **named(("O", "L"), tiled_forward, Q, K, V, 4, 3, causal=True),
-            **named(("grad_Q", "grad_K", "grad_V"), tiled_backward, Q, K, V, O, L, grad_O, 4, 3, causal=True),
-            **named(("O (Nq 7, Nk 11)", "L (Nq 7, Nk 11)"), tiled_forward, Q7, K, V, 4, 3, causal=True),
-            **named(("grad_Q (Nq 7, Nk 11)", "grad_K (Nq 7, Nk 11)", "grad_V (Nq 7, Nk 11)"), tiled_backward,
-                    Q7, K, V, O7, L7, grad_O7, 4, 3, causal=True)}
+    return {
+        **named(("mask",), causal_tile_mask, 4, 3, 4, 6),
+        **named(("O", "L"), tiled_forward, Q, K, V, 4, 3, causal=True),
+        **named(("grad_Q", "grad_K", "grad_V"), tiled_backward, Q, K, V, O, L, grad_O, 4, 3, causal=True),
+        **named(("O (Nq 7, Nk 11)", "L (Nq 7, Nk 11)"), tiled_forward, Q7, K, V, 4, 3, causal=True),
+        **named(
+            ("grad_Q (Nq 7, Nk 11)", "grad_K (Nq 7, Nk 11)", "grad_V (Nq 7, Nk 11)"),
+            tiled_backward,
+            Q7,
+            K,
+            V,
+            O7,
+            L7,
+            grad_O7,
+            4,
+            3,
+            causal=True,
+        ),
+    }
 
 
-check(exercise_5, expected, args=(Q, K, V, O_causal, L_causal, grad_O),
-      name="Exercise 5 · causal", against="the tile's mask, naive attention and autograd")
+check(
+    exercise_5,
+    expected,
+    args=(Q, K, V, O_causal, L_causal, grad_O),
+    name="Exercise 5 · causal",
+    against="the tile's mask, naive attention and autograd",
+)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -753,6 +896,7 @@ check(exercise_5, expected, args=(Q, K, V, O_causal, L_causal, grad_O),
 
 # %% [raw]
 # # BEGIN SOLUTION
+
 
 # %%
 class FlashAttentionFn(torch.autograd.Function):
@@ -784,8 +928,14 @@ class FlashAttentionFn(torch.autograd.Function):
         Q, K, V, O, L = ctx.saved_tensors
         grad_Q, grad_K, grad_V = tiled_backward(Q, K, V, O, L, grad_O, ctx.block_q, ctx.block_k, ctx.causal)
         need_Q, need_K, need_V = ctx.needs_input_grad[:3]
-        return (grad_Q if need_Q else None, grad_K if need_K else None, grad_V if need_V else None,
-                None, None, None)
+        return (
+            grad_Q if need_Q else None,
+            grad_K if need_K else None,
+            grad_V if need_V else None,
+            None,
+            None,
+            None,
+        )
         # END SOLUTION
 
 
@@ -804,9 +954,11 @@ def flash_attn(Q, K, V, causal=False, block_q=16, block_k=16):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
+
 from helpers.device import randn
+
 _ins = [randn(1, 2, 5, 3, seed=s, dtype=torch.float64, requires_grad=True) for s in (6001, 6002, 6003)]
 assert torch.autograd.gradcheck(lambda q, k, v: flash_attn(q, k, v, False, 2, 3), _ins)
 assert torch.autograd.gradcheck(lambda q, k, v: flash_attn(q, k, v, True, 3, 2), _ins)
@@ -814,10 +966,12 @@ assert torch.autograd.gradcheck(lambda q, k, v: flash_attn(q, k, v, True, 3, 2),
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
+
 from helpers.device import randn
 from helpers.flash import naive_attention
+
 # saved for backward: Q, K, V, O (B, H, N, d) and L (B, H, N), nothing (N, N)
 _Q, _K, _V = (randn(2, 1, 7, 3, seed=s, dtype=torch.float64, requires_grad=True) for s in (6004, 6005, 6006))
 _O = flash_attn(_Q, _K, _V, True, 2, 2)
@@ -850,16 +1004,26 @@ def saved_for_backward(Q, K, V):
     """How many tensors flash_attn's node keeps for backward, and their sizes (numel, sorted)."""
     leaves = [t.detach().clone().requires_grad_() for t in (Q, K, V)]
     saved = flash_attn(*leaves, True, 3, 2).grad_fn.saved_tensors
-    return {"number of saved tensors": torch.tensor(len(saved)),
-            "their sizes": torch.tensor(sorted(t.numel() for t in saved))}
+    return {
+        "number of saved tensors": torch.tensor(len(saved)),
+        "their sizes": torch.tensor(sorted(t.numel() for t in saved)),
+    }
 
 
 sizes = [Q6.numel()] * 4 + [Q6.numel() // Q6.shape[-1]]  # Q, K, V, O: B·H·N·d; L: B·H·N
-result = evaluate(saved_for_backward, {"number of saved tensors": torch.tensor(5), "their sizes": torch.tensor(sorted(sizes))},
-                  args=(Q6, K6, V6), name="Exercise 6 · FlashAttentionFn")
+result = evaluate(
+    saved_for_backward,
+    {"number of saved tensors": torch.tensor(5), "their sizes": torch.tensor(sorted(sizes))},
+    args=(Q6, K6, V6),
+    name="Exercise 6 · FlashAttentionFn",
+)
 if result:  # it saves Q, K, V, O, L: now finite differences against its backward
-    result = check_gradcheck(lambda q, k, v: flash_attn(q, k, v, True, 3, 2), (Q6, K6, V6),
-                             name="Exercise 6 · FlashAttentionFn (saves Q, K, V, O, L)", quiet=True)
+    result = check_gradcheck(
+        lambda q, k, v: flash_attn(q, k, v, True, 3, 2),
+        (Q6, K6, V6),
+        name="Exercise 6 · FlashAttentionFn (saves Q, K, V, O, L)",
+        quiet=True,
+    )
 print(result.line)
 
 # %% [markdown]

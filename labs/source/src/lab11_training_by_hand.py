@@ -73,15 +73,17 @@ Y = randn(8, 3, seed=2, dtype=dtype, device=dev)
 
 def init():
     """The same starting point every time: {'W': (3, 4), 'b': (3,)}."""
-    return {"W": 0.5 * randn(3, 4, seed=3, dtype=dtype, device=dev),
-            "b": 0.1 * randn(3, seed=4, dtype=dtype, device=dev)}
+    return {
+        "W": 0.5 * randn(3, 4, seed=3, dtype=dtype, device=dev),
+        "b": 0.1 * randn(3, seed=4, dtype=dtype, device=dev),
+    }
 
 
 def grads_at(p):
     """{grad_W = δᵀX, grad_b = Σδ} of L = mean (tanh(X Wᵀ + b) − Y)², δ = 2/n (a − Y)(1 − a²)."""
-    a = torch.tanh(X @ p["W"].T + p["b"])                 # (8, 4) @ (4, 3) -> (8, 3)
-    delta = 2 / a.numel() * (a - Y) * (1 - a ** 2)       # (8, 3)
-    return {"W": delta.T @ X, "b": delta.sum(0)}         # (3, 8) @ (8, 4) -> (3, 4)
+    a = torch.tanh(X @ p["W"].T + p["b"])  # (8, 4) @ (4, 3) -> (8, 3)
+    delta = 2 / a.numel() * (a - Y) * (1 - a**2)  # (8, 3)
+    return {"W": delta.T @ X, "b": delta.sum(0)}  # (3, 8) @ (8, 4) -> (3, 4)
 
 
 def run_ours(step, fresh_state, steps=10, what="step"):
@@ -97,8 +99,10 @@ def run_ours(step, fresh_state, steps=10, what="step"):
             if not isinstance(out, tuple) or not isinstance(out[0], torch.Tensor):
                 raise ValueError(f"{what} should return a tuple (theta, ...), got {type(out).__name__}")
             if out[0].shape != theta[k].shape:
-                raise ValueError(f"{what} returned theta of shape {tuple(out[0].shape)} for a "
-                                 f"parameter of shape {tuple(theta[k].shape)}")
+                raise ValueError(
+                    f"{what} returned theta of shape {tuple(out[0].shape)} for a "
+                    f"parameter of shape {tuple(theta[k].shape)}"
+                )
             theta[k], state[k] = out[0], out[1:]
     return theta["W"], theta["b"]
 
@@ -113,6 +117,7 @@ def run_torch(make_opt, steps=10):
             theta[k].grad = grads[k]
         opt.step()
     return theta["W"], theta["b"]
+
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -139,6 +144,7 @@ def run_torch(make_opt, steps=10):
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def sgd_step(theta, g, buf, lr, momentum=0.0, nesterov=False, weight_decay=0.0):
     """θ ← θ − η·d with g ← g + λθ, b ← μb + g (b₁ = g), d = g + μb (Nesterov) or b; returns (θ, b)."""
@@ -161,7 +167,7 @@ def sgd_step(theta, g, buf, lr, momentum=0.0, nesterov=False, weight_decay=0.0):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import randn
@@ -182,7 +188,7 @@ assert _th.shape == (5,) and torch.allclose(_th, _ref.detach(), atol=1e-12, rtol
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import randn
@@ -203,14 +209,18 @@ assert torch.allclose(_buf, _opt.state[_ref]["momentum_buffer"], atol=1e-12, rto
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 # the first step: buf = g + λθ (not (1−μ)g, not 0); momentum 0 is plain gradient descent
 _th = torch.tensor([1.0, -2.0], dtype=torch.float64)
 _g = torch.tensor([0.5, 4.0], dtype=torch.float64)
-_new, _buf = sgd_step(_th.clone(), _g.clone(), None, 0.1, momentum=0.9, weight_decay=0.1)   # clones: in-place updates are allowed
-assert torch.allclose(_buf, _g + 0.1 * _th, atol=1e-15) and torch.allclose(_new, _th - 0.1 * (_g + 0.1 * _th), atol=1e-15)
+_new, _buf = sgd_step(
+    _th.clone(), _g.clone(), None, 0.1, momentum=0.9, weight_decay=0.1
+)  # clones: in-place updates are allowed
+assert torch.allclose(_buf, _g + 0.1 * _th, atol=1e-15) and torch.allclose(
+    _new, _th - 0.1 * (_g + 0.1 * _th), atol=1e-15
+)
 _new, _buf = sgd_step(_th.clone(), _g.clone(), None, 0.5)
 assert _buf is None and torch.allclose(_new, _th - 0.5 * _g, atol=1e-15)
 
@@ -226,12 +236,19 @@ assert _buf is None and torch.allclose(_new, _th - 0.5 * _g, atol=1e-15)
 # ten steps):
 
 # %%
-check(lambda: run_ours(lambda th, g, s, t: sgd_step(th, g, s[0], 0.1, momentum=0.9, nesterov=True,
-                                                     weight_decay=0.01),
-                       lambda th: (None,), what="sgd_step"),
-      lambda: run_torch(lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01)),
-      outputs=("W", "b"), name="Exercise 1 · sgd_step", against="torch.optim.SGD after 10 steps",
-      atol=1e-12, rtol=0)
+check(
+    lambda: run_ours(
+        lambda th, g, s, t: sgd_step(th, g, s[0], 0.1, momentum=0.9, nesterov=True, weight_decay=0.01),
+        lambda th: (None,),
+        what="sgd_step",
+    ),
+    lambda: run_torch(lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01)),
+    outputs=("W", "b"),
+    name="Exercise 1 · sgd_step",
+    against="torch.optim.SGD after 10 steps",
+    atol=1e-12,
+    rtol=0,
+)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -259,6 +276,7 @@ check(lambda: run_ours(lambda th, g, s, t: sgd_step(th, g, s[0], 0.1, momentum=0
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def adam_step(theta, g, m, v, t, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
     """θ ← θ − η/(1−β₁ᵗ) · m/(√v/√(1−β₂ᵗ) + ε), m ← β₁m + (1−β₁)g, v ← β₂v + (1−β₂)g², g ← g + λθ."""
@@ -267,8 +285,8 @@ def adam_step(theta, g, m, v, t, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=
     g = g + weight_decay * theta
     m = beta1 * m + (1 - beta1) * g
     v = beta2 * v + (1 - beta2) * g * g
-    denom = v.sqrt() / math.sqrt(1 - beta2 ** t) + eps
-    return theta - lr / (1 - beta1 ** t) * m / denom, m, v
+    denom = v.sqrt() / math.sqrt(1 - beta2**t) + eps
+    return theta - lr / (1 - beta1**t) * m / denom, m, v
     # END SOLUTION
 
 
@@ -281,7 +299,7 @@ def adam_step(theta, g, m, v, t, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import randn
@@ -303,32 +321,40 @@ assert torch.allclose(_v, _opt.state[_ref]["exp_avg_sq"], atol=1e-14, rtol=0)
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 # bias correction: the first step is η·sign(g) for every scale of g, and m, v are returned raw
 _g = torch.tensor([1e-3, -2.0, 50.0, -7e2], dtype=torch.float64)
 _th = torch.zeros(4, dtype=torch.float64)
-_new, _m, _v = adam_step(_th, _g, torch.zeros(4, dtype=torch.float64), torch.zeros(4, dtype=torch.float64), 1, 0.01, eps=1e-12)
+_new, _m, _v = adam_step(
+    _th, _g, torch.zeros(4, dtype=torch.float64), torch.zeros(4, dtype=torch.float64), 1, 0.01, eps=1e-12
+)
 assert torch.allclose(_new, -0.01 * torch.sign(_g), atol=1e-9, rtol=0)
-assert torch.allclose(_m, 0.1 * _g, rtol=1e-14, atol=0) and torch.allclose(_v, 0.001 * _g * _g, rtol=1e-14, atol=0)
+assert torch.allclose(_m, 0.1 * _g, rtol=1e-14, atol=0) and torch.allclose(
+    _v, 0.001 * _g * _g, rtol=1e-14, atol=0
+)
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import math
 
 import torch
 
 # a later step uses t: with a constant gradient, m_t = (1 − β₁ᵗ)g, and the step is still η·sign(g)
 _g = torch.tensor([[3.0, -0.25]], dtype=torch.float64)
-_th, _m, _v = torch.zeros(1, 2, dtype=torch.float64), torch.zeros(1, 2, dtype=torch.float64), torch.zeros(1, 2, dtype=torch.float64)
+_th, _m, _v = (
+    torch.zeros(1, 2, dtype=torch.float64),
+    torch.zeros(1, 2, dtype=torch.float64),
+    torch.zeros(1, 2, dtype=torch.float64),
+)
 for _t in range(1, 6):
     _prev = _th.clone()
     _th, _m, _v = adam_step(_th, _g, _m, _v, _t, 0.1, eps=0.0)
 assert torch.allclose(_th - _prev, -0.1 * torch.sign(_g), atol=1e-12, rtol=0)
-assert torch.allclose(_m, (1 - 0.9 ** 5) * _g, atol=1e-14, rtol=0)
+assert torch.allclose(_m, (1 - 0.9**5) * _g, atol=1e-14, rtol=0)
 
 # %% [raw]
 # # END TESTS
@@ -340,17 +366,25 @@ assert torch.allclose(_m, (1 - 0.9 ** 5) * _g, atol=1e-14, rtol=0)
 # **Self-check 2** (reference: `torch.optim.Adam(lr=0.05, weight_decay=0.1)`, ten steps on the
 # tanh layer):
 
+
 # %%
 def adam_driver(step, **hp):
     """Adapt a (θ, g, m, v, t) -> (θ, m, v) step to run_ours; m and v start at zeros."""
-    return dict(step=lambda th, g, s, t: step(th, g, s[0], s[1], t, **hp),
-                fresh_state=lambda th: (torch.zeros_like(th), torch.zeros_like(th)))
+    return dict(
+        step=lambda th, g, s, t: step(th, g, s[0], s[1], t, **hp),
+        fresh_state=lambda th: (torch.zeros_like(th), torch.zeros_like(th)),
+    )
 
 
-check(lambda: run_ours(**adam_driver(adam_step, lr=0.05, weight_decay=0.1), what="adam_step"),
-      lambda: run_torch(lambda p: torch.optim.Adam(p, lr=0.05, weight_decay=0.1)),
-      outputs=("W", "b"), name="Exercise 2 · adam_step", against="torch.optim.Adam after 10 steps",
-      atol=1e-12, rtol=0)
+check(
+    lambda: run_ours(**adam_driver(adam_step, lr=0.05, weight_decay=0.1), what="adam_step"),
+    lambda: run_torch(lambda p: torch.optim.Adam(p, lr=0.05, weight_decay=0.1)),
+    outputs=("W", "b"),
+    name="Exercise 2 · adam_step",
+    against="torch.optim.Adam after 10 steps",
+    atol=1e-12,
+    rtol=0,
+)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -376,6 +410,7 @@ check(lambda: run_ours(**adam_driver(adam_step, lr=0.05, weight_decay=0.1), what
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def adamw_step(theta, g, m, v, t, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
     """θ ← θ(1 − ηλ), then the Adam step on g alone (m and v never see λθ); returns (θ, m, v)."""
@@ -394,7 +429,7 @@ def adamw_step(theta, g, m, v, t, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import randn
@@ -415,7 +450,7 @@ assert _th.shape == (2, 4) and torch.allclose(_th, _ref.detach(), atol=1e-12, rt
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 # decoupled: an idle weight decays by (1 − ηλ)ᵗ exactly, and m, v never see λθ
@@ -423,7 +458,9 @@ _th = torch.tensor([2.0, -3.0], dtype=torch.float64)
 _g = torch.tensor([0.0, 5.0], dtype=torch.float64)
 _m, _v = torch.zeros(2, dtype=torch.float64), torch.zeros(2, dtype=torch.float64)
 _th, _m, _v = adamw_step(_th, _g, _m, _v, 1, 0.01, weight_decay=0.5)
-assert torch.allclose(_m, 0.1 * _g, atol=1e-15, rtol=0) and torch.allclose(_v, 0.001 * _g * _g, atol=1e-15, rtol=0)
+assert torch.allclose(_m, 0.1 * _g, atol=1e-15, rtol=0) and torch.allclose(
+    _v, 0.001 * _g * _g, atol=1e-15, rtol=0
+)
 for _t in range(2, 8):
     _th, _m, _v = adamw_step(_th, _g, _m, _v, _t, 0.01, weight_decay=0.5)
 assert abs(_th[0].item() - 2.0 * (1 - 0.01 * 0.5) ** 7) < 1e-13
@@ -438,6 +475,7 @@ assert abs(_th[0].item() - 2.0 * (1 - 0.01 * 0.5) ** 7) < 1e-13
 # **Self-check 3** (reference: `torch.optim.AdamW(lr=0.05, weight_decay=0.1)`, ten steps on the
 # tanh layer; then a weight at 1 with $g = 0$, ten steps of $\eta = \lambda = 0.1$: AdamW must give
 # $(1 - 0.01)^{10}$):
+
 
 # %%
 def idle_weight(step):
@@ -456,17 +494,25 @@ def adamw_answers():
     return W, b, idle_weight(adamw_step)
 
 
-check(adamw_answers,
-      lambda: (*run_torch(lambda p: torch.optim.AdamW(p, lr=0.05, weight_decay=0.1)),
-               torch.full((1,), (1 - 0.1 * 0.1) ** 10, dtype=dtype)),
-      outputs=("W", "b", "idle weight"), name="Exercise 3 · adamw_step",
-      against="torch.optim.AdamW and (1 − ηλ)¹⁰", atol=1e-12, rtol=0)
+check(
+    adamw_answers,
+    lambda: (
+        *run_torch(lambda p: torch.optim.AdamW(p, lr=0.05, weight_decay=0.1)),
+        torch.full((1,), (1 - 0.1 * 0.1) ** 10, dtype=dtype),
+    ),
+    outputs=("W", "b", "idle weight"),
+    name="Exercise 3 · adamw_step",
+    against="torch.optim.AdamW and (1 − ηλ)¹⁰",
+    atol=1e-12,
+    rtol=0,
+)
 
 # %% [markdown]
 # The same idle weight under `torch.optim.Adam` with the same $\lambda$ as an L2 penalty: its only
 # gradient is $\lambda\theta$, which Adam normalises into a step of about $\eta$, so ten steps
 # take it most of the way to 0 (run your own `adam_step(..., weight_decay=0.1)` on it to see the
 # same thing), while decoupled decay leaves it at $(1-\eta\lambda)^{10}$:
+
 
 # %%
 def idle_weight_torch(make_opt):
@@ -479,8 +525,16 @@ def idle_weight_torch(make_opt):
     return th.item()
 
 
-show("idle weight, torch.optim.Adam  (L2 0.1)  ", idle_weight_torch(lambda p: torch.optim.Adam(p, lr=0.1, weight_decay=0.1)), 6)
-show("idle weight, torch.optim.AdamW (decay 0.1)", idle_weight_torch(lambda p: torch.optim.AdamW(p, lr=0.1, weight_decay=0.1)), 6)
+show(
+    "idle weight, torch.optim.Adam  (L2 0.1)  ",
+    idle_weight_torch(lambda p: torch.optim.Adam(p, lr=0.1, weight_decay=0.1)),
+    6,
+)
+show(
+    "idle weight, torch.optim.AdamW (decay 0.1)",
+    idle_weight_torch(lambda p: torch.optim.AdamW(p, lr=0.1, weight_decay=0.1)),
+    6,
+)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -507,6 +561,7 @@ show("idle weight, torch.optim.AdamW (decay 0.1)", idle_weight_torch(lambda p: t
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def lr_at(step, warmup, total, lr_max, lr_min=0.0):
     """η_max(s+1)/W for s < W, then η_min + ½(η_max − η_min)(1 + cos π(s−W)/(T−W)), η_min for s ≥ T."""
@@ -529,20 +584,25 @@ def lr_at(step, warmup, total, lr_max, lr_min=0.0):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import math
 
 # the landmarks: first step, peak, midpoint, end, after the end
 assert abs(lr_at(0, 10, 110, 3e-3, 3e-4) - 3e-4) < 1e-15
-assert abs(lr_at(9, 10, 110, 3e-3, 3e-4) - 3e-3) < 1e-15 and abs(lr_at(10, 10, 110, 3e-3, 3e-4) - 3e-3) < 1e-15
+assert (
+    abs(lr_at(9, 10, 110, 3e-3, 3e-4) - 3e-3) < 1e-15 and abs(lr_at(10, 10, 110, 3e-3, 3e-4) - 3e-3) < 1e-15
+)
 assert abs(lr_at(60, 10, 110, 3e-3, 3e-4) - 0.5 * (3e-3 + 3e-4)) < 1e-15
-assert abs(lr_at(110, 10, 110, 3e-3, 3e-4) - 3e-4) < 1e-15 and abs(lr_at(500, 10, 110, 3e-3, 3e-4) - 3e-4) < 1e-15
+assert (
+    abs(lr_at(110, 10, 110, 3e-3, 3e-4) - 3e-4) < 1e-15
+    and abs(lr_at(500, 10, 110, 3e-3, 3e-4) - 3e-4) < 1e-15
+)
 assert isinstance(lr_at(35, 10, 110, 3e-3, 3e-4), float)
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import math
 
 # every step of two schedules, one without warm-up and with the default floor of 0
@@ -550,7 +610,11 @@ for _s in range(0, 60):
     _want = 0.5 * 0.1 * (1 + math.cos(math.pi * _s / 50)) if _s < 50 else 0.0
     assert abs(lr_at(_s, 0, 50, 0.1) - _want) < 1e-14, _s
 for _s in range(0, 40):
-    _want = 1.0 * (_s + 1) / 7 if _s < 7 else (0.2 + 0.4 * (1 + math.cos(math.pi * (_s - 7) / 26)) if _s < 33 else 0.2)
+    _want = (
+        1.0 * (_s + 1) / 7
+        if _s < 7
+        else (0.2 + 0.4 * (1 + math.cos(math.pi * (_s - 7) / 26)) if _s < 33 else 0.2)
+    )
     assert abs(lr_at(_s, 7, 33, 1.0, 0.2) - _want) < 1e-14, _s
 
 # %% [raw]
@@ -563,6 +627,7 @@ for _s in range(0, 40):
 # **Self-check 4** (reference: `helpers.optim.lr_warmup_cosine`, steps 0 to 39 of a schedule with
 # $W = 5$, $T = 30$, $\eta_{\max} = 10^{-2}$, $\eta_{\min} = 10^{-3}$):
 
+
 # %%
 def schedule_of(fn):
     """The 40 learning rates of fn(s, 5, 30, 1e-2, 1e-3), as a float64 tensor."""
@@ -572,8 +637,15 @@ def schedule_of(fn):
     return torch.tensor([float(v) for v in values], dtype=dtype)
 
 
-check(lambda: schedule_of(lr_at), lambda: schedule_of(lr_warmup_cosine), outputs=("lr per step",),
-      name="Exercise 4 · lr_at", against="helpers.optim.lr_warmup_cosine", atol=1e-15, rtol=0)
+check(
+    lambda: schedule_of(lr_at),
+    lambda: schedule_of(lr_warmup_cosine),
+    outputs=("lr per step",),
+    name="Exercise 4 · lr_at",
+    against="helpers.optim.lr_warmup_cosine",
+    atol=1e-15,
+    rtol=0,
+)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -605,6 +677,7 @@ check(lambda: schedule_of(lr_at), lambda: schedule_of(lr_warmup_cosine), outputs
 # %% [raw]
 # # BEGIN SOLUTION
 
+
 # %%
 def train(model, opt, X, Y, steps, accum=1, max_norm=1.0):
     """zero_grad → (forward → backward of L_i/accum) per micro-batch → clip → step; returns [L per step]."""
@@ -633,7 +706,7 @@ def train(model, opt, X, Y, steps, accum=1, max_norm=1.0):
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 import torch.nn.functional as F
 
@@ -645,6 +718,8 @@ def _model():
     _m = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2)).double()
     torch.nn.utils.vector_to_parameters(0.5 * randn(32, seed=1501, dtype=torch.float64), _m.parameters())
     return _m
+
+
 _X, _Y = randn(12, 3, seed=1502, dtype=torch.float64), randn(12, 2, seed=1503, dtype=torch.float64)
 _a = _model()
 _losses = train(_a, torch.optim.SGD(_a.parameters(), lr=0.2), _X, _Y, 6, accum=3, max_norm=1e9)
@@ -658,12 +733,17 @@ for _ in range(6):
     _opt.step()
     _ref.append(_L.item())
 assert len(_losses) == 6 and max(abs(float(_u) - _w) for _u, _w in zip(_losses, _ref)) < 1e-12
-assert torch.allclose(torch.nn.utils.parameters_to_vector(_a.parameters()), torch.nn.utils.parameters_to_vector(_b.parameters()), atol=1e-12, rtol=0)
+assert torch.allclose(
+    torch.nn.utils.parameters_to_vector(_a.parameters()),
+    torch.nn.utils.parameters_to_vector(_b.parameters()),
+    atol=1e-12,
+    rtol=0,
+)
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 import torch.nn.functional as F
 
@@ -675,6 +755,8 @@ def _model():
     _m = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2)).double()
     torch.nn.utils.vector_to_parameters(randn(32, seed=1511, dtype=torch.float64), _m.parameters())
     return _m
+
+
 _X, _Y = randn(8, 3, seed=1512, dtype=torch.float64), 3 * randn(8, 2, seed=1513, dtype=torch.float64)
 _a = _model()
 _losses = train(_a, torch.optim.SGD(_a.parameters(), lr=0.1, momentum=0.9), _X, _Y, 8, accum=2, max_norm=0.1)
@@ -686,13 +768,18 @@ for _ in range(8):
     F.mse_loss(_b(_X), _Y).backward()
     _norms.append(torch.nn.utils.clip_grad_norm_(_b.parameters(), 0.1).item())
     _opt.step()
-assert min(_norms) > 0.1   # clipping was active at every step
-assert torch.allclose(torch.nn.utils.parameters_to_vector(_a.parameters()), torch.nn.utils.parameters_to_vector(_b.parameters()), atol=1e-12, rtol=0)
+assert min(_norms) > 0.1  # clipping was active at every step
+assert torch.allclose(
+    torch.nn.utils.parameters_to_vector(_a.parameters()),
+    torch.nn.utils.parameters_to_vector(_b.parameters()),
+    atol=1e-12,
+    rtol=0,
+)
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
-""" # END TEST CONFIG
+"""  # END TEST CONFIG
 import torch
 
 from helpers.device import randn
@@ -703,13 +790,20 @@ def _model():
     _m = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1)).double()
     torch.nn.utils.vector_to_parameters(randn(17, seed=1521, dtype=torch.float64), _m.parameters())
     return _m
+
+
 _X, _Y = randn(6, 2, seed=1522, dtype=torch.float64), randn(6, 1, seed=1523, dtype=torch.float64)
 _a, _b = _model(), _model()
 _la = train(_a, torch.optim.AdamW(_a.parameters(), lr=0.05), _X, _Y, 5, accum=6, max_norm=0.5)
 _lb = train(_b, torch.optim.AdamW(_b.parameters(), lr=0.05), _X, _Y, 5, accum=1, max_norm=0.5)
 assert len(_la) == 5 and all(isinstance(_u, float) for _u in _la)
 assert max(abs(_u - _w) for _u, _w in zip(_la, _lb)) < 1e-12 and _la[-1] < _la[0]
-assert torch.allclose(torch.nn.utils.parameters_to_vector(_a.parameters()), torch.nn.utils.parameters_to_vector(_b.parameters()), atol=1e-12, rtol=0)
+assert torch.allclose(
+    torch.nn.utils.parameters_to_vector(_a.parameters()),
+    torch.nn.utils.parameters_to_vector(_b.parameters()),
+    atol=1e-12,
+    rtol=0,
+)
 
 # %% [raw]
 # # END TESTS
@@ -744,13 +838,21 @@ def run_loop(loop, accum, max_norm):
         raise NotImplementedError
     if len(losses) != 20:
         raise ValueError(f"train returned {len(losses)} losses for 20 steps")
-    return torch.tensor([float(L) for L in losses], dtype=dtype), nn.utils.parameters_to_vector(model.parameters())
+    return torch.tensor([float(L) for L in losses], dtype=dtype), nn.utils.parameters_to_vector(
+        model.parameters()
+    )
 
 
 def reference_loop(model, opt, X, Y, steps, accum, max_norm):
     """helpers.train.train, one batch: zero_grad → forward → backward → clip → step."""
-    return reference_train(opt, lambda s: (X, Y), steps, loss_fn=lambda x, y: F.mse_loss(model(x), y),
-                           clip=max_norm, progress=False)["loss"]
+    return reference_train(
+        opt,
+        lambda s: (X, Y),
+        steps,
+        loss_fn=lambda x, y: F.mse_loss(model(x), y),
+        clip=max_norm,
+        progress=False,
+    )["loss"]
 
 
 def loop_answers(loop, accum):
@@ -758,9 +860,15 @@ def loop_answers(loop, accum):
     return unclipped, L, clipped
 
 
-check(lambda: loop_answers(train, 4), lambda: loop_answers(reference_loop, 1),
-      outputs=("parameters (no clip)", "losses (clip 0.2)", "parameters (clip 0.2)"),
-      name="Exercise 5 · train", against="one batch of 12 (helpers.train.train)", atol=1e-12, rtol=0)
+check(
+    lambda: loop_answers(train, 4),
+    lambda: loop_answers(reference_loop, 1),
+    outputs=("parameters (no clip)", "losses (clip 0.2)", "parameters (clip 0.2)"),
+    name="Exercise 5 · train",
+    against="one batch of 12 (helpers.train.train)",
+    atol=1e-12,
+    rtol=0,
+)
 
 # %% [markdown]
 # ## Before you hand in
