@@ -282,10 +282,12 @@ check_function(
 # $y = \gamma \odot \hat x + \beta$, with `weight` $\gamma$ and `bias` $\beta$ of shape `(D,)`.
 # With $g = \partial L/\partial y \odot \gamma$:
 #
-# $$\frac{\partial L}{\partial x} = \frac{1}{\sigma}\Big(g - \mathrm{mean}(g) - \hat x\,
-# \mathrm{mean}(g \odot \hat x)\Big),\quad \frac{\partial L}{\partial \gamma} = \sum_{\text{rows}}
+# $$\begin{gathered}
+# \frac{\partial L}{\partial x} = \frac{1}{\sigma}\Big(g - \mathrm{mean}(g) - \hat x\,
+# \mathrm{mean}(g \odot \hat x)\Big), \\ \frac{\partial L}{\partial \gamma} = \sum_{\text{rows}}
 # \frac{\partial L}{\partial y} \odot \hat x,\quad \frac{\partial L}{\partial \beta} =
-# \sum_{\text{rows}} \frac{\partial L}{\partial y}$$
+# \sum_{\text{rows}} \frac{\partial L}{\partial y}
+# \end{gathered}$$
 #
 # (means along the last dim, `keepdim=True`; "rows" = every leading dim, so `x` may be
 # `(B, N, D)`). Fill in `LayerNorm.forward(x, weight, bias, eps)`, `setup_context` (save `x` and

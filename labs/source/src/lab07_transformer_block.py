@@ -88,10 +88,12 @@ dtype = torch.float64  # tight comparisons: the two sides only round differently
 # `weight` $\gamma$ of shape `(D,)` and `grad_y` $= \partial L/\partial y$ like `x`. Return
 # `(grad_x, grad_weight, grad_bias)`: with $g = \partial L/\partial y \odot \gamma$,
 #
-# $$\frac{\partial L}{\partial x} = \frac{1}{\sigma}\Big(g - \underbrace{\mathrm{mean}(g)}_{\text{through }\mu}
-# - \underbrace{\hat x\,\mathrm{mean}(g \odot \hat x)}_{\text{through }\sigma}\Big),\quad
+# $$\begin{gathered}
+# \frac{\partial L}{\partial x} = \frac{1}{\sigma}\Big(g - \underbrace{\mathrm{mean}(g)}_{\text{through }\mu}
+# - \underbrace{\hat x\,\mathrm{mean}(g \odot \hat x)}_{\text{through }\sigma}\Big), \\
 # \frac{\partial L}{\partial \gamma} = \sum_{\text{rows}} \frac{\partial L}{\partial y} \odot \hat x,\quad
-# \frac{\partial L}{\partial \beta} = \sum_{\text{rows}} \frac{\partial L}{\partial y}$$
+# \frac{\partial L}{\partial \beta} = \sum_{\text{rows}} \frac{\partial L}{\partial y}
+# \end{gathered}$$
 #
 # (means along the last dim with `keepdim=True`; "rows" = every leading dim, so `x` may be
 # `(B, N, D)` and the parameter gradients are `(D,)`).
@@ -357,7 +359,9 @@ for act, act_fn in (("relu", F.relu), ("gelu", F.gelu)):
 #
 # The second half of a pre-norm block is such a sub-layer, with $f = \mathrm{FF} \circ \mathrm{LN}_2$:
 #
-# $$Y = X_1 + \mathrm{FF}(h_2),\qquad h_2 = \mathrm{LN}_2(X_1) = \gamma_2 \odot (X_1 - \mu_2)\cdot\tfrac{1}{\sigma_2} + \beta_2 .$$
+# $$\begin{gathered}
+# Y = X_1 + \mathrm{FF}(h_2), \\ h_2 = \mathrm{LN}_2(X_1) = \gamma_2 \odot (X_1 - \mu_2)\cdot\tfrac{1}{\sigma_2} + \beta_2 .
+# \end{gathered}$$
 #
 # Write `ffn_sublayer_backward(X1, mu2, rstd2, params, grad_Y, activation="relu")`: `X1` is
 # `(B, N, d)`, `mu2` and `rstd2` $= 1/\sigma_2$ are LN₂'s saved `(B, N, 1)` statistics, `params` is
@@ -619,9 +623,11 @@ check(
 # module's names (`BLOCK_PARAM_NAMES`); `SA` is multi-head self-attention with the packed
 # `in_proj` of `nn.MultiheadAttention` (rows `0…d−1` make Q, `d…2d−1` K, `2d…3d−1` V):
 #
-# $$h_1 = \mathrm{LN}_1(X),\quad [Q\,K\,V] = h_1 W_{in}^\top + b_{in},\quad
-# A = \mathrm{merge}\big(\mathrm{softmax}(QK^\top/\sqrt{d_h})\,V\big),\quad
-# X_1 = X + A W_{o}^\top + b_{o},\quad Y = X_1 + \mathrm{FF}(\mathrm{LN}_2(X_1)).$$
+# $$\begin{aligned}
+# h_1 &= \mathrm{LN}_1(X), & [Q\,K\,V] &= h_1 W_{in}^\top + b_{in}, \\
+# A &= \mathrm{merge}\big(\mathrm{softmax}(QK^\top/\sqrt{d_h})\,V\big), & X_1 &= X + A W_{o}^\top + b_{o}, \\
+# Y &= X_1 + \mathrm{FF}(\mathrm{LN}_2(X_1)). & &
+# \end{aligned}$$
 #
 # The cache keeps what backward needs: the input, each LayerNorm's μ and 1/σ, the LN₁ output
 # `h1`, the heads `Q`, `K`, `V` (B, H, N, d_h), the attention weights `P` (B, H, N, N), the

@@ -16,8 +16,10 @@
 # $\partial L/\partial W'$ are never formed, and packaged that as an `autograd.Function`. Here
 # you write each piece yourself. The layout is `nn.Linear`'s throughout:
 #
-# $$y = x\,W'^\top,\qquad W' = W + s\,BA,\qquad s = \alpha/r,\qquad
-# W\ (\text{out}\times\text{in})\ \text{frozen},\quad B\ (\text{out}\times r),\quad A\ (r\times\text{in}).$$
+# $$\begin{gathered}
+# y = x\,W'^\top,\qquad W' = W + s\,BA,\qquad s = \alpha/r, \\
+# W\ (\text{out}\times\text{in})\ \text{frozen},\quad B\ (\text{out}\times r),\quad A\ (r\times\text{in}).
+# \end{gathered}$$
 #
 # This lab goes with [Chapter 8](../chapters/08_lora.ipynb).
 #
@@ -180,9 +182,11 @@ check(
 # **Goal:** regroup the products so that the only new activation is the r-dimensional
 # $xA^\top$: with $g = \partial L/\partial y$ (R, out) and $x$ (R, in),
 #
-# $$\frac{\partial L}{\partial B} = s\,g^\top(xA^\top),\qquad
-#   \frac{\partial L}{\partial A} = s\,(gB)^\top x,\qquad
-#   \frac{\partial L}{\partial x} = gW + s\,(gB)\,A.$$
+# $$\begin{aligned}
+# \frac{\partial L}{\partial B} &= s\,g^\top(xA^\top), &
+# \frac{\partial L}{\partial A} &= s\,(gB)^\top x, \\
+# \frac{\partial L}{\partial x} &= gW + s\,(gB)\,A. & &
+# \end{aligned}$$
 #
 # Write `lora_backward(g, x, W, A, B, s, needs=(True, True, True))` returning
 # `(grad_x, grad_A, grad_B)` for 2-D `g` and `x`. `needs` says which of the three to compute:

@@ -551,9 +551,11 @@ show(
 # Write `lr_at(step, warmup, total, lr_max, lr_min=0.0)` returning a Python float, for
 # steps counted from 0:
 #
-# $$\eta(s) = \eta_{\max}\frac{s+1}{W}\ \ (s < W),\qquad
-# \eta(s) = \eta_{\min} + \tfrac12(\eta_{\max}-\eta_{\min})\Big(1 + \cos\frac{\pi (s - W)}{T - W}\Big)\ \ (W \le s < T),
-# \qquad \eta(s) = \eta_{\min}\ \ (s \ge T).$$
+# $$\eta(s) = \begin{cases}
+# \eta_{\max}\,\dfrac{s+1}{W} & s < W, \\[4pt]
+# \eta_{\min} + \tfrac12(\eta_{\max}-\eta_{\min})\Big(1 + \cos\dfrac{\pi (s - W)}{T - W}\Big) & W \le s < T, \\[4pt]
+# \eta_{\min} & s \ge T.
+# \end{cases}$$
 #
 # (The first step already has $\eta_{\max}/W$, not 0; the peak is reached at step $W-1$ and
 # again at $W$; with $W = 0$ there is no warm-up. Assume $0 \le W < T$.)
