@@ -91,9 +91,9 @@ def show(name: str, x, decimals: int = 4, edge: int = 4) -> None:
 
 
 def varies(text: str) -> None:
-    """Print a line that legitimately varies between runs (timings): '⏱ text'.
+    """Print a line that legitimately varies between runs (timings): '[this run] text'.
 
-    The nbval sanitizer replaces everything after '⏱', so such lines never make
+    The nbval sanitizer replaces the rest of a line starting with '[this run]', so such lines never make
     a notebook test flaky, and readers can tell measured-here numbers apart.
     """
-    print(f"⏱ {text}")
+    print(f"[this run] {text}")

@@ -31,7 +31,7 @@ def test_long_dimensions_are_elided():
 
 def test_varies_prefix(capsys):
     varies("3.2 ms per step")
-    assert capsys.readouterr().out == "⏱ 3.2 ms per step\n"
+    assert capsys.readouterr().out == "[this run] 3.2 ms per step\n"
 
 
 def test_fmt_sci_fixed_digits_and_no_negative_zero():

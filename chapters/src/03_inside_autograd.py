@@ -523,7 +523,7 @@ print("with a clone: L.requires_grad =", L.requires_grad)
 # %% [markdown]
 # Does skipping the bookkeeping make the forward faster? Seed 000 opens by asking why
 # "adding `torch.no_grad()` makes it twice as fast". Timings vary from machine to machine and
-# run to run, so they are printed with `varies` (the ⏱ lines are not checked), and we keep
+# run to run, so they are printed with `varies` (the `[this run]` lines are not checked), and we keep
 # the *fastest* of 10 runs, the three modes taking turns: on a shared machine the slow runs
 # measure the neighbours.
 

@@ -339,7 +339,7 @@ varies(
 # the machine that built this page), the LoRA version gives back everything freezing saved and
 # costs about as much as full training (`lora / trainable`), not less.
 # LoRA's savings are memory (weight gradients and optimizer state, below), not time per step at
-# this size; the ⏱ lines vary from machine to machine and run to run.
+# this size; the `[this run]` lines vary from machine to machine and run to run.
 #
 # **Seed 003's `manual_backward`** ends with `self.W_Q.grad = dL_dW_Q_prime  # 原始参数梯度`
 # ("the original parameter's gradient"). In LoRA the base is frozen: it has no gradient, and

@@ -458,7 +458,7 @@ show("formula (8d + H + 4 + 2 d_ff)/d", (8 * d + H + 4 + 2 * d_ff) / d, 2)
 # the kept inputs alone.
 #
 # The cost is one more forward per block. Time for forward + backward, interleaved in one run
-# (it varies from machine to machine, so it is printed with ⏱):
+# (it varies from machine to machine, so it is printed with `[this run]`):
 
 # %%
 blocks_t = stack(dropout=0.0, dtype=torch.float32, n_layers=4, device=dev)
@@ -487,7 +487,7 @@ varies(
 # overhead and small kernels blur that; `benchmarks/checkpoint_cpu.py` measures a larger stack.
 #
 # On a GPU the peak memory itself can be measured (`torch.cuda.max_memory_allocated`); it is
-# printed with ⏱ because it depends on the allocator and the kernels:
+# printed with `[this run]` because it depends on the allocator and the kernels:
 
 # %%
 if torch.cuda.is_available():

@@ -465,7 +465,7 @@ for Nq, Nk, d, causal in cases:
 # half-precision one (`1e-2`; bf16, with 7 stored mantissa bits + 1 implicit, `3e-2`). Colab's
 # T4 (sm_75): these kernels offer no bf16 there (`supported_dtypes`), so the cell checks fp16
 # only. The result depends on the
-# machine, so each tensor's largest difference is printed in a `⏱` line (which nbval does not
+# machine, so each tensor's largest difference is printed in a `[this run]` line (which nbval does not
 # compare):
 
 # %%
