@@ -36,7 +36,8 @@ from helpers.checks import compare
 from helpers.device import get_device, no_tf32
 from helpers.show import fmt, fmt_sci, show
 
-dev = get_device()  # CUDA when there is one, else the CPU: the printed numbers are the same
+# CUDA when there is one, else the CPU: the printed numbers are the same
+dev = get_device()
 no_tf32()  # TF32 would change float32 matmul digits on recent GPUs
 
 # %% [markdown]
@@ -216,7 +217,13 @@ for name in seed_004:
     print(f"{name:>10} = {fmt(ours[name], 8)}".replace("\n", "\n" + " " * 13))
 print()
 for name, ref in seed_004.items():
-    compare(f"{name} vs seed", ours[name], torch.tensor(ref, dtype=dtype, device=dev), atol=1e-12, rtol=0)
+    compare(
+        f"{name} vs seed",
+        ours[name],
+        torch.tensor(ref, dtype=dtype, device=dev),
+        atol=1e-12,
+        rtol=0,
+    )
 
 # %% [markdown]
 # ### Why float64? The same computation in float32
@@ -474,9 +481,17 @@ compare("dL/dW1 without ReLU's mask", wrong_grad_W1, grad_W1, atol=1e-12, rtol=0
 try:
     W2 @ grad_y_hat  # (1, 2) @ (1,): shapes do not match
 except RuntimeError:
-    print("✗ W2 @ grad_y_hat raises: (1, 2) @ (1,) does not fit — it must be W2.T @ grad_y_hat")
+    print(
+        "✗ W2 @ grad_y_hat raises: (1, 2) @ (1,) does not fit — it must be W2.T @ grad_y_hat"
+    )
 # 4. Outer product the wrong way round: the shape of x ⊗ grad_h is W1's transpose
-_ = compare("x ⊗ grad_h in place of grad_h ⊗ x", torch.outer(x, grad_h), grad_W1, atol=1e-12, rtol=0)
+_ = compare(
+    "x ⊗ grad_h in place of grad_h ⊗ x",
+    torch.outer(x, grad_h),
+    grad_W1,
+    atol=1e-12,
+    rtol=0,
+)
 
 # %% [markdown]
 # * **The factor 2.** $\frac{d}{d\hat y}(\hat y - y)^2 = 2(\hat y - y)$: without it every gradient is

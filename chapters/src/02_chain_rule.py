@@ -35,7 +35,8 @@ from helpers.checks import compare
 from helpers.device import get_device, no_tf32, randn
 from helpers.show import fmt, fmt_sci, show
 
-dev = get_device()  # CUDA when there is one, else the CPU: the printed numbers are the same
+# CUDA when there is one, else the CPU: the printed numbers are the same
+dev = get_device()
 no_tf32()  # true fp32 matmuls on GPUs, so float32 comparisons mean the same everywhere
 f64 = torch.float64
 
@@ -64,7 +65,9 @@ show("dL/du (by hand)", grad_u)
 show("dL/dx (by hand)", grad_x)
 show("dL/dx (autograd)", grad_x_autograd)
 compare("dL/dx: by hand vs autograd", grad_x, grad_x_autograd, exact=True)
-_ = compare("dL/dx vs 42", grad_x, torch.tensor(42.0, dtype=f64, device=dev), exact=True)
+_ = compare(
+    "dL/dx vs 42", grad_x, torch.tensor(42.0, dtype=f64, device=dev), exact=True
+)
 
 # %% [markdown]
 # Both comparisons demand bit equality (`exact=True`): autograd multiplies the same float64
@@ -115,7 +118,9 @@ def backprop(tape, out, accumulate=True):
     for node, inputs in reversed(tape):
         for name, local in inputs:
             contribution = grad.get(node, 0.0) * local  # chain rule along this edge
-            grad[name] = grad.get(name, 0.0) + contribution if accumulate else contribution
+            grad[name] = (
+                grad.get(name, 0.0) + contribution if accumulate else contribution
+            )
     return grad
 
 
@@ -123,17 +128,36 @@ a_val = 3.0
 tapes = {  # each op lists one (input, local derivative) pair per use of an input
     "y = a + a": [("y", [("a", 1.0), ("a", 1.0)])],
     "y = a * a": [("y", [("a", a_val), ("a", a_val)])],  # ∂(p·q)/∂p = q, ∂(p·q)/∂q = p
-    "y = a * a + a": [("t", [("a", a_val), ("a", a_val)]), ("y", [("t", 1.0), ("a", 1.0)])],
+    "y = a * a + a": [
+        ("t", [("a", a_val), ("a", a_val)]),
+        ("y", [("t", 1.0), ("a", 1.0)]),
+    ],
 }
-fns = {"y = a + a": lambda a: a + a, "y = a * a": lambda a: a * a, "y = a * a + a": lambda a: a * a + a}
+fns = {
+    "y = a + a": lambda a: a + a,
+    "y = a * a": lambda a: a * a,
+    "y = a * a + a": lambda a: a * a + a,
+}
 for expr, tape in tapes.items():
     a = torch.tensor(a_val, dtype=f64, device=dev, requires_grad=True)
     (ref,) = torch.autograd.grad(fns[expr](a), a)
     good = backprop(tape, "y", accumulate=True)["a"]
     bad = backprop(tape, "y", accumulate=False)["a"]
-    print(f"{expr:<14} autograd {fmt(ref, 1)}   accumulate {fmt(good, 1)}   overwrite {fmt(bad, 1)}")
-    compare(f"{expr}: accumulate vs autograd", torch.tensor(good, dtype=f64), ref.cpu(), exact=True)
-    compare(f"{expr}: overwrite vs autograd", torch.tensor(bad, dtype=f64), ref.cpu(), exact=True)
+    print(
+        f"{expr:<14} autograd {fmt(ref, 1)}   accumulate {fmt(good, 1)}   overwrite {fmt(bad, 1)}"
+    )
+    compare(
+        f"{expr}: accumulate vs autograd",
+        torch.tensor(good, dtype=f64),
+        ref.cpu(),
+        exact=True,
+    )
+    compare(
+        f"{expr}: overwrite vs autograd",
+        torch.tensor(bad, dtype=f64),
+        ref.cpu(),
+        exact=True,
+    )
 
 # %% [markdown]
 # Accumulating gives $2$, $6$, $7$, equal to autograd bit for bit (the `exact` comparisons: sums
@@ -185,7 +209,13 @@ J_formula = (1 - f(x) ** 2)[:, None] * W  # diag(1 - tanh²) W: (2, 1) * (2, 3) 
 J_autograd = autograd_jacobian(f, x)  # 2 backward passes, one per output
 show("J (formula)", J_formula, 6)
 compare("J autograd vs formula", J_autograd, J_formula)
-compare("J finite differences vs formula", numerical_jacobian(f, x), J_formula, atol=1e-8, rtol=0)
+compare(
+    "J finite differences vs formula",
+    numerical_jacobian(f, x),
+    J_formula,
+    atol=1e-8,
+    rtol=0,
+)
 
 v = torch.tensor([1.0, -2.0], dtype=f64, device=dev)
 x_ = x.clone().requires_grad_(True)
@@ -260,7 +290,13 @@ def cat_loss(W1, b1, W2, b2):
 num = numerical_grad(cat_loss, p["W1"], p["b1"], p["W2"], p["b2"], h=1e-6)
 show("dL/dW1 by finite differences", num[0], 8)
 for name, g in zip(("W1", "b1", "W2", "b2"), num):
-    compare(f"dL/d{name}: finite differences vs hand-written", g, grads[name], atol=1e-8, rtol=0)
+    compare(
+        f"dL/d{name}: finite differences vs hand-written",
+        g,
+        grads[name],
+        atol=1e-8,
+        rtol=0,
+    )
 
 # %% [markdown]
 # Here the tolerance is $10^{-8}$, not float64's $10^{-10}$: a finite difference is an
@@ -358,7 +394,8 @@ ok = gradcheck(cat_loss, (p64["W1"], p64["b1"], p64["W2"], p64["b2"]))
 print("gradcheck, cat MLP, float64:", ok)
 
 t32 = randn(5, seed=3, device=dev, requires_grad=True)
-with warnings.catch_warnings(record=True) as caught:  # keep the warning's file path out of the page
+# keep the warning's file path out of the page
+with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     ok32 = gradcheck(lambda t: (t**3).sum(), (t32,), raise_exception=False)
 print("gradcheck, t³ in float32:", ok32)
@@ -387,7 +424,9 @@ class CubeWrongBackward(torch.autograd.Function):
 t64 = randn(5, seed=3, dtype=f64, device=dev, requires_grad=True)
 print(
     "gradcheck, wrong backward, float64:",
-    gradcheck(lambda t: CubeWrongBackward.apply(t).sum(), (t64,), raise_exception=False),
+    gradcheck(
+        lambda t: CubeWrongBackward.apply(t).sum(), (t64,), raise_exception=False
+    ),
 )
 
 # %% [markdown]
@@ -420,9 +459,11 @@ from helpers.numgrad import linear_backward, linear_forward
 B, n_in, n_out = 4, 3, 5
 for dtype in (torch.float32, f64):
     X = randn(B, n_in, seed=10, dtype=dtype, device=dev, requires_grad=True)  # (B, in)
-    W = randn(n_out, n_in, seed=11, dtype=dtype, device=dev, requires_grad=True)  # (out, in)
+    # (out, in)
+    W = randn(n_out, n_in, seed=11, dtype=dtype, device=dev, requires_grad=True)
     b = randn(n_out, seed=12, dtype=dtype, device=dev, requires_grad=True)  # (out,)
-    grad_Y = randn(B, n_out, seed=13, dtype=dtype, device=dev)  # (B, out): some upstream gradient
+    # (B, out): some upstream gradient
+    grad_Y = randn(B, n_out, seed=13, dtype=dtype, device=dev)
     Y = torch.nn.functional.linear(X, W, b)  # (B, out)
     compare(f"Y = X Wᵀ + b ({dtype})", linear_forward(X, W, b), Y)
     ref = torch.autograd.grad(Y, [X, W, b], grad_outputs=grad_Y)
@@ -442,17 +483,26 @@ for dtype in (torch.float32, f64):
 
 # %%
 x = randn(4, 3, seed=20, device=dev)  # (B, in)
-w = randn(5, 3, seed=21, device=dev, requires_grad=True)  # (out, in), as nn.Linear stores it
+# (out, in), as nn.Linear stores it
+w = randn(5, 3, seed=21, device=dev, requires_grad=True)
 b = randn(5, seed=22, device=dev, requires_grad=True)
 y = torch.nn.functional.linear(x, w, b)  # (B, out)
 grad_w, grad_b = torch.autograd.grad(y.sum(), [w, b])
 seed_formula = x.t() @ torch.ones_like(y)  # (in, B) @ (B, out) -> (in, out)
-print("grad_w shape:", tuple(grad_w.shape), "  x.t() @ ones_like(y) shape:", tuple(seed_formula.shape))
+print(
+    "grad_w shape:",
+    tuple(grad_w.shape),
+    "  x.t() @ ones_like(y) shape:",
+    tuple(seed_formula.shape),
+)
 try:
     torch.allclose(grad_w, seed_formula)
 except RuntimeError:
-    print("torch.allclose(grad_w, x.t() @ ones_like(y)) raises RuntimeError: (5, 3) vs (3, 5)")
-compare("grad_output.t() @ input", torch.ones_like(y).t() @ x, grad_w)  # (out, B) @ (B, in) -> (out, in)
+    print(
+        "torch.allclose(grad_w, x.t() @ ones_like(y)) raises RuntimeError: (5, 3) vs (3, 5)"
+    )
+# (out, B) @ (B, in) -> (out, in)
+compare("grad_output.t() @ input", torch.ones_like(y).t() @ x, grad_w)
 _ = compare("grad_b = column sums of ones", torch.ones_like(y).sum(0), grad_b)
 
 # %% [markdown]
@@ -480,17 +530,25 @@ def sample_loss(W, xb, tb):
 
 per_sample = [torch.autograd.grad(sample_loss(W, X[i], T[i]), W)[0] for i in range(B)]
 sum_of_per_sample = torch.stack(per_sample).sum(0)  # (B, 2, 3) -> (2, 3)
-(grad_sum_loss,) = torch.autograd.grad(((X @ W.T - T) ** 2).sum(), W)  # (B, 3) @ (3, 2) -> (B, 2)
-(grad_mean_loss,) = torch.autograd.grad(torch.nn.functional.mse_loss(X @ W.T, T, reduction="sum") / B, W)
+# (B, 3) @ (3, 2) -> (B, 2)
+(grad_sum_loss,) = torch.autograd.grad(((X @ W.T - T) ** 2).sum(), W)
+(grad_mean_loss,) = torch.autograd.grad(
+    torch.nn.functional.mse_loss(X @ W.T, T, reduction="sum") / B, W
+)
 show("Σ_b per-sample grad", sum_of_per_sample, 6)
 show("grad of the sum loss", grad_sum_loss, 6)
 show("grad of the mean loss", grad_mean_loss, 6)
 compare("sum-loss grad = Σ per-sample grads", grad_sum_loss, sum_of_per_sample)
-compare("mean-loss grad = Σ per-sample grads / B", grad_mean_loss, sum_of_per_sample / B)
-(grad_mse_mean,) = torch.autograd.grad(torch.nn.functional.mse_loss(X @ W.T, T), W)  # reduction="mean"
+compare(
+    "mean-loss grad = Σ per-sample grads / B", grad_mean_loss, sum_of_per_sample / B
+)
+# reduction="mean"
+(grad_mse_mean,) = torch.autograd.grad(torch.nn.functional.mse_loss(X @ W.T, T), W)
 print(f"B = {B}; mse_loss(reduction='mean') divides by T.numel() = {T.numel()}")
 _ = compare(
-    "mse_loss 'mean' grad = Σ per-sample grads / T.numel()", grad_mse_mean, sum_of_per_sample / T.numel()
+    "mse_loss 'mean' grad = Σ per-sample grads / T.numel()",
+    grad_mse_mean,
+    sum_of_per_sample / T.numel(),
 )
 
 # %% [markdown]
@@ -509,16 +567,22 @@ _ = compare(
 
 # %%
 w_v = torch.tensor([0.5, -1.0, 2.0], dtype=f64, device=dev)  # (in,)
-print("   B   Var[grad_w], sum loss   Var[grad_w], mean loss   σ² of one sample's grad_w")
+print(
+    "   B   Var[grad_w], sum loss   Var[grad_w], mean loss   σ² of one sample's grad_w"
+)
 for B_v, seed in ((4, 60), (16, 61), (64, 62)):
-    X_v = randn(2000, B_v, 3, seed=seed, dtype=f64, device=dev)  # (R, B, in): R = 2000 batches
+    # (R, B, in): R = 2000 batches
+    X_v = randn(2000, B_v, 3, seed=seed, dtype=f64, device=dev)
     t_v = randn(2000, B_v, seed=seed + 100, dtype=f64, device=dev)  # (R, B)
     r_v = X_v @ w_v - t_v  # (R, B, in) @ (in,) -> (R, B)
     g_per_sample = 2 * r_v[..., None] * X_v  # (R, B, in): ∂ℓ_b/∂w = 2(w·x_b − t_b) x_b
     var_sum = g_per_sample.sum(1).var(0).sum().item()  # (R, in) -> (in,) -> ()
     var_mean = g_per_sample.mean(1).var(0).sum().item()  # (R, in) -> (in,) -> ()
-    var_one = g_per_sample.reshape(-1, 3).var(0).sum().item()  # (R·B, in) -> (in,) -> ()
-    print(f"{B_v:>4}   {fmt(var_sum, 1):>21}   {fmt(var_mean, 3):>22}   {fmt(var_one, 1):>26}")
+    # (R·B, in) -> (in,) -> ()
+    var_one = g_per_sample.reshape(-1, 3).var(0).sum().item()
+    print(
+        f"{B_v:>4}   {fmt(var_sum, 1):>21}   {fmt(var_mean, 3):>22}   {fmt(var_one, 1):>26}"
+    )
 
 # %% [markdown]
 # One sample's gradient has a total variance $\sigma^2$ between 96.2 and 98.7. With a mean loss the
@@ -547,9 +611,15 @@ for shape in [(3,), (1, 3), (4, 1), (1, 1)]:
     c = randn(*shape, seed=42, dtype=f64, device=dev, requires_grad=True)
     (ref,) = torch.autograd.grad(X + c, c, grad_outputs=G)  # c broadcast to (4, 3)
     ours = unbroadcast(G, shape)
-    compare(f"c {shape}: unbroadcast vs autograd, grad shape {tuple(ours.shape)}", ours, ref)
-show("G.sum(0, keepdim=True)  (gradient of c of shape (1, 3))", G.sum(0, keepdim=True), 6)
-show("G.sum(1, keepdim=True)  (gradient of c of shape (4, 1))", G.sum(1, keepdim=True), 6)
+    compare(
+        f"c {shape}: unbroadcast vs autograd, grad shape {tuple(ours.shape)}", ours, ref
+    )
+show(
+    "G.sum(0, keepdim=True)  (gradient of c of shape (1, 3))", G.sum(0, keepdim=True), 6
+)
+show(
+    "G.sum(1, keepdim=True)  (gradient of c of shape (4, 1))", G.sum(1, keepdim=True), 6
+)
 
 # %% [markdown]
 # ## "Exact" or "allclose"?

@@ -41,7 +41,8 @@ from helpers.show import fmt, show, varies
 
 dev = get_device()
 no_tf32()  # the micro-batch and memory sections do fp32 matmuls
-varies(f"device: {describe(dev)}")  # the only line that differs between CPU and CUDA runs
+# the only line that differs between CPU and CUDA runs
+varies(f"device: {describe(dev)}")
 
 # %% [markdown]
 # ## 3.1 The graph autograd records
@@ -92,13 +93,27 @@ walk(L.grad_fn)
 from helpers.autograd_graph import autograd_graph, format_graph
 from helpers.plot_graph import plot_graph
 
-names = {"x": x, "W1": W1, "b1": b1, "W2": W2, "b2": b2, "h": h, "a": a, "y_hat": y_hat, "L": L}
+names = {
+    "x": x,
+    "W1": W1,
+    "b1": b1,
+    "W2": W2,
+    "b2": b2,
+    "h": h,
+    "a": a,
+    "y_hat": y_hat,
+    "L": L,
+}
 graph = autograd_graph(L, names)
 print(format_graph(graph))
 print("saved for backward:", graph.saved_bytes, "bytes")
 
 # %%
-fig = plot_graph(graph, title="the graph behind the cat MLP's L (arrows: gradient flow)", figsize=(7, 5.2))
+fig = plot_graph(
+    graph,
+    title="the graph behind the cat MLP's L (arrows: gradient flow)",
+    figsize=(7, 5.2),
+)
 
 # %% [markdown]
 # In the listing, `#k` numbers the nodes and `dN` is a node's **depth**: the number of backward
@@ -130,7 +145,9 @@ fig = plot_graph(graph, title="the graph behind the cat MLP's L (arrows: gradien
 for name in ("x", "W1", "h", "a", "L"):
     t = names[name]
     fn = t.grad_fn.name() if t.grad_fn is not None else "None"
-    print(f"{name:>2s}: is_leaf={t.is_leaf!s:5s} requires_grad={t.requires_grad!s:5s} grad_fn={fn}")
+    print(
+        f"{name:>2s}: is_leaf={t.is_leaf!s:5s} requires_grad={t.requires_grad!s:5s} grad_fn={fn}"
+    )
 
 # %% [markdown]
 # After `backward()` only leaves that require grad get a `.grad`. The intermediate
@@ -144,7 +161,8 @@ show("W2.grad", W2.grad)
 show("b2.grad", b2.grad)
 grad_W2_full = W2.grad.clone()  # kept for the detach() comparison below
 with warnings.catch_warnings():
-    warnings.simplefilter("ignore")  # "The .grad attribute of a Tensor that is not a leaf..."
+    # "The .grad attribute of a Tensor that is not a leaf..."
+    warnings.simplefilter("ignore")
     print("h.grad is None:", h.grad is None, "| x.grad is None:", x.grad is None)
 
 # %% [markdown]
@@ -162,7 +180,9 @@ cache["h"].retain_grad()
 cache["L"].backward()
 show("h.grad", cache["h"].grad)
 assert compare(
-    "h.grad vs chapter 1's grad_h", cache["h"].grad, hand_backward(cache, p["W2"], p["y_true"])["h"]
+    "h.grad vs chapter 1's grad_h",
+    cache["h"].grad,
+    hand_backward(cache, p["W2"], p["y_true"])["h"],
 )
 
 # %% [markdown]
@@ -174,8 +194,16 @@ p = cat_params(device=dev, requires_grad=True)
 p["x"].requires_grad_(True)
 cache = cat_forward(**p)
 g_x = autograd_graph(cache["L"], {k: p[k] for k in ("x", "W1", "b1", "W2", "b2")})
-print("\n".join(line for line in format_graph(g_x).splitlines() if "MvBackward0" in line))
-print("leaves:", sorted(n["label"] for n in g_x.leaves), "| saved:", g_x.saved_bytes, "bytes")
+print(
+    "\n".join(line for line in format_graph(g_x).splitlines() if "MvBackward0" in line)
+)
+print(
+    "leaves:",
+    sorted(n["label"] for n in g_x.leaves),
+    "| saved:",
+    g_x.saved_bytes,
+    "bytes",
+)
 
 # %% [markdown]
 # Now `W1 @ x` keeps `W1` too: a fifth leaf and 64 more bytes (8 float64), 136 in all.
@@ -199,7 +227,12 @@ print(
 L_stop = ((p["W2"] @ a_d + p["b2"] - p["y_true"]) ** 2).sum()  # (1, 2) @ (2,) -> (1,)
 L_stop.backward()
 show("W2.grad", p["W2"].grad)
-compare("W2.grad with a.detach() vs the full graph's", p["W2"].grad, grad_W2_full, exact=True)
+compare(
+    "W2.grad with a.detach() vs the full graph's",
+    p["W2"].grad,
+    grad_W2_full,
+    exact=True,
+)
 print("W1.grad is None:", p["W1"].grad is None)
 
 # %% [markdown]
@@ -219,7 +252,9 @@ p = cat_params(device=dev, requires_grad=True)
 for step in range(3):
     L = cat_forward(**p)["L"]
     L.backward()
-    print(f"after backward #{step + 1}: b2.grad = {fmt(p['b2'].grad)}   W2.grad = {fmt(p['W2'].grad)}")
+    print(
+        f"after backward #{step + 1}: b2.grad = {fmt(p['b2'].grad)}   W2.grad = {fmt(p['W2'].grad)}"
+    )
 
 # %% [markdown]
 # The loss is the same each time, so the true gradient of `b2` is `-0.8750` each time;
@@ -291,10 +326,18 @@ for Xm, Ym in zip(X.chunk(n_micro), Y.chunk(n_micro)):  # 4 × (2, 4), (2, 1)
     (batch_loss(acc, Xm, Ym) / n_micro).backward()  # divided: the right way
     batch_loss(raw, Xm, Ym).backward()  # not divided
 for name in PARAM_NAMES:
-    compare(f"grad {name}: 4 micro-batches (loss / 4) vs batch of 8", acc[name].grad, big[name].grad)
+    compare(
+        f"grad {name}: 4 micro-batches (loss / 4) vs batch of 8",
+        acc[name].grad,
+        big[name].grad,
+    )
 compare("grad W1: 4 micro-batches, loss not divided", raw["W1"].grad, big["W1"].grad)
 for name in PARAM_NAMES:
-    compare(f"grad {name}: not divided vs 4 × batch of 8", raw[name].grad, 4 * big[name].grad)
+    compare(
+        f"grad {name}: not divided vs 4 × batch of 8",
+        raw[name].grad,
+        4 * big[name].grad,
+    )
 
 # %% [markdown]
 # The divided version matches the big batch to float32 round-off (the default fp32
@@ -316,7 +359,9 @@ for Xm, Ym in zip(X.split(sizes), Y.split(sizes)):  # (5, 4) and (3, 4)
     (batch_loss(by_size, Xm, Ym) * len(Xm) / len(X)).backward()  # × 5/8, × 3/8: right
 compare("grad W1: 5 + 3, each loss / 2", by_count["W1"].grad, big["W1"].grad)
 for name in PARAM_NAMES:
-    compare(f"grad {name}: 5 + 3, each loss × size / 8", by_size[name].grad, big[name].grad)
+    compare(
+        f"grad {name}: 5 + 3, each loss × size / 8", by_size[name].grad, big[name].grad
+    )
 
 # %% [markdown]
 # Weighted by size ($5/8$, $3/8$) the micro-batches reproduce the batch of 8 (same float32
@@ -345,7 +390,9 @@ except RuntimeError as err:
 # normal training step never needs it again. Walk the graph after backward:
 
 # %%
-print(format_graph(autograd_graph(L, {k: cache[k] for k in ("a", "h", "y_hat", "L")} | p)))
+print(
+    format_graph(autograd_graph(L, {k: cache[k] for k in ("a", "h", "y_hat", "L")} | p))
+)
 
 # %% [markdown]
 # Every `saves` entry now reads `(freed)`. To see what keeping them costs we need a network
@@ -370,12 +417,18 @@ Xb = randn(256, 512, seed=3, device=dev)  # (B, 512)
 
 def held(L):
     """Bytes of saved tensors the graph behind L still holds (parameters and input excluded)."""
-    return sum(r["bytes"] for r in saved_by_node(L, exclude=[*params, Xb]) if r["counted"])
+    return sum(
+        r["bytes"] for r in saved_by_node(L, exclude=[*params, Xb]) if r["counted"]
+    )
 
 
 with SavedTensors(exclude=[*params, Xb]) as saved:
     L = model(Xb).pow(2).mean()
-print("forward saved:           ", fmt_bytes(saved.total_bytes), f"({saved.total_bytes} B)")
+print(
+    "forward saved:           ",
+    fmt_bytes(saved.total_bytes),
+    f"({saved.total_bytes} B)",
+)
 print("held before backward:    ", fmt_bytes(held(L)))
 L.backward()
 print("held after backward:     ", fmt_bytes(held(L)))
@@ -388,7 +441,11 @@ print("held after retain_graph: ", fmt_bytes(held(L)))
 grad_once = model[0].weight.grad.clone()
 L.backward()  # allowed now; frees the graph (no retain_graph this time)
 print("held after the 2nd call: ", fmt_bytes(held(L)))
-assert compare("W.grad after two backward calls vs 2 × one call", model[0].weight.grad, 2 * grad_once)
+assert compare(
+    "W.grad after two backward calls vs 2 × one call",
+    model[0].weight.grad,
+    2 * grad_once,
+)
 
 # %% [markdown]
 # Forward saved 1.0 MiB of activations (the two ReLU outputs, 256 × 512 float32 each,
@@ -463,7 +520,9 @@ print("after keeping only .item():", len(history), "floats")
 # checks it. `sigmoid` saves its output $y$, since $\sigma' = y(1 - y)$:
 
 # %%
-x_v = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64, device=dev, requires_grad=True)
+x_v = torch.tensor(
+    [0.5, -1.0, 2.0], dtype=torch.float64, device=dev, requires_grad=True
+)
 y_v = x_v.sigmoid()  # SigmoidBackward0 saves y itself
 print("y._version after sigmoid:", y_v._version)
 y_v.mul_(2)  # in place: the saved y now holds 2σ(x)
@@ -471,8 +530,12 @@ print("y._version after y.mul_(2):", y_v._version)
 try:
     y_v.sum().backward()
 except RuntimeError as err:
-    print("RuntimeError:", str(err).split(":")[0])  # the rest names the tensor type, which differs on a GPU
-    print("the node whose saved tensor changed:", re.search(r"output \d+ of (\w+)", str(err)).group(1))
+    # the rest names the tensor type, which differs on a GPU
+    print("RuntimeError:", str(err).split(":")[0])
+    print(
+        "the node whose saved tensor changed:",
+        re.search(r"output \d+ of (\w+)", str(err)).group(1),
+    )
 y_v = x_v.sigmoid() * 2  # out of place: a new tensor, the saved y stays intact
 y_v.sum().backward()
 sig = torch.sigmoid(x_v.detach())
@@ -517,7 +580,8 @@ try:
     model[2](feats).sum().backward()
 except RuntimeError as err:
     print("RuntimeError:", str(err).splitlines()[0])
-L = model[2](feats.clone()).sum()  # a clone made outside inference mode is a normal tensor
+# a clone made outside inference mode is a normal tensor
+L = model[2](feats.clone()).sum()
 print("with a clone: L.requires_grad =", L.requires_grad)
 
 # %% [markdown]
@@ -547,7 +611,9 @@ def time_forwards(ctxs, reps=10):
     return [min(t[1:]) for t in times]
 
 
-t_grad, t_no, t_inf = time_forwards((torch.enable_grad, torch.no_grad, torch.inference_mode))
+t_grad, t_no, t_inf = time_forwards(
+    (torch.enable_grad, torch.no_grad, torch.inference_mode)
+)
 varies(
     f"forward: grad mode {t_grad * 1e3:.2f} ms, no_grad {t_no * 1e3:.2f} ms, inference_mode {t_inf * 1e3:.2f} ms"
 )
@@ -593,9 +659,9 @@ assert compare(
 # arriving at its output) in backward order.
 
 # %%
-cat = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.ReLU(), torch.nn.Linear(2, 1)).to(
-    dev, torch.float64
-)
+cat = torch.nn.Sequential(
+    torch.nn.Linear(4, 2), torch.nn.ReLU(), torch.nn.Linear(2, 1)
+).to(dev, torch.float64)
 p = cat_params(device=dev)
 with torch.no_grad():
     cat[0].weight.copy_(p["W1"]), cat[0].bias.copy_(p["b1"])
@@ -605,7 +671,9 @@ handles = []
 for name, module in cat.named_children():
     handles.append(
         module.register_forward_hook(
-            lambda m, inp, out, name=name: show(f"forward  [{name}] {type(m).__name__} output", out)
+            lambda m, inp, out, name=name: show(
+                f"forward  [{name}] {type(m).__name__} output", out
+            )
         )
     )
     handles.append(
@@ -615,7 +683,8 @@ for name, module in cat.named_children():
             )
         )
     )
-x_in = p["x"].clone().requires_grad_(True)  # so every module has an input gradient to report
+# so every module has an input gradient to report
+x_in = p["x"].clone().requires_grad_(True)
 L = ((cat(x_in) - p["y_true"]) ** 2).sum()
 L.backward()
 for hd in handles:
@@ -640,7 +709,9 @@ assert compare(
 # %%
 def pack(t):
     """Called at save time: report and keep the tensor as is."""
-    print(f"saved {tuple(t.shape)} {str(t.dtype).replace('torch.', '')}, {tensor_bytes(t)} B")
+    print(
+        f"saved {tuple(t.shape)} {str(t.dtype).replace('torch.', '')}, {tensor_bytes(t)} B"
+    )
     return t
 
 
@@ -681,7 +752,12 @@ class Tiny:
     """A scalar with a gradient and the rule that sends it to its parents."""
 
     def __init__(self, data, parents=()):
-        self.data, self.grad, self.parents, self._backward = data, 0.0, parents, lambda: None
+        self.data, self.grad, self.parents, self._backward = (
+            data,
+            0.0,
+            parents,
+            lambda: None,
+        )
 
     def __add__(self, other):
         out = Tiny(self.data + other.data, (self, other))
@@ -730,7 +806,12 @@ compare(
     torch.tensor(w.data + 2 * u.data, dtype=f64),
     exact=True,
 )
-_ = compare("∂f/∂w vs u", torch.tensor(w.grad, dtype=f64), torch.tensor(u.data, dtype=f64), exact=True)
+_ = compare(
+    "∂f/∂w vs u",
+    torch.tensor(w.grad, dtype=f64),
+    torch.tensor(u.data, dtype=f64),
+    exact=True,
+)
 
 # %% [markdown]
 # $\partial f/\partial u = w + 2u$ and $\partial f/\partial w = u$, bit for bit (`exact=True`: the
@@ -757,7 +838,11 @@ L = cat_forward(**p)["L"]
 L.backward()
 compare("L", torch.tensor(ours["L"], dtype=torch.float64), L)
 for name in ("W1", "b1", "W2", "b2", "x"):
-    compare(f"∂L/∂{name}: ours vs torch", torch.tensor(ours[name], dtype=torch.float64), p[name].grad)
+    compare(
+        f"∂L/∂{name}: ours vs torch",
+        torch.tensor(ours[name], dtype=torch.float64),
+        p[name].grad,
+    )
 print("torch's ∂L/∂W1 to 10 decimals:")
 print(fmt(p["W1"].grad, 10))
 
@@ -791,9 +876,15 @@ class AssignMul(Value):
 
 broken = cat_mlp_grads(cat_params(), value_cls=AssignMul)
 show("∂L/∂x (broken)", torch.tensor(broken["x"], dtype=torch.float64), 10)
-compare("∂L/∂x: broken engine vs torch", torch.tensor(broken["x"], dtype=torch.float64), p["x"].grad)
+compare(
+    "∂L/∂x: broken engine vs torch",
+    torch.tensor(broken["x"], dtype=torch.float64),
+    p["x"].grad,
+)
 assert compare(
-    "∂L/∂W1: broken engine vs torch", torch.tensor(broken["W1"], dtype=torch.float64), p["W1"].grad
+    "∂L/∂W1: broken engine vs torch",
+    torch.tensor(broken["W1"], dtype=torch.float64),
+    p["W1"].grad,
 )
 
 # %% [markdown]

@@ -133,14 +133,23 @@ show("grad_W", ours[1])
 
 # %%
 x_bc = randn(4, 3, seed=80, device=dev)
-c = randn(4, 1, seed=81, device=dev, requires_grad=True)  # used in all 3 columns of its row
-r = randn(1, 3, seed=82, device=dev, requires_grad=True)  # used in all 4 rows of its column
+# used in all 3 columns of its row
+c = randn(4, 1, seed=81, device=dev, requires_grad=True)
+# used in all 4 rows of its column
+r = randn(1, 3, seed=82, device=dev, requires_grad=True)
 g_bc = randn(4, 3, seed=83, device=dev)  # upstream gradient of y = x ∘ c + r, (4, 3)
 grad_c, grad_r = torch.autograd.grad(x_bc * c + r, (c, r), g_bc)
 print("grad_c", tuple(grad_c.shape), "| grad_r", tuple(grad_r.shape))
-compare("grad_c = (g ∘ x).sum(1, keepdim=True)", grad_c, (g_bc * x_bc).sum(1, keepdim=True))
+compare(
+    "grad_c = (g ∘ x).sum(1, keepdim=True)", grad_c, (g_bc * x_bc).sum(1, keepdim=True)
+)
 compare("grad_r = g.sum(0, keepdim=True)", grad_r, g_bc.sum(0, keepdim=True))
-print("without keepdim, g.sum(0) has shape", tuple(g_bc.sum(0).shape), "instead of", tuple(r.shape))
+print(
+    "without keepdim, g.sum(0) has shape",
+    tuple(g_bc.sum(0).shape),
+    "instead of",
+    tuple(r.shape),
+)
 (grad_b_sum,) = torch.autograd.grad(F.linear(x, W, b).sum(), b)
 show("grad_b for L = sum of all 4 rows of y", grad_b_sum)
 
@@ -246,7 +255,9 @@ show("J = diag(p) - p pᵀ", J)
 J_autograd = torch.autograd.functional.jacobian(lambda t: torch.softmax(t, 0), z)
 compare("J vs autograd's Jacobian", J, J_autograd)
 show("row sums of J", J.sum(1))
-_ = compare("row sums of J vs 0", J.sum(1), torch.zeros(4, dtype=torch.float64, device=dev))
+_ = compare(
+    "row sums of J vs 0", J.sum(1), torch.zeros(4, dtype=torch.float64, device=dev)
+)
 
 # %% [markdown]
 # The rows sum to zero: adding the same constant to every logit does not change `p`.
@@ -296,13 +307,14 @@ def jacobian_from_backward(backward_fn, p):
 
 
 eps = 1e-6
+# column j: ∂p/∂z_j
 J_numeric = torch.stack(
     [
         (torch.softmax(z + eps * e, 0) - torch.softmax(z - eps * e, 0)) / (2 * eps)
         for e in torch.eye(4, dtype=z.dtype, device=dev)
     ],
     dim=1,
-)  # column j: ∂p/∂z_j
+)
 J_diag_only = jacobian_from_backward(hf.softmax_backward_diagonal_only, p)
 show("numerical J", J_numeric)
 show("J implied by the diagonal-only backward", J_diag_only)
@@ -313,7 +325,13 @@ compare(
     atol=1e-8,
     rtol=1e-6,
 )
-_ = compare("diagonal-only backward vs numerical J", J_diag_only, J_numeric, atol=1e-8, rtol=1e-6)
+_ = compare(
+    "diagonal-only backward vs numerical J",
+    J_diag_only,
+    J_numeric,
+    atol=1e-8,
+    rtol=1e-6,
+)
 
 # %% [markdown]
 # Central differences in float64 have an error of order `ε²` plus round-off divided by `ε`, far
@@ -327,12 +345,19 @@ Z = randn(3, 6, seed=12, device=dev, dtype=torch.float64, requires_grad=True)
 defaults = inspect.signature(gradcheck).parameters
 print(
     "gradcheck defaults:",
-    ", ".join(f"{k}={fmt_sci(defaults[k].default, 0)}" for k in ("eps", "atol", "rtol")),
+    ", ".join(
+        f"{k}={fmt_sci(defaults[k].default, 0)}" for k in ("eps", "atol", "rtol")
+    ),
 )
-print("gradcheck(correct softmax):      ", gradcheck(lambda t: hf.Softmax.apply(t, 1), (Z,)))
+print(
+    "gradcheck(correct softmax):      ",
+    gradcheck(lambda t: hf.Softmax.apply(t, 1), (Z,)),
+)
 print(
     "gradcheck(diagonal-only softmax):",
-    gradcheck(lambda t: hf.SoftmaxDiagonalOnly.apply(t, 1), (Z,), raise_exception=False),
+    gradcheck(
+        lambda t: hf.SoftmaxDiagonalOnly.apply(t, 1), (Z,), raise_exception=False
+    ),
 )
 
 # %% [markdown]
@@ -413,7 +438,9 @@ mean_path = -g_ln.mean(-1, keepdim=True) / sigma
 var_path = -X_hat * (g_ln * X_hat).mean(-1, keepdim=True) / sigma
 
 Xr, gr, br = (t.clone().requires_grad_() for t in (X, gamma, beta))
-ref_x, ref_gamma, ref_beta = torch.autograd.grad(F.layer_norm(Xr, (D,), gr, br, ln_eps), (Xr, gr, br), grad_Y)
+ref_x, ref_gamma, ref_beta = torch.autograd.grad(
+    F.layer_norm(Xr, (D,), gr, br, ln_eps), (Xr, gr, br), grad_Y
+)
 compare("grad_x = direct + mean + variance paths", direct + mean_path + var_path, ref_x)
 compare("grad_x without the mean path", direct + var_path, ref_x)
 compare("grad_x without the variance path", direct + mean_path, ref_x)
@@ -429,7 +456,11 @@ _ = compare("grad_beta = Σ grad_y", grad_Y.sum(0), ref_beta)
 # %%
 grad_X = direct + mean_path + var_path
 show("row sums of grad_x", grad_X.sum(-1), 6)
-compare("row sums of grad_x vs 0", grad_X.sum(-1), torch.zeros(3, dtype=torch.float64, device=dev))
+compare(
+    "row sums of grad_x vs 0",
+    grad_X.sum(-1),
+    torch.zeros(3, dtype=torch.float64, device=dev),
+)
 show("<grad_x, x - mu> per row", (grad_X * (X - mu)).sum(-1), 6)
 
 # %% [markdown]
@@ -454,15 +485,20 @@ print("gradcheck(layer_norm):", gradcheck(hf.layer_norm, (Xr, gr, br)))
 # row maximum `m` first, `log Σ e^{z_c} = m + log Σ e^{z_c − m}`, so the largest exponent taken is of zero:
 
 # %%
-logits = 100 * randn(4, 5, seed=40, device=dev)  # large logits, as in an overconfident model
+# large logits, as in an overconfident model
+logits = 100 * randn(4, 5, seed=40, device=dev)
 target = torch.tensor([0, 3, 1, 4], device=dev)
 show("log(largest float32)", math.log(torch.finfo(torch.float32).max), 2)
-naive = -torch.log(torch.exp(logits) / torch.exp(logits).sum(1, keepdim=True))[torch.arange(4), target].mean()
+naive = -torch.log(torch.exp(logits) / torch.exp(logits).sum(1, keepdim=True))[
+    torch.arange(4), target
+].mean()
 show("max logit", logits.max(), 2)
 show("naive -log(softmax) loss", naive)
 show("hf.cross_entropy", hf.cross_entropy(logits, target))
 _ = compare(
-    "hf.cross_entropy vs F.cross_entropy", hf.cross_entropy(logits, target), F.cross_entropy(logits, target)
+    "hf.cross_entropy vs F.cross_entropy",
+    hf.cross_entropy(logits, target),
+    F.cross_entropy(logits, target),
 )
 
 # %% [markdown]
@@ -596,7 +632,13 @@ x_d = randn(4, 6, seed=50, device=dev, requires_grad=True)
 y_d = hf.dropout(x_d, p=0.5, training=True, generator=7)
 (mask,) = y_d.grad_fn.saved_tensors
 print(
-    "saved:", mask.dtype, tuple(mask.shape), tensor_bytes(mask), "bytes, vs", tensor_bytes(x_d), "bytes for x"
+    "saved:",
+    mask.dtype,
+    tuple(mask.shape),
+    tensor_bytes(mask),
+    "bytes, vs",
+    tensor_bytes(x_d),
+    "bytes for x",
 )
 show("mask as 0/1", mask.float(), 0)
 g_d = randn(4, 6, seed=51, device=dev)
@@ -626,7 +668,10 @@ def saved_report(name, out, inputs, ctx_attrs=()):
         ptr = s.untyped_storage().data_ptr()
         tag = (
             "input"
-            if any(isinstance(i, torch.Tensor) and i.untyped_storage().data_ptr() == ptr for i in inputs)
+            if any(
+                isinstance(i, torch.Tensor) and i.untyped_storage().data_ptr() == ptr
+                for i in inputs
+            )
             else "output"
             if ptr == out.untyped_storage().data_ptr()
             else "new"
@@ -639,7 +684,10 @@ def saved_report(name, out, inputs, ctx_attrs=()):
 xb = randn(8, 16, seed=60, device=dev, requires_grad=True)
 Wb = randn(32, 16, seed=61, device=dev, requires_grad=True)
 bb = randn(32, seed=62, device=dev, requires_grad=True)
-wln, bln = torch.ones(16, device=dev, requires_grad=True), torch.zeros(16, device=dev, requires_grad=True)
+wln, bln = (
+    torch.ones(16, device=dev, requires_grad=True),
+    torch.zeros(16, device=dev, requires_grad=True),
+)
 tb = torch.arange(8, device=dev) % 16
 print(f"{'Function':<13} | {'saved tensors (shape dtype, kind)':<90} | on ctx")
 saved_report("Linear", hf.linear(xb, Wb, bb), [xb, Wb, bb])
@@ -647,7 +695,12 @@ saved_report("ReLU", hf.relu(xb), [xb])
 saved_report("GELU", hf.gelu(xb), [xb], ["approximate"])
 saved_report("Softmax", hf.softmax(xb, -1), [xb], ["dim"])
 saved_report("LogSoftmax", hf.log_softmax(xb, -1), [xb], ["dim"])
-saved_report("CrossEntropy", hf.cross_entropy(xb, tb), [xb, tb], ["ignore_index", "label_smoothing"])
+saved_report(
+    "CrossEntropy",
+    hf.cross_entropy(xb, tb),
+    [xb, tb],
+    ["ignore_index", "label_smoothing"],
+)
 y_mse = torch.zeros(8, 16, device=dev)
 saved_report("MSE", hf.mse_loss(xb, y_mse), [xb, y_mse])
 saved_report("LayerNorm", hf.layer_norm(xb, wln, bln), [xb, wln, bln])

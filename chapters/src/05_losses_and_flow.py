@@ -104,14 +104,22 @@ ce_norms, mse_norms = [], []
 for s in scales:
     zs = (s * z0).requires_grad_(True)
     (grad_ce,) = torch.autograd.grad(F.cross_entropy(zs[None], target[None]), zs)
-    (grad_mse,) = torch.autograd.grad(F.mse_loss(zs, F.one_hot(target, 10).to(zs.dtype), reduction="sum"), zs)
+    (grad_mse,) = torch.autograd.grad(
+        F.mse_loss(zs, F.one_hot(target, 10).to(zs.dtype), reduction="sum"), zs
+    )
     ce_norms.append(grad_ce.norm().item())
     mse_norms.append(grad_mse.norm().item())
-    print(f"s = {fmt(s, 1):>5}   ‖∂CE/∂z‖ = {fmt(ce_norms[-1], 3)}   ‖∂MSE/∂z‖ = {fmt(mse_norms[-1], 3)}")
+    print(
+        f"s = {fmt(s, 1):>5}   ‖∂CE/∂z‖ = {fmt(ce_norms[-1], 3)}   ‖∂MSE/∂z‖ = {fmt(mse_norms[-1], 3)}"
+    )
 
 zs = (8 * z0).requires_grad_(True)
-(grad_mse,) = torch.autograd.grad(F.mse_loss(zs, F.one_hot(target, 10).to(zs.dtype), reduction="sum"), zs)
-ok = compare("2(z - onehot) vs autograd", 2 * (zs.detach() - F.one_hot(target, 10)), grad_mse)
+(grad_mse,) = torch.autograd.grad(
+    F.mse_loss(zs, F.one_hot(target, 10).to(zs.dtype), reduction="sum"), zs
+)
+ok = compare(
+    "2(z - onehot) vs autograd", 2 * (zs.detach() - F.one_hot(target, 10)), grad_mse
+)
 
 # %%
 from helpers.plot_flow import plot_ce_vs_mse
@@ -156,7 +164,10 @@ def grad_at_gap(gap, eps):
     zg[0] = gap
     zg.requires_grad_(True)
     (g,) = torch.autograd.grad(
-        F.cross_entropy(zg[None], torch.zeros(1, dtype=torch.long, device=dev), label_smoothing=eps), zg
+        F.cross_entropy(
+            zg[None], torch.zeros(1, dtype=torch.long, device=dev), label_smoothing=eps
+        ),
+        zg,
     )
     return g
 
@@ -169,7 +180,9 @@ for gap in (2.0, gap_star, 10.0):
         f"   smoothed ∂L/∂z_y = {fmt(grad_at_gap(gap, eps)[0], 4):>7}"
     )
 _ = compare(
-    "smoothed ∂L/∂z at gap* vs 0 (every class)", grad_at_gap(gap_star, eps), torch.zeros(C, device=dev)
+    "smoothed ∂L/∂z at gap* vs 0 (every class)",
+    grad_at_gap(gap_star, eps),
+    torch.zeros(C, device=dev),
 )
 
 # %% [markdown]
@@ -187,7 +200,8 @@ _ = compare(
 # never of the target $q$, which only multiplies. Even for a very confident model:
 
 # %%
-z_ls = torch.tensor([[30.0, 0.0, -30.0, -60.0, -90.0]], device=dev, requires_grad=True)  # (1, C)
+# (1, C)
+z_ls = torch.tensor([[30.0, 0.0, -30.0, -60.0, -90.0]], device=dev, requires_grad=True)
 t_ls = torch.tensor([0], device=dev)
 L_ls = F.cross_entropy(z_ls, t_ls, label_smoothing=0.5)
 L_ls.backward()
@@ -225,10 +239,18 @@ n_keep = int(keep.sum().item())
 per_row = F.cross_entropy(z.detach()[keep], y_pad[keep], reduction="none")  # (n_keep,)
 print("rows kept:", n_keep, "of", len(y_pad))
 compare("loss = sum over kept rows / n_keep", L, per_row.sum() / n_keep)
-show("sum over kept rows / batch size (not what torch does)", per_row.sum() / len(y_pad))
+show(
+    "sum over kept rows / batch size (not what torch does)", per_row.sum() / len(y_pad)
+)
 show("loss", L)
-compare("grad of padding rows == 0", z.grad[~keep], torch.zeros_like(z.grad[~keep]), exact=True)
-grad_kept = (torch.softmax(z.detach()[keep], -1) - F.one_hot(y_pad[keep], C)) / n_keep  # (n_keep, C)
+compare(
+    "grad of padding rows == 0",
+    z.grad[~keep],
+    torch.zeros_like(z.grad[~keep]),
+    exact=True,
+)
+# (n_keep, C)
+grad_kept = (torch.softmax(z.detach()[keep], -1) - F.one_hot(y_pad[keep], C)) / n_keep
 ok = compare("grad of kept rows = (softmax - onehot) / n_keep", grad_kept, z.grad[keep])
 
 # %% [markdown]
@@ -372,7 +394,8 @@ for w in caught:
 
 # %%
 x.grad = None
-x_safe = torch.where(x > 0, x, torch.ones_like(x))  # a harmless value where the branch is unused
+# a harmless value where the branch is unused
+x_safe = torch.where(x > 0, x, torch.ones_like(x))
 L = torch.where(x > 0, x_safe.sqrt(), 0.0).sum()
 L.backward()
 show("x.grad (double where)", x.grad)
@@ -418,7 +441,10 @@ show("train: distinct values of x.grad (mask / (1 - p))", torch.unique(x.grad))
 def clip_by_hand(params, max_norm):
     """g ← g · min(1, max_norm / (‖g‖ + 1e-6)) with ‖g‖ the global L2 norm; returns ‖g‖."""
     grads = [p.grad for p in params]
-    total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))  # (P,) -> ()
+    # (P,) -> ()
+    total = torch.linalg.vector_norm(
+        torch.stack([torch.linalg.vector_norm(g) for g in grads])
+    )
     coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
     for g in grads:
         g.mul_(coef)
@@ -444,9 +470,15 @@ total_torch = torch.nn.utils.clip_grad_norm_(m_torch.parameters(), max_norm)
 show("‖g‖ before clipping", total_torch, 2)
 flat = lambda m: torch.cat([p.grad.flatten() for p in m.parameters()])
 compare("by hand vs clip_grad_norm_", flat(m_hand), flat(m_torch))
-compare("helpers.gradflow.clip_grad_norm vs clip_grad_norm_", flat(m_helper), flat(m_torch))
+compare(
+    "helpers.gradflow.clip_grad_norm vs clip_grad_norm_", flat(m_helper), flat(m_torch)
+)
 show("‖g‖ after clipping", global_grad_norm(m_torch.parameters()), 4)
-_ = compare("‖g‖ after clipping vs max_norm", global_grad_norm(m_torch.parameters()), torch.tensor(max_norm))
+_ = compare(
+    "‖g‖ after clipping vs max_norm",
+    global_grad_norm(m_torch.parameters()),
+    torch.tensor(max_norm),
+)
 
 # %% [markdown]
 # The gradients of this badly initialised network have global norm 38.47; after clipping
@@ -469,7 +501,9 @@ loss.backward()  # fills .grad
 norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # rescales .grad
 opt.step()  # uses the clipped .grad
 show("loss before the step", loss, 4)
-show("‖g‖ before clipping (log this: it is the best early warning of a blow-up)", norm, 2)
+show(
+    "‖g‖ before clipping (log this: it is the best early warning of a blow-up)", norm, 2
+)
 show("loss after the step", F.cross_entropy(model(X), y), 4)
 
 # %% [markdown]
@@ -505,7 +539,9 @@ arch_name = {
 }
 acts = ("sigmoid", "relu", "gelu")
 norms = {}
-print(f"{'init':>4} {'architecture':>12} {'activation':>10}  {'layer 1':>8} {'layer 20':>8}")
+print(
+    f"{'init':>4} {'architecture':>12} {'activation':>10}  {'layer 1':>8} {'layer 20':>8}"
+)
 for init in inits:
     for res, ln in archs:
         for act in acts:
@@ -520,7 +556,11 @@ for init in inits:
 from helpers.plot_flow import plot_flow_grid
 
 fig = plot_flow_grid(
-    norms, rows=inits, cols=[arch_name[a] for a in archs], labels=acts, row_title=lambda r: f"init {r:g}"
+    norms,
+    rows=inits,
+    cols=[arch_name[a] for a in archs],
+    labels=acts,
+    row_title=lambda r: f"init {r:g}",
 )
 plt.show()
 
@@ -554,7 +594,9 @@ plt.show()
 # the signal, so a plain ReLU stack neither vanishes nor explodes:
 
 # %%
-n_he = layer_grad_norms(deep_mlp(20, 32, "relu", init_scale=math.sqrt(2), device=dev), X, y)
+n_he = layer_grad_norms(
+    deep_mlp(20, 32, "relu", init_scale=math.sqrt(2), device=dev), X, y
+)
 print("plain relu, init √2: layer 1", fmt_sci(n_he[0]), " layer 20", fmt_sci(n_he[-1]))
 
 # %% [markdown]
@@ -581,9 +623,12 @@ def n_dead(model):
 
 dead_plain = dead_relu_units(deep_mlp(20, 32, "relu", device=dev), X)
 print("plain relu, init 1, dead units per layer:", [d for d, _ in dead_plain.values()])
-print("plain relu, init 1: dead / units =", *n_dead(deep_mlp(20, 32, "relu", device=dev)))
 print(
-    "relu + LayerNorm, init 1: dead / units =", *n_dead(deep_mlp(20, 32, "relu", layernorm=True, device=dev))
+    "plain relu, init 1: dead / units =", *n_dead(deep_mlp(20, 32, "relu", device=dev))
+)
+print(
+    "relu + LayerNorm, init 1: dead / units =",
+    *n_dead(deep_mlp(20, 32, "relu", layernorm=True, device=dev)),
 )
 
 # %% [markdown]
@@ -602,13 +647,16 @@ for lr in (0.1, 1.0, 3.0):
     with torch.no_grad():
         for prm in model.parameters():
             prm -= lr * prm.grad
-    print(f"lr {fmt(lr, 1)}: dead units {before} -> {n_dead(model)[0]} of {n_dead(model)[1]}")
+    print(
+        f"lr {fmt(lr, 1)}: dead units {before} -> {n_dead(model)[0]} of {n_dead(model)[1]}"
+    )
 
 model.zero_grad(set_to_none=True)
 F.cross_entropy(model(X), y).backward()
 dead_now = dead_relu_units(model, X)
 rows_zero = sum(
-    int((model.blocks[i].linear.weight.grad.abs().sum(dim=1) == 0).sum().item()) for i in range(6)
+    int((model.blocks[i].linear.weight.grad.abs().sum(dim=1) == 0).sum().item())
+    for i in range(6)
 )
 print(
     "after lr 3.0: dead units",
@@ -647,9 +695,15 @@ for _ in range(100):
 dead_after = dead_units_per_layer(model)
 print("layer                      ", list(range(1, 7)))
 print("dead after the lr 3.0 step ", [len(b) for b in dead_before])
-print("  ... alive again          ", [len(b - a) for b, a in zip(dead_before, dead_after)])
-print("  ... still dead           ", [len(b & a) for b, a in zip(dead_before, dead_after)])
-print("newly dead                 ", [len(a - b) for b, a in zip(dead_before, dead_after)])
+print(
+    "  ... alive again          ", [len(b - a) for b, a in zip(dead_before, dead_after)]
+)
+print(
+    "  ... still dead           ", [len(b & a) for b, a in zip(dead_before, dead_after)]
+)
+print(
+    "newly dead                 ", [len(a - b) for b, a in zip(dead_before, dead_after)]
+)
 print("loss", fmt(losses[0], 2), "->", fmt(losses[-1], 2))
 
 # %% [markdown]
@@ -682,7 +736,9 @@ def seed_debug_gradient_flow(model, input_tensor, target, criterion):
     for name, layer in model.named_modules():
         if name in activations:  # ... but look them up by NAME
             try:
-                grad = torch.autograd.grad(loss, activations[layer], retain_graph=True)[0]
+                grad = torch.autograd.grad(loss, activations[layer], retain_graph=True)[
+                    0
+                ]
                 grads[name] = grad.norm().item()
             except:  # noqa: E722  (and hide every error as 0.0)
                 grads[name] = 0.0
@@ -692,11 +748,15 @@ def seed_debug_gradient_flow(model, input_tensor, target, criterion):
 
 
 torch.manual_seed(0)
-mlp = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)).to(dev)
+mlp = nn.Sequential(
+    nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)
+).to(dev)
 with torch.no_grad():
     mlp[2].weight.zero_()  # a known dead layer: W = b = 0
     mlp[2].bias.zero_()
-print("seed's helper reports:", seed_debug_gradient_flow(mlp, X, y, nn.CrossEntropyLoss()))
+print(
+    "seed's helper reports:", seed_debug_gradient_flow(mlp, X, y, nn.CrossEntropyLoss())
+)
 
 # %% [markdown]
 # An empty dict. `activations` is keyed by module objects, `name in activations` tests a
@@ -718,7 +778,9 @@ mha = nn.MultiheadAttention(16, 2, batch_first=True).to(dev)
 fired = []
 for name, layer in mha.named_modules():
     if isinstance(layer, (nn.Linear, nn.MultiheadAttention)):
-        layer.register_forward_hook(lambda m, inp, out, name=name or "(the attention)": fired.append(name))
+        layer.register_forward_hook(
+            lambda m, inp, out, name=name or "(the attention)": fired.append(name)
+        )
 tokens = randn(1, 20, 16, seed=5, device=dev)  # (B, N, d)
 result = mha(tokens, tokens, tokens)
 print(
@@ -735,7 +797,10 @@ print("nn.MultiheadAttention returns a", type(result).__name__, "of", len(result
 try:
     nn.CrossEntropyLoss()(result[0], torch.zeros(1, 20, dtype=torch.long, device=dev))
 except RuntimeError as err:
-    print("CrossEntropyLoss((1, 20, 16), (1, 20)) -> RuntimeError:", str(err).splitlines()[0])
+    print(
+        "CrossEntropyLoss((1, 20, 16), (1, 20)) -> RuntimeError:",
+        str(err).splitlines()[0],
+    )
 
 # %% [markdown]
 # Only the attention module's own hook fired, not `out_proj`'s; the output is a tuple; the loss
@@ -770,7 +835,8 @@ for name in rec.names:
 # %%
 outs = {}
 hooks = [
-    mlp[i].register_forward_hook(lambda m, inp, out, i=i: outs.__setitem__(str(i), out)) for i in (0, 2, 4)
+    mlp[i].register_forward_hook(lambda m, inp, out, i=i: outs.__setitem__(str(i), out))
+    for i in (0, 2, 4)
 ]
 loss = F.cross_entropy(mlp(X), y)
 for h in hooks:
@@ -778,7 +844,9 @@ for h in hooks:
 for name in ("0", "2", "4"):
     (g,) = torch.autograd.grad(loss, outs[name], retain_graph=True)
     compare(
-        f"recorder vs autograd.grad, module {name}", torch.tensor(rec.output_grad_norms[name]), g.norm().cpu()
+        f"recorder vs autograd.grad, module {name}",
+        torch.tensor(rec.output_grad_norms[name]),
+        g.norm().cpu(),
     )
 
 # %% [markdown]
@@ -800,7 +868,11 @@ from IPython.display import HTML
 from helpers.widgets_flow import flow_animation
 
 # The depth-20, init-1 curves were computed in 5.8: reuse them as the frames.
-done = {(act, res, ln, 1.0): norms[(1.0, arch_name[(res, ln)], act)] for res, ln in archs for act in acts}
+done = {
+    (act, res, ln, 1.0): norms[(1.0, arch_name[(res, ln)], act)]
+    for res, ln in archs
+    for act in acts
+}
 HTML(flow_animation(depth=20, precomputed=done).to_jshtml(default_mode="once"))
 
 # %% [markdown]

@@ -62,13 +62,15 @@ F64 = torch.float64
 def round_to_tf32(t):
     """t with its float32 mantissa rounded to TF32's 10 bits (round to nearest): what TF32 multiplies."""
     bits = t.view(torch.int32)  # the same 4 bytes, read as an integer
-    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)  # drop the low 13 of 23 mantissa bits
+    # drop the low 13 of 23 mantissa bits
+    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
 
 
 Q_tf = randn(64, 64, seed=90, device=dev)  # (N, d)
 K_tf = randn(64, 64, seed=91, device=dev)  # (N, d)
 S_fp32 = Q_tf @ K_tf.T  # (N, d) @ (d, N) -> (N, N), true fp32
-S_tf32 = round_to_tf32(Q_tf) @ round_to_tf32(K_tf).T  # (N, d) @ (d, N) -> (N, N), as TF32 would
+# (N, d) @ (d, N) -> (N, N), as TF32 would
+S_tf32 = round_to_tf32(Q_tf) @ round_to_tf32(K_tf).T
 show("max |S_tf32 - S_fp32|", (S_tf32 - S_fp32).abs().max(), 3)
 _ = compare("emulated TF32 vs fp32, at float32's tolerance", S_tf32, S_fp32)
 
@@ -236,14 +238,23 @@ class SeedAttention(torch.autograd.Function):
         return grad_S @ k, grad_S.transpose(-2, -1) @ q, grad_v
 
 
-q, k, v = (randn(1, 4, 3, seed=s, dtype=F64, device=dev, requires_grad=True) for s in (5, 6, 7))
+q, k, v = (
+    randn(1, 4, 3, seed=s, dtype=F64, device=dev, requires_grad=True) for s in (5, 6, 7)
+)
 seed_grads = torch.autograd.grad(SeedAttention.apply(q, k, v).sum(), (q, k, v))
 true_grads = torch.autograd.grad((torch.softmax(q @ k.mT, -1) @ v).sum(), (q, k, v))
 for name, a, b in zip(("grad_q", "grad_k", "grad_v"), seed_grads, true_grads):
     compare(f"seed {name} vs autograd", a, b)
-print("gradcheck(SeedAttention):", gradcheck(SeedAttention.apply, (q, k, v), raise_exception=False))
+print(
+    "gradcheck(SeedAttention):",
+    gradcheck(SeedAttention.apply, (q, k, v), raise_exception=False),
+)
 for name, a, b in zip(("grad_q", "grad_k"), seed_grads, true_grads):
-    show(f"cosine(seed {name}, true {name})", F.cosine_similarity(a.flatten(), b.flatten(), dim=0), 3)
+    show(
+        f"cosine(seed {name}, true {name})",
+        F.cosine_similarity(a.flatten(), b.flatten(), dim=0),
+        3,
+    )
 
 # %% [markdown]
 # `grad_v` is right (it never goes through the softmax); `grad_q` and `grad_k` are wrong,
@@ -262,7 +273,13 @@ for name, a, b in zip(("grad_q", "grad_k"), seed_grads, true_grads):
 
 # %%
 import helpers.attention as ha
-from helpers.attention import Attention, attention, attention_backward, attention_forward, causal_mask
+from helpers.attention import (
+    Attention,
+    attention,
+    attention_backward,
+    attention_forward,
+    causal_mask,
+)
 from helpers.functions import softmax_backward
 
 # %% tags=["nbval-ignore-output"]
@@ -290,7 +307,12 @@ print(inspect.getsource(Attention))
 # (one function for one idea), and it is the one we derived, digit for digit:
 
 # %%
-compare("chapter 4's softmax_backward = ours", softmax_backward(p, g), softmax_vjp(p, g), exact=True)
+compare(
+    "chapter 4's softmax_backward = ours",
+    softmax_backward(p, g),
+    softmax_vjp(p, g),
+    exact=True,
+)
 Qb, Kb, Vb = (t.detach()[None, None] for t in (Q, K, V))  # (1, 1, N, d)
 Ob, Pb = attention_forward(Qb, Kb, Vb)
 compare("helpers attention_forward", Ob[0, 0], O)
@@ -318,7 +340,10 @@ def qkv(B, H, Nq, Nk, d, dtype=F64, seed=0):
 
 def pad_mask(B, Nk, pads):
     """(B, Nk) bool, True = padding: the last pads[b] keys of sequence b."""
-    return torch.arange(Nk, device=dev)[None, :] >= Nk - torch.tensor(pads, device=dev)[:, None]
+    return (
+        torch.arange(Nk, device=dev)[None, :]
+        >= Nk - torch.tensor(pads, device=dev)[:, None]
+    )
 
 
 cases = {
@@ -334,7 +359,9 @@ for label, c in cases.items():
     kpm = None if c["pads"] is None else pad_mask(2, c["Nk"], c["pads"])
     align = c.get("align", "top_left")
     ok = gradcheck(
-        lambda q, k, v: attention(q, k, v, causal=c["causal"], key_padding_mask=kpm, align=align),
+        lambda q, k, v: attention(
+            q, k, v, causal=c["causal"], key_padding_mask=kpm, align=align
+        ),
         (Q4, K4, V4),
     )
     print(f"gradcheck {label}: {ok}")
@@ -356,7 +383,9 @@ def backward_without_scale(Q, K, V, P, grad_O, scale, needs=(True, True, True)):
 ha.attention_backward = backward_without_scale  # break it...
 try:
     Q4, K4, V4 = qkv(1, 2, 4, 4, 3)
-    ok = gradcheck(lambda q, k, v: attention(q, k, v), (Q4, K4, V4), raise_exception=False)
+    ok = gradcheck(
+        lambda q, k, v: attention(q, k, v), (Q4, K4, V4), raise_exception=False
+    )
 finally:
     ha.attention_backward = attention_backward  # ...and restore it
 print("gradcheck with the scale missing:", ok)
@@ -430,9 +459,12 @@ show("O rows of a 7×4 bottom-right causal attention (first 3 see no key)", O4[0
 (gQ4,) = torch.autograd.grad(O4.sum(), Q4)
 print("any NaN in grad_Q:", bool(torch.isnan(gQ4).any()))
 O4_sdpa = F.scaled_dot_product_attention(
-    *(t.detach().cpu() for t in (Q4, K4, V4)), attn_mask=causal_mask(7, 4, align="bottom_right")
+    *(t.detach().cpu() for t in (Q4, K4, V4)),
+    attn_mask=causal_mask(7, 4, align="bottom_right"),
 )
-_ = compare("ours vs SDPA on the CPU, rows with no key included", O4.detach().cpu(), O4_sdpa)
+_ = compare(
+    "ours vs SDPA on the CPU, rows with no key included", O4.detach().cpu(), O4_sdpa
+)
 
 # %% [markdown]
 # ## 5. Cross-checks against PyTorch
@@ -454,14 +486,19 @@ def check_vs_sdpa(label, Nq, Nk, causal, pads, align="top_left"):
     G = randn(2, 3, Nq, 8, seed=20, device=dev)
     O = attention(Q, K, V, causal=causal, key_padding_mask=kpm, align=align)
     O.backward(G)
-    if kpm is None:  # PyTorch's own masks: is_causal (top-left) or the lower-right causal bias
-        mask = causal_lower_right(Nq, Nk) if causal and align == "bottom_right" else None
+    # PyTorch's own masks: is_causal (top-left) or the lower-right causal bias
+    if kpm is None:
+        mask = (
+            causal_lower_right(Nq, Nk) if causal and align == "bottom_right" else None
+        )
         is_causal = causal and align == "top_left"
     else:  # padding (+ causal, square here): built by hand, True = attend
         mask, is_causal = ~kpm[:, None, None, :], False
         if causal:
             mask = mask & torch.ones(Nq, Nk, dtype=torch.bool, device=dev).tril()
-    O_ref = F.scaled_dot_product_attention(Q2, K2, V2, attn_mask=mask, is_causal=is_causal)
+    O_ref = F.scaled_dot_product_attention(
+        Q2, K2, V2, attn_mask=mask, is_causal=is_causal
+    )
     O_ref.backward(G)
     for name, a, b in (
         ("O", O, O_ref),
@@ -550,18 +587,27 @@ def check_vs_mha(dtype, causal, pads, show_all=False):
     """True if our MHA forward and manual backward match nn.MultiheadAttention's Y and every gradient."""
     B, N, E, H = 2, 6, 8, 2
     torch.manual_seed(0)
-    ref = torch.nn.MultiheadAttention(E, H, dropout=0.0, batch_first=True, dtype=dtype, device=dev)
+    ref = torch.nn.MultiheadAttention(
+        E, H, dropout=0.0, batch_first=True, dtype=dtype, device=dev
+    )
     with torch.no_grad():
         ref.in_proj_bias.copy_(randn(3 * E, seed=7, dtype=dtype, device=dev) * 0.1)
         ref.out_proj.bias.copy_(randn(E, seed=8, dtype=dtype, device=dev) * 0.1)
-        ref.in_proj_weight.copy_(randn(3 * E, E, seed=9, dtype=dtype, device=dev) * E**-0.5)
-        ref.out_proj.weight.copy_(randn(E, E, seed=10, dtype=dtype, device=dev) * E**-0.5)
+        ref.in_proj_weight.copy_(
+            randn(3 * E, E, seed=9, dtype=dtype, device=dev) * E**-0.5
+        )
+        ref.out_proj.weight.copy_(
+            randn(E, E, seed=10, dtype=dtype, device=dev) * E**-0.5
+        )
     ours = MultiHeadSelfAttention.from_module(ref)
     X = randn(B, N, E, seed=3, dtype=dtype, device=dev, requires_grad=True)
     G = randn(B, N, E, seed=4, dtype=dtype, device=dev)
     kpm = None if pads is None else pad_mask(B, N, pads)
-    attn_mask = ~causal_mask(N, N, device=dev) if causal else None  # nn.MHA: True = blocked
-    Y_ref, _ = ref(X, X, X, key_padding_mask=kpm, attn_mask=attn_mask, need_weights=False)
+    # nn.MHA: True = blocked
+    attn_mask = ~causal_mask(N, N, device=dev) if causal else None
+    Y_ref, _ = ref(
+        X, X, X, key_padding_mask=kpm, attn_mask=attn_mask, need_weights=False
+    )
     Y_ref.backward(G)
     Y = ours.forward(X.detach(), causal=causal, key_padding_mask=kpm)
     grads = ours.backward(G)  # no autograd inside
@@ -600,8 +646,18 @@ O, P = Attention.apply(Q, K, V, ~kpm[:, None, None, :], None)
 G = randn(*O.shape, seed=31, dtype=F64, device=dev)
 gQ, gK, gV = torch.autograd.grad(O, (Q, K, V), G)
 show("P (query rows × key columns), keys 4, 5 padded", P[0, 0], 3)
-compare("grad_K of padded keys = 0", gK[0, 0, 4:], torch.zeros_like(gK[0, 0, 4:]), exact=True)
-compare("grad_V of padded keys = 0", gV[0, 0, 4:], torch.zeros_like(gV[0, 0, 4:]), exact=True)
+compare(
+    "grad_K of padded keys = 0",
+    gK[0, 0, 4:],
+    torch.zeros_like(gK[0, 0, 4:]),
+    exact=True,
+)
+compare(
+    "grad_V of padded keys = 0",
+    gV[0, 0, 4:],
+    torch.zeros_like(gV[0, 0, 4:]),
+    exact=True,
+)
 show("|grad_Q| of padded queries 4, 5 (not zero)", gQ[0, 0, 4:].norm(dim=-1))
 
 # %% [markdown]
@@ -622,7 +678,13 @@ show("|grad_Q| of padded queries 4, 5 (not zero)", gQ[0, 0, 4:].norm(dim=-1))
 # `torch.autograd.grad` can ask for the gradient at each of them.
 
 # %%
-from helpers.attention import merge_heads, mha_backward, mha_forward, mha_params, split_heads
+from helpers.attention import (
+    merge_heads,
+    mha_backward,
+    mha_forward,
+    mha_params,
+    split_heads,
+)
 
 N, E, H = 6, 8, 2
 params = mha_params(E, seed=40, dtype=F64, device=dev)
@@ -671,9 +733,8 @@ _ = compare(f"sum of the four paths = dL/dx_{j}", sum(paths.values()), grad_X[0,
 manual = mha_backward(grad_Y, cache)
 compare("mha_backward(dL/dY)['X'] + dL/dZ = dL/dX", manual["X"] + grad_Z, grad_X)
 grad_O = split_heads(grad_Y @ params["out_proj.weight"], H)  # (1, H, N, d)
-compare(
-    "dP = dO Vᵀ", grad_O @ cache["V"].transpose(-2, -1), grad_P
-)  # (1, H, N, d) @ (1, H, d, N) -> (1, H, N, N)
+# (1, H, N, d) @ (1, H, d, N) -> (1, H, N, N)
+compare("dP = dO Vᵀ", grad_O @ cache["V"].transpose(-2, -1), grad_P)
 grad_S = softmax_backward(cache["P"], grad_P)  # (1, H, N, N)
 
 # %% [markdown]
@@ -725,7 +786,9 @@ with SavedTensors(exclude=[Q, K, V]) as saved_fn:
 with SavedTensors(exclude=[Q, K, V]) as saved_naive:
     torch.softmax(Q @ K.transpose(-2, -1) / math.sqrt(d), dim=-1) @ V
 with SavedTensors(exclude=[Q, K, V]) as saved_causal:
-    S = (Q @ K.transpose(-2, -1) / math.sqrt(d)).masked_fill(~causal_mask(N, N, device=dev), float("-inf"))
+    S = (Q @ K.transpose(-2, -1) / math.sqrt(d)).masked_fill(
+        ~causal_mask(N, N, device=dev), float("-inf")
+    )
     torch.softmax(S, dim=-1) @ V
 
 for label, saved in (
@@ -753,7 +816,9 @@ show("causal extra bytes (the bool mask, N²·1)", saved_causal.total_bytes - fo
 Qc, Kc, Vc = (t.detach().cpu().requires_grad_() for t in (Q, K, V))
 with SavedTensors(exclude=[Qc, Kc, Vc]) as saved_sdpa:
     F.scaled_dot_product_attention(Qc, Kc, Vc)
-n_square = sum(1 for r in saved_sdpa.records if r["counted"] and r["shape"][-2:] == (N, N))
+n_square = sum(
+    1 for r in saved_sdpa.records if r["counted"] and r["shape"][-2:] == (N, N)
+)
 show("N×N tensors kept by SDPA (CPU)", n_square, 0)
 
 # %% [markdown]

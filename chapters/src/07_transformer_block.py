@@ -102,7 +102,10 @@ F64 = torch.float64
 
 # %%
 x = randn(3, 6, seed=1, dtype=F64, device=dev)
-gamma, beta = 1 + 0.1 * randn(6, seed=2, dtype=F64, device=dev), 0.1 * randn(6, seed=3, dtype=F64, device=dev)
+gamma, beta = (
+    1 + 0.1 * randn(6, seed=2, dtype=F64, device=dev),
+    0.1 * randn(6, seed=3, dtype=F64, device=dev),
+)
 grad_y = randn(3, 6, seed=4, dtype=F64, device=dev)
 
 y, mu, rstd = layernorm_forward(x, gamma, beta)
@@ -110,7 +113,9 @@ grad_x, grad_gamma, grad_beta = layernorm_backward(x, mu, rstd, gamma, grad_y)
 
 xr, gr, br = (t.clone().requires_grad_() for t in (x, gamma, beta))
 ref = torch.autograd.grad(F.layer_norm(xr, (6,), gr, br), (xr, gr, br), grad_y)
-for name, ours, r in zip(("grad_x", "grad_gamma", "grad_beta"), (grad_x, grad_gamma, grad_beta), ref):
+for name, ours, r in zip(
+    ("grad_x", "grad_gamma", "grad_beta"), (grad_x, grad_gamma, grad_beta), ref
+):
     compare(name, ours, r)
 
 g = grad_y * gamma
@@ -171,7 +176,9 @@ def stack_input_grad_norms(residual):
     """‖∂L/∂X_l‖ at the input of each block (l = 1 first) and at the output."""
     X, caches = X0, []
     for p in stack:
-        X, c = block_forward(X, p, H, norm_first=True, causal=True, activation="gelu", residual=residual)
+        X, c = block_forward(
+            X, p, H, norm_first=True, causal=True, activation="gelu", residual=residual
+        )
         caches.append(c)
     g, norms = grad_out, [grad_out.norm().item()]
     for c in reversed(caches):
@@ -181,7 +188,9 @@ def stack_input_grad_norms(residual):
 
 
 with_res, without_res = stack_input_grad_norms(True), stack_input_grad_norms(False)
-print("block input     " + " ".join(f"{l:>7}" for l in range(1, depth + 1)) + "   output")
+print(
+    "block input     " + " ".join(f"{l:>7}" for l in range(1, depth + 1)) + "   output"
+)
 print("with skip     " + " ".join(f"{fmt_sci(v):>7}" for v in with_res))
 print("without skip  " + " ".join(f"{fmt_sci(v):>7}" for v in without_res))
 
@@ -232,7 +241,10 @@ W1, b1 = (
     randn(16, 8, seed=11, dtype=F64, device=dev) / 8**0.5,
     0.1 * randn(16, seed=12, dtype=F64, device=dev),
 )
-W2, b2 = randn(8, 16, seed=13, dtype=F64, device=dev) / 4, 0.1 * randn(8, seed=14, dtype=F64, device=dev)
+W2, b2 = (
+    randn(8, 16, seed=13, dtype=F64, device=dev) / 4,
+    0.1 * randn(8, seed=14, dtype=F64, device=dev),
+)
 grad_F = randn(2, 5, 8, seed=15, dtype=F64, device=dev)
 
 U = h @ W1.T + b1  # (2, 5, 8) @ (8, 16) -> (2, 5, 16)
@@ -246,7 +258,9 @@ hr, W1r, b1r, W2r, b2r = leaves
 Fr = F.gelu(hr @ W1r.T + b1r) @ W2r.T + b2r  # (2, 5, 16) @ (16, 8) -> (2, 5, 8)
 ref = torch.autograd.grad(Fr, leaves, grad_F)
 for name, ours, r in zip(
-    ("grad_h", "grad_W1", "grad_b1", "grad_W2", "grad_b2"), (grad_h, grad_W1, grad_b1, grad_W2, grad_b2), ref
+    ("grad_h", "grad_W1", "grad_b1", "grad_W2", "grad_b2"),
+    (grad_h, grad_W1, grad_b1, grad_W2, grad_b2),
+    ref,
 ):
     compare(name, ours, r)
 
@@ -308,15 +322,23 @@ def autograd_block_grads(params, norm_first, causal, activation, X, grad_Y):
     layer = layer_from_params(params, H, norm_first, activation)
     Xr = X.clone().requires_grad_()
     mask = (
-        nn.Transformer.generate_square_subsequent_mask(N, device=X.device, dtype=X.dtype) if causal else None
+        nn.Transformer.generate_square_subsequent_mask(
+            N, device=X.device, dtype=X.dtype
+        )
+        if causal
+        else None
     )
     Y = layer(Xr, src_mask=mask, is_causal=causal)
     weights = [layer.get_parameter(n) for n in BLOCK_PARAM_NAMES]
-    return Y, dict(zip(("X", *BLOCK_PARAM_NAMES), torch.autograd.grad(Y, [Xr, *weights], grad_Y)))
+    return Y, dict(
+        zip(("X", *BLOCK_PARAM_NAMES), torch.autograd.grad(Y, [Xr, *weights], grad_Y))
+    )
 
 
 for norm_first, causal in ((False, False), (True, True)):
-    print(f"--- {'pre' if norm_first else 'post'}-norm, {'causal' if causal else 'no mask'}, relu, float64")
+    print(
+        f"--- {'pre' if norm_first else 'post'}-norm, {'causal' if causal else 'no mask'}, relu, float64"
+    )
     Y_ref, ref = autograd_block_grads(params, norm_first, causal, "relu", X, grad_Y)
     Y, cache = block_forward(X, params, H, norm_first, causal, "relu")
     ours = block_manual_backward(grad_Y, cache)
@@ -339,7 +361,9 @@ params32 = block_params(d, d_ff, seed=0, device=dev)
 X32, grad_Y32 = randn(B, N, d, seed=20, device=dev), randn(B, N, d, seed=21, device=dev)
 for norm_first in (False, True):
     for activation in ("relu", "gelu"):
-        _, ref = autograd_block_grads(params32, norm_first, True, activation, X32, grad_Y32)
+        _, ref = autograd_block_grads(
+            params32, norm_first, True, activation, X32, grad_Y32
+        )
         _, cache = block_forward(X32, params32, H, norm_first, True, activation)
         ours = block_manual_backward(grad_Y32, cache)
         cat = lambda g: torch.cat([g[n].flatten() for n in ("X", *BLOCK_PARAM_NAMES)])  # noqa: E731
@@ -368,8 +392,15 @@ for group, n in counts.items():
     print(f"{group:<24} {n:>9,d}")
 attn_params = counts["self_attn"] + counts["self_attn.out_proj"]
 ffn_params = counts["linear1"] + counts["linear2"]
-print(f"attention {attn_params:,d}   FFN {ffn_params:,d}   FFN / attention = {ffn_params / attn_params:.2f}")
-print("parameter tensors:", len(list(layer512.named_parameters())), " groups:", len(counts))
+print(
+    f"attention {attn_params:,d}   FFN {ffn_params:,d}   FFN / attention = {ffn_params / attn_params:.2f}"
+)
+print(
+    "parameter tensors:",
+    len(list(layer512.named_parameters())),
+    " groups:",
+    len(counts),
+)
 
 # %% [markdown]
 # Two corrections. The FFN, not the attention, has most of a block's parameters: with
@@ -387,8 +418,15 @@ print("parameter tensors:", len(list(layer512.named_parameters())), " groups:", 
 # %%
 x512 = torch.randn(2, 10, 512, generator=torch.Generator().manual_seed(0))  # (B, N, d)
 _, w_avg = layer512.self_attn(x512, x512, x512, need_weights=True)
-_, w_heads = layer512.self_attn(x512, x512, x512, need_weights=True, average_attn_weights=False)
-print("default attn_weights:", tuple(w_avg.shape), "  average_attn_weights=False:", tuple(w_heads.shape))
+_, w_heads = layer512.self_attn(
+    x512, x512, x512, need_weights=True, average_attn_weights=False
+)
+print(
+    "default attn_weights:",
+    tuple(w_avg.shape),
+    "  average_attn_weights=False:",
+    tuple(w_heads.shape),
+)
 try:
     w_avg[0, 0].sum(dim=1)
 except IndexError as err:
@@ -422,11 +460,19 @@ data = tok.encode(text)
 print(f"{len(text)} characters, vocabulary of {tok.vocab_size}")
 print(repr(text[:60]))
 
-config = GPTConfig(vocab_size=tok.vocab_size, n_ctx=16, d_model=32, n_heads=4, n_layers=4, d_ff=64)
+config = GPTConfig(
+    vocab_size=tok.vocab_size, n_ctx=16, d_model=32, n_heads=4, n_layers=4, d_ff=64
+)
 params = gpt_init(config, seed=0, dtype=F64, device=dev)
 idx, targets = get_batch(data, batch_size=4, n_ctx=config.n_ctx, seed=1, device=dev)
 print("first sequence:", repr(tok.decode(idx[0])), "->", repr(tok.decode(targets[0])))
-print("parameters:", len(params), "tensors,", sum(t.numel() for t in params.values()), "numbers")
+print(
+    "parameters:",
+    len(params),
+    "tensors,",
+    sum(t.numel() for t in params.values()),
+    "numbers",
+)
 print("some names:", list(params)[:3], "...", list(params)[-3:])
 
 # %%
@@ -443,7 +489,10 @@ compare("logits", gpt_forward(idx, params, config)[0], logits_ref, atol=1e-10, r
 compare("loss", L, L_ref, atol=1e-10, rtol=0)
 groups = {
     "embeddings": ["wte", "wpe"],
-    **{f"block {l}": [f"blocks.{l}.{n}" for n in BLOCK_PARAM_NAMES] for l in range(config.n_layers)},
+    **{
+        f"block {l}": [f"blocks.{l}.{n}" for n in BLOCK_PARAM_NAMES]
+        for l in range(config.n_layers)
+    },
     "ln_f + head": ["ln_f.weight", "ln_f.bias", "head.weight"],
 }
 named = dict(model.named_parameters())
@@ -507,13 +556,16 @@ show("‖grad_wte['t']‖ assignment ", assigned[t].norm())
 # it, 8 blocks.
 
 # %%
-deep = GPTConfig(vocab_size=tok.vocab_size, n_ctx=16, d_model=32, n_heads=4, n_layers=8, d_ff=64)
+deep = GPTConfig(
+    vocab_size=tok.vocab_size, n_ctx=16, d_model=32, n_heads=4, n_layers=8, d_ff=64
+)
 deep_params = gpt_init(deep, seed=0, dtype=F64, device=dev)
 logits, cache = gpt_forward(idx, deep_params, deep)
 z = logits.flatten(0, 1)
-grad_logits = (torch.softmax(z, -1) - F.one_hot(targets.flatten(), deep.vocab_size)) / z.shape[
-    0
-]  # CE backward
+# CE backward
+grad_logits = (
+    torch.softmax(z, -1) - F.one_hot(targets.flatten(), deep.vocab_size)
+) / z.shape[0]
 stream = []
 deep_grads = gpt_backward(grad_logits.view_as(logits), cache, stream)
 param_norms = block_grad_norms(deep_grads, deep.n_layers)
@@ -522,9 +574,14 @@ print("block            " + " ".join(f"{l:>7}" for l in range(1, deep.n_layers +
 print("‖∂L/∂θ_block‖    " + " ".join(f"{fmt_sci(v):>7}" for v in param_norms))
 print("‖∂L/∂X_l‖ (in)   " + " ".join(f"{fmt_sci(v):>7}" for v in stream_norms[:-1]))
 fig, axes = plt.subplots(1, 2, figsize=(9, 3), dpi=90)
-plot_layer_norms({"block parameters": param_norms}, ax=axes[0], ylabel="‖∂L/∂θ‖", title="per block")
 plot_layer_norms(
-    {"residual stream": stream_norms[:-1]}, ax=axes[1], ylabel="‖∂L/∂X_l‖", title="at each block's input"
+    {"block parameters": param_norms}, ax=axes[0], ylabel="‖∂L/∂θ‖", title="per block"
+)
+plot_layer_norms(
+    {"residual stream": stream_norms[:-1]},
+    ax=axes[1],
+    ylabel="‖∂L/∂X_l‖",
+    title="at each block's input",
 )
 fig.tight_layout()
 plt.show()
@@ -537,7 +594,9 @@ plt.show()
 # noise, a character at a time with `sample`:
 
 # %%
-out = sample(params, config, tok.encode("The cat")[None].to(dev), n=40, temperature=1.0, seed=0)
+out = sample(
+    params, config, tok.encode("The cat")[None].to(dev), n=40, temperature=1.0, seed=0
+)
 print(repr(tok.decode(out[0])))
 
 # %% [markdown]
@@ -565,11 +624,16 @@ print(repr(tok.decode(out[0])))
 # on which attention kernel runs, which depends on the device).
 
 # %%
-Qa, Ka, Va = (randn(1, 2, 5, 4, seed=s, dtype=F64, device=dev) for s in (60, 61, 62))  # (B, H, N, d)
-Sa = Qa @ Ka.transpose(-2, -1) / math.sqrt(4)  # (B, H, N, d) @ (B, H, d, N) -> (B, H, N, N)
-lse = torch.logsumexp(Sa, dim=-1, keepdim=True)  # (B, H, N, 1): one number per row and head
+# (B, H, N, d)
+Qa, Ka, Va = (randn(1, 2, 5, 4, seed=s, dtype=F64, device=dev) for s in (60, 61, 62))
+# (B, H, N, d) @ (B, H, d, N) -> (B, H, N, N)
+Sa = Qa @ Ka.transpose(-2, -1) / math.sqrt(4)
+# (B, H, N, 1): one number per row and head
+lse = torch.logsumexp(Sa, dim=-1, keepdim=True)
 _, P_kept = attention_forward(Qa, Ka, Va)  # chapter 6 keeps the whole P
-_ = compare("P = exp(S − lse) vs chapter 6's P", torch.exp(Sa - lse), P_kept, atol=1e-14, rtol=0)
+_ = compare(
+    "P = exp(S − lse) vs chapter 6's P", torch.exp(Sa - lse), P_kept, atol=1e-14, rtol=0
+)
 
 # %% [markdown]
 # The rest of the list, as a table:
@@ -577,7 +641,9 @@ _ = compare("P = exp(S − lse) vs chapter 6's P", torch.exp(Sa - lse), P_kept, 
 # %%
 for norm_first in (True, False):
     print(f"--- {'pre' if norm_first else 'post'}-norm, relu")
-    print(f"{'sub-layer':<11} {'autograd keeps':<37} {'our cache keeps':<37} {'per token'}")
+    print(
+        f"{'sub-layer':<11} {'autograd keeps':<37} {'our cache keeps':<37} {'per token'}"
+    )
     for row in block_saved_table(norm_first, "relu"):
         print(f"{row[0]:<11} {row[1]:<37} {row[2]:<37} {row[3]}")
 
@@ -590,7 +656,9 @@ B, N, d, H, d_ff = 8, 128, 256, 4, 1024
 cpu_params = block_params(d, d_ff, seed=0)
 Xc = randn(B, N, d, seed=40, requires_grad=True)
 mask = nn.Transformer.generate_square_subsequent_mask(N)
-print(f"{'':<10} {'autograd (measured)':>20} {'ours (measured)':>16} {'ours (formula)':>15}")
+print(
+    f"{'':<10} {'autograd (measured)':>20} {'ours (measured)':>16} {'ours (formula)':>15}"
+)
 for norm_first in (False, True):
     layer = layer_from_params(cpu_params, H, norm_first, "relu")
     with SavedTensors(exclude=[Xc, *layer.parameters()]) as saved:

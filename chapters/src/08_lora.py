@@ -68,7 +68,8 @@ dev = get_device()
 no_tf32()  # TF32 would change the last digits of fp32 matmuls on Ampere+ GPUs
 F64 = torch.float64
 if dev.type == "cpu":
-    torch.set_num_threads(1)  # tiny tensors: one thread beats the cost of sharing work between threads
+    # tiny tensors: one thread beats the cost of sharing work between threads
+    torch.set_num_threads(1)
 
 # %% [markdown]
 # ## 1. The gradients of A and B, from ∂L/∂W′
@@ -153,13 +154,17 @@ _ = compare("cheap ∂L/∂x vs g·W'", grad_x_1, g @ (W + s * B @ A))
 # %%
 n_in = n_out = 4096
 R_tok, r_big = 4096, 8
-via_Wp = n_out * R_tok * n_in + 2 * n_out * n_in * r_big  # gᵀx, then (∂L/∂W')Aᵀ and Bᵀ(∂L/∂W')
-cheap = R_tok * n_out * r_big + n_out * R_tok * r_big + r_big * R_tok * n_in  # gB, gᵀ(xAᵀ), (gB)ᵀx
+# gᵀx, then (∂L/∂W')Aᵀ and Bᵀ(∂L/∂W')
+via_Wp = n_out * R_tok * n_in + 2 * n_out * n_in * r_big
+# gB, gᵀ(xAᵀ), (gB)ᵀx
+cheap = R_tok * n_out * r_big + n_out * R_tok * r_big + r_big * R_tok * n_in
 show("multiply-adds via ∂L/∂W' (×1e9)", via_Wp / 1e9, 1)
 show("multiply-adds, cheap route (×1e9)", cheap / 1e9, 2)
 show("ratio", via_Wp / cheap, 0)
 print("biggest temporary via ∂L/∂W':", fmt_bytes(n_out * n_in * 4), "(fp32)")
-print("biggest temporary, cheap route:", fmt_bytes(R_tok * r_big * 4), "(xAᵀ or gB, fp32)")
+print(
+    "biggest temporary, cheap route:", fmt_bytes(R_tok * r_big * 4), "(xAᵀ or gB, fp32)"
+)
 
 # %% [markdown]
 # The route through $\partial L/\partial W'$ costs 69.0 billion multiply–adds per layer, the
@@ -181,7 +186,12 @@ print("biggest temporary, cheap route:", fmt_bytes(R_tok * r_big * 4), "(xAᵀ o
 # goes to `x_lora`; with dropout 0 it is `None` and $x_l = x$. Here is what it saves:
 
 # %% tags=["nbval-ignore-output"]
-from helpers.lora import LoRALinear, LoRALinearFunction, lora_linear, lora_linear_backward
+from helpers.lora import (
+    LoRALinear,
+    LoRALinearFunction,
+    lora_linear,
+    lora_linear_backward,
+)
 
 print(inspect.getsource(LoRALinearFunction.setup_context))
 
@@ -226,7 +236,8 @@ lora = LoRALinear(base, r=4, alpha=8.0, seed=0)
 print(lora)
 with torch.no_grad():  # a trained-looking B, so every term counts
     lora.lora_B.copy_(randn(8, 4, seed=6, dtype=F64, device=dev))
-X = randn(3, 5, 16, seed=7, dtype=F64, device=dev, requires_grad=True)  # (batch, tokens, in)
+# (batch, tokens, in)
+X = randn(3, 5, 16, seed=7, dtype=F64, device=dev, requires_grad=True)
 G = randn(3, 5, 8, seed=8, dtype=F64, device=dev)
 lora(X).backward(G)
 
@@ -253,7 +264,13 @@ _ = compare("∂L/∂B", lora.lora_B.grad, B_ref.grad, atol=1e-12, rtol=0)
 print("base.weight.requires_grad:", base.weight.requires_grad)
 print("base.weight.grad is None:", base.weight.grad is None)
 print("base.bias.grad is None:", base.bias.grad is None)
-_ = compare("∂L/∂x = G·W' (flows through the frozen W)", X.grad, G @ W_prime.detach(), atol=1e-12, rtol=0)
+_ = compare(
+    "∂L/∂x = G·W' (flows through the frozen W)",
+    X.grad,
+    G @ W_prime.detach(),
+    atol=1e-12,
+    rtol=0,
+)
 
 # %% [markdown]
 # What does freezing save? Take two 256 × 256 layers with a GELU between them, on a batch of
@@ -283,7 +300,11 @@ for mode in ("trainable", "frozen", "lora"):
     with SavedTensors(exclude=list(net.parameters()) + [X2], by_op=True) as saved:
         L = net(X2).sum()  # sum saves nothing: only the layers' tensors count
     L.backward()
-    grad_bytes = sum(p.grad.numel() * p.grad.element_size() for p in net.parameters() if p.grad is not None)
+    grad_bytes = sum(
+        p.grad.numel() * p.grad.element_size()
+        for p in net.parameters()
+        if p.grad is not None
+    )
     stats[mode] = (saved.total_bytes, grad_bytes)
     print(
         f"{mode:9s}  saved for backward {fmt_bytes(saved.total_bytes):>9s}   "
@@ -496,7 +517,12 @@ for (rs, steps), row in dW.items():
 # %%
 fig, ax = plt.subplots(figsize=(6, 3))
 for (rs, steps), row in dW.items():
-    ax.loglog(ranks, row, "o-" if rs else "s--", label=f"{'α/√r' if rs else 'α/r'}, {steps} step(s)")
+    ax.loglog(
+        ranks,
+        row,
+        "o-" if rs else "s--",
+        label=f"{'α/√r' if rs else 'α/r'}, {steps} step(s)",
+    )
 ax.set_xlabel("rank r")
 ax.set_ylabel("‖ΔW‖ after Adam steps")
 ax.legend(fontsize=8)
@@ -570,7 +596,9 @@ from helpers.train import eval_lm, lm_loss, train
 
 text = load_corpus()
 tok = CharTokenizer(text)
-cfg = GPTConfig(vocab_size=tok.vocab_size, n_ctx=32, d_model=32, n_heads=4, n_layers=2, d_ff=128)
+cfg = GPTConfig(
+    vocab_size=tok.vocab_size, n_ctx=32, d_model=32, n_heads=4, n_layers=2, d_ff=128
+)
 gpt = TinyGPT(cfg, seed=0).to(dev)
 print("packed in_proj_weight:", tuple(gpt.blocks[0].self_attn.in_proj_weight.shape))
 
@@ -579,7 +607,9 @@ logits_base = gpt(probe)
 gpt_qv = copy.deepcopy(gpt)
 add_lora_attention(gpt_qv, r=4, alpha=16.0, targets=("q", "v"))
 print(gpt_qv.blocks[0].self_attn)
-_ = compare("TinyGPT with Q/V adapters vs TinyGPT at init (fp32)", gpt_qv(probe), logits_base)
+_ = compare(
+    "TinyGPT with Q/V adapters vs TinyGPT at init (fp32)", gpt_qv(probe), logits_base
+)
 print("trainable:", [n for n, p in gpt_qv.named_parameters() if p.requires_grad])
 
 # %% [markdown]
@@ -600,10 +630,21 @@ print("trainable:", [n for n, p in gpt_qv.named_parameters() if p.requires_grad]
 def fine_tune(model, data, steps, lr, seed, desc):
     """Adam on model's trainable parameters, lm_loss on 16 random windows per step (step s: seed + s)."""
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
-    batch_at = lambda s: get_batch(data, 16, cfg.n_ctx, seed=seed + s, device=dev)  # idx, targets (16, n_ctx)
+    # idx, targets (16, n_ctx)
+    batch_at = lambda s: get_batch(data, 16, cfg.n_ctx, seed=seed + s, device=dev)
     t0 = time.perf_counter()
-    hist = train(opt, batch_at, steps, loss_fn=lambda idx, targets: lm_loss(model, idx, targets), desc=desc)
-    return {"losses": hist["loss"], "optimizer": opt, "seconds": time.perf_counter() - t0}
+    hist = train(
+        opt,
+        batch_at,
+        steps,
+        loss_fn=lambda idx, targets: lm_loss(model, idx, targets),
+        desc=desc,
+    )
+    return {
+        "losses": hist["loss"],
+        "optimizer": opt,
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 data = tok.encode(text)
@@ -623,7 +664,11 @@ cut = int(0.85 * len(rev))
 ft_train, ft_held = tok.encode(rev[:cut]), tok.encode(rev[cut:])
 show("pretraining loss, last 20 steps", sum(pre["losses"][-20:]) / 20, 2)
 show("pretrained model on the original text", eval_lm(gpt, data, n_ctx=cfg.n_ctx), 2)
-show("pretrained model on held-out reversed text", eval_lm(gpt, ft_held, n_ctx=cfg.n_ctx), 2)
+show(
+    "pretrained model on held-out reversed text",
+    eval_lm(gpt, ft_held, n_ctx=cfg.n_ctx),
+    2,
+)
 base_state = copy.deepcopy(gpt.state_dict())
 
 # %% [markdown]
@@ -645,7 +690,9 @@ def fresh_gpt():
 STEPS, R_MAIN, ALPHA_MAIN = 100, 4, 16.0
 models = {"full": fresh_gpt(), "LoRA Q,V": fresh_gpt(), "LoRA all": fresh_gpt()}
 add_lora_attention(models["LoRA Q,V"], r=R_MAIN, alpha=ALPHA_MAIN, targets=("q", "v"))
-add_lora_attention(models["LoRA all"], r=R_MAIN, alpha=ALPHA_MAIN, targets=("q", "k", "v", "o"))
+add_lora_attention(
+    models["LoRA all"], r=R_MAIN, alpha=ALPHA_MAIN, targets=("q", "k", "v", "o")
+)
 add_lora(models["LoRA all"], ["linear1", "linear2"], r=R_MAIN, alpha=ALPHA_MAIN)
 lrs = {"full": 1e-3, "LoRA Q,V": 1e-2, "LoRA all": 1e-2}
 
@@ -660,7 +707,9 @@ for name, model in models.items():
 # decimals: a GPU sums in another order, and a hundred Adam steps carry that round-off along.)
 
 # %%
-print(f"{'':10s} {'trainable':>10s} {'of total':>9s} {'grad bytes':>11s} {'Adam state':>11s}  held-out loss")
+print(
+    f"{'':10s} {'trainable':>10s} {'of total':>9s} {'grad bytes':>11s} {'Adam state':>11s}  held-out loss"
+)
 table = {}
 for name, model in models.items():
     c = parameter_counts(model)
@@ -673,7 +722,8 @@ for name, model in models.items():
     )
 show(
     "Adam state, full / LoRA Q,V",
-    optimizer_state_bytes(runs["full"]["optimizer"]) / optimizer_state_bytes(runs["LoRA Q,V"]["optimizer"]),
+    optimizer_state_bytes(runs["full"]["optimizer"])
+    / optimizer_state_bytes(runs["LoRA Q,V"]["optimizer"]),
     1,
 )
 for name, run in runs.items():
@@ -682,12 +732,16 @@ for name, run in runs.items():
 # %%
 fig, ax = plt.subplots(figsize=(6.5, 3.4))
 smooth = lambda v, k=10: [
-    sum(v[max(0, i - k + 1) : i + 1]) / len(v[max(0, i - k + 1) : i + 1]) for i in range(len(v))
+    sum(v[max(0, i - k + 1) : i + 1]) / len(v[max(0, i - k + 1) : i + 1])
+    for i in range(len(v))
 ]
 for name, run in runs.items():
     ax.plot(smooth(run["losses"]), lw=2, label=name)
 ax.axhline(
-    eval_lm(gpt, ft_held, n_ctx=cfg.n_ctx), color="0.5", ls=":", label="pretrained, before fine-tuning"
+    eval_lm(gpt, ft_held, n_ctx=cfg.n_ctx),
+    color="0.5",
+    ls=":",
+    label="pretrained, before fine-tuning",
 )
 ax.set_xlabel("fine-tuning step")
 ax.set_ylabel("training loss (running mean of 10)")
@@ -722,10 +776,13 @@ print(
     fmt_bytes(sum(t.numel() * t.element_size() for t in base_state.values())),
 )
 restored = fresh_gpt()
-add_lora_attention(restored, r=R_MAIN, alpha=ALPHA_MAIN, targets=("q", "v"), seed=123)  # other init
+# other init
+add_lora_attention(restored, r=R_MAIN, alpha=ALPHA_MAIN, targets=("q", "v"), seed=123)
 load_lora_state_dict(restored, sd)
 logits_ft = models["LoRA Q,V"](probe)
-compare("fresh base + loaded adapters vs fine-tuned", restored(probe), logits_ft, exact=True)
+compare(
+    "fresh base + loaded adapters vs fine-tuned", restored(probe), logits_ft, exact=True
+)
 merge_lora(restored)
 compare("merged vs unmerged logits (fp32)", restored(probe), logits_ft)
 _ = unmerge_lora(restored)
@@ -761,7 +818,9 @@ for rk, a in tqdm([k for k in grid if k not in precomputed], desc="precompute (r
 reference = {"full": runs["full"]["losses"], "LoRA all": runs["LoRA all"]["losses"]}
 
 # %%
-print(f"{'r':>3s} {'α':>5s} {'α/r':>6s} {'trainable':>10s} {'Adam state':>11s}  loss, last 10 steps")
+print(
+    f"{'r':>3s} {'α':>5s} {'α/r':>6s} {'trainable':>10s} {'Adam state':>11s}  loss, last 10 steps"
+)
 for rk, a in sorted(precomputed, key=lambda k: (k[1], k[0])):
     run = precomputed[(rk, a)]
     print(

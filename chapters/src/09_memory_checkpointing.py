@@ -113,7 +113,8 @@ show("bytes kept", saved.total_bytes, 0)
 # `helpers.checkpoint.activation_bytes_formula` adds these up:
 
 # %% tags=["nbval-ignore-output"]
-print(inspect.getsource(block_activation_bytes))  # a listing: nbval skips its output, the next cell checks
+# a listing: nbval skips its output, the next cell checks
+print(inspect.getsource(block_activation_bytes))
 
 # %%
 formula = activation_bytes_formula(B, N, d, H, 1, d_ff, 4, head=True)
@@ -127,7 +128,8 @@ _ = compare("measured = formula", saved.total_bytes, formula, exact=True)
 # %%
 cfg4 = GPTConfig(vocab_size=V, n_ctx=64, d_model=d, n_heads=H, n_layers=4, d_ff=d_ff)
 gpt4 = TinyGPT(cfg4, seed=0)
-X = nn.functional.embedding(idx, gpt4.wte) + gpt4.wpe[:N]  # (B, N, d), as TinyGPT.forward
+# (B, N, d), as TinyGPT.forward
+X = nn.functional.embedding(idx, gpt4.wte) + gpt4.wpe[:N]
 mask = nn.Transformer.generate_square_subsequent_mask(N, dtype=X.dtype)  # (N, N)
 per_block = block_activation_bytes(B, N, d, H, d_ff, 4)
 for l, block in enumerate(gpt4.blocks):
@@ -139,7 +141,9 @@ for l, block in enumerate(gpt4.blocks):
     )
 
 for n_layers in range(1, 5):
-    c = GPTConfig(vocab_size=V, n_ctx=64, d_model=d, n_heads=H, n_layers=n_layers, d_ff=d_ff)
+    c = GPTConfig(
+        vocab_size=V, n_ctx=64, d_model=d, n_heads=H, n_layers=n_layers, d_ff=d_ff
+    )
     m = TinyGPT(c, seed=0)
     with SavedTensors(exclude=list(m.parameters())) as s:
         m(idx)
@@ -167,9 +171,14 @@ for n_layers in range(1, 5):
 # %%
 for n_tok in (12, 24):
     ids = torch.randint(0, V, (B, n_tok), generator=torch.Generator().manual_seed(1))
-    with sdpa_kernel(SDPBackend.MATH), SavedTensors(exclude=list(gpt4.parameters())) as s:
+    with (
+        sdpa_kernel(SDPBackend.MATH),
+        SavedTensors(exclude=list(gpt4.parameters())) as s,
+    ):
         gpt4(ids)
-    f = activation_bytes_formula(B, n_tok, d, H, 4, d_ff, 4, attention="math", head=True)
+    f = activation_bytes_formula(
+        B, n_tok, d, H, 4, d_ff, 4, attention="math", head=True
+    )
     print(
         f"math attention, N={n_tok}: measured {fmt(s.total_bytes, 0)}, formula {fmt(f, 0)}",
         "✓" if s.total_bytes == f else "✗",
@@ -185,7 +194,10 @@ for n_tok in (12, 24):
 # %%
 d_, H_, f_, L_, B_ = 768, 12, 3072, 12, 8
 Ns = [128 * 2**k for k in range(7)]  # 128 .. 8192
-math_GiB = [activation_bytes_formula(B_, n, d_, H_, L_, f_, 2, attention="math") / 2**30 for n in Ns]
+math_GiB = [
+    activation_bytes_formula(B_, n, d_, H_, L_, f_, 2, attention="math") / 2**30
+    for n in Ns
+]
 fused_GiB = [activation_bytes_formula(B_, n, d_, H_, L_, f_, 2) / 2**30 for n in Ns]
 P_GiB = [L_ * B_ * H_ * n * n * 2 / 2**30 for n in Ns]
 show("N* = (10d + 4 + 2 d_ff)/H", (10 * d_ + 4 + 2 * f_) / H_, 1)
@@ -245,13 +257,16 @@ class FirstCheckpoint(torch.autograd.Function):
         leaves = [t.detach().requires_grad_(n) for t, n in zip((x, *params), needs)]
         with torch.enable_grad():
             y = ctx.fn(*leaves)  # the forward again, now with a graph
-        got = iter(torch.autograd.grad(y, [t for t, n in zip(leaves, needs) if n], grad_y))
+        got = iter(
+            torch.autograd.grad(y, [t for t, n in zip(leaves, needs) if n], grad_y)
+        )
         return (None, *(next(got) if n else None for n in needs))
 
 
 def ffn(x, W1, b1, W2, b2):
     """y = x + GELU(x W1ᵀ + b1) W2ᵀ + b2."""
-    return x + nn.functional.gelu(x @ W1.T + b1) @ W2.T + b2  # (B, N, d) @ (d, f) @ (f, d) -> (B, N, d)
+    # (B, N, d) @ (d, f) @ (f, d) -> (B, N, d)
+    return x + nn.functional.gelu(x @ W1.T + b1) @ W2.T + b2
 
 
 W1, b1 = (
@@ -265,7 +280,9 @@ W2, b2 = (
 ffn_params = [p.requires_grad_() for p in (W1, b1, W2, b2)]
 x = randn(B, N, d, seed=5, dtype=F64, device=dev, requires_grad=True)
 g_ref = torch.autograd.grad((ffn(x, *ffn_params) ** 2).sum(), [x, *ffn_params])
-g_ours = torch.autograd.grad((FirstCheckpoint.apply(ffn, x, *ffn_params) ** 2).sum(), [x, *ffn_params])
+g_ours = torch.autograd.grad(
+    (FirstCheckpoint.apply(ffn, x, *ffn_params) ** 2).sum(), [x, *ffn_params]
+)
 for name, a, b in zip(["x", "W1", "b1", "W2", "b2"], g_ours, g_ref):
     compare(f"grad_{name}, checkpointed vs plain", a, b, atol=1e-12, rtol=0)
 
@@ -342,7 +359,14 @@ def stack(dropout, dtype, n_layers=3, seed=0, device=dev):
     torch.manual_seed(seed)
     return nn.ModuleList(
         nn.TransformerEncoderLayer(
-            d, H, d_ff, dropout=dropout, activation="gelu", batch_first=True, norm_first=True, dtype=dtype
+            d,
+            H,
+            d_ff,
+            dropout=dropout,
+            activation="gelu",
+            batch_first=True,
+            norm_first=True,
+            dtype=dtype,
         )
         for _ in range(n_layers)
     ).to(device)
@@ -368,7 +392,11 @@ def grads(blocks, x, mode, seed=123, **kw):
 def agree(name, ga, gb):
     """One compare line for a whole list of gradients (atol 1e-12 in float64)."""
     return compare(
-        name, torch.cat([g.flatten() for g in ga]), torch.cat([g.flatten() for g in gb]), atol=1e-12, rtol=0
+        name,
+        torch.cat([g.flatten() for g in ga]),
+        torch.cat([g.flatten() for g in gb]),
+        atol=1e-12,
+        rtol=0,
     )
 
 
@@ -379,7 +407,9 @@ show("gradient tensors (x and every parameter)", len(ref), 0)
 agree("ours, RNG restored vs no checkpointing", grads(blocks, x, "ours"), ref)
 agree("torch.utils.checkpoint vs no checkpointing", grads(blocks, x, "torch"), ref)
 _ = agree(
-    "ours, RNG NOT restored vs no checkpointing", grads(blocks, x, "ours", preserve_rng_state=False), ref
+    "ours, RNG NOT restored vs no checkpointing",
+    grads(blocks, x, "ours", preserve_rng_state=False),
+    ref,
 )
 
 # %% [markdown]
@@ -396,18 +426,26 @@ _ = agree(
 # `torch.utils.checkpoint` does. On the CPU in bfloat16:
 
 # %%
-ffn32 = [t.detach().to(cpu, torch.float32).requires_grad_() for t in (x, *ffn_params)]  # x, W1, b1, W2, b2
+# x, W1, b1, W2, b2
+ffn32 = [t.detach().to(cpu, torch.float32).requires_grad_() for t in (x, *ffn_params)]
 
 
 def grads_autocast(apply):
     """All of ∂L/∂(x, W1, b1, W2, b2), flattened, for L = Σ y², y = apply(ffn, ...) under CPU bfloat16 autocast."""
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y = apply(ffn, *ffn32)
-    return torch.cat([g.flatten() for g in torch.autograd.grad((y.float() ** 2).sum(), ffn32)])
+    return torch.cat(
+        [g.flatten() for g in torch.autograd.grad((y.float() ** 2).sum(), ffn32)]
+    )
 
 
 ref_ac = grads_autocast(lambda f, *a: f(*a))
-compare("bf16 autocast: ours vs no checkpointing", grads_autocast(checkpoint), ref_ac, exact=True)
+compare(
+    "bf16 autocast: ours vs no checkpointing",
+    grads_autocast(checkpoint),
+    ref_ac,
+    exact=True,
+)
 compare(
     "bf16 autocast: torch.utils.checkpoint vs none",
     grads_autocast(lambda f, *a: tuc.checkpoint(f, *a, use_reentrant=False)),
@@ -502,7 +540,9 @@ if torch.cuda.is_available():
         torch.autograd.grad((y * y).sum(), [x_g, *blocks_g.parameters()])
         peaks[mode] = torch.cuda.max_memory_allocated() - base
         del y
-    varies(f"CUDA peak above baseline: none {fmt_bytes(peaks['none'])}, ours {fmt_bytes(peaks['ours'])}")
+    varies(
+        f"CUDA peak above baseline: none {fmt_bytes(peaks['none'])}, ours {fmt_bytes(peaks['ours'])}"
+    )
 else:
     varies("no GPU here: CUDA peak memory not measured")
 
@@ -552,9 +592,15 @@ show("checkpointed peak / full", (inputs + one_block) / full, 3)
 
 # %%
 show(
-    "torch.backends.cuda.mem_efficient_sdp_enabled()", int(torch.backends.cuda.mem_efficient_sdp_enabled()), 0
+    "torch.backends.cuda.mem_efficient_sdp_enabled()",
+    int(torch.backends.cuda.mem_efficient_sdp_enabled()),
+    0,
 )
-show("torch.backends.cuda.flash_sdp_enabled()", int(torch.backends.cuda.flash_sdp_enabled()), 0)
+show(
+    "torch.backends.cuda.flash_sdp_enabled()",
+    int(torch.backends.cuda.flash_sdp_enabled()),
+    0,
+)
 
 # %% [markdown]
 # (1 = on; on a CPU these flags only record the choice.) `torch.compile` (the seed adds that
@@ -605,7 +651,8 @@ for r in float_format_table():
 # ### Overflow: logits above 65504
 
 # %%
-z = torch.tensor([[120.0, 30.0, -5.0], [70000.0, 2.0, 1.0]])  # two rows of logits, float32
+# two rows of logits, float32
+z = torch.tensor([[120.0, 30.0, -5.0], [70000.0, 2.0, 1.0]])
 target = torch.tensor([0, 0])
 show("logits in float16", z.half(), 1)
 show("exp(11) in float16", torch.exp(torch.tensor(11.0, dtype=torch.float16)), 1)
@@ -662,11 +709,17 @@ show("F.layer_norm, fp16, eps=1e-12", nn.functional.layer_norm(row, (8,), eps=1e
 # a row's variance is tiny, not zero. A row that differs from constant by one float16 step:
 
 # %%
-near = torch.tensor([[1.0, 1.0, 1.0, 1.0 + 2**-10, 1.0, 1.0, 1.0, 1.0]], dtype=torch.float16)
+near = torch.tensor(
+    [[1.0, 1.0, 1.0, 1.0 + 2**-10, 1.0, 1.0, 1.0, 1.0]], dtype=torch.float16
+)
 var = near.float().var(-1, unbiased=False)
 show("σ² of the row × 1e8", var * 1e8, 4)
 for eps in (1e-12, 1e-5):
-    show(f"F.layer_norm fp16, eps={eps:g}", nn.functional.layer_norm(near, (8,), eps=eps), 4)
+    show(
+        f"F.layer_norm fp16, eps={eps:g}",
+        nn.functional.layer_norm(near, (8,), eps=eps),
+        4,
+    )
     show(f"1/√(σ² + eps), eps={eps:g}", 1 / torch.sqrt(var + eps), 1)
     # Under a loss scale S = 2¹⁶, an upstream gradient g becomes S·g·(1/√(σ² + eps)) in this
     # backward: it overflows float16 once |g| > 65504 / (S / √(σ² + eps)).
@@ -698,7 +751,8 @@ for eps in (1e-12, 1e-5):
 # %%
 def fp16_forward_loss(W, b, x, t, c):
     """L = c · Σ (tanh(x Wᵀ + b) − t)², the layer in float16 from float32 weights; L in float32."""
-    h = torch.tanh(x.half() @ W.half().T + b.half())  # (n, 4) @ (4, 3) -> (n, 3), float16
+    # (n, 4) @ (4, 3) -> (n, 3), float16
+    h = torch.tanh(x.half() @ W.half().T + b.half())
     return c * ((h.float() - t) ** 2).sum()
 
 
@@ -749,9 +803,15 @@ print(inspect.getsource(loss_scale_step))
 
 # %%
 scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_interval=3)
-W_ref, b_ref = randn(3, 4, seed=20, requires_grad=True), randn(3, seed=21, requires_grad=True)
+W_ref, b_ref = (
+    randn(3, 4, seed=20, requires_grad=True),
+    randn(3, seed=21, requires_grad=True),
+)
 opt = torch.optim.SGD([W_ref, b_ref], lr=0.01)
-W_us, b_us = W_ref.detach().clone().requires_grad_(), b_ref.detach().clone().requires_grad_()
+W_us, b_us = (
+    W_ref.detach().clone().requires_grad_(),
+    b_ref.detach().clone().requires_grad_(),
+)
 state = ScalerState(scale=2.0**16, growth_interval=3)
 for step in range(10):
     xs, ts = 3 * randn(16, 4, seed=100 + step), randn(16, 3, seed=200 + step)
@@ -759,9 +819,15 @@ for step in range(10):
     scaler.scale(fp16_forward_loss(W_ref, b_ref, xs, ts, 1.0)).backward()
     scaler.step(opt)
     scaler.update()
-    scaled = torch.autograd.grad(state.scale * fp16_forward_loss(W_us, b_us, xs, ts, 1.0), [W_us, b_us])
+    scaled = torch.autograd.grad(
+        state.scale * fp16_forward_loss(W_us, b_us, xs, ts, 1.0), [W_us, b_us]
+    )
     state, stepped = loss_scale_step([W_us, b_us], scaled, state, lr=0.01)
-    same = torch.equal(W_us, W_ref) and torch.equal(b_us, b_ref) and state.scale == scaler.get_scale()
+    same = (
+        torch.equal(W_us, W_ref)
+        and torch.equal(b_us, b_ref)
+        and state.scale == scaler.get_scale()
+    )
     print(
         f"step {step}: {'step   ' if stepped else 'SKIPPED'}  scale now {fmt(state.scale, 0):>6s}  "
         f"GradScaler's {fmt(scaler.get_scale(), 0):>6s}  weights identical: {same}"
@@ -780,9 +846,19 @@ for step in range(10):
 
 # %%
 for v in (1e-12, 1e-9, 70000.0):
-    show(f"bfloat16({v:g}) / {v:g}", torch.tensor(v, dtype=torch.bfloat16).float() / v, 4)
-show("bfloat16(1 + 2^-9) - 1", torch.tensor(1 + 2**-9, dtype=torch.bfloat16).float() - 1, 4)
-show("float16(1 + 2^-9) - 1 × 1e3", (torch.tensor(1 + 2**-9, dtype=torch.float16).float() - 1) * 1e3, 4)
+    show(
+        f"bfloat16({v:g}) / {v:g}", torch.tensor(v, dtype=torch.bfloat16).float() / v, 4
+    )
+show(
+    "bfloat16(1 + 2^-9) - 1",
+    torch.tensor(1 + 2**-9, dtype=torch.bfloat16).float() - 1,
+    4,
+)
+show(
+    "float16(1 + 2^-9) - 1 × 1e3",
+    (torch.tensor(1 + 2**-9, dtype=torch.float16).float() - 1) * 1e3,
+    4,
+)
 
 # %% [markdown]
 # Each lands within bfloat16's precision (7 stored mantissa bits + 1 implicit) of the true

@@ -76,7 +76,8 @@ def online_softmax_1d(x, block):
     for start in range(0, len(x), block):
         xb = x[start : start + block]
         m_new = max(m, xb.max().item())
-        ell = ell * math.exp(m - m_new) + torch.exp(xb - m_new).sum().item()  # rescale, then add
+        # rescale, then add
+        ell = ell * math.exp(m - m_new) + torch.exp(xb - m_new).sum().item()
         m = m_new
     return torch.exp(x - m) / ell
 
@@ -161,7 +162,11 @@ plt.show()
 # %%
 X = randn(3, 5, 23, seed=2) * 10  # float32 rows of 23: a ragged last block
 ok = compare(
-    "helpers.flash.online_softmax (block 4)", online_softmax(X, 4), torch.softmax(X, -1), atol=1e-7, rtol=1e-6
+    "helpers.flash.online_softmax (block 4)",
+    online_softmax(X, 4),
+    torch.softmax(X, -1),
+    atol=1e-7,
+    rtol=1e-6,
 )
 
 # %% [markdown]
@@ -188,7 +193,8 @@ def tiled_forward_1head(Q, K, V, block):
         ell = torch.zeros_like(m)
         acc = torch.zeros_like(Qi)  # (bq, d)
         for k0 in range(0, N, block):
-            S = Qi @ K[k0 : k0 + block].T / math.sqrt(d)  # (bq, bk): the only scores in memory
+            # (bq, bk): the only scores in memory
+            S = Qi @ K[k0 : k0 + block].T / math.sqrt(d)
             m_new = torch.maximum(m, S.amax(dim=1))
             P = torch.exp(S - m_new[:, None])  # (bq, bk), relative to m_new
             alpha = torch.exp(m - m_new)  # the rescaling step
@@ -200,10 +206,23 @@ def tiled_forward_1head(Q, K, V, block):
     return O, L
 
 
-Q1, K1, V1 = (randn(50, 16, seed=s, device=dev) for s in (3, 4, 5))  # N = 50: not a multiple of 16
+# N = 50: not a multiple of 16
+Q1, K1, V1 = (randn(50, 16, seed=s, device=dev) for s in (3, 4, 5))
 O1, L1 = tiled_forward_1head(Q1, K1, V1, block=16)
-compare("O (one head, tiles of 16)", O1, F.scaled_dot_product_attention(Q1, K1, V1), atol=1e-5, rtol=1e-4)
-ok = compare("L vs logsumexp(Q Kᵀ/√d)", L1, torch.logsumexp(Q1 @ K1.T / 4.0, dim=1), atol=1e-5, rtol=1e-4)
+compare(
+    "O (one head, tiles of 16)",
+    O1,
+    F.scaled_dot_product_attention(Q1, K1, V1),
+    atol=1e-5,
+    rtol=1e-4,
+)
+ok = compare(
+    "L vs logsumexp(Q Kᵀ/√d)",
+    L1,
+    torch.logsumexp(Q1 @ K1.T / 4.0, dim=1),
+    atol=1e-5,
+    rtol=1e-4,
+)
 
 # %% [markdown]
 # The tolerance is float32's: the tiled sums run in a different order than SDPA's, which costs a
@@ -229,13 +248,19 @@ from helpers.attention import causal_mask
 
 def draw(mask):
     """One line per query row: ■ = the key is visible, · = masked."""
-    return "\n".join("  " + "".join("■" if v else "·" for v in row) for row in mask.tolist())
+    return "\n".join(
+        "  " + "".join("■" if v else "·" for v in row) for row in mask.tolist()
+    )
 
 
 for Nq, Nk in [(1, 8), (3, 8)]:
-    print(f"Nq={Nq}, Nk={Nk}, causal_mask(Nq, Nk): top-left, SDPA's is_causal, causal=True")
+    print(
+        f"Nq={Nq}, Nk={Nk}, causal_mask(Nq, Nk): top-left, SDPA's is_causal, causal=True"
+    )
     print(draw(causal_mask(Nq, Nk)))
-    print(f"Nq={Nq}, Nk={Nk}, causal_mask(Nq, Nk, align='bottom_right'): flash-attn >= 2.1, KV cache")
+    print(
+        f"Nq={Nq}, Nk={Nk}, causal_mask(Nq, Nk, align='bottom_right'): flash-attn >= 2.1, KV cache"
+    )
     print(draw(causal_mask(Nq, Nk, align="bottom_right")))
 print("the (rows 1-2, keys 4-7) tile of the 3×8 bottom-right mask:")
 print(draw(causal_mask(3, 8, align="bottom_right", tile=(1, 4, 2, 4))))
@@ -250,13 +275,19 @@ print(draw(causal_mask(3, 8, align="bottom_right", tile=(1, 4, 2, 4))))
 from helpers.flash import flash_attention, flash_forward, naive_attention
 
 for Nq, Nk, d in [(50, 50, 16), (37, 37, 64), (20, 45, 32)]:
-    Q, K, V = (randn(2, 3, n, d, seed=s, device=dev) for s, n in ((6, Nq), (7, Nk), (8, Nk)))
+    Q, K, V = (
+        randn(2, 3, n, d, seed=s, device=dev) for s, n in ((6, Nq), (7, Nk), (8, Nk))
+    )
     for causal in (False, True):
         O, L = flash_forward(Q, K, V, causal, block_q=16, block_k=16)
         _, L_ref = naive_attention(Q, K, V, causal, return_lse=True)
         tag = f"Nq={Nq} Nk={Nk} d={d} causal={causal}"
         compare(
-            f"O {tag}", O, F.scaled_dot_product_attention(Q, K, V, is_causal=causal), atol=1e-5, rtol=1e-4
+            f"O {tag}",
+            O,
+            F.scaled_dot_product_attention(Q, K, V, is_causal=causal),
+            atol=1e-5,
+            rtol=1e-4,
         )
         compare(f"L {tag}", L, L_ref, atol=1e-5, rtol=1e-4)
 
@@ -296,12 +327,17 @@ def tiled_backward_1head(Q, K, V, O, L, grad_O, block):
     """dQ, dK, dV from Q, K, V, O, L only: D = rowsum(dO∘O), P = exp(S − L) per tile."""
     N, d = Q.shape
     D = (grad_O * O).sum(dim=1)  # (N,) = rowsum(P ∘ dP)
-    grad_Q, grad_K, grad_V = torch.zeros_like(Q), torch.zeros_like(K), torch.zeros_like(V)
+    grad_Q, grad_K, grad_V = (
+        torch.zeros_like(Q),
+        torch.zeros_like(K),
+        torch.zeros_like(V),
+    )
     for k0 in range(0, N, block):
         Kj, Vj = K[k0 : k0 + block], V[k0 : k0 + block]  # (bk, d)
         for q0 in range(0, N, block):
             Qi, dOi = Q[q0 : q0 + block], grad_O[q0 : q0 + block]  # (bq, d)
-            P = torch.exp(Qi @ Kj.T / math.sqrt(d) - L[q0 : q0 + block, None])  # (bq, bk), recomputed
+            # (bq, bk), recomputed
+            P = torch.exp(Qi @ Kj.T / math.sqrt(d) - L[q0 : q0 + block, None])
             grad_V[k0 : k0 + block] += P.T @ dOi  # (bk, d)
             dS = P * (dOi @ Vj.T - D[q0 : q0 + block, None])  # (bq, bk)
             grad_Q[q0 : q0 + block] += dS @ Kj / math.sqrt(d)  # (bq, d)
@@ -312,7 +348,9 @@ def tiled_backward_1head(Q, K, V, O, L, grad_O, block):
 grad_O1 = randn(50, 16, seed=9, device=dev)
 Qr, Kr, Vr = (t.clone().requires_grad_() for t in (Q1, K1, V1))
 ref = torch.autograd.grad(
-    naive_attention(Qr[None, None], Kr[None, None], Vr[None, None])[0, 0], (Qr, Kr, Vr), grad_O1
+    naive_attention(Qr[None, None], Kr[None, None], Vr[None, None])[0, 0],
+    (Qr, Kr, Vr),
+    grad_O1,
 )
 ours = tiled_backward_1head(Q1, K1, V1, O1, L1, grad_O1, block=16)
 for name, g, r in zip(("grad_Q", "grad_K", "grad_V"), ours, ref):
@@ -326,7 +364,9 @@ for name, g, r in zip(("grad_Q", "grad_K", "grad_V"), ours, ref):
 # wrapper. What it keeps for backward, listed from the graph:
 
 # %%
-Q, K, V = (randn(2, 3, 50, 16, seed=s, device=dev, requires_grad=True) for s in (10, 11, 12))
+Q, K, V = (
+    randn(2, 3, 50, 16, seed=s, device=dev, requires_grad=True) for s in (10, 11, 12)
+)
 O = flash_attention(Q, K, V, causal=True, block_q=16, block_k=16)
 for i, t in enumerate(O.grad_fn.saved_tensors):
     print(f"saved_tensors[{i}]: {tuple(t.shape)}")
@@ -351,7 +391,9 @@ for Nq, Nk, d in [(50, 50, 16), (37, 37, 64), (20, 45, 32)]:
             F.scaled_dot_product_attention(Q, K, V, is_causal=causal), (Q, K, V), grad_O
         )
         for n, g, r in zip(("grad_Q", "grad_K", "grad_V"), ours, ref):
-            compare(f"{n} Nq={Nq} Nk={Nk} d={d} causal={causal}", g, r, atol=1e-5, rtol=1e-4)
+            compare(
+                f"{n} Nq={Nq} Nk={Nk} d={d} causal={causal}", g, r, atol=1e-5, rtol=1e-4
+            )
 
 # %% [markdown]
 # And `torch.autograd.gradcheck` in float64 on tiny shapes (finite differences against our
@@ -359,11 +401,13 @@ for Nq, Nk, d in [(50, 50, 16), (37, 37, 64), (20, 45, 32)]:
 
 # %%
 Q, K, V = (
-    randn(1, 2, 7, 4, seed=s, device=dev, dtype=torch.float64, requires_grad=True) for s in (17, 18, 19)
+    randn(1, 2, 7, 4, seed=s, device=dev, dtype=torch.float64, requires_grad=True)
+    for s in (17, 18, 19)
 )
 for causal in (False, True):
     ok = torch.autograd.gradcheck(
-        lambda q, k, v: flash_attention(q, k, v, causal, block_q=3, block_k=2), (Q, K, V)
+        lambda q, k, v: flash_attention(q, k, v, causal, block_q=3, block_k=2),
+        (Q, K, V),
     )
     print(f"gradcheck float64, causal={causal}: {ok}")
 
@@ -419,10 +463,15 @@ if not ft.HAS_TRITON:
 print(ft.kernel_source("_attn_fwd", listing="forward loop"))
 
 # %%
-dots = {name: ft.kernel_source(name).count("tl.dot(") for name in ("_attn_fwd", "_bwd_dk_dv", "_bwd_dq")}
+dots = {
+    name: ft.kernel_source(name).count("tl.dot(")
+    for name in ("_attn_fwd", "_bwd_dk_dv", "_bwd_dq")
+}
 print("tl.dot per tile:", ", ".join(f"{name} {n}" for name, n in dots.items()))
 n_bwd = dots["_bwd_dk_dv"] + dots["_bwd_dq"]
-print(f"backward: {n_bwd} matmuls of N²d size; the PyTorch loop of section 3 (and the 2.5× convention): 5")
+print(
+    f"backward: {n_bwd} matmuls of N²d size; the PyTorch loop of section 3 (and the 2.5× convention): 5"
+)
 show("Triton backward work / counted", n_bwd / 5, 2)
 
 # %% [markdown]
@@ -441,12 +490,15 @@ show("Triton backward work / counted", n_bwd / 5, 2)
 # %%
 tdev = "cpu" if ft.INTERPRET else "cuda"  # the interpreter takes CPU tensors
 runs_triton = ft.HAS_TRITON and (ft.INTERPRET or torch.cuda.is_available())
-cases = [(40, 40, 16, False), (40, 40, 16, True), (20, 45, 32, True)] if runs_triton else []
+cases = (
+    [(40, 40, 16, False), (40, 40, 16, True), (20, 45, 32, True)] if runs_triton else []
+)
 if not runs_triton:
     print("skipped: the Triton checks (Triton is not installed here)")
 for Nq, Nk, d, causal in cases:
     Q, K, V = (
-        randn(1, 2, n, d, seed=s, device=tdev, requires_grad=True) for s, n in ((20, Nq), (21, Nk), (22, Nk))
+        randn(1, 2, n, d, seed=s, device=tdev, requires_grad=True)
+        for s, n in ((20, Nq), (21, Nk), (22, Nk))
     )
     grad_O = randn(1, 2, Nq, d, seed=23, device=tdev)
     O, L = ft.triton_flash_attention(Q, K, V, causal, return_lse=True)
@@ -472,7 +524,9 @@ for Nq, Nk, d, causal in cases:
 if torch.cuda.is_available() and not ft.INTERPRET and ft.HAS_TRITON:
     for dtype in [t for t in ft.supported_dtypes("cuda") if t != torch.float32]:
         Q, K, V = (
-            randn(2, 4, 1000, 64, seed=s, device="cuda", dtype=dtype, requires_grad=True)
+            randn(
+                2, 4, 1000, 64, seed=s, device="cuda", dtype=dtype, requires_grad=True
+            )
             for s in (24, 25, 26)
         )
         grad_O = randn(2, 4, 1000, 64, seed=27, device="cuda", dtype=dtype)
@@ -506,13 +560,22 @@ from helpers.flash import saved_bytes
 Ns = [256, 512, 1024, 2048, 4096]
 naive_b = [saved_bytes(naive_attention, 1, 1, N, 16) for N in Ns]
 tiled_b = [
-    saved_bytes(lambda q, k, v, causal: flash_attention(q, k, v, causal, 256, 256), 1, 1, N, 16) for N in Ns
+    saved_bytes(
+        lambda q, k, v, causal: flash_attention(q, k, v, causal, 256, 256), 1, 1, N, 16
+    )
+    for N in Ns
 ]
 print(f"{'N':>5} {'naive':>10} {'tiled':>10} {'naive/tiled':>12}")
 for N, a, b in zip(Ns, naive_b, tiled_b):
     print(f"{N:>5} {fmt_bytes(a):>10} {fmt_bytes(b):>10} {fmt(a / b, 1):>12}")
-print("growth per doubling of N, naive:", [fmt(b / a, 2) for a, b in zip(naive_b, naive_b[1:])])
-print("growth per doubling of N, tiled:", [fmt(b / a, 2) for a, b in zip(tiled_b, tiled_b[1:])])
+print(
+    "growth per doubling of N, naive:",
+    [fmt(b / a, 2) for a, b in zip(naive_b, naive_b[1:])],
+)
+print(
+    "growth per doubling of N, tiled:",
+    [fmt(b / a, 2) for a, b in zip(tiled_b, tiled_b[1:])],
+)
 
 # %%
 fig, ax = plt.subplots(figsize=(5, 3.4))
@@ -582,8 +645,12 @@ for N in (256, 512):
     Q, K, V = (randn(1, 2, N, 32, seed=s, requires_grad=True) for s in (28, 29, 30))
     grad_O = randn(1, 2, N, 32, seed=31)
     t_naive = fwd_bwd_ms(naive_attention, Q, K, V, grad_O)
-    t_tiled = fwd_bwd_ms(lambda q, k, v: flash_attention(q, k, v, False, 128, 128), Q, K, V, grad_O)
-    varies(f"N={N}: naive {t_naive:.1f} ms, tiled {t_tiled:.1f} ms, tiled/naive {t_tiled / t_naive:.2f}x")
+    t_tiled = fwd_bwd_ms(
+        lambda q, k, v: flash_attention(q, k, v, False, 128, 128), Q, K, V, grad_O
+    )
+    varies(
+        f"N={N}: naive {t_naive:.1f} ms, tiled {t_tiled:.1f} ms, tiled/naive {t_tiled / t_naive:.2f}x"
+    )
 torch.set_num_threads(threads)
 
 # %% [markdown]
@@ -602,7 +669,9 @@ from pathlib import Path
 import helpers
 
 results = sorted(
-    (Path(helpers.__file__).resolve().parents[1] / "benchmarks" / "results").glob("flash_gpu_*.json")
+    (Path(helpers.__file__).resolve().parents[1] / "benchmarks" / "results").glob(
+        "flash_gpu_*.json"
+    )
 )
 if not results:
     print(
@@ -622,9 +691,13 @@ for path in results:
         and r["impl"] in ("triton", "sdpa-flash", "tiled", "naive")
         and r["dtype"] == "bf16"
     ]
-    print(f"{data['meta']['gpu']} (torch {data['meta']['torch']}): fwd+bwd, bf16, d=64, not causal, TFLOP/s")
+    print(
+        f"{data['meta']['gpu']} (torch {data['meta']['torch']}): fwd+bwd, bf16, d=64, not causal, TFLOP/s"
+    )
     for r in rows:
-        print(f"  {r['impl']:<11} N={r['N']:>6}  {fmt(r['tflops'], 1):>7}  peak {fmt(r['peak_mib'], 0)} MiB")
+        print(
+            f"  {r['impl']:<11} N={r['N']:>6}  {fmt(r['tflops'], 1):>7}  peak {fmt(r['peak_mib'], 0)} MiB"
+        )
 
 # %% [markdown]
 # ## Summary

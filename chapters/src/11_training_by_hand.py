@@ -85,7 +85,11 @@ def loss_and_grads(p):
     """L and {grad_W = δᵀX, grad_b = Σδ} with δ = 2/n (a − Y)(1 − a²), by hand."""
     a = torch.tanh(X @ p["W"].T + p["b"])  # (8, 4) @ (4, 3) -> (8, 3)
     delta = 2 / a.numel() * (a - Y) * (1 - a**2)  # (8, 3)
-    return ((a - Y) ** 2).mean(), {"W": delta.T @ X, "b": delta.sum(0)}  # (3, 8) @ (8, 4) -> (3, 4)
+    # (3, 8) @ (8, 4) -> (3, 4)
+    return ((a - Y) ** 2).mean(), {
+        "W": delta.T @ X,
+        "b": delta.sum(0),
+    }
 
 
 p = {k: v.requires_grad_(True) for k, v in init().items()}
@@ -115,7 +119,13 @@ for _ in range(10):
     loss_of(ref["W"], ref["b"]).backward()
     opt.step()
 show("L after 10 steps", loss_of(theta["W"], theta["b"]).item())
-_ = compare("W after 10 SGD steps, ours vs torch.optim", theta["W"], ref["W"], atol=1e-12, rtol=0)
+_ = compare(
+    "W after 10 SGD steps, ours vs torch.optim",
+    theta["W"],
+    ref["W"],
+    atol=1e-12,
+    rtol=0,
+)
 
 # %% [markdown]
 # The tolerance is 1e-12 absolute: after ten steps the only difference allowed is the
@@ -141,7 +151,8 @@ b = {k: None for k in theta}
 for _ in range(10):
     L, grads = loss_and_grads(theta)
     for k in theta:
-        b[k] = grads[k].clone() if b[k] is None else mu * b[k] + grads[k]  # b₁ = g₁, then b ← μb + g
+        # b₁ = g₁, then b ← μb + g
+        b[k] = grads[k].clone() if b[k] is None else mu * b[k] + grads[k]
         theta[k] -= eta * b[k]  # θ ← θ − η b
 
 ref = {k: v.requires_grad_(True) for k, v in init().items()}
@@ -150,7 +161,13 @@ for _ in range(10):
     opt.zero_grad()
     loss_of(ref["W"], ref["b"]).backward()
     opt.step()
-_ = compare("W after 10 momentum steps, inline vs torch.optim", theta["W"], ref["W"], atol=1e-12, rtol=0)
+_ = compare(
+    "W after 10 momentum steps, inline vs torch.optim",
+    theta["W"],
+    ref["W"],
+    atol=1e-12,
+    rtol=0,
+)
 
 # %% [markdown]
 # `helpers.optim.sgd_update(theta, g, buf, lr, momentum, nesterov, weight_decay)` is the same
@@ -187,7 +204,9 @@ for name, make_ours, make_ref in [
     (
         "Nesterov 0.9 + L2 0.01",
         lambda p: SGD(p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01),
-        lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01),
+        lambda p: torch.optim.SGD(
+            p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01
+        ),
     ),
 ]:
     ours, ref = ten_steps(make_ours, make_ref)
@@ -265,7 +284,13 @@ for _ in range(10):
     opt.zero_grad()
     loss_of(ref["W"], ref["b"]).backward()
     opt.step()
-_ = compare("W after 10 Adam steps, inline vs torch.optim", theta["W"], ref["W"], atol=1e-12, rtol=0)
+_ = compare(
+    "W after 10 Adam steps, inline vs torch.optim",
+    theta["W"],
+    ref["W"],
+    atol=1e-12,
+    rtol=0,
+)
 
 # %% [markdown]
 # `torch.optim` writes the same step as `θ.addcdiv_(m, √v/√(1−β₂ᵗ) + ε, value=−η/(1−β₁ᵗ))`:
@@ -310,8 +335,16 @@ class AdamNoBiasCorrection(Adam):
         adam_update(theta, g, s["m"], s["v"], 10**6, self.lr, self.betas, self.eps)
 
 
-ours, ref = ten_steps(lambda p: AdamNoBiasCorrection(p, lr=0.05), lambda p: torch.optim.Adam(p, lr=0.05))
-ok = compare("Adam without bias correction: W after 10 steps", ours["W"], ref["W"], atol=1e-12, rtol=0)
+ours, ref = ten_steps(
+    lambda p: AdamNoBiasCorrection(p, lr=0.05), lambda p: torch.optim.Adam(p, lr=0.05)
+)
+ok = compare(
+    "Adam without bias correction: W after 10 steps",
+    ours["W"],
+    ref["W"],
+    atol=1e-12,
+    rtol=0,
+)
 
 # %% [markdown]
 # (`tests/test_optim.py` checks that this broken version fails, along with every optimizer
@@ -355,12 +388,18 @@ show("(1 − ηλ)¹⁰      ", (1 - 0.01 * 0.01) ** 10, 6)
 
 # %%
 W_l2, _ = ten_steps(
-    lambda p: Adam(p, lr=0.05, weight_decay=0.1), lambda p: torch.optim.Adam(p, lr=0.05, weight_decay=0.1)
+    lambda p: Adam(p, lr=0.05, weight_decay=0.1),
+    lambda p: torch.optim.Adam(p, lr=0.05, weight_decay=0.1),
 )
 W_dec, _ = ten_steps(
-    lambda p: AdamW(p, lr=0.05, weight_decay=0.1), lambda p: torch.optim.AdamW(p, lr=0.05, weight_decay=0.1)
+    lambda p: AdamW(p, lr=0.05, weight_decay=0.1),
+    lambda p: torch.optim.AdamW(p, lr=0.05, weight_decay=0.1),
 )
-show("max |W_L2 − W_decoupled| after 10 steps", (W_l2["W"] - W_dec["W"]).abs().max().item(), 6)
+show(
+    "max |W_L2 − W_decoupled| after 10 steps",
+    (W_l2["W"] - W_dec["W"]).abs().max().item(),
+    6,
+)
 
 # %% [markdown]
 # What the optimizer keeps costs memory: SGD keeps nothing, momentum one buffer the size of
@@ -414,7 +453,9 @@ g_true = []
 for step in range(3):
     loss_of(p["W"], p["b"]).backward()  # no zero_grad: .grad += new gradient
     g_true.append(torch.autograd.grad(loss_of(p["W"], p["b"]), p["W"])[0].norm().item())
-    print(f"step {step}: ‖W.grad‖ = {fmt(p['W'].grad.norm().item())}   ‖true gradient‖ = {fmt(g_true[-1])}")
+    print(
+        f"step {step}: ‖W.grad‖ = {fmt(p['W'].grad.norm().item())}   ‖true gradient‖ = {fmt(g_true[-1])}"
+    )
 
 # %% [markdown]
 # (No step was taken, so the true gradient stays the same; `.grad` is one, two, three times it.)
@@ -466,7 +507,11 @@ for accum in (1, 4):
     results[accum] = (theta, hist)
 show("loss, first and last step", [results[1][1]["loss"][0], results[1][1]["loss"][-1]])
 _ = compare(
-    "W, 4 micro-batches of 3 vs 1 batch of 12", results[4][0]["W"], results[1][0]["W"], atol=1e-12, rtol=0
+    "W, 4 micro-batches of 3 vs 1 batch of 12",
+    results[4][0]["W"],
+    results[1][0]["W"],
+    atol=1e-12,
+    rtol=0,
 )
 
 # %% [markdown]
@@ -507,15 +552,20 @@ from helpers.lora_model import optimizer_state_bytes
 text = load_corpus()
 tok = CharTokenizer(text)
 data = tok.encode(text)
-config = GPTConfig(vocab_size=tok.vocab_size, n_ctx=32, d_model=32, n_heads=4, n_layers=2, d_ff=128)
+config = GPTConfig(
+    vocab_size=tok.vocab_size, n_ctx=32, d_model=32, n_heads=4, n_layers=2, d_ff=128
+)
 STEPS, BATCH, dtype = 300, 16, torch.float64
 schedule = lambda s: lr_warmup_cosine(s, W_up, STEPS, lr_max, lr_min)
-batch_at = lambda s: get_batch(data, BATCH, config.n_ctx, seed=s, device=dev)  # idx, targets (B, n_ctx)
+# idx, targets (B, n_ctx)
+batch_at = lambda s: get_batch(data, BATCH, config.n_ctx, seed=s, device=dev)
 
 params0 = gpt_init(config, seed=0, dtype=dtype, device=dev)
 n_params = sum(t.numel() for t in params0.values())
 print(f"corpus: {len(text)} characters, vocabulary {tok.vocab_size}")
-print(f"parameters: {n_params}, tokens per step: {BATCH * config.n_ctx}, steps: {STEPS}")
+print(
+    f"parameters: {n_params}, tokens per step: {BATCH * config.n_ctx}, steps: {STEPS}"
+)
 print(f"uniform guess: loss ln {tok.vocab_size} = {fmt(math.log(tok.vocab_size))}")
 
 # %%
@@ -555,11 +605,15 @@ hist = train(
     desc="by hand + our AdamW",
 )
 t_hand = time.perf_counter() - t0
-varies(f"training time: autograd {t_ref:.1f} s, by hand {t_hand:.1f} s ({STEPS} steps each)")
+varies(
+    f"training time: autograd {t_ref:.1f} s, by hand {t_hand:.1f} s ({STEPS} steps each)"
+)
 
 # %%
 for s in (0, 1, 10, 100, 200, STEPS - 1):
-    print(f"step {s:3d}: loss autograd {fmt(hist_ref['loss'][s])}   by hand {fmt(hist['loss'][s])}")
+    print(
+        f"step {s:3d}: loss autograd {fmt(hist_ref['loss'][s])}   by hand {fmt(hist['loss'][s])}"
+    )
 compare(
     f"loss curve over {STEPS} steps, by hand vs autograd",
     torch.tensor(hist["loss"]),
@@ -572,16 +626,29 @@ compare(
 def key_bias_and_rest(p):
     """(the K part of every in_proj_bias, every other parameter entry), flattened."""
     d = config.d_model
-    k_bias = [p[f"blocks.{l}.self_attn.in_proj_bias"][d : 2 * d] for l in range(config.n_layers)]
+    k_bias = [
+        p[f"blocks.{l}.self_attn.in_proj_bias"][d : 2 * d]
+        for l in range(config.n_layers)
+    ]
     rest = [
-        torch.cat([t[:d], t[2 * d :]]) if n.endswith("in_proj_bias") else t.flatten() for n, t in p.items()
+        torch.cat([t[:d], t[2 * d :]]) if n.endswith("in_proj_bias") else t.flatten()
+        for n, t in p.items()
     ]
     return torch.cat(k_bias), torch.cat(rest)
 
 
 sd = {k: v.detach() for k, v in model.state_dict().items()}
-(k_ours, rest_ours), (k_ref, rest_ref) = key_bias_and_rest(params), key_bias_and_rest(sd)
-compare("parameters after training (all but the key biases)", rest_ours, rest_ref, atol=1e-11, rtol=0)
+(k_ours, rest_ours), (k_ref, rest_ref) = (
+    key_bias_and_rest(params),
+    key_bias_and_rest(sd),
+)
+compare(
+    "parameters after training (all but the key biases)",
+    rest_ours,
+    rest_ref,
+    atol=1e-11,
+    rtol=0,
+)
 compare("key biases after training", k_ours, k_ref, atol=1e-9, rtol=0)
 print(
     f"AdamW state: {optimizer_state_bytes(opt)} bytes = "
@@ -634,7 +701,9 @@ _ = compare(
 # %%
 prompts = ["The cat", "The river", "In spring"]
 for i, prompt in enumerate(prompts):
-    out = sample(params, config, tok.encode(prompt)[None].to(dev), 80, temperature=0.8, seed=i)
+    out = sample(
+        params, config, tok.encode(prompt)[None].to(dev), 80, temperature=0.8, seed=i
+    )
     print(repr(tok.decode(out[0])))
 
 # %% [markdown]
@@ -654,7 +723,14 @@ for i, prompt in enumerate(prompts):
 # %%
 BIG = False
 if BIG and torch.cuda.is_available():
-    big = GPTConfig(vocab_size=tok.vocab_size, n_ctx=64, d_model=128, n_heads=4, n_layers=4, d_ff=512)
+    big = GPTConfig(
+        vocab_size=tok.vocab_size,
+        n_ctx=64,
+        d_model=128,
+        n_heads=4,
+        n_layers=4,
+        d_ff=512,
+    )
     big_steps = 2000
     big_sched = lambda s: lr_warmup_cosine(s, 100, big_steps, 1e-3, 1e-4)
     big_batch = lambda s: get_batch(data, 64, big.n_ctx, seed=s, device=dev)
@@ -669,8 +745,12 @@ if BIG and torch.cuda.is_available():
         lr_schedule=big_sched,
         desc="big, by hand",
     )
-    varies(f"big model: final loss {h_big['loss'][-1]:.4f} in {time.perf_counter() - t0:.0f} s")
-    out = sample(p_big, big, tok.encode("The cat")[None].to(dev), 200, temperature=0.8, seed=0)
+    varies(
+        f"big model: final loss {h_big['loss'][-1]:.4f} in {time.perf_counter() - t0:.0f} s"
+    )
+    out = sample(
+        p_big, big, tok.encode("The cat")[None].to(dev), 200, temperature=0.8, seed=0
+    )
     varies(repr(tok.decode(out[0])))
 else:
     print("BIG is off: the small run above is the one this page shows.")
@@ -706,7 +786,13 @@ full = res["full"]["grads"]
 r0, r1 = res["ranks"]
 name = "0.weight"  # the first layer's W, (16, 6)
 print(f"rows per shard: {r0['shard_rows']} and {r1['shard_rows']}")
-compare("rank 0's shard gradient vs full batch", r0["shard_grads"][name], full[name], atol=1e-12, rtol=0)
+compare(
+    "rank 0's shard gradient vs full batch",
+    r0["shard_grads"][name],
+    full[name],
+    atol=1e-12,
+    rtol=0,
+)
 compare(
     "all_reduce SUM vs full batch (the mean-vs-sum mistake)",
     r0["allreduce_sum"][name],
@@ -714,7 +800,13 @@ compare(
     atol=1e-12,
     rtol=0,
 )
-compare("all_reduce SUM vs 2 × full batch", r0["allreduce_sum"][name], 2 * full[name], atol=1e-12, rtol=0)
+compare(
+    "all_reduce SUM vs 2 × full batch",
+    r0["allreduce_sum"][name],
+    2 * full[name],
+    atol=1e-12,
+    rtol=0,
+)
 for r, rank in enumerate(res["ranks"]):
     for n in full:
         compare(
@@ -736,10 +828,19 @@ for r, rank in enumerate(res["ranks"]):
 for r, rank in enumerate(res["ranks"]):
     for n in full:
         compare(
-            f"rank {r}: DDP gradient vs full batch, {n}", rank["ddp_grads"][n], full[n], atol=1e-12, rtol=0
+            f"rank {r}: DDP gradient vs full batch, {n}",
+            rank["ddp_grads"][n],
+            full[n],
+            atol=1e-12,
+            rtol=0,
         )
 for n in full:
-    compare(f"after 3 DDP steps, rank 0 vs rank 1, {n}", r0["ddp_params"][n], r1["ddp_params"][n], exact=True)
+    compare(
+        f"after 3 DDP steps, rank 0 vs rank 1, {n}",
+        r0["ddp_params"][n],
+        r1["ddp_params"][n],
+        exact=True,
+    )
     compare(
         f"after 3 DDP steps vs one process, {n}",
         r0["ddp_params"][n],

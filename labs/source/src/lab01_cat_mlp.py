@@ -120,8 +120,13 @@ from helpers import cat_mlp
 
 _p = cat_mlp.cat_params(dtype=torch.float64)
 _out = forward_pass(_p["x"], _p["W1"], _p["b1"], _p["W2"], _p["b2"], _p["y_true"])
-assert abs(float(_out["L"]) - 0.19140625) < 1e-12 and abs(float(_out["y_hat"][0]) - 0.5625) < 1e-12
-assert torch.allclose(_out["a"], torch.tensor([0.725, 0.0], dtype=torch.float64), atol=1e-12)
+assert (
+    abs(float(_out["L"]) - 0.19140625) < 1e-12
+    and abs(float(_out["y_hat"][0]) - 0.5625) < 1e-12
+)
+assert torch.allclose(
+    _out["a"], torch.tensor([0.725, 0.0], dtype=torch.float64), atol=1e-12
+)
 
 # %%
 """ # BEGIN TEST CONFIG
@@ -140,7 +145,9 @@ _q = [
 ]
 _x, _y = randn(4, seed=15, dtype=torch.float64), randn(1, seed=16, dtype=torch.float64)
 _out, _ref = forward_pass(_x, *_q, _y), cat_mlp.forward(_x, *_q, _y)
-assert all(torch.allclose(_out[k], _ref[k], atol=1e-12) for k in ("h", "a", "y_hat", "L"))
+assert all(
+    torch.allclose(_out[k], _ref[k], atol=1e-12) for k in ("h", "a", "y_hat", "L")
+)
 assert _out["L"].dim() == 0
 
 # %% [raw]
@@ -161,7 +168,12 @@ check(
     name="Exercise 1 · forward_pass",
     against="helpers.cat_mlp",
 )
-h, a, y_hat = expected["h"], expected["a"], expected["y_hat"]  # the right values, for the next exercises
+# the right values, for the next exercises
+h, a, y_hat = (
+    expected["h"],
+    expected["a"],
+    expected["y_hat"],
+)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -201,7 +213,10 @@ hidden: true
 """  # END TEST CONFIG
 import torch
 
-_g = grad_loss(torch.tensor([0.5625], dtype=torch.float64), torch.tensor([1.0], dtype=torch.float64))
+_g = grad_loss(
+    torch.tensor([0.5625], dtype=torch.float64),
+    torch.tensor([1.0], dtype=torch.float64),
+)
 assert _g.shape == (1,) and abs(float(_g[0]) + 0.875) < 1e-12
 
 # %%
@@ -279,8 +294,12 @@ hidden: true
 import torch
 
 _f = lambda *t: torch.tensor(t, dtype=torch.float64)
-_gW2, _gb2, _ga = layer2_backward(_f(-0.875), _f(0.725, 0.0), _f(0.5, -0.4).reshape(1, 2))
-assert _gW2.shape == (1, 2) and torch.allclose(_gW2, _f(-0.634375, 0.0).reshape(1, 2), atol=1e-12)
+_gW2, _gb2, _ga = layer2_backward(
+    _f(-0.875), _f(0.725, 0.0), _f(0.5, -0.4).reshape(1, 2)
+)
+assert _gW2.shape == (1, 2) and torch.allclose(
+    _gW2, _f(-0.634375, 0.0).reshape(1, 2), atol=1e-12
+)
 assert _gb2.shape == (1,) and abs(float(_gb2[0]) + 0.875) < 1e-12
 
 # %%
@@ -300,7 +319,9 @@ _W, _b, _a, _g = (
 _leaves = [t.clone().requires_grad_() for t in (_W, _b, _a)]
 _ref = torch.autograd.grad(_leaves[0] @ _leaves[2] + _leaves[1], _leaves, _g)
 _out = layer2_backward(_g, _a, _W)
-assert all(o.shape == r.shape and torch.allclose(o, r, atol=1e-12) for o, r in zip(_out, _ref))
+assert all(
+    o.shape == r.shape and torch.allclose(o, r, atol=1e-12) for o, r in zip(_out, _ref)
+)
 
 # %% [raw]
 # # END TESTS
@@ -366,10 +387,14 @@ import torch
 
 from helpers.device import randn
 
-_h, _g = randn(3, 5, seed=31, dtype=torch.float64), randn(3, 5, seed=32, dtype=torch.float64)
+_h, _g = (
+    randn(3, 5, seed=31, dtype=torch.float64),
+    randn(3, 5, seed=32, dtype=torch.float64),
+)
 _g0 = _g.clone()
 _out = relu_backward(_g, _h)
-assert _out.shape == _h.shape and _out.dtype == torch.float64 and torch.equal(_g, _g0)  # grad_a untouched
+# grad_a untouched
+assert _out.shape == _h.shape and _out.dtype == torch.float64 and torch.equal(_g, _g0)
 assert torch.allclose(_out, torch.where(_h > 0, _g, torch.zeros_like(_g)), atol=1e-12)
 
 # %%
@@ -449,7 +474,9 @@ import torch
 _f = lambda *t: torch.tensor(t, dtype=torch.float64)
 _gW1, _gb1 = layer1_backward(_f(-0.4375, 0.0), _f(1.0, 2.0, -1.0, 0.5))
 assert _gW1.shape == (2, 4) and _gb1.shape == (2,)
-assert torch.allclose(_gW1, _f(-0.4375, -0.875, 0.4375, -0.21875, 0, 0, 0, 0).reshape(2, 4), atol=1e-12)
+assert torch.allclose(
+    _gW1, _f(-0.4375, -0.875, 0.4375, -0.21875, 0, 0, 0, 0).reshape(2, 4), atol=1e-12
+)
 
 # %%
 """ # BEGIN TEST CONFIG
@@ -468,7 +495,9 @@ _W, _b, _x, _g = (
 _leaves = [t.clone().requires_grad_() for t in (_W, _b)]
 _ref = torch.autograd.grad(_leaves[0] @ _x + _leaves[1], _leaves, _g)
 _out = layer1_backward(_g, _x)
-assert all(o.shape == r.shape and torch.allclose(o, r, atol=1e-12) for o, r in zip(_out, _ref))
+assert all(
+    o.shape == r.shape and torch.allclose(o, r, atol=1e-12) for o, r in zip(_out, _ref)
+)
 
 # %% [raw]
 # # END TESTS
@@ -546,7 +575,12 @@ from helpers import cat_mlp
 
 _p = cat_mlp.cat_params(dtype=torch.float64)
 _g = cat_backward_batch(
-    _p["x"].reshape(1, 4), _p["W1"], _p["b1"], _p["W2"], _p["b2"], _p["y_true"].reshape(1, 1)
+    _p["x"].reshape(1, 4),
+    _p["W1"],
+    _p["b1"],
+    _p["W2"],
+    _p["b2"],
+    _p["y_true"].reshape(1, 1),
 )
 _ref = cat_mlp.backward(cat_mlp.forward(**_p), _p["W2"], _p["y_true"])
 assert all(
@@ -562,7 +596,10 @@ import torch
 
 from helpers.device import randn
 
-_X, _Y = randn(16, 4, seed=51, dtype=torch.float64), randn(16, 1, seed=52, dtype=torch.float64)
+_X, _Y = (
+    randn(16, 4, seed=51, dtype=torch.float64),
+    randn(16, 1, seed=52, dtype=torch.float64),
+)
 _P = [
     randn(2, 4, seed=53, dtype=torch.float64),
     randn(2, seed=54, dtype=torch.float64),
@@ -571,10 +608,15 @@ _P = [
 ]
 _X[0], _P[1][0] = 0.0, 0.0  # H[0, 0] = 0 exactly: relu'(0) = 0 in the batch too
 _leaves = [t.clone().requires_grad_() for t in _P]
-_L = ((torch.relu(_X @ _leaves[0].T + _leaves[1]) @ _leaves[2].T + _leaves[3] - _Y) ** 2).sum()
+_L = (
+    (torch.relu(_X @ _leaves[0].T + _leaves[1]) @ _leaves[2].T + _leaves[3] - _Y) ** 2
+).sum()
 _ref = dict(zip(("W1", "b1", "W2", "b2"), torch.autograd.grad(_L, _leaves)))
 _g = cat_backward_batch(_X, *_P, _Y)
-assert all(_g[k].shape == _ref[k].shape and torch.allclose(_g[k], _ref[k], atol=1e-10) for k in _ref)
+assert all(
+    _g[k].shape == _ref[k].shape and torch.allclose(_g[k], _ref[k], atol=1e-10)
+    for k in _ref
+)
 
 # %%
 """ # BEGIN TEST CONFIG
@@ -584,7 +626,10 @@ import torch
 
 from helpers.device import randn
 
-_X, _Y = randn(7, 4, seed=57, dtype=torch.float64), randn(7, 1, seed=58, dtype=torch.float64)
+_X, _Y = (
+    randn(7, 4, seed=57, dtype=torch.float64),
+    randn(7, 1, seed=58, dtype=torch.float64),
+)
 _P = [
     randn(2, 4, seed=59, dtype=torch.float64),
     randn(2, seed=60, dtype=torch.float64),
@@ -594,7 +639,9 @@ _P = [
 _whole = cat_backward_batch(_X, *_P, _Y)
 _parts = [cat_backward_batch(_X[i : i + 1], *_P, _Y[i : i + 1]) for i in range(7)]
 assert set(_whole) == {"W1", "b1", "W2", "b2"}
-assert all(torch.allclose(_whole[k], sum(p[k] for p in _parts), atol=1e-10) for k in _whole)
+assert all(
+    torch.allclose(_whole[k], sum(p[k] for p in _parts), atol=1e-10) for k in _whole
+)
 
 # %% [raw]
 # # END TESTS
@@ -610,7 +657,8 @@ assert all(torch.allclose(_whole[k], sum(p[k] for p in _parts), atol=1e-10) for 
 from helpers.device import randn
 
 X_batch = randn(8, 4, seed=1, dtype=dtype, device=dev)
-X_batch[0] = torch.tensor([-1.0, 0.0, 0.0, 0.0], dtype=dtype)  # h = -1·0.1 + 0.1 = 0 for unit 1
+# h = -1·0.1 + 0.1 = 0 for unit 1
+X_batch[0] = torch.tensor([-1.0, 0.0, 0.0, 0.0], dtype=dtype)
 Y_batch = randn(8, 1, seed=2, dtype=dtype, device=dev)
 
 
@@ -621,7 +669,9 @@ def batch_loss(W1, b1, W2, b2):
     return ((Y_hat - Y_batch) ** 2).sum()
 
 
-expected = dict(zip(("W1", "b1", "W2", "b2"), autograd_grads(batch_loss, (W1, b1, W2, b2))))
+expected = dict(
+    zip(("W1", "b1", "W2", "b2"), autograd_grads(batch_loss, (W1, b1, W2, b2)))
+)
 check(
     cat_backward_batch,
     expected,

@@ -46,7 +46,8 @@ from helpers.labcheck import autograd_grads, check
 
 dev = get_device()
 no_tf32()
-dtype = torch.float64  # finite differences need float64: in float32 round-off swamps them
+# finite differences need float64: in float32 round-off swamps them
+dtype = torch.float64
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -119,7 +120,9 @@ hidden: true
 import torch
 
 # x³ at 1 with ε = 1e-2: central gives 3 + ε² = 3.0001, one-sided 3 + 3ε + ε² = 3.0301
-_g = numerical_grad(lambda t: (t**3).sum(), torch.tensor([1.0], dtype=torch.float64), eps=1e-2)
+_g = numerical_grad(
+    lambda t: (t**3).sum(), torch.tensor([1.0], dtype=torch.float64), eps=1e-2
+)
 assert abs(float(_g[0]) - 3.0001) < 1e-9
 
 # %% [raw]
@@ -214,7 +217,9 @@ _gY = randn(6, 3, seed=204, dtype=torch.float64)
 _leaves = [t.clone().requires_grad_() for t in (_X, _W, _b)]
 _ref = torch.autograd.grad(torch.nn.functional.linear(*_leaves), _leaves, _gY)
 _out = linear_backward(_X, _W, _gY)
-assert all(o.shape == r.shape and torch.allclose(o, r, atol=1e-12) for o, r in zip(_out, _ref))
+assert all(
+    o.shape == r.shape and torch.allclose(o, r, atol=1e-12) for o, r in zip(_out, _ref)
+)
 
 # %%
 """ # BEGIN TEST CONFIG
@@ -224,11 +229,16 @@ import torch
 
 from helpers.device import randn
 
-_X, _W = randn(1, 4, seed=205, dtype=torch.float64), randn(7, 4, seed=206, dtype=torch.float64)
+_X, _W = (
+    randn(1, 4, seed=205, dtype=torch.float64),
+    randn(7, 4, seed=206, dtype=torch.float64),
+)
 _gY = randn(1, 7, seed=207, dtype=torch.float64)
 _gX, _gW, _gb = linear_backward(_X, _W, _gY)
 assert _gX.shape == (1, 4) and _gW.shape == (7, 4) and _gb.shape == (7,)
-assert torch.allclose(_gW, torch.outer(_gY[0], _X[0]), atol=1e-12) and torch.allclose(_gb, _gY[0], atol=1e-12)
+assert torch.allclose(_gW, torch.outer(_gY[0], _X[0]), atol=1e-12) and torch.allclose(
+    _gb, _gY[0], atol=1e-12
+)
 
 # %% [raw]
 # # END TESTS
@@ -244,7 +254,8 @@ X = randn(5, 3, seed=2, dtype=dtype, device=dev)
 W = randn(4, 3, seed=3, dtype=dtype, device=dev)
 b = randn(4, seed=4, dtype=dtype, device=dev)
 grad_Y = randn(5, 4, seed=5, dtype=dtype, device=dev)
-expected = autograd_grads(lambda X, W, b: X @ W.T + b, (X, W, b), grad_Y)  # (5, 3) @ (3, 4) -> (5, 4)
+# (5, 3) @ (3, 4) -> (5, 4)
+expected = autograd_grads(lambda X, W, b: X @ W.T + b, (X, W, b), grad_Y)
 check(
     linear_backward,
     expected,
@@ -307,9 +318,13 @@ _X, _W, _gY = (
     randn(4, 3, seed=303, dtype=torch.float64),
 )
 _leaves = [t.clone().requires_grad_() for t in (_X, _W)]
-_ref = torch.autograd.grad(torch.tanh(_leaves[0] @ _leaves[1].T) + _leaves[0], _leaves, _gY)
+_ref = torch.autograd.grad(
+    torch.tanh(_leaves[0] @ _leaves[1].T) + _leaves[0], _leaves, _gY
+)
 _out = residual_backward(_gY, _X, _W)
-assert all(o.shape == r.shape and torch.allclose(o, r, atol=1e-12) for o, r in zip(_out, _ref))
+assert all(
+    o.shape == r.shape and torch.allclose(o, r, atol=1e-12) for o, r in zip(_out, _ref)
+)
 
 # %%
 """ # BEGIN TEST CONFIG
@@ -339,7 +354,9 @@ assert torch.allclose(_gX, _gY, atol=1e-12) and torch.allclose(
 X_res = randn(5, 4, seed=6, dtype=dtype, device=dev)
 W_res = randn(4, 4, seed=7, dtype=dtype, device=dev)
 grad_Y_res = randn(5, 4, seed=8, dtype=dtype, device=dev)
-expected = autograd_grads(lambda X, W: torch.tanh(X @ W.T) + X, (X_res, W_res), grad_Y_res)
+expected = autograd_grads(
+    lambda X, W: torch.tanh(X @ W.T) + X, (X_res, W_res), grad_Y_res
+)
 check(
     residual_backward,
     expected,
@@ -403,7 +420,9 @@ _g = randn(2, 4, 3, seed=401, dtype=torch.float64)
 assert unbroadcast(_g, (3,)).shape == (3,) and torch.allclose(
     unbroadcast(_g, (3,)), _g.sum((0, 1)), atol=1e-12
 )
-assert torch.allclose(unbroadcast(_g, (4, 1)), _g.sum(0).sum(1, keepdim=True), atol=1e-12)
+assert torch.allclose(
+    unbroadcast(_g, (4, 1)), _g.sum(0).sum(1, keepdim=True), atol=1e-12
+)
 assert torch.allclose(unbroadcast(_g, (2, 4, 3)), _g)
 
 # %%
@@ -415,7 +434,10 @@ import torch
 from helpers.device import randn
 
 _g = randn(5, 3, seed=402, dtype=torch.float64)
-assert unbroadcast(_g, ()).shape == () and abs(float(unbroadcast(_g, ())) - float(_g.sum())) < 1e-12
+assert (
+    unbroadcast(_g, ()).shape == ()
+    and abs(float(unbroadcast(_g, ())) - float(_g.sum())) < 1e-12
+)
 _r = unbroadcast(_g, (1, 3))
 assert _r.shape == (1, 3) and torch.allclose(_r, _g.sum(0, keepdim=True), atol=1e-12)
 
@@ -427,7 +449,10 @@ import torch
 
 from helpers.device import randn
 
-_A, _B = randn(3, 1, 4, seed=403, dtype=torch.float64), randn(2, 1, seed=404, dtype=torch.float64)
+_A, _B = (
+    randn(3, 1, 4, seed=403, dtype=torch.float64),
+    randn(2, 1, seed=404, dtype=torch.float64),
+)
 _gZ = randn(3, 2, 4, seed=405, dtype=torch.float64)
 _leaves = [t.clone().requires_grad_() for t in (_A, _B)]
 _ref = torch.autograd.grad(_leaves[0] * _leaves[1], _leaves, _gZ)

@@ -139,12 +139,20 @@ def engine_grads(f, *numbers):
     None if one of your operations still returns None (not implemented yet).
     """
     for op in OPS_USED.get(f, ()):
-        probe = (Value(1.5), 2) if op is power else (Value(1.5), Value(2.0)) if op is mul else (Value(1.5),)
+        probe = (
+            (Value(1.5), 2)
+            if op is power
+            else (Value(1.5), Value(2.0))
+            if op is mul
+            else (Value(1.5),)
+        )
         result = op(*probe)
         if result is None:
             return None
         if not isinstance(result, Value):
-            raise TypeError(f"{op.__name__} returned a {type(result).__name__}, expected a Value")
+            raise TypeError(
+                f"{op.__name__} returned a {type(result).__name__}, expected a Value"
+            )
     xs = [Value(x) for x in numbers]
     out = f(*xs)
     if not isinstance(out, Value):
@@ -155,7 +163,9 @@ def engine_grads(f, *numbers):
     out.grad = 1.0
     for v in reversed(micrograd.topological_order(out)):
         v._backward()
-    return tuple(torch.tensor(v, dtype=torch.float64) for v in (out.data, *(x.grad for x in xs)))
+    return tuple(
+        torch.tensor(v, dtype=torch.float64) for v in (out.data, *(x.grad for x in xs))
+    )
 
 
 def torch_grads(f, *numbers):
@@ -361,7 +371,10 @@ for _x0, _d in ((0.8, 1.0), (-0.3, 0.0), (0.0, 0.0)):
     _r = relu(_x)
     _r.grad = 2.0
     _r._backward()
-    assert abs(_r.data - max(_x0, 0.0)) < 1e-12 and abs(_x.grad - 2.0 * _d) < 1e-12, (_x0, _x.grad)
+    assert abs(_r.data - max(_x0, 0.0)) < 1e-12 and abs(_x.grad - 2.0 * _d) < 1e-12, (
+        _x0,
+        _x.grad,
+    )
 
 # %%
 """ # BEGIN TEST CONFIG
@@ -385,7 +398,11 @@ points: 1
 import math
 
 # each operation used twice on one Value: both uses add into x.grad, 2 × the local derivative
-for _op, _x0, _d in ((relu, 0.6, 1.0), (tanh, 0.3, 1 - math.tanh(0.3) ** 2), (exp, -0.2, math.exp(-0.2))):
+for _op, _x0, _d in (
+    (relu, 0.6, 1.0),
+    (tanh, 0.3, 1 - math.tanh(0.3) ** 2),
+    (exp, -0.2, math.exp(-0.2)),
+):
     _x = Value(_x0)
     _u, _w = _op(_x), _op(_x)
     _u.grad = _w.grad = 1.0
@@ -411,7 +428,15 @@ for _op, _x0, _d in ((relu, 0.6, 1.0), (tanh, 0.3, 1 - math.tanh(0.3) ** 2), (ex
 def f2(x, y):
     """relu(u) + relu(u) + tanh(v) + exp(tanh(v)) + relu(y + 0.2) + exp(x) + exp(x): each op used twice on one Value."""
     u, v = x + 1.0, x + y
-    return u.relu() + u.relu() + v.tanh() + v.tanh().exp() + (y + 0.2).relu() + x.exp() + x.exp()
+    return (
+        u.relu()
+        + u.relu()
+        + v.tanh()
+        + v.tanh().exp()
+        + (y + 0.2).relu()
+        + x.exp()
+        + x.exp()
+    )
 
 
 OPS_USED[f2] = (relu, tanh, exp)
@@ -510,7 +535,8 @@ _h = _x
 for _ in range(5000):  # deeper than Python's recursion limit
     _h = _h * 1.0001 + 0.0
 _order = topological_order(_h)
-assert len(_order) == 1 + 5000 * 4 and _order[-1] is _h  # x, then per step: 2 constants, *, +
+# x, then per step: 2 constants, *, +
+assert len(_order) == 1 + 5000 * 4 and _order[-1] is _h
 
 # %%
 """ # BEGIN TEST CONFIG
@@ -560,9 +586,15 @@ def order_mistakes(root):
         return None
     ids = [id(v) for v in order]
     reference = set(reachable(root))
-    missing_or_repeated = len(reference - set(ids)) + (len(ids) - len(set(ids))) + len(set(ids) - reference)
+    missing_or_repeated = (
+        len(reference - set(ids))
+        + (len(ids) - len(set(ids)))
+        + len(set(ids) - reference)
+    )
     pos = {i: k for k, i in enumerate(ids)}
-    misplaced = sum(1 for v in order for p in v._parents if id(p) in pos and pos[id(p)] > pos[id(v)])
+    misplaced = sum(
+        1 for v in order for p in v._parents if id(p) in pos and pos[id(p)] > pos[id(v)]
+    )
     return missing_or_repeated, misplaced
 
 
@@ -583,12 +615,17 @@ def order_and_grads(xs):
     }
     if backward(out) is None and out.grad == 0.0:
         return {**counts, "gradients": None}
-    return {**counts, "gradients": torch.tensor([v.grad for v in V], dtype=torch.float64)}
+    return {
+        **counts,
+        "gradients": torch.tensor([v.grad for v in V], dtype=torch.float64),
+    }
 
 
 def reference_order_and_grads(xs):
     """No mistakes, and autograd's gradients."""
-    f = lambda a, b, c: ((a * b + c).tanh() * a + (b * c - a).relu() * b + (a + c).exp() * c) ** 2
+    f = lambda a, b, c: (
+        ((a * b + c).tanh() * a + (b * c - a).relu() * b + (a + c).exp() * c) ** 2
+    )
     (g,) = autograd_grads(lambda t: f(*t.unbind()), (xs,))
     return {"nodes missing or repeated": 0, "nodes before a parent": 0, "gradients": g}
 
@@ -662,11 +699,11 @@ import torch
 
 _x = torch.randn(7, 5, dtype=torch.float64, requires_grad=True)
 assert saved_bytes(lambda t: (t * t).sum(), (_x,)) == 0  # mul saves x twice: an input
-_n = saved_bytes(lambda t: (t.exp() * t.exp()).sum(), (_x,))  # two exps: two saved outputs
+# two exps: two saved outputs
+_n = saved_bytes(lambda t: (t.exp() * t.exp()).sum(), (_x,))
 assert _n == 2 * 7 * 5 * 8, _n
-_n = saved_bytes(
-    lambda t: (lambda y: y * y)(t.exp()).sum(), (_x,)
-)  # one exp output, saved by exp and twice by mul
+# one exp output, saved by exp and twice by mul
+_n = saved_bytes(lambda t: (lambda y: y * y)(t.exp()).sum(), (_x,))
 assert _n == 7 * 5 * 8, _n
 
 # %%

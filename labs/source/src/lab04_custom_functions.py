@@ -115,13 +115,17 @@ import torch
 
 # a constant upstream gradient moves nothing: softmax is invariant to adding a constant
 _P = torch.softmax(torch.tensor([[1.0, 2.0, 3.0, -1.0]], dtype=torch.float64), -1)
-assert torch.allclose(softmax_backward(_P, torch.full_like(_P, 2.5)), torch.zeros_like(_P), atol=1e-15)
+assert torch.allclose(
+    softmax_backward(_P, torch.full_like(_P, 2.5)), torch.zeros_like(_P), atol=1e-15
+)
 _n = 4096  # a long row: no n × n Jacobian needed
 _P = torch.softmax(torch.linspace(-3, 3, _n, dtype=torch.float64), -1)[None]
 _g = torch.zeros_like(_P)
 _g[0, 0] = 1.0
 _out = softmax_backward(_P, _g)
-assert torch.allclose(_out[0], _P[0, 0] * ((torch.arange(_n) == 0).double() - _P[0]), atol=1e-15)
+assert torch.allclose(
+    _out[0], _P[0, 0] * ((torch.arange(_n) == 0).double() - _P[0]), atol=1e-15
+)
 
 # %% [raw]
 # # END TESTS
@@ -216,7 +220,9 @@ _Z = randn(5, 9, seed=201, dtype=torch.float64).requires_grad_()
 assert torch.autograd.gradcheck(Softmax.apply, (_Z,), eps=1e-6, atol=1e-6)
 _big = torch.tensor([[1000.0, 0.0, -1000.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
 _P = Softmax.apply(_big)
-assert torch.isfinite(_P).all() and torch.allclose(_P, torch.softmax(_big, -1), atol=1e-15)
+assert torch.isfinite(_P).all() and torch.allclose(
+    _P, torch.softmax(_big, -1), atol=1e-15
+)
 
 # %%
 """ # BEGIN TEST CONFIG
@@ -251,9 +257,8 @@ assert torch.equal(_g, _g0) and torch.allclose(
 
 # %%
 Z2 = randn(3, 5, seed=3, dtype=dtype, device=dev) * 4
-Z2[1] = torch.tensor(
-    [1000.0, 0.0, -1000.0, 500.0, -500.0], dtype=dtype
-)  # e^1000 overflows without the max shift
+# e^1000 overflows without the max shift
+Z2[1] = torch.tensor([1000.0, 0.0, -1000.0, 500.0, -500.0], dtype=dtype)
 grad_P2 = randn(3, 5, seed=4, dtype=dtype, device=dev)
 check_function(
     "Exercise 2 · Softmax",
@@ -332,9 +337,14 @@ class LayerNorm(torch.autograd.Function):
         D = x.shape[-1]
         if need_x:
             g = grad_y * weight  # (..., D)
-            grad_x = rstd * (g - g.mean(-1, keepdim=True) - x_hat * (g * x_hat).mean(-1, keepdim=True))
+            grad_x = rstd * (
+                g
+                - g.mean(-1, keepdim=True)
+                - x_hat * (g * x_hat).mean(-1, keepdim=True)
+            )
         if need_w:
-            grad_w = (grad_y * x_hat).reshape(-1, D).sum(0)  # (..., D) -> (R, D) -> (D,)
+            # (..., D) -> (R, D) -> (D,)
+            grad_w = (grad_y * x_hat).reshape(-1, D).sum(0)
         if need_b:
             grad_b = grad_y.reshape(-1, D).sum(0)  # (..., D) -> (R, D) -> (D,)
         return grad_x, grad_w, grad_b, None
@@ -362,7 +372,9 @@ assert torch.autograd.gradcheck(
     lambda x, w, b: LayerNorm.apply(x, w, b, 1e-5), (_x, _w, _b), eps=1e-6, atol=1e-6
 )
 assert torch.allclose(
-    LayerNorm.apply(_x, _w, _b, 1e-5), torch.nn.functional.layer_norm(_x, (8,), _w, _b, 1e-5), atol=1e-12
+    LayerNorm.apply(_x, _w, _b, 1e-5),
+    torch.nn.functional.layer_norm(_x, (8,), _w, _b, 1e-5),
+    atol=1e-12,
 )
 
 # %%
@@ -375,11 +387,16 @@ from helpers.device import randn
 
 # only x needs a gradient: weight and bias get None, and x's is still right
 _x = randn(5, 6, seed=304, dtype=torch.float64).requires_grad_()
-_w, _b = randn(6, seed=305, dtype=torch.float64), randn(6, seed=306, dtype=torch.float64)
+_w, _b = (
+    randn(6, seed=305, dtype=torch.float64),
+    randn(6, seed=306, dtype=torch.float64),
+)
 _g = randn(5, 6, seed=307, dtype=torch.float64)
 (_gx,) = torch.autograd.grad(LayerNorm.apply(_x, _w, _b, 0.1), _x, _g)
 _leaf = _x.detach().clone().requires_grad_()
-(_ref,) = torch.autograd.grad(torch.nn.functional.layer_norm(_leaf, (6,), _w, _b, 0.1), _leaf, _g)
+(_ref,) = torch.autograd.grad(
+    torch.nn.functional.layer_norm(_leaf, (6,), _w, _b, 0.1), _leaf, _g
+)
 assert torch.allclose(_gx, _ref, atol=1e-12)
 
 # %%
@@ -392,7 +409,10 @@ from helpers.device import randn
 
 # a constant row: var = 0, σ = √eps; the gradient must stay finite and match
 _x = torch.cat(
-    [torch.full((1, 4), 3.0, dtype=torch.float64), randn(1, 4, seed=308, dtype=torch.float64)]
+    [
+        torch.full((1, 4), 3.0, dtype=torch.float64),
+        randn(1, 4, seed=308, dtype=torch.float64),
+    ]
 ).requires_grad_()
 _w, _b = (
     torch.ones(4, dtype=torch.float64, requires_grad=True),
@@ -402,9 +422,14 @@ _g = randn(2, 4, seed=309, dtype=torch.float64)
 _ours = torch.autograd.grad(LayerNorm.apply(_x, _w, _b, 1e-5), (_x, _w, _b), _g)
 _leaves = [t.detach().clone().requires_grad_() for t in (_x, _w, _b)]
 _ref = torch.autograd.grad(
-    torch.nn.functional.layer_norm(_leaves[0], (4,), _leaves[1], _leaves[2], 1e-5), _leaves, _g
+    torch.nn.functional.layer_norm(_leaves[0], (4,), _leaves[1], _leaves[2], 1e-5),
+    _leaves,
+    _g,
 )
-assert all(torch.isfinite(o).all() and torch.allclose(o, r, atol=1e-8) for o, r in zip(_ours, _ref))
+assert all(
+    torch.isfinite(o).all() and torch.allclose(o, r, atol=1e-8)
+    for o, r in zip(_ours, _ref)
+)
 
 # %% [raw]
 # # END TESTS
@@ -463,7 +488,8 @@ class CrossEntropy(torch.autograd.Function):
     def forward(logits, target, ignore_index):
         # BEGIN SOLUTION
         keep = target != ignore_index  # (R,)
-        safe = torch.where(keep, target, torch.zeros_like(target))  # (R,) a valid class everywhere
+        # (R,) a valid class everywhere
+        safe = torch.where(keep, target, torch.zeros_like(target))
         lse = torch.logsumexp(logits, dim=-1)  # (R,)
         picked = logits.gather(1, safe[:, None])[:, 0]  # (R, C) -> (R,)
         return ((lse - picked) * keep).sum() / keep.sum()
@@ -509,8 +535,14 @@ from helpers.device import randn
 
 _z = randn(7, 5, seed=401, dtype=torch.float64).requires_grad_()
 _t = torch.tensor([0, 4, 2, 2, 1, 3, 0])
-assert torch.autograd.gradcheck(lambda z: CrossEntropy.apply(z, _t, -100), (_z,), eps=1e-6, atol=1e-6)
-assert torch.allclose(CrossEntropy.apply(_z, _t, -100), torch.nn.functional.cross_entropy(_z, _t), atol=1e-12)
+assert torch.autograd.gradcheck(
+    lambda z: CrossEntropy.apply(z, _t, -100), (_z,), eps=1e-6, atol=1e-6
+)
+assert torch.allclose(
+    CrossEntropy.apply(_z, _t, -100),
+    torch.nn.functional.cross_entropy(_z, _t),
+    atol=1e-12,
+)
 
 # %%
 """ # BEGIN TEST CONFIG
@@ -519,13 +551,20 @@ hidden: true
 import torch
 
 # huge logits: no inf/nan in the loss or the gradient
-_z = torch.tensor([[1000.0, -1000.0, 0.0], [-500.0, 800.0, 790.0]], dtype=torch.float64, requires_grad=True)
+_z = torch.tensor(
+    [[1000.0, -1000.0, 0.0], [-500.0, 800.0, 790.0]],
+    dtype=torch.float64,
+    requires_grad=True,
+)
 _t = torch.tensor([1, 2])
 _L = CrossEntropy.apply(_z, _t, -100)
 (_g,) = torch.autograd.grad(3.0 * _L, _z)
 _leaf = _z.detach().clone().requires_grad_()
 (_ref,) = torch.autograd.grad(3.0 * torch.nn.functional.cross_entropy(_leaf, _t), _leaf)
-assert torch.isfinite(_L) and abs(_L.item() - torch.nn.functional.cross_entropy(_z, _t).item()) < 1e-9
+assert (
+    torch.isfinite(_L)
+    and abs(_L.item() - torch.nn.functional.cross_entropy(_z, _t).item()) < 1e-9
+)
 assert torch.isfinite(_g).all() and torch.allclose(_g, _ref, atol=1e-12)
 
 # %%
@@ -541,7 +580,10 @@ _z = randn(6, 4, seed=402, dtype=torch.float64).requires_grad_()
 _t = torch.tensor([3, 7, 0, 7, 7, 1])
 _L = CrossEntropy.apply(_z, _t, 7)
 (_g,) = torch.autograd.grad(_L, _z)
-assert abs(_L.item() - torch.nn.functional.cross_entropy(_z, _t, ignore_index=7).item()) < 1e-12
+assert (
+    abs(_L.item() - torch.nn.functional.cross_entropy(_z, _t, ignore_index=7).item())
+    < 1e-12
+)
 assert torch.equal(_g[[1, 3, 4]], torch.zeros(3, 4, dtype=torch.float64))
 assert torch.allclose(_g.sum(1), torch.zeros(6, dtype=torch.float64), atol=1e-15)
 

@@ -70,7 +70,9 @@ def colleagues_model(device=None):
 
 def layer_names(model):
     """The names of the model's leaf modules (those without children), in forward order."""
-    return [name for name, m in model.named_modules() if name and not list(m.children())]
+    return [
+        name for name, m in model.named_modules() if name and not list(m.children())
+    ]
 
 
 model = colleagues_model(device=dev)
@@ -106,8 +108,12 @@ def ce_grad(logits, target, ignore_index=-100, label_smoothing=0.0):
     # BEGIN SOLUTION
     R, C = logits.shape
     keep = target != ignore_index  # (R,)
-    safe = torch.where(keep, target, torch.zeros_like(target))  # (R,) a valid class everywhere
-    q = (1 - label_smoothing) * F.one_hot(safe, C).to(logits.dtype) + label_smoothing / C  # (R, C)
+    # (R,) a valid class everywhere
+    safe = torch.where(keep, target, torch.zeros_like(target))
+    # (R, C)
+    q = (1 - label_smoothing) * F.one_hot(safe, C).to(
+        logits.dtype
+    ) + label_smoothing / C
     P = torch.softmax(logits, dim=-1)  # (R, C)
     return (P - q) * keep[:, None] / keep.sum()
     # END SOLUTION
@@ -146,7 +152,8 @@ _z = randn(5, 6, seed=102, dtype=torch.float64) * 3
 _t = torch.tensor([5, -1, 2, -1, 0])
 _leaf = _z.clone().requires_grad_()
 (_ref,) = torch.autograd.grad(
-    torch.nn.functional.cross_entropy(_leaf, _t, ignore_index=-1, label_smoothing=0.2), _leaf
+    torch.nn.functional.cross_entropy(_leaf, _t, ignore_index=-1, label_smoothing=0.2),
+    _leaf,
 )
 _g = ce_grad(_z, _t, ignore_index=-1, label_smoothing=0.2)
 assert torch.allclose(_g, _ref, atol=1e-12) and torch.equal(
@@ -166,7 +173,9 @@ assert torch.allclose(_g, _ref, atol=1e-12) and torch.equal(
 # %%
 z1 = randn(8, 5, seed=1, dtype=dtype, device=dev) * 2
 t1 = torch.tensor([4, 0, -100, 2, 2, -100, 1, 3], device=dev)
-(expected,) = autograd_grads(lambda z: F.cross_entropy(z, t1, label_smoothing=0.1), (z1,))
+(expected,) = autograd_grads(
+    lambda z: F.cross_entropy(z, t1, label_smoothing=0.1), (z1,)
+)
 check(
     ce_grad,
     expected,
@@ -215,7 +224,9 @@ def record_output_grad_norms(model, X, y):
     try:
         for name in layer_names(model):
             handles.append(
-                modules[name].register_forward_hook(lambda m, i, o, name=name: forward_hook(m, i, o, name))
+                modules[name].register_forward_hook(
+                    lambda m, i, o, name=name: forward_hook(m, i, o, name)
+                )
             )
         F.cross_entropy(model(X), y).backward()
     finally:
@@ -239,7 +250,15 @@ import math
 
 from helpers.gradflow import deep_mlp, fixed_batch, record_grad_flow
 
-_m = deep_mlp(depth=3, width=16, activation="tanh", residual=True, layernorm=True, n_classes=4, seed=201)
+_m = deep_mlp(
+    depth=3,
+    width=16,
+    activation="tanh",
+    residual=True,
+    layernorm=True,
+    n_classes=4,
+    seed=201,
+)
 _X, _y = fixed_batch(batch=12, width=16, n_classes=4, seed=202)
 _ref = record_grad_flow(_m, _X, _y).output_grad_norms
 _m.zero_grad(set_to_none=True)
@@ -260,7 +279,9 @@ _X, _y = fixed_batch(batch=6, width=8, n_classes=3, seed=204)
 _a = record_output_grad_norms(_m, _X, _y)
 assert all(not m._forward_hooks for m in _m.modules())  # every hook removed
 _b = record_output_grad_norms(_m, _X, _y)  # no stale hook adds a second entry
-assert _a.keys() == _b.keys() and all(math.isclose(_a[k], _b[k], rel_tol=1e-6) for k in _a)
+assert _a.keys() == _b.keys() and all(
+    math.isclose(_a[k], _b[k], rel_tol=1e-6) for k in _a
+)
 assert len(_a) == 5  # 2 × (linear, act) + head
 
 # %% [raw]
@@ -346,7 +367,9 @@ print(result.line)
 def steepest_drop(norms, names):
     """The layer names[i] (i ≥ 1) with the smallest norms[names[i-1]] / norms[names[i]]."""
     # BEGIN SOLUTION
-    ratios = {names[i]: norms[names[i - 1]] / norms[names[i]] for i in range(1, len(names))}
+    ratios = {
+        names[i]: norms[names[i - 1]] / norms[names[i]] for i in range(1, len(names))
+    }
     return min(ratios, key=ratios.get)
     # END SOLUTION
 
@@ -363,7 +386,8 @@ hidden: true
 """  # END TEST CONFIG
 _n = {"a": 1e-3, "b": 2e-3, "c": 1.0, "d": 1.4, "e": 0.9}
 assert steepest_drop(_n, ["a", "b", "c", "d", "e"]) == "c"
-assert steepest_drop({"x": 5.0, "y": 1.0, "z": 0.5}, ["x", "y", "z"]) == "z"  # ratios: y 5.0, z 2.0
+# ratios: y 5.0, z 2.0
+assert steepest_drop({"x": 5.0, "y": 1.0, "z": 0.5}, ["x", "y", "z"]) == "z"
 
 # %%
 """ # BEGIN TEST CONFIG
@@ -374,7 +398,10 @@ from helpers.gradflow import record_grad_flow as _rgf
 
 _m = colleagues_model()
 _X, _y = _fb(batch=64, width=32, seed=12)
-assert steepest_drop(_rgf(_m, _X, _y).output_grad_norms, layer_names(_m)) == "blocks.3.linear"
+assert (
+    steepest_drop(_rgf(_m, _X, _y).output_grad_norms, layer_names(_m))
+    == "blocks.3.linear"
+)
 
 # %% [raw]
 # # END TESTS
@@ -387,7 +414,14 @@ assert steepest_drop(_rgf(_m, _X, _y).output_grad_norms, layer_names(_m)) == "bl
 # collapse):
 
 # %%
-profile = {"in": 0.02, "in.act": 0.03, "mid": 0.05, "mid.act": 40.0, "out": 55.0, "out.act": 60.0}
+profile = {
+    "in": 0.02,
+    "in.act": 0.03,
+    "mid": 0.05,
+    "mid.act": 40.0,
+    "out": 55.0,
+    "out.act": 60.0,
+}
 check(
     steepest_drop,
     "mid.act",
@@ -489,7 +523,10 @@ _tot = clip_by_global_norm([_a, _b], 10.0)
 assert abs(float(_tot) - 0.5) < 1e-12 and torch.equal(_a.grad, _g0) and _b.grad is None
 _grad_obj = _a.grad
 _ = clip_by_global_norm([_a, _b], 0.25)
-assert _a.grad is _grad_obj and torch.allclose(_a.grad, _g0 * 0.25 / (0.5 + 1e-6), atol=1e-12)  # in place
+# in place
+assert _a.grad is _grad_obj and torch.allclose(
+    _a.grad, _g0 * 0.25 / (0.5 + 1e-6), atol=1e-12
+)
 
 # %% [raw]
 # # END TESTS

@@ -117,7 +117,9 @@ import torch
 
 _m = causal_mask(2, 5, align="bottom_right")
 assert _m.dtype == torch.bool
-assert torch.equal(_m, torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool))
+assert torch.equal(
+    _m, torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+)
 _m = causal_mask(1, 7, align="bottom_right")
 assert _m.all() and _m.shape == (1, 7)  # one new token sees the whole cache
 
@@ -129,9 +131,12 @@ import torch
 
 _m = causal_mask(2, 5)  # top-left is the default: SDPA's is_causal
 assert _m.dtype == torch.bool
-assert torch.equal(_m, torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0]], dtype=torch.bool))
 assert torch.equal(
-    causal_mask(5, 2), torch.tensor([[1, 0], [1, 1], [1, 1], [1, 1], [1, 1]], dtype=torch.bool)
+    _m, torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0]], dtype=torch.bool)
+)
+assert torch.equal(
+    causal_mask(5, 2),
+    torch.tensor([[1, 0], [1, 1], [1, 1], [1, 1], [1, 1]], dtype=torch.bool),
 )
 assert not causal_mask(5, 2, align="bottom_right")[:3].any()  # rows that see no key
 
@@ -199,7 +204,8 @@ def attention_forward(Q, K, V, mask=None):
     """O = softmax(Q Kᵀ/√d, masked) V and P; a row with no visible key gets P = 0, O = 0."""
     # BEGIN SOLUTION
     scale = 1.0 / math.sqrt(Q.shape[-1])
-    S = (Q @ K.transpose(-2, -1)) * scale  # (..., Nq, d) @ (..., d, Nk) -> (..., Nq, Nk)
+    # (..., Nq, d) @ (..., d, Nk) -> (..., Nq, Nk)
+    S = (Q @ K.transpose(-2, -1)) * scale
     if mask is not None:
         S = S.masked_fill(~mask, float("-inf"))
     m = S.amax(-1, keepdim=True)  # (..., Nq, 1)
@@ -230,11 +236,18 @@ from helpers.device import randn
 _Q, _K, _V = (randn(2, 3, 4, 8, seed=s, dtype=torch.float64) for s in (201, 202, 203))
 _O, _P = attention_forward(_Q, _K, _V)
 _O2 = torch.nn.functional.scaled_dot_product_attention(_Q, _K, _V)
-assert _O.shape == (2, 3, 4, 8) and _P.shape == (2, 3, 4, 4) and torch.allclose(_O, _O2, atol=1e-12)
-_O, _P = attention_forward(_Q * 100, _K * 100, _V, _ref.causal_mask(4, 4))  # huge scores: no overflow
+assert (
+    _O.shape == (2, 3, 4, 8)
+    and _P.shape == (2, 3, 4, 4)
+    and torch.allclose(_O, _O2, atol=1e-12)
+)
+# huge scores: no overflow
+_O, _P = attention_forward(_Q * 100, _K * 100, _V, _ref.causal_mask(4, 4))
 _Or, _Pr = _ref.attention_forward(_Q * 100, _K * 100, _V, _ref.causal_mask(4, 4))
 assert (
-    torch.isfinite(_O).all() and torch.allclose(_O, _Or, atol=1e-10) and torch.allclose(_P, _Pr, atol=1e-12)
+    torch.isfinite(_O).all()
+    and torch.allclose(_O, _Or, atol=1e-10)
+    and torch.allclose(_P, _Pr, atol=1e-12)
 )
 
 # %%
@@ -250,9 +263,9 @@ _Q, _K, _V = (randn(1, 1, 3, 4, seed=s, dtype=torch.float64) for s in (204, 205,
 _mask = torch.tensor([[False, False, False], [True, False, True], [True, True, True]])
 _O, _P = attention_forward(_Q, _K, _V, _mask)
 assert not torch.isnan(_O).any() and not torch.isnan(_P).any()
-assert torch.equal(_O[..., 0, :], torch.zeros(1, 1, 4, dtype=torch.float64)) and torch.equal(
-    _P[..., 0, :], torch.zeros(1, 1, 3, dtype=torch.float64)
-)
+assert torch.equal(
+    _O[..., 0, :], torch.zeros(1, 1, 4, dtype=torch.float64)
+) and torch.equal(_P[..., 0, :], torch.zeros(1, 1, 3, dtype=torch.float64))
 _ref = torch.nn.functional.scaled_dot_product_attention(_Q, _K, _V, attn_mask=_mask)
 assert torch.allclose(_O[..., 1:, :], _ref[..., 1:, :], atol=1e-12)
 assert float(_P[0, 0, 1, 1]) == 0.0
@@ -269,7 +282,8 @@ assert float(_P[0, 0, 1, 1]) == 0.0
 
 # %%
 Q2, K2, V2 = (randn(2, 2, 5, 4, seed=s, dtype=dtype, device=dev) for s in (21, 22, 23))
-pad2 = torch.tensor([[False] * 5, [True] + [False] * 4], device=dev)  # (B, Nk), True = padding
+# (B, Nk), True = padding
+pad2 = torch.tensor([[False] * 5, [True] + [False] * 4], device=dev)
 mask2 = ref.causal_mask(5, 5, device=dev) & ~pad2[:, None, None, :]  # (B, 1, Nq, Nk)
 check(
     attention_forward,
@@ -343,11 +357,14 @@ check(
 def attention_backward(Q, K, V, P, grad_O, scale):
     """dV = Pᵀ dO, dS = P ⊙ (dO Vᵀ − rowsum(dO Vᵀ ⊙ P)), dQ = dS K·scale, dK = dSᵀ Q·scale."""
     # BEGIN SOLUTION
-    grad_V = P.transpose(-2, -1) @ grad_O  # (..., Nk, Nq) @ (..., Nq, d_v) -> (..., Nk, d_v)
-    grad_P = grad_O @ V.transpose(-2, -1)  # (..., Nq, d_v) @ (..., d_v, Nk) -> (..., Nq, Nk)
+    # (..., Nk, Nq) @ (..., Nq, d_v) -> (..., Nk, d_v)
+    grad_V = P.transpose(-2, -1) @ grad_O
+    # (..., Nq, d_v) @ (..., d_v, Nk) -> (..., Nq, Nk)
+    grad_P = grad_O @ V.transpose(-2, -1)
     grad_S = P * (grad_P - (grad_P * P).sum(-1, keepdim=True))  # (..., Nq, Nk)
     grad_Q = (grad_S @ K) * scale  # (..., Nq, Nk) @ (..., Nk, d) -> (..., Nq, d)
-    grad_K = (grad_S.transpose(-2, -1) @ Q) * scale  # (..., Nk, Nq) @ (..., Nq, d) -> (..., Nk, d)
+    # (..., Nk, Nq) @ (..., Nq, d) -> (..., Nk, d)
+    grad_K = (grad_S.transpose(-2, -1) @ Q) * scale
     return grad_Q, grad_K, grad_V
     # END SOLUTION
 
@@ -368,14 +385,22 @@ import torch
 
 from helpers.device import randn
 
-_Q, _K = randn(3, 6, 8, seed=301, dtype=torch.float64), randn(3, 9, 8, seed=302, dtype=torch.float64)
-_V, _gO = randn(3, 9, 5, seed=303, dtype=torch.float64), randn(3, 6, 5, seed=304, dtype=torch.float64)
+_Q, _K = (
+    randn(3, 6, 8, seed=301, dtype=torch.float64),
+    randn(3, 9, 8, seed=302, dtype=torch.float64),
+)
+_V, _gO = (
+    randn(3, 9, 5, seed=303, dtype=torch.float64),
+    randn(3, 6, 5, seed=304, dtype=torch.float64),
+)
 _leaves = [t.clone().requires_grad_() for t in (_Q, _K, _V)]
 _O = torch.nn.functional.scaled_dot_product_attention(*_leaves)
 _ref = torch.autograd.grad(_O, _leaves, _gO)
 _P = torch.softmax(_Q @ _K.transpose(-2, -1) / math.sqrt(8), -1)
 _ours = attention_backward(_Q, _K, _V, _P, _gO, 1 / math.sqrt(8))
-assert all(o.shape == r.shape and torch.allclose(o, r, atol=1e-12) for o, r in zip(_ours, _ref))
+assert all(
+    o.shape == r.shape and torch.allclose(o, r, atol=1e-12) for o, r in zip(_ours, _ref)
+)
 
 # %%
 """ # BEGIN TEST CONFIG
@@ -393,7 +418,8 @@ _O = torch.softmax(_leaves[0] @ _leaves[1].T, -1) @ _leaves[2]
 _ref = torch.autograd.grad(_O, _leaves, _gO)
 _P = torch.softmax(_Q @ _K.T, -1)
 assert all(
-    torch.allclose(o, r, atol=1e-12) for o, r in zip(attention_backward(_Q, _K, _V, _P, _gO, 1.0), _ref)
+    torch.allclose(o, r, atol=1e-12)
+    for o, r in zip(attention_backward(_Q, _K, _V, _P, _gO, 1.0), _ref)
 )
 
 # %% [raw]
@@ -415,7 +441,9 @@ K3, V3 = (
 grad_O3 = randn(2, 2, 4, 3, seed=34, dtype=dtype, device=dev)
 mask3 = ref.causal_mask(4, 6, device=dev)
 _, P3 = ref.attention_forward(Q3, K3, V3, mask3)
-expected = autograd_grads(lambda Q, K, V: ref.attention_forward(Q, K, V, mask3)[0], (Q3, K3, V3), grad_O3)
+expected = autograd_grads(
+    lambda Q, K, V: ref.attention_forward(Q, K, V, mask3)[0], (Q3, K3, V3), grad_O3
+)
 check(
     attention_backward,
     expected,
@@ -450,7 +478,9 @@ check(
 
 
 # %%
-def attention_grads(Q, K, V, grad_O, causal=False, key_padding_mask=None, align="top_left"):
+def attention_grads(
+    Q, K, V, grad_O, causal=False, key_padding_mask=None, align="top_left"
+):
     """(∂L/∂Q, ∂L/∂K, ∂L/∂V) of masked attention for upstream grad_O, by hand."""
     # BEGIN SOLUTION
     Nq, Nk = Q.shape[-2], K.shape[-2]
@@ -477,12 +507,16 @@ import torch
 
 from helpers.device import randn
 
-_Q, _K, _V, _gO = (randn(2, 3, 6, 4, seed=s, dtype=torch.float64) for s in (401, 402, 403, 404))
+_Q, _K, _V, _gO = (
+    randn(2, 3, 6, 4, seed=s, dtype=torch.float64) for s in (401, 402, 403, 404)
+)
 _pad = torch.tensor([[False] * 6, [False, False, False, False, True, True]])
 _mask = torch.ones(6, 6, dtype=torch.bool).tril() & ~_pad[:, None, None, :]
 _leaves = [t.clone().requires_grad_() for t in (_Q, _K, _V)]
 _ref = torch.autograd.grad(
-    torch.nn.functional.scaled_dot_product_attention(*_leaves, attn_mask=_mask), _leaves, _gO
+    torch.nn.functional.scaled_dot_product_attention(*_leaves, attn_mask=_mask),
+    _leaves,
+    _gO,
 )
 _ours = attention_grads(_Q, _K, _V, _gO, causal=True, key_padding_mask=_pad)
 assert all(torch.allclose(o, r, atol=1e-12) for o, r in zip(_ours, _ref))
@@ -500,23 +534,35 @@ from helpers.device import randn
 
 # a KV cache: 2 new queries, 5 keys, bottom-right causal; and no mask at all
 _Q = randn(1, 2, 2, 4, seed=405, dtype=torch.float64)
-_K, _V = randn(1, 2, 5, 4, seed=406, dtype=torch.float64), randn(1, 2, 5, 4, seed=407, dtype=torch.float64)
+_K, _V = (
+    randn(1, 2, 5, 4, seed=406, dtype=torch.float64),
+    randn(1, 2, 5, 4, seed=407, dtype=torch.float64),
+)
 _gO = randn(1, 2, 2, 4, seed=408, dtype=torch.float64)
 _leaves = [t.clone().requires_grad_() for t in (_Q, _K, _V)]
 _O, _ = _ref.attention_forward(*_leaves, _ref.causal_mask(2, 5, align="bottom_right"))
 _g = torch.autograd.grad(_O, _leaves, _gO)
 _ours = attention_grads(_Q, _K, _V, _gO, causal=True, align="bottom_right")
 assert all(torch.allclose(o, r, atol=1e-12) for o, r in zip(_ours, _g))
-_leaves = [t.clone().requires_grad_() for t in (_Q, _K, _V)]  # causal=True alone: SDPA's is_causal
+# causal=True alone: SDPA's is_causal
+_leaves = [t.clone().requires_grad_() for t in (_Q, _K, _V)]
 _g = torch.autograd.grad(
-    torch.nn.functional.scaled_dot_product_attention(*_leaves, is_causal=True), _leaves, _gO
+    torch.nn.functional.scaled_dot_product_attention(*_leaves, is_causal=True),
+    _leaves,
+    _gO,
 )
 assert all(
-    torch.allclose(o, r, atol=1e-12) for o, r in zip(attention_grads(_Q, _K, _V, _gO, causal=True), _g)
+    torch.allclose(o, r, atol=1e-12)
+    for o, r in zip(attention_grads(_Q, _K, _V, _gO, causal=True), _g)
 )
 _leaves = [t.clone().requires_grad_() for t in (_Q, _K, _V)]
-_g = torch.autograd.grad(torch.nn.functional.scaled_dot_product_attention(*_leaves), _leaves, _gO)
-assert all(torch.allclose(o, r, atol=1e-12) for o, r in zip(attention_grads(_Q, _K, _V, _gO), _g))
+_g = torch.autograd.grad(
+    torch.nn.functional.scaled_dot_product_attention(*_leaves), _leaves, _gO
+)
+assert all(
+    torch.allclose(o, r, atol=1e-12)
+    for o, r in zip(attention_grads(_Q, _K, _V, _gO), _g)
+)
 
 # %% [raw]
 # # END TESTS
@@ -532,9 +578,11 @@ assert all(torch.allclose(o, r, atol=1e-12) for o, r in zip(attention_grads(_Q, 
 
 # %%
 Q4 = randn(2, 2, 4, 4, seed=41, dtype=dtype, device=dev)  # (B, H, Nq, d)
-K4, V4 = (randn(2, 2, 6, 4, seed=s, dtype=dtype, device=dev) for s in (42, 43))  # (B, H, Nk, d)
+# (B, H, Nk, d)
+K4, V4 = (randn(2, 2, 6, 4, seed=s, dtype=dtype, device=dev) for s in (42, 43))
 grad_O4 = randn(2, 2, 4, 4, seed=44, dtype=dtype, device=dev)
-pad4 = torch.tensor([[False] * 6, [False] * 4 + [True] * 2], device=dev)  # (B, Nk), True = padding
+# (B, Nk), True = padding
+pad4 = torch.tensor([[False] * 6, [False] * 4 + [True] * 2], device=dev)
 
 
 def with_padded_check(grads):
@@ -555,7 +603,9 @@ def sdpa_grads(Q, K, V, grad_O, causal, key_padding_mask, align="top_left"):
     if key_padding_mask is not None:
         allowed = allowed & ~key_padding_mask[:, None, None, :]  # (B, 1, Nq, Nk)
     return autograd_grads(
-        lambda Q, K, V: F.scaled_dot_product_attention(Q, K, V, attn_mask=allowed), (Q, K, V), grad_O
+        lambda Q, K, V: F.scaled_dot_product_attention(Q, K, V, attn_mask=allowed),
+        (Q, K, V),
+        grad_O,
     )
 
 
@@ -564,7 +614,12 @@ for align in ("top_left", "bottom_right"):
         lambda *a: with_padded_check(attention_grads(*a)),
         lambda *a: with_padded_check(sdpa_grads(*a)),
         args=(Q4, K4, V4, grad_O4, True, pad4, align),
-        outputs=("grad_Q", "grad_K", "grad_V", "padded keys' gradient entries not exactly 0"),
+        outputs=(
+            "grad_Q",
+            "grad_K",
+            "grad_V",
+            "padded keys' gradient entries not exactly 0",
+        ),
         counts=("padded keys' gradient entries not exactly 0",),
         name=f"Exercise 4 · attention_grads, {align}",
         against="autograd through SDPA",

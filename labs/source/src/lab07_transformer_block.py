@@ -58,7 +58,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.attention import attention_backward, attention_forward, causal_mask, merge_heads, split_heads
+from helpers.attention import (
+    attention_backward,
+    attention_forward,
+    causal_mask,
+    merge_heads,
+    split_heads,
+)
 from helpers.block import BLOCK_PARAM_NAMES, block_params, load_params_into_layer
 from helpers.checks import compare
 from helpers.device import get_device, no_tf32, randn
@@ -108,7 +114,9 @@ def layernorm_backward(x, mu, rstd, weight, grad_y):
     # BEGIN SOLUTION
     x_hat = (x - mu) * rstd  # (..., D)
     g = grad_y * weight  # (..., D)
-    grad_x = rstd * (g - g.mean(-1, keepdim=True) - x_hat * (g * x_hat).mean(-1, keepdim=True))
+    grad_x = rstd * (
+        g - g.mean(-1, keepdim=True) - x_hat * (g * x_hat).mean(-1, keepdim=True)
+    )
     D = x.shape[-1]
     grad_weight = (grad_y * x_hat).reshape(-1, D).sum(0)  # (..., D) -> (R, D) -> (D,)
     grad_bias = grad_y.reshape(-1, D).sum(0)  # (..., D) -> (R, D) -> (D,)
@@ -139,9 +147,13 @@ _, _mu, _rstd = _lnf(_x, _w, _b)
 _ours = layernorm_backward(_x, _mu, _rstd, _w, _g)
 _leaves = [t.clone().requires_grad_() for t in (_x, _w, _b)]
 _ref = torch.autograd.grad(
-    torch.nn.functional.layer_norm(_leaves[0], (7,), _leaves[1], _leaves[2], 1e-5), _leaves, _g
+    torch.nn.functional.layer_norm(_leaves[0], (7,), _leaves[1], _leaves[2], 1e-5),
+    _leaves,
+    _g,
 )
-assert all(o.shape == r.shape and torch.allclose(o, r, atol=1e-10) for o, r in zip(_ours, _ref))
+assert all(
+    o.shape == r.shape and torch.allclose(o, r, atol=1e-10) for o, r in zip(_ours, _ref)
+)
 
 # %%
 """ # BEGIN TEST CONFIG
@@ -154,17 +166,25 @@ from helpers.functions import layernorm_forward as _lnf
 
 # 2-D input, a large eps (so σ ≠ std): μ and 1/σ must come from the arguments, not be recomputed
 _x = randn(5, 4, seed=105, dtype=torch.float64)
-_w, _b = randn(4, seed=106, dtype=torch.float64), randn(4, seed=107, dtype=torch.float64)
+_w, _b = (
+    randn(4, seed=106, dtype=torch.float64),
+    randn(4, seed=107, dtype=torch.float64),
+)
 _g = randn(5, 4, seed=108, dtype=torch.float64)
 _, _mu, _rstd = _lnf(_x, _w, _b, eps=0.5)
 _gx, _gw, _gb = layernorm_backward(_x, _mu, _rstd, _w, _g)
 _leaves = [t.clone().requires_grad_() for t in (_x, _w, _b)]
 _ref = torch.autograd.grad(
-    torch.nn.functional.layer_norm(_leaves[0], (4,), _leaves[1], _leaves[2], 0.5), _leaves, _g
+    torch.nn.functional.layer_norm(_leaves[0], (4,), _leaves[1], _leaves[2], 0.5),
+    _leaves,
+    _g,
 )
-assert torch.allclose(_gx, _ref[0], atol=1e-10) and torch.allclose(_gw, _ref[1], atol=1e-10)
+assert torch.allclose(_gx, _ref[0], atol=1e-10) and torch.allclose(
+    _gw, _ref[1], atol=1e-10
+)
 assert torch.allclose(_gb, _ref[2], atol=1e-10)
-assert torch.allclose(_gx.sum(-1), torch.zeros(5, dtype=torch.float64), atol=1e-12)  # the mean path
+# the mean path
+assert torch.allclose(_gx.sum(-1), torch.zeros(5, dtype=torch.float64), atol=1e-12)
 
 # %% [raw]
 # # END TESTS
@@ -183,7 +203,9 @@ w1 = 1 + 0.3 * randn(6, seed=2, dtype=dtype, device=dev)
 b1 = 0.5 * randn(6, seed=3, dtype=dtype, device=dev)
 grad_y1 = randn(2, 4, 6, seed=4, dtype=dtype, device=dev)
 _, mu1, rstd1 = layernorm_forward(x1, w1, b1)
-expected = autograd_grads(lambda x, w, b: F.layer_norm(x, (6,), w, b, 1e-5), (x1, w1, b1), grad_y1)
+expected = autograd_grads(
+    lambda x, w, b: F.layer_norm(x, (6,), w, b, 1e-5), (x1, w1, b1), grad_y1
+)
 check(
     layernorm_backward,
     expected,
@@ -194,7 +216,9 @@ check(
 )
 # the same with eps = 0.5: your backward must use the saved μ and 1/σ, not recompute them
 _, mu1b, rstd1b = layernorm_forward(x1, w1, b1, eps=0.5)
-expected_b = autograd_grads(lambda x, w, b: F.layer_norm(x, (6,), w, b, 0.5), (x1, w1, b1), grad_y1)
+expected_b = autograd_grads(
+    lambda x, w, b: F.layer_norm(x, (6,), w, b, 0.5), (x1, w1, b1), grad_y1
+)
 check(
     layernorm_backward,
     expected_b,
@@ -271,12 +295,20 @@ import torch
 from helpers.device import randn
 
 _h = randn(2, 3, 4, seed=201, dtype=torch.float64)
-_W1, _b1 = randn(10, 4, seed=202, dtype=torch.float64) / 2, 0.3 * randn(10, seed=203, dtype=torch.float64)
-_W2, _b2 = randn(4, 10, seed=204, dtype=torch.float64) / 3, randn(4, seed=205, dtype=torch.float64)
+_W1, _b1 = (
+    randn(10, 4, seed=202, dtype=torch.float64) / 2,
+    0.3 * randn(10, seed=203, dtype=torch.float64),
+)
+_W2, _b2 = (
+    randn(4, 10, seed=204, dtype=torch.float64) / 3,
+    randn(4, seed=205, dtype=torch.float64),
+)
 _gF = randn(2, 3, 4, seed=206, dtype=torch.float64)
 _leaves = [t.clone().requires_grad_() for t in (_h, _W1, _b1, _W2, _b2)]
 _F = torch.nn.functional.linear(
-    torch.relu(torch.nn.functional.linear(_leaves[0], _leaves[1], _leaves[2])), _leaves[3], _leaves[4]
+    torch.relu(torch.nn.functional.linear(_leaves[0], _leaves[1], _leaves[2])),
+    _leaves[3],
+    _leaves[4],
 )
 _ref = torch.autograd.grad(_F, _leaves, _gF)
 _ours = ffn_backward(_h, _W1, _b1, _W2, _b2, _gF, "relu")
@@ -294,18 +326,28 @@ from helpers.device import randn
 
 # GELU, and 2-D rows (R, d) instead of (B, N, d)
 _h = randn(7, 3, seed=207, dtype=torch.float64)
-_W1, _b1 = randn(5, 3, seed=208, dtype=torch.float64), randn(5, seed=209, dtype=torch.float64)
-_W2, _b2 = randn(3, 5, seed=210, dtype=torch.float64), randn(3, seed=211, dtype=torch.float64)
+_W1, _b1 = (
+    randn(5, 3, seed=208, dtype=torch.float64),
+    randn(5, seed=209, dtype=torch.float64),
+)
+_W2, _b2 = (
+    randn(3, 5, seed=210, dtype=torch.float64),
+    randn(3, seed=211, dtype=torch.float64),
+)
 _gF = randn(7, 3, seed=212, dtype=torch.float64)
 _leaves = [t.clone().requires_grad_() for t in (_h, _W1, _b1, _W2, _b2)]
 _F = torch.nn.functional.linear(
-    torch.nn.functional.gelu(torch.nn.functional.linear(_leaves[0], _leaves[1], _leaves[2])),
+    torch.nn.functional.gelu(
+        torch.nn.functional.linear(_leaves[0], _leaves[1], _leaves[2])
+    ),
     _leaves[3],
     _leaves[4],
 )
 _ref = torch.autograd.grad(_F, _leaves, _gF)
 _ours = ffn_backward(_h, _W1, _b1, _W2, _b2, _gF, activation="gelu")
-assert all(o.shape == r.shape and torch.allclose(o, r, atol=1e-10) for o, r in zip(_ours, _ref))
+assert all(
+    o.shape == r.shape and torch.allclose(o, r, atol=1e-10) for o, r in zip(_ours, _ref)
+)
 
 # %% [raw]
 # # END TESTS
@@ -380,11 +422,20 @@ def ffn_sublayer_backward(X1, mu2, rstd2, params, grad_Y, activation="relu"):
     """Y = X1 + FF(LN2(X1))  ⇒  grad_X1 = grad_Y (skip) + LN2ᵀ(FFᵀ(grad_Y)) (branch), and the six parameter grads."""
     # BEGIN SOLUTION
     p = params
-    h2 = (X1 - mu2) * rstd2 * p["norm2.weight"] + p["norm2.bias"]  # (B, N, d), recomputed
+    # (B, N, d), recomputed
+    h2 = (X1 - mu2) * rstd2 * p["norm2.weight"] + p["norm2.bias"]
     grad_h2, gW1, gb1, gW2, gb2 = ffn_backward(
-        h2, p["linear1.weight"], p["linear1.bias"], p["linear2.weight"], p["linear2.bias"], grad_Y, activation
+        h2,
+        p["linear1.weight"],
+        p["linear1.bias"],
+        p["linear2.weight"],
+        p["linear2.bias"],
+        grad_Y,
+        activation,
     )
-    grad_X1_branch, g_gamma, g_beta = layernorm_backward(X1, mu2, rstd2, p["norm2.weight"], grad_h2)
+    grad_X1_branch, g_gamma, g_beta = layernorm_backward(
+        X1, mu2, rstd2, p["norm2.weight"], grad_h2
+    )
     return {
         "X1": grad_Y + grad_X1_branch,  # skip + branch
         "norm2.weight": g_gamma,
@@ -414,14 +465,29 @@ from helpers.block import block_params as _bp
 from helpers.device import randn
 from helpers.functions import layernorm_forward as _lnf
 
-_names = ("norm2.weight", "norm2.bias", "linear1.weight", "linear1.bias", "linear2.weight", "linear2.bias")
+_names = (
+    "norm2.weight",
+    "norm2.bias",
+    "linear1.weight",
+    "linear1.bias",
+    "linear2.weight",
+    "linear2.bias",
+)
 _p = _bp(6, 12, seed=300, dtype=torch.float64)
 _X1 = randn(2, 3, 6, seed=301, dtype=torch.float64)
 _gY = randn(2, 3, 6, seed=302, dtype=torch.float64)
 _, _mu, _rstd = _lnf(_X1, _p["norm2.weight"], _p["norm2.bias"])
-_leaves = [_X1.clone().requires_grad_()] + [_p[n].clone().requires_grad_() for n in _names]
+_leaves = [_X1.clone().requires_grad_()] + [
+    _p[n].clone().requires_grad_() for n in _names
+]
 _Y = _leaves[0] + _F.linear(
-    _F.relu(_F.linear(_F.layer_norm(_leaves[0], (6,), _leaves[1], _leaves[2], 1e-5), _leaves[3], _leaves[4])),
+    _F.relu(
+        _F.linear(
+            _F.layer_norm(_leaves[0], (6,), _leaves[1], _leaves[2], 1e-5),
+            _leaves[3],
+            _leaves[4],
+        )
+    ),
     _leaves[5],
     _leaves[6],
 )
@@ -441,14 +507,29 @@ from helpers.device import randn
 from helpers.functions import layernorm_forward as _lnf
 
 # GELU, under no_grad (no autograd inside); the skip path alone carries grad_Y unchanged
-_names = ("norm2.weight", "norm2.bias", "linear1.weight", "linear1.bias", "linear2.weight", "linear2.bias")
+_names = (
+    "norm2.weight",
+    "norm2.bias",
+    "linear1.weight",
+    "linear1.bias",
+    "linear2.weight",
+    "linear2.bias",
+)
 _p = _bp(4, 8, seed=310, dtype=torch.float64)
 _X1 = randn(1, 5, 4, seed=311, dtype=torch.float64)
 _gY = randn(1, 5, 4, seed=312, dtype=torch.float64)
 _, _mu, _rstd = _lnf(_X1, _p["norm2.weight"], _p["norm2.bias"])
-_leaves = [_X1.clone().requires_grad_()] + [_p[n].clone().requires_grad_() for n in _names]
+_leaves = [_X1.clone().requires_grad_()] + [
+    _p[n].clone().requires_grad_() for n in _names
+]
 _Y = _leaves[0] + _F.linear(
-    _F.gelu(_F.linear(_F.layer_norm(_leaves[0], (4,), _leaves[1], _leaves[2], 1e-5), _leaves[3], _leaves[4])),
+    _F.gelu(
+        _F.linear(
+            _F.layer_norm(_leaves[0], (4,), _leaves[1], _leaves[2], 1e-5),
+            _leaves[3],
+            _leaves[4],
+        )
+    ),
     _leaves[5],
     _leaves[6],
 )
@@ -456,10 +537,14 @@ _ref = dict(zip(("X1",) + _names, torch.autograd.grad(_Y, _leaves, _gY)))
 with torch.no_grad():
     _ours = ffn_sublayer_backward(_X1, _mu, _rstd, _p, _gY, activation="gelu")
 assert all(torch.allclose(_ours[k], _ref[k], atol=1e-10) for k in _ref)
-_z = {k: (torch.zeros_like(v) if k.startswith("linear2.weight") else v) for k, v in _p.items()}
+_z = {
+    k: (torch.zeros_like(v) if k.startswith("linear2.weight") else v)
+    for k, v in _p.items()
+}
 with torch.no_grad():
     _ours = ffn_sublayer_backward(_X1, _mu, _rstd, _z, _gY, activation="gelu")
-assert torch.allclose(_ours["X1"], _gY, atol=1e-14)  # W2 = 0: no branch gradient, only the skip's copy
+# W2 = 0: no branch gradient, only the skip's copy
+assert torch.allclose(_ours["X1"], _gY, atol=1e-14)
 
 # %% [raw]
 # # END TESTS
@@ -474,22 +559,35 @@ assert torch.allclose(_ours["X1"], _gY, atol=1e-14)  # W2 = 0: no branch gradien
 # path shows up as `X1 is wrong` while the six parameter gradients already match):
 
 # %%
-NAMES3 = ("norm2.weight", "norm2.bias", "linear1.weight", "linear1.bias", "linear2.weight", "linear2.bias")
+NAMES3 = (
+    "norm2.weight",
+    "norm2.bias",
+    "linear1.weight",
+    "linear1.bias",
+    "linear2.weight",
+    "linear2.bias",
+)
 params3 = block_params(8, 16, seed=30, dtype=dtype, device=dev)
 X1_3 = randn(2, 5, 8, seed=31, dtype=dtype, device=dev)
 grad_Y3 = randn(2, 5, 8, seed=32, dtype=dtype, device=dev)
-_, mu2_3, rstd2_3 = layernorm_forward(X1_3, params3["norm2.weight"], params3["norm2.bias"])
+_, mu2_3, rstd2_3 = layernorm_forward(
+    X1_3, params3["norm2.weight"], params3["norm2.bias"]
+)
 
 
 def ffn_sublayer_reference(X1, g2, be2, W1, b1, W2, b2):
     """Y = X1 + FF(LN2(X1)) with torch's own functions (autograd's reference)."""
-    return X1 + F.linear(F.relu(F.linear(F.layer_norm(X1, (8,), g2, be2, 1e-5), W1, b1)), W2, b2)
+    return X1 + F.linear(
+        F.relu(F.linear(F.layer_norm(X1, (8,), g2, be2, 1e-5), W1, b1)), W2, b2
+    )
 
 
 grads3 = dict(
     zip(
         ("X1", *NAMES3),
-        autograd_grads(ffn_sublayer_reference, (X1_3, *(params3[n] for n in NAMES3)), grad_Y3),
+        autograd_grads(
+            ffn_sublayer_reference, (X1_3, *(params3[n] for n in NAMES3)), grad_Y3
+        ),
     )
 )
 # in the order backward computes them: the first one named wrong is where your backward first goes off
@@ -543,7 +641,8 @@ def embedding_backward(idx, grad_X0, vocab_size, n_ctx):
     # BEGIN SOLUTION
     B, N, d = grad_X0.shape
     grad_wte = torch.zeros(vocab_size, d, dtype=grad_X0.dtype, device=grad_X0.device)
-    grad_wte.index_add_(0, idx.flatten(), grad_X0.reshape(B * N, d))  # (B·N,) ids, (B·N, d) rows
+    # (B·N,) ids, (B·N, d) rows
+    grad_wte.index_add_(0, idx.flatten(), grad_X0.reshape(B * N, d))
     grad_wpe = torch.zeros(n_ctx, d, dtype=grad_X0.dtype, device=grad_X0.device)
     grad_wpe[:N] = grad_X0.sum(0)  # (B, N, d) -> (N, d)
     return grad_wte, grad_wpe
@@ -587,9 +686,13 @@ _wte, _wpe = (
     randn(8, 3, seed=403, dtype=torch.float64).requires_grad_(),
     randn(9, 3, seed=404, dtype=torch.float64).requires_grad_(),
 )
-_ref = torch.autograd.grad(torch.nn.functional.embedding(_idx, _wte) + _wpe[:5], (_wte, _wpe), _g)
+_ref = torch.autograd.grad(
+    torch.nn.functional.embedding(_idx, _wte) + _wpe[:5], (_wte, _wpe), _g
+)
 _ours = embedding_backward(_idx, _g, 8, 9)
-assert _ours[1].shape == (9, 3) and all(torch.allclose(o, r, atol=1e-12) for o, r in zip(_ours, _ref))
+assert _ours[1].shape == (9, 3) and all(
+    torch.allclose(o, r, atol=1e-12) for o, r in zip(_ours, _ref)
+)
 
 # %% [raw]
 # # END TESTS
@@ -602,10 +705,16 @@ assert _ours[1].shape == (9, 3) and all(torch.allclose(o, r, atol=1e-12) for o, 
 # context 8, two sequences of 6 tokens in which token 5 occurs three times and token 1 twice):
 
 # %%
-idx4 = torch.tensor([[3, 1, 4, 1, 5, 9], [2, 6, 5, 3, 5, 8]], device=dev)  # (B, N) = (2, 6)
+# (B, N) = (2, 6)
+idx4 = torch.tensor([[3, 1, 4, 1, 5, 9], [2, 6, 5, 3, 5, 8]], device=dev)
 grad_X0_4 = randn(2, 6, 4, seed=41, dtype=dtype, device=dev)
-wte4, wpe4 = randn(10, 4, seed=42, dtype=dtype, device=dev), randn(8, 4, seed=43, dtype=dtype, device=dev)
-expected = autograd_grads(lambda wte, wpe: F.embedding(idx4, wte) + wpe[:6], (wte4, wpe4), grad_X0_4)
+wte4, wpe4 = (
+    randn(10, 4, seed=42, dtype=dtype, device=dev),
+    randn(8, 4, seed=43, dtype=dtype, device=dev),
+)
+expected = autograd_grads(
+    lambda wte, wpe: F.embedding(idx4, wte) + wpe[:6], (wte4, wpe4), grad_X0_4
+)
 check(
     embedding_backward,
     expected,
@@ -639,21 +748,23 @@ check(
 def block_forward(X, params, H, causal=False, activation="relu", eps=1e-5):
     """Pre-norm block: X1 = X + SA(LN1(X)), Y = X1 + FF(LN2(X1)); returns (Y, cache)."""
     p = params
-    h1, mu1, rstd1 = layernorm_forward(X, p["norm1.weight"], p["norm1.bias"], eps)  # (B, N, d)
-    QKV = (
-        h1 @ p["self_attn.in_proj_weight"].T + p["self_attn.in_proj_bias"]
-    )  # (B, N, d) @ (d, 3d) -> (B, N, 3d)
+    # (B, N, d)
+    h1, mu1, rstd1 = layernorm_forward(X, p["norm1.weight"], p["norm1.bias"], eps)
+    # (B, N, d) @ (d, 3d) -> (B, N, 3d)
+    QKV = h1 @ p["self_attn.in_proj_weight"].T + p["self_attn.in_proj_bias"]
     Q, K, V = (split_heads(t, H) for t in QKV.chunk(3, dim=-1))  # 3 × (B, H, N, d_h)
     mask = causal_mask(X.shape[1], X.shape[1], device=X.device) if causal else None
     O, P = attention_forward(Q, K, V, mask)  # (B, H, N, d_h), (B, H, N, N)
     A = merge_heads(O)  # (B, H, N, d_h) -> (B, N, d)
-    X1 = (
-        X + A @ p["self_attn.out_proj.weight"].T + p["self_attn.out_proj.bias"]
-    )  # (B, N, d) @ (d, d) -> (B, N, d)
-    h2, mu2, rstd2 = layernorm_forward(X1, p["norm2.weight"], p["norm2.bias"], eps)  # (B, N, d)
-    U = h2 @ p["linear1.weight"].T + p["linear1.bias"]  # (B, N, d) @ (d, d_ff) -> (B, N, d_ff)
+    # (B, N, d) @ (d, d) -> (B, N, d)
+    X1 = X + A @ p["self_attn.out_proj.weight"].T + p["self_attn.out_proj.bias"]
+    # (B, N, d)
+    h2, mu2, rstd2 = layernorm_forward(X1, p["norm2.weight"], p["norm2.bias"], eps)
+    # (B, N, d) @ (d, d_ff) -> (B, N, d_ff)
+    U = h2 @ p["linear1.weight"].T + p["linear1.bias"]
     a = F.relu(U) if activation == "relu" else F.gelu(U)
-    Y = X1 + a @ p["linear2.weight"].T + p["linear2.bias"]  # (B, N, d_ff) @ (d_ff, d) -> (B, N, d)
+    # (B, N, d_ff) @ (d_ff, d) -> (B, N, d)
+    Y = X1 + a @ p["linear2.weight"].T + p["linear2.bias"]
     cache = {
         "X": X,
         "mu1": mu1,
@@ -676,14 +787,25 @@ def block_forward(X, params, H, causal=False, activation="relu", eps=1e-5):
 
 B5, N5, d5, H5, d_ff5 = 2, 5, 8, 2, 16
 layer5 = nn.TransformerEncoderLayer(
-    d5, H5, d_ff5, dropout=0.0, activation="relu", batch_first=True, norm_first=True, device=dev, dtype=dtype
+    d5,
+    H5,
+    d_ff5,
+    dropout=0.0,
+    activation="relu",
+    batch_first=True,
+    norm_first=True,
+    device=dev,
+    dtype=dtype,
 )
-params5 = block_params(d5, d_ff5, seed=50, dtype=dtype, device=dev)  # γ ≠ 1, β ≠ 0: every term shows
+# γ ≠ 1, β ≠ 0: every term shows
+params5 = block_params(d5, d_ff5, seed=50, dtype=dtype, device=dev)
 load_params_into_layer(layer5, params5)
 X5 = randn(B5, N5, d5, seed=51, dtype=dtype, device=dev)
 grad_Y5 = randn(B5, N5, d5, seed=52, dtype=dtype, device=dev)
 Y5, cache5 = block_forward(X5, params5, H5)
-_ = compare("block_forward vs nn.TransformerEncoderLayer", Y5, layer5(X5), atol=1e-10, rtol=0)
+_ = compare(
+    "block_forward vs nn.TransformerEncoderLayer", Y5, layer5(X5), atol=1e-10, rtol=0
+)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -725,20 +847,25 @@ def block_backward(grad_Y, cache):
     """X1 = X + SA(LN1(X)), Y = X1 + FF(LN2(X1))  ⇒  {"X": ∂L/∂X, name: ∂L/∂θ for every parameter}."""
     # BEGIN SOLUTION
     p, H = cache["params"], cache["H"]
-    grads = ffn_sublayer_backward(cache["X1"], cache["mu2"], cache["rstd2"], p, grad_Y, cache["activation"])
+    grads = ffn_sublayer_backward(
+        cache["X1"], cache["mu2"], cache["rstd2"], p, grad_Y, cache["activation"]
+    )
     grad_X1 = grads.pop("X1")  # (B, N, d)
-    grad_A, grads["self_attn.out_proj.weight"], grads["self_attn.out_proj.bias"] = linear_backward(
-        cache["A"], p["self_attn.out_proj.weight"], grad_X1
-    )  # (B, N, d)
+    # (B, N, d)
+    grad_A, grads["self_attn.out_proj.weight"], grads["self_attn.out_proj.bias"] = (
+        linear_backward(cache["A"], p["self_attn.out_proj.weight"], grad_X1)
+    )
     grad_O = split_heads(grad_A, H)  # (B, N, d) -> (B, H, N, d_h)
     Q, K, V = cache["Q"], cache["K"], cache["V"]
-    grad_Q, grad_K, grad_V = attention_backward(Q, K, V, cache["P"], grad_O, 1.0 / math.sqrt(Q.shape[-1]))
-    grad_QKV = torch.cat(
-        [merge_heads(g) for g in (grad_Q, grad_K, grad_V)], dim=-1
-    )  # 3 × (B, N, d) -> (B, N, 3d)
-    grad_h1, grads["self_attn.in_proj_weight"], grads["self_attn.in_proj_bias"] = linear_backward(
-        cache["h1"], p["self_attn.in_proj_weight"], grad_QKV
-    )  # (B, N, 3d) -> (B, N, d)
+    grad_Q, grad_K, grad_V = attention_backward(
+        Q, K, V, cache["P"], grad_O, 1.0 / math.sqrt(Q.shape[-1])
+    )
+    # 3 × (B, N, d) -> (B, N, 3d)
+    grad_QKV = torch.cat([merge_heads(g) for g in (grad_Q, grad_K, grad_V)], dim=-1)
+    # (B, N, 3d) -> (B, N, d)
+    grad_h1, grads["self_attn.in_proj_weight"], grads["self_attn.in_proj_bias"] = (
+        linear_backward(cache["h1"], p["self_attn.in_proj_weight"], grad_QKV)
+    )
     grad_X_branch, grads["norm1.weight"], grads["norm1.bias"] = layernorm_backward(
         cache["X"], cache["mu1"], cache["rstd1"], p["norm1.weight"], grad_h1
     )
@@ -766,20 +893,26 @@ from helpers.device import randn
 
 # ReLU, no mask, other sizes (3 heads of width 4)
 _p = _bp(12, 20, seed=500, dtype=torch.float64)
-_X = randn(2, 4, 12, seed=501, dtype=torch.float64)  # B = 2: weight gradients are sums over the batch
+# B = 2: weight gradients are sums over the batch
+_X = randn(2, 4, 12, seed=501, dtype=torch.float64)
 _gY = randn(2, 4, 12, seed=502, dtype=torch.float64)
 _L = _layer(_p, 3, norm_first=True, activation="relu")
 _Xr = _X.clone().requires_grad_()
 _ref = dict(
     zip(
         ("X",) + tuple(_NAMES),
-        torch.autograd.grad(_L(_Xr), [_Xr] + [_L.get_parameter(n) for n in _NAMES], _gY),
+        torch.autograd.grad(
+            _L(_Xr), [_Xr] + [_L.get_parameter(n) for n in _NAMES], _gY
+        ),
     )
 )
 _, _c = block_forward(_X, _p, 3)
 with torch.no_grad():
     _ours = block_backward(_gY, _c)
-assert all(_ours[k].shape == _ref[k].shape and torch.allclose(_ours[k], _ref[k], atol=1e-10) for k in _ref)
+assert all(
+    _ours[k].shape == _ref[k].shape and torch.allclose(_ours[k], _ref[k], atol=1e-10)
+    for k in _ref
+)
 
 # %%
 """ # BEGIN TEST CONFIG
@@ -801,7 +934,10 @@ _Xr = _X.clone().requires_grad_()
 _mask = torch.nn.Transformer.generate_square_subsequent_mask(6, dtype=torch.float64)
 _Y = _L(_Xr, src_mask=_mask, is_causal=True)
 _ref = dict(
-    zip(("X",) + tuple(_NAMES), torch.autograd.grad(_Y, [_Xr] + [_L.get_parameter(n) for n in _NAMES], _gY))
+    zip(
+        ("X",) + tuple(_NAMES),
+        torch.autograd.grad(_Y, [_Xr] + [_L.get_parameter(n) for n in _NAMES], _gY),
+    )
 )
 _, _c = block_forward(_X, _p, 4, causal=True, activation="gelu")
 with torch.no_grad():
@@ -823,7 +959,12 @@ assert all(torch.allclose(_ours[k], _ref[k], atol=1e-10) for k in _ref)
 # %%
 X5r = X5.clone().requires_grad_()
 weights5 = [layer5.get_parameter(n) for n in BLOCK_PARAM_NAMES]
-grads5 = dict(zip(("X", *BLOCK_PARAM_NAMES), torch.autograd.grad(layer5(X5r), [X5r, *weights5], grad_Y5)))
+grads5 = dict(
+    zip(
+        ("X", *BLOCK_PARAM_NAMES),
+        torch.autograd.grad(layer5(X5r), [X5r, *weights5], grad_Y5),
+    )
+)
 BACKWARD_ORDER = (
     "linear2.weight",
     "linear2.bias",
@@ -839,9 +980,8 @@ BACKWARD_ORDER = (
     "norm1.bias",
     "X",
 )
-expected = {
-    k: grads5[k] for k in BACKWARD_ORDER
-}  # the first one named wrong is where backward first goes off
+# the first one named wrong is where backward first goes off
+expected = {k: grads5[k] for k in BACKWARD_ORDER}
 check(
     block_backward,
     expected,

@@ -72,7 +72,8 @@ d_in, d_out, r, alpha = 6, 4, 3, 6.0
 s = alpha / r
 W = randn(d_out, d_in, seed=1, dtype=dtype, device=dev)  # (out, in), frozen
 A = randn(r, d_in, seed=2, dtype=dtype, device=dev)  # (r, in)
-B = randn(d_out, r, seed=3, dtype=dtype, device=dev)  # (out, r): non-zero, as after training
+# (out, r): non-zero, as after training
+B = randn(d_out, r, seed=3, dtype=dtype, device=dev)
 x = randn(5, d_in, seed=4, dtype=dtype, device=dev)  # (R, in): 5 rows
 g = randn(5, d_out, seed=5, dtype=dtype, device=dev)  # ∂L/∂y, (R, out)
 
@@ -130,7 +131,9 @@ _G = randn(7, 3, seed=804, dtype=torch.float64)
 _ref = torch.autograd.grad(_W + 0.75 * _B @ _A, (_A, _B), _G)
 _gA, _gB = grads_from_W_prime(_G, _A.detach(), _B.detach(), 0.75)
 assert _gA.shape == (2, 3) and _gB.shape == (7, 2)
-assert torch.allclose(_gA, _ref[0], atol=1e-12) and torch.allclose(_gB, _ref[1], atol=1e-12)
+assert torch.allclose(_gA, _ref[0], atol=1e-12) and torch.allclose(
+    _gB, _ref[1], atol=1e-12
+)
 
 # %%
 """ # BEGIN TEST CONFIG
@@ -147,7 +150,9 @@ _G = randn(2, 5, seed=807, dtype=torch.float64)
 _gA1, _gB1 = grads_from_W_prime(_G, _A, _B, 1.0)
 _gA3, _gB3 = grads_from_W_prime(_G, _A, _B, 3.0)
 assert _gA1.shape == (1, 5) and _gB1.shape == (2, 1)
-assert torch.allclose(_gA3, 3 * _gA1, atol=1e-14) and torch.allclose(_gB1, _G @ _A.T, atol=1e-14)
+assert torch.allclose(_gA3, 3 * _gA1, atol=1e-14) and torch.allclose(
+    _gB1, _G @ _A.T, atol=1e-14
+)
 
 # %% [raw]
 # # END TESTS
@@ -207,7 +212,8 @@ def lora_backward(g, x, W, A, B, s, needs=(True, True, True)):
     if need_x or need_A:
         g_r = g @ B  # (R, out) @ (out, r) -> (R, r): g in the rank-r space
     if need_x:
-        grad_x = g @ W + s * g_r @ A  # (R, out) @ (out, in) + (R, r) @ (r, in) -> (R, in)
+        # (R, out) @ (out, in) + (R, r) @ (r, in) -> (R, in)
+        grad_x = g @ W + s * g_r @ A
     if need_A:
         grad_A = s * g_r.T @ x  # (r, R) @ (R, in) -> (r, in)
     if need_B:
@@ -239,9 +245,17 @@ _ref = torch.autograd.grad(_x @ (_W + 0.5 * _B @ _A).T, (_x, _A, _B), _g)
 _ours = lora_backward(_g, _x.detach(), _W, _A.detach(), _B.detach(), 0.5)
 assert [tuple(t.shape) for t in _ours] == [(9, 8), (2, 8), (3, 2)]
 assert all(torch.allclose(o, e, atol=1e-12) for o, e in zip(_ours, _ref))
-_only_A = lora_backward(_g, _x.detach(), _W, _A.detach(), _B.detach(), 0.5, needs=(False, True, False))
-assert _only_A[0] is None and _only_A[2] is None and torch.allclose(_only_A[1], _ref[1], atol=1e-12)
-_only_xB = lora_backward(_g, _x.detach(), _W, _A.detach(), _B.detach(), 0.5, needs=(True, False, True))
+_only_A = lora_backward(
+    _g, _x.detach(), _W, _A.detach(), _B.detach(), 0.5, needs=(False, True, False)
+)
+assert (
+    _only_A[0] is None
+    and _only_A[2] is None
+    and torch.allclose(_only_A[1], _ref[1], atol=1e-12)
+)
+_only_xB = lora_backward(
+    _g, _x.detach(), _W, _A.detach(), _B.detach(), 0.5, needs=(True, False, True)
+)
 assert _only_xB[1] is None and torch.allclose(_only_xB[0], _ref[0], atol=1e-12)
 
 # %%
@@ -316,7 +330,8 @@ def init_adapter(W, r, seed):
     """A (r, in) uniform on ±1/√in (Kaiming-uniform, a = √5), B (out, r) zeros; W's dtype and device."""
     # BEGIN SOLUTION
     d_out_, d_in_ = W.shape
-    A0 = (2 * rand(r, d_in_, seed=seed, dtype=torch.float64) - 1) / math.sqrt(d_in_)  # (r, in)
+    # (r, in)
+    A0 = (2 * rand(r, d_in_, seed=seed, dtype=torch.float64) - 1) / math.sqrt(d_in_)
     B0 = torch.zeros(d_out_, r, dtype=W.dtype, device=W.device)  # (out, r)
     return A0.to(dtype=W.dtype, device=W.device), B0
     # END SOLUTION
@@ -339,9 +354,13 @@ from torch import nn
 
 from helpers.lora import LoRALinear
 
-_W = torch.randn(5, 9, dtype=torch.float64, generator=torch.Generator().manual_seed(821))
+_W = torch.randn(
+    5, 9, dtype=torch.float64, generator=torch.Generator().manual_seed(821)
+)
 _A, _B = init_adapter(_W, 2, 7)
-assert _A.shape == (2, 9) and _B.shape == (5, 2) and _A.dtype == _B.dtype == torch.float64
+assert (
+    _A.shape == (2, 9) and _B.shape == (5, 2) and _A.dtype == _B.dtype == torch.float64
+)
 assert torch.equal(_B, torch.zeros(5, 2, dtype=torch.float64))
 assert _A.abs().max() <= 1 / math.sqrt(9) and _A.abs().max() > 0.5 / math.sqrt(9)
 _base = nn.Linear(9, 5, bias=False).double()
@@ -349,7 +368,11 @@ _ref = LoRALinear(_base, r=2, alpha=4.0, seed=7)
 assert torch.allclose(_A, _ref.lora_A.detach(), atol=1e-15)
 _W32 = _W.float()
 _A32, _B32 = init_adapter(_W32, 3, 8)
-assert _A32.dtype == _B32.dtype == torch.float32 and _A32.shape == (3, 9) and _B32.shape == (5, 3)
+assert (
+    _A32.dtype == _B32.dtype == torch.float32
+    and _A32.shape == (3, 9)
+    and _B32.shape == (5, 3)
+)
 assert not torch.equal(_A32[:2], _A.float())  # another seed, other numbers
 
 # %%
@@ -387,7 +410,9 @@ assert torch.equal(_gA, torch.zeros_like(_gA)) and _gB.abs().max() > 1e-3
 # %%
 def check_init(fn, W, r, seed, x, g, name="Exercise 3 · init_adapter"):
     """Your (A, B) vs LoRALinear's init; if they match, what step 0 looks like with them."""
-    ref = LoRALinear(nn.Linear(W.shape[1], W.shape[0], bias=False).to(W), r=r, alpha=alpha, seed=seed)
+    ref = LoRALinear(
+        nn.Linear(W.shape[1], W.shape[0], bias=False).to(W), r=r, alpha=alpha, seed=seed
+    )
     result = evaluate(
         fn,
         (ref.lora_A.detach(), ref.lora_B.detach()),
@@ -469,7 +494,11 @@ from helpers.device import get_device, no_tf32, rand, randn
 from helpers.lora import lora_linear
 
 _layer = nn.Linear(7, 3).double().requires_grad_(False)
-_W0, _b0, _p = _layer.weight.detach().clone(), _layer.bias.detach().clone(), _layer.weight
+_W0, _b0, _p = (
+    _layer.weight.detach().clone(),
+    _layer.bias.detach().clone(),
+    _layer.weight,
+)
 _A = randn(2, 7, seed=831, dtype=torch.float64)
 _B = randn(3, 2, seed=832, dtype=torch.float64)
 _x = randn(5, 7, seed=833, dtype=torch.float64)
@@ -494,9 +523,8 @@ _W0 = _layer.weight.detach().clone()
 _A = randn(3, 4, seed=834, dtype=torch.float64)
 _B = randn(6, 3, seed=835, dtype=torch.float64)
 _merged = merge_(_layer, _A, _B, 0.25)
-assert torch.allclose(
-    _layer.weight, _W0 + 0.25 * _B @ _A, atol=1e-12
-)  # merge itself, not just the round trip
+# merge itself, not just the round trip
+assert torch.allclose(_layer.weight, _W0 + 0.25 * _B @ _A, atol=1e-12)
 _back = unmerge_(_merged, _A, _B, 0.25)
 assert _back is _layer and _layer.weight.requires_grad and _layer.weight.grad_fn is None
 assert torch.allclose(_layer.weight, _W0, atol=1e-12)
@@ -527,10 +555,15 @@ def merge_round_trip(layer, A, B, s, x):
     back = unmerge_(merged, A, B, s)
     if back is None:
         raise NotImplementedError
-    return y.detach(), back.weight.detach().clone(), replaced + int(back.weight is not original)
+    return (
+        y.detach(),
+        back.weight.detach().clone(),
+        replaced + int(back.weight is not original),
+    )
 
 
-layer4 = nn.Linear(d_in, d_out).to(dev)  # trainable: merging must still work (no_grad, in place)
+# trainable: merging must still work (no_grad, in place)
+layer4 = nn.Linear(d_in, d_out).to(dev)
 with torch.no_grad():
     layer4.weight.copy_(W.float())
     layer4.bias.copy_(randn(d_out, seed=6, device=dev))
@@ -597,7 +630,8 @@ class LoRALinearFn(torch.autograd.Function):
     @staticmethod
     def forward(x, W, A, B, s):
         # BEGIN SOLUTION
-        return x @ W.T + s * ((x @ A.T) @ B.T)  # (..., in) @ (in, out); (..., r) @ (r, out) -> (..., out)
+        # (..., in) @ (in, out); (..., r) @ (r, out) -> (..., out)
+        return x @ W.T + s * ((x @ A.T) @ B.T)
         # END SOLUTION
 
     @staticmethod
@@ -616,10 +650,13 @@ class LoRALinearFn(torch.autograd.Function):
         need_x, need_W, need_A, need_B, _ = ctx.needs_input_grad
         g2 = grad_y.reshape(-1, grad_y.shape[-1])  # (..., out) -> (R, out)
         x2 = x.reshape(-1, x.shape[-1])  # (..., in) -> (R, in)
-        grad_x, grad_A, grad_B = lora_backward(g2, x2, W, A, B, ctx.s, (need_x, need_A, need_B))
+        grad_x, grad_A, grad_B = lora_backward(
+            g2, x2, W, A, B, ctx.s, (need_x, need_A, need_B)
+        )
         if grad_x is not None:
             grad_x = grad_x.reshape(x.shape)  # (R, in) -> (..., in)
-        grad_W = g2.T @ x2 if need_W else None  # (out, R) @ (R, in) -> (out, in): only if asked
+        # (out, R) @ (R, in) -> (out, in): only if asked
+        grad_W = g2.T @ x2 if need_W else None
         return grad_x, grad_W, grad_A, grad_B, None
         # END SOLUTION
 
@@ -649,8 +686,12 @@ import helpers.lora as _hl
 
 _ns = LoRALinearFn.forward.__globals__
 _theirs = _ns.get("lora_backward")
-_ns["lora_backward"] = lambda g, x, W, A, B, s, needs=(True, True, True): (lambda o: (o[0], o[3], o[4]))(
-    _hl.lora_linear_backward(g, x, W, A, B, x @ A.T, s, (needs[0], False, False, needs[1], needs[2]))
+_ns["lora_backward"] = lambda g, x, W, A, B, s, needs=(True, True, True): (
+    lambda o: (o[0], o[3], o[4])
+)(
+    _hl.lora_linear_backward(
+        g, x, W, A, B, x @ A.T, s, (needs[0], False, False, needs[1], needs[2])
+    )
 )
 from helpers.device import get_device, no_tf32, rand, randn
 
@@ -659,10 +700,15 @@ _x = randn(2, 3, 4, seed=842, dtype=torch.float64, requires_grad=True)
 _A = randn(2, 4, seed=843, dtype=torch.float64, requires_grad=True)
 _B = randn(5, 2, seed=844, dtype=torch.float64, requires_grad=True)
 assert torch.autograd.gradcheck(
-    lambda x, A, B: LoRALinearFn.apply(x, _W, A, B, 1.5), (_x, _A, _B), eps=1e-6, atol=1e-6
+    lambda x, A, B: LoRALinearFn.apply(x, _W, A, B, 1.5),
+    (_x, _A, _B),
+    eps=1e-6,
+    atol=1e-6,
 )
 _y = LoRALinearFn.apply(_x, _W, _A, _B, 1.5)
-assert _y.shape == (2, 3, 5) and torch.allclose(_y, _x @ (_W + 1.5 * _B @ _A).T, atol=1e-12)
+assert _y.shape == (2, 3, 5) and torch.allclose(
+    _y, _x @ (_W + 1.5 * _B @ _A).T, atol=1e-12
+)
 _ns["lora_backward"] = _theirs
 
 # %%
@@ -677,8 +723,12 @@ import helpers.lora as _hl
 
 _ns = LoRALinearFn.forward.__globals__
 _theirs = _ns.get("lora_backward")
-_ns["lora_backward"] = lambda g, x, W, A, B, s, needs=(True, True, True): (lambda o: (o[0], o[3], o[4]))(
-    _hl.lora_linear_backward(g, x, W, A, B, x @ A.T, s, (needs[0], False, False, needs[1], needs[2]))
+_ns["lora_backward"] = lambda g, x, W, A, B, s, needs=(True, True, True): (
+    lambda o: (o[0], o[3], o[4])
+)(
+    _hl.lora_linear_backward(
+        g, x, W, A, B, x @ A.T, s, (needs[0], False, False, needs[1], needs[2])
+    )
 )
 from helpers.device import get_device, no_tf32, rand, randn
 
@@ -690,12 +740,16 @@ _A = randn(2, 6, seed=847, dtype=torch.float64, requires_grad=True)
 _B = randn(3, 2, seed=848, dtype=torch.float64, requires_grad=True)
 _g = randn(4, 3, seed=849, dtype=torch.float64)
 LoRALinearFn.apply(_x, _W, _A, _B, 0.5).backward(_g)
-assert _W.grad is None and torch.allclose(_x.grad, _g @ (_W + 0.5 * _B @ _A).detach(), atol=1e-12)
+assert _W.grad is None and torch.allclose(
+    _x.grad, _g @ (_W + 0.5 * _B @ _A).detach(), atol=1e-12
+)
 _Wt = _W.clone().requires_grad_(True)  # trainable: its gradient, not None
 LoRALinearFn.apply(_x, _Wt, _A, _B, 0.5).backward(_g)
 assert _Wt.grad is not None and torch.allclose(_Wt.grad, _g.T @ _x.detach(), atol=1e-12)
 _W = _Wt
-(_gx,) = torch.autograd.grad(LoRALinearFn.apply(_x, _W, _A, _B, 0.5), _x, _g, create_graph=True)
+(_gx,) = torch.autograd.grad(
+    LoRALinearFn.apply(_x, _W, _A, _B, 0.5), _x, _g, create_graph=True
+)
 _raised = False
 try:
     _ = torch.autograd.grad(_gx.sum(), _x)
@@ -716,8 +770,12 @@ import helpers.lora as _hl
 
 _ns = LoRALinearFn.forward.__globals__
 _theirs = _ns.get("lora_backward")
-_ns["lora_backward"] = lambda g, x, W, A, B, s, needs=(True, True, True): (lambda o: (o[0], o[3], o[4]))(
-    _hl.lora_linear_backward(g, x, W, A, B, x @ A.T, s, (needs[0], False, False, needs[1], needs[2]))
+_ns["lora_backward"] = lambda g, x, W, A, B, s, needs=(True, True, True): (
+    lambda o: (o[0], o[3], o[4])
+)(
+    _hl.lora_linear_backward(
+        g, x, W, A, B, x @ A.T, s, (needs[0], False, False, needs[1], needs[2])
+    )
 )
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -732,9 +790,13 @@ _x = randn(1, 64, seed=854, dtype=torch.float64, requires_grad=True)
 with FlopCounterMode(display=False) as _fc_all:
     _ = torch.autograd.grad(LoRALinearFn.apply(_x, _W, _A, _B, 2.0), (_x, _A, _B), _g)
 with FlopCounterMode(display=False) as _fc_AB:
-    _gA, _gB = torch.autograd.grad(LoRALinearFn.apply(_x.detach(), _W, _A, _B, 2.0), (_A, _B), _g)
-assert _fc_all.get_total_flops() <= 2 * 2 * 64 * 64 * 1.5  # x Wᵀ and g W, plus small change
-assert _fc_AB.get_total_flops() <= 2 * 64 * 64 * 1.5  # x Wᵀ only: ∂L/∂x was not computed
+    _gA, _gB = torch.autograd.grad(
+        LoRALinearFn.apply(_x.detach(), _W, _A, _B, 2.0), (_A, _B), _g
+    )
+# x Wᵀ and g W, plus small change
+assert _fc_all.get_total_flops() <= 2 * 2 * 64 * 64 * 1.5
+# x Wᵀ only: ∂L/∂x was not computed
+assert _fc_AB.get_total_flops() <= 2 * 64 * 64 * 1.5
 assert torch.allclose(_gB, 2.0 * _g.T @ (_x.detach() @ _A.detach().T), atol=1e-12)
 _ns["lora_backward"] = _theirs
 
@@ -751,7 +813,11 @@ _ns["lora_backward"] = _theirs
 # $W$ stay without a gradient, and does a trainable one get $g^\top x$?):
 
 # %%
-from helpers.labkit import applied, check_function  # chapter 4's scaffolding for a learner's Function
+# chapter 4's scaffolding for a learner's Function
+from helpers.labkit import (
+    applied,
+    check_function,
+)
 
 
 def check_frozen_W(name, W, inputs):
@@ -766,18 +832,22 @@ def check_frozen_W(name, W, inputs):
             raise RuntimeError("a frozen W (requires_grad=False) got a gradient")
         applied(LoRALinearFn.apply)(x_, W_train, A_, B_, s).sum().backward()
         if W_train.grad is None:
-            raise RuntimeError("a trainable W got None: compute g2ᵀ x2 when ctx.needs_input_grad[1]")
+            raise RuntimeError(
+                "a trainable W got None: compute g2ᵀ x2 when ctx.needs_input_grad[1]"
+            )
         return W_train.grad
 
     x2 = x_.detach().reshape(-1, x_.shape[-1])  # (..., in) -> (R, in)
-    ones = torch.ones(x2.shape[0], W.shape[0], dtype=W.dtype, device=W.device)  # ∂(sum y)/∂y: (R, out)
+    # ∂(sum y)/∂y: (R, out)
+    ones = torch.ones(x2.shape[0], W.shape[0], dtype=W.dtype, device=W.device)
+    # (out, R) @ (R, in)
     check(
         grad_W_of_trainable,
         lambda: ones.T @ x2,
         outputs=("trainable W's gradient",),
         name=name,
         against="gᵀx (and a frozen W got none)",
-    )  # (out, R) @ (R, in)
+    )
 
 
 x5 = randn(2, 5, d_in, seed=7, dtype=dtype, device=dev)  # (batch, tokens, in)

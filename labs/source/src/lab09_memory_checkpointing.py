@@ -60,7 +60,8 @@ from helpers.precision import ScalerState, loss_scale_step
 dev = get_device()
 no_tf32()
 cpu = torch.device("cpu")
-F64 = torch.float64  # recomputation repeats the same operations: float64 lets us ask for 1e-12
+# recomputation repeats the same operations: float64 lets us ask for 1e-12
+F64 = torch.float64
 
 
 def grads_of(y, inputs, names, grad_y):
@@ -98,7 +99,8 @@ def ffn(x, W1, b1, W2, b2):
 
 def ffn_dropout(x, W1, b1, W2, b2):
     """y = x + dropout₀.₃(GELU(x W1ᵀ + b1)) W2ᵀ + b2: every call draws a fresh mask."""
-    a = F.dropout(F.gelu(x @ W1.T + b1), p=0.3, training=True)  # (B, d) @ (d, f) -> (B, f)
+    # (B, d) @ (d, f) -> (B, f)
+    a = F.dropout(F.gelu(x @ W1.T + b1), p=0.3, training=True)
     return x + a @ W2.T + b2  # (B, f) @ (f, d) -> (B, d)
 
 
@@ -184,7 +186,9 @@ def _measure(B, d, f, act, dt):
 
 
 for _B, _d, _f in [(2, 3, 11), (7, 16, 4), (1, 9, 9)]:
-    assert int(predict_saved_bytes(_B, _d, _f, "relu", 4)) == _measure(_B, _d, _f, "relu", torch.float32)
+    assert int(predict_saved_bytes(_B, _d, _f, "relu", 4)) == _measure(
+        _B, _d, _f, "relu", torch.float32
+    )
 
 # %%
 """ # BEGIN TEST CONFIG
@@ -211,8 +215,12 @@ def _measure(B, d, f, act, dt):
 
 
 for _B, _d, _f in [(2, 3, 11), (5, 8, 32)]:
-    assert int(predict_saved_bytes(_B, _d, _f, "gelu", 8)) == _measure(_B, _d, _f, "gelu", torch.float64)
-    assert int(predict_saved_bytes(_B, _d, _f, "gelu", 4)) == _measure(_B, _d, _f, "gelu", torch.float32)
+    assert int(predict_saved_bytes(_B, _d, _f, "gelu", 8)) == _measure(
+        _B, _d, _f, "gelu", torch.float64
+    )
+    assert int(predict_saved_bytes(_B, _d, _f, "gelu", 4)) == _measure(
+        _B, _d, _f, "gelu", torch.float32
+    )
 
 # %% [raw]
 # # END TESTS
@@ -238,9 +246,15 @@ def measured_saved_bytes(B, d, d_ff, activation, dtype):
     return saved.total_bytes
 
 
-cases = {"ReLU/float32": (4, 6, 10, "relu", torch.float32), "GELU/float64": (3, 5, 12, "gelu", torch.float64)}
+cases = {
+    "ReLU/float32": (4, 6, 10, "relu", torch.float32),
+    "GELU/float64": (3, 5, 12, "gelu", torch.float64),
+}
 check(
-    lambda: {k: predict_saved_bytes(*c[:4], torch.finfo(c[4]).bits // 8) for k, c in cases.items()},
+    lambda: {
+        k: predict_saved_bytes(*c[:4], torch.finfo(c[4]).bits // 8)
+        for k, c in cases.items()
+    },
     {k: measured_saved_bytes(*c) for k, c in cases.items()},
     name="Exercise 1 · predict_saved_bytes",
     against="SavedTensors",
@@ -306,10 +320,13 @@ class Checkpoint(torch.autograd.Function):
         # BEGIN SOLUTION
         x, *params = ctx.saved_tensors
         needs = ctx.needs_input_grad[1:]  # x, then each parameter
-        leaves = [t.detach().requires_grad_(n) for t, n in zip((x, *params), needs)]  # share memory with x, θ
+        # share memory with x, θ
+        leaves = [t.detach().requires_grad_(n) for t, n in zip((x, *params), needs)]
         with torch.enable_grad():
             y = ctx.fn(*leaves)  # the forward again, with a graph
-        got = iter(torch.autograd.grad(y, [t for t, n in zip(leaves, needs) if n], grad_y))
+        got = iter(
+            torch.autograd.grad(y, [t for t, n in zip(leaves, needs) if n], grad_y)
+        )
         return (None, *(next(got) if n else None for n in needs))
         # END SOLUTION
 
@@ -341,7 +358,8 @@ _ps = [
     randn(3, 4, seed=504, dtype=torch.float64, requires_grad=True),
 ]
 _ref = torch.autograd.grad((_blk(_x, *_ps) ** 3).sum(), [_x, *_ps])
-(Checkpoint.apply(_blk, _x, *_ps) ** 3).sum().backward()  # .backward(): the weights' .grad must be set
+# .backward(): the weights' .grad must be set
+(Checkpoint.apply(_blk, _x, *_ps) ** 3).sum().backward()
 for _t, _r in zip([_x, *_ps], _ref):
     assert _t.grad is not None and torch.allclose(_t.grad, _r, atol=1e-12)
 
@@ -433,7 +451,11 @@ def with_saved_bytes(run):
     def go(x, *params):
         with SavedTensors(exclude=params) as saved:
             y = run(x, *params)
-        return (y, *grads_of(y, [x, *params], ["x", "W1", "b1", "W2", "b2"], grad_y2), saved.total_bytes)
+        return (
+            y,
+            *grads_of(y, [x, *params], ["x", "W1", "b1", "W2", "b2"], grad_y2),
+            saved.total_bytes,
+        )
 
     return go
 
@@ -441,7 +463,11 @@ def with_saved_bytes(run):
 x2 = randn(6, 5, seed=1, dtype=F64, device=dev, requires_grad=True)
 params2 = ffn_params(5, 9, seed=2)
 grad_y2 = randn(6, 5, seed=6, dtype=F64, device=dev)
-expected = (ffn(x2, *params2), *autograd_grads(ffn, (x2, *params2), grad_y2), x2.numel() * x2.element_size())
+expected = (
+    ffn(x2, *params2),
+    *autograd_grads(ffn, (x2, *params2), grad_y2),
+    x2.numel() * x2.element_size(),
+)
 check(
     with_saved_bytes(lambda x, *p: applied(Checkpoint.apply)(ffn, x, *p)),
     expected,
@@ -522,7 +548,9 @@ class CheckpointRNG(torch.autograd.Function):
             set_rng_state(ctx.rng_state)
             with torch.enable_grad():
                 y = ctx.fn(*leaves)  # same mask as the forward's
-        got = iter(torch.autograd.grad(y, [t for t, n in zip(leaves, needs) if n], grad_y))
+        got = iter(
+            torch.autograd.grad(y, [t for t, n in zip(leaves, needs) if n], grad_y)
+        )
         return (None, None, *(next(got) if n else None for n in needs))
         # END SOLUTION
 
@@ -651,7 +679,15 @@ check(
     dropout_run(lambda x, *p: applied(checkpoint_rng)(ffn_dropout, x, *p)),
     expected,
     args=(x3, *params3),
-    outputs=("y", "grad_x", "grad_W1", "grad_b1", "grad_W2", "grad_b2", "random stream after backward"),
+    outputs=(
+        "y",
+        "grad_x",
+        "grad_W1",
+        "grad_b1",
+        "grad_W2",
+        "grad_b2",
+        "random stream after backward",
+    ),
     name="Exercise 3 · checkpoint_rng",
     against="autograd",
     atol=1e-12,
@@ -738,7 +774,9 @@ _ = torch.manual_seed(21)
 _ref = torch.autograd.grad((_plain(_x, _layers) ** 2).sum(), _all)
 _ = torch.manual_seed(21)
 _ours = torch.autograd.grad((checkpoint_stack(_x, _layers, 2) ** 2).sum(), _all)
-assert len(_ours) == 13 and all(torch.allclose(_a, _b, atol=1e-12) for _a, _b in zip(_ours, _ref))
+assert len(_ours) == 13 and all(
+    torch.allclose(_a, _b, atol=1e-12) for _a, _b in zip(_ours, _ref)
+)
 
 # %%
 """ # BEGIN TEST CONFIG
@@ -787,10 +825,16 @@ def stack_run(run, seed=9):
         with SavedTensors(exclude=flat) as saved:
             y = run(x, layers)
         names = ["x"] + [
-            f"{n} of block {i // 4}" for i, n in enumerate(["W1", "b1", "W2", "b2"] * len(layers))
+            f"{n} of block {i // 4}"
+            for i, n in enumerate(["W1", "b1", "W2", "b2"] * len(layers))
         ]
         grads = grads_of(y, [x, *flat], names, grad_y4)
-        return y, grads[0], torch.cat([g.flatten() for g in grads[1:]]), saved.total_bytes
+        return (
+            y,
+            grads[0],
+            torch.cat([g.flatten() for g in grads[1:]]),
+            saved.total_bytes,
+        )
 
     return go
 
@@ -915,7 +959,9 @@ def _loss(W):
 
 
 _W32 = _W.detach().clone().requires_grad_()
-(_g32,) = torch.autograd.grad(1e-9 * ((torch.tanh(_x @ _W32.T) - _t) ** 2).sum(), [_W32])
+(_g32,) = torch.autograd.grad(
+    1e-9 * ((torch.tanh(_x @ _W32.T) - _t) ** 2).sum(), [_W32]
+)
 _W0 = _W.detach().clone()
 _scale, _tr, _st = scaled_step([_W], _loss, 2.0**16, 0, 1e6)
 assert _st and _scale == 2.0**16 and _tr == 1
@@ -966,7 +1012,11 @@ for _k in range(9):
     _scale, _tr, _st = scaled_step([_W], _loss, _scale, _tr, 0.01, growth_interval=2)
     _sg = torch.autograd.grad(_state.scale * _loss(_Wr), [_Wr])
     _state, _str = loss_scale_step([_Wr], _sg, _state, lr=0.01)
-    assert (float(_scale), int(_tr), bool(_st)) == (_state.scale, _state.growth_tracker, _str)
+    assert (float(_scale), int(_tr), bool(_st)) == (
+        _state.scale,
+        _state.growth_tracker,
+        _str,
+    )
     assert torch.allclose(_W.detach(), _Wr.detach(), atol=1e-6, rtol=1e-5)
 
 # %% [raw]
@@ -984,14 +1034,18 @@ for _k in range(9):
 # %%
 def fp16_loss(W, b, x, t):
     """L = Σ (tanh(x Wᵀ + b) − t)², the layer in float16 from float32 weights; L in float32."""
-    h = torch.tanh(x.half() @ W.half().T + b.half())  # (n, 4) @ (4, 3) -> (n, 3), float16
+    # (n, 4) @ (4, 3) -> (n, 3), float16
+    h = torch.tanh(x.half() @ W.half().T + b.half())
     return ((h.float() - t) ** 2).sum()
 
 
 def batches(n_steps=8):
     """The same (x, t) batches for both runs."""
     return [
-        (3 * randn(16, 4, seed=100 + k, device=dev), randn(16, 3, seed=200 + k, device=dev))
+        (
+            3 * randn(16, 4, seed=100 + k, device=dev),
+            randn(16, 3, seed=200 + k, device=dev),
+        )
         for k in range(n_steps)
     ]
 
@@ -999,9 +1053,22 @@ def batches(n_steps=8):
 def run_ours(W, b):
     """(W, b, scales, stepped) after 8 steps of your scaled_step."""
     W, b = W.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
-    scale, tracker, scales, stepped = 2.0**16, 2, [], []  # mid-interval: a skip must reset it
+    # mid-interval: a skip must reset it
+    scale, tracker, scales, stepped = (
+        2.0**16,
+        2,
+        [],
+        [],
+    )
     for x, t in batches():
-        out = scaled_step([W, b], lambda W, b: fp16_loss(W, b, x, t), scale, tracker, 0.01, growth_interval=3)
+        out = scaled_step(
+            [W, b],
+            lambda W, b: fp16_loss(W, b, x, t),
+            scale,
+            tracker,
+            0.01,
+            growth_interval=3,
+        )
         if out is None:
             raise NotImplementedError
         scale, tracker, did = out
@@ -1013,7 +1080,11 @@ def run_ours(W, b):
 def run_reference(W, b):
     """The same 8 steps with helpers.precision.loss_scale_step."""
     W, b = W.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
-    state, scales, stepped = ScalerState(scale=2.0**16, growth_interval=3, growth_tracker=2), [], []
+    state, scales, stepped = (
+        ScalerState(scale=2.0**16, growth_interval=3, growth_tracker=2),
+        [],
+        [],
+    )
     for x, t in batches():
         scaled = torch.autograd.grad(state.scale * fp16_loss(W, b, x, t), [W, b])
         state, did = loss_scale_step([W, b], scaled, state, lr=0.01)

@@ -151,7 +151,9 @@ _x[0, 1, 12] = 9.0  # the max in the last, short block: ℓ must be rescaled
 _m, _ell = online_softmax_stats(_x, 4)
 assert _m.shape == (3, 2) and _ell.shape == (3, 2)
 assert torch.allclose(_m, _x.amax(-1), atol=1e-12)
-assert torch.allclose(_ell, torch.exp(_x - _x.amax(-1, keepdim=True)).sum(-1), atol=1e-10, rtol=1e-10)
+assert torch.allclose(
+    _ell, torch.exp(_x - _x.amax(-1, keepdim=True)).sum(-1), atol=1e-10, rtol=1e-10
+)
 
 # %%
 """ # BEGIN TEST CONFIG
@@ -166,7 +168,9 @@ _x = randn(4, 7, seed=1002, dtype=torch.float64) * 5 + 1000
 for _block in (1, 3, 10):
     _m, _ell = online_softmax_stats(_x, _block)
     assert torch.isfinite(_ell).all()
-    assert torch.allclose(torch.exp(_x - _m[:, None]) / _ell[:, None], torch.softmax(_x, -1), atol=1e-12)
+    assert torch.allclose(
+        torch.exp(_x - _m[:, None]) / _ell[:, None], torch.softmax(_x, -1), atol=1e-12
+    )
 
 # %% [raw]
 # # END TESTS
@@ -232,16 +236,24 @@ def tiled_forward(Q, K, V, block_q=16, block_k=16, causal=False):
     for q0 in range(0, Nq, block_q):
         Qi = Q[..., q0 : q0 + block_q, :]  # (B, H, bq, d)
         bq = Qi.shape[-2]
-        m = torch.full(Qi.shape[:-1], -math.inf, dtype=Q.dtype, device=Q.device)  # (B, H, bq)
+        # (B, H, bq)
+        m = torch.full(Qi.shape[:-1], -math.inf, dtype=Q.dtype, device=Q.device)
         ell = torch.zeros_like(m)  # (B, H, bq)
         acc = torch.zeros_like(Qi)  # (B, H, bq, d)
-        k_stop = min(Nk, q0 + bq) if causal else Nk  # causal: later key blocks are all masked
+        # causal: later key blocks are all masked
+        k_stop = min(Nk, q0 + bq) if causal else Nk
         for k0 in range(0, k_stop, block_k):
-            Kj, Vj = K[..., k0 : k0 + block_k, :], V[..., k0 : k0 + block_k, :]  # (B, H, bk, d)
+            # (B, H, bk, d)
+            Kj, Vj = (
+                K[..., k0 : k0 + block_k, :],
+                V[..., k0 : k0 + block_k, :],
+            )
             S = (Qi @ Kj.transpose(-2, -1)) * scale  # (B, H, bq, bk)
             if causal:
-                S = S.masked_fill(~causal_tile_mask(q0, k0, bq, Kj.shape[-2], Q.device), -math.inf)
-            m_new = torch.maximum(m, S.amax(dim=-1))  # finite: every row sees key 0 in block 0
+                allowed = causal_tile_mask(q0, k0, bq, Kj.shape[-2], Q.device)
+                S = S.masked_fill(~allowed, -math.inf)
+            # finite: every row sees key 0 in block 0
+            m_new = torch.maximum(m, S.amax(dim=-1))
             P = torch.exp(S - m_new[..., None])  # (B, H, bq, bk)
             alpha = torch.exp(m - m_new)  # (B, H, bq)
             ell = alpha * ell + P.sum(dim=-1)
@@ -295,7 +307,8 @@ _Q, _K, _V = (
 _O, _L = tiled_forward(_Q, _K, _V, 3, 2)
 _O_ref, _L_ref = naive_attention(_Q, _K, _V, return_lse=True)
 assert _L.shape == (1, 2, 10) and torch.allclose(_L, _L_ref, atol=1e-10, rtol=1e-8)
-_O1, _L1 = tiled_forward(_Q, _K, _V, 1, 100)  # one row at a time, one block holding every key
+# one row at a time, one block holding every key
+_O1, _L1 = tiled_forward(_Q, _K, _V, 1, 100)
 assert torch.allclose(_O1, _O_ref, atol=1e-10, rtol=1e-8) and torch.allclose(
     _L1, _L_ref, atol=1e-10, rtol=1e-8
 )
@@ -417,9 +430,14 @@ import torch
 
 from helpers.device import randn
 
-_O, _gO = randn(2, 3, 5, 4, seed=3001, dtype=torch.float64), randn(2, 3, 5, 4, seed=3002, dtype=torch.float64)
+_O, _gO = (
+    randn(2, 3, 5, 4, seed=3001, dtype=torch.float64),
+    randn(2, 3, 5, 4, seed=3002, dtype=torch.float64),
+)
 _D = row_D(_O, _gO)
-assert _D.shape == (2, 3, 5) and torch.allclose(_D, torch.einsum("bhnd,bhnd->bhn", _O, _gO), atol=1e-12)
+assert _D.shape == (2, 3, 5) and torch.allclose(
+    _D, torch.einsum("bhnd,bhnd->bhn", _O, _gO), atol=1e-12
+)
 
 # %%
 """ # BEGIN TEST CONFIG
@@ -440,7 +458,10 @@ _O, _L = naive_attention(_Q, _K, _V, return_lse=True)
 _leaves = [t.clone().requires_grad_() for t in (_Q, _K, _V)]
 _ref = torch.autograd.grad(naive_attention(*_leaves), _leaves, _gO)
 _out = attention_backward_from_L(_Q, _K, _V, _O, _L, _gO)
-assert all(o.shape == r.shape and torch.allclose(o, r, atol=1e-10, rtol=1e-8) for o, r in zip(_out, _ref))
+assert all(
+    o.shape == r.shape and torch.allclose(o, r, atol=1e-10, rtol=1e-8)
+    for o, r in zip(_out, _ref)
+)
 
 # %%
 """ # BEGIN TEST CONFIG
@@ -462,7 +483,10 @@ _O, _L = naive_attention(_Q, _K, _V, return_lse=True)
 _leaves = [t.clone().requires_grad_() for t in (_Q, _K, _V)]
 _ref = torch.autograd.grad(naive_attention(*_leaves), _leaves, _gO)
 _out = attention_backward_from_L(_Q, _K, _V, _O, _L, _gO)
-assert all(o.shape == r.shape and torch.allclose(o, r, atol=1e-10, rtol=1e-8) for o, r in zip(_out, _ref))
+assert all(
+    o.shape == r.shape and torch.allclose(o, r, atol=1e-10, rtol=1e-8)
+    for o, r in zip(_out, _ref)
+)
 
 # %% [raw]
 # # END TESTS
@@ -484,12 +508,16 @@ assert all(o.shape == r.shape and torch.allclose(o, r, atol=1e-10, rtol=1e-8) fo
 # %%
 grad_O = randn(1, 2, 11, 4, seed=5, dtype=dtype, device=dev)
 O_ref, L_ref = naive_attention(Q, K, V, return_lse=True)
-P_full = torch.softmax((Q @ K.transpose(-2, -1)) / math.sqrt(Q.shape[-1]), dim=-1)  # (1, 2, 11, 11)
+# (1, 2, 11, 11)
+P_full = torch.softmax((Q @ K.transpose(-2, -1)) / math.sqrt(Q.shape[-1]), dim=-1)
 dP_full = grad_O @ V.transpose(-2, -1)  # (1, 2, 11, 11)
 expected = dict(
     zip(
         ("D", "grad_Q", "grad_K", "grad_V"),
-        ((P_full * dP_full).sum(-1), *autograd_grads(naive_attention, (Q, K, V), grad_O)),
+        (
+            (P_full * dP_full).sum(-1),
+            *autograd_grads(naive_attention, (Q, K, V), grad_O),
+        ),
     )
 )
 
@@ -498,7 +526,16 @@ def exercise_3(Q, K, V, O, L, grad_O):
     """Your D and your three gradients, by name."""
     return {
         **named(("D",), row_D, O, grad_O),
-        **named(("grad_Q", "grad_K", "grad_V"), attention_backward_from_L, Q, K, V, O, L, grad_O),
+        **named(
+            ("grad_Q", "grad_K", "grad_V"),
+            attention_backward_from_L,
+            Q,
+            K,
+            V,
+            O,
+            L,
+            grad_O,
+        ),
     }
 
 
@@ -554,15 +591,28 @@ def tiled_backward(Q, K, V, O, L, grad_O, block_q=16, block_k=16, causal=False):
     Nk = K.shape[-2]
     scale = 1 / math.sqrt(d)
     D = (grad_O * O).sum(dim=-1)  # (B, H, Nq)
-    grad_Q, grad_K, grad_V = torch.zeros_like(Q), torch.zeros_like(K), torch.zeros_like(V)
+    grad_Q, grad_K, grad_V = (
+        torch.zeros_like(Q),
+        torch.zeros_like(K),
+        torch.zeros_like(V),
+    )
     for k0 in range(0, Nk, block_k):
-        Kj, Vj = K[..., k0 : k0 + block_k, :], V[..., k0 : k0 + block_k, :]  # (B, H, bk, d)
+        # (B, H, bk, d)
+        Kj, Vj = (
+            K[..., k0 : k0 + block_k, :],
+            V[..., k0 : k0 + block_k, :],
+        )
         bk = Kj.shape[-2]
         grad_Kj, grad_Vj = torch.zeros_like(Kj), torch.zeros_like(Vj)  # (B, H, bk, d)
         for q0 in range(0, Nq, block_q):
-            Qi, dOi = Q[..., q0 : q0 + block_q, :], grad_O[..., q0 : q0 + block_q, :]  # (B, H, bq, d)
+            # (B, H, bq, d)
+            Qi, dOi = (
+                Q[..., q0 : q0 + block_q, :],
+                grad_O[..., q0 : q0 + block_q, :],
+            )
             bq = Qi.shape[-2]
-            if causal and q0 + bq - 1 < k0:  # every query of this block comes before every key
+            # every query of this block comes before every key
+            if causal and q0 + bq - 1 < k0:
                 continue
             S = (Qi @ Kj.transpose(-2, -1)) * scale  # (B, H, bq, bk)
             P = torch.exp(S - L[..., q0 : q0 + bq, None])  # (B, H, bq, bk)
@@ -605,7 +655,10 @@ _O, _L = naive_attention(_Q, _K, _V, return_lse=True)
 _leaves = [t.clone().requires_grad_() for t in (_Q, _K, _V)]
 _ref = torch.autograd.grad(naive_attention(*_leaves), _leaves, _gO)
 _out = tiled_backward(_Q, _K, _V, _O, _L, _gO, 4, 3)
-assert all(o.shape == r.shape and torch.allclose(o, r, atol=1e-10, rtol=1e-8) for o, r in zip(_out, _ref))
+assert all(
+    o.shape == r.shape and torch.allclose(o, r, atol=1e-10, rtol=1e-8)
+    for o, r in zip(_out, _ref)
+)
 
 # %%
 """ # BEGIN TEST CONFIG
@@ -627,7 +680,10 @@ _O, _L = naive_attention(_Q, _K, _V, return_lse=True)
 _leaves = [t.clone().requires_grad_() for t in (_Q, _K, _V)]
 _ref = torch.autograd.grad(naive_attention(*_leaves), _leaves, _gO)
 _out = tiled_backward(_Q, _K, _V, _O, _L, _gO, 2, 4)
-assert all(o.shape == r.shape and torch.allclose(o, r, atol=1e-10, rtol=1e-8) for o, r in zip(_out, _ref))
+assert all(
+    o.shape == r.shape and torch.allclose(o, r, atol=1e-10, rtol=1e-8)
+    for o, r in zip(_out, _ref)
+)
 
 # %%
 """ # BEGIN TEST CONFIG
@@ -819,7 +875,9 @@ expected = dict(
             torch.arange(3, 9)[None, :] <= torch.arange(4, 8)[:, None],
             O_causal,
             L_causal,
-            *autograd_grads(lambda q, k, v: naive_attention(q, k, v, causal=True), (Q, K, V), grad_O),
+            *autograd_grads(
+                lambda q, k, v: naive_attention(q, k, v, causal=True), (Q, K, V), grad_O
+            ),
         ),
     )
 )
@@ -832,7 +890,15 @@ expected.update(
             "grad_K (Nq 7, Nk 11)",
             "grad_V (Nq 7, Nk 11)",
         ),
-        (O7, L7, *autograd_grads(lambda q, k, v: naive_attention(q, k, v, causal=True), (Q7, K, V), grad_O7)),
+        (
+            O7,
+            L7,
+            *autograd_grads(
+                lambda q, k, v: naive_attention(q, k, v, causal=True),
+                (Q7, K, V),
+                grad_O7,
+            ),
+        ),
     )
 )
 
@@ -842,8 +908,29 @@ def exercise_5(Q, K, V, O, L, grad_O):
     return {
         **named(("mask",), causal_tile_mask, 4, 3, 4, 6),
         **named(("O", "L"), tiled_forward, Q, K, V, 4, 3, causal=True),
-        **named(("grad_Q", "grad_K", "grad_V"), tiled_backward, Q, K, V, O, L, grad_O, 4, 3, causal=True),
-        **named(("O (Nq 7, Nk 11)", "L (Nq 7, Nk 11)"), tiled_forward, Q7, K, V, 4, 3, causal=True),
+        **named(
+            ("grad_Q", "grad_K", "grad_V"),
+            tiled_backward,
+            Q,
+            K,
+            V,
+            O,
+            L,
+            grad_O,
+            4,
+            3,
+            causal=True,
+        ),
+        **named(
+            ("O (Nq 7, Nk 11)", "L (Nq 7, Nk 11)"),
+            tiled_forward,
+            Q7,
+            K,
+            V,
+            4,
+            3,
+            causal=True,
+        ),
         **named(
             ("grad_Q (Nq 7, Nk 11)", "grad_K (Nq 7, Nk 11)", "grad_V (Nq 7, Nk 11)"),
             tiled_backward,
@@ -926,7 +1013,9 @@ class FlashAttentionFn(torch.autograd.Function):
         """grad_Q, grad_K, grad_V by the tiled backward; None for causal, block_q, block_k."""
         # BEGIN SOLUTION
         Q, K, V, O, L = ctx.saved_tensors
-        grad_Q, grad_K, grad_V = tiled_backward(Q, K, V, O, L, grad_O, ctx.block_q, ctx.block_k, ctx.causal)
+        grad_Q, grad_K, grad_V = tiled_backward(
+            Q, K, V, O, L, grad_O, ctx.block_q, ctx.block_k, ctx.causal
+        )
         need_Q, need_K, need_V = ctx.needs_input_grad[:3]
         return (
             grad_Q if need_Q else None,
@@ -959,7 +1048,10 @@ import torch
 
 from helpers.device import randn
 
-_ins = [randn(1, 2, 5, 3, seed=s, dtype=torch.float64, requires_grad=True) for s in (6001, 6002, 6003)]
+_ins = [
+    randn(1, 2, 5, 3, seed=s, dtype=torch.float64, requires_grad=True)
+    for s in (6001, 6002, 6003)
+]
 assert torch.autograd.gradcheck(lambda q, k, v: flash_attn(q, k, v, False, 2, 3), _ins)
 assert torch.autograd.gradcheck(lambda q, k, v: flash_attn(q, k, v, True, 3, 2), _ins)
 
@@ -973,11 +1065,18 @@ from helpers.device import randn
 from helpers.flash import naive_attention
 
 # saved for backward: Q, K, V, O (B, H, N, d) and L (B, H, N), nothing (N, N)
-_Q, _K, _V = (randn(2, 1, 7, 3, seed=s, dtype=torch.float64, requires_grad=True) for s in (6004, 6005, 6006))
+_Q, _K, _V = (
+    randn(2, 1, 7, 3, seed=s, dtype=torch.float64, requires_grad=True)
+    for s in (6004, 6005, 6006)
+)
 _O = flash_attn(_Q, _K, _V, True, 2, 2)
 _saved = _O.grad_fn.saved_tensors
-assert sorted(tuple(t.shape) for t in _saved) == sorted([(2, 1, 7, 3)] * 4 + [(2, 1, 7)])
-assert torch.allclose(_O, naive_attention(_Q, _K, _V, causal=True), atol=1e-10, rtol=1e-8)
+assert sorted(tuple(t.shape) for t in _saved) == sorted(
+    [(2, 1, 7, 3)] * 4 + [(2, 1, 7)]
+)
+assert torch.allclose(
+    _O, naive_attention(_Q, _K, _V, causal=True), atol=1e-10, rtol=1e-8
+)
 # only V needs a gradient: backward must still work (and not compute what is gated off)
 _Qn, _Kn = _Q.detach(), _K.detach()
 (_gV,) = torch.autograd.grad(flash_attn(_Qn, _Kn, _V, False, 3, 3).sum(), (_V,))
@@ -1013,7 +1112,10 @@ def saved_for_backward(Q, K, V):
 sizes = [Q6.numel()] * 4 + [Q6.numel() // Q6.shape[-1]]  # Q, K, V, O: B·H·N·d; L: B·H·N
 result = evaluate(
     saved_for_backward,
-    {"number of saved tensors": torch.tensor(5), "their sizes": torch.tensor(sorted(sizes))},
+    {
+        "number of saved tensors": torch.tensor(5),
+        "their sizes": torch.tensor(sorted(sizes)),
+    },
     args=(Q6, K6, V6),
     name="Exercise 6 · FlashAttentionFn",
 )

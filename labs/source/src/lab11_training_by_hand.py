@@ -97,7 +97,9 @@ def run_ours(step, fresh_state, steps=10, what="step"):
             if out is None or out is Ellipsis:
                 raise NotImplementedError
             if not isinstance(out, tuple) or not isinstance(out[0], torch.Tensor):
-                raise ValueError(f"{what} should return a tuple (theta, ...), got {type(out).__name__}")
+                raise ValueError(
+                    f"{what} should return a tuple (theta, ...), got {type(out).__name__}"
+                )
             if out[0].shape != theta[k].shape:
                 raise ValueError(
                     f"{what} returned theta of shape {tuple(out[0].shape)} for a "
@@ -200,7 +202,9 @@ _th, _buf = randn(2, 3, seed=1112, dtype=torch.float64), None
 _ref = _th.clone()
 _opt = torch.optim.SGD([_ref], lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.05)
 for _ in range(10):
-    _th, _buf = sgd_step(_th, _th @ _A, _buf, 0.1, momentum=0.9, nesterov=True, weight_decay=0.05)
+    _th, _buf = sgd_step(
+        _th, _th @ _A, _buf, 0.1, momentum=0.9, nesterov=True, weight_decay=0.05
+    )
     _ref.grad = _ref.detach() @ _A
     _opt.step()
 assert _th.shape == (2, 3) and torch.allclose(_th, _ref.detach(), atol=1e-12, rtol=0)
@@ -215,9 +219,10 @@ import torch
 # the first step: buf = g + λθ (not (1−μ)g, not 0); momentum 0 is plain gradient descent
 _th = torch.tensor([1.0, -2.0], dtype=torch.float64)
 _g = torch.tensor([0.5, 4.0], dtype=torch.float64)
+# clones: in-place updates are allowed
 _new, _buf = sgd_step(
     _th.clone(), _g.clone(), None, 0.1, momentum=0.9, weight_decay=0.1
-)  # clones: in-place updates are allowed
+)
 assert torch.allclose(_buf, _g + 0.1 * _th, atol=1e-15) and torch.allclose(
     _new, _th - 0.1 * (_g + 0.1 * _th), atol=1e-15
 )
@@ -238,11 +243,17 @@ assert _buf is None and torch.allclose(_new, _th - 0.5 * _g, atol=1e-15)
 # %%
 check(
     lambda: run_ours(
-        lambda th, g, s, t: sgd_step(th, g, s[0], 0.1, momentum=0.9, nesterov=True, weight_decay=0.01),
+        lambda th, g, s, t: sgd_step(
+            th, g, s[0], 0.1, momentum=0.9, nesterov=True, weight_decay=0.01
+        ),
         lambda th: (None,),
         what="sgd_step",
     ),
-    lambda: run_torch(lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01)),
+    lambda: run_torch(
+        lambda p: torch.optim.SGD(
+            p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01
+        )
+    ),
     outputs=("W", "b"),
     name="Exercise 1 · sgd_step",
     against="torch.optim.SGD after 10 steps",
@@ -312,7 +323,9 @@ _m, _v = torch.zeros_like(_th), torch.zeros_like(_th)
 _ref = _th.clone()
 _opt = torch.optim.Adam([_ref], lr=0.03, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.05)
 for _t in range(1, 11):
-    _th, _m, _v = adam_step(_th, _th @ _A, _m, _v, _t, 0.03, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.05)
+    _th, _m, _v = adam_step(
+        _th, _th @ _A, _m, _v, _t, 0.03, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.05
+    )
     _ref.grad = _ref.detach() @ _A
     _opt.step()
 assert _th.shape == (3, 4) and torch.allclose(_th, _ref.detach(), atol=1e-12, rtol=0)
@@ -328,7 +341,13 @@ import torch
 _g = torch.tensor([1e-3, -2.0, 50.0, -7e2], dtype=torch.float64)
 _th = torch.zeros(4, dtype=torch.float64)
 _new, _m, _v = adam_step(
-    _th, _g, torch.zeros(4, dtype=torch.float64), torch.zeros(4, dtype=torch.float64), 1, 0.01, eps=1e-12
+    _th,
+    _g,
+    torch.zeros(4, dtype=torch.float64),
+    torch.zeros(4, dtype=torch.float64),
+    1,
+    0.01,
+    eps=1e-12,
 )
 assert torch.allclose(_new, -0.01 * torch.sign(_g), atol=1e-9, rtol=0)
 assert torch.allclose(_m, 0.1 * _g, rtol=1e-14, atol=0) and torch.allclose(
@@ -377,7 +396,9 @@ def adam_driver(step, **hp):
 
 
 check(
-    lambda: run_ours(**adam_driver(adam_step, lr=0.05, weight_decay=0.1), what="adam_step"),
+    lambda: run_ours(
+        **adam_driver(adam_step, lr=0.05, weight_decay=0.1), what="adam_step"
+    ),
     lambda: run_torch(lambda p: torch.optim.Adam(p, lr=0.05, weight_decay=0.1)),
     outputs=("W", "b"),
     name="Exercise 2 · adam_step",
@@ -440,9 +461,13 @@ _A = _A @ _A.T / 4 + torch.eye(4, dtype=torch.float64)
 _th = randn(2, 4, seed=1302, dtype=torch.float64)
 _m, _v = torch.zeros_like(_th), torch.zeros_like(_th)
 _ref = _th.clone()
-_opt = torch.optim.AdamW([_ref], lr=0.02, betas=(0.85, 0.995), eps=1e-7, weight_decay=0.3)
+_opt = torch.optim.AdamW(
+    [_ref], lr=0.02, betas=(0.85, 0.995), eps=1e-7, weight_decay=0.3
+)
 for _t in range(1, 11):
-    _th, _m, _v = adamw_step(_th, _th @ _A, _m, _v, _t, 0.02, betas=(0.85, 0.995), eps=1e-7, weight_decay=0.3)
+    _th, _m, _v = adamw_step(
+        _th, _th @ _A, _m, _v, _t, 0.02, betas=(0.85, 0.995), eps=1e-7, weight_decay=0.3
+    )
     _ref.grad = _ref.detach() @ _A
     _opt.step()
 assert _th.shape == (2, 4) and torch.allclose(_th, _ref.detach(), atol=1e-12, rtol=0)
@@ -480,7 +505,11 @@ assert abs(_th[0].item() - 2.0 * (1 - 0.01 * 0.5) ** 7) < 1e-13
 # %%
 def idle_weight(step):
     """A weight at 1.0 whose loss gradient is 0, after 10 steps with η = λ = 0.1 (a (1,) tensor)."""
-    th, m, v = torch.ones(1, dtype=dtype), torch.zeros(1, dtype=dtype), torch.zeros(1, dtype=dtype)
+    th, m, v = (
+        torch.ones(1, dtype=dtype),
+        torch.zeros(1, dtype=dtype),
+        torch.zeros(1, dtype=dtype),
+    )
     for t in range(1, 11):
         out = step(th, torch.zeros(1, dtype=dtype), m, v, t, 0.1, weight_decay=0.1)
         if out is None or out is Ellipsis:
@@ -490,7 +519,9 @@ def idle_weight(step):
 
 
 def adamw_answers():
-    W, b = run_ours(**adam_driver(adamw_step, lr=0.05, weight_decay=0.1), what="adamw_step")
+    W, b = run_ours(
+        **adam_driver(adamw_step, lr=0.05, weight_decay=0.1), what="adamw_step"
+    )
     return W, b, idle_weight(adamw_step)
 
 
@@ -592,7 +623,8 @@ import math
 # the landmarks: first step, peak, midpoint, end, after the end
 assert abs(lr_at(0, 10, 110, 3e-3, 3e-4) - 3e-4) < 1e-15
 assert (
-    abs(lr_at(9, 10, 110, 3e-3, 3e-4) - 3e-3) < 1e-15 and abs(lr_at(10, 10, 110, 3e-3, 3e-4) - 3e-3) < 1e-15
+    abs(lr_at(9, 10, 110, 3e-3, 3e-4) - 3e-3) < 1e-15
+    and abs(lr_at(10, 10, 110, 3e-3, 3e-4) - 3e-3) < 1e-15
 )
 assert abs(lr_at(60, 10, 110, 3e-3, 3e-4) - 0.5 * (3e-3 + 3e-4)) < 1e-15
 assert (
@@ -717,14 +749,23 @@ from helpers.device import randn
 
 # no clipping, plain SGD (scale-sensitive): 3 micro-batches of 4 = 1 batch of 12, by hand
 def _model():
-    _m = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2)).double()
-    torch.nn.utils.vector_to_parameters(0.5 * randn(32, seed=1501, dtype=torch.float64), _m.parameters())
+    _m = torch.nn.Sequential(
+        torch.nn.Linear(3, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2)
+    ).double()
+    torch.nn.utils.vector_to_parameters(
+        0.5 * randn(32, seed=1501, dtype=torch.float64), _m.parameters()
+    )
     return _m
 
 
-_X, _Y = randn(12, 3, seed=1502, dtype=torch.float64), randn(12, 2, seed=1503, dtype=torch.float64)
+_X, _Y = (
+    randn(12, 3, seed=1502, dtype=torch.float64),
+    randn(12, 2, seed=1503, dtype=torch.float64),
+)
 _a = _model()
-_losses = train(_a, torch.optim.SGD(_a.parameters(), lr=0.2), _X, _Y, 6, accum=3, max_norm=1e9)
+_losses = train(
+    _a, torch.optim.SGD(_a.parameters(), lr=0.2), _X, _Y, 6, accum=3, max_norm=1e9
+)
 _b = _model()
 _opt = torch.optim.SGD(_b.parameters(), lr=0.2)
 _ref = []
@@ -734,7 +775,10 @@ for _ in range(6):
     _L.backward()
     _opt.step()
     _ref.append(_L.item())
-assert len(_losses) == 6 and max(abs(float(_u) - _w) for _u, _w in zip(_losses, _ref)) < 1e-12
+assert (
+    len(_losses) == 6
+    and max(abs(float(_u) - _w) for _u, _w in zip(_losses, _ref)) < 1e-12
+)
 assert torch.allclose(
     torch.nn.utils.parameters_to_vector(_a.parameters()),
     torch.nn.utils.parameters_to_vector(_b.parameters()),
@@ -754,14 +798,29 @@ from helpers.device import randn
 
 # clipping active, SGD with momentum: clip after the last backward, before the step
 def _model():
-    _m = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2)).double()
-    torch.nn.utils.vector_to_parameters(randn(32, seed=1511, dtype=torch.float64), _m.parameters())
+    _m = torch.nn.Sequential(
+        torch.nn.Linear(3, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2)
+    ).double()
+    torch.nn.utils.vector_to_parameters(
+        randn(32, seed=1511, dtype=torch.float64), _m.parameters()
+    )
     return _m
 
 
-_X, _Y = randn(8, 3, seed=1512, dtype=torch.float64), 3 * randn(8, 2, seed=1513, dtype=torch.float64)
+_X, _Y = (
+    randn(8, 3, seed=1512, dtype=torch.float64),
+    3 * randn(8, 2, seed=1513, dtype=torch.float64),
+)
 _a = _model()
-_losses = train(_a, torch.optim.SGD(_a.parameters(), lr=0.1, momentum=0.9), _X, _Y, 8, accum=2, max_norm=0.1)
+_losses = train(
+    _a,
+    torch.optim.SGD(_a.parameters(), lr=0.1, momentum=0.9),
+    _X,
+    _Y,
+    8,
+    accum=2,
+    max_norm=0.1,
+)
 _b = _model()
 _opt = torch.optim.SGD(_b.parameters(), lr=0.1, momentum=0.9)
 _norms = []
@@ -789,15 +848,26 @@ from helpers.device import randn
 
 # accum = B (micro-batches of one) with AdamW gives the losses and parameters of accum = 1
 def _model():
-    _m = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1)).double()
-    torch.nn.utils.vector_to_parameters(randn(17, seed=1521, dtype=torch.float64), _m.parameters())
+    _m = torch.nn.Sequential(
+        torch.nn.Linear(2, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1)
+    ).double()
+    torch.nn.utils.vector_to_parameters(
+        randn(17, seed=1521, dtype=torch.float64), _m.parameters()
+    )
     return _m
 
 
-_X, _Y = randn(6, 2, seed=1522, dtype=torch.float64), randn(6, 1, seed=1523, dtype=torch.float64)
+_X, _Y = (
+    randn(6, 2, seed=1522, dtype=torch.float64),
+    randn(6, 1, seed=1523, dtype=torch.float64),
+)
 _a, _b = _model(), _model()
-_la = train(_a, torch.optim.AdamW(_a.parameters(), lr=0.05), _X, _Y, 5, accum=6, max_norm=0.5)
-_lb = train(_b, torch.optim.AdamW(_b.parameters(), lr=0.05), _X, _Y, 5, accum=1, max_norm=0.5)
+_la = train(
+    _a, torch.optim.AdamW(_a.parameters(), lr=0.05), _X, _Y, 5, accum=6, max_norm=0.5
+)
+_lb = train(
+    _b, torch.optim.AdamW(_b.parameters(), lr=0.05), _X, _Y, 5, accum=1, max_norm=0.5
+)
 assert len(_la) == 5 and all(isinstance(_u, float) for _u in _la)
 assert max(abs(_u - _w) for _u, _w in zip(_la, _lb)) < 1e-12 and _la[-1] < _la[0]
 assert torch.allclose(
@@ -827,7 +897,9 @@ Y5 = 2 * randn(12, 3, seed=6, dtype=dtype, device=dev)
 def mlp():
     """Linear(4, 8) → tanh → Linear(8, 3), float64, the same weights every time."""
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3)).to(dev, dtype)
-    nn.utils.vector_to_parameters(0.7 * randn(67, seed=7, dtype=dtype, device=dev), model.parameters())
+    nn.utils.vector_to_parameters(
+        0.7 * randn(67, seed=7, dtype=dtype, device=dev), model.parameters()
+    )
     return model
 
 
@@ -840,9 +912,9 @@ def run_loop(loop, accum, max_norm):
         raise NotImplementedError
     if len(losses) != 20:
         raise ValueError(f"train returned {len(losses)} losses for 20 steps")
-    return torch.tensor([float(L) for L in losses], dtype=dtype), nn.utils.parameters_to_vector(
-        model.parameters()
-    )
+    return torch.tensor(
+        [float(L) for L in losses], dtype=dtype
+    ), nn.utils.parameters_to_vector(model.parameters())
 
 
 def reference_loop(model, opt, X, Y, steps, accum, max_norm):
@@ -858,7 +930,10 @@ def reference_loop(model, opt, X, Y, steps, accum, max_norm):
 
 
 def loop_answers(loop, accum):
-    (_, unclipped), (L, clipped) = run_loop(loop, accum, math.inf), run_loop(loop, accum, 0.2)
+    (_, unclipped), (L, clipped) = (
+        run_loop(loop, accum, math.inf),
+        run_loop(loop, accum, 0.2),
+    )
     return unclipped, L, clipped
 
 
