@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 1. The cat MLP by hand
 #
-# Backpropagation (反向传播) is the chain rule applied one layer at a time, from the loss
+# {term}`Backpropagation <backpropagation>` (反向传播) is the {term}`chain rule` applied one layer at a time, from the loss
 # back to every parameter. In this chapter we do it with a pencil — well, with plain tensor
 # arithmetic and no autograd — on a network small enough that every number fits on one line:
 # the "cat" embedding $x = [1, 2, -1, 0.5]$ through two linear layers with a ReLU between
@@ -19,6 +19,15 @@
 # 5. take one gradient-descent step and watch the loss fall.
 #
 # The numbers are those of the original article (seed 004), digit for digit.
+#
+# **The seed articles.** The course grew out of three Chinese articles, which the chapters
+# call *the seeds* by their numbers: **seed 004** works this very cat MLP by hand,
+# **seed 000** is a tour of backpropagation and Transformers in PyTorch, and **seed 003**
+# derives a Transformer + LoRA backward by hand. The chapters reproduce their worked examples
+# and measurements; where a seed gets something wrong, the mistake and its correction sit in a
+# collapsible aside, *What the source articles got wrong*, so that they do not interrupt the
+# derivation. The [landing page](../intro.md) (section "Where it starts from, and what it
+# corrects") has a table of the main corrections.
 
 # %% tags=["remove-cell"]
 # Colab setup (hidden on the site): in Colab, install the course helpers; elsewhere do nothing.
@@ -43,10 +52,11 @@ no_tf32()  # TF32 would change float32 matmul digits on recent GPUs
 # %% [markdown]
 # ## The network
 #
-# $$
-# x \in \mathbb{R}^4 \xrightarrow{\;W_1,\,b_1\;} h \in \mathbb{R}^2 \xrightarrow{\;\mathrm{ReLU}\;} a
-# \xrightarrow{\;W_2,\,b_2\;} \hat y \in \mathbb{R} \longrightarrow L = (\hat y - y)^2
-# $$
+# $$\begin{aligned}
+# x \in \mathbb{R}^4 &\xrightarrow{\;W_1,\,b_1\;} h \in \mathbb{R}^2
+#   \xrightarrow{\;\mathrm{ReLU}\;} a \\
+# &\xrightarrow{\;W_2,\,b_2\;} \hat y \in \mathbb{R} \longrightarrow L = (\hat y - y)^2
+# \end{aligned}$$
 #
 # with $h = W_1 x + b_1$, $a = \max(h, 0)$, $\hat y = W_2 a + b_2$ and the target $y = 1$.
 # The weight matrices use `nn.Linear`'s layout: $W$ has shape `(out, in)`, so $W_1$ is
@@ -61,8 +71,9 @@ no_tf32()  # TF32 would change float32 matmul digits on recent GPUs
 # %%
 dtype = torch.float64
 x = torch.tensor([1.0, 2.0, -1.0, 0.5], dtype=dtype, device=dev)  # (4,)
+# (2, 4) = (out, in)
 W1 = torch.tensor([[0.1,  0.2, -0.1, 0.05],
-                   [0.3, -0.1,  0.2, 0.1 ]], dtype=dtype, device=dev)  # (2, 4) = (out, in)  # fmt: skip
+                   [0.3, -0.1,  0.2, 0.1 ]], dtype=dtype, device=dev)  # fmt: skip
 b1 = torch.tensor([0.1, -0.1], dtype=dtype, device=dev)  # (2,)
 W2 = torch.tensor([[0.5, -0.4]], dtype=dtype, device=dev)  # (1, 2)
 b2 = torch.tensor([0.2], dtype=dtype, device=dev)  # (1,)
@@ -107,13 +118,13 @@ show("y_hat", y_hat, 8)
 show("L", L, 8)
 
 # %% [markdown]
-# The forward pass gives $h = [0.725, -0.15]$, $a = [0.725, 0]$, $\hat y = 0.5625$ and
+# The {term}`forward pass` gives $h = [0.725, -0.15]$, $a = [0.725, 0]$, $\hat y = 0.5625$ and
 # $L = 0.19140625$. We kept every intermediate ($h$, $a$, $\hat y$): the backward pass needs
 # them. That is why training uses more memory than inference.
 #
 # ## Backward pass: the chain rule, layer by layer
 #
-# We want $\partial L/\partial\theta$ for every parameter $\theta \in \{W_1, b_1, W_2, b_2\}$.
+# The {term}`backward pass` computes a {term}`gradient` for every parameter: we want $\partial L/\partial\theta$ for every parameter $\theta \in \{W_1, b_1, W_2, b_2\}$.
 # We never write $L$ as one big formula in $W_1$. Instead we walk back along the chain
 # $x \to h \to a \to \hat y \to L$ and at each node multiply *the gradient that arrived from
 # above* by *the local derivative of this node*. We call the arriving gradient `grad_<name>`
@@ -151,7 +162,7 @@ grad_a = W2.T @ grad_y_hat  # (2, 1) @ (1,) -> (2,): the transpose of the forwar
 show("grad_a = dL/da", grad_a, 8)
 
 # %% [markdown]
-# **Step 4 — through the ReLU.** $\mathrm{ReLU}'(h) = 1$ where $h > 0$ and $0$ where $h \le 0$,
+# **Step 4 — through the ReLU.** The {term}`activation` has $\mathrm{ReLU}'(h) = 1$ where $h > 0$ and $0$ where $h \le 0$,
 # so the gradient is multiplied elementwise ($\odot$) by that 0/1 mask:
 #
 # $$\frac{\partial L}{\partial h} = \frac{\partial L}{\partial a} \odot \mathbb{1}[h > 0].$$
@@ -320,7 +331,8 @@ show("W1.grad from autograd", q["W1"].grad, 8)
 #
 # Look again at $\partial L/\partial W_1$: its second row and $\partial L/\partial b_{1}[1]$
 # are all zero. Nothing went wrong. In the forward pass $h_2 = -0.15 < 0$, so ReLU output
-# $a_2 = 0$ *whatever small change we make to $h_2$*: the unit is switched off for this input.
+# $a_2 = 0$ *whatever small change we make to $h_2$*: the unit is switched off for this input
+# (a {term}`dead ReLU`).
 # The chain rule multiplies by $\mathrm{ReLU}'(h_2) = 0$, and everything upstream of $h_2$
 # — the whole second row of $W_1$ and $b_1[1]$ — receives a zero gradient.
 #
@@ -338,10 +350,8 @@ for label, (name, idx) in {
     nudged[name][idx] += eps
     L_new = cat_mlp.forward(**nudged)["L"]
     predicted = eps * grads[name][idx]  # first-order change: ε · ∂L/∂θ
-    print(
-        f"nudge {label:<20} by +{eps}: L {fmt(L, 8)} -> {fmt(L_new, 8)},"
-        f" change {fmt(L_new - L, 8)}, predicted ε·∂L/∂θ = {fmt(predicted, 8)}"
-    )
+    print(f"nudge {label} by +{eps}: L {fmt(L, 8)} -> {fmt(L_new, 8)}")
+    print(f"    change {fmt(L_new - L, 8)}, predicted ε·∂L/∂θ = {fmt(predicted, 8)}")
 
 # %% [markdown]
 # The dead unit's change is exactly 0, as its gradient says. The live unit's change,
@@ -358,16 +368,21 @@ for label, (name, idx) in {
 #
 # ## The computation graph
 #
-# The figure puts all of it on one picture: forward values travel left to right (blue),
+# The figure puts all of it on one picture, the {term}`computational graph`: forward values travel left to right (blue),
 # gradients travel right to left (red). The dead unit shows up as the zeros in $\partial L/\partial h$
 # and in $W_1$'s second row.
 
 # %%
 import matplotlib.pyplot as plt
+from matplotlib.text import Text
 
 from helpers.plot_cat import draw_cat_graph
 
 fig = draw_cat_graph(cache, grads, p)
+# The helper's smallest labels (8.5 pt on an 11-inch figure) would render at about 7 px
+# in a 680 px page column: a quarter larger, they render at about 9 px.
+for label in fig.findobj(Text):
+    label.set_fontsize(1.25 * label.get_fontsize())
 plt.show()
 
 # %% [markdown]
@@ -377,7 +392,7 @@ plt.show()
 #
 # $$\theta \leftarrow \theta - \eta\,\frac{\partial L}{\partial \theta}$$
 #
-# with learning rate $\eta = 0.1$. `helpers.cat_mlp.sgd_step` does exactly this for
+# with {term}`learning rate` $\eta = 0.1$. `helpers.cat_mlp.sgd_step` does exactly this for
 # $W_1, b_1, W_2, b_2$ and returns new tensors.
 
 # %%
@@ -404,12 +419,13 @@ _ = compare("W1's dead row did not move", p_new["W1"][1], p["W1"][1], exact=True
 # $0.05$ (then $h_2 > 0$), or make `x[0]` larger. Watch the second row of $\partial L/\partial W_1$
 # switch on.
 #
-# *The live panel needs a running Python kernel: open this chapter in Colab (rocket icon at
-# the top) or in Jupyter. On the website it shows its starting state only; the animation after it
-# works everywhere.*
+# *The live panel needs a running Python kernel, so it is only in the notebook: open this
+# chapter in Colab (rocket icon at the top) or in Jupyter to use it. On the website the
+# table and the animation below show the same experiment.*
 
-# %%
-from helpers.widgets_cat import cat_panel, sweep, sweep_animation
+# %% tags=["remove-cell"]
+# The live panel (in Jupyter and Colab only; the website leaves this cell out).
+from helpers.widgets_cat import cat_panel
 
 panel = cat_panel(graph=True)
 panel
@@ -420,14 +436,18 @@ panel
 # $W_2[0,1]$ are exactly 0; once $h_2 > 0$ they switch on.
 
 # %%
+from helpers.widgets_cat import sweep, sweep_animation
+
 values = [-0.26 + 0.04 * k for k in range(11)]
 rows = sweep("b1", (1,), values)
 print(" b1[1]       h2   state         L   dL/db1[1]  dL/dW2[0,1]")
 for r in rows:
     h2_ = r["cache"]["h"][1]
+    state = "alive" if h2_ > 0 else "dead "
+    L_, g_b1, g_W2 = r["cache"]["L"], r["grads"]["b1"][1], r["grads"]["W2"][0, 1]
     print(
-        f"{fmt(r['value'], 2):>6} {fmt(h2_, 4):>8}   {'alive' if h2_ > 0 else 'dead ':5} "
-        f"{fmt(r['cache']['L'], 6):>9} {fmt(r['grads']['b1'][1], 6):>11} {fmt(r['grads']['W2'][0, 1], 6):>12}"
+        f"{fmt(r['value'], 2):>6} {fmt(h2_, 4):>8}   {state:5} "
+        f"{fmt(L_, 6):>9} {fmt(g_b1, 6):>11} {fmt(g_W2, 6):>12}"
     )
 
 # %% [markdown]
@@ -481,9 +501,8 @@ compare("dL/dW1 without ReLU's mask", wrong_grad_W1, grad_W1, atol=1e-12, rtol=0
 try:
     W2 @ grad_y_hat  # (1, 2) @ (1,): shapes do not match
 except RuntimeError:
-    print(
-        "✗ W2 @ grad_y_hat raises: (1, 2) @ (1,) does not fit — it must be W2.T @ grad_y_hat"
-    )
+    print("✗ W2 @ grad_y_hat raises: (1, 2) @ (1,) does not fit")
+    print("  it must be W2.T @ grad_y_hat")
 # 4. Outer product the wrong way round: the shape of x ⊗ grad_h is W1's transpose
 _ = compare(
     "x ⊗ grad_h in place of grad_h ⊗ x",
