@@ -10,7 +10,16 @@ prints exactly one line and never a traceback:
 * ``✗ name: grad_W has shape (3, 4), expected (4, 3) (transposed?)`` (or dtype, or type)
 * ``· name: not implemented yet`` - the function raised ``NotImplementedError``,
   returned ``None``/``...``, or tripped over a ``...`` still in the code
-* ``✗ name: error in your code: ZeroDivisionError: division by zero (in f, line 3)``
+* ``✗ name: grad_W is 1/B × the expected value (B = 8)`` - one constant ratio to the reference,
+  named by the exercise's ``factors`` (or ``2.5 × the expected value everywhere``); also
+  ``grad_x has the sign flipped (−1 × the expected value)``, ``grad_W is the transpose of the
+  expected value``, ``grad_W is zero everywhere``
+* ``✗ name: grad_x matches the expected value minus the skip path (that term is missing)``
+  (or ``plus … (counted twice?)``) - one of the exercise's declared ``terms``
+* ``✗ name: missing from the returned dict: b1, W2 (it has bias1 instead?) [also wrong: W1]``
+* ``✗ name: error in your code: ZeroDivisionError: division by zero (in f, line 3)``; an error
+  raised inside course code or torch is placed at the learner's call: ``… (in my_fn, line 7,
+  in the call to linear_backward)``
 * ``✗ name: changed its argument grad_P in place`` - the learner's function wrote into one of
   its inputs (the check hands it copies and compares them afterwards, bit for bit)
 
@@ -19,6 +28,14 @@ prints exactly one line and never a traceback:
 type (``✗ name: bytes: returned float, expected int``); a ``str`` is compared for equality
 (``✗ name: layer is 'a', expected 'b'``). More than 4 outputs whose names take over 80
 characters are summed up on a ✓ line (``13 layers match``, with ``noun="layers"``).
+
+For lab authors: ``outputs`` are judged in the order declared (``outputs=``, else the expected
+dict's), the first wrong one is named and the rest go to ``[also wrong: …]``: declare
+root-cause outputs first (the scale sequence before the W and b it feeds). Give the exercise's
+constants as ``factors={"B": 8, "√d": math.sqrt(d), "α/r": 2.0, "N/(N−1)": 8 / 7}`` (each is
+tried as f, 1/f, −f, −1/f; −1, 2 and 1/2 always are) and its additive pieces as
+``terms={"grad_x": {"the skip path": grad_y}}`` (a tensor, or a callable taking the answer's
+args). A ratio 1e-3 off a factor is not named as it.
 
 The reference is autograd, ``gradcheck`` or the course's tested helpers; the
 ``max|Δ| <number>`` on a ✓ line is round-off and nbval's sanitizer replaces it.
@@ -29,6 +46,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 import traceback
 from dataclasses import dataclass
 
@@ -76,21 +94,39 @@ def _is_todo_error(e: BaseException) -> bool:
     return isinstance(e, TypeError) and "ellipsis" in str(e).lower()
 
 
+_HELPERS_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _is_library_frame(filename: str) -> bool:
+    """A frame of course code (``helpers/``), torch or an installed package: not the learner's."""
+    path = os.path.abspath(filename) if not filename.startswith("<") else filename
+    return (
+        "site-packages" in filename
+        or "dist-packages" in filename
+        or path.startswith(_HELPERS_DIR)
+        or "/torch/" in filename.replace(os.sep, "/")
+    )
+
+
 def _where(e: BaseException) -> str:
-    """' (in fn, line n)' for the innermost frame that is the learner's code, not torch's or ours."""
+    """' (in fn, line n)' at the learner's innermost frame, plus the course/torch function it was calling.
+
+    Frames in ``helpers/``, torch or site-packages are not the learner's: an error raised inside
+    ``linear_backward`` is reported at the learner's call, ``(in my_fn, line 7, in the call to
+    linear_backward)``.
+    """
     frames = traceback.extract_tb(e.__traceback__)
-    mine = [
-        f
-        for f in frames
-        if "site-packages" not in f.filename
-        and "dist-packages" not in f.filename
-        and f.filename != __file__
-        and "/torch/" not in f.filename
-    ]
+    mine = [i for i, f in enumerate(frames) if not _is_library_frame(f.filename)]
     if not mine:
         return ""
-    f = mine[-1]
-    return f" (in {f.name}, line {f.lineno})"
+    i = mine[-1]
+    f = frames[i]
+    callee = ""
+    if i + 1 < len(frames):
+        nxt = frames[i + 1].name
+        if nxt.isidentifier() and not nxt.startswith("_"):
+            callee = f", in the call to {nxt}"
+    return f" (in {f.name}, line {f.lineno}{callee})"
 
 
 def _clone(x):
@@ -173,7 +209,9 @@ def _as_items(value, outputs, what: str):
     return [(name, value)]
 
 
-def _compare_one(name: str, got, exp, atol, rtol, count: bool = False, exact: bool = False):
+def _compare_one(
+    name: str, got, exp, atol, rtol, count: bool = False, exact: bool = False, factors=None, terms=()
+):
     """None if got ≈ exp, else a message; also returns the max |Δ| (float) when comparable (None for a str)."""
     if isinstance(exp, str):
         return (None, None) if got == exp else (f"{name} is {got!r}, expected {exp!r}", None)
@@ -225,6 +263,9 @@ def _compare_one(name: str, got, exp, atol, rtol, count: bool = False, exact: bo
     diff = err.max().item()
     if not bad.any():
         return None, diff
+    cause = _diagnose(name, a, b, atol, rtol, factors, terms)
+    if cause:
+        return cause, diff
     excess = torch.where(bad, err, torch.full_like(err, -1.0))
     flat = int(torch.argmax(excess).item())
     idx = list(torch.unravel_index(torch.tensor(flat), a.shape)) if a.dim() else []
@@ -237,6 +278,91 @@ def _compare_one(name: str, got, exp, atol, rtol, count: bool = False, exact: bo
         f"{name} is wrong: largest error {worst:.1e}{where} (got {fmt_sig(a.reshape(-1)[flat].item())}, "
         f"expected {fmt_sig(b.reshape(-1)[flat].item())}{count}; atol {atol:g}, rtol {rtol:g})"
     ), diff
+
+
+_BUILTIN_FACTORS = ((-1.0, "−1"), (2.0, "2"), (0.5, "1/2"))
+
+
+def _fmt_ratio(c: float, near: float | None) -> str:
+    """c with 3 significant digits, more if it would otherwise print as the factor it is not (8.008 vs 8)."""
+    for digits in range(3, 10):
+        text = fmt_sig(c, digits)
+        if near is None or text != fmt_sig(near, digits):
+            return text
+    return fmt_sig(c, 10)
+
+
+def _factor_candidates(factors) -> list[tuple[float, str, str]]:
+    """(value, label, note) to try as the ratio got/expected: each named f, 1/f, −f, −1/f, then −1, 2, 1/2."""
+    out = []
+    for key, f in (factors or {}).items():
+        f = float(f)
+        if not math.isfinite(f) or f == 0:
+            raise ValueError(f"factors: {key} = {f!r} is not a finite nonzero number")
+        inv = f"1/({key})" if any(ch in str(key) for ch in "/+-−*·× ") else f"1/{key}"
+        note = f" ({key} = {fmt_sig(f, 4)})"
+        for value, label in ((f, str(key)), (1 / f, inv), (-f, f"−{key}"), (-1 / f, f"−{inv}")):
+            if value != 1:
+                out.append((value, label, note))
+    return out + [(v, label, "") for v, label in _BUILTIN_FACTORS]
+
+
+def _diagnose(name: str, a, b, atol: float, rtol: float, factors, terms) -> str | None:
+    """The cause a wrong value reveals (a = got, b = expected: float64, same shape, not close), or None.
+
+    In order: a declared term missing or counted twice, the transpose, all zeros, one constant ratio.
+    """
+    if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
+        return None
+    for label, t in terms:
+        if torch.broadcast_shapes(t.shape, b.shape) != b.shape:
+            continue
+        if close(a, b - t, atol, rtol).all():
+            return f"{name} matches the expected value minus {label} (that term is missing)"
+        if close(a, b + t, atol, rtol).all():
+            return f"{name} matches the expected value plus {label} (counted twice?)"
+    if a.dim() >= 2 and a.shape[-1] == a.shape[-2] > 1:
+        if close(a, b.transpose(-1, -2), atol, rtol).all():
+            return f"{name} is the transpose of the expected value"
+    scale = b.abs().max().item()
+    if scale == 0:
+        return None
+    if (a == 0).all():
+        return f"{name} is zero everywhere"
+    sig = b.abs() > max(atol, 1e-6 * scale)  # entries where the expected value is not negligible
+    n_sig = int(sig.sum().item())
+    if n_sig == 0:
+        return None
+    c = ((a[sig] * b[sig]).sum() / (b[sig] * b[sig]).sum()).item()  # least squares: a ≈ c·b
+    if not math.isfinite(c) or c == 0 or not close(a, c * b, atol * max(1.0, abs(c)), rtol).all():
+        return None
+    match_tol = max(1e-6, min(rtol, 1e-4))  # a ratio 1e-3 off a factor is not that factor
+    cands = _factor_candidates(factors)
+    hit = next(((v, lab, note) for v, lab, note in cands if abs(c - v) <= match_tol * abs(v)), None)
+    if hit is None:
+        if n_sig < 2:  # one number off: any two numbers have a ratio
+            return None
+        near = min((v for v, _, _ in cands), key=lambda v: abs(c - v))
+        return f"{name} is {_fmt_ratio(c, near)} × the expected value everywhere"
+    v, label, note = hit
+    if v == -1:
+        return f"{name} has the sign flipped (−1 × the expected value)"
+    return f"{name} is {label} × the expected value{note or ' everywhere'}"
+
+
+def _resolve_terms(terms, keys, args, kwargs) -> dict:
+    """{output: [(label, float64 tensor)]} from ``terms``; a callable term gets the answer's args."""
+    out = {}
+    for key, named in (terms or {}).items():
+        if key not in keys:
+            raise ValueError(f"terms: {key!r} is not one of the outputs ({', '.join(map(str, keys))})")
+        resolved = []
+        for label, t in named.items():
+            if callable(t) and not isinstance(t, torch.Tensor):
+                t = _call(t, args, kwargs)
+            resolved.append((label, torch.as_tensor(t).detach().to("cpu", torch.float64)))
+        out[key] = resolved
+    return out
 
 
 def _rule(items_exp, atol, rtol) -> str:
@@ -260,6 +386,8 @@ def evaluate(
     counts=(),
     exact: bool = False,
     noun: str = "outputs",
+    factors: dict[str, float] | None = None,
+    terms: dict[str, dict[str, object]] | None = None,
 ) -> CheckResult:
     """Run ``answer(*args, **kwargs)`` (or take it as a value), compare with ``expected``; no printing.
 
@@ -269,6 +397,13 @@ def evaluate(
     means zero tolerance and the reference's Python type (an int stays an int); ``noun`` is
     what a long ✓ line counts ("13 layers match"). The learner's function gets copies of the
     arguments; one that writes into them fails ("changed its argument grad_P in place").
+
+    Outputs are judged in the order ``outputs`` declares them (else the expected dict's order):
+    the first wrong one is named, the rest go to "[also wrong: …]", so declare root causes first.
+    A wrong tensor is diagnosed where its numbers allow: the transpose, all zeros, one constant
+    ratio to the reference (tried against each of ``factors`` = {"B": 8, "√d": 4.0} and its
+    inverse, and −1, 2, 1/2), or the reference minus/plus one of ``terms`` = {"grad_x": {"the
+    skip path": grad_y}} (a term is a tensor or a callable called with the same args).
     """
     kwargs = kwargs or {}
     if exact:
@@ -311,17 +446,34 @@ def evaluate(
             "fail",
             f"✗ {name}: expected a dict with keys {', '.join(map(str, exp))}, got {type(got).__name__}",
         )
+    if isinstance(exp, dict) and outputs is not None:  # the declared order wins over the dict's
+        rank = {k: i for i, k in enumerate(outputs)}
+        items_exp = sorted(items_exp, key=lambda kv: rank.get(kv[0], len(rank)))
+    term_map = _resolve_terms(terms, [k for k, _ in items_exp], args, kwargs)
+    missing = [str(k) for k, _ in items_exp if k not in got_map]
     todo, problems, wrong, diffs, exacts = [], [], [], [], []
+    if missing:
+        extra = [str(k) for k in got_map if k not in dict(items_exp)]
+        unexpected = f" (it has {', '.join(extra)} instead?)" if extra else ""
+        problems.append(f"missing from the returned dict: {', '.join(missing)}{unexpected}")
     for key, ev in items_exp:
         if key not in got_map:
-            problems.append(f"{key} is missing from the returned dict")
-            wrong.append(str(key))
             continue
         gv = got_map[key]
         if _is_todo_value(gv):
             todo.append(str(key))
             continue
-        msg, diff = _compare_one(str(key), gv, ev, atol, rtol, count=key in counts, exact=exact)
+        msg, diff = _compare_one(
+            str(key),
+            gv,
+            ev,
+            atol,
+            rtol,
+            count=key in counts,
+            exact=exact,
+            factors=factors,
+            terms=term_map.get(key, ()),
+        )
         if msg:
             problems.append(msg)
             wrong.append(str(key))
@@ -330,7 +482,8 @@ def evaluate(
         else:
             exacts.append(key)
     if problems:
-        others = wrong[1:4] + (["…"] if len(wrong) > 4 else [])
+        others = wrong[0 if missing else 1 :]
+        others = others[:3] + (["…"] if len(others) > 3 else [])
         more = f" [also wrong: {', '.join(others)}]" if others else ""
         return CheckResult("fail", f"✗ {name}: {problems[0]}{more}")
     if todo and not diffs and not exacts:
@@ -364,6 +517,8 @@ def check(
     counts=(),
     exact: bool = False,
     noun: str = "outputs",
+    factors: dict[str, float] | None = None,
+    terms: dict[str, dict[str, object]] | None = None,
 ) -> None:
     """Print one ✓/✗/· line comparing the learner's function (or value) with the reference (see evaluate)."""
     print(
@@ -380,6 +535,8 @@ def check(
             counts=counts,
             exact=exact,
             noun=noun,
+            factors=factors,
+            terms=terms,
         ).line
     )
 

@@ -1,5 +1,7 @@
 """helpers.labcheck: one readable line per self-check, never a traceback."""
 
+import math
+
 import pytest
 import torch
 
@@ -38,7 +40,7 @@ def test_the_worst_of_several_outputs_is_named():
     r = evaluate(
         lambda x: (2 * x, x), lambda x: (2 * x, 2 * x), args=(X,), outputs=("grad_X", "grad_W"), name="lin"
     )
-    assert r.line.startswith("✗ lin: grad_W is wrong")
+    assert r.line == "✗ lin: grad_W is 1/2 × the expected value everywhere"
 
 
 def test_shape_dtype_and_type_mismatches_say_what_was_expected():
@@ -57,7 +59,7 @@ def test_shape_dtype_and_type_mismatches_say_what_was_expected():
     assert (
         "returned 2 values, expected 3 (a, b, c)" in evaluate((X, X), (X, X, X), outputs=("a", "b", "c")).line
     )
-    assert "b1 is missing from the returned dict" in evaluate({"W1": X}, {"W1": X, "b1": X}).line
+    assert evaluate({"W1": X}, {"W1": X, "b1": X}).line == "✗ check: missing from the returned dict: b1"
     assert "expected a dict with keys W1" in evaluate(X, {"W1": X}).line
 
 
@@ -277,3 +279,156 @@ def test_one_tolerance_rule_for_compare_and_the_labs():
     assert not compare("x", torch.tensor([1.0, 1e300], dtype=torch.float64), ref, quiet=True)
     assert evaluate(lambda: ref.clone(), ref).status == "pass"
     assert evaluate(lambda: torch.tensor([1.0, 1e300], dtype=torch.float64), ref).status == "fail"
+
+
+# --- Diagnoses: the cause a wrong value reveals, in the same one line -------------------------------
+
+G = torch.linspace(-1.3, 2.1, 12, dtype=torch.float64).reshape(3, 4) ** 3 + 0.25  # no zero, no symmetry
+S = torch.randn(5, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0))  # square
+
+
+def test_a_correct_answer_still_gets_a_tick_with_factors_and_terms_declared():
+    r = evaluate(
+        lambda g: 1 * g,
+        lambda g: g,
+        args=(G,),
+        outputs=("grad_W",),
+        factors={"B": 8},
+        terms={"grad_W": {"t": G}},
+    )
+    assert r.status == "pass" and r.line.startswith("✓ check: grad_W matches")
+
+
+@pytest.mark.parametrize(
+    "c, says",
+    [
+        (1 / 8, "grad_W is 1/B × the expected value (B = 8)"),
+        (8, "grad_W is B × the expected value (B = 8)"),
+        (4.0, "grad_W is √d × the expected value (√d = 4)"),
+        (1 / 4.0, "grad_W is 1/√d × the expected value (√d = 4)"),
+        (8 / 7, "grad_W is N/(N−1) × the expected value (N/(N−1) = 1.143)"),
+        (7 / 8, "grad_W is 1/(N/(N−1)) × the expected value (N/(N−1) = 1.143)"),
+        (-1 / 8, "grad_W is −1/B × the expected value (B = 8)"),
+        (-1, "grad_W has the sign flipped (−1 × the expected value)"),
+        (2, "grad_W is 2 × the expected value everywhere"),
+        (0.5, "grad_W is 1/2 × the expected value everywhere"),
+        (2.5, "grad_W is 2.5 × the expected value everywhere"),
+        (1 / 3, "grad_W is 0.333 × the expected value everywhere"),
+        (8.008, "grad_W is 8.01 × the expected value everywhere"),  # 1e-3 off B: not B
+        (7.992, "grad_W is 7.99 × the expected value everywhere"),
+        (0.125 * 1.001, "grad_W is 0.1251 × the expected value everywhere"),
+    ],
+)
+def test_a_constant_ratio_is_named_by_the_exercise_factor_it_matches(c, says):
+    factors = {"B": 8, "√d": math.sqrt(16), "N/(N−1)": 8 / 7}
+    r = evaluate(lambda g: c * g, lambda g: g, args=(G,), outputs=("grad_W",), factors=factors, name="ex3")
+    assert r.status == "fail" and r.line == f"✗ ex3: {says}"
+
+
+def test_a_ratio_is_tested_against_the_dtype_tolerance_and_zeros_must_stay_zero():
+    G32 = G.float()
+    r = evaluate(lambda g: g / 8, G32, args=(G32,), outputs=("grad_W",), factors={"B": 8})
+    assert r.line == "✗ check: grad_W is 1/B × the expected value (B = 8)"
+    Z = G.clone()
+    Z[0] = 0.0  # a row the reference leaves at zero
+    bad = Z / 8
+    bad[0, 1] = 0.3  # not zero where expected is zero: no constant ratio
+    r = evaluate(bad, Z, outputs=("grad_W",), factors={"B": 8})
+    assert r.line.startswith("✗ check: grad_W is wrong: largest error")
+    assert evaluate(Z / 8, Z, outputs=("grad_W",), factors={"B": 8}).line.endswith(
+        "1/B × the expected value (B = 8)"
+    )
+
+
+def test_random_wrong_answers_are_not_diagnosed_as_a_ratio_or_transpose():
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(20):
+        wrong = torch.randn(5, 5, dtype=torch.float64, generator=gen)
+        r = evaluate(wrong, S, outputs=("grad_W",), factors={"B": 8})
+        assert r.line.startswith("✗ check: grad_W is wrong: largest error"), r.line
+    near = G / 8
+    near[1, 2] *= 1.01  # one entry off the ratio
+    assert "is wrong: largest error" in evaluate(near, G, factors={"B": 8}).line
+    assert "is wrong" in evaluate(0.5, 0.3).line  # one number: no unnamed ratio
+
+
+def test_a_ratio_of_one_number_is_named_only_by_a_factor():
+    assert evaluate(2.4, 0.3, outputs=("loss",), factors={"B": 8}).line == (
+        "✗ check: loss is B × the expected value (B = 8)"
+    )
+
+
+def test_the_transpose_of_a_square_answer_is_named():
+    r = evaluate(lambda s: s.T, lambda s: s, args=(S,), outputs=("grad_W",), name="ex2")
+    assert r.line == "✗ ex2: grad_W is the transpose of the expected value"
+    batched = torch.randn(2, 3, 3, dtype=torch.float64)
+    r = evaluate(batched.transpose(-1, -2), batched, outputs=("grad_S",))
+    assert r.line == "✗ check: grad_S is the transpose of the expected value"
+    assert "(transposed?)" in evaluate(G.T, G, outputs=("grad_W",)).line  # shapes differ: as before
+
+
+def test_an_all_zero_answer_says_so():
+    assert evaluate(torch.zeros_like(G), G, outputs=("grad_W",)).line == "✗ check: grad_W is zero everywhere"
+
+
+def test_a_declared_term_missing_or_counted_twice_is_named():
+    skip = torch.randn(3, 4, dtype=torch.float64)
+    ref = lambda g: g + skip  # noqa: E731
+    terms = {"grad_x": {"the skip path": lambda g: skip}}
+    r = evaluate(lambda g: g, ref, args=(G,), outputs=("grad_x",), terms=terms, name="ex4")
+    assert r.line == "✗ ex4: grad_x matches the expected value minus the skip path (that term is missing)"
+    r = evaluate(
+        lambda g: g + 2 * skip, ref, args=(G,), outputs=("grad_x",), terms={"grad_x": {"the skip path": skip}}
+    )
+    assert r.line == "✗ check: grad_x matches the expected value plus the skip path (counted twice?)"
+    r = evaluate(lambda g: g + 0.5 * skip, ref, args=(G,), outputs=("grad_x",), terms=terms)
+    assert "grad_x is wrong: largest error" in r.line  # half the term: no diagnosis
+    with pytest.raises(ValueError, match="terms: 'grad_y' is not one of the outputs"):
+        evaluate(lambda g: g, ref, args=(G,), outputs=("grad_x",), terms={"grad_y": {"t": skip}})
+
+
+def test_missing_keys_are_reported_first_and_as_missing():
+    exp = {"W1": G, "b1": G, "W2": G}
+    r = evaluate({"W1": 2 * G, "bias1": G}, exp, name="ex5")
+    assert r.line == "✗ ex5: missing from the returned dict: b1, W2 (it has bias1 instead?) [also wrong: W1]"
+    assert evaluate({"W1": G}, exp).line == "✗ check: missing from the returned dict: b1, W2"
+
+
+def test_outputs_are_judged_in_the_declared_order_root_cause_first():
+    exp = {"W": G, "b": G, "scale": G}
+    got = {"W": 2 * G, "b": 3 * G, "scale": G + 1}
+    r = evaluate(got, exp, outputs=("scale", "W", "b"), name="ex9")
+    assert r.line.startswith("✗ ex9: scale is wrong: largest error") and r.line.endswith("[also wrong: W, b]")
+    r = evaluate(got, exp, name="ex9")  # no declaration: the dict's order
+    assert r.line.startswith("✗ ex9: W is 2 × the expected value everywhere [also wrong: b, scale]")
+
+
+def test_an_error_inside_course_code_is_reported_at_the_learners_call(capsys):
+    from helpers.numgrad import linear_backward
+
+    X_, W_ = torch.randn(4, 3, dtype=torch.float64), torch.randn(2, 3, dtype=torch.float64)
+    gY = torch.randn(4, 2, dtype=torch.float64)
+
+    def my_backward(grad_Y, X, W):
+        return linear_backward(grad_Y, X, W)  # lab 2's order, not the helper's (X, W, grad_Y)
+
+    check(my_backward, lambda g, X, W: linear_backward(X, W, g), args=(gY, X_, W_), name="ex7")
+    line = one_line(capsys)
+    line_no = my_backward.__code__.co_firstlineno + 1
+    assert line.startswith("✗ ex7: error in your code: ValueError: linear_backward(X, W, grad_Y): expected")
+    assert line.endswith(f"(in my_backward, line {line_no}, in the call to linear_backward)")
+
+    def my_mm(x):
+        return torch.nn.functional.linear(x, x[:, :2])  # torch raises in C: no Python callee frame
+
+    line = evaluate(my_mm, X, args=(X,)).line
+    assert "RuntimeError: mat1 and mat2 shapes cannot be multiplied" in line and "(in my_mm, line" in line
+
+
+def test_every_diagnosis_is_one_short_line():
+    factors = {"B": 8, "√d": 4.0, "α/r": 2.0, "N/(N−1)": 8 / 7}
+    for got in (G / 8, -G, G * 2.5, torch.zeros_like(G)):
+        line = evaluate(
+            got, G, outputs=("grad_W",), factors=factors, name="Exercise 3 · linear_backward"
+        ).line
+        assert "\n" not in line and len(line) <= 200, line
