@@ -334,6 +334,11 @@ JS_WIDE_EQUATIONS = """() => [...document.querySelectorAll('mjx-container[displa
   .filter(m => m.scrollWidth > m.parentElement.clientWidth + 1)
   .map(m => `${Math.round(m.scrollWidth)} px in ${m.parentElement.clientWidth} px: ${m.textContent.slice(0, 40)}`)"""
 
+JS_SCROLLING_CODE = """() => [...document.querySelectorAll('main div.cell pre')]
+  .filter(p => p.scrollWidth > p.clientWidth + 1)
+  .map(p => `${p.closest('.cell_output') ? 'output' : 'code'} ${p.scrollWidth} px in ${p.clientWidth} px: ` +
+            p.textContent.split('\\n').reduce((a, l) => l.length > a.length ? l : a, '').trim().slice(0, 50))"""
+
 JS_IMAGES = """async () => {
   const imgs = Array.from(document.querySelectorAll('main img'));
   for (const img of imgs) if (img.loading === 'lazy') img.loading = 'eager';
@@ -424,6 +429,10 @@ def test_page_in_browser(browser, server, site, docname):
         wide = page.evaluate(JS_WIDE_EQUATIONS)
         if wide:
             problems.append(f"display equations wider than the column: {wide}")
+        # At 1280 px no code cell or output scrolls sideways (88 columns fit; outputs wrap).
+        scrolling = page.evaluate(JS_SCROLLING_CODE)
+        if scrolling:
+            problems.append(f"{len(scrolling)} code boxes scroll sideways: {scrolling[:4]}")
         broken = page.evaluate(JS_IMAGES)
         if broken:
             problems.append(f"images that did not load: {broken}")
