@@ -8,20 +8,23 @@
 #
 # **Learning goals.** After this chapter you can
 #
-# 1. write the softmax Jacobian $\operatorname{diag}(p) - pp^\top$, and its cheap
-#    vector–Jacobian product $p \circ (g - \langle g, p\rangle)$, and explain why the
+# 1. write the {term}`softmax` {term}`Jacobian` $\operatorname{diag}(p) - pp^\top$, and its cheap
+#    {term}`vector–Jacobian product` $p \circ (g - \langle g, p\rangle)$, and explain why the
 #    "diagonal only" form $p(1-p)$ is wrong;
 # 2. derive $dV$, $dP$, $dS$, $dQ$, $dK$ for $O = \mathrm{softmax}(QK^\top/\sqrt d)\,V$ and
-#    package them as a `torch.autograd.Function` with causal and key-padding masks;
+#    package them as a `torch.autograd.Function` with {term}`causal <causal mask>` and
+#    key-padding {term}`masks <mask>`;
 # 3. cross-check the result against `F.scaled_dot_product_attention` and
 #    `nn.MultiheadAttention` (outputs and every gradient), and with `gradcheck`;
 # 4. explain why a padded key gets exactly zero gradient, and trace one token's gradient
 #    through the Q/K/V projections, attention and LayerNorm;
-# 5. count the $N\times N$ tensors attention keeps for backward and check a memory claim
-#    against the formula $B\cdot H\cdot N^2\cdot\text{bytes}$.
+# 5. count the $N\times N$ {term}`saved tensors` attention keeps for backward and check a
+#    memory claim against the formula $B\cdot H\cdot N^2\cdot\text{bytes}$.
 #
-# The starting point is seed 000, a Chinese blog post that hand-writes a `SimpleAttention`
-# Function and quotes a memory figure. Both contain mistakes; we find them with tests.
+# The starting point is seed 000, one of the source articles this course grew from (a Chinese
+# blog post that hand-writes a `SimpleAttention` Function and quotes a memory figure). Both
+# contain mistakes; we find them with tests, and the asides titled "What the source articles
+# got wrong" say where.
 
 # %% tags=["remove-cell"]
 # Colab setup (hidden on the site): in Colab, install the course helpers; elsewhere do nothing.
@@ -60,7 +63,7 @@ F64 = torch.float64
 
 # %%
 def round_to_tf32(t):
-    """t with its float32 mantissa rounded to TF32's 10 bits (round to nearest): what TF32 multiplies."""
+    """t with its float32 mantissa rounded to nearest at TF32's 10 bits."""
     bits = t.view(torch.int32)  # the same 4 bytes, read as an integer
     # drop the low 13 of 23 mantissa bits
     return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
@@ -120,11 +123,17 @@ _ = compare("softmax_vjp vs autograd", softmax_vjp(p, g), grad_s_autograd)
 # Both comparisons use float64's default tolerance (atol 1e-10, rtol 1e-8): the two sides
 # do the same sums in a different order, so they agree to round-off and no more.
 #
-# **Why the diagonal alone is wrong.** Seed 000 writes the softmax derivative as
-# `grad_attn * (attn_weights - attn_weights ** 2)`, i.e. $g \circ p(1-p)$. That is
-# $\operatorname{diag}(J)\,g$: it keeps $\partial p_i/\partial s_i$ and drops every
-# $-p_ip_j$ off the diagonal. A quick sanity test shows it cannot be right: if
-# $g = \mathbf 1$ then $L = \sum_i p_i = 1$ whatever $s$ is, so the true gradient is zero.
+# **Why the diagonal alone is wrong.** A tempting shortcut writes the softmax derivative as
+# $g \circ p(1-p)$. That is $\operatorname{diag}(J)\,g$: it keeps
+# $\partial p_i/\partial s_i$ and drops every $-p_ip_j$ off the diagonal. A quick sanity
+# test shows it cannot be right: if $g = \mathbf 1$ then $L = \sum_i p_i = 1$ whatever $s$
+# is, so the true gradient is zero.
+#
+# ```{admonition} What the source articles got wrong
+# :class: dropdown
+# Seed 000 writes the softmax derivative exactly this way:
+# `grad_attn * (attn_weights - attn_weights ** 2)`, i.e. $g \circ p(1-p)$.
+# ```
 
 # %%
 ones = torch.ones_like(p)
@@ -208,16 +217,23 @@ D_from_O = (grad_O * O).sum(-1)  # (Nq, dv) -> (Nq,)
 _ = compare("rowsum(dP∘P) = rowsum(dO∘O)", D_from_P, D_from_O)
 
 # %% [markdown]
-# **The seed's version.** Seed 000's `SimpleAttention` makes two mistakes: its softmax
-# backward is the diagonal-only form, and its forward has no $1/\sqrt d$ at all
-# (`scores = q @ kᵀ`). Here it is, moved to the house style (`forward` + `setup_context`),
-# with its formulas untouched. Compared with autograd on *its own* forward, the missing
-# scale does not matter; the softmax does.
+# **A wrong backward that training would not notice.** The next cell is an attention
+# Function whose backward uses the diagonal-only softmax derivative (seed 000's, see the
+# aside), compared with autograd on *its own* forward, and with `gradcheck`.
+#
+# ```{admonition} What the source articles got wrong
+# :class: dropdown
+# Seed 000's `SimpleAttention` makes two mistakes: its softmax backward is the diagonal-only
+# form, and its forward has no $1/\sqrt d$ at all (`scores = q @ k.T`). The cell below is
+# that Function moved to the house style (`forward` + `setup_context`), with its formulas
+# untouched. Compared with autograd on its own forward, the missing scale does not matter;
+# the softmax does.
+# ```
 
 
 # %%
 class SeedAttention(torch.autograd.Function):
-    """Seed 000's SimpleAttention: softmax(q kᵀ) v (no 1/√d), diagonal-only softmax backward."""
+    """Seed 000's softmax(q kᵀ) v: no 1/√d, diagonal-only softmax backward."""
 
     @staticmethod
     def forward(q, k, v):
@@ -283,7 +299,8 @@ from helpers.attention import (
 from helpers.functions import softmax_backward
 
 # %% tags=["nbval-ignore-output"]
-# A listing of the helper (nbval does not compare it: a comment edit must not break the page).
+# A listing of the helper (nbval does not compare it: a comment edit must not
+# break the page).
 print(inspect.getsource(ha.attention_backward))
 print(inspect.getsource(Attention))
 
@@ -296,12 +313,17 @@ print(inspect.getsource(Attention))
 # * **It does not save the mask.** Masked entries of $P$ are exactly $0$, so
 #   $dS = P\circ(\dots)$ is exactly $0$ there too.
 #
-# The seeds' attention Functions get this bookkeeping wrong in opposite directions. Seed 000's
-# `SimpleAttention` saves `q, k, v, attn_weights, scores`: the scores $S$ are never needed
-# again once $P$ is kept. Seed 003's `ManualAttention` saves only `Q, K, V`, so its (unwritten)
-# backward would have to rebuild $P$, and its forward divides by `sqrt(d_k)` with `d_k`
-# defined nowhere; either keep $P$ or recompute it on purpose (chapter 10), and take $d$ from
-# `Q.shape[-1]`.
+# Either keep $P$ or recompute it on purpose (chapter 10); the scores $S$ are never needed
+# again once $P$ is kept, and $d$ comes from `Q.shape[-1]`.
+#
+# ```{admonition} What the source articles got wrong
+# :class: dropdown
+# The seeds' attention Functions get this bookkeeping wrong in opposite directions. Seed
+# 000's `SimpleAttention` saves `q, k, v, attn_weights, scores`: the scores $S$ are never
+# needed again once $P$ is kept. Seed 003's `ManualAttention` saves only `Q, K, V`, so its
+# (unwritten) backward would have to rebuild $P$, and its forward divides by `sqrt(d_k)`
+# with `d_k` defined nowhere.
+# ```
 #
 # The softmax VJP inside `attention_backward` is chapter 4's `helpers.functions.softmax_backward`
 # (one function for one idea), and it is the one we derived, digit for digit:
@@ -374,7 +396,7 @@ for label, c in cases.items():
 
 # %%
 def backward_without_scale(Q, K, V, P, grad_O, scale, needs=(True, True, True)):
-    """attention_backward with scale = 1: grad_Q = dS K, grad_K = dSᵀ Q (WRONG: 1/√d missing)."""
+    """grad_Q = dS K, grad_K = dSᵀ Q: attention_backward WRONG, without 1/√d."""
     return attention_backward(Q, K, V, P, grad_O, 1.0, needs)
 
 
@@ -429,15 +451,15 @@ show(
     0,
 )
 
-fig, axes = plt.subplots(1, 3, figsize=(8, 2.4))
-for ax, M, title in zip(
-    axes,
+# Two panels above one: each stays readable on a phone.
+fig, axes = plt.subplot_mosaic([["tl", "br"], ["tall", "tall"]], figsize=(5.6, 5.6))
+for key, M, title in zip(
+    ("tl", "br", "tall"),
     (M_top_left, M_bottom_right, causal_mask(7, 4, align="bottom_right")),
     ("top-left (is_causal), 4×7", "bottom-right, 4×7", "bottom-right, 7×4"),
 ):
-    ax.imshow(M.int().numpy(), cmap="Greys", vmin=0, vmax=1.4)
-    ax.set(title=title, xlabel="key j", ylabel="query i")
-    ax.title.set_fontsize(9)
+    axes[key].imshow(M.int().numpy(), cmap="Greys", vmin=0, vmax=1.4)
+    axes[key].set(title=title, xlabel="key j", ylabel="query i")
 fig.tight_layout()
 plt.show()
 
@@ -479,7 +501,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 
 def check_vs_sdpa(label, Nq, Nk, causal, pads, align="top_left"):
-    """Compare O and grad_Q, grad_K, grad_V of our attention with F.scaled_dot_product_attention (float32)."""
+    """Compare O, grad_Q, grad_K, grad_V of ours with SDPA's, in float32."""
     Q, K, V = qkv(2, 3, Nq, Nk, 8, dtype=torch.float32, seed=10)
     Q2, K2, V2 = (t.detach().clone().requires_grad_() for t in (Q, K, V))
     kpm = None if pads is None else pad_mask(2, Nk, pads)
@@ -543,14 +565,20 @@ with torch.no_grad():
 # **`nn.MultiheadAttention`.** A multi-head layer projects $X$ (B, N, E) to $Q, K, V$ with one
 # packed weight `in_proj_weight` (3E, E) (rows: q, then k, then v) and `in_proj_bias`,
 # splits $E$ into $H$ heads of $d = E/H$, attends per head, merges the heads and applies
-# `out_proj`. With einops the split is one line: `rearrange(x, "b n (h d) -> b h n d", h=H)`.
+# `out_proj`. With einops the split is one line:
+# `rearrange(x, "b n (h d) -> b h n d", h=H)`. einops makes shapes explicit; it cannot fix
+# a shape the math got wrong. The next cell checks that a `rearrange` one source article
+# recommends for the $W_Q$ gradient changes nothing (see the aside).
 #
-# Seed 003 also recommends einops, as "a practical trick for aligning dimensions" in the
-# $W_Q$ gradient: `dL_dW_Q = rearrange(X.T @ dL_dQ, 'd n -> d (n)')`. The product
-# $X^\top\,\partial L/\partial Q$ is already $(d, d_k)$, the pattern calls its second axis `n`
-# though it is $d_k$, and `(n)` groups a single axis, so the call does nothing (its other line,
-# `rearrange(X @ W_Q, 'n d -> n 1 d')`, adds an axis nothing uses). einops makes shapes
-# explicit; it cannot fix a shape the math got wrong, and here there was nothing to fix:
+# ```{admonition} What the source articles got wrong
+# :class: dropdown
+# Seed 003 recommends einops as "a practical trick for aligning dimensions" in the $W_Q$
+# gradient: `dL_dW_Q = rearrange(X.T @ dL_dQ, 'd n -> d (n)')`. The product
+# $X^\top\,\partial L/\partial Q$ is already $(d, d_k)$, the pattern calls its second axis
+# `n` though it is $d_k$, and `(n)` groups a single axis, so the call does nothing (its
+# other line, `rearrange(X @ W_Q, 'n d -> n 1 d')`, adds an axis nothing uses). Here there
+# was nothing to fix.
+# ```
 
 # %%
 from einops import rearrange
@@ -584,7 +612,7 @@ from helpers.attention import MultiHeadSelfAttention
 
 
 def check_vs_mha(dtype, causal, pads, show_all=False):
-    """True if our MHA forward and manual backward match nn.MultiheadAttention's Y and every gradient."""
+    """True if our MHA's Y and every gradient match nn.MultiheadAttention's."""
     B, N, E, H = 2, 6, 8, 2
     torch.manual_seed(0)
     ref = torch.nn.MultiheadAttention(
@@ -623,17 +651,21 @@ def check_vs_mha(dtype, causal, pads, show_all=False):
 check_vs_mha(F64, causal=True, pads=[0, 2], show_all=True)
 for dtype in (F64, torch.float32):
     for causal, pads in ((False, None), (True, None), (False, [1, 3]), (True, [0, 2])):
-        print(
-            f"{str(dtype):14s} causal={causal!s:5s} pads={pads}: all match {check_vs_mha(dtype, causal, pads)}"
-        )
+        ok = check_vs_mha(dtype, causal, pads)
+        print(f"{str(dtype):14s} causal={causal!s:5s} pads={pads}: all match {ok}")
 
 # %% [markdown]
 # ## 6. A padded key gets exactly zero gradient
 #
-# Seed 000 (section 4.2) says that the attention **row** of a padding token is all zero,
-# and that this is why padding does not take part in the gradient. With a key-padding
-# mask it is the other way round: the padded **column** (the key) gets weight $0$ from
-# every query. The padded token's own row, its query, still attends to the real tokens.
+# With a key-padding mask, the padded **column** (the key) gets weight $0$ from every
+# query. The padded token's own **row**, its query, still attends to the real tokens.
+#
+# ```{admonition} What the source articles got wrong
+# :class: dropdown
+# Seed 000 (its section 4.2) says that the attention **row** of a padding token is all
+# zero, and that this is why padding does not take part in the gradient. It is the other
+# way round: the padded key's column is zero, and its row is an ordinary probability row.
+# ```
 #
 # The column being zero is what zeroes the gradient, exactly and not approximately:
 # $dV_j = \sum_i P_{ij}\,dO_i = 0$ and $dS_{ij} = P_{ij}(\dots) = 0$ so
@@ -742,7 +774,8 @@ grad_S = softmax_backward(cache["P"], grad_P)  # (1, H, N, N)
 # $|dL/dP|$, and what survives the softmax backward, $|dL/dS|$.
 
 # %%
-fig, axes = plt.subplots(1, 3, figsize=(9, 2.9))
+# Stacked, not side by side: each panel stays wide enough to read on a phone.
+fig, axes = plt.subplots(3, 1, figsize=(4.2, 9.6))
 panels = (cache["P"][0, 0], grad_P[0, 0].abs(), grad_S[0, 0].abs())
 titles = ("P (head 0)", "|dL/dP|", "|dL/dS|")
 for ax, M, title in zip(axes, panels, titles):
@@ -771,7 +804,7 @@ show("|dL/dS| row 0, every key", grad_S[0, 0, 0].abs())
 # Our Function saves $Q, K, V$ (inputs, which exist anyway) and $P$, one $(B, H, N, N)$
 # tensor: $B\cdot H\cdot N^2\cdot\text{bytes}$. Let us count with chapter 3's
 # `SavedTensors`, leaving out the inputs, and compare with the formula. We also count the
-# naive composition `softmax(Q @ Kᵀ / √d) @ V` that autograd differentiates on its own.
+# naive composition $\mathrm{softmax}(QK^\top/\sqrt d)\,V$ that autograd differentiates on its own.
 
 # %%
 from helpers.attention import attention_saved_bytes_formula
@@ -824,8 +857,8 @@ show("N×N tensors kept by SDPA (CPU)", n_square, 0)
 # %% [markdown]
 # It recomputes $P$ in backward from a per-row statistic; chapter 10 builds that.
 #
-# **Seed 000's figure.** The seed states that at $B = 16$, $H = 12$, $N = 512$ in float32
-# "$QK^\top$ alone" takes 1.2 GB. The formula for one such tensor:
+# **A BERT-sized example.** At $B = 16$, $H = 12$, $N = 512$ in float32 (the shape of a
+# memory claim in seed 000, see the aside below), the formula for one such tensor:
 
 # %%
 B, H, N = 16, 12, 512
@@ -842,13 +875,19 @@ show("12 layers (BERT-base), GiB", 12 * n_kept * one / 2**30, 4)
 
 # %% [markdown]
 # One $16\times12\times512\times512$ float32 tensor is 201326592 bytes, 0.1875 GiB
-# (0.2013 GB), about 5.96 times less than the seed's 1.2 GB. Autograd keeps one such
-# tensor per attention layer ($P$, measured above on a small shape and scaled by the
-# formula), and $QK^\top$ is not among what it keeps. Across the 12 layers of BERT-base
-# that is 2.2500 GiB of $P$'s. Two caveats: training with attention dropout keeps more
+# (0.2013 GB). Autograd keeps one such tensor per attention layer ($P$, measured above on
+# a small shape and scaled by the formula), and $QK^\top$ is not among what it keeps.
+# Across the 12 layers of BERT-base that is 2.2500 GiB of $P$'s.
+# Two caveats: training with attention dropout keeps more
 # (the dropout mask and the dropped-out $P$, how many bytes depends on the kernel), and
 # backward briefly allocates $dP$ and $dS$, two more $N\times N$ tensors per layer, while it
 # runs. The formula tells you what to measure; `SavedTensors` tells you what is kept.
+#
+# ```{admonition} What the source articles got wrong
+# :class: dropdown
+# Seed 000 states that at these shapes "$QK^\top$ alone" takes 1.2 GB: about 5.96 times
+# the true size of one such tensor (0.2013 GB), and $QK^\top$ is not even kept.
+# ```
 #
 # ## Summary
 #
