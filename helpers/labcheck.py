@@ -108,6 +108,9 @@ def _is_library_frame(filename: str) -> bool:
     )
 
 
+_WRAPPERS = {"wrapped", "wrapper", "inner", "decorate_context", "fn", "f", "apply"}  # not worth naming
+
+
 def _where(e: BaseException) -> str:
     """' (in fn, line n)' at the learner's innermost frame, plus the course/torch function it was calling.
 
@@ -124,7 +127,7 @@ def _where(e: BaseException) -> str:
     callee = ""
     if i + 1 < len(frames):
         nxt = frames[i + 1].name
-        if nxt.isidentifier() and not nxt.startswith("_"):
+        if nxt.isidentifier() and not nxt.startswith("_") and nxt not in _WRAPPERS:
             callee = f", in the call to {nxt}"
     return f" (in {f.name}, line {f.lineno}{callee})"
 
@@ -263,7 +266,7 @@ def _compare_one(
     diff = err.max().item()
     if not bad.any():
         return None, diff
-    cause = _diagnose(name, a, b, atol, rtol, factors, terms)
+    cause = _diagnose(name, a, b, atol, rtol, factors, terms, boolean=exp_t.dtype == torch.bool)
     if cause:
         return cause, diff
     excess = torch.where(bad, err, torch.full_like(err, -1.0))
@@ -307,10 +310,11 @@ def _factor_candidates(factors) -> list[tuple[float, str, str]]:
     return out + [(v, label, "") for v, label in _BUILTIN_FACTORS]
 
 
-def _diagnose(name: str, a, b, atol: float, rtol: float, factors, terms) -> str | None:
+def _diagnose(name: str, a, b, atol: float, rtol: float, factors, terms, boolean: bool = False) -> str | None:
     """The cause a wrong value reveals (a = got, b = expected: float64, same shape, not close), or None.
 
-    In order: a declared term missing or counted twice, the transpose, all zeros, one constant ratio.
+    In order: a declared term missing or counted twice, the transpose, all zeros (all False for a
+    bool mask), one constant ratio (not for a bool mask).
     """
     if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
         return None
@@ -328,7 +332,9 @@ def _diagnose(name: str, a, b, atol: float, rtol: float, factors, terms) -> str 
     if scale == 0:
         return None
     if (a == 0).all():
-        return f"{name} is zero everywhere"
+        return f"{name} is {'False' if boolean else 'zero'} everywhere"
+    if boolean:
+        return None
     sig = b.abs() > max(atol, 1e-6 * scale)  # entries where the expected value is not negligible
     n_sig = int(sig.sum().item())
     if n_sig == 0:

@@ -432,3 +432,15 @@ def test_every_diagnosis_is_one_short_line():
             got, G, outputs=("grad_W",), factors=factors, name="Exercise 3 · linear_backward"
         ).line
         assert "\n" not in line and len(line) <= 200, line
+
+
+def test_a_bool_mask_gets_transpose_and_all_false_but_no_ratio():
+    mask = torch.ones(4, 4, dtype=torch.bool).tril()
+    assert (
+        evaluate(mask.T, mask, outputs=("mask",)).line
+        == "✗ check: mask is the transpose of the expected value"
+    )
+    assert (
+        evaluate(torch.zeros_like(mask), mask, outputs=("mask",)).line == "✗ check: mask is False everywhere"
+    )
+    assert "mask is wrong: largest error" in evaluate(torch.ones_like(mask), mask, outputs=("mask",)).line
