@@ -335,6 +335,8 @@ def _diagnose(name: str, a, b, atol: float, rtol: float, factors, terms, boolean
         return f"{name} is {'False' if boolean else 'zero'} everywhere"
     if boolean:
         return None
+    if (a.abs() <= atol).all():
+        return f"{name} is zero everywhere (up to round-off)"
     sig = b.abs() > max(atol, 1e-6 * scale)  # entries where the expected value is not negligible
     n_sig = int(sig.sum().item())
     if n_sig == 0:

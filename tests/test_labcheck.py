@@ -444,3 +444,9 @@ def test_a_bool_mask_gets_transpose_and_all_false_but_no_ratio():
         evaluate(torch.zeros_like(mask), mask, outputs=("mask",)).line == "✗ check: mask is False everywhere"
     )
     assert "mask is wrong: largest error" in evaluate(torch.ones_like(mask), mask, outputs=("mask",)).line
+
+
+def test_round_off_around_zero_is_zero_not_a_tiny_ratio():
+    noise = 1e-17 * torch.linspace(-1, 1, 12, dtype=torch.float64).reshape(3, 4)
+    r = evaluate(noise * G, G, outputs=("grad_Z",))  # e.g. softmax rows summed: 0 up to round-off
+    assert r.line == "✗ check: grad_Z is zero everywhere (up to round-off)"
