@@ -3,21 +3,25 @@
 #
 # Attention as chapter 6 wrote it builds the whole $N \times N$ matrix $P = \mathrm{softmax}(S)$ and keeps it
 # for backward. This chapter removes that matrix: the forward walks over blocks of keys with a
-# *running* softmax, the backward *recomputes* each block of `P` from one number per row. We write
+# *running* softmax, the backward *recomputes* each block of $P$ from one number per row. We write
 # it in plain PyTorch first, check it against `F.scaled_dot_product_attention` (SDPA), then write
 # the same thing as Triton kernels, and finally **measure** the memory instead of quoting it.
 #
 # **Learning goals**
 #
-# * compute a softmax in one pass with a running max $m$ and normaliser $\ell$, and say why the
+# * compute a {term}`softmax` in one pass with a running max $m$ and normaliser $\ell$ (an
+#   {term}`online softmax`), and say why the
 #   accumulated sum must be *rescaled* whenever $m$ grows;
-# * write a tiled attention forward that never materialises $N \times N$ and returns $O$ and the
+# * write a tiled ({term}`tiling`) attention forward that never materialises $N \times N$ and
+#   returns $O$ and the
 #   row log-sum-exp $L$;
 # * derive the FlashAttention-2 backward: $D = \mathrm{rowsum}(dO \circ O)$, $P = e^{S - L}$
 #   recomputed per tile;
-# * wrap it in an `autograd.Function` that saves only $Q, K, V, O, L$, and check it (SDPA, gradcheck);
+# * wrap it in an `autograd.Function` that saves only $Q, K, V, O, L$, and check it (SDPA,
+#   {term}`gradient check <gradient check>`);
 # * read a Triton kernel that does the same, and run it on a CPU under `TRITON_INTERPRET=1`;
-# * measure saved bytes: quadratic in $N$ for naive attention, linear for the tiled one.
+# * measure the {term}`saved tensors`' bytes: quadratic in $N$ for naive attention, linear
+#   for the tiled one.
 
 # %% tags=["remove-cell"]
 # Colab setup (hidden on the site): in Colab, install the course helpers; elsewhere do nothing.
@@ -33,7 +37,8 @@ import os
 
 import torch
 
-# Triton decides when it is imported whether kernels are compiled (GPU) or interpreted (CPU).
+# Triton decides when it is imported whether kernels are compiled (GPU) or
+# interpreted (CPU).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -62,8 +67,11 @@ no_tf32()  # fp32 matmuls in true fp32 on GPUs, so CPU and GPU agree to fp32 rou
 # against the old $m$; since $e^{x - m_\text{new}} = e^{x - m}\, e^{m - m_\text{new}}$, one
 # multiplication re-bases them all:
 #
-# $$m_\text{new} = \max(m, \max x_\text{block}),\qquad
-#   \ell_\text{new} = \ell\, e^{\,m - m_\text{new}} + \sum_{j \in \text{block}} e^{\,x_j - m_\text{new}}.$$
+# $$\begin{aligned}
+# m_\text{new} &= \max(m, \max x_\text{block}), \\
+# \ell_\text{new} &= \ell\, e^{\,m - m_\text{new}}
+#   + \sum_{j \in \text{block}} e^{\,x_j - m_\text{new}}.
+# \end{aligned}$$
 #
 # That factor $e^{m - m_\text{new}} \le 1$ is **the rescaling step**. Forgetting it gives a wrong
 # $\ell$ as soon as a later block holds a bigger value.
@@ -103,22 +111,22 @@ from helpers.flash import online_softmax, online_softmax_trace
 steps = online_softmax_trace(x, block=4)
 print("block   block max   m before   m after   rescale   ℓ after")
 for s in steps:
-    print(
-        f"{s['block']:>5} {fmt(s['block_max'], 4):>11} {fmt(s['m_old'], 4):>10} {fmt(s['m'], 4):>9} "
-        f"{fmt(s['rescale'], 4):>9} {fmt(s['ell'], 4):>9}"
-    )
+    cols = (s["block_max"], s["m_old"], s["m"], s["rescale"], s["ell"])
+    widths = (11, 10, 9, 9, 9)
+    print(f"{s['block']:>5}", *(f"{fmt(v, 4):>{w}}" for v, w in zip(cols, widths)))
 show("two-pass m", x.max())
 show("two-pass ℓ", torch.exp(x - x.max()).sum())
 
 # %%
-fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.4))
+# Two rows at the column's width (6.8 in), so the text stays >= 9 px on the page.
+fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(6.8, 6.4))
 ax1.bar(range(len(x)), x.numpy(), color="lightgray", label="scores x")
 for s in steps:
     ax1.hlines(s["m"], s["start"] - 0.4, s["stop"] - 0.6, color="C3", lw=2.5)
     ax1.axvline(s["stop"] - 0.5, color="k", lw=0.5, ls=":")
 ax1.plot([], [], color="C3", lw=2.5, label="running max m after each block")
 ax1.set_xlabel("position j")
-ax1.legend(fontsize=8, loc="lower left")
+ax1.legend(fontsize=10, loc="upper left")
 ax1.set_title("scores, in blocks of 4")
 blocks = [s["block"] for s in steps]
 ax2.bar(
@@ -148,7 +156,7 @@ ax2.set_xticks(blocks)
 ax2.set_xlabel("block")
 ax2.set_ylabel("ℓ")
 ax2.set_title("running normaliser ℓ: rescale, then add")
-ax2.legend(fontsize=8)
+ax2.legend(fontsize=10)
 fig.tight_layout()
 plt.show()
 
@@ -184,7 +192,7 @@ ok = compare(
 
 # %%
 def tiled_forward_1head(Q, K, V, block):
-    """O = softmax(Q Kᵀ/√d) V and L = logsumexp rows, one (block × block) tile at a time; Q (N, d)."""
+    """O = softmax(Q Kᵀ/√d) V, L = row logsumexp, one tile at a time; Q (N, d)."""
     N, d = Q.shape
     O, L = torch.empty_like(Q), torch.empty(N, dtype=Q.dtype, device=Q.device)
     for q0 in range(0, N, block):
@@ -226,11 +234,12 @@ ok = compare(
 
 # %% [markdown]
 # The tolerance is float32's: the tiled sums run in a different order than SDPA's, which costs a
-# few hundred ulps of `O(1)` numbers at most (`atol 1e-5, rtol 1e-4`, `helpers.checks`' default).
+# few hundred ulps of $O(1)$ numbers at most (`atol 1e-5, rtol 1e-4`, `helpers.checks`' default).
 #
 # `helpers.flash.flash_forward(Q, K, V, causal, block_q, block_k, scale)` is the same for
 # `(B, H, N, d)` tensors, plus **causal masking**. `causal=True` means what it means in chapter 6
-# and in SDPA's `is_causal=True`: query $i$ may look at keys $j \le i$ (*top-left aligned*). Two
+# and in SDPA's `is_causal=True` (a {term}`causal mask`): query $i$ may look at keys $j \le i$
+# (*top-left aligned*). Two
 # consequences: key blocks that start after a query block's last row are skipped entirely (about
 # half the work), and a tile that crosses the diagonal gets $-\infty$ above it. Row $i$ always
 # sees key 0, so $m$ is finite after the first block and no row divides by $\ell = 0$.
@@ -254,13 +263,9 @@ def draw(mask):
 
 
 for Nq, Nk in [(1, 8), (3, 8)]:
-    print(
-        f"Nq={Nq}, Nk={Nk}, causal_mask(Nq, Nk): top-left, SDPA's is_causal, causal=True"
-    )
+    print(f"Nq={Nq}, Nk={Nk}, causal_mask(Nq, Nk): top-left, is_causal, causal=True")
     print(draw(causal_mask(Nq, Nk)))
-    print(
-        f"Nq={Nq}, Nk={Nk}, causal_mask(Nq, Nk, align='bottom_right'): flash-attn >= 2.1, KV cache"
-    )
+    print(f"Nq={Nq}, Nk={Nk}, align='bottom_right': flash-attn >= 2.1, KV cache")
     print(draw(causal_mask(Nq, Nk, align="bottom_right")))
 print("the (rows 1-2, keys 4-7) tile of the 3×8 bottom-right mask:")
 print(draw(causal_mask(3, 8, align="bottom_right", tile=(1, 4, 2, 4))))
@@ -305,7 +310,12 @@ for Nq, Nk, d in [(50, 50, 16), (37, 37, 64), (20, 45, 32)]:
 # with $s$ the scale $1/\sqrt d$. Two observations remove the need to store $P$:
 #
 # 1. **The row sum is cheap.**
-#    $\sum_k P_{ik}\, dP_{ik} = \sum_k P_{ik}\,(dO_i \cdot V_k) = dO_i \cdot \big(\sum_k P_{ik} V_k\big) = dO_i \cdot O_i.$
+#
+#    $$\begin{aligned}
+#    \sum_k P_{ik}\, dP_{ik} &= \sum_k P_{ik}\,(dO_i \cdot V_k) \\
+#    &= dO_i \cdot \Big(\sum_k P_{ik} V_k\Big) = dO_i \cdot O_i.
+#    \end{aligned}$$
+#
 #    So $D = \mathrm{rowsum}(dO \circ O)$ is one number per row, computed from $O$ and $dO$
 #    ($N \times d$), before any tile.
 # 2. **$P$ is one $\exp$ away.** $L = m + \log \ell$ gives $P_{ij} = e^{S_{ij} - L_i}$: the
@@ -315,8 +325,10 @@ for Nq, Nk, d in [(50, 50, 16), (37, 37, 64), (20, 45, 32)]:
 # Per tile (FlashAttention-2 order: outer loop over key blocks, so $dK_j, dV_j$ stay local):
 #
 # $$\begin{aligned}
-# P &= e^{S - L_i}, & dV_j &\mathrel{+}= P^\top dO_i, & dP &= dO_i\, V_j^\top, \\
-# dS &= P \circ (dP - D_i), & dQ_i &\mathrel{+}= dS\, K_j \cdot s, & dK_j &\mathrel{+}= dS^\top Q_i \cdot s.
+# S &= s\, Q_i K_j^\top, & P &= e^{S - L_i}, \\
+# dV_j &\mathrel{+}= P^\top dO_i, & dP &= dO_i\, V_j^\top, \\
+# dS &= P \circ (dP - D_i), & dQ_i &\mathrel{+}= dS\, K_j \cdot s, \\
+# dK_j &\mathrel{+}= dS^\top Q_i \cdot s. & &
 # \end{aligned}$$
 #
 # One head, inline, against autograd on the naive version:
@@ -324,7 +336,7 @@ for Nq, Nk, d in [(50, 50, 16), (37, 37, 64), (20, 45, 32)]:
 
 # %%
 def tiled_backward_1head(Q, K, V, O, L, grad_O, block):
-    """dQ, dK, dV from Q, K, V, O, L only: D = rowsum(dO∘O), P = exp(S − L) per tile."""
+    """dQ, dK, dV from Q, K, V, O, L: D = rowsum(dO∘O), P = exp(S − L) per tile."""
     N, d = Q.shape
     D = (grad_O * O).sum(dim=1)  # (N,) = rowsum(P ∘ dP)
     grad_Q, grad_K, grad_V = (
@@ -416,23 +428,24 @@ for causal in (False, True):
 #
 # `helpers/flash_triton.py` has the kernels. Each **program** (one instance of a kernel, run in
 # parallel with the others) owns one tile of rows, and the loop over the other dimension runs
-# inside it, with `m`, `ℓ` and the accumulator in registers:
+# inside it, with $m$, $\ell$ and the accumulator in registers:
 #
-# * `_attn_fwd` — program per (query block, batch·head): the loop of section 2. It works in base 2
-#   (`exp2`, with `scale · log₂e` folded into `S`) because that is what the GPU's `ex2` computes,
-#   and writes `L` back in natural log.
-# * `_bwd_preprocess` — `D = rowsum(dO ∘ O)`.
-# * `_bwd_dk_dv` — program per *key* block, looping over query blocks: `dK`, `dV` accumulate in
-#   registers and are written once.
-# * `_bwd_dq` — program per *query* block, looping over key blocks, for `dQ`.
+# * `_attn_fwd` — program per (query block, batch·head): the loop of section 2. It works in
+#   base 2 (`exp2`, with $s \log_2 e$ folded into $S$) because that is what the GPU's `ex2`
+#   computes, and writes $L$ back in natural log.
+# * `_bwd_preprocess` — $D = \mathrm{rowsum}(dO \circ O)$.
+# * `_bwd_dk_dv` — program per *key* block, looping over query blocks: $dK$, $dV$ accumulate
+#   in registers and are written once.
+# * `_bwd_dq` — program per *query* block, looping over key blocks, for $dQ$.
 #
-# `S`, `P` and `dP` (hence `dS`) are recomputed in *both* backward kernels, so the backward
-# does more matmuls of `N²d` size than the tiled PyTorch loop of section 3 (counted from the
-# kernels' source in the next cell). The alternative, one pass that adds each tile's `dS Kⱼ`
-# into a shared fp32 `dQ` with `tl.atomic_add`, saves the second `S` and `dP`, but makes `dQ`
-# depend on the order in which programs finish — not bit-reproducible, which a book that prints
-# gradients avoids.
-# Pointers are plain arithmetic (`base + row · d + col`) with masks for ragged `N`; causal
+# $S$, $P$ and $dP$ (hence $dS$) are recomputed in *both* backward kernels, so the backward
+# does more matmuls of $N^2 d$ size than the tiled PyTorch loop of section 3 (counted from the
+# kernels' source in the next cell). The alternative, one pass that adds each tile's
+# $dS\,K_j$ into a shared fp32 $dQ$ with `tl.atomic_add`, saves the second $S$ and $dP$, but
+# makes $dQ$ depend on the order in which programs finish — not bit-reproducible, which a book
+# that prints gradients avoids.
+# Pointers are plain arithmetic ($\text{base} + \text{row} \cdot d + \text{col}$) with masks
+# for ragged $N$; causal
 # programs stop their key loop at the diagonal. On a CPU the kernels run under
 # `TRITON_INTERPRET=1` (set in the first cell, before Triton is imported), which executes them
 # with numpy; there every tile is cast to float32 before `tl.dot` (the interpreter gets bf16 dots
@@ -454,12 +467,13 @@ import helpers.flash_triton as ft
 
 if not ft.HAS_TRITON:
     print(
-        "skipped: Triton is not installed, so section 4 shows the kernels but does not run them "
-        "(pip install triton)"
+        "skipped: Triton is not installed, so section 4 shows the kernels but does"
+        " not run them (pip install triton)"
     )
 
 # %% tags=["nbval-ignore-output"]
-# A listing (nbval does not compare it: editing a comment in the kernel must not break this page).
+# A listing (nbval does not compare it: editing a comment in the kernel must not
+# break this page).
 print(ft.kernel_source("_attn_fwd", listing="forward loop"))
 
 # %%
@@ -469,14 +483,13 @@ dots = {
 }
 print("tl.dot per tile:", ", ".join(f"{name} {n}" for name, n in dots.items()))
 n_bwd = dots["_bwd_dk_dv"] + dots["_bwd_dq"]
-print(
-    f"backward: {n_bwd} matmuls of N²d size; the PyTorch loop of section 3 (and the 2.5× convention): 5"
-)
+print(f"backward: {n_bwd} matmuls of N²d size")
+print("the PyTorch loop of section 3 (and the 2.5× convention): 5")
 show("Triton backward work / counted", n_bwd / 5, 2)
 
 # %% [markdown]
-# The backward does 7 such matmuls (`_bwd_dk_dv`: `S`, `dV`, `dP`, `dK`; `_bwd_dq`: `S`, `dP`,
-# `dQ`) where one pass with atomics, like the PyTorch loop, does 5. FLOP counts that use the
+# The backward does 7 such matmuls (`_bwd_dk_dv`: $S$, $dV$, $dP$, $dK$; `_bwd_dq`: $S$, $dP$,
+# $dQ$) where one pass with atomics, like the PyTorch loop, does 5. FLOP counts that use the
 # usual "backward = 2.5 × forward" (5 matmuls, `helpers.flash.attention_flops`) therefore count
 # 5 of the 7 matmuls it does: the true work is 1.40 × the counted one, and TFLOP/s computed that
 # way come out 1.40 times too low for these kernels.
@@ -513,7 +526,7 @@ for Nq, Nk, d, causal in cases:
 
 # %% [markdown]
 # On a GPU the kernels also run in fp16 and bf16: tiles are loaded in 16 bits, dots accumulate in
-# fp32, and (from sm_80 on) `P`, `dS` are rounded to 16 bits before their matmuls, so the tolerance is the
+# fp32, and (from sm_80 on) $P$, $dS$ are rounded to 16 bits before their matmuls, so the tolerance is the
 # half-precision one (`1e-2`; bf16, with 7 stored mantissa bits + 1 implicit, `3e-2`). Colab's
 # T4 (sm_75): these kernels offer no bf16 there (`supported_dtypes`), so the cell checks fp16
 # only. The result depends on the
@@ -538,9 +551,10 @@ if torch.cuda.is_available() and not ft.INTERPRET and ft.HAS_TRITON:
         tol = 3e-2 if dtype == torch.bfloat16 else 1e-2
         for n, got, r in zip(("O", "L", "grad_Q", "grad_K", "grad_V"), ours, ref):
             ok = compare(n, got, r.to(got.dtype), atol=tol, rtol=tol, quiet=True)
+            err = max_abs_diff(got, r.to(got.dtype))
             varies(
-                f"{'✓' if ok else '✗'} {dtype} Triton {n} vs fp32 reference (N=1000, d=64, causal): "
-                f"max|Δ| {max_abs_diff(got, r.to(got.dtype)):.1e} (atol=rtol={tol})"
+                f"{'✓' if ok else '✗'} {dtype} Triton {n} vs fp32, N=1000 d=64 causal:"
+                f" max|Δ| {err:.1e} (atol=rtol={tol})"
             )
 else:
     varies("no GPU here: fp16/bf16 Triton checks skipped")
@@ -550,9 +564,9 @@ else:
 #
 # `helpers.flash.saved_bytes(attn, B, H, N, d)` runs one forward inside
 # `helpers.memory.SavedTensors` (chapter 3's saved-tensor hooks) and adds up the bytes autograd
-# keeps for backward, leaving out `Q, K, V` themselves (they exist anyway). Naive attention keeps
-# `P` (`B·H·N²` floats; causal also keeps a boolean mask); the tiled version keeps `O` and `L`.
-# On the CPU with `B = H = 1`, `d = 16`:
+# keeps for backward, leaving out $Q, K, V$ themselves (they exist anyway). Naive attention keeps
+# $P$ ($B \cdot H \cdot N^2$ floats; causal also keeps a boolean mask); the tiled version keeps
+# $O$ and $L$. On the CPU with $B = H = 1$, $d = 16$:
 
 # %%
 from helpers.flash import saved_bytes
@@ -584,18 +598,18 @@ ax.loglog(Ns, tiled_b, "s-", base=2, label="tiled: O, L saved (∝ N)")
 ax.set_xlabel("N")
 ax.set_ylabel("bytes saved for backward")
 ax.set_title("B = H = 1, d = 16, float32")
-ax.legend(fontsize=8)
+ax.legend(fontsize=10)
 fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# Each doubling of `N` multiplies the naive bytes by 4.00 and the tiled bytes by 2.00: quadratic
-# against linear, measured. At `N = 4096` the naive version keeps 64.0 MiB for one head, the tiled
-# one 272.0 KiB (`N · (d + 1)` floats).
+# Each doubling of $N$ multiplies the naive bytes by 4.00 and the tiled bytes by 2.00: quadratic
+# against linear, measured. At $N = 4096$ the naive version keeps 64.0 MiB for one head, the tiled
+# one 272.0 KiB ($N (d + 1)$ floats).
 #
 # **The seed's claims, checked.** The notes this course grew from say that for BERT-base
-# (`B = 16`, `H = 12`, `N = 512`, float32) "the `QKᵀ` term alone takes 1.2 GB", and quote an A100
-# table (16.2 GB → 9.8 GB, 124 ms → 78 ms) for flash attention at `N = 1024`. The first is simple
+# ($B = 16$, $H = 12$, $N = 512$, float32) "the $QK^\top$ term alone takes 1.2 GB", and quote an
+# A100 table (16.2 GB → 9.8 GB, 124 ms → 78 ms) for flash attention at $N = 1024$. The first is simple
 # arithmetic, so we do it; the second was not measured here and we do not repeat it (section 6
 # has what we did measure, and how to measure it on your GPU).
 
@@ -604,27 +618,27 @@ B, H, N, d = 16, 12, 512, 64
 show("(batch, head) pairs B·H", B * H, 0)
 show("B·H·N² float32 bytes (one N × N matrix per pair)", B * H * N * N * 4, 0)
 print("as binary units:", fmt_bytes(B * H * N * N * 4))
-show("the seed's own product 16·12·512·512·4, GiB", 16 * 12 * 512 * 512 * 4 / 2**30, 4)
+show("the seed's product 16·12·512·512·4, GiB", 16 * 12 * 512 * 512 * 4 / 2**30, 4)
 show("... in GB (10⁹ bytes)", 16 * 12 * 512 * 512 * 4 / 1e9, 4)
 print("tiled O and L for the same shapes:", fmt_bytes(B * H * N * (d + 1) * 4))
 print("seed's 1.2 GB / B·H·N² float32 bytes:", fmt(1.2e9 / (B * H * N * N * 4), 1))
 
 # %% [markdown]
-# One `N × N` float32 matrix for each of the 192 (batch, head) pairs is 192.0 MiB in total at
-# those shapes. The seed writes that same product, `16*12*512*512*4 bytes`, and then "≈ 1.2GB":
-# the product is 0.1875 GiB (0.2013 GB), so its 1.2 GB, 6.0 times more, is an arithmetic slip
-# rather than a measurement of "`QKᵀ` alone".
+# One $N \times N$ float32 matrix for each of the 192 (batch, head) pairs is 192.0 MiB in total
+# at those shapes. The seed writes that same product, `16*12*512*512*4 bytes`, and then
+# "≈ 1.2GB": the product is 0.1875 GiB (0.2013 GB), so its 1.2 GB, 6.0 times more, is an
+# arithmetic slip rather than a measurement of "$QK^\top$ alone".
 #
 # The seed also says that flash attention's backward keeps "行和列统计量（如 row_max,
 # row_sum）", *row and column statistics* such as the row max and row sum. There are no column
 # statistics: softmax normalises rows, so only per-row statistics are needed, and
-# FlashAttention-2 folds the row max `m` and row sum `ℓ` into a single number per row,
-# `L = m + log ℓ`, exactly what our `saved_tensors` listing showed.
+# FlashAttention-2 folds the row max $m$ and row sum $\ell$ into a single number per row,
+# $L = m + \log \ell$, exactly what our `saved_tensors` listing showed.
 #
 # ## 6. Time
 #
 # On a CPU the tiled PyTorch version mostly measures Python loop overhead; the point of tiling is
-# memory, and — on a GPU — keeping tiles in on-chip SRAM instead of writing `S` and `P` to HBM.
+# memory, and — on a GPU — keeping tiles in on-chip SRAM instead of writing $S$ and $P$ to HBM.
 # A small live comparison (one thread, forward + backward, median of 3; numbers vary by machine):
 
 
@@ -649,7 +663,8 @@ for N in (256, 512):
         lambda q, k, v: flash_attention(q, k, v, False, 128, 128), Q, K, V, grad_O
     )
     varies(
-        f"N={N}: naive {t_naive:.1f} ms, tiled {t_tiled:.1f} ms, tiled/naive {t_tiled / t_naive:.2f}x"
+        f"N={N}: naive {t_naive:.1f} ms, tiled {t_tiled:.1f} ms,"
+        f" tiled/naive {t_tiled / t_naive:.2f}x"
     )
 torch.set_num_threads(threads)
 
@@ -659,7 +674,7 @@ torch.set_num_threads(threads)
 # (forward and forward + backward, bf16/fp16, causal or not, `d ∈ {64, 128}`, `N` up to 16k) and
 # writes its results to `benchmarks/results/`. The cell below shows the committed results, if any;
 # the target for our Triton kernels is forward + backward at ≥ 0.8× the throughput of SDPA's flash
-# backend at `N ≥ 4096`, `d = 64`, bf16, on an H100/H200-class GPU, throughput counted with the
+# backend at $N \ge 4096$, $d = 64$, bf16, on an H100/H200-class GPU, throughput counted with the
 # 2.5× convention above (which credits our backward with 5 of the 7 matmuls it does).
 
 # %%
@@ -675,9 +690,9 @@ results = sorted(
 )
 if not results:
     print(
-        "No GPU results committed yet. Once  python benchmarks/flash_gpu.py  has run on a CUDA GPU and its\n"
-        "benchmarks/results/flash_gpu_<gpu>.json is committed, this cell prints its TFLOP/s table here\n"
-        "(naive, tiled, Triton and SDPA's flash backend, forward + backward, bf16, d = 64)."
+        "No GPU results committed yet: the TFLOP/s table will appear here, read\n"
+        "from benchmarks/results/flash_gpu_<gpu>.json, which bash tools/gpu_check.sh\n"
+        "writes when run on a machine with a CUDA GPU."
     )
 for path in results:
     data = json.loads(path.read_text())
@@ -691,13 +706,12 @@ for path in results:
         and r["impl"] in ("triton", "sdpa-flash", "tiled", "naive")
         and r["dtype"] == "bf16"
     ]
-    print(
-        f"{data['meta']['gpu']} (torch {data['meta']['torch']}): fwd+bwd, bf16, d=64, not causal, TFLOP/s"
-    )
+    meta = data["meta"]
+    print(f"{meta['gpu']} (torch {meta['torch']}): fwd+bwd, bf16, d=64, not causal")
+    print(f"  {'impl':<11} {'N':>8}  {'TFLOP/s':>7}  peak memory")
     for r in rows:
-        print(
-            f"  {r['impl']:<11} N={r['N']:>6}  {fmt(r['tflops'], 1):>7}  peak {fmt(r['peak_mib'], 0)} MiB"
-        )
+        tflops, peak = fmt(r["tflops"], 1), fmt(r["peak_mib"], 0)
+        print(f"  {r['impl']:<11} N={r['N']:>6}  {tflops:>7}  {peak} MiB")
 
 # %% [markdown]
 # ## Summary
@@ -712,20 +726,21 @@ for path in results:
 #   $dV \mathrel{+}= P^\top dO$, $dS = P \circ (dO\,V^\top - D)$, $dQ \mathrel{+}= dS\,K \cdot s$,
 #   $dK \mathrel{+}= dS^\top Q \cdot s$. Saved: $Q, K, V, O, L$, linear in $N$, measured above.
 # * The same algorithm as Triton kernels: one program per tile, statistics in registers, three
-#   backward launches without atomics (7 matmuls of `N²d` size instead of 5); checked under the
+#   backward launches without atomics (7 matmuls of $N^2 d$ size instead of 5); checked under the
 #   interpreter on a CPU. On a T4 they run without tensor cores.
 #
 # ## Common mistakes
 #
-# * **Forgetting to rescale the accumulator** (or `ℓ`) when the running max grows: correct only
+# * **Forgetting to rescale the accumulator** (or $\ell$) when the running max grows: correct only
 #   while the max happens to sit in the first block — test with a late maximum, as in section 1.
-# * **Using the un-normalised `P`** in backward: `exp(S − m)` instead of `exp(S − L)` is off by the
-#   factor `ℓ` per row; the tests in `tests/test_flash.py` catch it with gradcheck.
-# * **Dropping `D`** (`dS = P ∘ dP`): forgets that the softmax rows sum to one; also caught.
+# * **Using the un-normalised $P$** in backward: $e^{S - m}$ instead of $e^{S - L}$ is off by the
+#   factor $\ell$ per row; the tests in `tests/test_flash.py` catch it with gradcheck.
+# * **Dropping $D$** ($dS = P \circ dP$): forgets that the softmax rows sum to one; also caught.
 # * **The causal corner**: skipping key blocks is only right for blocks entirely above the
-#   diagonal; the diagonal tile still needs its `−∞` mask. And `Nq ≠ Nk` has two conventions
-#   (SDPA and `helpers.flash`: top-left; flash-attn ≥ 2.1 and `helpers.attention`: bottom-right,
-#   which a KV-cache decoder needs).
+#   diagonal; the diagonal tile still needs its $-\infty$ mask. And $N_q \ne N_k$ has two
+#   conventions: top-left (SDPA's `is_causal=True`, and `causal=True` in `helpers.attention` and
+#   `helpers.flash`) and bottom-right (flash-attn ≥ 2.1, `align="bottom_right"` in the course's
+#   functions), which a KV-cache decoder needs.
 # * **Comparing in fp32 on a GPU with TF32 on** (`no_tf32()`, `input_precision="ieee"`), or
 #   expecting bf16 (or tensor-core speed from Triton) on a T4.
 #

@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 11. Training by hand: optimizers, a tiny GPT trained on our own backward passes, and gradients across processes
 #
-# Ten chapters computed gradients. Seed 004 ends where this chapter starts: once the gradient is
+# Ten chapters computed {term}`gradients <gradient>`. Seed 004 ends where this chapter starts: once the gradient is
 # computed, how should the parameters be updated with it, and how large a step should they
 # take? Its next episodes are gradient descent, then Adam. Here the loop closes: we write the optimizers
 # ourselves, put them in a training loop with the order seed 000 insists on, and train the small
@@ -11,13 +11,15 @@
 #
 # **Learning goals.** After this chapter you can
 #
-# * write SGD, momentum, Nesterov, Adam and AdamW as a few tensor operations each, in the order
+# * write the {term}`optimizers <optimizer>` SGD, momentum, Nesterov, Adam and AdamW as a few
+#   tensor operations each, in the order
 #   `torch.optim` uses, and check them against it step for step (float64, to 1e-12);
 # * explain what Adam's bias correction fixes, and why L2 regularisation and decoupled weight
 #   decay are different things for Adam (and the same for plain SGD);
-# * write a learning-rate warm-up followed by a cosine decay;
-# * write a training loop in the order zero_grad → forward → backward → clip → step, with
-#   gradient accumulation that gives exactly the full-batch step;
+# * write a {term}`learning rate` warm-up followed by a cosine decay;
+# * write a training loop in the order zero_grad → forward → backward → clip
+#   ({term}`gradient clipping`) → step, with gradient accumulation that gives exactly the
+#   full-{term}`batch` step;
 # * train a transformer with your own backward pass and show that it follows autograd's
 #   loss curve to round-off;
 # * compute a gradient with data parallelism: shard the batch, `all_reduce`, divide by the
@@ -38,7 +40,6 @@ import time
 
 import matplotlib.pyplot as plt
 import torch
-import torch.nn.functional as F
 
 from helpers.checks import compare
 from helpers.device import describe, get_device, no_tf32, randn
@@ -60,7 +61,8 @@ varies(f"device: {describe(dev)}")
 #
 # $$\begin{aligned}
 # a &= \tanh(XW^\top + b), & L &= \tfrac{1}{n}\textstyle\sum (a - Y)^2, \\
-# \delta &= \tfrac{2}{n}(a - Y)\odot(1 - a^2), & \nabla_W L &= \delta^\top X,\quad \nabla_b L = \textstyle\sum_i \delta_i .
+# \delta &= \tfrac{2}{n}(a - Y)\odot(1 - a^2), & \nabla_W L &= \delta^\top X, \\
+# & & \nabla_b L &= \textstyle\sum_i \delta_i .
 # \end{aligned}$$
 
 # %%
@@ -173,7 +175,7 @@ _ = compare(
 # `helpers.optim.sgd_update(theta, g, buf, lr, momentum, nesterov, weight_decay)` is the same
 # update for one tensor, with weight decay and Nesterov added. The class `SGD` keeps one
 # buffer per parameter (a dict or a list of tensors) and takes the gradients as an argument
-# (`opt.step(grads)`), or reads `θ.grad` when called without one. A small driver runs ten steps
+# (`opt.step(grads)`), or reads each parameter's `.grad` when called without one. A small driver runs ten steps
 # of ours with hand-computed gradients and ten steps of `torch.optim` with autograd's:
 
 # %%
@@ -181,7 +183,7 @@ from helpers.optim import SGD
 
 
 def ten_steps(make_ours, make_ref, steps=10):
-    """Parameters after `steps` updates: ours (hand gradients) and torch.optim's (autograd)."""
+    """Parameters after `steps` updates: ours (hand gradients), torch.optim's."""
     ours = init()
     opt = make_ours(ours)
     for _ in range(steps):
@@ -218,7 +220,10 @@ for name, make_ours, make_ref in [
 #
 # Adam keeps two running averages per parameter, of the gradient and of its square,
 #
-# $$m \leftarrow \beta_1 m + (1-\beta_1) g,\qquad v \leftarrow \beta_2 v + (1-\beta_2) g^2,$$
+# $$\begin{aligned}
+# m &\leftarrow \beta_1 m + (1-\beta_1)\, g, \\
+# v &\leftarrow \beta_2 v + (1-\beta_2)\, g^2,
+# \end{aligned}$$
 #
 # and steps by $\eta\,\hat m / (\sqrt{\hat v} + \epsilon)$: each coordinate is divided by its own
 # recent gradient size, so every parameter moves about $\eta$ per step whatever the scale of its
@@ -247,7 +252,7 @@ show("ratio (1-β1)/sqrt(1-β2)", (1 - beta1) / math.sqrt(1 - beta2))
 
 # %%
 def raw_over_corrected(t):
-    """(1 − β1ᵗ)/√(1 − β2ᵗ): the uncorrected Adam step over the corrected one, constant gradient."""
+    """(1 − β1ᵗ)/√(1 − β2ᵗ): uncorrected over corrected Adam step, constant gradient."""
     return (1 - beta1**t) / math.sqrt(1 - beta2**t)
 
 
@@ -293,8 +298,12 @@ _ = compare(
 )
 
 # %% [markdown]
-# `torch.optim` writes the same step as `θ.addcdiv_(m, √v/√(1−β₂ᵗ) + ε, value=−η/(1−β₁ᵗ))`:
-# algebraically the line above, with ε added after dividing by $\sqrt{1-\beta_2^t}$ as in the
+# `torch.optim` writes the same step as
+#
+# $$\theta \leftarrow \theta - \frac{\eta}{1-\beta_1^t}\cdot
+#   \frac{m}{\sqrt{v}/\sqrt{1-\beta_2^t} + \epsilon}$$
+#
+# (one `theta.addcdiv_` call): algebraically the line above, with ε added after dividing by $\sqrt{1-\beta_2^t}$ as in the
 # paper. `helpers.optim.adam_update(theta, g, m, v, t, lr, betas, eps, weight_decay, decoupled)`
 # follows its order operation by operation; the classes `Adam` and `AdamW` keep $m$, $v$ and
 # $t$ per parameter.
@@ -366,7 +375,7 @@ ok = compare(
 
 # %%
 def decay_demo(make_opt, steps=10):
-    """Two weights at 1.0; the loss gradient is 10 for the first and 0 for the second."""
+    """Two weights at 1.0; the loss gradient is 10 for the first, 0 for the second."""
     theta = torch.ones(2, dtype=torch.float64)
     opt = make_opt([theta])
     for _ in range(steps):
@@ -414,9 +423,12 @@ show(
 # it smoothly down to a floor:
 #
 # $$\eta(s) = \begin{cases}
-# \eta_{\max}\,\dfrac{s+1}{W} & s < W, \\[4pt]
-# \eta_{\min} + \tfrac12(\eta_{\max}-\eta_{\min})\Big(1 + \cos\dfrac{\pi (s - W)}{T - W}\Big) & W \le s \le T.
+# \eta_{\max}\,\dfrac{s+1}{W}, & s < W, \\[4pt]
+# \eta_{\min} + \tfrac12(\eta_{\max}-\eta_{\min})\, c(s), & W \le s \le T,
 # \end{cases}$$
+#
+# with $c(s) = 1 + \cos\frac{\pi (s - W)}{T - W}$, which falls from 2 at $s = W$ to 0 at
+# $s = T$.
 
 # %%
 from helpers.optim import lr_warmup_cosine
@@ -453,8 +465,9 @@ g_true = []
 for step in range(3):
     loss_of(p["W"], p["b"]).backward()  # no zero_grad: .grad += new gradient
     g_true.append(torch.autograd.grad(loss_of(p["W"], p["b"]), p["W"])[0].norm().item())
+    norm_W_grad = fmt(p["W"].grad.norm().item())
     print(
-        f"step {step}: ‖W.grad‖ = {fmt(p['W'].grad.norm().item())}   ‖true gradient‖ = {fmt(g_true[-1])}"
+        f"step {step}: ‖W.grad‖ = {norm_W_grad}   ‖true gradient‖ = {fmt(g_true[-1])}"
     )
 
 # %% [markdown]
@@ -479,7 +492,7 @@ for step in range(3):
 # of the activations. The bar is `tqdm.auto`'s: a widget in Jupyter and on the site.
 
 # %%
-from helpers.train import train
+from helpers.train import lm_loss, train
 
 X_big = randn(12, 4, seed=5, device=dev, dtype=torch.float64)
 Y_big = randn(12, 3, seed=6, device=dev, dtype=torch.float64)
@@ -526,7 +539,8 @@ _ = compare(
 # from the same float64 initial weights, on the same batches, with the same schedule and
 # clipping:
 #
-# * **autograd**: `TinyGPT` (`nn.TransformerEncoderLayer` blocks), `F.cross_entropy`,
+# * **autograd**: `TinyGPT` (`nn.TransformerEncoderLayer` blocks), chapter 8's `lm_loss`
+#   (`F.cross_entropy` over every position),
 #   `loss.backward()`, `torch.optim.AdamW`;
 # * **by hand**: `gpt_loss_and_grads` (every gradient written out in chapters 4–7, no
 #   autograd) and `helpers.optim.AdamW`.
@@ -573,18 +587,13 @@ model = load_params_into_module(TinyGPT(config).to(device=dev, dtype=dtype), par
 opt_ref = torch.optim.AdamW(model.parameters(), lr=0.0, weight_decay=0.1)
 
 
-def loss_fn(idx, targets):
-    """Mean cross-entropy of the autograd model over all B·N positions."""
-    logits = model(idx)  # (B, N, V)
-    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())  # (B·N, V), (B·N,)
-
-
 t0 = time.perf_counter()
 hist_ref = train(
     opt_ref,
     batch_at,
     STEPS,
-    loss_fn=loss_fn,
+    # chapter 8's next-token cross-entropy, the mean over all B·N positions
+    loss_fn=lambda idx, targets: lm_loss(model, idx, targets),
     clip=1.0,
     lr_schedule=schedule,
     desc="autograd + torch.optim.AdamW",
@@ -606,14 +615,14 @@ hist = train(
 )
 t_hand = time.perf_counter() - t0
 varies(
-    f"training time: autograd {t_ref:.1f} s, by hand {t_hand:.1f} s ({STEPS} steps each)"
+    f"training time: autograd {t_ref:.1f} s, by hand {t_hand:.1f} s"
+    f" ({STEPS} steps each)"
 )
 
 # %%
 for s in (0, 1, 10, 100, 200, STEPS - 1):
-    print(
-        f"step {s:3d}: loss autograd {fmt(hist_ref['loss'][s])}   by hand {fmt(hist['loss'][s])}"
-    )
+    loss_auto, loss_hand = fmt(hist_ref["loss"][s]), fmt(hist["loss"][s])
+    print(f"step {s:3d}: loss autograd {loss_auto}   by hand {loss_hand}")
 compare(
     f"loss curve over {STEPS} steps, by hand vs autograd",
     torch.tensor(hist["loss"]),
@@ -650,9 +659,10 @@ compare(
     rtol=0,
 )
 compare("key biases after training", k_ours, k_ref, atol=1e-9, rtol=0)
+param_bytes = sum(t.numel() * t.element_size() for t in params.values())
 print(
     f"AdamW state: {optimizer_state_bytes(opt)} bytes = "
-    f"{optimizer_state_bytes(opt) / sum(t.numel() * t.element_size() for t in params.values()):.0f} × the parameters' bytes"
+    f"{optimizer_state_bytes(opt) / param_bytes:.0f} × the parameters' bytes"
 )
 
 fig, ax = plt.subplots(figsize=(6.5, 3))
@@ -745,9 +755,8 @@ if BIG and torch.cuda.is_available():
         lr_schedule=big_sched,
         desc="big, by hand",
     )
-    varies(
-        f"big model: final loss {h_big['loss'][-1]:.4f} in {time.perf_counter() - t0:.0f} s"
-    )
+    seconds = time.perf_counter() - t0
+    varies(f"big model: final loss {h_big['loss'][-1]:.4f} in {seconds:.0f} s")
     out = sample(
         p_big, big, tok.encode("The cat")[None].to(dev), 200, temperature=0.8, seed=0
     )
@@ -761,8 +770,11 @@ else:
 # Data parallelism gives each process (each GPU, usually) a copy of the model and a shard of
 # the batch. With $R$ equal shards of $b$ examples and a mean loss,
 #
-# $$\nabla \frac{1}{Rb}\sum_{i=1}^{Rb}\ell_i \;=\; \frac{1}{R}\sum_{r=1}^{R}\Big(\nabla\frac1b\sum_{i\in\text{shard }r}\ell_i\Big)
-# \;=\; \frac1R\sum_r g_r .$$
+# $$\begin{aligned}
+# \nabla \frac{1}{Rb}\sum_{i=1}^{Rb}\ell_i
+# &= \frac{1}{R}\sum_{r=1}^{R}\Big(\nabla\frac1b\sum_{i\in\text{shard }r}\ell_i\Big) \\
+# &= \frac1R\sum_r g_r .
+# \end{aligned}$$
 #
 # So every process computes $g_r$ on its shard, an **all-reduce** sums the $g_r$ and hands the
 # sum to every process, and each divides by $R$. All hold the same gradient afterwards, take the
