@@ -18,7 +18,7 @@
 # * derive the FlashAttention-2 backward: $D = \mathrm{rowsum}(dO \circ O)$, $P = e^{S - L}$
 #   recomputed per tile;
 # * wrap it in an `autograd.Function` that saves only $Q, K, V, O, L$, and check it (SDPA,
-#   {term}`gradient check <gradient check>`);
+#   {term}`gradient check`);
 # * read a Triton kernel that does the same, and run it on a CPU under `TRITON_INTERPRET=1`;
 # * measure the {term}`saved tensors`' bytes: quadratic in $N$ for naive attention, linear
 #   for the tiled one.
@@ -299,7 +299,7 @@ for Nq, Nk, d in [(50, 50, 16), (37, 37, 64), (20, 45, 32)]:
 # %% [markdown]
 # ## 3. The backward, by recomputation
 #
-# Chapter 6 derived attention's backward with `P` in hand:
+# Chapter 6 derived attention's backward with $P$ in hand:
 #
 # $$\begin{aligned}
 # dV &= P^\top dO, & dP &= dO\, V^\top, \\
@@ -669,9 +669,9 @@ for N in (256, 512):
 torch.set_num_threads(threads)
 
 # %% [markdown]
-# `benchmarks/flash_cpu.py` runs the same comparison over more `N` (see `benchmarks/README.md`).
+# `benchmarks/flash_cpu.py` runs the same comparison over more $N$ (see `benchmarks/README.md`).
 # On a GPU, `benchmarks/flash_gpu.py` measures naive, tiled PyTorch, Triton and each SDPA backend
-# (forward and forward + backward, bf16/fp16, causal or not, `d ∈ {64, 128}`, `N` up to 16k) and
+# (forward and forward + backward, bf16/fp16, causal or not, $d \in \{64, 128\}$, $N$ up to 16k) and
 # writes its results to `benchmarks/results/`. The cell below shows the committed results, if any;
 # the target for our Triton kernels is forward + backward at ≥ 0.8× the throughput of SDPA's flash
 # backend at $N \ge 4096$, $d = 64$, bf16, on an H100/H200-class GPU, throughput counted with the
