@@ -60,6 +60,7 @@ __all__ = ["check", "evaluate", "check_gradcheck", "autograd_grads", "CheckResul
 
 TODO = "not implemented yet"
 _MAX_MESSAGE = 160
+_MAX_LINE = 200  # a ✗ line lists fewer "also wrong" names rather than run longer
 _MAX_LISTED, _MAX_NAMES_CHARS = 4, 80  # a ✓ line lists at most this many names, or this long a list
 
 
@@ -491,9 +492,13 @@ def evaluate(
             exacts.append(key)
     if problems:
         others = wrong[0 if missing else 1 :]
-        others = others[:3] + (["…"] if len(others) > 3 else [])
-        more = f" [also wrong: {', '.join(others)}]" if others else ""
-        return CheckResult("fail", f"✗ {name}: {problems[0]}{more}")
+        head = f"✗ {name}: {problems[0]}"
+        for n in range(min(3, len(others)), -1, -1):  # as many of the others as fit in one line
+            listed = others[:n] + (["…"] if len(others) > n else [])
+            more = f" [also wrong: {', '.join(listed)}]" if listed else ""
+            if len(head) + len(more) <= _MAX_LINE:
+                break
+        return CheckResult("fail", head + more)
     if todo and not diffs and not exacts:
         return CheckResult("todo", f"· {name}: {TODO}")
     if todo:

@@ -450,3 +450,13 @@ def test_round_off_around_zero_is_zero_not_a_tiny_ratio():
     noise = 1e-17 * torch.linspace(-1, 1, 12, dtype=torch.float64).reshape(3, 4)
     r = evaluate(noise * G, G, outputs=("grad_Z",))  # e.g. softmax rows summed: 0 up to round-off
     assert r.line == "✗ check: grad_Z is zero everywhere (up to round-off)"
+
+
+def test_check_prints_the_diagnosis_and_long_also_wrong_lists_shrink_to_fit(capsys):
+    check(lambda g: g / 8, lambda g: g, args=(G,), outputs=("grad_W",), factors={"B": 8}, name="ex3")
+    assert one_line(capsys) == "✗ ex3: grad_W is 1/B × the expected value (B = 8)"
+    names = [f"padded keys' gradient entries of head {i}" for i in range(5)]
+    r = evaluate(tuple(G + i + 1 for i in range(5)), tuple(G for _ in range(5)), outputs=names, name="ex4")
+    assert len(r.line) <= 200 and r.line.endswith("[also wrong: …]")
+    r = evaluate(tuple(G + i + 1 for i in range(5)), tuple(G for _ in range(5)), outputs=list("abcde"))
+    assert r.line.endswith("[also wrong: b, c, d, …]")
