@@ -48,6 +48,10 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "[::1]", "::1"}
+
+sys.path.insert(0, str(ROOT / "tools"))
+from pdf import PDF_NAME, print_pdf  # noqa: E402
+
 DESKTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 390, "height": 844}
 
@@ -202,6 +206,9 @@ def test_internal_links_and_anchors_resolve(site):
         rel_page = page.relative_to(site).as_posix()
         for tag, url in _parse(page).links + _parse(page).loads:
             if _external(url) or url.startswith(("mailto:", "javascript:", "data:")):
+                continue
+            # printed after the site by tools/pdf.py (tools/book.sh); see test_the_pdf_printer
+            if url == PDF_NAME:
                 continue
             parts = urllib.parse.urlsplit(url)
             target_rel = (
@@ -605,7 +612,6 @@ def test_a_chapter_page_weighs_at_most_2_5_mb_cold(browser, server, site, docnam
 # labs: no solution or hidden test anywhere in the built site (checked on the session's build)
 # ---------------------------------------------------------------------------------------------
 
-sys.path.insert(0, str(ROOT / "tools"))
 import labs as _labs  # noqa: E402
 
 
@@ -625,3 +631,31 @@ def test_no_lab_solution_or_hidden_test_in_the_built_site(site, lab):
             )
             found = [s for s in secrets if _labs.found(s, text)]
             assert not found, f"{page.relative_to(site)} shows {found[0]!r} from {lab}'s solutions"
+
+
+# ---------------------------------------------------------------------------------------------
+# the whole-book PDF: tools/book.sh prints it after the site (minutes, so not here); here the
+# printer runs on a small page and the landing page must link the file it writes
+# ---------------------------------------------------------------------------------------------
+
+
+def test_the_landing_page_links_the_whole_book_pdf(site):
+    assert f'href="{PDF_NAME}"' in (site / "intro.html").read_text(encoding="utf-8")
+
+
+@pytest.mark.browser
+def test_the_pdf_printer_prints_code_without_cutting_it(tmp_path):
+    line = "grad_W = grad_Y.T @ X  # " + "(out, B) @ (B, in) -> (out, in) " * 6  # wider than A4
+    css = (ROOT / "_static" / "custom.css").read_text(encoding="utf-8")
+    text = "".join(f"<h2>Section {i}</h2><p>{'text ' * 300}</p>" for i in range(8))
+    (tmp_path / "book.html").write_text(
+        f"<html><head><style>{css}</style></head><body><h1>Backprop</h1>"
+        f"<div class='cell'><div class='cell_input'><pre>{line}</pre></div></div>{text}</body></html>",
+        encoding="utf-8",
+    )
+    out = tmp_path / "out" / PDF_NAME
+    formulas, images, cut = print_pdf(tmp_path, out)
+    data = out.read_bytes()
+    pages = len(re.findall(rb"/Type\s*/Page\b", data))
+    assert data.startswith(b"%PDF") and pages >= 2, (pages, len(data))
+    assert (formulas, images, cut) == (0, 0, 0), "the print CSS should wrap the long code line"

@@ -3,6 +3,9 @@
 #   bash tools/book.sh                      # -> _build/html/index.html
 #   bash tools/book.sh --toc /tmp/toc.yml   # extra arguments go to `jupyter-book build`
 #   SKIP_INSTALL=1 bash tools/book.sh       # rebuild without re-running tools/install.sh
+#   SKIP_PDF=1 bash tools/book.sh           # the website only, without the whole-book PDF
+# Then, where Chromium is installed, tools/pdf.py prints the whole book to
+# _build/html/backprop-by-hand.pdf, which the landing page links (a few minutes).
 # The site is self-contained (works offline): tools/web/vendor.py installs the pinned npm
 # packages (npm ci) and copies MathJax and the Jupyter widgets JavaScript into _build/offline/,
 # which _config.yml hands to Sphinx (html_extra_path).
@@ -19,3 +22,10 @@ rm -rf _build/html
 "$PY" -c "import sys; from jupyter_book.cli.main import main; sys.argv[0] = 'jupyter-book'; main()" \
   build -W -n --keep-going "$@" .
 echo "Website built in $(( $(date +%s) - start ))s: $(pwd)/_build/html/index.html"
+if [ "${SKIP_PDF:-0}" != 1 ]; then
+  if [ -x "${CHROMIUM:-/usr/bin/chromium}" ]; then
+    "$PY" tools/pdf.py
+  else
+    echo "No Chromium: the whole-book PDF was not built (apt-get install chromium, or set CHROMIUM=...)"
+  fi
+fi
