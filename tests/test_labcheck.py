@@ -383,6 +383,8 @@ def test_a_declared_term_missing_or_counted_twice_is_named():
     assert r.line == "✗ check: grad_x matches the expected value plus the skip path (counted twice?)"
     r = evaluate(lambda g: g + 0.5 * skip, ref, args=(G,), outputs=("grad_x",), terms=terms)
     assert "grad_x is wrong: largest error" in r.line  # half the term: no diagnosis
+    r = evaluate(lambda g: g, ref, args=(G,), outputs=("grad_x",), terms={"grad_x": {"t": torch.ones(5)}})
+    assert "grad_x is wrong: largest error" in r.line  # a term that cannot broadcast is skipped
     with pytest.raises(ValueError, match="terms: 'grad_y' is not one of the outputs"):
         evaluate(lambda g: g, ref, args=(G,), outputs=("grad_x",), terms={"grad_y": {"t": skip}})
 
