@@ -9,15 +9,17 @@
 #
 # **Learning goals.** After this chapter you can
 #
-# 1. recall LayerNorm's backward and name its two extra paths (through the mean and through
-#    the variance);
-# 2. explain why a residual connection copies the gradient to both branches, and show
-#    numerically why that keeps the gradient of a deep stack alive;
+# 1. recall LayerNorm's ({term}`layer normalization`) backward and name its two extra paths
+#    (through the mean and through the variance);
+# 2. explain why a {term}`residual connection` copies the gradient to both branches, and show
+#    numerically why that keeps the gradient of a deep stack alive (no
+#    {term}`vanishing gradient`);
 # 3. write the FFN backward from chapter 4's pieces;
 # 4. write the backward of a whole block, post-norm and pre-norm, and match autograd on
 #    `nn.TransformerEncoderLayer` for every parameter and the input;
 # 5. chain block backwards into a decoder-only GPT, and avoid the embedding scatter-add trap;
-# 6. list what each sub-layer keeps for backward and check a memory formula against a measurement.
+# 6. list what each sub-layer keeps for backward (its {term}`saved tensors`) and check a memory
+#    formula against a measurement.
 #
 # Seed 004's "手写 GPT" (a hand-written GPT: embedding → blocks → LayerNorm → output head) is the
 # target of this chapter; its remark that the residual connection "一分为二" ("splits the gradient
@@ -336,9 +338,11 @@ def autograd_block_grads(params, norm_first, causal, activation, X, grad_Y):
 
 
 for norm_first, causal in ((False, False), (True, True)):
-    print(
-        f"--- {'pre' if norm_first else 'post'}-norm, {'causal' if causal else 'no mask'}, relu, float64"
+    norm, masking = (
+        ("pre" if norm_first else "post"),
+        ("causal" if causal else "no mask"),
     )
+    print(f"--- {norm}-norm, {masking}, relu, float64")
     Y_ref, ref = autograd_block_grads(params, norm_first, causal, "relu", X, grad_Y)
     Y, cache = block_forward(X, params, H, norm_first, causal, "relu")
     ours = block_manual_backward(grad_Y, cache)
@@ -366,7 +370,8 @@ for norm_first in (False, True):
         )
         _, cache = block_forward(X32, params32, H, norm_first, True, activation)
         ours = block_manual_backward(grad_Y32, cache)
-        cat = lambda g: torch.cat([g[n].flatten() for n in ("X", *BLOCK_PARAM_NAMES)])  # noqa: E731
+        names = ("X", *BLOCK_PARAM_NAMES)
+        cat = lambda g: torch.cat([g[n].flatten() for n in names])  # noqa: E731
         compare(
             f"{'pre' if norm_first else 'post'}-norm {activation}, float32, all 13",
             cat(ours),
@@ -393,7 +398,8 @@ for group, n in counts.items():
 attn_params = counts["self_attn"] + counts["self_attn.out_proj"]
 ffn_params = counts["linear1"] + counts["linear2"]
 print(
-    f"attention {attn_params:,d}   FFN {ffn_params:,d}   FFN / attention = {ffn_params / attn_params:.2f}"
+    f"attention {attn_params:,d}   FFN {ffn_params:,d}"
+    f"   FFN / attention = {ffn_params / attn_params:.2f}"
 )
 print(
     "parameter tensors:",
@@ -641,9 +647,7 @@ _ = compare(
 # %%
 for norm_first in (True, False):
     print(f"--- {'pre' if norm_first else 'post'}-norm, relu")
-    print(
-        f"{'sub-layer':<11} {'autograd keeps':<37} {'our cache keeps':<37} {'per token'}"
-    )
+    print(f"{'sub-layer':<11} {'autograd keeps':<37} {'our cache keeps':<37} per token")
     for row in block_saved_table(norm_first, "relu"):
         print(f"{row[0]:<11} {row[1]:<37} {row[2]:<37} {row[3]}")
 
@@ -656,17 +660,17 @@ B, N, d, H, d_ff = 8, 128, 256, 4, 1024
 cpu_params = block_params(d, d_ff, seed=0)
 Xc = randn(B, N, d, seed=40, requires_grad=True)
 mask = nn.Transformer.generate_square_subsequent_mask(N)
-print(
-    f"{'':<10} {'autograd (measured)':>20} {'ours (measured)':>16} {'ours (formula)':>15}"
-)
+head = ("autograd (measured)", "ours (measured)", "ours (formula)")
+print(f"{'':<10} {head[0]:>20} {head[1]:>16} {head[2]:>15}")
 for norm_first in (False, True):
     layer = layer_from_params(cpu_params, H, norm_first, "relu")
     with SavedTensors(exclude=[Xc, *layer.parameters()]) as saved:
         layer(Xc, src_mask=mask, is_causal=True)
     _, cache = block_forward(Xc, cpu_params, H, norm_first, causal=True)
     formula = block_saved_bytes_formula(B, N, d, H, d_ff, 4, norm_first)
+    label = "pre-norm" if norm_first else "post-norm"
     print(
-        f"{'pre-norm' if norm_first else 'post-norm':<10} {fmt_bytes(saved.total_bytes):>20} "
+        f"{label:<10} {fmt_bytes(saved.total_bytes):>20} "
         f"{fmt_bytes(block_cache_bytes(cache)):>16} {fmt_bytes(formula):>15}"
     )
     compare(
@@ -712,8 +716,9 @@ for _ in range(6):
     t_man.append(time.perf_counter() - t0)
 med = lambda v: sorted(v)[len(v) // 2]  # noqa: E731
 varies(
-    f"pre-norm block B={B} N={N} d={d}, CPU: autograd backward {1e3 * med(t_auto):.1f} ms, "
-    f"manual {1e3 * med(t_man):.1f} ms, ratio {med(t_man) / med(t_auto):.2f}x"
+    f"pre-norm block B={B} N={N} d={d}, CPU: autograd backward"
+    f" {1e3 * med(t_auto):.1f} ms, manual {1e3 * med(t_man):.1f} ms,"
+    f" ratio {med(t_man) / med(t_auto):.2f}x"
 )
 
 # %% [markdown]
