@@ -10,39 +10,47 @@
 #   show_stdout: false
 
 # %% [markdown]
-# # Lab 10 · Flash attention: the tiled forward and its backward by recomputation
+# # Lab 10 · Flash attention with ALiBi: the tiled forward and its backward by recomputation
 #
-# The chapter walked through flash-style attention; here **you** write it. You start with
-# one softmax row, build the tiled forward that never holds the `N × N` matrix, then write the
-# backward that recomputes each tile of `P` from `Q, K` and one number per row, add the causal
-# mask, and wrap it all in an `autograd.Function`. This lab goes with
-# [Chapter 10](../chapters/10_flash_attention.ipynb). Everything runs on a CPU, in plain
-# PyTorch (no Triton), on small shapes.
+# The chapter walked through flash-style attention for plain (and causal) softmax attention;
+# here **you** write a variant it did not print: attention with an **ALiBi bias** (Press et al.,
+# 2022), `S = Q Kᵀ · s − m_h |i − j|`, with one *learned* slope `m_h` per head, and a
+# **sliding-window** causal mask. You start with the merge of two partial softmax
+# normalisers, build the tiled forward that never holds the `N × N` matrix (nor the `N × N`
+# bias), derive the backward, including the gradient of the slopes, then tile it in the
+# *other* loop order than the chapter's, add the local causal mask, and wrap it all in an
+# `autograd.Function`. This lab goes with [Chapter 10](../chapters/10_flash_attention.ipynb).
+# Everything runs on a CPU, in plain PyTorch (no Triton), on small shapes.
 #
 # **Learning goals.** After this lab you can
-# * compute a softmax's max `m` and normaliser `ℓ` in one pass over blocks, rescaling `ℓ`
-#   whenever the running max grows;
-# * write a tiled attention forward that returns `O` and the row log-sum-exp `L = m + log ℓ`;
-# * show that `D = rowsum(dO ∘ O)` equals `rowsum(dP ∘ P)`, and write attention's backward from
-#   `Q, K, V, O, L` alone, with `P = exp(S − L)` recomputed;
-# * tile that backward (FlashAttention-2 order), accumulating `dV`, `dK`, `dQ` block by block;
-# * add causal masking when `N` is not a multiple of the block size;
-# * wrap forward and backward in an `autograd.Function` that saves only `Q, K, V, O, L` and
-#   passes `gradcheck`.
+# * merge the `(m, ℓ)` statistics of two parts of a softmax row, and build the one-pass
+#   softmax from that merge;
+# * write a tiled attention forward with a bias computed tile by tile from global indices, that
+#   returns `O` and the row log-sum-exp `L`;
+# * derive attention's backward from `Q, K, V, O, L` alone, and the gradient of a bias
+#   parameter (the ALiBi slopes) from `dS`;
+# * tile that backward with the query blocks outside, saying which gradients stay local to a
+#   pass and which are sums over the outer loop;
+# * add a sliding-window causal mask, including rows that see no key in a tile;
+# * wrap forward and backward in an `autograd.Function` that saves only what is linear in `N`
+#   and passes `gradcheck`, the slopes included.
 #
-# **Notation and shapes.** `Q` is `(B, H, Nq, d)`, `K` and `V` are `(B, H, Nk, d)`;
-# `S = Q Kᵀ · s` with the scale `s = 1/√d`, `P = softmax(S)` row-wise, `O = P V`,
-# `L = logsumexp(S)` per row, `(B, H, Nq)`. Gradients are `grad_Q`, `grad_K`, `grad_V`; the
-# upstream gradient is `grad_O` (written `dO` in the formulas). Index the last two dimensions
-# (`Q[..., q0:q0 + block_q, :]`) so your code works for any leading dimensions. A slice past the
-# end is simply shorter: the last block of a ragged `N` takes care of itself if you use the
-# block's real size (`Qi.shape[-2]`), not `block_q`.
+# **Notation and shapes.** `Q` is `(B, H, Nq, d)`, `K` and `V` are `(B, H, Nk, d)`, the slopes
+# `slopes` are `(H,)`. With the scale `s = 1/√d` and *global* indices `i` (query) and `j`
+# (key), the scores are `S_ij = s · Q_i · K_j − m_h |i − j|` (the ALiBi bias: far-away keys
+# are penalised in proportion to their distance), `P = softmax(S)` row-wise, `O = P V`,
+# `L = logsumexp(S)` per row, `(B, H, Nq)`. Slopes of zero give plain attention. Gradients are
+# `grad_Q`, `grad_K`, `grad_V`, `grad_slopes`; the upstream gradient is `grad_O` (written `dO`
+# in the formulas). Index the last two dimensions (`Q[..., q0:q0 + block_q, :]`). A slice
+# past the end is simply shorter: the last block of a ragged `N` takes care of itself if you
+# use the block's real size (`Qi.shape[-2]`), not `block_q`.
 #
 # **How a lab works.** Each exercise states its goal and its points (17 in all). Replace every
 # `...` with your code, keep the function names and signatures, then run the **self-check**
 # cell right below. It answers in one line: `✓` matches (the `max|Δ|` is round-off), `✗`
 # what is wrong and where, or `·` not implemented yet. Your instructor grades the notebook
-# you hand in with hidden tests that call the same functions on other inputs.
+# you hand in with hidden tests that call the same functions on other inputs. Formulas you
+# are asked to derive sit behind **Hint** blocks: try first, then open them.
 
 # %% tags=["remove-cell"]
 # Colab setup (hidden on the site): in Colab, install the course helpers; elsewhere do nothing.
@@ -57,6 +65,7 @@ if "google.colab" in sys.modules:
 import math
 
 import torch
+import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from helpers.device import get_device, no_tf32, randn
@@ -69,7 +78,7 @@ dtype = torch.float64  # float64: your tiles and the reference then agree to ~1e
 
 
 def named(names, fn, *args, **kwargs):
-    """{name: part} of what fn(*args, **kwargs) returns; every part None while fn is not written yet."""
+    """{name: part} of fn(*args, **kwargs); all None while fn is not written yet."""
     try:
         out = fn(*args, **kwargs)
     except NotImplementedError:
@@ -79,55 +88,87 @@ def named(names, fn, *args, **kwargs):
     out = out if isinstance(out, (tuple, list)) else (out,)
     if len(out) != len(names):
         raise ValueError(
-            f"{fn.__name__} returned {len(out)} values, expected {len(names)} ({', '.join(names)})"
+            f"{fn.__name__} returned {len(out)} values, "
+            f"expected {len(names)} ({', '.join(names)})"
         )
     return dict(zip(names, out))
+
+
+def alibi_attention(Q, K, V, slopes, causal=False, window=None):
+    """The reference (O, L): the full (Nq, Nk) scores and bias, O through SDPA."""
+    Nq, Nk = Q.shape[-2], K.shape[-2]
+    i = torch.arange(Nq, device=Q.device)[:, None]  # (Nq, 1)
+    j = torch.arange(Nk, device=Q.device)[None, :]  # (1, Nk)
+    bias = -slopes[:, None, None] * (j - i).abs()  # (H, Nq, Nk)
+    if causal:
+        visible = j <= i if window is None else (j <= i) & (j > i - window)
+        bias = bias.masked_fill(~visible, -math.inf)
+    # (B, H, Nq, Nk)
+    S = (Q @ K.transpose(-2, -1)) / math.sqrt(Q.shape[-1]) + bias
+    O = F.scaled_dot_product_attention(Q, K, V, attn_mask=bias)  # (B, H, Nq, d)
+    return O, torch.logsumexp(S, dim=-1)
 
 
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex1
 # points: 2
-# by_hand: [helpers.flash.online_softmax]
+# by_hand: [helpers.flash.online_softmax, helpers.flash.online_softmax_trace]
 
 # %% [markdown]
-# ## Exercise 1 · Online softmax: a running max and a running normaliser (2 points)
+# ## Exercise 1 · Merging two softmax normalisers, and the one-pass softmax (2 points)
 #
-# **Goal:** the one-pass softmax that the whole of flash attention is built on, and the
-# rescaling step that makes it right.
+# **Goal:** the rescaling step of the online softmax, in the form that split-K kernels (and
+# flash-decoding) use: two parts of a row are summarised independently, then merged.
 #
-# Write `online_softmax_stats(x, block)` for `x` of shape `(..., n)`. Walk over the last
-# dimension in blocks of `block` entries (the last block may be shorter), keeping per row a
-# running max `m` and a running normaliser `ℓ = Σ exp(x − m)` *relative to the current `m`*.
-# **Derive** the update first: when a block raises the max from $m$ to $m_\text{new}$, what
-# must happen to the $\ell$ you had, which was a sum of $e^{x_j - m}$?
+# For a part `a` of a row `x` (any subset of its entries), call its statistics
+# `m_a = max_{j ∈ a} x_j` and `ℓ_a = Σ_{j ∈ a} exp(x_j − m_a)`. The chapter rescaled a running
+# sum when *one new block* raised the max; here **both** sides may hold the larger max.
+# **Derive** `(m, ℓ)` of the union of two disjoint parts `a` and `b` from `(m_a, ℓ_a)` and
+# `(m_b, ℓ_b)` alone, without seeing the entries again.
 #
-# <details><summary>Hint: the update</summary>
+# <details><summary>Hint: the merge</summary>
 #
-# $$m_\text{new} = \max(m, \max x_\text{block}),\qquad
-#   \ell_\text{new} = \ell\, e^{\,m - m_\text{new}} + \sum_{j \in \text{block}} e^{\,x_j - m_\text{new}}.$$
+# Re-base each sum to the common max with $e^{x - m} = e^{x - m_a}\, e^{m_a - m}$:
+#
+# $$m = \max(m_a, m_b),\qquad \ell = \ell_a\, e^{\,m_a - m} + \ell_b\, e^{\,m_b - m}.$$
 #
 # </details>
 #
-# Start from `m = −∞` and `ℓ = 0` (`exp(−∞) = 0`, so the first block needs no special case).
-# Return `(m, ell)`, both of shape `(...)`: then `softmax(x) = exp(x − m[..., None]) / ell[..., None]`.
-# Do not compute `x.amax(-1)` over the whole row: the point is to see each block once.
+# 1. Write `merge_stats(m_a, ell_a, m_b, ell_b)` → `(m, ell)`, elementwise over any shape.
+#    A part with no entries has `m = −∞`, `ℓ = 0`: your merge must then return the other part
+#    unchanged (`exp(−∞) = 0`).
+# 2. Write `online_softmax_stats(x, block)` for `x` of shape `(..., n)`: walk over the last
+#    dimension in blocks of `block` entries (the last block may be shorter), compute each
+#    block's own `(m_b, ℓ_b)` (a block is small: two passes over it are fine), and fold them
+#    into the running `(m, ℓ)`, started at `(−∞, 0)`, with **your** `merge_stats`. Return
+#    `(m, ell)`, both of shape `(...)`: then `softmax(x) = exp(x − m[..., None]) / ell[..., None]`.
+#    Do not compute `x.amax(-1)` over the whole row: the point is to see each block once.
 
 # %% [raw]
 # # BEGIN SOLUTION
 
 
 # %%
+def merge_stats(m_a, ell_a, m_b, ell_b):
+    """(m, ℓ) of two parts of a row together, from each part's m, ℓ = Σ exp(x − m)."""
+    # BEGIN SOLUTION
+    m = torch.maximum(m_a, m_b)
+    ell = ell_a * torch.exp(m_a - m) + ell_b * torch.exp(m_b - m)
+    return m, ell
+    # END SOLUTION
+
+
 def online_softmax_stats(x, block):
-    """m = max x and ℓ = Σ exp(x − m) over the last dim, built block by block with rescaling."""
+    """m = max x and ℓ = Σ exp(x − m) over the last dim, merged block by block."""
     # BEGIN SOLUTION
     m = torch.full(x.shape[:-1], -math.inf, dtype=x.dtype, device=x.device)  # (...,)
     ell = torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)  # (...,)
     for start in range(0, x.shape[-1], block):
         xb = x[..., start : start + block]  # (..., ≤ block)
-        m_new = torch.maximum(m, xb.amax(dim=-1))
-        ell = ell * torch.exp(m - m_new) + torch.exp(xb - m_new[..., None]).sum(dim=-1)
-        m = m_new
+        m_b = xb.amax(dim=-1)  # (...,)
+        ell_b = torch.exp(xb - m_b[..., None]).sum(dim=-1)  # (...,)
+        m, ell = merge_stats(m, ell, m_b, ell_b)
     return m, ell
     # END SOLUTION
 
@@ -137,6 +178,33 @@ def online_softmax_stats(x, block):
 
 # %% [raw]
 # # BEGIN TESTS
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+import torch
+
+from helpers.device import randn
+
+# two parts of 6 rows; the larger max lies in part a for some rows, in part b for others
+_xa = randn(6, 5, seed=1003, dtype=torch.float64) * 3
+_xb = randn(6, 4, seed=1004, dtype=torch.float64) * 3
+_xa[0, 2], _xb[1, 3] = 12.0, 12.0
+_stats = [
+    (x.amax(-1), torch.exp(x - x.amax(-1, keepdim=True)).sum(-1)) for x in (_xa, _xb)
+]
+_m, _ell = merge_stats(*_stats[0], *_stats[1])
+_x = torch.cat([_xa, _xb], -1)
+assert torch.allclose(_m, _x.amax(-1), atol=1e-12)
+assert torch.allclose(
+    _ell, torch.exp(_x - _x.amax(-1, keepdim=True)).sum(-1), atol=1e-10, rtol=1e-10
+)
+# an empty part (m = −inf, ℓ = 0) leaves the other one as it is, on either side
+_empty = (torch.full((6,), -torch.inf, dtype=torch.float64), torch.zeros(6).double())
+for _args in ((*_empty, *_stats[0]), (*_stats[0], *_empty)):
+    _m, _ell = merge_stats(*_args)
+    assert torch.allclose(_m, _stats[0][0]) and torch.allclose(_ell, _stats[0][1])
 
 # %%
 """ # BEGIN TEST CONFIG
@@ -163,7 +231,8 @@ import torch
 
 from helpers.device import randn
 
-# scores near 1000: exp(x) overflows float64, exp(x − m) does not; block 1 and a block longer than the row
+# scores near 1000: exp(x) overflows float64, exp(x − m) does not;
+# block 1 and a block longer than the row
 _x = randn(4, 7, seed=1002, dtype=torch.float64) * 5 + 1000
 for _block in (1, 3, 10):
     _m, _ell = online_softmax_stats(_x, _block)
@@ -179,19 +248,46 @@ for _block in (1, 3, 10):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 1** (reference: the two-pass `m = max x`, `ℓ = Σ exp(x − m)`, on rows of 10
-# in blocks of 3, with a late maximum so that `ℓ` has to be rescaled):
+# **Self-check 1**, one line for both functions (references: the two-pass `m = max x`,
+# `ℓ = Σ exp(x − m)` of the joined row for the merge, on parts of 5 and 4 entries where the
+# larger max sits on one side in some rows and on the other side in the rest; then the same on
+# rows of 10 in blocks of 3, with a late maximum so that `ℓ` has to be rescaled):
 
 # %%
+x_a = randn(2, 3, 5, seed=11, dtype=dtype, device=dev) * 2
+x_b = randn(2, 3, 4, seed=12, dtype=dtype, device=dev) * 2
+x_a[0, 1, 3], x_b[1, 2, 0] = 6.0, 6.0  # the larger max in part a, then in part b
+x_ab = torch.cat([x_a, x_b], dim=-1)
 x_test = randn(2, 3, 10, seed=1, dtype=dtype, device=dev) * 2
 x_test[1, 2, 9] = 7.0  # a late maximum, in the last (short) block
-m_ref = x_test.amax(-1)
+
+
+def two_pass(x):
+    """(max x, Σ exp(x − max x)) over the last dim: the statistics of a whole part."""
+    m = x.amax(-1)
+    return m, torch.exp(x - m[..., None]).sum(-1)
+
+
+def exercise_1(x_a, x_b, x_test):
+    """Your merge of the two parts' statistics, then your one-pass ones, by name."""
+    return {
+        **named(
+            ("m (merge)", "ell (merge)"), merge_stats, *two_pass(x_a), *two_pass(x_b)
+        ),
+        **named(("m", "ell"), online_softmax_stats, x_test, 3),
+    }
+
+
 check(
-    online_softmax_stats,
-    (m_ref, torch.exp(x_test - m_ref[..., None]).sum(-1)),
-    args=(x_test, 3),
-    outputs=("m", "ell"),
-    name="Exercise 1 · online_softmax_stats",
+    exercise_1,
+    dict(
+        zip(
+            ("m (merge)", "ell (merge)", "m", "ell"),
+            (*two_pass(x_ab), *two_pass(x_test)),
+        )
+    ),
+    args=(x_a, x_b, x_test),
+    name="Exercise 1 · merge_stats and online_softmax_stats",
     against="the two-pass max and sum",
 )
 
@@ -202,31 +298,53 @@ check(
 # by_hand: [helpers.flash.naive_attention, helpers.flash.flash_forward, helpers.flash.flash_attention, torch.nn.functional.scaled_dot_product_attention]
 
 # %% [markdown]
-# ## Exercise 2 · The tiled forward: O and the row log-sum-exp L (3 points)
+# ## Exercise 2 · The tiled forward with an ALiBi bias: O and the row log-sum-exp L (3 points)
 #
-# **Goal:** attention that only ever holds one `(block_q × block_k)` tile of scores, and one
-# number per row, `L`, that summarises the whole softmax for backward.
+# **Goal:** attention that only ever holds one `(block_q × block_k)` tile of scores *and of
+# the bias*, and one number per row, `L`, that summarises the whole softmax for backward.
 #
-# Write `tiled_forward(Q, K, V, block_q, block_k, causal=False)` returning `(O, L)`, `O` of
-# shape `(B, H, Nq, d)` and `L` of shape `(B, H, Nq)`. For each block of queries `Qi`
-# (`(B, H, bq, d)`), keep a running max `m`, normaliser `ℓ` (both `(B, H, bq)`) and an
-# un-normalised output `acc` (`(B, H, bq, d)`), and loop over the blocks of keys `Kj, Vj`:
+# 1. Write `alibi_tile(q0, k0, bq, bk, slopes)`: the bias of the tile whose first query is
+#    `q0` and first key is `k0`, shape `(H, bq, bk)`, entry `[h, r, c]` equal to
+#    `−slopes[h] · |i − j|` for the **global** indices `i = q0 + r`, `j = k0 + c`. Build it on
+#    `slopes`' device and dtype, without building the `(Nq, Nk)` bias.
+# 2. Write `tiled_forward(Q, K, V, slopes, block_q, block_k, causal=False, window=None)`
+#    returning `(O, L)`, `O` of shape `(B, H, Nq, d)` and `L` of shape `(B, H, Nq)`. For each
+#    block of queries `Qi`, keep a running max `m`, normaliser `ℓ` (both `(B, H, bq)`) and an
+#    un-normalised output `acc` (`(B, H, bq, d)`), and loop over the blocks of keys `Kj, Vj`.
+#    The chapter did this without a bias; **work out** where the bias enters, what the running
+#    statistics must do when a tile raises the max (Exercise 1), and how `acc` follows them.
 #
-# * `S = Qi Kjᵀ · s` with `s = 1/√d` — `(B, H, bq, bk)`, the only scores in memory;
+# <details><summary>Hint: one tile</summary>
+#
+# * `S = Qi Kjᵀ · s + alibi_tile(q0, k0, bq, bk, slopes)`, the only scores in memory (the
+#   bias is added *after* the scale);
 # * `m_new = max(m, rowmax S)`, `P̃ = exp(S − m_new)`, `α = exp(m − m_new)`;
-# * `ℓ = α ℓ + rowsum P̃` and `acc = α acc + P̃ Vj` — the accumulator is rescaled by the same `α`.
+# * `ℓ = α ℓ + rowsum P̃` and `acc = α acc + P̃ Vj`: the accumulator is rescaled by the same `α`.
 #
-# After the last key block, `O = acc / ℓ` and `L = m + log ℓ` for those rows. Never build the full
-# `(Nq, Nk)` score matrix. Leave `causal` alone for now (Exercise 5 comes back to it): start
-# your function with `if causal: raise NotImplementedError` until then.
+# After the last key block, `O = acc / ℓ` and `L = m + log ℓ` for those rows.
+#
+# </details>
+#
+# Never build the full `(Nq, Nk)` score matrix. Leave `causal` and `window` alone for now
+# (Exercise 5 comes back to them): start your function with
+# `if causal: raise NotImplementedError` until then.
 
 # %% [raw]
 # # BEGIN SOLUTION
 
 
 # %%
-def tiled_forward(Q, K, V, block_q=16, block_k=16, causal=False):
-    """O = softmax(Q Kᵀ/√d) V and L = logsumexp rows, one (block_q × block_k) tile of S at a time."""
+def alibi_tile(q0, k0, bq, bk, slopes):
+    """bias[h, r, c] = −slopes[h] · |(k0 + c) − (q0 + r)|: one tile of ALiBi bias."""
+    # BEGIN SOLUTION
+    rows = torch.arange(q0, q0 + bq, device=slopes.device)[:, None]  # (bq, 1)
+    cols = torch.arange(k0, k0 + bk, device=slopes.device)[None, :]  # (1, bk)
+    return -slopes[:, None, None] * (cols - rows).abs()  # (H, bq, bk)
+    # END SOLUTION
+
+
+def tiled_forward(Q, K, V, slopes, block_q=16, block_k=16, causal=False, window=None):
+    """O = softmax(Q Kᵀ/√d + ALiBi bias [+ mask]) V and L = logsumexp, tile by tile."""
     # BEGIN SOLUTION
     Nq, d = Q.shape[-2:]
     Nk = K.shape[-2]
@@ -240,22 +358,28 @@ def tiled_forward(Q, K, V, block_q=16, block_k=16, causal=False):
         m = torch.full(Qi.shape[:-1], -math.inf, dtype=Q.dtype, device=Q.device)
         ell = torch.zeros_like(m)  # (B, H, bq)
         acc = torch.zeros_like(Qi)  # (B, H, bq, d)
-        # causal: later key blocks are all masked
-        k_stop = min(Nk, q0 + bq) if causal else Nk
-        for k0 in range(0, k_stop, block_k):
+        k_start, k_stop = 0, Nk
+        if causal:  # key blocks wholly after the block's last row, or before its window
+            k_stop = min(Nk, q0 + bq)
+            if window is not None:
+                k_start = max(0, q0 - window + 1) // block_k * block_k
+        for k0 in range(k_start, k_stop, block_k):
             # (B, H, bk, d)
             Kj, Vj = (
                 K[..., k0 : k0 + block_k, :],
                 V[..., k0 : k0 + block_k, :],
             )
-            S = (Qi @ Kj.transpose(-2, -1)) * scale  # (B, H, bq, bk)
+            bk = Kj.shape[-2]
+            # (B, H, bq, bk)
+            S = (Qi @ Kj.transpose(-2, -1)) * scale + alibi_tile(q0, k0, bq, bk, slopes)
             if causal:
-                allowed = causal_tile_mask(q0, k0, bq, Kj.shape[-2], Q.device)
+                allowed = causal_tile_mask(q0, k0, bq, bk, window, Q.device)
                 S = S.masked_fill(~allowed, -math.inf)
-            # finite: every row sees key 0 in block 0
-            m_new = torch.maximum(m, S.amax(dim=-1))
-            P = torch.exp(S - m_new[..., None])  # (B, H, bq, bk)
-            alpha = torch.exp(m - m_new)  # (B, H, bq)
+            m_new = torch.maximum(m, S.amax(dim=-1))  # (B, H, bq)
+            # a row that has seen no key yet: subtract 0, not −inf (−inf + inf = NaN)
+            m_safe = torch.where(torch.isinf(m_new), 0.0, m_new)
+            P = torch.exp(S - m_safe[..., None])  # (B, H, bq, bk)
+            alpha = torch.exp(m - m_safe)  # (B, H, bq)
             ell = alpha * ell + P.sum(dim=-1)
             acc = alpha[..., None] * acc + P @ Vj  # (B, H, bq, d)
             m = m_new
@@ -277,18 +401,41 @@ hidden: true
 """  # END TEST CONFIG
 import torch
 
+_sl = torch.tensor([0.5, 0.25, 2.0], dtype=torch.float64)
+_T = alibi_tile(3, 5, 4, 6, _sl)
+_i, _j = torch.arange(3, 7)[:, None], torch.arange(5, 11)[None, :]
+assert _T.shape == (3, 4, 6) and _T.dtype == torch.float64
+assert torch.allclose(_T, -_sl[:, None, None] * (_j - _i).abs(), atol=1e-12)
+# a tile below the diagonal (keys before the queries) and one above it
+for _q0, _k0 in ((6, 0), (0, 6)):
+    _i, _j = torch.arange(_q0, _q0 + 3)[:, None], torch.arange(_k0, _k0 + 2)[None, :]
+    _ref = -_sl[:, None, None] * (_j - _i).abs()
+    assert torch.allclose(alibi_tile(_q0, _k0, 3, 2, _sl), _ref, atol=1e-12)
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+import torch
+
 from helpers.device import randn
-from helpers.flash import naive_attention
 
 # Nq ≠ Nk, neither a multiple of its block, d = 3 (so 1/√d is irrational)
 _Q, _K, _V = (
-    randn(2, 1, 9, 3, seed=2001, dtype=torch.float64),
-    randn(2, 1, 14, 3, seed=2002, dtype=torch.float64),
-    randn(2, 1, 14, 3, seed=2003, dtype=torch.float64),
+    randn(2, 2, 9, 3, seed=2001, dtype=torch.float64),
+    randn(2, 2, 14, 3, seed=2002, dtype=torch.float64),
+    randn(2, 2, 14, 3, seed=2003, dtype=torch.float64),
 )
-_O, _L = tiled_forward(_Q, _K, _V, 4, 5)
-_O_ref, _L_ref = naive_attention(_Q, _K, _V, return_lse=True)
-assert _O.shape == (2, 1, 9, 3) and torch.allclose(_O, _O_ref, atol=1e-10, rtol=1e-8)
+_sl = torch.tensor([0.7, 0.1], dtype=torch.float64)
+_i, _j = torch.arange(9)[:, None], torch.arange(14)[None, :]
+_S = _Q @ _K.transpose(-2, -1) / 3**0.5 - _sl[:, None, None] * (_j - _i).abs()
+_O_ref, _L_ref = torch.softmax(_S, -1) @ _V, torch.logsumexp(_S, -1)
+for _bq, _bk in ((4, 5), (1, 100)):
+    _O, _L = tiled_forward(_Q, _K, _V, _sl, _bq, _bk)
+    assert _O.shape == (2, 2, 9, 3) and torch.allclose(
+        _O, _O_ref, atol=1e-10, rtol=1e-8
+    )
+    assert _L.shape == (2, 2, 9) and torch.allclose(_L, _L_ref, atol=1e-10, rtol=1e-8)
 
 # %%
 """ # BEGIN TEST CONFIG
@@ -299,36 +446,14 @@ import torch
 from helpers.device import randn
 from helpers.flash import naive_attention
 
+# scores in the thousands: exp(S) overflows float64, exp(S − m) does not;
+# slopes of zero: plain attention
 _Q, _K, _V = (
-    randn(1, 2, 10, 4, seed=2004, dtype=torch.float64),
-    randn(1, 2, 7, 4, seed=2005, dtype=torch.float64),
-    randn(1, 2, 7, 4, seed=2006, dtype=torch.float64),
+    randn(1, 2, 8, 4, seed=2007, dtype=torch.float64) * 40,
+    randn(1, 2, 11, 4, seed=2008, dtype=torch.float64) * 40,
+    randn(1, 2, 11, 4, seed=2009, dtype=torch.float64),
 )
-_O, _L = tiled_forward(_Q, _K, _V, 3, 2)
-_O_ref, _L_ref = naive_attention(_Q, _K, _V, return_lse=True)
-assert _L.shape == (1, 2, 10) and torch.allclose(_L, _L_ref, atol=1e-10, rtol=1e-8)
-# one row at a time, one block holding every key
-_O1, _L1 = tiled_forward(_Q, _K, _V, 1, 100)
-assert torch.allclose(_O1, _O_ref, atol=1e-10, rtol=1e-8) and torch.allclose(
-    _L1, _L_ref, atol=1e-10, rtol=1e-8
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-import torch
-
-from helpers.device import randn
-from helpers.flash import naive_attention
-
-# scores in the thousands: exp(S) overflows float64, exp(S − m) does not
-_Q, _K, _V = (
-    randn(1, 1, 8, 4, seed=2007, dtype=torch.float64) * 40,
-    randn(1, 1, 11, 4, seed=2008, dtype=torch.float64) * 40,
-    randn(1, 1, 11, 4, seed=2009, dtype=torch.float64),
-)
-_O, _L = tiled_forward(_Q, _K, _V, 3, 4)
+_O, _L = tiled_forward(_Q, _K, _V, torch.zeros(2, dtype=torch.float64), 3, 4)
 _O_ref, _L_ref = naive_attention(_Q, _K, _V, return_lse=True)
 assert torch.isfinite(_O).all() and torch.allclose(_O, _O_ref, atol=1e-9, rtol=1e-8)
 assert torch.allclose(_L, _L_ref, atol=1e-9, rtol=1e-10)
@@ -340,52 +465,107 @@ assert torch.allclose(_L, _L_ref, atol=1e-9, rtol=1e-10)
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 2** (reference: `helpers.flash.naive_attention`, which builds the full `P` and
-# computes `L` with `torch.logsumexp`; `N = 11` in blocks of 4 queries and 3 keys, so both last
-# blocks are short):
+# **Self-check 2**, one line for both functions (references: the bias of the tile at queries
+# 4…7, keys 3…8, from the global distances `|j − i|`; then `alibi_attention` above, which builds
+# the full scores and bias, with `L` by `torch.logsumexp`, first with slopes of zero (plain
+# attention: if only the lines with the bias are wrong, the bias is), then with two different
+# slopes. `N = 11` in blocks of 4 queries and 3 keys, so both last blocks are short):
 
 # %%
 Q = randn(1, 2, 11, 4, seed=2, dtype=dtype, device=dev)
 K = randn(1, 2, 11, 4, seed=3, dtype=dtype, device=dev)
 V = randn(1, 2, 11, 4, seed=4, dtype=dtype, device=dev)
+slopes = torch.tensor([0.5, 0.125], dtype=dtype, device=dev)
+no_slopes = torch.zeros_like(slopes)
+# (H, 4, 6): the tile at queries 4…7, keys 3…8
+bias_tile = (
+    -slopes[:, None, None]
+    * (
+        torch.arange(3, 9, device=dev)[None, :]
+        - torch.arange(4, 8, device=dev)[:, None]
+    ).abs()
+)
+expected = dict(
+    zip(
+        ("bias tile", "O (slopes 0)", "L (slopes 0)", "O", "L"),
+        (
+            bias_tile,
+            *alibi_attention(Q, K, V, no_slopes),
+            *alibi_attention(Q, K, V, slopes),
+        ),
+    )
+)
+
+
+def exercise_2(Q, K, V, slopes):
+    """Your bias tile, then your O and L without and with the bias, by name."""
+    return {
+        **named(("bias tile",), alibi_tile, 4, 3, 4, 6, slopes),
+        **named(
+            ("O (slopes 0)", "L (slopes 0)"),
+            tiled_forward,
+            Q,
+            K,
+            V,
+            torch.zeros_like(slopes),
+            4,
+            3,
+        ),
+        **named(("O", "L"), tiled_forward, Q, K, V, slopes, 4, 3),
+    }
+
+
 check(
-    tiled_forward,
-    naive_attention(Q, K, V, return_lse=True),
-    args=(Q, K, V, 4, 3),
-    outputs=("O", "L"),
-    name="Exercise 2 · tiled_forward",
-    against="naive attention",
+    exercise_2,
+    expected,
+    args=(Q, K, V, slopes),
+    name="Exercise 2 · alibi_tile and tiled_forward",
+    against="the full bias and scores",
 )
 
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex3
 # points: 3
-# by_hand: [autograd, helpers.flash.naive_attention, helpers.flash.flash_backward, helpers.flash.flash_attention]
+# by_hand: [autograd, helpers.flash.naive_attention, helpers.flash.flash_backward, helpers.flash.flash_attention, torch.nn.functional.scaled_dot_product_attention]
 
 # %% [markdown]
-# ## Exercise 3 · D = rowsum(dO ∘ O), and the backward from O and L alone (3 points)
+# ## Exercise 3 · D = rowsum(dO ∘ O), and the backward from O and L alone, slopes included (3 points)
 #
-# **Goal:** the two facts that let the backward forget `P`: the softmax row sum is one number
-# per row computable from `O`, and `P` itself is one `exp` away from `L`.
+# **Goal:** the two facts that let the backward forget `P` (the softmax row sum is one number
+# per row computable from `O`, and `P` itself is one `exp` away from `L`), and the gradient of
+# a parameter that enters the scores *additively*.
 #
 # Softmax's backward (chapter 6) is `dS = P ∘ (dP − D)` with `D_i = Σ_k P_ik dP_ik` and
-# `dP = dO Vᵀ`. **First, on paper:** show that `D_i = dO_i · O_i`. (Hint: write `dP_ik` as a dot
-# product of row `i` of `dO` with row `k` of `V`, swap the sums, and recognise `O_i = Σ_k P_ik V_k`.)
-# Write your one-line derivation in the Markdown cell below the code.
+# `dP = dO Vᵀ`, where `dS` is the gradient of the loss with respect to the scores `S` that go
+# into the softmax. **First, on paper:**
+#
+# * show that `D_i = dO_i · O_i` (write `dP_ik` as a dot product of row `i` of `dO` with row
+#   `k` of `V`, swap the sums, and recognise `O_i = Σ_k P_ik V_k`). Write your one-line
+#   derivation in the Markdown cell below the code;
+# * derive `∂Loss/∂slopes[h]`. The bias `−slopes[h] |i − j|` is added to `S` after the scale:
+#   what is the gradient of the bias entries, and how do the entries of one head add up to
+#   one number?
 #
 # Then write two functions, with full `(Nq, Nk)` matrices this time (no tiles yet):
 #
 # * `row_D(O, grad_O)` → `D` of shape `(B, H, Nq)`, as `rowsum(dO ∘ O)`;
-# * `attention_backward_from_L(Q, K, V, O, L, grad_O)` → `(grad_Q, grad_K, grad_V)`, using only
-#   these inputs. First work out how to get `P` back from `S` and `L` alone (what is `L`?), then
-#   reuse chapter 6's backward with `D` in place of the row sum. Do not call `torch.softmax`
-#   or autograd.
+# * `attention_backward_from_L(Q, K, V, O, L, grad_O, slopes)` →
+#   `(grad_Q, grad_K, grad_V, grad_slopes)`, using only these inputs (`grad_slopes` has the
+#   shape of `slopes`, `(H,)`). Work out how to get `P` back from `S` and `L` alone (what is
+#   `L`?), then chapter 6's backward with `D` in place of the row sum, then the slopes. Do not
+#   call `torch.softmax` or autograd.
 #
 # <details><summary>Hint: the recipe</summary>
 #
-# Recompute `S = Q Kᵀ · s`, then `P = exp(S − L)` (already normalised: `L` holds `m + log ℓ`),
-# `grad_V = Pᵀ dO`, `dP = dO Vᵀ`, `dS = P ∘ (dP − D)`, `grad_Q = dS K · s`, `grad_K = dSᵀ Q · s`.
+# Recompute `S = Q Kᵀ · s − slopes[h] |i − j|`, then `P = exp(S − L)` (already normalised:
+# `L = logsumexp(S)`), `grad_V = Pᵀ dO`, `dP = dO Vᵀ`, `dS = P ∘ (dP − D)`,
+# `grad_Q = dS K · s`, `grad_K = dSᵀ Q · s`. The bias is added to `S` unscaled, so its gradient
+# is `dS` itself, and
+#
+# $$\frac{\partial\,\text{Loss}}{\partial\,\text{slopes}_h} = -\sum_{b}\sum_{i,j} dS_{b h i j}\,|i - j|,$$
+#
+# summed over the batch and both sequence dimensions (no `s`).
 #
 # </details>
 
@@ -395,24 +575,29 @@ check(
 
 # %%
 def row_D(O, grad_O):
-    """D = rowsum(dO ∘ O) = rowsum(dP ∘ P), one number per query row."""
-    # (B, H, Nq, d) -> (B, H, Nq)
+    """D_i = Σ_k P_ik dP_ik, computed from O and dO alone (one number per row)."""
     return (grad_O * O).sum(dim=-1)  # SOLUTION
 
 
-def attention_backward_from_L(Q, K, V, O, L, grad_O):
-    """grad_Q, grad_K, grad_V from Q, K, V, O, L only: P = exp(S − L), dS = P ∘ (dO Vᵀ − D)."""
+def attention_backward_from_L(Q, K, V, O, L, grad_O, slopes):
+    """(grad_Q, grad_K, grad_V, grad_slopes) of ALiBi attention from Q, K, V, O, L."""
     # BEGIN SOLUTION
-    scale = 1 / math.sqrt(Q.shape[-1])
+    Nq, d = Q.shape[-2:]
+    Nk = K.shape[-2]
+    scale = 1 / math.sqrt(d)
     D = (grad_O * O).sum(dim=-1)  # (B, H, Nq)
-    S = (Q @ K.transpose(-2, -1)) * scale  # (B, H, Nq, Nk)
+    rows = torch.arange(Nq, device=Q.device)[:, None]  # (Nq, 1)
+    dist = (torch.arange(Nk, device=Q.device)[None, :] - rows).abs()  # (Nq, Nk)
+    # (B, H, Nq, Nk)
+    S = (Q @ K.transpose(-2, -1)) * scale - slopes[:, None, None] * dist
     P = torch.exp(S - L[..., None])  # (B, H, Nq, Nk), normalised
     grad_V = P.transpose(-2, -1) @ grad_O  # (B, H, Nk, d)
     dP = grad_O @ V.transpose(-2, -1)  # (B, H, Nq, Nk)
     dS = P * (dP - D[..., None])  # (B, H, Nq, Nk)
     grad_Q = (dS @ K) * scale  # (B, H, Nq, d)
     grad_K = (dS.transpose(-2, -1) @ Q) * scale  # (B, H, Nk, d)
-    return grad_Q, grad_K, grad_V
+    grad_slopes = -(dS * dist).sum(dim=(0, 2, 3))  # (H,)
+    return grad_Q, grad_K, grad_V, grad_slopes
     # END SOLUTION
 
 
@@ -444,23 +629,29 @@ assert _D.shape == (2, 3, 5) and torch.allclose(
 hidden: true
 """  # END TEST CONFIG
 import torch
+import torch.nn.functional as F
 
 from helpers.device import randn
-from helpers.flash import naive_attention
 
+# Nq ≠ Nk, batch 2 and d = 3: the scale 1/√3 and every shape must be right
 _Q, _K, _V = (
-    randn(1, 2, 6, 5, seed=3003, dtype=torch.float64),
-    randn(1, 2, 6, 5, seed=3004, dtype=torch.float64),
-    randn(1, 2, 6, 5, seed=3005, dtype=torch.float64),
+    randn(2, 3, 4, 3, seed=3007, dtype=torch.float64),
+    randn(2, 3, 7, 3, seed=3008, dtype=torch.float64),
+    randn(2, 3, 7, 3, seed=3009, dtype=torch.float64),
 )
-_gO = randn(1, 2, 6, 5, seed=3006, dtype=torch.float64)
-_O, _L = naive_attention(_Q, _K, _V, return_lse=True)
-_leaves = [t.clone().requires_grad_() for t in (_Q, _K, _V)]
-_ref = torch.autograd.grad(naive_attention(*_leaves), _leaves, _gO)
-_out = attention_backward_from_L(_Q, _K, _V, _O, _L, _gO)
+_sl = torch.tensor([0.9, 0.3, 0.05], dtype=torch.float64)
+_gO = randn(2, 3, 4, 3, seed=3010, dtype=torch.float64)
+_dist = (torch.arange(7)[None, :] - torch.arange(4)[:, None]).abs()
+_leaves = [t.clone().requires_grad_() for t in (_Q, _K, _V, _sl)]
+_bias = -_leaves[3][:, None, None] * _dist
+_O = F.scaled_dot_product_attention(*_leaves[:3], attn_mask=_bias)
+_L = torch.logsumexp(_leaves[0] @ _leaves[1].transpose(-2, -1) / 3**0.5 + _bias, -1)
+_ref = torch.autograd.grad(_O, _leaves, _gO)
+_out = attention_backward_from_L(_Q, _K, _V, _O.detach(), _L.detach(), _gO, _sl)
+assert len(_out) == 4
 assert all(
     o.shape == r.shape and torch.allclose(o, r, atol=1e-10, rtol=1e-8)
-    for o, r in zip(_out, _ref)
+    for o, r in zip(_out[:3], _ref[:3])
 )
 
 # %%
@@ -468,25 +659,27 @@ assert all(
 hidden: true
 """  # END TEST CONFIG
 import torch
+import torch.nn.functional as F
 
 from helpers.device import randn
-from helpers.flash import naive_attention
 
-# Nq ≠ Nk and d = 3: the scale 1/√3 and every shape must be right
+# grad_slopes: one number per head, summed over the batch and both sequence dims
 _Q, _K, _V = (
-    randn(2, 1, 4, 3, seed=3007, dtype=torch.float64),
-    randn(2, 1, 7, 3, seed=3008, dtype=torch.float64),
-    randn(2, 1, 7, 3, seed=3009, dtype=torch.float64),
+    randn(3, 2, 6, 5, seed=3003, dtype=torch.float64),
+    randn(3, 2, 5, 5, seed=3004, dtype=torch.float64),
+    randn(3, 2, 5, 5, seed=3005, dtype=torch.float64),
 )
-_gO = randn(2, 1, 4, 3, seed=3010, dtype=torch.float64)
-_O, _L = naive_attention(_Q, _K, _V, return_lse=True)
-_leaves = [t.clone().requires_grad_() for t in (_Q, _K, _V)]
-_ref = torch.autograd.grad(naive_attention(*_leaves), _leaves, _gO)
-_out = attention_backward_from_L(_Q, _K, _V, _O, _L, _gO)
-assert all(
-    o.shape == r.shape and torch.allclose(o, r, atol=1e-10, rtol=1e-8)
-    for o, r in zip(_out, _ref)
-)
+_sl = torch.tensor([0.4, 0.0], dtype=torch.float64)
+_gO = randn(3, 2, 6, 5, seed=3006, dtype=torch.float64)
+_dist = (torch.arange(5)[None, :] - torch.arange(6)[:, None]).abs()
+_leaves = [t.clone().requires_grad_() for t in (_Q, _K, _V, _sl)]
+_bias = -_leaves[3][:, None, None] * _dist
+_O = F.scaled_dot_product_attention(*_leaves[:3], attn_mask=_bias)
+_L = torch.logsumexp(_leaves[0] @ _leaves[1].transpose(-2, -1) / 5**0.5 + _bias, -1)
+_ref = torch.autograd.grad(_O, _leaves, _gO)
+_out = attention_backward_from_L(_Q, _K, _V, _O.detach(), _L.detach(), _gO, _sl)
+assert _out[3].shape == (2,)
+assert torch.allclose(_out[3], _ref[3], atol=1e-10, rtol=1e-8)
 
 # %% [raw]
 # # END TESTS
@@ -495,39 +688,51 @@ assert all(
 # # END QUESTION
 
 # %% [markdown]
-# *Your derivation of `D_i = dO_i · O_i` (one line):*
+# *Your derivations of `D_i = dO_i · O_i` and of `grad_slopes` (one line each):*
 #
 # ...
 
 # %% [markdown]
 # **Self-check 3**, one line for both functions (references: `rowsum(dP ∘ P)` with the full
 # softmax `P` and `dP = dO Vᵀ`, which your `row_D` must equal; autograd through
-# `naive_attention` for the gradients. `O` and `L` come from `naive_attention`, so this check
-# does not depend on your Exercise 2):
+# `alibi_attention` for the four gradients. `O` and `L` come from `alibi_attention`, so this
+# check does not depend on your Exercise 2):
 
 # %%
 grad_O = randn(1, 2, 11, 4, seed=5, dtype=dtype, device=dev)
-O_ref, L_ref = naive_attention(Q, K, V, return_lse=True)
+O_ref, L_ref = alibi_attention(Q, K, V, slopes)
+dist_full = (
+    torch.arange(11, device=dev)[None, :] - torch.arange(11, device=dev)[:, None]
+).abs()  # (11, 11)
 # (1, 2, 11, 11)
-P_full = torch.softmax((Q @ K.transpose(-2, -1)) / math.sqrt(Q.shape[-1]), dim=-1)
+S_full = (Q @ K.transpose(-2, -1)) / math.sqrt(4) - slopes[:, None, None] * dist_full
+P_full = torch.softmax(S_full, dim=-1)  # (1, 2, 11, 11)
 dP_full = grad_O @ V.transpose(-2, -1)  # (1, 2, 11, 11)
+d = Q.shape[-1]
+factors = {"√d": math.sqrt(d), "d": d}  # the constants a ✗ may be off by
+# what grad_Q loses when dS forgets its − D: −(P ∘ D) K · s, (1, 2, 11, 4)
+minus_D_part = -((P_full * (P_full * dP_full).sum(-1, keepdim=True)) @ K) / math.sqrt(d)
 expected = dict(
     zip(
-        ("D", "grad_Q", "grad_K", "grad_V"),
+        ("D", "grad_Q", "grad_K", "grad_V", "grad_slopes"),
         (
             (P_full * dP_full).sum(-1),
-            *autograd_grads(naive_attention, (Q, K, V), grad_O),
+            *autograd_grads(
+                lambda q, k, v, s: alibi_attention(q, k, v, s)[0],
+                (Q, K, V, slopes),
+                grad_O,
+            ),
         ),
     )
 )
 
 
-def exercise_3(Q, K, V, O, L, grad_O):
-    """Your D and your three gradients, by name."""
+def exercise_3(Q, K, V, O, L, grad_O, slopes):
+    """Your D and your four gradients, by name."""
     return {
         **named(("D",), row_D, O, grad_O),
         **named(
-            ("grad_Q", "grad_K", "grad_V"),
+            ("grad_Q", "grad_K", "grad_V", "grad_slopes"),
             attention_backward_from_L,
             Q,
             K,
@@ -535,6 +740,7 @@ def exercise_3(Q, K, V, O, L, grad_O):
             O,
             L,
             grad_O,
+            slopes,
         ),
     }
 
@@ -542,41 +748,53 @@ def exercise_3(Q, K, V, O, L, grad_O):
 check(
     exercise_3,
     expected,
-    args=(Q, K, V, O_ref, L_ref, grad_O),
+    args=(Q, K, V, O_ref, L_ref, grad_O, slopes),
     name="Exercise 3 · row_D and attention_backward_from_L",
     against="rowsum(dP ∘ P) and autograd",
+    factors=factors,
+    terms={"grad_Q": {"the − D part of dS": minus_D_part}},
 )
 
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex4
 # points: 4
-# by_hand: [autograd, helpers.flash.naive_attention, helpers.flash.flash_backward, helpers.flash.flash_attention]
+# by_hand: [autograd, helpers.flash.naive_attention, helpers.flash.flash_backward, helpers.flash.flash_attention, torch.nn.functional.scaled_dot_product_attention]
 
 # %% [markdown]
-# ## Exercise 4 · The tiled backward, by recomputation (4 points)
+# ## Exercise 4 · The tiled backward, query blocks outside (4 points)
 #
-# **Goal:** the FlashAttention-2 backward: the same gradients as Exercise 3 while only ever
-# holding one `(block_q × block_k)` tile of `S`, `P`, `dP` and `dS`.
+# **Goal:** the same gradients as Exercise 3 while only ever holding one
+# `(block_q × block_k)` tile of `S`, `P`, `dP` and `dS`, in the loop order the chapter did
+# *not* use.
 #
-# Write `tiled_backward(Q, K, V, O, L, grad_O, block_q, block_k, causal=False)` returning
-# `(grad_Q, grad_K, grad_V)` with the shapes of `Q, K, V`. Compute `D = rowsum(dO ∘ O)` once,
-# start the three gradients at zero, then loop **outer over key blocks** `Kj, Vj` and **inner
-# over query blocks** `Qi, dOi` (so `dKj`, `dVj` stay local to the outer loop); per tile, the
-# lines of Exercise 3 restricted to that tile: which rows of `L` and `D` belong to it, and
-# which slice of each gradient it adds to?
+# Write `tiled_backward(Q, K, V, O, L, grad_O, slopes, block_q, block_k, causal=False, window=None)`
+# returning `(grad_Q, grad_K, grad_V, grad_slopes)` with the shapes of `Q, K, V, slopes`.
+# The chapter's FlashAttention-2 backward loops outer over key blocks, so that `dKj`, `dVj`
+# stay local to one outer pass. Here loop **outer over query blocks** `Qi, dOi` and **inner
+# over key blocks** `Kj, Vj` (the order of the forward pass). **Work out** before you write:
+#
+# * which per-row quantities belong to a query block, and can be sliced once per outer pass;
+# * which gradient is now complete after one outer pass (keep it in a local accumulator and
+#   write it once), and which ones are sums over the *outer* loop (accumulate into the right
+#   slice on every tile, never overwrite);
+# * what one tile contributes to `grad_slopes`.
 #
 # <details><summary>Hint: one tile</summary>
 #
-# * `S = Qi Kjᵀ · s` and `P = exp(S − Li)` — recomputed, normalised;
+# * `S = Qi Kjᵀ · s + alibi_tile(q0, k0, bq, bk, slopes)` and `P = exp(S − Li)`, recomputed
+#   and normalised (`Li`, `Di`: the rows `q0 … q0 + bq − 1` of `L` and `D`);
 # * `dVj += Pᵀ dOi`, `dP = dOi Vjᵀ`, `dS = P ∘ (dP − Di)`;
-# * `dQi += dS Kj · s` and `dKj += dSᵀ Qi · s`, with `s = 1/√d`.
+# * `dQi += dS Kj · s` (local to the outer pass) and `dKj += dSᵀ Qi · s`, `dVj` (sums over
+#   the outer loop, into `grad_K`, `grad_V`);
+# * `grad_slopes += Σ dS ∘ (−|i − j|)` over the batch and the tile, per head: `−|i − j|` of
+#   the tile is `alibi_tile(q0, k0, bq, bk, torch.ones_like(slopes))`.
 #
 # </details>
 #
-# Every gradient is a **sum over tiles**: accumulate with `+=` into the right slice, never
-# overwrite. Leave every input as it came (`Q, K, V, O, L, grad_O`: a backward never edits its
-# inputs in place; the tests check). As in Exercise 2, leave `causal` for Exercise 5
+# Compute `D = rowsum(dO ∘ O)` once, before the loops. Leave every input as it came
+# (`Q, K, V, O, L, grad_O, slopes`: a backward never edits its inputs in place; the tests
+# check). As in Exercise 2, leave `causal` and `window` for Exercise 5
 # (`if causal: raise NotImplementedError`).
 
 # %% [raw]
@@ -584,8 +802,10 @@ check(
 
 
 # %%
-def tiled_backward(Q, K, V, O, L, grad_O, block_q=16, block_k=16, causal=False):
-    """FlashAttention-2 backward: D = rowsum(dO∘O); per tile P = exp(S − L), dV += Pᵀ dO, dS = P∘(dO Vᵀ − D), dQ += dS K·s, dK += dSᵀ Q·s."""
+def tiled_backward(
+    Q, K, V, O, L, grad_O, slopes, block_q=16, block_k=16, causal=False, window=None
+):
+    """(grad_Q, grad_K, grad_V, grad_slopes) from Q, K, V, O, L; query blocks outer."""
     # BEGIN SOLUTION
     Nq, d = Q.shape[-2:]
     Nk = K.shape[-2]
@@ -596,36 +816,47 @@ def tiled_backward(Q, K, V, O, L, grad_O, block_q=16, block_k=16, causal=False):
         torch.zeros_like(K),
         torch.zeros_like(V),
     )
-    for k0 in range(0, Nk, block_k):
-        # (B, H, bk, d)
-        Kj, Vj = (
-            K[..., k0 : k0 + block_k, :],
-            V[..., k0 : k0 + block_k, :],
+    grad_slopes = torch.zeros_like(slopes)  # (H,)
+    ones = torch.ones_like(slopes)  # alibi_tile(..., ones) = −|i − j|
+    for q0 in range(0, Nq, block_q):
+        # (B, H, bq, d)
+        Qi, dOi = (
+            Q[..., q0 : q0 + block_q, :],
+            grad_O[..., q0 : q0 + block_q, :],
         )
-        bk = Kj.shape[-2]
-        grad_Kj, grad_Vj = torch.zeros_like(Kj), torch.zeros_like(Vj)  # (B, H, bk, d)
-        for q0 in range(0, Nq, block_q):
-            # (B, H, bq, d)
-            Qi, dOi = (
-                Q[..., q0 : q0 + block_q, :],
-                grad_O[..., q0 : q0 + block_q, :],
+        bq = Qi.shape[-2]
+        # (B, H, bq, 1)
+        Li, Di = L[..., q0 : q0 + bq, None], D[..., q0 : q0 + bq, None]
+        grad_Qi = torch.zeros_like(Qi)  # (B, H, bq, d): complete after this pass
+        k_start, k_stop = 0, Nk
+        if causal:  # the key blocks the forward visited
+            k_stop = min(Nk, q0 + bq)
+            if window is not None:
+                k_start = max(0, q0 - window + 1) // block_k * block_k
+        for k0 in range(k_start, k_stop, block_k):
+            # (B, H, bk, d)
+            Kj, Vj = (
+                K[..., k0 : k0 + block_k, :],
+                V[..., k0 : k0 + block_k, :],
             )
-            bq = Qi.shape[-2]
-            # every query of this block comes before every key
-            if causal and q0 + bq - 1 < k0:
-                continue
-            S = (Qi @ Kj.transpose(-2, -1)) * scale  # (B, H, bq, bk)
-            P = torch.exp(S - L[..., q0 : q0 + bq, None])  # (B, H, bq, bk)
+            bk = Kj.shape[-2]
+            minus_dist = alibi_tile(q0, k0, bq, bk, ones)  # (H, bq, bk)
+            # (B, H, bq, bk), recomputed
+            S = (Qi @ Kj.transpose(-2, -1)) * scale + slopes[:, None, None] * minus_dist
+            P = torch.exp(S - Li)  # (B, H, bq, bk), normalised
             if causal:
-                P = P.masked_fill(~causal_tile_mask(q0, k0, bq, bk, Q.device), 0.0)
-            grad_Vj += P.transpose(-2, -1) @ dOi  # (B, H, bk, d)
+                P = P.masked_fill(
+                    ~causal_tile_mask(q0, k0, bq, bk, window, Q.device), 0.0
+                )
+            grad_V[..., k0 : k0 + bk, :] += P.transpose(-2, -1) @ dOi  # (B, H, bk, d)
             dP = dOi @ Vj.transpose(-2, -1)  # (B, H, bq, bk)
-            dS = P * (dP - D[..., q0 : q0 + bq, None])  # (B, H, bq, bk)
-            grad_Q[..., q0 : q0 + bq, :] += (dS @ Kj) * scale  # (B, H, bq, d)
-            grad_Kj += (dS.transpose(-2, -1) @ Qi) * scale  # (B, H, bk, d)
-        grad_K[..., k0 : k0 + bk, :] = grad_Kj
-        grad_V[..., k0 : k0 + bk, :] = grad_Vj
-    return grad_Q, grad_K, grad_V
+            dS = P * (dP - Di)  # (B, H, bq, bk)
+            grad_Qi += (dS @ Kj) * scale  # (B, H, bq, d)
+            # (B, H, bk, d)
+            grad_K[..., k0 : k0 + bk, :] += (dS.transpose(-2, -1) @ Qi) * scale
+            grad_slopes += (dS * minus_dist).sum(dim=(0, 2, 3))  # (H,)
+        grad_Q[..., q0 : q0 + bq, :] = grad_Qi
+    return grad_Q, grad_K, grad_V, grad_slopes
     # END SOLUTION
 
 
@@ -640,21 +871,25 @@ def tiled_backward(Q, K, V, O, L, grad_O, block_q=16, block_k=16, causal=False):
 hidden: true
 """  # END TEST CONFIG
 import torch
+import torch.nn.functional as F
 
 from helpers.device import randn
-from helpers.flash import naive_attention
 
-# ragged blocks both ways, d = 3
+# ragged blocks both ways, d = 3, batch 2
 _Q, _K, _V = (
-    randn(2, 1, 10, 3, seed=4001, dtype=torch.float64),
-    randn(2, 1, 10, 3, seed=4002, dtype=torch.float64),
-    randn(2, 1, 10, 3, seed=4003, dtype=torch.float64),
+    randn(2, 2, 10, 3, seed=4001, dtype=torch.float64),
+    randn(2, 2, 10, 3, seed=4002, dtype=torch.float64),
+    randn(2, 2, 10, 3, seed=4003, dtype=torch.float64),
 )
-_gO = randn(2, 1, 10, 3, seed=4004, dtype=torch.float64)
-_O, _L = naive_attention(_Q, _K, _V, return_lse=True)
-_leaves = [t.clone().requires_grad_() for t in (_Q, _K, _V)]
-_ref = torch.autograd.grad(naive_attention(*_leaves), _leaves, _gO)
-_out = tiled_backward(_Q, _K, _V, _O, _L, _gO, 4, 3)
+_sl = torch.tensor([0.6, 0.2], dtype=torch.float64)
+_gO = randn(2, 2, 10, 3, seed=4004, dtype=torch.float64)
+_dist = (torch.arange(10)[None, :] - torch.arange(10)[:, None]).abs()
+_leaves = [t.clone().requires_grad_() for t in (_Q, _K, _V, _sl)]
+_bias = -_leaves[3][:, None, None] * _dist
+_O = F.scaled_dot_product_attention(*_leaves[:3], attn_mask=_bias)
+_L = torch.logsumexp(_leaves[0] @ _leaves[1].transpose(-2, -1) / 3**0.5 + _bias, -1)
+_ref = torch.autograd.grad(_O, _leaves, _gO)
+_out = tiled_backward(_Q, _K, _V, _O.detach(), _L.detach(), _gO, _sl, 4, 3)
 assert all(
     o.shape == r.shape and torch.allclose(o, r, atol=1e-10, rtol=1e-8)
     for o, r in zip(_out, _ref)
@@ -665,9 +900,9 @@ assert all(
 hidden: true
 """  # END TEST CONFIG
 import torch
+import torch.nn.functional as F
 
 from helpers.device import randn
-from helpers.flash import naive_attention
 
 # Nq ≠ Nk: grad_Q has Q's shape, grad_K and grad_V have K's
 _Q, _K, _V = (
@@ -675,11 +910,15 @@ _Q, _K, _V = (
     randn(1, 2, 9, 4, seed=4006, dtype=torch.float64),
     randn(1, 2, 9, 4, seed=4007, dtype=torch.float64),
 )
+_sl = torch.tensor([0.3, 1.1], dtype=torch.float64)
 _gO = randn(1, 2, 5, 4, seed=4008, dtype=torch.float64)
-_O, _L = naive_attention(_Q, _K, _V, return_lse=True)
-_leaves = [t.clone().requires_grad_() for t in (_Q, _K, _V)]
-_ref = torch.autograd.grad(naive_attention(*_leaves), _leaves, _gO)
-_out = tiled_backward(_Q, _K, _V, _O, _L, _gO, 2, 4)
+_dist = (torch.arange(9)[None, :] - torch.arange(5)[:, None]).abs()
+_leaves = [t.clone().requires_grad_() for t in (_Q, _K, _V, _sl)]
+_bias = -_leaves[3][:, None, None] * _dist
+_O = F.scaled_dot_product_attention(*_leaves[:3], attn_mask=_bias)
+_L = torch.logsumexp(_leaves[0] @ _leaves[1].transpose(-2, -1) / 2 + _bias, -1)
+_ref = torch.autograd.grad(_O, _leaves, _gO)
+_out = tiled_backward(_Q, _K, _V, _O.detach(), _L.detach(), _gO, _sl, 2, 4)
 assert all(
     o.shape == r.shape and torch.allclose(o, r, atol=1e-10, rtol=1e-8)
     for o, r in zip(_out, _ref)
@@ -694,7 +933,8 @@ import torch
 from helpers.device import randn
 from helpers.flash import naive_attention
 
-# the block size must not change the answer (1×1 tiles, and one tile larger than the matrix)
+# slopes of zero (plain attention); the block size must not change the answer
+# (1×1 tiles, and one tile larger than the matrix)
 _Q, _K, _V = (
     randn(1, 1, 6, 2, seed=4009, dtype=torch.float64),
     randn(1, 1, 7, 2, seed=4010, dtype=torch.float64),
@@ -705,7 +945,7 @@ _O, _L = naive_attention(_Q, _K, _V, return_lse=True)
 _leaves = [t.clone().requires_grad_() for t in (_Q, _K, _V)]
 _ref = torch.autograd.grad(naive_attention(*_leaves), _leaves, _gO)
 for _bq, _bk in ((1, 1), (50, 50)):
-    _out = tiled_backward(_Q, _K, _V, _O, _L, _gO, _bq, _bk)
+    _out = tiled_backward(_Q, _K, _V, _O, _L, _gO, torch.zeros(1).double(), _bq, _bk)
     assert all(torch.allclose(o, r, atol=1e-10, rtol=1e-8) for o, r in zip(_out, _ref))
 
 # %%
@@ -717,14 +957,15 @@ import torch
 from helpers.device import randn
 from helpers.flash import naive_attention
 
-# three gradients of the right shapes, and the inputs left unchanged (no in-place edits)
+# four gradients of the right shapes, and the inputs left unchanged (no in-place edits)
 _ins = [randn(1, 1, 5, 3, seed=s, dtype=torch.float64) for s in (4013, 4014, 4015)]
 _gO = randn(1, 1, 5, 3, seed=4016, dtype=torch.float64)
 _O, _L = naive_attention(*_ins, return_lse=True)
-_all = _ins + [_O, _L, _gO]
+_all = _ins + [_O, _L, _gO, torch.zeros(1, dtype=torch.float64)]
 _copies = [t.clone() for t in _all]
 _out = tiled_backward(*_all, 2, 2)
-assert _out is not None and [tuple(t.shape) for t in _out] == [(1, 1, 5, 3)] * 3
+assert _out is not None
+assert [tuple(t.shape) for t in _out] == [(1, 1, 5, 3)] * 3 + [(1,)]
 assert all(torch.equal(a, b) for a, b in zip(_all, _copies))
 
 # %% [raw]
@@ -734,58 +975,120 @@ assert all(torch.equal(a, b) for a, b in zip(_all, _copies))
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 4** (reference: autograd through `naive_attention`; the same `Q, K, V, grad_O` as
-# self-check 3, `N = 11` in tiles of 4 queries × 3 keys; `O` and `L` from `naive_attention`):
+# **Self-check 4**, one line (references: autograd through `alibi_attention`, first with slopes
+# of zero, which is chapter 10's plain attention, then with the slopes of self-check 2; the
+# same `Q, K, V, grad_O` as self-check 3, `N = 11` in tiles of 4 queries × 3 keys; `O` and `L`
+# from `alibi_attention`):
 
 # %%
+O0, L0 = alibi_attention(Q, K, V, no_slopes)
+attention_O = lambda q, k, v, s: alibi_attention(q, k, v, s)[0]
+expected = dict(
+    zip(
+        (
+            "grad_Q (slopes 0)",
+            "grad_K (slopes 0)",
+            "grad_V (slopes 0)",
+            "grad_slopes (slopes 0)",
+        ),
+        autograd_grads(attention_O, (Q, K, V, no_slopes), grad_O),
+    )
+)
+expected.update(
+    zip(
+        ("grad_Q", "grad_K", "grad_V", "grad_slopes"),
+        autograd_grads(attention_O, (Q, K, V, slopes), grad_O),
+    )
+)
+
+
+def exercise_4(Q, K, V, grad_O, slopes):
+    """Your four gradients without and with the bias, by name."""
+    return {
+        **named(
+            (
+                "grad_Q (slopes 0)",
+                "grad_K (slopes 0)",
+                "grad_V (slopes 0)",
+                "grad_slopes (slopes 0)",
+            ),
+            tiled_backward,
+            *(Q, K, V, O0, L0, grad_O, torch.zeros_like(slopes), 4, 3),
+        ),
+        **named(
+            ("grad_Q", "grad_K", "grad_V", "grad_slopes"),
+            tiled_backward,
+            *(Q, K, V, O_ref, L_ref, grad_O, slopes, 4, 3),
+        ),
+    }
+
+
 check(
-    tiled_backward,
-    autograd_grads(naive_attention, (Q, K, V), grad_O),
-    args=(Q, K, V, O_ref, L_ref, grad_O, 4, 3),
-    outputs=("grad_Q", "grad_K", "grad_V"),
+    exercise_4,
+    expected,
+    args=(Q, K, V, grad_O, slopes),
     name="Exercise 4 · tiled_backward",
     against="autograd",
+    factors=factors,
 )
 
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex5
 # points: 3
-# by_hand: [helpers.attention.causal_mask]
+# by_hand: [helpers.attention.causal_mask, torch.nn.functional.scaled_dot_product_attention]
 
 # %% [markdown]
-# ## Exercise 5 · Causal masking, with N not a multiple of the block size (3 points)
+# ## Exercise 5 · A sliding-window causal mask, with N not a multiple of the block size (3 points)
 #
-# **Goal:** the causal mask tile by tile: which tiles to skip, which to mask, and why the
-# backward masks `P` with zeros where the forward masked `S` with `−∞`.
+# **Goal:** a *local* causal mask tile by tile: which tiles to skip at both ends, which to
+# mask, what a row that sees no key in a tile does to the running max, and why the backward
+# masks `P` with zeros where the forward masked `S` with `−∞`.
 #
-# Query `i` may look at keys `j ≤ i` (*top-left aligned*: what `causal=True` means everywhere in
-# the course, like SDPA's `is_causal=True`, also when `Nq ≠ Nk`; lab 6's `align="bottom_right"`,
-# the KV-cache alignment, is not asked for here). In global indices a tile covers queries
-# `q0 … q0 + bq − 1` and keys `k0 … k0 + bk − 1`.
+# With `causal=True`, query `i` may look at keys `j ≤ i` (*top-left aligned*: what
+# `causal=True` means everywhere in the course, like SDPA's `is_causal=True`, also when
+# `Nq ≠ Nk`; lab 6's `align="bottom_right"` is not asked for here). A **window** `w` (an
+# `int ≥ 1`, or `None` for no window) further restricts query `i` to the `w` most recent keys,
+# `i − w < j ≤ i` (Mistral-style local attention). `window` is only used with `causal=True`.
+# In global indices a tile covers queries `q0 … q0 + bq − 1` and keys `k0 … k0 + bk − 1`.
+# The tests only use shapes where every query sees at least one key.
 #
-# 1. Write `causal_tile_mask(q0, k0, bq, bk, device=None)`: a `bool` tensor of shape `(bq, bk)`,
-#    `True` where key `k0 + j` is visible to query `q0 + i`.
+# 1. Write `causal_tile_mask(q0, k0, bq, bk, window=None, device=None)`: a `bool` tensor of
+#    shape `(bq, bk)`, `True` where key `k0 + c` is visible to query `q0 + r`.
 # 2. Go back to `tiled_forward` (Exercise 2) and `tiled_backward` (Exercise 4), remove the
-#    `raise NotImplementedError` and make `causal=True` work, then re-run those cells:
-#    * forward: fill the masked scores with `−inf` before the running max, and skip key blocks
-#      that start after the query block's last row (they are all masked). Row `i` always sees
-#      key 0, so `m` is finite after the first block and `ℓ` is never 0;
-#    * backward: `P = exp(S − L)` is *not* zero where `S` was masked (you recompute `S` without
-#      the mask), so set those entries of `P` to `0` before using it; skip tiles that are all
-#      masked.
+#    `raise NotImplementedError` and make `causal=True` (with and without a window) work, then
+#    re-run those cells. **Work out**: which key blocks can a query block skip, before and
+#    after? With a window, a row may see *no* key in the first tile it visits: what is its
+#    running max then, and what does `exp(S − m_new)` give? In the backward, `P = exp(S − L)`
+#    is *not* zero where `S` was masked (you recompute `S` without the mask).
+#
+# <details><summary>Hint: the causal tile</summary>
+#
+# * skip key blocks that start after the query block's last row (`k0 > q0 + bq − 1`) and,
+#   with a window, those that end before the window of its first row
+#   (`k0 + bk − 1 ≤ q0 − w`): start at `max(0, q0 − w + 1) // block_k · block_k`;
+# * forward: fill the masked scores with `−inf` before the running max. A row whose scores in
+#   this tile are all `−inf`, and that has seen no key before, has `m_new = −inf`, and
+#   `exp(−inf − (−inf))` is NaN: subtract `0` instead of `m_new` in those rows (`torch.where`),
+#   so `P̃ = 0` and `α = 0` there;
+# * backward: visit the same tiles, and set `P` to `0` where the mask is `False` before using it.
+#
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION
 
 
 # %%
-def causal_tile_mask(q0, k0, bq, bk, device=None):
-    """allowed[i, j] = (k0 + j <= q0 + i): the causal mask of one (bq, bk) tile."""
+def causal_tile_mask(q0, k0, bq, bk, window=None, device=None):
+    """allowed[r, c]: key k0 + c visible to query q0 + r (j ≤ i, and i − window < j)."""
     # BEGIN SOLUTION
     rows = torch.arange(q0, q0 + bq, device=device)[:, None]  # (bq, 1)
     cols = torch.arange(k0, k0 + bk, device=device)[None, :]  # (1, bk)
-    return cols <= rows  # (bq, bk) bool
+    allowed = cols <= rows  # (bq, bk) bool
+    if window is not None:
+        allowed = allowed & (cols > rows - window)
+    return allowed
     # END SOLUTION
 
 
@@ -803,9 +1106,12 @@ import torch
 
 _M = causal_tile_mask(3, 2, 4, 5)
 assert _M.shape == (4, 5) and _M.dtype == torch.bool
-_ref = torch.arange(2, 7)[None, :] <= torch.arange(3, 7)[:, None]
-assert torch.equal(_M, _ref)
+_i, _j = torch.arange(3, 7)[:, None], torch.arange(2, 7)[None, :]
+assert torch.equal(_M, _j <= _i)
 assert not causal_tile_mask(0, 4, 2, 3).any() and causal_tile_mask(6, 0, 2, 3).all()
+_i, _j = torch.arange(5, 9)[:, None], torch.arange(1, 8)[None, :]
+assert torch.equal(causal_tile_mask(5, 1, 4, 7, window=3), (_j <= _i) & (_j > _i - 3))
+assert torch.equal(causal_tile_mask(5, 1, 4, 7, window=1), _j == _i)
 
 # %%
 """ # BEGIN TEST CONFIG
@@ -814,42 +1120,65 @@ hidden: true
 import torch
 
 from helpers.device import randn
-from helpers.flash import naive_attention
 
-# causal forward, ragged N, and Nq ≠ Nk (top-left aligned)
-for _Nq, _Nk, _bq, _bk in ((10, 10, 4, 3), (7, 12, 3, 5), (9, 4, 2, 3)):
+# causal forward with and without a window, ragged N, and Nq ≠ Nk (top-left aligned)
+for _Nq, _Nk, _bq, _bk, _w in (
+    (10, 10, 4, 3, None),
+    (7, 12, 3, 5, None),
+    (9, 4, 2, 3, None),
+    (10, 10, 4, 3, 2),
+    (9, 12, 4, 2, 3),
+    (8, 8, 3, 3, 1),
+):
     _Q, _K, _V = (
         randn(1, 2, _Nq, 3, seed=5001, dtype=torch.float64),
         randn(1, 2, _Nk, 3, seed=5002, dtype=torch.float64),
         randn(1, 2, _Nk, 3, seed=5003, dtype=torch.float64),
     )
-    _O, _L = tiled_forward(_Q, _K, _V, _bq, _bk, causal=True)
-    _O_ref, _L_ref = naive_attention(_Q, _K, _V, causal=True, return_lse=True)
-    assert torch.allclose(_O, _O_ref, atol=1e-10, rtol=1e-8) and torch.allclose(
-        _L, _L_ref, atol=1e-10, rtol=1e-8
-    )
+    _sl = torch.tensor([0.25, 0.5], dtype=torch.float64)
+    _i, _j = torch.arange(_Nq)[:, None], torch.arange(_Nk)[None, :]
+    _seen = (_j <= _i) & (_j > _i - (_w or _Nk + _Nq))
+    _S = _Q @ _K.transpose(-2, -1) / 3**0.5 - _sl[:, None, None] * (_j - _i).abs()
+    _S = _S.masked_fill(~_seen, -torch.inf)
+    _O, _L = tiled_forward(_Q, _K, _V, _sl, _bq, _bk, causal=True, window=_w)
+    assert torch.allclose(_O, torch.softmax(_S, -1) @ _V, atol=1e-10, rtol=1e-8)
+    assert torch.allclose(_L, torch.logsumexp(_S, -1), atol=1e-10, rtol=1e-8)
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
 """  # END TEST CONFIG
 import torch
+import torch.nn.functional as F
 
 from helpers.device import randn
-from helpers.flash import naive_attention
 
-# causal backward, ragged N, and Nq ≠ Nk (top-left aligned)
-for _Nq, _Nk, _bq, _bk in ((10, 10, 3, 4), (6, 11, 4, 3), (9, 5, 2, 2)):
+# causal backward with and without a window, ragged N, and Nq ≠ Nk (top-left aligned)
+for _Nq, _Nk, _bq, _bk, _w in (
+    (10, 10, 3, 4, None),
+    (6, 11, 4, 3, None),
+    (9, 5, 2, 2, None),
+    (10, 10, 4, 3, 2),
+    (8, 11, 3, 2, 4),
+):
     _Q, _K, _V = (
         randn(2, 1, _Nq, 3, seed=5004, dtype=torch.float64),
         randn(2, 1, _Nk, 3, seed=5005, dtype=torch.float64),
         randn(2, 1, _Nk, 3, seed=5006, dtype=torch.float64),
     )
     _gO = randn(2, 1, _Nq, 3, seed=5007, dtype=torch.float64)
-    _O, _L = naive_attention(_Q, _K, _V, causal=True, return_lse=True)
-    _leaves = [t.clone().requires_grad_() for t in (_Q, _K, _V)]
-    _ref = torch.autograd.grad(naive_attention(*_leaves, causal=True), _leaves, _gO)
-    _out = tiled_backward(_Q, _K, _V, _O, _L, _gO, _bq, _bk, causal=True)
+    _sl = torch.tensor([0.3], dtype=torch.float64)
+    _i, _j = torch.arange(_Nq)[:, None], torch.arange(_Nk)[None, :]
+    _seen = (_j <= _i) & (_j > _i - (_w or _Nk + _Nq))
+    _leaves = [t.clone().requires_grad_() for t in (_Q, _K, _V, _sl)]
+    _bias = (-_leaves[3][:, None, None] * (_j - _i).abs()).masked_fill(
+        ~_seen, -torch.inf
+    )
+    _O = F.scaled_dot_product_attention(*_leaves[:3], attn_mask=_bias)
+    _L = torch.logsumexp(_leaves[0] @ _leaves[1].transpose(-2, -1) / 3**0.5 + _bias, -1)
+    _ref = torch.autograd.grad(_O, _leaves, _gO)
+    _args = (_Q, _K, _V, _O.detach(), _L.detach(), _gO, _sl, _bq, _bk)
+    _out = tiled_backward(*_args, causal=True, window=_w)
     assert all(torch.allclose(o, r, atol=1e-10, rtol=1e-8) for o, r in zip(_out, _ref))
 
 # %% [raw]
@@ -859,127 +1188,87 @@ for _Nq, _Nk, _bq, _bk in ((10, 10, 3, 4), (6, 11, 4, 3), (9, 5, 2, 2)):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 5**, one line for the three parts (references: the mask of the tile at queries
-# 4…7, keys 3…8; `naive_attention` with `causal=True` for `O` and `L`; autograd through it for the
-# gradients. `N = 11` in tiles of 4 queries × 3 keys, so the diagonal crosses ragged tiles; and
-# the first 7 queries against all 11 keys, where the two alignments of lab 6 differ):
+# **Self-check 5**, one line for the three parts (references: the masks of the tile at queries
+# 4…7, keys 3…8, without and with a window of 2; `alibi_attention` with `causal=True` for `O`
+# and `L`, and autograd through it for the gradients. `N = 11` in tiles of 4 queries × 3 keys,
+# so the diagonal crosses ragged tiles, plain causal and with a window of 2, where some rows see
+# no key in the first tile they visit; and the first 7 queries against all 11 keys, where the
+# two alignments of lab 6 differ):
 
 # %%
-O_causal, L_causal = naive_attention(Q, K, V, causal=True, return_lse=True)
-Q7, grad_O7 = Q[:, :, :7], grad_O[:, :, :7]  # Nq = 7 < Nk = 11
-O7, L7 = naive_attention(Q7, K, V, causal=True, return_lse=True)
-expected = dict(
-    zip(
-        ("mask", "O", "L", "grad_Q", "grad_K", "grad_V"),
-        (
-            torch.arange(3, 9)[None, :] <= torch.arange(4, 8)[:, None],
-            O_causal,
-            L_causal,
-            *autograd_grads(
-                lambda q, k, v: naive_attention(q, k, v, causal=True), (Q, K, V), grad_O
-            ),
-        ),
+i11 = torch.arange(4, 8)[:, None]  # (4, 1): queries 4…7
+j11 = torch.arange(3, 9)[None, :]  # (1, 6): keys 3…8
+cases = {  # name suffix: (Nq, window)
+    "": (11, None),
+    " (window 2)": (11, 2),
+    " (Nq 7, Nk 11)": (7, None),
+}
+expected = {"mask": j11 <= i11, "mask (window 2)": (j11 <= i11) & (j11 > i11 - 2)}
+inputs = {}
+for tag, (Nq, window) in cases.items():
+    Qc, grad_Oc = Q[:, :, :Nq], grad_O[:, :, :Nq]
+    Oc, Lc = alibi_attention(Qc, K, V, slopes, causal=True, window=window)
+    inputs[tag] = (Qc, Oc, Lc, grad_Oc, window)
+    grads = autograd_grads(
+        lambda q, k, v, s, w=window: alibi_attention(q, k, v, s, True, w)[0],
+        (Qc, K, V, slopes),
+        grad_Oc,
     )
-)
-expected.update(
-    zip(
-        (
-            "O (Nq 7, Nk 11)",
-            "L (Nq 7, Nk 11)",
-            "grad_Q (Nq 7, Nk 11)",
-            "grad_K (Nq 7, Nk 11)",
-            "grad_V (Nq 7, Nk 11)",
-        ),
-        (
-            O7,
-            L7,
-            *autograd_grads(
-                lambda q, k, v: naive_attention(q, k, v, causal=True),
-                (Q7, K, V),
-                grad_O7,
-            ),
-        ),
-    )
-)
+    names = ("O", "L", "grad_Q", "grad_K", "grad_V", "grad_slopes")
+    expected.update({n + tag: t for n, t in zip(names, (Oc, Lc, *grads))})
 
 
-def exercise_5(Q, K, V, O, L, grad_O):
-    """Your tile mask, causal O and L, and causal gradients (from the reference O and L), by name."""
-    return {
+def exercise_5(K, V, slopes):
+    """Your tile masks, causal O and L, and causal gradients (from reference O, L)."""
+    out = {
         **named(("mask",), causal_tile_mask, 4, 3, 4, 6),
-        **named(("O", "L"), tiled_forward, Q, K, V, 4, 3, causal=True),
-        **named(
-            ("grad_Q", "grad_K", "grad_V"),
-            tiled_backward,
-            Q,
-            K,
-            V,
-            O,
-            L,
-            grad_O,
-            4,
-            3,
-            causal=True,
-        ),
-        **named(
-            ("O (Nq 7, Nk 11)", "L (Nq 7, Nk 11)"),
-            tiled_forward,
-            Q7,
-            K,
-            V,
-            4,
-            3,
-            causal=True,
-        ),
-        **named(
-            ("grad_Q (Nq 7, Nk 11)", "grad_K (Nq 7, Nk 11)", "grad_V (Nq 7, Nk 11)"),
-            tiled_backward,
-            Q7,
-            K,
-            V,
-            O7,
-            L7,
-            grad_O7,
-            4,
-            3,
-            causal=True,
-        ),
+        **named(("mask (window 2)",), causal_tile_mask, 4, 3, 4, 6, 2),
     }
+    for tag, (Qc, Oc, Lc, grad_Oc, window) in inputs.items():
+        fwd = ("O" + tag, "L" + tag)
+        out.update(named(fwd, tiled_forward, Qc, K, V, slopes, 4, 3, True, window))
+        bwd = tuple(n + tag for n in ("grad_Q", "grad_K", "grad_V", "grad_slopes"))
+        args = (Qc, K, V, Oc, Lc, grad_Oc, slopes, 4, 3, True, window)
+        out.update(named(bwd, tiled_backward, *args))
+    return out
 
 
 check(
     exercise_5,
     expected,
-    args=(Q, K, V, O_causal, L_causal, grad_O),
-    name="Exercise 5 · causal",
-    against="the tile's mask, naive attention and autograd",
+    args=(K, V, slopes),
+    name="Exercise 5 · causal and sliding window",
+    against="the tile's mask, the full masked scores and autograd",
+    factors=factors,
 )
 
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex6
 # points: 2
-# by_hand: [autograd, helpers.flash.naive_attention, helpers.flash.flash_backward, helpers.flash.flash_attention]
+# by_hand: [autograd, helpers.flash.naive_attention, helpers.flash.flash_backward, helpers.flash.flash_attention, torch.nn.functional.scaled_dot_product_attention]
 
 # %% [markdown]
-# ## Exercise 6 · An autograd.Function that saves only Q, K, V, O, L (2 points)
+# ## Exercise 6 · An autograd.Function that saves only what is linear in N (2 points)
 #
-# **Goal:** plug your forward and backward into autograd, keeping for backward only what is
-# linear in `N`, and prove the result with `gradcheck`.
+# **Goal:** plug your forward and backward into autograd, keeping for backward only tensors of
+# size `O(N · d)` (and the slopes), and prove the result, slopes included, with `gradcheck`.
 #
 # Fill in `FlashAttentionFn`, following the course's rules for custom Functions:
 #
-# * `forward(Q, K, V, causal, block_q, block_k)` (no `ctx`) returns `(O, L)` from your `tiled_forward`;
-# * `setup_context(ctx, inputs, output)` saves exactly `Q, K, V, O, L` with
-#   `ctx.save_for_backward`, keeps `causal`, `block_q`, `block_k` on `ctx`, and marks `L`
-#   non-differentiable (`ctx.mark_non_differentiable(L)`: it is returned for inspection only);
+# * `forward(Q, K, V, slopes, causal, window, block_q, block_k)` (no `ctx`) returns `(O, L)`
+#   from your `tiled_forward`;
+# * `setup_context(ctx, inputs, output)` saves, with `ctx.save_for_backward`, exactly what your
+#   `tiled_backward` needs (which tensors are they?), keeps the non-tensor arguments on `ctx`,
+#   and marks `L` non-differentiable (`ctx.mark_non_differentiable(L)`: it is returned for
+#   inspection only);
 # * `backward(ctx, grad_O, grad_L)` unpacks `ctx.saved_tensors`, calls your `tiled_backward`,
-#   returns a gradient for each input gated on `ctx.needs_input_grad` (`None` when it is not
-#   needed), and `None` for `causal`, `block_q`, `block_k`.
+#   returns a gradient for each tensor input gated on `ctx.needs_input_grad` (`None` when it is
+#   not needed), and `None` for each non-tensor input.
 #
-# Then complete the wrapper `flash_attn(Q, K, V, causal, block_q, block_k)`, which returns `O` only.
-# This exercise builds on Exercises 2, 4 and 5: if one of those is wrong, so is this one. It is
-# the last step, and your instructor may make it optional.
+# Then complete the wrapper `flash_attn(Q, K, V, slopes, causal, window, block_q, block_k)`,
+# which returns `O` only. This exercise builds on Exercises 2, 4 and 5: if one of those is
+# wrong, so is this one. It is the last step, and your instructor may make it optional.
 
 # %% [raw]
 # # BEGIN SOLUTION
@@ -987,51 +1276,49 @@ check(
 
 # %%
 class FlashAttentionFn(torch.autograd.Function):
-    """(O, L) = tiled_forward(Q, K, V); backward recomputes P tile by tile from the saved Q, K, V, O, L."""
+    """(O, L) = tiled_forward(Q, K, V, slopes); backward recomputes P tile by tile."""
 
     @staticmethod
-    def forward(Q, K, V, causal, block_q, block_k):
+    def forward(Q, K, V, slopes, causal, window, block_q, block_k):
         """(O, L) by the tiled forward; no ctx here."""
         # BEGIN SOLUTION
-        return tiled_forward(Q, K, V, block_q, block_k, causal)
+        return tiled_forward(Q, K, V, slopes, block_q, block_k, causal, window)
         # END SOLUTION
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        """Save Q, K, V, O, L (nothing N × N) and the non-tensor arguments; L is not differentiable."""
+        """Save what backward needs (nothing N × N) and the non-tensor arguments."""
         # BEGIN SOLUTION
-        Q, K, V, causal, block_q, block_k = inputs
+        Q, K, V, slopes, causal, window, block_q, block_k = inputs
         O, L = output
-        ctx.save_for_backward(Q, K, V, O, L)
-        ctx.causal, ctx.block_q, ctx.block_k = causal, block_q, block_k
+        ctx.save_for_backward(Q, K, V, slopes, O, L)
+        ctx.causal, ctx.window = causal, window
+        ctx.block_q, ctx.block_k = block_q, block_k
         ctx.mark_non_differentiable(L)
         # END SOLUTION
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_O, grad_L):
-        """grad_Q, grad_K, grad_V by the tiled backward; None for causal, block_q, block_k."""
+        """Gradients of Q, K, V, slopes by the tiled backward; None for the rest."""
         # BEGIN SOLUTION
-        Q, K, V, O, L = ctx.saved_tensors
-        grad_Q, grad_K, grad_V = tiled_backward(
-            Q, K, V, O, L, grad_O, ctx.block_q, ctx.block_k, ctx.causal
+        Q, K, V, slopes, O, L = ctx.saved_tensors
+        grads = tiled_backward(
+            *(Q, K, V, O, L, grad_O, slopes),
+            *(ctx.block_q, ctx.block_k, ctx.causal, ctx.window),
         )
-        need_Q, need_K, need_V = ctx.needs_input_grad[:3]
-        return (
-            grad_Q if need_Q else None,
-            grad_K if need_K else None,
-            grad_V if need_V else None,
-            None,
-            None,
-            None,
-        )
+        needs = ctx.needs_input_grad[:4]
+        gated = tuple(g if need else None for g, need in zip(grads, needs))
+        return (*gated, None, None, None, None)
         # END SOLUTION
 
 
-def flash_attn(Q, K, V, causal=False, block_q=16, block_k=16):
-    """O = softmax(Q Kᵀ/√d [+ causal mask]) V through FlashAttentionFn (L is dropped)."""
-    O, L = FlashAttentionFn.apply(Q, K, V, causal, block_q, block_k)  # SOLUTION
+def flash_attn(Q, K, V, slopes, causal=False, window=None, block_q=16, block_k=16):
+    """O = softmax(Q Kᵀ/√d + ALiBi bias [+ mask]) V by FlashAttentionFn (L dropped)."""
+    # BEGIN SOLUTION
+    O, L = FlashAttentionFn.apply(Q, K, V, slopes, causal, window, block_q, block_k)
     return O
+    # END SOLUTION
 
 
 # %% [raw]
@@ -1049,11 +1336,19 @@ import torch
 from helpers.device import randn
 
 _ins = [
-    randn(1, 2, 5, 3, seed=s, dtype=torch.float64, requires_grad=True)
+    randn(1, 2, 6, 3, seed=s, dtype=torch.float64, requires_grad=True)
     for s in (6001, 6002, 6003)
 ]
-assert torch.autograd.gradcheck(lambda q, k, v: flash_attn(q, k, v, False, 2, 3), _ins)
-assert torch.autograd.gradcheck(lambda q, k, v: flash_attn(q, k, v, True, 3, 2), _ins)
+_ins.append(torch.tensor([0.4, 0.9], dtype=torch.float64, requires_grad=True))
+assert torch.autograd.gradcheck(
+    lambda q, k, v, s: flash_attn(q, k, v, s, False, None, 2, 3), _ins
+)
+assert torch.autograd.gradcheck(
+    lambda q, k, v, s: flash_attn(q, k, v, s, True, None, 3, 2), _ins
+)
+assert torch.autograd.gradcheck(
+    lambda q, k, v, s: flash_attn(q, k, v, s, True, 2, 2, 2), _ins
+)
 
 # %%
 """ # BEGIN TEST CONFIG
@@ -1064,22 +1359,25 @@ import torch
 from helpers.device import randn
 from helpers.flash import naive_attention
 
-# saved for backward: Q, K, V, O (B, H, N, d) and L (B, H, N), nothing (N, N)
+# saved for backward: Q, K, V, O (B, H, N, d), slopes (H,), L (B, H, N); no (N, N)
 _Q, _K, _V = (
     randn(2, 1, 7, 3, seed=s, dtype=torch.float64, requires_grad=True)
     for s in (6004, 6005, 6006)
 )
-_O = flash_attn(_Q, _K, _V, True, 2, 2)
+_sl = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+_O = flash_attn(_Q, _K, _V, _sl, True, None, 2, 2)
 _saved = _O.grad_fn.saved_tensors
 assert sorted(tuple(t.shape) for t in _saved) == sorted(
-    [(2, 1, 7, 3)] * 4 + [(2, 1, 7)]
+    [(2, 1, 7, 3)] * 4 + [(2, 1, 7), (1,)]
 )
 assert torch.allclose(
     _O, naive_attention(_Q, _K, _V, causal=True), atol=1e-10, rtol=1e-8
 )
-# only V needs a gradient: backward must still work (and not compute what is gated off)
-_Qn, _Kn = _Q.detach(), _K.detach()
-(_gV,) = torch.autograd.grad(flash_attn(_Qn, _Kn, _V, False, 3, 3).sum(), (_V,))
+# only V needs a gradient: backward must still work
+_Qn, _Kn, _sn = _Q.detach(), _K.detach(), _sl.detach()
+(_gV,) = torch.autograd.grad(
+    flash_attn(_Qn, _Kn, _V, _sn, False, None, 3, 3).sum(), (_V,)
+)
 _Vl = _V.detach().clone().requires_grad_()
 (_gV_ref,) = torch.autograd.grad(naive_attention(_Qn, _Kn, _Vl).sum(), (_Vl,))
 assert torch.allclose(_gV, _gV_ref, atol=1e-10, rtol=1e-8)
@@ -1091,39 +1389,47 @@ assert torch.allclose(_gV, _gV_ref, atol=1e-10, rtol=1e-8)
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 6** (references: the sizes of the tensors your Function saves, which must be those
-# of `Q, K, V, O, L`; then `torch.autograd.gradcheck` in float64, causal, `N = 7` in tiles of
-# 3 × 2 — finite differences against your backward):
+# **Self-check 6** (references: the sizes of the tensors your Function saves, which must be
+# those of `Q, K, V, O`, `L` and `slopes`; then `torch.autograd.gradcheck` in float64, causal
+# with a window of 3, `N = 7` in tiles of 3 × 2, the slopes included: finite differences
+# against your backward):
 
 # %%
 Q6, K6, V6 = (randn(1, 2, 7, 3, seed=s, dtype=dtype, device=dev) for s in (6, 7, 8))
+slopes6 = torch.tensor([0.3, 0.8], dtype=dtype, device=dev)
 
 
-def saved_for_backward(Q, K, V):
-    """How many tensors flash_attn's node keeps for backward, and their sizes (numel, sorted)."""
-    leaves = [t.detach().clone().requires_grad_() for t in (Q, K, V)]
-    saved = flash_attn(*leaves, True, 3, 2).grad_fn.saved_tensors
+def saved_for_backward(Q, K, V, slopes):
+    """How many tensors flash_attn saves for backward, and their sizes (sorted)."""
+    leaves = [t.detach().clone().requires_grad_() for t in (Q, K, V, slopes)]
+    O = flash_attn(*leaves, True, 3, 3, 2)
+    if O is None:  # flash_attn not written yet
+        return None
+    saved = O.grad_fn.saved_tensors
     return {
         "number of saved tensors": torch.tensor(len(saved)),
         "their sizes": torch.tensor(sorted(t.numel() for t in saved)),
     }
 
 
-sizes = [Q6.numel()] * 4 + [Q6.numel() // Q6.shape[-1]]  # Q, K, V, O: B·H·N·d; L: B·H·N
+# Q, K, V, O: B·H·N·d; L: B·H·N; slopes: H
+sizes = [Q6.numel()] * 4 + [Q6.numel() // Q6.shape[-1], slopes6.numel()]
 result = evaluate(
     saved_for_backward,
     {
-        "number of saved tensors": torch.tensor(5),
+        "number of saved tensors": torch.tensor(6),
         "their sizes": torch.tensor(sorted(sizes)),
     },
-    args=(Q6, K6, V6),
+    args=(Q6, K6, V6, slopes6),
     name="Exercise 6 · FlashAttentionFn",
 )
-if result:  # it saves Q, K, V, O, L: now finite differences against its backward
+if (
+    result
+):  # it saves Q, K, V, slopes, O, L: now finite differences against its backward
     result = check_gradcheck(
-        lambda q, k, v: flash_attn(q, k, v, True, 3, 2),
-        (Q6, K6, V6),
-        name="Exercise 6 · FlashAttentionFn (saves Q, K, V, O, L)",
+        lambda q, k, v, s: flash_attn(q, k, v, s, True, 3, 3, 2),
+        (Q6, K6, V6, slopes6),
+        name="Exercise 6 · FlashAttentionFn (saves Q, K, V, slopes, O, L)",
         quiet=True,
     )
 print(result.line)
@@ -1133,10 +1439,13 @@ print(result.line)
 #
 # Run *Runtime → Restart and run all* (Colab) or *Kernel → Restart & Run All* (Jupyter) and
 # look at the self-check lines: each should be a `✓`. Then download the notebook (`.ipynb`)
-# and hand it in. Keep the function names: the grader calls `online_softmax_stats`,
-# `tiled_forward`, `row_D`, `attention_backward_from_L`, `tiled_backward`, `causal_tile_mask`,
-# `FlashAttentionFn` and `flash_attn`.
+# and hand it in. Keep the function names: the grader calls `merge_stats`,
+# `online_softmax_stats`, `alibi_tile`, `tiled_forward`, `row_D`, `attention_backward_from_L`,
+# `tiled_backward`, `causal_tile_mask`, `FlashAttentionFn` and `flash_attn`.
 #
-# **Going further.** The chapter's `helpers.flash` is the same algorithm with `(B, H, N, d)`
-# checks and a scale argument, and `helpers/flash_triton.py` runs it as Triton kernels on a
-# GPU: compare your loops with its `_attn_fwd` and `_bwd_dk_dv`.
+# **Going further.** The chapter's `helpers.flash` is the plain (bias-free) algorithm with the
+# other backward loop order, `(B, H, N, d)` checks and a scale argument, and
+# `helpers/flash_triton.py` runs it as Triton kernels on a GPU: compare your loops with its
+# `_attn_fwd`, `_bwd_dk_dv` and `_bwd_dq`. Why do GPU kernels prefer the key-outer order for
+# `dK`, `dV` (think of which writes would collide between thread blocks in your query-outer
+# loop)?
