@@ -47,7 +47,8 @@ varies(f"device: {describe(dev)}")
 # %% [markdown]
 # ## 3.1 The graph autograd records
 #
-# We rebuild the cat MLP of chapter 1 (float64, the seed's numbers). Every operation on a
+# We rebuild the cat MLP of chapter 1 (float64, the seed's numbers).
+# {term}`Autograd <autograd>` records a {term}`computational graph`: every operation on a
 # tensor that requires grad does two things: it computes its result, and it attaches to
 # that result a *backward node* (`grad_fn`) that knows how to turn the gradient of the
 # result into gradients of its inputs.
@@ -124,21 +125,24 @@ fig = plot_graph(
 # The orange labels are the memory cost of backward. Each node keeps exactly what its
 # local derivative needs:
 #
-# * `ReluBackward0` keeps its output `a` (the derivative is 1 where `a > 0`);
-# * the upper `MvBackward0` (`W2 @ a`) keeps `W2` (for `∂L/∂a = W2ᵀ grad`) and `a` (for
-#   `∂L/∂W2 = grad ⊗ a`);
-# * the lower `MvBackward0` (`W1 @ x`) keeps only `x`: it needs `x` for `∂L/∂W1`, and it
-#   would need `W1` only for `∂L/∂x`, which nobody asked for;
+# * `ReluBackward0` keeps its output `a` (the derivative is 1 where $a > 0$, which is
+#   exactly where $h > 0$);
+# * the upper `MvBackward0` (`W2 @ a`) keeps `W2` (for
+#   $\partial L/\partial a = W_2^\top\, \partial L/\partial \hat y$) and `a` (for
+#   $\partial L/\partial W_2 = \partial L/\partial \hat y \otimes a$);
+# * the lower `MvBackward0` (`W1 @ x`) keeps only `x`: it needs `x` for
+#   $\partial L/\partial W_1$, and it would need `W1` only for $\partial L/\partial x$, which
+#   nobody asked for;
 # * `Add`, `Sub` and `Sum` keep no tensor at all (their derivatives are constants);
 #   `PowBackward0` keeps its input `ŷ - y`.
 #
 # Nine float64 numbers, the 72 bytes printed above. In a real network these saved tensors
-# are the *activations*, and they are what fills a GPU during training (chapter 9).
+# are the *{term}`activations <activation>`*, and they are what fills a GPU during training (chapter 9).
 
 # %% [markdown]
 # ## 3.2 Leaves, `requires_grad`, `retain_grad`, `detach`
 #
-# A tensor is a **leaf** if no recorded operation made it: it has no `grad_fn`. Parameters
+# A tensor is a **{term}`leaf`** if no recorded operation made it: it has no `grad_fn`. Parameters
 # and inputs are leaves; `h`, `a`, `y_hat`, `L` are not.
 
 # %%
@@ -146,12 +150,13 @@ for name in ("x", "W1", "h", "a", "L"):
     t = names[name]
     fn = t.grad_fn.name() if t.grad_fn is not None else "None"
     print(
-        f"{name:>2s}: is_leaf={t.is_leaf!s:5s} requires_grad={t.requires_grad!s:5s} grad_fn={fn}"
+        f"{name:>2s}: is_leaf={t.is_leaf!s:5s}"
+        f" requires_grad={t.requires_grad!s:5s} grad_fn={fn}"
     )
 
 # %% [markdown]
 # After `backward()` only leaves that require grad get a `.grad`. The intermediate
-# gradients (`∂L/∂h`...) were computed, handed on and dropped; reading `h.grad` gives
+# gradients ($\partial L/\partial h$, ...) were computed, handed on and dropped; reading `h.grad` gives
 # `None` (and a warning, which we silence here).
 
 # %%
@@ -187,7 +192,7 @@ assert compare(
 
 # %% [markdown]
 # **`requires_grad` decides what gets recorded.** `x` does not require grad, so there is no
-# leaf for it and `W1 @ x` did not save `W1`. Ask for `∂L/∂x` and the graph grows:
+# leaf for it and `W1 @ x` did not save `W1`. Ask for $\partial L/\partial x$ and the graph grows:
 
 # %%
 p = cat_params(device=dev, requires_grad=True)
@@ -253,7 +258,8 @@ for step in range(3):
     L = cat_forward(**p)["L"]
     L.backward()
     print(
-        f"after backward #{step + 1}: b2.grad = {fmt(p['b2'].grad)}   W2.grad = {fmt(p['W2'].grad)}"
+        f"after backward #{step + 1}: b2.grad = {fmt(p['b2'].grad)}"
+        f"   W2.grad = {fmt(p['W2'].grad)}"
     )
 
 # %% [markdown]
@@ -385,7 +391,7 @@ except RuntimeError as err:
     print("RuntimeError:", str(err).splitlines()[0])
 
 # %% [markdown]
-# What was freed are the **saved tensors**. The graph's nodes are still there (so the
+# What was freed are the **{term}`saved tensors`**. The graph's nodes are still there (so the
 # second call finds them), but the first backward released what they kept, because a
 # normal training step never needs it again. Walk the graph after backward:
 
@@ -416,7 +422,7 @@ Xb = randn(256, 512, seed=3, device=dev)  # (B, 512)
 
 
 def held(L):
-    """Bytes of saved tensors the graph behind L still holds (parameters and input excluded)."""
+    """Bytes of saved tensors held by the graph behind L (params and input excluded)."""
     return sum(
         r["bytes"] for r in saved_by_node(L, exclude=[*params, Xb]) if r["counted"]
     )
@@ -488,12 +494,19 @@ except RuntimeError as err:
 #   its 6 returned gradients (2.0 MiB, the size of the parameters) take the place of the
 #   `.grad` buffers, which stay `None`; it does not let you go through the graph twice either.
 #
+# Retaining one graph costs one forward pass's activations, which you had in memory anyway
+# until backward. It becomes a leak only when retained graphs pile up, for instance when a
+# training loop keeps the loss tensor itself:
+#
+# ```{admonition} What the source articles got wrong
+# :class: dropdown
+#
 # Seed 000 advises against `retain_graph=True` because "it will OOM", and suggests
 # `torch.autograd.grad(loss, model.parameters(), retain_graph=False)` instead. The
 # suggestion is fine code, but it is not an alternative: it frees the graph exactly like
 # `backward()`. And the warning is exaggerated: retaining one graph costs one forward pass's
-# activations, which you had in memory anyway until backward. It becomes a leak only when
-# retained graphs pile up, for instance when a training loop keeps the loss tensor itself:
+# activations; the OOM comes from retained graphs piling up (the cell below).
+# ```
 
 # %%
 history = []
@@ -507,7 +520,8 @@ del L
 print("after keeping only .item():", len(history), "floats")
 
 # %% [markdown]
-# Three times 1.0 MiB, and it grows with every step: that is the OOM the seed saw. Keep
+# Three times 1.0 MiB, and it grows with every step: that is how a training loop runs out
+# of memory. Keep
 # `L.item()` (or `L.detach()`) in your logs and drop `retain_graph` unless you really run
 # backward twice (e.g. two losses sharing a trunk: better sum them and call backward once).
 #
@@ -562,7 +576,8 @@ for mode_name, ctx in [
     with ctx(), SavedTensors(exclude=[*params, Xb]) as saved:
         out = model(Xb)
     print(
-        f"{mode_name:15s} saved {fmt_bytes(saved.total_bytes):>9s}  requires_grad={out.requires_grad!s:5s}"
+        f"{mode_name:15s} saved {fmt_bytes(saved.total_bytes):>9s}"
+        f"  requires_grad={out.requires_grad!s:5s}"
         f"  is_inference={out.is_inference()}"
     )
 
@@ -596,7 +611,7 @@ import time
 
 
 def time_forwards(ctxs, reps=10):
-    """Fastest of reps forwards of the model under each ctx, in seconds; the modes take turns."""
+    """Fastest of reps forwards under each ctx, in seconds; the modes take turns."""
     times = [[] for _ in ctxs]
     for _ in range(reps + 1):  # the first round is a warm-up
         for k, ctx in enumerate(ctxs):
@@ -615,7 +630,8 @@ t_grad, t_no, t_inf = time_forwards(
     (torch.enable_grad, torch.no_grad, torch.inference_mode)
 )
 varies(
-    f"forward: grad mode {t_grad * 1e3:.2f} ms, no_grad {t_no * 1e3:.2f} ms, inference_mode {t_inf * 1e3:.2f} ms"
+    f"forward: grad mode {t_grad * 1e3:.2f} ms, no_grad {t_no * 1e3:.2f} ms,"
+    f" inference_mode {t_inf * 1e3:.2f} ms"
 )
 varies(f"grad mode / no_grad = {t_grad / t_no:.2f}")
 
@@ -651,8 +667,8 @@ assert compare(
 )
 
 # %% [markdown]
-# The hook saw `∂L/∂h = [-0.4375, 0.0000]` (chapter 1's value); returning the clipped `-0.1000`
-# changed everything below `h`: `W1.grad`'s first row is now `-0.1 · x`.
+# The hook saw $\partial L/\partial h = [-0.4375, 0]$ (chapter 1's value); returning the
+# clipped $-0.1$ changed everything below $h$: `W1.grad`'s first row is now $-0.1\, x$.
 #
 # **Module hooks.** The same cat as an `nn.Sequential`. A forward hook sees each module's
 # output; `register_full_backward_hook` sees each module's `grad_output` (the gradient
@@ -697,7 +713,8 @@ assert compare(
 
 # %% [markdown]
 # Forward hooks fire in order 0, 1, 2 (outputs `h`, `a`, `ŷ`), backward hooks in order
-# 2, 1, 0 with `∂L/∂ŷ = -0.8750`, `∂L/∂a = [-0.4375, 0.3500]`, `∂L/∂h = [-0.4375, 0.0000]`: the
+# 2, 1, 0 with $\partial L/\partial\hat y = -0.875$, $\partial L/\partial a = [-0.4375, 0.35]$,
+# $\partial L/\partial h = [-0.4375, 0]$: the
 # numbers of chapter 1, now read off a model without touching its code. (Chapter 5 builds
 # a gradient-flow monitor out of exactly these hooks.)
 #
@@ -710,7 +727,8 @@ assert compare(
 def pack(t):
     """Called at save time: report and keep the tensor as is."""
     print(
-        f"saved {tuple(t.shape)} {str(t.dtype).replace('torch.', '')}, {tensor_bytes(t)} B"
+        f"saved {tuple(t.shape)} {str(t.dtype).replace('torch.', '')},"
+        f" {tensor_bytes(t)} B"
     )
     return t
 
@@ -732,9 +750,11 @@ with SavedTensors(exclude=[*params, Xb], by_op=True) as saved:
 print(saved.table())
 
 # %% [markdown]
-# Each `linear` saves its input (for `∂L/∂W = gradᵀ · input`) and, when its input needs a
-# gradient, its weight (for `∂L/∂input = grad · W`; it keeps the transposed view `Wᵀ`, which is
-# why the last one lists `(512, 10)` for a weight of shape `(10, 512)`: same memory, no copy). The first one's input is `Xb`
+# Each `linear` saves its input (for
+# $\partial L/\partial W = (\partial L/\partial y)^\top\, \text{input}$) and, when its input
+# needs a gradient, its weight (for $\partial L/\partial\,\text{input} = (\partial L/\partial y)\, W$;
+# it keeps the transposed view $W^\top$, which is why the last one lists `(512, 10)` for a
+# weight of shape `(10, 512)`: same memory, no copy). The first one's input is `Xb`
 # (excluded, and needing no gradient, so no weight either); the others' inputs are the ReLU
 # outputs, already counted, and their weights are parameters. So the whole 1.0 MiB is the two
 # ReLU outputs (512.0 KiB each) plus 10.0 KiB for `pow`'s input (256 × 10 float32).
@@ -821,7 +841,7 @@ _ = compare(
 # numbers on either side, an iterative topological sort, and leaves that accumulate across
 # calls like PyTorch's). Its tests check every operation against torch, a value used twice
 # (`a + a`, `a * a`), and that an engine with `=` instead of `+=` fails. Run chapter 1's cat
-# through it, one scalar at a time, and ask for `∂L/∂x` too:
+# through it, one scalar at a time, and ask for $\partial L/\partial x$ too:
 
 # %%
 from helpers.micrograd import Value, cat_mlp_grads
@@ -860,8 +880,9 @@ print(fmt(p["W1"].grad, 10))
 class AssignMul(Value):
     """The product rule with = instead of +=: the last contribution wins."""
 
-    # _wrap and _new are helpers.micrograd.Value internals: _wrap turns a plain number into a
-    # Value, _new builds the result with type(self), so every node of the graph is an AssignMul.
+    # _wrap and _new are helpers.micrograd.Value internals: _wrap turns a plain number
+    # into a Value, _new builds the result with type(self), so every node of the graph
+    # is an AssignMul.
     def __mul__(self, other):
         other = self._wrap(other)
         out = self._new(self.data * other.data, (self, other), "*")
@@ -888,8 +909,9 @@ assert compare(
 )
 
 # %% [markdown]
-# The second hidden unit is dead (`h₂ < 0`), so its contribution to `∂L/∂x` is 0, and with
-# `=` that 0 overwrote the real gradient: `∂L/∂x` is all zeros. `∂L/∂W1` is still right,
+# The second hidden unit is dead ($h_2 < 0$), so its contribution to $\partial L/\partial x$
+# is 0, and with `=` that 0 overwrote the real gradient: $\partial L/\partial x$ is all zeros.
+# $\partial L/\partial W_1$ is still right,
 # since every weight is used once. A bug that only shows where a value is reused is exactly
 # the kind that survives a test on a too-simple example.
 

@@ -10,12 +10,13 @@
 # * write a `torch.autograd.Function` in the modern form (`forward` + `setup_context` +
 #   `backward`), decide what to save, honour `ctx.needs_input_grad`, and say why `backward`
 #   must never write into `grad_output`;
-# * derive the backward of a linear layer, of softmax (its Jacobian `diag(p) − p pᵀ` and the cheap
-#   product `p ∘ (g − ⟨g, p⟩)`), and of LayerNorm (the mean path and the variance path);
+# * derive the backward of a linear layer, of softmax (its {term}`Jacobian`
+#   $\operatorname{diag}(p) - p p^\top$ and the cheap product $p \odot (g - \langle g, p\rangle)$),
+#   and of {term}`LayerNorm <layer normalization>` (the mean path and the variance path);
 # * use `torch.autograd.gradcheck` to catch a plausible wrong backward, such as the
 #   diagonal-only softmax derivative in seed 000's attention code;
 # * explain why cross-entropy is computed from logits with log-sum-exp, and why its gradient
-#   is `softmax − one-hot` divided by the batch size;
+#   is $\operatorname{softmax}(z) - \text{onehot}(t)$ divided by the batch size;
 # * build an MLP from your own Functions whose gradients equal `nn.Sequential`'s.
 #
 # The finished, tested versions live in `helpers/functions.py`; later chapters import them from there.
@@ -45,7 +46,8 @@ from helpers.memory import tensor_bytes
 from helpers.show import fmt_sci, show
 
 dev = get_device()
-no_tf32()  # fp32 matmuls in true fp32 on GPUs, so the comparisons below mean the same thing everywhere
+# fp32 matmuls in true fp32 on GPUs: the comparisons below mean the same everywhere
+no_tf32()
 
 # %% [markdown]
 # ## 1. Anatomy of an `autograd.Function`
@@ -68,14 +70,20 @@ no_tf32()  # fp32 matmuls in true fp32 on GPUs, so the comparisons below mean th
 # `ctx.needs_input_grad` is a tuple of booleans, one per input: a frozen weight or the targets
 # of a loss need no gradient, so backward need not compute it (return `None` there).
 #
-# We start with a linear layer in `nn.Linear`'s layout, `y = x Wᵀ + b` with `W` of shape `(out, in)`.
-# For one row, `y_o = Σ_i x_i W_oi + b_o`, so
+# We start with a linear layer in `nn.Linear`'s layout, $y = x W^\top + b$ with $W$ of shape
+# `(out, in)`. For one row, $y_o = \sum_i x_i W_{oi} + b_o$, so with the gradient
+# $\partial L/\partial y$ arriving from above (`grad_y` in code)
 #
-# * `∂L/∂x_i = Σ_o grad_y_o W_oi`, i.e. `grad_x = grad_y W`;
-# * `∂L/∂W_oi = Σ_rows grad_y_o x_i`, i.e. `grad_W = grad_yᵀ x` (the sum over the batch comes from the matmul);
-# * `∂L/∂b_o = Σ_rows grad_y_o`.
+# $$\begin{aligned}
+# \frac{\partial L}{\partial x_i} &= \sum_o \frac{\partial L}{\partial y_o}\, W_{oi},
+#   &&\text{i.e. } \frac{\partial L}{\partial x} = \frac{\partial L}{\partial y}\, W; \\
+# \frac{\partial L}{\partial W_{oi}} &= \sum_{\text{rows}} \frac{\partial L}{\partial y_o}\, x_i,
+#   &&\text{i.e. } \frac{\partial L}{\partial W} = \Big(\frac{\partial L}{\partial y}\Big)^{\!\top} x; \\
+# \frac{\partial L}{\partial b_o} &= \sum_{\text{rows}} \frac{\partial L}{\partial y_o} .
+# \end{aligned}$$
 #
-# Every gradient has the shape of what it is the gradient of: `grad_W` is `(out, in)` like `W`.
+# The sum over the batch in $\partial L/\partial W$ comes from the matmul. Every gradient has the shape of
+# what it is the gradient of: `grad_W` is `(out, in)` like `W`.
 
 
 # %%
@@ -124,7 +132,7 @@ show("grad_W", ours[1])
 #
 # ### Broadcasting's backward is a sum
 #
-# `b` has shape `(out,)` but is added to every one of the `B` rows of `x Wᵀ`: broadcasting
+# `b` has shape `(out,)` but is added to every one of the `B` rows of $x W^\top$: {term}`broadcasting`
 # *uses* each `b_o` `B` times. A value used several times collects one gradient per use, added up
 # (chapter 3's `+=`), so `grad_b` is a sum over the broadcast dimension. The general rule: sum
 # the upstream gradient over every dimension that was broadcast, with `keepdim=True` where the
@@ -159,10 +167,17 @@ show("grad_b for L = sum of all 4 rows of y", grad_b_sum)
 # `grad_b = grad_y.sum(0)` in `MyLinear` is the same rule for a `b` broadcast over a new leading
 # dimension, which is why no `keepdim` is needed there.
 #
-# And it is a **sum**, not a mean: with `L = Σ y` over 4 rows, `grad_b` is `4` per entry. Seed 000
-# says that `grad_W = x.t() @ grad_y` "is the average of the B samples' gradients (implicitly
-# divided by B)". It is their sum; the `1/B` of a mean loss arrives already inside `grad_y`
-# (chapter 3's micro-batches depend on exactly this).
+# And it is a **sum**, not a mean: with $L = \sum y$ over 4 rows, `grad_b` is `4` per entry.
+# The $1/B$ of a mean loss arrives already inside `grad_y` (chapter 3's micro-batches depend
+# on exactly this).
+#
+# ```{admonition} What the source articles got wrong
+# :class: dropdown
+#
+# Seed 000 says that `grad_W = x.t() @ grad_y` "is the average of the B samples' gradients
+# (implicitly divided by B)". It is their sum; the $1/B$ of a mean loss arrives already
+# inside `grad_y`.
+# ```
 #
 # Now freeze `W` and `b` (as in fine-tuning) and look at what backward was asked for:
 
@@ -239,12 +254,16 @@ except RuntimeError:
 # %% [markdown]
 # ## 2. Softmax: the Jacobian, and the product we actually compute
 #
-# `p = softmax(z)`, `p_i = e^{z_i} / Σ_k e^{z_k}`. Differentiating the quotient:
+# $p = \operatorname{softmax}(z)$, $p_i = e^{z_i} / \sum_k e^{z_k}$. Differentiating the quotient:
 #
-# * `∂p_i/∂z_i = p_i − p_i²` (the numerator and the denominator both contain `e^{z_i}`);
-# * `∂p_i/∂z_j = −p_i p_j` for `j ≠ i` (only the denominator contains `e^{z_j}`).
+# * $\partial p_i/\partial z_i = p_i - p_i^2$ (the numerator and the denominator both contain $e^{z_i}$);
+# * $\partial p_i/\partial z_j = -p_i p_j$ for $j \ne i$ (only the denominator contains $e^{z_j}$).
 #
-# Together: **`J = diag(p) − p pᵀ`**. For a small vector:
+# Together, **the Jacobian of softmax** is
+#
+# $$J = \operatorname{diag}(p) - p p^\top .$$
+#
+# For a small vector:
 
 # %%
 z = randn(4, seed=10, device=dev, dtype=torch.float64)
@@ -265,12 +284,16 @@ _ = compare(
 # every logit moves every probability.
 # (Float64 here, with `compare`'s float64 default `atol 1e-10, rtol 1e-08`.)
 #
-# Backward never builds `J`: it is `n × n` for every row, quadratic in the number of classes
-# (or keys, in attention). It needs only the vector–Jacobian product `grad_z = Jᵀ g` (and `J` is symmetric):
+# Backward never builds $J$: it is $n \times n$ for every row, quadratic in the number of
+# classes (or keys, in attention). It needs only the {term}`vector–Jacobian product`
+# $\partial L/\partial z = J^\top g$, with $g = \partial L/\partial p$ (and $J$ is symmetric):
 #
-# `grad_z = (diag(p) − p pᵀ) g = p ∘ g − p (pᵀ g) = p ∘ (g − ⟨g, p⟩)`,
+# $$\begin{aligned}
+# \frac{\partial L}{\partial z} &= (\operatorname{diag}(p) - p p^\top)\, g \\
+#        &= p \odot g - p\,(p^\top g) = p \odot (g - \langle g, p\rangle),
+# \end{aligned}$$
 #
-# one dot product per row and an elementwise product: `O(n)` instead of `O(n²)`.
+# one dot product per row and an elementwise product: $O(n)$ instead of $O(n^2)$.
 
 # %%
 v = randn(4, seed=11, device=dev, dtype=torch.float64)  # an upstream gradient grad_p
@@ -289,14 +312,15 @@ _ = compare("hf.softmax_backward vs vᵀJ", hf.softmax_backward(p, v), vjp_full)
 # grad_scores = grad_attn * (attn_weights - attn_weights ** 2)   # p(1-p) ∘ g
 # ```
 #
-# That is `p ∘ (1 − p) ∘ g`: **only the diagonal of the Jacobian**, as if each probability
+# That is $p \odot (1 - p) \odot g$: **only the diagonal of the Jacobian**, as if each probability
 # depended on its own logit alone. It is plausible (it is the sigmoid's derivative, and it is
 # right for a single `p_i` against its own `z_i`), it has the right shape, it runs, and a loss
 # still goes down for a while. `hf.softmax_backward_diagonal_only` keeps it as a named example.
 #
 # `gradcheck` does what we did above, for every input: it builds the Jacobian twice,
-# numerically from central differences `(f(z + εe_j) − f(z − εe_j)) / 2ε`, and analytically by
-# running backward once per output direction `e_i` (row `i` of `J` is `backward(e_i)`), and compares:
+# numerically from central differences $(f(z + \varepsilon e_j) - f(z - \varepsilon e_j)) / 2\varepsilon$,
+# and analytically by running backward once per output direction $e_i$ (row $i$ of $J$ is
+# `backward(e_i)`), and compares:
 
 
 # %%
@@ -334,7 +358,7 @@ _ = compare(
 )
 
 # %% [markdown]
-# Central differences in float64 have an error of order `ε²` plus round-off divided by `ε`, far
+# Central differences in float64 have an error of order $\varepsilon^2$ plus round-off divided by $\varepsilon$, far
 # below the `atol 1e-08` used here, so that tolerance passes the correct backward and nothing that
 # is wrong in a visible digit. The diagonal-only backward's Jacobian is the diagonal matrix above:
 # every off-diagonal entry is missing. `gradcheck` runs exactly this test with its own
@@ -363,16 +387,14 @@ print(
 # %% [markdown]
 # Inside attention the mistake changes every gradient upstream of the softmax. Here is seed 000's
 # Function in the modern form, next to the same Function with the correct softmax backward,
-# both against autograd of the plain formula `softmax(Q Kᵀ) V`. That formula is the seed's, and
-# it is a second seed error: attention is `softmax(Q Kᵀ/√d) V` (the seed's own text writes the
-# `1/√d`, its code drops it). We keep it unscaled here only to test the seed's backward against
-# its own forward; the scale changes nothing about the softmax mistake. Chapter 6 derives the
+# both against autograd of the plain formula $\operatorname{softmax}(Q K^\top) V$. That formula
+# is the seed's (see the aside below); the scale changes nothing about the softmax mistake. Chapter 6 derives the
 # scaled version and checks it against `F.scaled_dot_product_attention`.
 
 
 # %%
 def attention_backward(Q, K, V, P, grad_O, softmax_bwd):
-    """O = softmax(Q Kᵀ) V, the seed's forward (1/√d missing, see chapter 6); softmax_bwd is under test."""
+    """O = softmax(Q Kᵀ) V, the seed's forward (no 1/√d); softmax_bwd is under test."""
     grad_V = P.transpose(-2, -1) @ grad_O  # (B, N, N) @ (B, N, d) -> (B, N, d)
     grad_P = grad_O @ V.transpose(-2, -1)  # (B, N, d) @ (B, d, N) -> (B, N, N)
     grad_S = softmax_bwd(P, grad_P)  # (B, N, N)
@@ -401,23 +423,50 @@ for label, bwd in (
 # `grad_K` are wrong with the diagonal-only version. (The seed's Function also saves `scores`,
 # which its backward never reads: an `(N, N)` tensor per head kept alive for nothing.)
 #
+# ```{admonition} What the source articles got wrong
+# :class: dropdown
+#
+# Seed 000's softmax backward keeps only the Jacobian's diagonal (above), and its attention
+# code computes $\operatorname{softmax}(Q K^\top) V$: attention is
+# $\operatorname{softmax}(Q K^\top/\sqrt d)\, V$ (the seed's own text writes the $1/\sqrt d$,
+# its code drops it). We keep it unscaled here only to test the seed's backward against its
+# own forward. Chapter 6 derives the scaled version and checks it against
+# `F.scaled_dot_product_attention`.
+# ```
+#
 # ## 3. LayerNorm: two hidden paths from x to the output
 #
-# Over the last dimension (size `D`) of each row:
+# Over the last dimension (size $D$) of each row, with the biased variance under the root:
 #
-# `μ = mean(x)`, `σ = √(var(x) + ε)` (the biased variance), `x̂ = (x − μ)/σ`, `y = γ ∘ x̂ + β`.
+# $$\begin{aligned}
+# \mu &= \frac1D \sum_i x_i, &
+# \sigma &= \sqrt{\frac1D \sum_i (x_i - \mu)^2 + \varepsilon}, \\
+# \hat x &= \frac{x - \mu}{\sigma}, &
+# y &= \gamma \odot \hat x + \beta .
+# \end{aligned}$$
 #
-# `grad_γ = Σ_rows grad_y ∘ x̂` and `grad_β = Σ_rows grad_y` are immediate. For `x`, write
-# `g = grad_y ∘ γ` (the gradient arriving at `x̂`). Each `x_j` reaches `x̂_i` three ways:
+# The parameter gradients are immediate:
+# $\partial L/\partial\gamma = \sum_{\text{rows}} \frac{\partial L}{\partial y} \odot \hat x$
+# and $\partial L/\partial\beta = \sum_{\text{rows}} \frac{\partial L}{\partial y}$. For $x$,
+# write $g = \frac{\partial L}{\partial y} \odot \gamma$ (the gradient arriving at $\hat x$).
+# Each $x_j$ reaches $\hat x_i$ three ways:
 #
-# * **directly**, through the numerator `x_i − μ` when `i = j`: contributes `g_j / σ`;
-# * **through the mean**: `∂μ/∂x_j = 1/D`, and `μ` is subtracted from every `x_i`: contributes `−(1/σ)·mean(g)`;
-# * **through the variance**: `∂σ/∂x_j = x̂_j / D`, and `x̂_i = (x_i − μ)/σ` falls as `σ` grows:
-#   `∂x̂_i/∂σ = −x̂_i/σ`, summed against `g_i`: contributes `−(1/σ)·x̂_j·mean(g ∘ x̂)`.
+# * **directly**, through the numerator $x_i - \mu$ when $i = j$: contributes $g_j / \sigma$;
+# * **through the mean**: $\partial\mu/\partial x_j = 1/D$, and $\mu$ is subtracted from every
+#   $x_i$: contributes $-\frac1\sigma \operatorname{mean}(g)$;
+# * **through the variance**: $\partial\sigma/\partial x_j = \hat x_j / D$, and
+#   $\hat x_i = (x_i - \mu)/\sigma$ falls as $\sigma$ grows,
+#   $\partial\hat x_i/\partial\sigma = -\hat x_i/\sigma$; summed against $g_i$ this
+#   contributes $-\frac1\sigma\, \hat x_j \operatorname{mean}(g \odot \hat x)$.
 #
-# So `∂x̂_i/∂x_j = (1/σ)(δ_ij − 1/D − x̂_i x̂_j / D)`, and the vector–Jacobian product is
+# So the Jacobian of $\hat x$ is
 #
-# **`grad_x = (1/σ) (g − mean(g) − x̂ ∘ mean(g ∘ x̂))`**, means over the last dim.
+# $$\frac{\partial \hat x_i}{\partial x_j} = \frac1\sigma\Big(\delta_{ij} - \frac1D - \frac{\hat x_i \hat x_j}{D}\Big),$$
+#
+# and the vector–Jacobian product, with means over the last dimension, is
+#
+# $$\boxed{\;\frac{\partial L}{\partial x} = \frac1\sigma\Big(g - \operatorname{mean}(g)
+#   - \hat x \odot \operatorname{mean}(g \odot \hat x)\Big)\;}$$
 #
 # We write the three paths as separate terms and check them against autograd of `F.layer_norm`:
 
@@ -450,8 +499,8 @@ _ = compare("grad_beta = Σ grad_y", grad_Y.sum(0), ref_beta)
 # %% [markdown]
 # Dropping either path gives a gradient of the right shape and the wrong values (the `✗` lines).
 # The two paths also leave a fingerprint we can check: the output does not change if `x` is shifted
-# by a constant, so each row of `grad_x` sums to zero; and, but for `ε`, it does not change if `x` is
-# scaled, so `⟨grad_x, x − μ⟩` is nearly zero per row:
+# by a constant, so each row of `grad_x` sums to zero; and, but for $\varepsilon$, it does not
+# change if `x` is scaled, so $\langle \partial L/\partial x,\; x - \mu\rangle$ is nearly zero per row:
 
 # %%
 grad_X = direct + mean_path + var_path
@@ -466,8 +515,9 @@ show("<grad_x, x - mu> per row", (grad_X * (X - mu)).sum(-1), 6)
 # %% [markdown]
 # The row sums are zero within the float64 default tolerance (atol 1e-10: six terms of size about
 # 1 summed in float64 leave round-off near 1e-16); the second check is at most `0.000014` in size,
-# not zero, because `ε` makes `σ` slightly larger than the standard deviation. The library's `LayerNorm` saves `x`, `μ` and `1/σ` (two floats per row) rather than `x̂`
-# (a full `(..., D)` tensor), and rebuilds `x̂` in backward. Its backward is the plain function
+# not zero, because $\varepsilon$ makes $\sigma$ slightly larger than the standard deviation.
+# The library's `LayerNorm` saves $x$, $\mu$ and $1/\sigma$ (two floats per row) rather than
+# $\hat x$ (a full `(..., D)` tensor), and rebuilds $\hat x$ in backward. Its backward is the plain function
 # `hf.layernorm_backward`, checked here against the inline terms and by `gradcheck`:
 
 # %%
@@ -479,10 +529,12 @@ print("gradcheck(layer_norm):", gradcheck(hf.layer_norm, (Xr, gr, br)))
 # %% [markdown]
 # ## 4. Cross-entropy from logits, stably
 #
-# For logits `z` (one row, `C` classes) and target class `t`:
-# `L = −log softmax(z)_t = −z_t + log Σ_c e^{z_c}`. Computing `softmax` first and then its `log`
-# overflows: `e^{z}` is `inf` in float32 once `z` exceeds the log of the largest float32 (printed below). The log-sum-exp trick subtracts the
-# row maximum `m` first, `log Σ e^{z_c} = m + log Σ e^{z_c − m}`, so the largest exponent taken is of zero:
+# For logits $z$ (one row, $C$ classes) and target class $t$, the {term}`cross-entropy` is
+# $L = -\log \operatorname{softmax}(z)_t = -z_t + \log \sum_c e^{z_c}$. Computing `softmax`
+# first and then its `log` overflows: $e^{z}$ is `inf` in float32 once $z$ exceeds the log of
+# the largest float32 (printed below). The log-sum-exp trick subtracts the row maximum $m$
+# first, $\log \sum_c e^{z_c} = m + \log \sum_c e^{z_c - m}$, so the largest exponent taken is
+# of zero:
 
 # %%
 # large logits, as in an overconfident model
@@ -506,10 +558,14 @@ _ = compare(
 # finite (`78.3152`) and matches PyTorch's within the float32 default `atol 1e-05, rtol 0.0001`; the
 # relative part covers float32 round-off in a loss this large.
 #
-# Its gradient is short: `∂/∂z_c (−z_t + log Σ e^{z_k}) = softmax(z)_c − [c = t]`. For the mean
-# over `N` rows each row's gradient is divided by `N`: **`grad_z = (softmax(z) − one_hot(t)) / N`**.
-# The Function saves the logits and one float per row, `lse = log Σ e^{z}`, and rebuilds
-# `softmax(z) = exp(z − lse)` in backward.
+# Its gradient is short:
+# $\frac{\partial}{\partial z_c}\big(-z_t + \log \sum_k e^{z_k}\big) = \operatorname{softmax}(z)_c - [c = t]$.
+# For the mean over $N$ rows each row's gradient is divided by $N$:
+#
+# $$\frac{\partial L}{\partial z} = \frac{\operatorname{softmax}(z) - \text{onehot}(t)}{N}.$$
+#
+# The Function saves the logits and one float per row, $\text{lse} = \log \sum_k e^{z_k}$
+# (`lse`), and rebuilds $\operatorname{softmax}(z) = \exp(z - \text{lse})$ in backward.
 
 # %%
 z_ce = randn(4, 5, seed=41, device=dev, requires_grad=True)
@@ -525,14 +581,14 @@ _ = compare("grad_z vs (softmax - one_hot) / N", z_ce.grad, expected)
 # default tolerance: five float32 entries smaller than 0.25 summed leave round-off near 1e-8, far
 # inside atol 1e-5. Only the target entry is negative (`−0.1012` in row 0, class 0).
 # `hf.cross_entropy` also takes `ignore_index` (rows whose target is, by default, `-100`, such as padding,
-# contribute nothing and are not counted in `N`) and `label_smoothing` `ε` (the one-hot becomes
-# `(1 − ε)·one_hot + ε/C`). Unlike `F.cross_entropy` it takes the classes **last**, `(..., C)`,
+# contribute nothing and are not counted in $N$) and `label_smoothing` $\varepsilon$ (the
+# one-hot becomes $(1 - \varepsilon)\,\text{onehot}(t) + \varepsilon/C$). Unlike `F.cross_entropy` it takes the classes **last**, `(..., C)`,
 # as a language model's logits come; chapter 5 looks at both options closely.
 
 # %%
 t_pad = torch.tensor([0, -100, 1, 4], device=dev)
 _ = compare(
-    "ignore_index + label_smoothing=0.1 vs F.cross_entropy",
+    "ignore_index, smoothing 0.1 vs F.cross_entropy",
     hf.cross_entropy(logits, t_pad, label_smoothing=0.1),
     F.cross_entropy(logits, t_pad, label_smoothing=0.1),
 )
@@ -540,10 +596,14 @@ _ = compare(
 # %% [markdown]
 # ## 5. GELU, exact and tanh
 #
-# `gelu(x) = x Φ(x)` with `Φ` the standard normal CDF; its derivative is `Φ(x) + x φ(x)`.
-# The tanh form approximates it by `½ x (1 + tanh(u))`, `u = √(2/π)(x + 0.044715 x³)`, with derivative
-# `½(1 + tanh u) + ½ x (1 − tanh² u) · √(2/π)(1 + 3·0.044715 x²)`. Both need `x` in backward, so GELU
-# saves its input (ReLU can save its output instead: `y > 0` exactly where `x > 0`).
+# $\operatorname{gelu}(x) = x\,\Phi(x)$ with $\Phi$ the standard normal CDF; its derivative is
+# $\Phi(x) + x\,\varphi(x)$. The tanh form approximates it by
+# $\tfrac12 x\,(1 + \tanh u)$ with $u = \sqrt{2/\pi}\,(x + 0.044715\, x^3)$, and has the derivative
+#
+# $$\tfrac12 (1 + \tanh u) + \tfrac12 x\,(1 - \tanh^2 u)\,\sqrt{2/\pi}\,(1 + 3 \cdot 0.044715\, x^2).$$
+#
+# Both need $x$ in backward, so GELU saves its input (ReLU can save its output instead:
+# $y > 0$ exactly where $x > 0$).
 
 # %%
 xs = torch.linspace(-6, 6, 1201, device=dev, dtype=torch.float64)
@@ -576,9 +636,10 @@ plt.show()
 # %% [markdown]
 # The two forms differ by at most `0.000473` on `[-6, 6]`, far below anything training notices.
 # Unlike ReLU's, GELU's derivative is never exactly zero on an interval. It is negative, but only
-# below some threshold, and never very negative. Where exactly? `gelu′` changes sign once on
-# `[−2, −0.1]`, so bisection in float64 finds the threshold; a grid with step `1e-5` finds the minimum
-# (calculus says where: `gelu″(x) = φ(x)(2 − x²)` vanishes at `x = −√2`):
+# below some threshold, and never very negative. Where exactly? $\operatorname{gelu}'$ changes
+# sign once on $[-2, -0.1]$, so bisection in float64 finds the threshold; a grid with step
+# `1e-5` finds the minimum (calculus says where:
+# $\operatorname{gelu}''(x) = \varphi(x)(2 - x^2)$ vanishes at $x = -\sqrt 2$):
 
 
 # %%
@@ -614,16 +675,19 @@ print(
 print("gelu'(-4) =", fmt_sci(d_gelu(torch.tensor(-4.0, dtype=torch.float64)).item()))
 
 # %% [markdown]
-# So `gelu′(x) < 0` only for `x < −0.7518`, its minimum is `−0.1289` at `x = −1.4142` (`−√2`, within the
-# grid step of `1e-5`), and far out it returns towards 0 (`gelu′(−4)` is `−5.0e-04`). A GELU unit whose
+# So $\operatorname{gelu}'(x) < 0$ only for $x < -0.7518$, its minimum is $-0.1289$ at
+# $x = -1.4142$ ($-\sqrt 2$, within the grid step of `1e-5`), and far out it returns towards 0
+# ($\operatorname{gelu}'(-4)$ is $-5.0 \times 10^{-4}$). A GELU unit whose
 # input is negative still receives a gradient, of either sign, but a small one: a "dead" GELU unit is
 # not dead, only very quiet.
 #
 # ## 6. Dropout with a saved mask
 #
-# In training, dropout keeps each element with probability `1 − p` and scales the survivors by
-# `1/(1 − p)`, so the expected output equals the input: `y = x ∘ m / (1 − p)`. Backward is the
-# same multiplication, `grad_x = grad_y ∘ m / (1 − p)`, so the only thing to save is the mask `m`:
+# In training, dropout keeps each element with probability $1 - p$ and scales the survivors by
+# $1/(1 - p)$, so the expected output equals the input: $y = x \odot m / (1 - p)$. Backward is
+# the same multiplication,
+# $\frac{\partial L}{\partial x} = \frac{\partial L}{\partial y} \odot m / (1 - p)$, so the
+# only thing to save is the mask $m$:
 # a `bool` tensor, one byte per element. The mask is drawn from a seed (or a `torch.Generator`)
 # so a run can be repeated exactly. In evaluation dropout is the identity.
 
@@ -678,7 +742,9 @@ def saved_report(name, out, inputs, ctx_attrs=()):
         )
         items.append(f"{tuple(s.shape)} {str(s.dtype).replace('torch.', '')} ({tag})")
     attrs = ", ".join(f"{a}={getattr(node, a)!r}" for a in ctx_attrs) or "-"
-    print(f"{name:<13} | {'; '.join(items):<90} | {attrs}")
+    print(f"{name:<13} on ctx: {attrs}")
+    for item in items:
+        print(f"{'':<13}   saves {item}")
 
 
 xb = randn(8, 16, seed=60, device=dev, requires_grad=True)
@@ -689,7 +755,9 @@ wln, bln = (
     torch.zeros(16, device=dev, requires_grad=True),
 )
 tb = torch.arange(8, device=dev) % 16
-print(f"{'Function':<13} | {'saved tensors (shape dtype, kind)':<90} | on ctx")
+print(
+    "Function: non-tensor ctx attributes, then each saved tensor (shape, dtype, kind)"
+)
 saved_report("Linear", hf.linear(xb, Wb, bb), [xb, Wb, bb])
 saved_report("ReLU", hf.relu(xb), [xb])
 saved_report("GELU", hf.gelu(xb), [xb], ["approximate"])
@@ -718,7 +786,7 @@ saved_report("Dropout", hf.dropout(xb, 0.1, True, 0), [xb], ["p"])
 # | `LogSoftmax` | its output `log P` | none | `dim` |
 # | `CrossEntropy` | logits, target, `lse` | `lse`: `(8,)`, one float per row | `ignore_index`, `label_smoothing` |
 # | `MSE` | `ŷ`, `y` (inputs) | none | – |
-# | `LayerNorm` | `x`, `γ`, `μ`, `1/σ` | `μ`, `1/σ`: `(8, 1)` each | – (`eps` is used up in forward) |
+# | `LayerNorm` | `x`, $\gamma$, $\mu$, $1/\sigma$ | $\mu$, $1/\sigma$: `(8, 1)` each | – (`eps` is used up in forward) |
 # | `Dropout` | the mask `m` | `(8, 16)` `bool`, 1 byte per element | `p` |
 #
 # "None" means no extra memory only as long as someone else keeps that tensor alive; chapter 9
@@ -764,19 +832,21 @@ show("grad b3", pairs[-1][1].grad)
 # * A custom Function is `forward` (no `ctx`, runs without recording), `setup_context` (decides
 #   what to keep: tensors with `save_for_backward`, everything else as `ctx` attributes) and
 #   `backward` (one gradient per input, `None` where `ctx.needs_input_grad` says nobody asked).
-# * The backward math is a plain function of tensors: `grad_x = grad_y W`, `grad_W = grad_yᵀ x`;
-#   softmax's `p ∘ (g − ⟨g, p⟩)` instead of the `n × n` Jacobian `diag(p) − p pᵀ`; LayerNorm's
-#   `(1/σ)(g − mean(g) − x̂ ∘ mean(g ∘ x̂))` with a mean path and a variance path; cross-entropy's
-#   `(softmax − one_hot)/N`.
+# * The backward math is a plain function of tensors: `grad_x = grad_y @ W`,
+#   `grad_W = grad_y.T @ x`; softmax's $p \odot (g - \langle g, p\rangle)$ instead of the
+#   $n \times n$ Jacobian $\operatorname{diag}(p) - p p^\top$; LayerNorm's
+#   $\frac1\sigma\big(g - \operatorname{mean}(g) - \hat x \odot \operatorname{mean}(g \odot \hat x)\big)$
+#   with a mean path and a variance path; cross-entropy's
+#   $(\operatorname{softmax}(z) - \text{onehot}(t))/N$.
 # * `gradcheck` compares the Jacobian your backward implies with finite differences in float64; it
-#   catches the diagonal-only softmax backward of seed 000 at once. Matching the built-in in float32
+#   catches the diagonal-only softmax backward of seed 000 at once ({term}`gradient check`). Matching the built-in in float32
 #   within `atol 1e-05, rtol 0.0001` is the second, everyday check.
 # * Save inputs or outputs where you can (they usually exist anyway); save small statistics (`lse`,
-#   `μ`, `1/σ`) instead of big intermediates; save a `bool` mask rather than a float one.
+#   $\mu$, $1/\sigma$) instead of big intermediates; save a `bool` mask rather than a float one.
 #
 # ## Common mistakes
 #
-# * **Keeping only the Jacobian's diagonal** (`p(1 − p) ∘ g` for softmax): every output of softmax
+# * **Keeping only the Jacobian's diagonal** ($p(1 - p) \odot g$ for softmax): every output of softmax
 #   depends on every input. `gradcheck` fails; `grad_Q` and `grad_K` of attention come out wrong.
 # * **Writing into `grad_output`** (`grad_y.mul_(2)`): the gradient looks right, but the caller's tensor
 #   changed.
