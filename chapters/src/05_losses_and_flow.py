@@ -1,15 +1,16 @@
 # %% [markdown]
 # # 5. Losses and the flow of gradients
 #
-# Backward starts at the loss: the first gradient of every backward pass is ∂L/∂logits,
-# and the loss decides how large it is, whether it can be NaN, and what every layer
-# below receives. This chapter follows that gradient from the loss down through a deep
+# Backward starts at the loss function: the first gradient of every backward pass
+# is $\partial L/\partial z$ for the logits $z$, and the loss decides how large it is,
+# whether it can be NaN, and what every layer below receives. This chapter follows that gradient from the loss down through a deep
 # network and builds the tools to watch it.
 #
 # **Learning goals.** After this chapter you can
 #
-# * derive that cross-entropy's gradient with respect to the logits is softmax − one-hot, and
-#   why MSE on logits gives gradients that grow with the logits;
+# * derive that cross-entropy's gradient with respect to the logits is
+#   $\operatorname{softmax}(z) - \text{onehot}(y)$, and why MSE on logits gives gradients
+#   that grow with the logits;
 # * write down what label smoothing and `ignore_index` do to that gradient;
 # * explain when softmax really overflows (naive `exp`) and when it does not (`F.softmax`),
 #   find the first NaN gradient with `torch.autograd.detect_anomaly`, and avoid "fixes" that
@@ -19,8 +20,10 @@
 #   connections, LayerNorm and the initialisation change; count dead ReLU units;
 # * write a gradient-flow recorder that works (seed 000's reports nothing).
 #
-# Seed 000 (sections 3.3, 4.3, 5.3, 5.4) gets several of these wrong; each mistake is
-# reproduced below next to the correction.
+# Seed 000 (sections 3.3, 4.3, 5.3, 5.4; the seed articles are introduced in chapter 1)
+# gets several of these wrong. Each mistake is reproduced in a collapsible aside, *What the
+# source articles got wrong*, next to the section it concerns; the main text does not need
+# them.
 
 # %% tags=["remove-cell"]
 # Colab setup (hidden on the site): in Colab, install the course helpers; elsewhere do nothing.
@@ -50,24 +53,33 @@ no_tf32()
 # %% [markdown]
 # ## 5.1 Cross-entropy: the gradient is softmax − one-hot
 #
-# For one example with logits $z \in \mathbb{R}^C$ and class $y$,
+# For one example of the {term}`cross-entropy` loss, with logits $z \in \mathbb{R}^C$ and class $y$,
 #
 # $$L = -\log \operatorname{softmax}(z)_y = -z_y + \log \sum_j e^{z_j}.$$
 #
 # Differentiate term by term: $\partial(-z_y)/\partial z_i = -[i = y]$, and
 # $\partial \log\sum_j e^{z_j} / \partial z_i = e^{z_i} / \sum_j e^{z_j} = p_i$. So
 #
-# $$\frac{\partial L}{\partial z_i} = p_i - [i = y], \qquad \nabla_z L = \operatorname{softmax}(z) - \text{onehot}(y).$$
+# $$\begin{aligned}
+# \frac{\partial L}{\partial z_i} &= p_i - [i = y], \\
+# \nabla_z L &= \operatorname{softmax}(z) - \text{onehot}(y).
+# \end{aligned}$$
 #
 # With `reduction="mean"` over a batch of $B$ examples every row is divided by $B$.
 # Every row of the gradient sums to 0 (the probabilities sum to 1, the one-hot too), and
 # each entry lies in $(-1, 1)$: the target's $p_y - 1$ in $(-1, 0]$, every other $p_i$ in $[0, 1)$.
 # The loss can never hand back a gradient larger than $\sqrt 2$ per example, whatever the logits.
-# Seed 000 (3.3) says softmax compresses the gradient's *magnitude* ("梯度幅值") into $[0, 1]$.
-# About magnitude it is right: $|p_i - [i = y]| \le 1$. What the phrase hides is the sign of the
-# entry that matters most. The target's entry is never positive (in the cell below it is the one negative
-# entry of each row, e.g. −0.2144 in row 0, i.e. $(p_y - 1)/B$); it is what pulls the correct
-# logit up.
+# The target's entry is never positive (in the cell below it is the one negative entry of
+# each row, e.g. −0.2144 in row 0, i.e. $(p_y - 1)/B$); it is what pulls the correct logit up.
+#
+# ```{admonition} What the source articles got wrong
+# :class: dropdown
+#
+# Seed 000 (3.3) says softmax compresses the gradient's *magnitude* ("梯度幅值") into
+# $[0, 1]$. About magnitude it is right: $|p_i - [i = y]| \le 1$. What the phrase hides is the
+# sign of the entry that matters most: the target's entry $p_y - 1$ is never positive, and it
+# is what pulls the correct logit up.
+# ```
 
 # %%
 B, C = 4, 5
@@ -110,7 +122,8 @@ for s in scales:
     ce_norms.append(grad_ce.norm().item())
     mse_norms.append(grad_mse.norm().item())
     print(
-        f"s = {fmt(s, 1):>5}   ‖∂CE/∂z‖ = {fmt(ce_norms[-1], 3)}   ‖∂MSE/∂z‖ = {fmt(mse_norms[-1], 3)}"
+        f"s = {fmt(s, 1):>5}   ‖∂CE/∂z‖ = {fmt(ce_norms[-1], 3)}"
+        f"   ‖∂MSE/∂z‖ = {fmt(mse_norms[-1], 3)}"
     )
 
 zs = (8 * z0).requires_grad_(True)
@@ -136,7 +149,7 @@ plt.show()
 #
 # ## 5.3 Label smoothing changes the target, so it changes the gradient
 #
-# `F.cross_entropy(..., label_smoothing=ε)` trains against the target
+# `F.cross_entropy(..., label_smoothing=eps)` ($\varepsilon$ = `eps`) trains against the target
 # $q = (1-\varepsilon)\,\text{onehot} + \varepsilon / C$ instead of the one-hot, so
 #
 # $$\nabla_z L = \operatorname{softmax}(z) - q.$$
@@ -159,7 +172,7 @@ ok = compare("softmax - q vs autograd (label_smoothing=0.1)", grad_z, z.grad)
 
 # %%
 def grad_at_gap(gap, eps):
-    """∂L/∂z for one example whose correct logit (class 0) is `gap` above the other C-1 (zero) logits."""
+    """∂L/∂z for one example: logit `gap` for the correct class 0, 0 for the rest."""
     zg = torch.zeros(C, device=dev)
     zg[0] = gap
     zg.requires_grad_(True)
@@ -176,7 +189,8 @@ gap_star = math.log((1 - eps + eps / C) / (eps / C))
 show("zero-gradient gap log((1-ε+ε/C)/(ε/C))", gap_star)
 for gap in (2.0, gap_star, 10.0):
     print(
-        f"gap {fmt(gap, 4):>7}:  one-hot ∂L/∂z_y = {fmt(grad_at_gap(gap, 0.0)[0], 4):>7}"
+        f"gap {fmt(gap, 4):>7}:"
+        f"  one-hot ∂L/∂z_y = {fmt(grad_at_gap(gap, 0.0)[0], 4):>7}"
         f"   smoothed ∂L/∂z_y = {fmt(grad_at_gap(gap, eps)[0], 4):>7}"
     )
 _ = compare(
@@ -186,20 +200,33 @@ _ = compare(
 )
 
 # %% [markdown]
-# With ε = 0.1 and C = 5 the smoothed gradient is 0 at a gap of 3.8286 — on every class, since
+# With $\varepsilon = 0.1$ and $C = 5$ the smoothed gradient is 0 at a gap of 3.8286 — on every class, since
 # there softmax equals $q$ — within the float32 default tolerance (atol 1e-5: the softmax is
 # computed in float32 and the gap itself is rounded to float32, each worth about 1e-7), and it is
 # positive (+0.0798) on the correct logit at a gap of 10: gradient descent then *lowers* the
-# correct logit, while plain cross-entropy still says −0.0002 (keep going). Seed 000 calls
-# smoothing "spreading the gradient evenly over all classes"; what it does is move the
-# target, and with it the point where the gradient vanishes.
+# correct logit, while plain cross-entropy still says −0.0002 (keep going). Smoothing moves
+# the target, and with it the point where the gradient vanishes.
+#
+# ```{admonition} What the source articles got wrong
+# :class: dropdown
+#
+# Seed 000 calls smoothing "spreading the gradient evenly over all classes"; what it does is
+# move the target, and with it the point where the gradient vanishes (the cell above).
 #
 # Seed 000 (5.3) also warns that with `label_smoothing=0.5` "the target probability is spread
 # thin and log(0.5/N) can trigger numerical instability". But the loss is
-# $-\sum_c q_c \log p_c$: it takes the log of the **model's** probabilities $p$ (by log-sum-exp),
-# never of the target $q$, which only multiplies. Even for a very confident model:
+# $-\sum_c q_c \log p_c$: it takes the log of the **model's** probabilities $p$ (by
+# log-sum-exp), never of the target $q$, which only multiplies. The hidden cell after this
+# aside checks it on a very confident model (click to show it). The loss is 30.0000 — large,
+# because this model puts almost no probability where $q$ asks for 0.1, but finite — and it
+# equals $-\sum q \log p$ within the float32 default tolerance. The gradient is
+# $\operatorname{softmax}(z) - q$, every entry in $(-1, 1)$ as always. The seed's
+# $\log(0.5/N)$ never enters the loss or its gradient (it would appear only in the constant
+# $\sum q \log q$ of the KL form), and it is a harmless −2.3026 anyway. What a large
+# $\varepsilon$ does is set a poor target ($q_y = 0.6$ here), not a numerical trap.
+# ```
 
-# %%
+# %% tags=["hide-cell"]
 # (1, C)
 z_ls = torch.tensor([[30.0, 0.0, -30.0, -60.0, -90.0]], device=dev, requires_grad=True)
 t_ls = torch.tensor([0], device=dev)
@@ -215,13 +242,6 @@ show("∂L/∂z = softmax − q", z_ls.grad)
 show("log(0.5 / C), the seed's worry", math.log(0.5 / C))
 
 # %% [markdown]
-# The loss is 30.0000 — large, because this model puts almost no probability where $q$ asks
-# for 0.1, but finite — and it equals $-\sum q \log p$ within the float32 default tolerance.
-# The gradient is softmax − $q$, every entry in $(-1, 1)$ as always. The seed's
-# $\log(0.5/N)$ never enters the loss or its gradient (it would appear only in the constant
-# $\sum q \log q$ of the KL form), and it is a harmless −2.3026 anyway. What a large ε does
-# is set a poor target ($q_y = 0.6$ here), not a numerical trap.
-#
 # ## 5.4 `ignore_index`: padding rows get exactly zero gradient
 #
 # For sequences padded to a common length, the padded positions carry the label
@@ -255,17 +275,30 @@ ok = compare("grad of kept rows = (softmax - onehot) / n_keep", grad_kept, z.gra
 
 # %% [markdown]
 # Three of six rows are kept, so each kept row's gradient is divided by 3, not 6; the
-# padding rows' gradients are exactly zero (the `exact` comparison). Seed 000 (5.3)
-# recommends `ignore_index` "because it has numerical protection inside": it has none to
-# offer, it removes rows; the numerical protection is the log-sum-exp of the next section.
+# padding rows' gradients are exactly zero (the `exact` comparison).
+#
+# ```{admonition} What the source articles got wrong
+# :class: dropdown
+#
+# Seed 000 (5.3) recommends `ignore_index` "because it has numerical protection inside": it
+# has none to offer, it removes rows; the numerical protection is the log-sum-exp of the
+# next section.
+# ```
 #
 # ## 5.5 Numerical safety: when softmax really overflows
 #
+# A **naive** {term}`softmax`, `exp(z) / exp(z).sum()`, overflows once a logit exceeds
+# $\log(\text{float max})$; `F.softmax` subtracts the row maximum first,
+# $\operatorname{softmax}(z) = \operatorname{softmax}(z - \max z)$, so the largest exponent
+# is $e^0 = 1$ and nothing overflows.
+#
+# ```{admonition} What the source articles got wrong
+# :class: dropdown
+#
 # Seed 000 (5.3) says "when `x.max() > 88`, `exp(x)` overflows to inf and softmax returns
-# NaN". Half true: a **naive** softmax, `exp(z) / exp(z).sum()`, overflows once a logit
-# exceeds log(float max); `F.softmax` subtracts the row maximum first,
-# $\operatorname{softmax}(z) = \operatorname{softmax}(z - \max z)$, so the largest exponent is
-# $e^0 = 1$ and nothing overflows.
+# NaN". Half true: only the naive softmax does (the cells below); `F.softmax`,
+# `F.log_softmax` and `F.cross_entropy` subtract the maximum and never overflow.
+# ```
 
 # %%
 show("log(float32 max)", math.log(torch.finfo(torch.float32).max))
@@ -298,7 +331,7 @@ show("F.softmax,     float16, z = [12, 10, 0]", F.softmax(big16, dim=-1), 3)
 
 # %%
 def log_softmax_lse(z):
-    """z - m - log Σ exp(z - m), m = max z: every exponent is ≤ 0, so nothing overflows."""
+    """z - m - log Σ exp(z - m), m = max z: every exponent is ≤ 0, nothing overflows."""
     m = z.max(dim=-1, keepdim=True).values
     return z - m - torch.log(torch.exp(z - m).sum(dim=-1, keepdim=True))
 
@@ -309,8 +342,9 @@ show("log(F.softmax)    ", torch.log(F.softmax(z, dim=-1)))
 show("log-sum-exp form  ", log_softmax_lse(z))
 compare("log-sum-exp vs F.log_softmax", log_softmax_lse(z), F.log_softmax(z, dim=-1))
 show("log-sum-exp form, float16, z = [12, 10, 0]", log_softmax_lse(big16), 3)
+tiny32 = torch.finfo(torch.float32).tiny
 print(
-    f"e^-100 = {fmt_sci(math.exp(-100))}; smallest normal float32 = {fmt_sci(torch.finfo(torch.float32).tiny)}"
+    f"e^-100 = {fmt_sci(math.exp(-100))}; smallest normal float32 = {fmt_sci(tiny32)}"
 )
 
 # %% [markdown]
@@ -322,11 +356,18 @@ print(
 # decimal. That is why `F.cross_entropy` takes **logits** and applies
 # `log_softmax` + NLL fused: never feed it probabilities, never compose `log(softmax(...))`.
 #
-# ### The seed's "fix" kills gradients
+# ### Clamping the logits kills their gradients
 #
-# Seed 000 (5.3) recommends `logits = torch.clamp(logits, -50, 50)` "to prevent exp
-# overflow". `F.cross_entropy` needs no protection, and clamp's derivative is 0 outside
-# the range: any logit that is clamped receives **no gradient at all**.
+# A tempting "fix" for overflow is `logits = torch.clamp(logits, -50, 50)`.
+# `F.cross_entropy` needs no protection, and clamp's derivative is 0 outside the range: any
+# logit that is clamped receives **no gradient at all**.
+#
+# ```{admonition} What the source articles got wrong
+# :class: dropdown
+#
+# Seed 000 (5.3) recommends exactly this clamp "to prevent exp overflow". The cell below
+# shows what it costs.
+# ```
 
 # %%
 z = torch.tensor([60.0, 55.0, 0.0], device=dev, requires_grad=True)
@@ -347,12 +388,13 @@ show("grad with clamp(-50, 50), at z", grad_clamp)
 # right one (−0.9933). After clamping both logits read 50: the loss becomes 0.6931 (log 2),
 # and the loss still asks to lower the wrong logit and raise the right one (+0.5000 and −0.5000
 # at clamp's output). But both logits were clamped, clamp's derivative is 0 for both, and `z`
-# receives `[0, 0, 0]`: neither logit can ever move again. Nothing warns you. If logits grow that large, the model or learning rate is
-# the problem; the stable loss is already in `F.cross_entropy`.
+# receives `[0, 0, 0]`: neither logit can ever move again. Nothing warns you. If logits grow
+# that large, the model or learning rate is the problem; the stable loss is already
+# in `F.cross_entropy`.
 #
 # ## 5.6 Where NaN gradients come from, and how to find the first one
 #
-# A NaN gradient usually comes from one of a few places: `inf / inf` or `inf − inf` after
+# A NaN gradient usually comes from one of a few places: `inf / inf` or `inf - inf` after
 # an overflow (naive softmax above); `log(0)` (its derivative $1/0$); `sqrt` or `pow(x, 0.5)`
 # at 0 (infinite derivative); and `0 · inf = nan` inside a backward. The sneakiest is a
 # `torch.where` whose *unused* branch is NaN: the forward value is fine, the backward
@@ -406,9 +448,15 @@ show("x.grad (double where)", x.grad)
 #
 # ### Dropout in eval mode: identity, gradient 1
 #
+# In eval mode dropout *is* the identity, so its gradient is exactly 1; in train mode it is
+# the mask divided by $1 - p$.
+#
+# ```{admonition} What the source articles got wrong
+# :class: dropdown
+#
 # Seed 000 (5.4) says Dropout in eval mode "outputs the input but its gradient is 0", and
-# suggests this as a cause of tiny gradients. In eval mode dropout *is* the identity, so its
-# gradient is exactly 1; in train mode it is the mask divided by $1 - p$.
+# suggests this as a cause of tiny gradients. The cell below shows the gradient is 1.
+# ```
 
 # %%
 drop = nn.Dropout(p=0.5)
@@ -426,20 +474,22 @@ show("train: distinct values of x.grad (mask / (1 - p))", torch.unique(x.grad))
 # %% [markdown]
 # ## 5.7 Gradient clipping by global norm
 #
+# {term}`Gradient clipping <gradient clipping>` caps the size of an update.
 # This section borrows three tools that section 5.8 introduces properly:
 # `helpers.gradflow.deep_mlp` (a deep MLP of chosen depth, width and activation),
 # `fixed_batch` (the same random batch everywhere) and `init_scale=2.0` (weights twice the
-# usual N(0, 1/fan_in) size, which makes the gradients large enough to need clipping).
+# usual $\mathcal N(0, 1/\text{fan\_in})$ size, which makes the gradients large enough to
+# need clipping).
 #
 # Clipping treats all gradients as one long vector $g$. If its length
 # $\lVert g\rVert = \sqrt{\sum_p \lVert g_p\rVert^2}$ exceeds `max_norm`, every gradient is
-# multiplied by `max_norm / (‖g‖ + 1e-6)`: the direction of the update is kept, only its
-# length shrinks. Written out:
+# multiplied by $\texttt{max\_norm} / (\lVert g\rVert + 10^{-6})$: the direction of the
+# update is kept, only its length shrinks. Written out:
 
 
 # %%
 def clip_by_hand(params, max_norm):
-    """g ← g · min(1, max_norm / (‖g‖ + 1e-6)) with ‖g‖ the global L2 norm; returns ‖g‖."""
+    """g ← g · min(1, max_norm / (‖g‖ + 1e-6)), ‖g‖ the global L2 norm; returns ‖g‖."""
     grads = [p.grad for p in params]
     # (P,) -> ()
     total = torch.linalg.vector_norm(
@@ -483,7 +533,7 @@ _ = compare(
 # %% [markdown]
 # The gradients of this badly initialised network have global norm 38.47; after clipping
 # the norm is 1.0000 = `max_norm`, within the float32 default tolerance (atol 1e-5): it falls
-# short of 1 by the 1e-6 in the denominator divided by ‖g‖, plus the round-off of a float32 norm,
+# short of 1 by the 1e-6 in the denominator divided by $\lVert g\rVert$, plus the round-off of a float32 norm,
 # both far smaller. Our three versions agree within the same tolerance (the per-parameter norms may be summed in a
 # different order on a GPU). `helpers.gradflow.clip_grad_norm` is the tested copy.
 #
@@ -508,21 +558,24 @@ show("loss after the step", F.cross_entropy(model(X), y), 4)
 
 # %% [markdown]
 # Clipping before `backward()` clips nothing (the gradients do not exist yet, or are last
-# step's); clipping after `step()` clips a gradient that has already been applied. With mixed
-# precision and a `GradScaler`, unscale first (`scaler.unscale_(opt)`), then clip.
+# step's); clipping after `step()` clips a gradient that has already been applied. With
+# mixed precision and a `GradScaler`, unscale first (`scaler.unscale_(opt)`), then clip.
 #
 # ## 5.8 Vanishing and exploding gradients, layer by layer
 #
 # Backward multiplies the gradient by every layer's Jacobian on its way down:
 # $\partial L/\partial h_{i} = (\partial h_{i+1}/\partial h_i)^\top \partial L/\partial h_{i+1}$.
 # If those Jacobians shrink vectors (sigmoid's slope is at most 1/4) the gradient vanishes
-# geometrically with depth; if they stretch them (weights too large) it explodes.
+# geometrically with depth (a {term}`vanishing gradient`); if they stretch them (weights too
+# large) it explodes (an {term}`exploding gradient`).
 #
-# `helpers.gradflow.deep_mlp` builds a stack of blocks $h \mapsto \text{act}(W\,\text{LN}(h) + b)$
-# (LayerNorm optional), with a residual $h + \cdots$ optional, and weights drawn as
-# `init_scale` × N(0, 1/fan_in) from fixed seeds. `layer_grad_norms` runs one
-# cross-entropy backward on a fixed batch (64 examples, width 32) and returns
-# ‖∂L/∂W‖ for every block, input side first. Norms span twenty orders of magnitude, so we
+# `helpers.gradflow.deep_mlp` builds a stack of blocks
+# $h \mapsto \text{act}(W\,\text{LN}(h) + b)$ ({term}`LayerNorm <layer normalization>`
+# optional), with a {term}`residual <residual connection>` $h + \cdots$ optional, and
+# weights drawn as $\texttt{init\_scale} \cdot \mathcal N(0, 1/\text{fan\_in})$ from fixed
+# seeds. `layer_grad_norms` runs one cross-entropy backward on a fixed batch (64 examples,
+# width 32) and returns $\lVert\partial L/\partial W\rVert$ for every block, input side
+# first. Norms span twenty orders of magnitude, so we
 # print them in scientific notation with two significant digits.
 
 # %%
@@ -539,47 +592,51 @@ arch_name = {
 }
 acts = ("sigmoid", "relu", "gelu")
 norms = {}
-print(
-    f"{'init':>4} {'architecture':>12} {'activation':>10}  {'layer 1':>8} {'layer 20':>8}"
-)
+print(f"init {'architecture':>12} {'activation':>10}  {'layer 1':>8} {'layer 20':>8}")
 for init in inits:
     for res, ln in archs:
         for act in acts:
+            name = arch_name[(res, ln)]
             model = deep_mlp(20, 32, act, res, ln, init, device=dev)
             n = layer_grad_norms(model, X, y)
-            norms[(init, arch_name[(res, ln)], act)] = n
-            print(
-                f"{fmt(init, 1):>4} {arch_name[(res, ln)]:>12} {act:>10}  {fmt_sci(n[0]):>8} {fmt_sci(n[-1]):>8}"
-            )
+            norms[(init, name, act)] = n
+            first, last = fmt_sci(n[0]), fmt_sci(n[-1])
+            print(f"{fmt(init, 1):>4} {name:>12} {act:>10}  {first:>8} {last:>8}")
 
 # %%
+from matplotlib.text import Text
+
 from helpers.plot_flow import plot_flow_grid
 
+# One architecture per row, the two inits side by side: two panels a row stay
+# readable on a phone.
+by_arch = {(name, init, act): n for (init, name, act), n in norms.items()}
 fig = plot_flow_grid(
-    norms,
-    rows=inits,
-    cols=[arch_name[a] for a in archs],
+    by_arch,
+    rows=[arch_name[a] for a in archs],
+    cols=inits,
     labels=acts,
-    row_title=lambda r: f"init {r:g}",
+    col_title=lambda c: f"init {c:g}",
 )
+# The helper's 7-8 pt labels, scaled so that they render at >= 9 px in the page column
+for label in fig.findobj(Text):
+    label.set_fontsize(1.3 * label.get_fontsize())
+fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# Read the grid row by row (x: layer, 1 = next to the input; y: ‖∂L/∂W‖, log scale):
+# Read the grid architecture by architecture (x: layer, 1 = next to the input; y:
+# $\lVert\partial L/\partial W\rVert$, log scale):
 #
 # * **Plain sigmoid vanishes.** At init 1 the first layer's gradient is 1.4e-13 against
-#   1.1e-01 at the last: each layer multiplies by σ′ ≤ 1/4, and 20 layers of that leave
+#   1.1e-01 at the last: each layer multiplies by $\sigma' \le 1/4$, and 20 layers of that leave
 #   nothing for the input side. Doubling the weights (init 2) only moves it to 8.5e-09.
 # * **Plain ReLU and GELU depend on the scale.** At init 1 the signal shrinks in the forward
 #   pass (ReLU zeroes half of it), and every gradient is small (ReLU: 8.6e-04 at layer 1,
-#   GELU: 9.3e-07). At init 2 both explode: 1.2e+03 (ReLU), 1.4e+03 (GELU).
-#   Seed 000 (4.3) prescribes exactly this swap for a vanishing gradient: replace `nn.ReLU()`
-#   by `nn.GELU()` ("its derivative is non-zero in the negative region"), or add a LayerNorm.
-#   The table contradicts the first remedy: at init 1, GELU's layer-1 gradient (9.3e-07) is
-#   about a thousand times *smaller* than ReLU's (8.6e-04). A small negative slope (chapter 4:
-#   never below −0.1289) does not restore a signal that the forward pass has already shrunk;
-#   what cures this stack is the scale of the weights or the seed's second remedy, a
-#   normalisation (next rows).
+#   GELU: 9.3e-07). At init 2 both explode: 1.2e+03 (ReLU), 1.4e+03 (GELU). Swapping
+#   ReLU for GELU does not help: at init 1, GELU's layer-1 gradient (9.3e-07) is about a
+#   thousand times *smaller* than ReLU's (8.6e-04). What cures this stack is the scale of
+#   the weights or a normalisation (next rows).
 # * **Residual connections alone** give the gradient a path that skips every block
 #   ($\partial h_{i+1}/\partial h_i = I + \cdots$), which cures sigmoid's vanishing (2.7e-01 at
 #   layer 1) — but without normalisation the activations add up layer after layer and
@@ -589,6 +646,18 @@ plt.show()
 #   **residual + LayerNorm** (the transformer recipe) keeps every activation and both inits
 #   within about one order of magnitude from layer 1 to layer 20 (ReLU at init 1: 2.9e+00 to
 #   9.9e-01).
+#
+# ```{admonition} What the source articles got wrong
+# :class: dropdown
+#
+# Seed 000 (4.3) prescribes, for a vanishing gradient, replacing `nn.ReLU()` by `nn.GELU()`
+# ("its derivative is non-zero in the negative region"), or adding a LayerNorm. The table
+# contradicts the first remedy: at init 1, GELU's layer-1 gradient (9.3e-07) is about a
+# thousand times *smaller* than ReLU's (8.6e-04). A small negative slope (chapter 4: never
+# below −0.1289) does not restore a signal that the forward pass has already shrunk; what
+# cures this stack is the scale of the weights or the seed's second remedy, a
+# normalisation.
+# ```
 #
 # The critical scale for ReLU is He's $\sqrt 2$: it exactly compensates for ReLU zeroing half
 # the signal, so a plain ReLU stack neither vanishes nor explodes:
@@ -602,8 +671,8 @@ print("plain relu, init √2: layer 1", fmt_sci(n_he[0]), " layer 20", fmt_sci(n
 # %% [markdown]
 # ### Dead ReLU units
 #
-# A ReLU unit whose pre-activation is ≤ 0 on every example of a batch outputs 0 on all of
-# them, and ReLU′ = 0 there: on that batch no gradient passes through it, so **its own
+# A ReLU unit whose pre-activation is $\le 0$ on every example of a batch outputs 0 on all of
+# them, and $\mathrm{ReLU}' = 0$ there (a {term}`dead ReLU`): on that batch no gradient passes through it, so **its own
 # incoming weights and bias** get exactly zero gradient. That makes it *dead on this batch*,
 # not dead for good: on other inputs it may fire, and a unit in layer 2 or deeper can come
 # back when the layers below it learn and change its input (we will watch it happen). Only a
@@ -647,9 +716,8 @@ for lr in (0.1, 1.0, 3.0):
     with torch.no_grad():
         for prm in model.parameters():
             prm -= lr * prm.grad
-    print(
-        f"lr {fmt(lr, 1)}: dead units {before} -> {n_dead(model)[0]} of {n_dead(model)[1]}"
-    )
+    dead, units = n_dead(model)
+    print(f"lr {fmt(lr, 1)}: dead units {before} -> {dead} of {units}")
 
 model.zero_grad(set_to_none=True)
 F.cross_entropy(model(X), y).backward()
@@ -715,13 +783,93 @@ print("loss", fmt(losses[0], 2), "->", fmt(losses[-1], 2))
 #
 # ## 5.9 A gradient-flow diagnostic that works
 #
-# Seed 000 (4.3) offers `debug_gradient_flow`. Here it is, logic unchanged, run on a small
-# MLP:
-
+# A gradient-flow diagnostic records, for every module and by its name, the norm of the
+# gradient that flows past the module's output and the norms of its parameters' gradients,
+# so that a layer that receives nothing stands out. A diagnostic must itself be tested: we
+# try it on a small MLP with a known dead layer, its middle linear layer set to $W = b = 0$.
 
 # %%
+torch.manual_seed(0)
+mlp = nn.Sequential(
+    nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)
+).to(dev)
+with torch.no_grad():
+    mlp[2].weight.zero_()  # a known dead layer: W = b = 0
+    mlp[2].bias.zero_()
+
+# %% [markdown]
+# `helpers.gradflow.GradFlowRecorder` keys every record by the module's name (each hook is
+# created *for a name*) and records during the real backward instead of re-differentiating:
+# a forward hook attaches a tensor hook to each module's output, which sees
+# $\lVert\partial L/\partial\,\text{output}\rVert$ as the gradient flows past, and a
+# post-accumulate-grad hook on every parameter records $\lVert\partial L/\partial\theta\rVert$.
+
+# %%
+from helpers.gradflow import GradFlowRecorder
+
+with GradFlowRecorder(mlp) as rec:
+    F.cross_entropy(mlp(X), y).backward()
+print(f"{'module':>6} {'‖∂L/∂out‖':>10}   {'param':>8} {'‖∂L/∂θ‖':>8}")
+for name in rec.names:
+    params = [k for k, _ in mlp.named_parameters() if k.startswith(name + ".")] or [""]
+    for k in params:
+        pn = fmt_sci(rec.param_grad_norms[k]) if k else ""
+        print(f"{name:>6} {fmt_sci(rec.output_grad_norms[name]):>10}   {k:>8} {pn:>8}")
+
+# %% [markdown]
+# Now the dead layer is visible, by name: the ReLU after it (`3`) and the head (`4`) still
+# receive gradient, but $\mathrm{ReLU}'(0) = 0$ stops it, so layers `2`, `1` and `0` get
+# exactly 0 — and so does the head's weight `4.weight`, whose input is all zeros; only its
+# bias learns. The recorder's output-gradient norms are the same numbers
+# `torch.autograd.grad` gives for each module's output:
+
+# %%
+outs = {}
+hooks = [
+    mlp[i].register_forward_hook(lambda m, inp, out, i=i: outs.__setitem__(str(i), out))
+    for i in (0, 2, 4)
+]
+loss = F.cross_entropy(mlp(X), y)
+for h in hooks:
+    h.remove()
+for name in ("0", "2", "4"):
+    (g,) = torch.autograd.grad(loss, outs[name], retain_graph=True)
+    compare(
+        f"recorder vs autograd.grad, module {name}",
+        torch.tensor(rec.output_grad_norms[name]),
+        g.norm().cpu(),
+    )
+
+# %% [markdown]
+# ```{admonition} What the source articles got wrong
+# :class: dropdown
+#
+# Seed 000 (4.3) offers a `debug_gradient_flow`. The first hidden cell below (click to show
+# it) runs it, logic unchanged, on the MLP above, and it reports an empty dict.
+# `activations` is keyed by module objects, `name in activations` tests a string against
+# them, so it is never true and the loop records nothing — and had it run, the bare `except`
+# would have reported any error as a gradient of 0.0, i.e. as "vanishing". A diagnostic that
+# cannot fail is worse than none.
+#
+# On the seed's own example it does not even get that far. The seed builds
+# `DebugTransformerEncoderLayer()` with its default `d_model=512` and feeds it a 128-wide
+# `x`, which the attention rejects; its layer returns a tuple `(output, attn_weights)`, so
+# `criterion(model(x), target)` gets a tuple; and `CrossEntropyLoss` reads `(1, 20, 128)`
+# logits as `(N, C, d1)`, 20 classes, and wants `(1, 128)` targets, not `(1, 20)` (flatten
+# to `(20, 128)` and `(20,)`, or permute to `(B, C, N)`). The hook it puts on
+# `self_attn.out_proj` never fires either, because `nn.MultiheadAttention` uses
+# `out_proj.weight` directly without calling the module. The second hidden cell checks this
+# on a small attention layer: only the attention module's own hook fires, not
+# `out_proj`'s; the output is a tuple; the loss raises. So the seed's printed
+# `linear1: 0.0032` (its sign of a "vanishing" FFN) cannot come from its code: run as
+# written it raises before printing anything, and once those errors are repaired it prints
+# nothing (its `grads` dict is empty, so the loop over it never runs).
+# ```
+
+
+# %% tags=["hide-cell"]
 def seed_debug_gradient_flow(model, input_tensor, target, criterion):
-    """Seed 000, section 4.3 (verbatim logic): hooks store outputs keyed by MODULE ..."""
+    """Seed 000, 4.3 (verbatim logic): hooks store outputs keyed by MODULE ..."""
     activations = {}
 
     def hook_fn(module, input, output):
@@ -747,33 +895,11 @@ def seed_debug_gradient_flow(model, input_tensor, target, criterion):
     return grads
 
 
-torch.manual_seed(0)
-mlp = nn.Sequential(
-    nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)
-).to(dev)
-with torch.no_grad():
-    mlp[2].weight.zero_()  # a known dead layer: W = b = 0
-    mlp[2].bias.zero_()
 print(
     "seed's helper reports:", seed_debug_gradient_flow(mlp, X, y, nn.CrossEntropyLoss())
 )
 
-# %% [markdown]
-# An empty dict. `activations` is keyed by module objects, `name in activations` tests a
-# string against them, so it is never true and the loop records nothing — and had it run,
-# the bare `except` would have reported any error as a gradient of 0.0, i.e. as "vanishing".
-# A diagnostic that cannot fail is worse than none.
-#
-# On the seed's own example it does not even get that far. The seed builds
-# `DebugTransformerEncoderLayer()` with its default `d_model=512` and feeds it a 128-wide
-# `x`, which the attention rejects; its layer returns a tuple `(output, attn_weights)`, so
-# `criterion(model(x), target)` gets a tuple; and `CrossEntropyLoss` reads `(1, 20, 128)` logits
-# as `(N, C, d1)`, 20 classes, and wants `(1, 128)` targets, not `(1, 20)` (flatten to
-# `(20, 128)` and `(20,)`, or permute to `(B, C, N)`). The hook it puts on `self_attn.out_proj`
-# never fires either, because `nn.MultiheadAttention` uses `out_proj.weight` directly without
-# calling the module. Checked here on a small attention layer:
-
-# %%
+# %% tags=["hide-cell"]
 mha = nn.MultiheadAttention(16, 2, batch_first=True).to(dev)
 fired = []
 for name, layer in mha.named_modules():
@@ -803,61 +929,16 @@ except RuntimeError as err:
     )
 
 # %% [markdown]
-# Only the attention module's own hook fired, not `out_proj`'s; the output is a tuple; the loss
-# raises. So the seed's printed `linear1: 0.0032` (its sign of a "vanishing" FFN) cannot come
-# from its code: run as written it raises before printing anything, and once those errors are
-# repaired it prints nothing (its `grads` dict is empty, so the loop over it never runs).
-#
-# `helpers.gradflow.GradFlowRecorder` fixes the key (each hook is created *for a name*) and
-# records during the real backward instead of re-differentiating: a forward hook attaches a
-# tensor hook to each module's output, which sees ‖∂L/∂output‖ as the gradient flows past,
-# and a post-accumulate-grad hook on every parameter records ‖∂L/∂θ‖.
-
-# %%
-from helpers.gradflow import GradFlowRecorder
-
-with GradFlowRecorder(mlp) as rec:
-    F.cross_entropy(mlp(X), y).backward()
-print(f"{'module':>6} {'‖∂L/∂out‖':>10}   {'param':>8} {'‖∂L/∂θ‖':>8}")
-for name in rec.names:
-    params = [k for k, _ in mlp.named_parameters() if k.startswith(name + ".")] or [""]
-    for k in params:
-        pn = fmt_sci(rec.param_grad_norms[k]) if k else ""
-        print(f"{name:>6} {fmt_sci(rec.output_grad_norms[name]):>10}   {k:>8} {pn:>8}")
-
-# %% [markdown]
-# Now the dead layer is visible, by name: the ReLU after it (`3`) and the head (`4`) still
-# receive gradient, but ReLU′(0) = 0 stops it, so layers `2`, `1` and `0` get exactly 0 —
-# and so does the head's weight `4.weight`, whose input is all zeros; only its bias learns.
-# The recorder's output-gradient norms are the same numbers the seed meant to compute with
-# `torch.autograd.grad`, once the key is a name:
-
-# %%
-outs = {}
-hooks = [
-    mlp[i].register_forward_hook(lambda m, inp, out, i=i: outs.__setitem__(str(i), out))
-    for i in (0, 2, 4)
-]
-loss = F.cross_entropy(mlp(X), y)
-for h in hooks:
-    h.remove()
-for name in ("0", "2", "4"):
-    (g,) = torch.autograd.grad(loss, outs[name], retain_graph=True)
-    compare(
-        f"recorder vs autograd.grad, module {name}",
-        torch.tensor(rec.output_grad_norms[name]),
-        g.norm().cpu(),
-    )
-
-# %% [markdown]
 # ## 5.10 Try it: the gradient-flow panel
 #
-# The panel rebuilds the deep MLP for the depth, activation, residual, LayerNorm and
-# initialisation you choose and redraws its per-layer ‖∂L/∂W‖. It needs a running kernel:
-# open this chapter in Colab (or Jupyter) to use it. On the website, the animation below it
-# stands in: its slider steps through all twelve depth-20 settings at init 1.
+# A live panel rebuilds the deep MLP for the depth, activation, residual, LayerNorm and
+# initialisation you choose and redraws its per-layer $\lVert\partial L/\partial W\rVert$.
+# It needs a running kernel, so it is only in the notebook: open this chapter in Colab (or
+# Jupyter) to use it. The animation below works on this page too: its slider steps through
+# all twelve depth-20 settings at init 1.
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output", "remove-cell"]
+# The live panel (in Jupyter and Colab only; the website leaves this cell out).
 from helpers.widgets_flow import flow_panel
 
 flow_panel()
@@ -878,13 +959,15 @@ HTML(flow_animation(depth=20, precomputed=done).to_jshtml(default_mode="once"))
 # %% [markdown]
 # ## Summary
 #
-# * Cross-entropy's gradient with respect to the logits is softmax − one-hot (divided by the
-#   batch size for a mean): bounded by √2 per example. MSE on logits gives 2(z − one-hot),
-#   which grows with the logits.
-# * Label smoothing replaces the one-hot by (1 − ε)·one-hot + ε/C: the gradient becomes
-#   softmax − q and vanishes at a finite logit gap. `ignore_index` rows get exactly zero
+# * Cross-entropy's gradient with respect to the logits is
+#   $\operatorname{softmax}(z) - \text{onehot}(y)$ (divided by the batch size for a mean):
+#   bounded by $\sqrt 2$ per example. MSE on logits gives $2(z - \text{onehot}(y))$, which
+#   grows with the logits.
+# * Label smoothing replaces the one-hot by
+#   $q = (1 - \varepsilon)\,\text{onehot}(y) + \varepsilon/C$: the gradient becomes
+#   $\operatorname{softmax}(z) - q$ and vanishes at a finite logit gap. `ignore_index` rows get exactly zero
 #   gradient and are left out of the mean's denominator.
-# * Naive `exp(z)/Σexp(z)` overflows above 88.7228 in float32 and 11.0899 in float16;
+# * Naive `exp(z) / exp(z).sum()` overflows above 88.7228 in float32 and 11.0899 in float16;
 #   `F.softmax`, `F.log_softmax` and `F.cross_entropy` use the max-subtracted / log-sum-exp
 #   form and do not. Find the first NaN gradient with `torch.autograd.detect_anomaly()`.
 # * Clip by global norm after `backward()` and before `step()`; `clip_grad_norm_` returns the
