@@ -90,11 +90,19 @@ g = randn(5, d_out, seed=5, dtype=dtype, device=dev)  # ∂L/∂y, (R, out)
 # $dQ = P^\top dY$.
 #
 # Write `grads_from_W_prime(grad_Wp, A, B, s)`: given `grad_Wp` $= \partial L/\partial W'$
-# (out, in), return `(grad_A, grad_B)` with
-# $\partial L/\partial A = s\,B^\top\,\partial L/\partial W'$ of shape (r, in) and
-# $\partial L/\partial B = s\,\partial L/\partial W'\,A^\top$ of shape (out, r).
-# (This is the route of chapter 8, section 1: correct, but it needs the out × in
-# $\partial L/\partial W'$, exactly the size of the weight we froze.)
+# (out, in), return `(grad_A, grad_B)`, of shapes (r, in) and (out, r). Derive them first:
+# $W'$ depends on $A$ and $B$ only through the product $BA$, scaled by $s$; check that each
+# gradient has the shape of what it is the gradient of. (This is the route of chapter 8,
+# section 1: correct, but it needs the out × in $\partial L/\partial W'$, exactly the size of
+# the weight we froze.)
+#
+# <details><summary>Hint: the formulas (check yours against them)</summary>
+#
+# $\partial L/\partial A = s\,B^\top\,\partial L/\partial W'$ (r, in) and
+# $\partial L/\partial B = s\,\partial L/\partial W'\,A^\top$ (out, r): the scale appears once
+# in each.
+#
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION
@@ -173,6 +181,7 @@ check(
     outputs=("grad_A", "grad_B"),
     name="Exercise 1 · grads_from_W_prime",
     against="autograd",
+    factors={"s": s},
 )
 
 # %% [raw]
@@ -185,7 +194,28 @@ check(
 # ## Exercise 2 · The cheap route: never form W′ or ∂L/∂W′ (2 points)
 #
 # **Goal:** regroup the products so that the only new activation is the r-dimensional
-# $xA^\top$: with $g = \partial L/\partial y$ (R, out) and $x$ (R, in),
+# $xA^\top$. With $g = \partial L/\partial y$ (R, out) and $x$ (R, in), derive
+# $\partial L/\partial x$ (R, in), $\partial L/\partial A$ (r, in) and $\partial L/\partial B$
+# (out, r) from $y = xW^\top + s\,(xA^\top)B^\top$, without ever multiplying two factors whose
+# product is out × in.
+#
+# Write `lora_backward(g, x, W, A, B, s, needs=(True, True, True))` returning
+# `(grad_x, grad_A, grad_B)` for 2-D `g` and `x`. `needs` says which of the three to compute:
+# return `None` for the others, **without computing them** (exercise 5 uses this; the
+# self-check watches which products you form). No product may produce an out × in matrix:
+# no `B @ A`, no `g.T @ x` (the self-check lists the shapes of your products; a hidden test
+# counts the multiply–adds). Compute `g @ B` once if two gradients need it.
+#
+# <details><summary>Hint 1: where to start</summary>
+#
+# Chapter 8's $\partial L/\partial W' = g^\top x$ plugged into exercise 1 gives correct
+# formulas with the out × in matrix in them; matrix products are associative, so move the
+# parentheses until every product has $r$ (or R) on one side. $\partial L/\partial x$ has two
+# paths: through $W$ and through the adapter.
+#
+# </details>
+#
+# <details><summary>Hint 2: the formulas (check yours against them)</summary>
 #
 # $$\begin{aligned}
 # \frac{\partial L}{\partial B} &= s\,g^\top(xA^\top), &
@@ -193,11 +223,7 @@ check(
 # \frac{\partial L}{\partial x} &= gW + s\,(gB)\,A. & &
 # \end{aligned}$$
 #
-# Write `lora_backward(g, x, W, A, B, s, needs=(True, True, True))` returning
-# `(grad_x, grad_A, grad_B)` for 2-D `g` and `x`. `needs` says which of the three to compute:
-# return `None` for the others, without computing them (exercise 5 uses this). No product may
-# produce an out × in matrix: no `B @ A`, no `g.T @ x` (a hidden test counts the
-# multiply–adds). Compute `g @ B` once if two gradients need it.
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION
@@ -280,6 +306,38 @@ with FlopCounterMode(display=False) as _fc:
 assert all(torch.allclose(o, e, atol=1e-12) for o, e in zip(_ours, _ref))
 assert _fc.get_total_flops() <= 2 * 64 * 64 * 1.5
 
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from helpers.device import randn
+
+# needs honoured: one row, in = out = 64, r = 16, so every product is counted apart:
+# g @ W costs 2·64·64 flops, each rank-r product 2·64·16 = 2048
+_W = randn(64, 64, seed=860, dtype=torch.float64)
+_x = randn(1, 64, seed=861, dtype=torch.float64, requires_grad=True)
+_A = randn(16, 64, seed=862, dtype=torch.float64, requires_grad=True)
+_B = randn(64, 16, seed=863, dtype=torch.float64, requires_grad=True)
+_g = randn(1, 64, seed=864, dtype=torch.float64)
+_ref = torch.autograd.grad(_x @ (_W + 0.5 * _B @ _A).T, (_x, _A, _B), _g)
+# needs -> (index of the one gradient asked for, flops of the cheap route for it)
+_cases = {
+    (True, False, False): (0, 2 * 64 * 64 + 2 * 2048),
+    (False, True, False): (1, 2 * 2048),
+    (False, False, True): (2, 2 * 2048),
+}
+for _needs, (_i, _flops) in _cases.items():
+    with FlopCounterMode(display=False) as _fc:
+        _out = lora_backward(
+            _g, _x.detach(), _W, _A.detach(), _B.detach(), 0.5, needs=_needs
+        )
+    assert all((o is None) == (j != _i) for j, o in enumerate(_out))
+    assert torch.allclose(_out[_i], _ref[_i], atol=1e-12)
+    assert _fc.get_total_flops() <= _flops + 1000  # nothing that was not asked for
+
 # %% [raw]
 # # END TESTS
 
@@ -287,17 +345,81 @@ assert _fc.get_total_flops() <= 2 * 64 * 64 * 1.5
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 2** (reference: autograd through $y = x\,(W + s\,BA)^\top$):
+# **Self-check 2** (reference: autograd through $y = x\,(W + s\,BA)^\top$; then the shapes
+# of the matrix products your function forms, watched by `Products` below: none may be
+# out × in, and a call with one flag of `needs` off must neither return nor compute that
+# gradient):
 
 # %%
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# what every matrix product becomes inside torch (x @ W.T, torch.matmul, einsum, F.linear)
+PRODUCT_OPS = {torch.ops.aten.mm, torch.ops.aten.bmm, torch.ops.aten.addmm}
+
+
+class Products(TorchDispatchMode):
+    """Records the shape of every matrix product computed inside the with-block (backward too)."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket in PRODUCT_OPS:
+            self.shapes.append(tuple(out.shape))
+        return out
+
+
+def formed(shapes, shape):
+    """How many of the recorded products have this shape or its transpose."""
+    return sum(sh in (tuple(shape), tuple(shape)[::-1]) for sh in shapes)
+
+
+GRAD_NAMES = ("grad_x", "grad_A", "grad_B")
+
+
+def lora_backward_watched(g, x, W, A, B, s):
+    """(grad_x, grad_A, grad_B, out × in products formed, then one report per needs)."""
+    with Products() as products:
+        grads = lora_backward(g, x, W, A, B, s)
+    if grads is None or any(t is None for t in grads):
+        raise NotImplementedError
+    reports = []
+    for off in range(3):
+        needs = tuple(i != off for i in range(3))
+        with Products() as seen:
+            out = lora_backward(g, x, W, A, B, s, needs=needs)
+        faults = [
+            f"{n} is None, though asked for"
+            for n, need, t in zip(GRAD_NAMES, needs, out)
+            if need and t is None
+        ]
+        if out[off] is not None:
+            faults.append(f"{GRAD_NAMES[off]} returned, though not asked for")
+        elif formed(seen.shapes, grads[off].shape):
+            faults.append(f"{GRAD_NAMES[off]} computed, though not asked for")
+        reports.append("; ".join(faults) or "as asked")
+    return (*grads, formed(products.shapes, W.shape), *reports)
+
+
+needs_names = [f"needs={tuple(i != off for i in range(3))}" for off in range(3)]
 expected = autograd_grads(lambda x_, A_, B_: x_ @ (W + s * B_ @ A_).T, (x, A, B), g)
 check(
-    lora_backward,
-    expected,
+    lora_backward_watched,
+    (*expected, 0, *["as asked"] * 3),
     args=(g, x, W, A, B, s),
-    outputs=("grad_x", "grad_A", "grad_B"),
+    outputs=(*GRAD_NAMES, "out × in products formed", *needs_names),
+    counts=("out × in products formed",),
+    factors={"s": s},
+    terms={
+        "grad_x": {
+            "the path through W, gW": g @ W,
+            "the adapter's path, s(gB)A": s * (g @ B) @ A,
+        }
+    },
     name="Exercise 2 · lora_backward",
-    against="autograd",
+    against="autograd; no out × in product, needs honoured",
 )
 
 # %% [raw]
@@ -403,8 +525,8 @@ assert torch.equal(_gA, torch.zeros_like(_gA)) and _gB.abs().max() > 1e-3
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 3** (reference: `helpers.lora.LoRALinear`'s initialisation with the same seed;
-# then, with your `A` and `B`, one forward and backward of the adapted layer):
+# **Self-check 3** (reference: `helpers.lora.LoRALinear`'s initialisation with the same seed, 5, on a float32
+# `W`; then, with your `A` and `B`, one forward and backward of the adapted layer):
 
 
 # %%
@@ -420,6 +542,7 @@ def check_init(fn, W, r, seed, x, g, name="Exercise 3 · init_adapter"):
         outputs=("A", "B"),
         name=name,
         against="LoRALinear's init",
+        factors={"√in": math.sqrt(W.shape[1])},
     )
     print(result.line)
     if result:
@@ -432,7 +555,8 @@ def check_init(fn, W, r, seed, x, g, name="Exercise 3 · init_adapter"):
         )
 
 
-check_init(init_adapter, W, r, 0, x, g)
+# float32 (a learner's A must take W's dtype), seed 5 (the seed must be used)
+check_init(init_adapter, W.float(), r, 5, x.float(), g.float())
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -605,12 +729,20 @@ check(
 #   forming $BA$;
 # * `setup_context(ctx, inputs, output)`: save `x`, `W`, `A`, `B` with `ctx.save_for_backward`
 #   and keep the float `s` on `ctx`;
-# * `backward(ctx, grad_y)`: unpack `ctx.saved_tensors`; flatten the leading dims of `grad_y`
-#   and `x` to 2-D (`reshape(-1, ...)`), call your `lora_backward` with
-#   `needs = (needs_input_grad[0], needs_input_grad[2], needs_input_grad[3])` (for x, A, B),
-#   reshape `grad_x` back to `x`'s shape; `grad_W = g2ᵀ x2` **only if** `ctx.needs_input_grad[1]`
-#   (else `None`: a frozen `W` costs nothing); return `(grad_x, grad_W, grad_A, grad_B, None)`
-#   (`None` for the float `s`).
+# * `backward(ctx, grad_y)`: unpack `ctx.saved_tensors`; bring `grad_y` and `x` to the 2-D
+#   shapes your `lora_backward` takes and pass it the right flags of `ctx.needs_input_grad`;
+#   give `grad_x` its input's shape back; compute $\partial L/\partial W$ **only if**
+#   `ctx.needs_input_grad[1]` (else `None`: a frozen `W` costs nothing); return one gradient
+#   per input of `forward`, in order (`None` for the float `s`).
+#
+# <details><summary>Hint: the bookkeeping</summary>
+#
+# `g2 = grad_y.reshape(-1, grad_y.shape[-1])` and `x2 = x.reshape(-1, x.shape[-1])`;
+# `needs = (needs_input_grad[0], needs_input_grad[2], needs_input_grad[3])` (x, A, B);
+# `grad_x.reshape(x.shape)` when it is not `None`; `grad_W = g2.T @ x2`; return
+# `(grad_x, grad_W, grad_A, grad_B, None)`.
+#
+# </details>
 #
 # The wrapper `lora_linear_fn(x, W, A, B, s)` below is the public name, as everywhere in the
 # course; it is given.
@@ -810,7 +942,9 @@ _ns["lora_backward"] = _theirs
 # %% [markdown]
 # **Self-check 5** (reference: autograd through $x\,(W + s\,BA)^\top$ with $W$ frozen, on
 # `x` of shape (2, 5, in); then `gradcheck` on your backward in float64; then: does a frozen
-# $W$ stay without a gradient, and does a trainable one get $g^\top x$?):
+# $W$ stay without a gradient, and does a trainable one get $g^\top x$? Last, with $W$ frozen and
+# `x` plain data, the products forward and backward form: no out × in matrix, and no
+# $\partial L/\partial x$ nobody asked for):
 
 # %%
 # chapter 4's scaffolding for a learner's Function
@@ -861,6 +995,27 @@ check_function(
     outputs=("y", "grad_x", "grad_A", "grad_B"),
 )
 check_frozen_W("Exercise 5 · W frozen / trainable", W, (x5, A, B))
+
+
+def products_of_fn(x, A, B):
+    """(out × in products, ∂L/∂x-shaped products) in forward + backward, W frozen, x data."""
+    A_, B_ = (t.detach().clone().requires_grad_() for t in (A, B))
+    with Products() as products:
+        y = applied(LoRALinearFn.apply)(x.detach(), W, A_, B_, s)
+        torch.autograd.grad(y, (A_, B_), g5)
+    R = x[..., 0].numel()
+    return formed(products.shapes, W.shape), formed(products.shapes, (R, x.shape[-1]))
+
+
+check(
+    products_of_fn,
+    (0, 0),
+    args=(x5, A, B),
+    outputs=("out × in products formed", "∂L/∂x-shaped products for a data x"),
+    counts=("out × in products formed", "∂L/∂x-shaped products for a data x"),
+    name="Exercise 5 · what LoRALinearFn computes",
+    against="the cheap route",
+)
 
 # %% [markdown]
 # ## Before you hand in
