@@ -7,10 +7,10 @@
 #
 # **Learning goals.** After this chapter you can
 #
-# 1. apply the chain rule (链式法则) to scalars and explain why a value used twice
+# 1. apply the {term}`chain rule` (链式法则) to scalars and explain why a value used twice
 #    *accumulates* its gradient (a sum over paths);
 # 2. say what `backward()` really computes: a vector–Jacobian product $v^\top J$, not the Jacobian;
-# 3. check a gradient with central finite differences, choose the step $h$, and explain the
+# 3. check a gradient with central {term}`finite differences`, choose the step $h$, and explain the
 #    V-shaped error curve (truncation vs round-off) and why checks run in float64;
 # 4. use `torch.autograd.gradcheck`;
 # 5. derive and verify the three gradients of a linear layer in `nn.Linear`'s layout,
@@ -74,9 +74,9 @@ _ = compare(
 # numbers in the same order ($2u$, then $\times 3$), and every value here is a small integer,
 # which float64 stores exactly.
 #
-# ### Seed 000's first check: $y = w\,x + b$
+# ### A first check: $y = w\,x + b$
 #
-# The seed article's first exercise: $x = 2$, $w = 3$, $b = 1$, $y = wx + b$, and
+# Seed 000's first exercise: $x = 2$, $w = 3$, $b = 1$, $y = wx + b$, and
 # `torch.autograd.grad` asked for all three derivatives at once. The answers are the
 # "other factor" each time: $\partial y/\partial x = w$, $\partial y/\partial w = x$,
 # $\partial y/\partial b = 1$. Remember $\partial y/\partial w = x$: *the gradient of a weight is
@@ -113,7 +113,10 @@ show("dy/db", grad_b, 1)
 
 # %%
 def backprop(tape, out, accumulate=True):
-    """Reverse-mode over a tape of (output, [(input, ∂output/∂input), ...]); returns d out/d node."""
+    """Reverse mode over a tape of (output, [(input, ∂output/∂input), ...]).
+
+    Returns d out/d node for every node.
+    """
     grad = {out: 1.0}
     for node, inputs in reversed(tape):
         for name, local in inputs:
@@ -144,7 +147,8 @@ for expr, tape in tapes.items():
     good = backprop(tape, "y", accumulate=True)["a"]
     bad = backprop(tape, "y", accumulate=False)["a"]
     print(
-        f"{expr:<14} autograd {fmt(ref, 1)}   accumulate {fmt(good, 1)}   overwrite {fmt(bad, 1)}"
+        f"{expr:<14} autograd {fmt(ref, 1)}"
+        f"   accumulate {fmt(good, 1)}   overwrite {fmt(bad, 1)}"
     )
     compare(
         f"{expr}: accumulate vs autograd",
@@ -176,7 +180,7 @@ w.grad = None  # what zero_grad() does (set_to_none=True is its default)
 # %% [markdown]
 # ## Jacobians and what `backward()` really computes
 #
-# For a function $f: \mathbb{R}^n \to \mathbb{R}^m$, the **Jacobian** $J$ is the $m\times n$
+# For a function $f: \mathbb{R}^n \to \mathbb{R}^m$, the **{term}`Jacobian`** $J$ is the $m\times n$
 # matrix $J_{ij} = \partial f_i/\partial x_j$: row $i$ is the gradient of output $i$. The chain rule
 # for vectors is a product of Jacobians: if $L = \ell(f(x))$ with scalar $L$, then
 #
@@ -184,7 +188,7 @@ w.grad = None  # what zero_grad() does (set_to_none=True is its default)
 #   \underbrace{J}_{m\times n} \qquad (1\times n).$$
 #
 # Backpropagation never builds $J$. Each operation receives $v = \partial L/\partial f$ and returns
-# $v^\top J$ directly — a **vector–Jacobian product** (VJP). `y.backward(gradient=v)` and
+# $v^\top J$ directly — a **{term}`vector–Jacobian product`** (VJP). `y.backward(gradient=v)` and
 # `torch.autograd.grad(y, x, grad_outputs=v)` compute exactly this; `loss.backward()` is the
 # special case of a scalar output with $v = 1$.
 #
@@ -316,7 +320,7 @@ from helpers.numgrad import fd_errors
 
 
 def cube(x):
-    """f(x) = x³ (plain multiplications: IEEE-exact rounding, the same on every machine)."""
+    """f(x) = x³ (plain multiplications: IEEE rounding, the same on every machine)."""
     return x * x * x
 
 
@@ -333,7 +337,9 @@ errors = {
 print("      h    error float32   error float64")
 for k in range(0, 49, 8):
     print(
-        f"{fmt_sci(hs[k], 0):>7}    {fmt_sci(errors['float32'][k]):>11}    {fmt_sci(errors['float64'][k]):>11}"
+        f"{fmt_sci(hs[k], 0):>7}"
+        f"    {fmt_sci(errors['float32'][k]):>11}"
+        f"    {fmt_sci(errors['float64'][k]):>11}"
     )
 for dt in (torch.float32, torch.float64):
     name = str(dt).replace("torch.", "")
@@ -341,10 +347,11 @@ for dt in (torch.float32, torch.float64):
     e = errors[name]
     best = min(range(len(hs)), key=lambda i: e[i])
     print(
-        f"{name}: eps {fmt_sci(eps)}; theory h* ≈ eps^(1/3) = {fmt_sci(eps ** (1 / 3), 0)},"
+        f"{name}: eps {fmt_sci(eps)};"
+        f" theory h* ≈ eps^(1/3) = {fmt_sci(eps ** (1 / 3), 0)},"
         f" error ≈ eps^(2/3) = {fmt_sci(eps ** (2 / 3), 0)};"
-        f" measured best h {fmt_sci(hs[best], 0)}, error {fmt_sci(e[best], 0)}"
     )
+    print(f"    measured best h {fmt_sci(hs[best], 0)}, error {fmt_sci(e[best], 0)}")
 
 # %%
 import matplotlib.pyplot as plt
@@ -362,7 +369,7 @@ plt.show()
 # the error is the whole derivative, 3. The measured optima match the theory's order of
 # magnitude (this $x^3$ is kinder than the worst case $\varepsilon^{2/3}$).
 #
-# Lesson: **run gradient checks in float64**. In float32 even the best step leaves an error
+# Lesson: **run {term}`gradient checks <gradient check>` in float64**. In float32 even the best step leaves an error
 # around $\varepsilon^{2/3} \approx 2\times 10^{-5}$ relative to the function's size, and a
 # step that is off by a factor 100 costs several more digits: too coarse to tell a subtle bug from round-off.
 #
@@ -472,16 +479,19 @@ for dtype in (torch.float32, f64):
         compare(f"{name} {tuple(o.shape)} vs autograd ({dtype})", o, r)
 
 # %% [markdown]
-# ### Seed 000's transposed formula
+# ```{admonition} What the source articles got wrong
+# :class: dropdown
 #
-# Seed 000 writes that `nn.Linear`'s weight gradient is `input.t() @ grad_output` and "verifies"
-# `grad_w` against `x.t() @ torch.ones_like(y)` for `loss = y.sum()`. Look at the shapes:
-# `x.t()` is $(\text{in}, B)$ and `ones_like(y)` is $(B, \text{out})$, so the product is
-# $(\text{in}, \text{out}) = (3, 5)$, while `grad_w` has $W$'s shape $(\text{out}, \text{in}) = (5, 3)$.
-# The comparison cannot even run. (That formula is right for the *other* layout, $Y = XW$ with
-# $W$ of shape $(\text{in}, \text{out})$ — not `nn.Linear`'s.)
+# Seed 000 writes that `nn.Linear`'s weight gradient is `input.t() @ grad_output` and
+# "verifies" `grad_w` against `x.t() @ torch.ones_like(y)` for `loss = y.sum()`. Look at the
+# shapes: `x.t()` is $(\text{in}, B)$ and `ones_like(y)` is $(B, \text{out})$, so the product
+# is $(\text{in}, \text{out}) = (3, 5)$, while `grad_w` has $W$'s shape
+# $(\text{out}, \text{in}) = (5, 3)$. The comparison cannot even run (the hidden cell after
+# this aside shows it; click to show). That formula is right for the *other* layout,
+# $Y = XW$ with $W$ of shape $(\text{in}, \text{out})$ — not `nn.Linear`'s.
+# ```
 
-# %%
+# %% tags=["hide-cell"]
 x = randn(4, 3, seed=20, device=dev)  # (B, in)
 # (out, in), as nn.Linear stores it
 w = randn(5, 3, seed=21, device=dev, requires_grad=True)
@@ -498,9 +508,8 @@ print(
 try:
     torch.allclose(grad_w, seed_formula)
 except RuntimeError:
-    print(
-        "torch.allclose(grad_w, x.t() @ ones_like(y)) raises RuntimeError: (5, 3) vs (3, 5)"
-    )
+    print("torch.allclose(grad_w, x.t() @ ones_like(y)) raises RuntimeError:")
+    print("  (5, 3) vs (3, 5)")
 # (out, B) @ (B, in) -> (out, in)
 compare("grad_output.t() @ input", torch.ones_like(y).t() @ x, grad_w)
 _ = compare("grad_b = column sums of ones", torch.ones_like(y).sum(0), grad_b)
@@ -510,7 +519,7 @@ _ = compare("grad_b = column sums of ones", torch.ones_like(y).sum(0), grad_b)
 #
 # In $\nabla_W = \nabla_Y^\top X = \sum_b \nabla_{Y,b}^\top X_b$ each term is one sample's own
 # weight gradient. So with a **sum** loss $L = \sum_b \ell_b$, the batch gradient is the **sum** of
-# the per-sample gradients — nothing divides by $B$ "implicitly", whatever seed 000 says. Only
+# the per-sample gradients — nothing divides by $B$ "implicitly". Only
 # a **mean** loss $L = \frac1B\sum_b \ell_b$ (PyTorch's default `reduction="mean"`) makes it an
 # average, because the $\frac1B$ is in the loss and the chain rule carries it into
 # $\nabla_Y$. Numerically, with a squared-error loss and $B = 4$ (in float64 so that the printed
@@ -558,9 +567,17 @@ _ = compare(
 # by $B$ explicitly for the per-sample mean.) Which one you use changes the gradient's size by a factor $B$, and so
 # the learning rate that works.
 #
-# The same factor decides what a larger batch does to the gradient's *noise*. Seed 000 (3.1)
-# says a larger `batch_size` makes `grad_w`'s variance smaller "because it is the average of
-# the B samples' gradients". That holds for a mean loss only: the variance of a mean of $B$
+# ```{admonition} What the source articles got wrong
+# :class: dropdown
+#
+# Seed 000 says that the batch gradient is "implicitly divided by B", and (3.1) that a larger
+# `batch_size` makes `grad_w`'s variance smaller "because it is the average of the B
+# samples' gradients". Both hold for a mean loss only; with a sum loss the gradient is the
+# sum of the per-sample gradients, and its variance grows with $B$ (measured below).
+# ```
+#
+# The same factor decides what a larger batch does to the gradient's *noise*. A larger batch
+# makes the gradient's variance smaller for a mean loss only: the variance of a mean of $B$
 # independent per-sample gradients is $\sigma^2/B$, that of their sum $B\sigma^2$. Measured on
 # 2000 random batches of each size, for $\ell_b = (w \cdot x_b - t_b)^2$ with $x_b, t_b \sim N(0, 1)$
 # (total variance: the sum over the 3 entries of `grad_w`):
@@ -581,7 +598,8 @@ for B_v, seed in ((4, 60), (16, 61), (64, 62)):
     # (R·B, in) -> (in,) -> ()
     var_one = g_per_sample.reshape(-1, 3).var(0).sum().item()
     print(
-        f"{B_v:>4}   {fmt(var_sum, 1):>21}   {fmt(var_mean, 3):>22}   {fmt(var_one, 1):>26}"
+        f"{B_v:>4}   {fmt(var_sum, 1):>21}"
+        f"   {fmt(var_mean, 3):>22}   {fmt(var_one, 1):>26}"
     )
 
 # %% [markdown]
@@ -590,12 +608,12 @@ for B_v, seed in ((4, 60), (16, 61), (64, 62)):
 # sum loss it *grows* as $B\sigma^2$: 392.0, 1528.5, 6299.4. But the sum gradient itself grows
 # as $B$ too (it is exactly $B$ times the mean), so its *relative* noise falls as $1/\sqrt B$
 # either way. The difference is scale: a sum loss is a mean loss with the learning rate
-# silently multiplied by $B$, so the seed's "averages, hence smaller variance" is true of the
-# mean, and of the sum only after dividing by $B$.
+# silently multiplied by $B$, so "averages, hence smaller variance" is true of the mean, and
+# of the sum only after dividing by $B$.
 #
 # ## Broadcasting's backward is a sum
 #
-# In $Y = XW^\top + b$ the bias $b$ of shape $(\text{out},)$ is **broadcast**: the same $b$ is added
+# In $Y = XW^\top + b$ the bias $b$ of shape $(\text{out},)$ is **broadcast** ({term}`broadcasting`): the same $b$ is added
 # to all $B$ rows. A value used $B$ times collects $B$ gradient contributions — the
 # accumulation rule again — so its gradient is the sum over the broadcast dimension. In general:
 # sum over the dimensions that broadcasting added (leading ones) and over the size-1 dimensions it
