@@ -2,9 +2,10 @@
 # # 9. Where backward's memory goes: activations, checkpointing, mixed precision
 #
 # Training a Transformer runs out of memory long before its weights fill the GPU. What fills it
-# is what the forward pass **keeps for backward**: the activations. This chapter counts them
-# byte by byte for chapter 7's GPT, trades them for compute with gradient checkpointing written
-# by hand, and then halves every byte with float16, which brings its own ways to go wrong.
+# is what the {term}`forward pass` **keeps for backward** (its {term}`saved tensors`): the
+# activations. This chapter counts them byte by byte for chapter 7's GPT, trades them for
+# compute with {term}`gradient checkpointing` written by hand, and then halves every byte with
+# float16 ({term}`mixed precision`), which brings its own ways to go wrong.
 #
 # **Learning goals.** After this chapter you can
 #
@@ -16,7 +17,7 @@
 #    passes the weights as explicit inputs, and restores the RNG so dropout repeats its mask;
 # 4. measure what checkpointing saves and what it costs, against `torch.utils.checkpoint`;
 # 5. predict float16 overflow (above 65504) and underflow (below $2^{-24}$), explain why
-#    LayerNorm's `eps=1e-12` is 0 in float16, and do loss scaling by hand the way
+#    {term}`LayerNorm <layer normalization>`'s `eps=1e-12` is 0 in float16, and do loss scaling by hand the way
 #    `torch.amp.GradScaler` does;
 # 6. compare the ranges of float16, bfloat16 and float32.
 #
@@ -164,7 +165,7 @@ for n_layers in range(1, 5):
 # ## 2. The $N^2$ term
 #
 # The kernel above never materialises the $(B, H, N, N)$ attention matrix. The textbook
-# composition `softmax(QKᵀ/√d) V` (chapter 6, and PyTorch's own "math" attention backend) keeps
+# composition $\mathrm{softmax}(QK^\top/\sqrt d)\,V$ (chapter 6, and PyTorch's own "math" attention backend) keeps
 # $P$: $H \cdot N$ more elements per token, so $B H N^2$ per block. Forcing that backend, the
 # same measurement gives:
 
@@ -180,7 +181,8 @@ for n_tok in (12, 24):
         B, n_tok, d, H, 4, d_ff, 4, attention="math", head=True
     )
     print(
-        f"math attention, N={n_tok}: measured {fmt(s.total_bytes, 0)}, formula {fmt(f, 0)}",
+        f"math attention, N={n_tok}: measured {fmt(s.total_bytes, 0)},"
+        f" formula {fmt(f, 0)}",
         "✓" if s.total_bytes == f else "✗",
     )
 
@@ -203,7 +205,8 @@ P_GiB = [L_ * B_ * H_ * n * n * 2 / 2**30 for n in Ns]
 show("N* = (10d + 4 + 2 d_ff)/H", (10 * d_ + 4 + 2 * f_) / H_, 1)
 for n, a, b, p in zip(Ns, math_GiB, fused_GiB, P_GiB):
     print(
-        f"N={n:5d}: math {fmt(a, 2):>8s} GiB (P's share {fmt(100 * p / a, 1):>5s}%), fused {fmt(b, 2):>6s} GiB"
+        f"N={n:5d}: math {fmt(a, 2):>8s} GiB (P's share {fmt(100 * p / a, 1):>5s}%),"
+        f" fused {fmt(b, 2):>6s} GiB"
     )
 
 fig, ax = plt.subplots(figsize=(6, 3.6))
@@ -235,7 +238,7 @@ plt.show()
 
 # %%
 class FirstCheckpoint(torch.autograd.Function):
-    """y = fn(x, *params), keeping only x; backward recomputes fn and differentiates it."""
+    """y = fn(x, *params), keeping only x; backward recomputes fn, differentiates it."""
 
     @staticmethod
     def forward(fn, x, *params):
@@ -253,7 +256,8 @@ class FirstCheckpoint(torch.autograd.Function):
     def backward(ctx, grad_y):
         x, *params = ctx.saved_tensors
         needs = ctx.needs_input_grad[1:]  # one flag for x, one per parameter
-        # Fresh leaves sharing x's and θ's memory; only those that need a gradient require one.
+        # Fresh leaves sharing x's and θ's memory; only those that need a gradient
+        # require one.
         leaves = [t.detach().requires_grad_(n) for t, n in zip((x, *params), needs)]
         with torch.enable_grad():
             y = ctx.fn(*leaves)  # the forward again, now with a graph
@@ -302,7 +306,7 @@ for name, a, b in zip(["x", "W1", "b1", "W2", "b2"], g_ours, g_ref):
 
 # %%
 class ClosureCheckpoint(torch.autograd.Function):
-    """Broken on purpose: the weights are captured by fn, so backward can only return grad_x."""
+    """Broken on purpose: fn captures the weights, so backward returns only grad_x."""
 
     @staticmethod
     def forward(fn, x):
@@ -355,7 +359,7 @@ print(inspect.getsource(Checkpoint))
 
 # %%
 def stack(dropout, dtype, n_layers=3, seed=0, device=dev):
-    """n_layers pre-norm nn.TransformerEncoderLayer blocks (GELU, batch_first), weights from a fixed seed."""
+    """n_layers pre-norm TransformerEncoderLayers (GELU, batch_first), seeded."""
     torch.manual_seed(seed)
     return nn.ModuleList(
         nn.TransformerEncoderLayer(
@@ -431,7 +435,7 @@ ffn32 = [t.detach().to(cpu, torch.float32).requires_grad_() for t in (x, *ffn_pa
 
 
 def grads_autocast(apply):
-    """All of ∂L/∂(x, W1, b1, W2, b2), flattened, for L = Σ y², y = apply(ffn, ...) under CPU bfloat16 autocast."""
+    """∂L/∂(x, W1, b1, W2, b2), flat, L = Σ y², y = apply(ffn, ...) in bf16 autocast."""
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y = apply(ffn, *ffn32)
     return torch.cat(
@@ -481,7 +485,9 @@ for mode in ("none", "torch", "ours"):
         run(blocks32, x32, mode)
     kept[mode] = s.total_bytes
     print(
-        f"{mode:>5s}: {fmt(s.total_bytes, 0):>6s} bytes in {fmt(s.count, 0):>2s} tensors ({fmt_bytes(s.total_bytes)})"
+        f"{mode:>5s}: {fmt(s.total_bytes, 0):>6s} bytes in {fmt(s.count, 0):>2s}"
+        " tensors"
+        f" ({fmt_bytes(s.total_bytes)})"
     )
 show("one block input, B·N·d·4", B * N * d * 4, 0)
 show("4 block inputs", 4 * B * N * d * 4, 0)
@@ -515,8 +521,9 @@ for rep in range(6):
             times[mode].append(time.perf_counter() - t0)
 med = {m: sorted(t)[len(t) // 2] for m, t in times.items()}
 varies(
-    f"fwd+bwd: none {1e3 * med['none']:.1f} ms, torch.utils.checkpoint {med['torch'] / med['none']:.2f}x, "
-    f"ours {med['ours'] / med['none']:.2f}x"
+    f"fwd+bwd: none {1e3 * med['none']:.1f} ms,"
+    f" torch.utils.checkpoint {med['torch'] / med['none']:.2f}x,"
+    f" ours {med['ours'] / med['none']:.2f}x"
 )
 
 # %% [markdown]
@@ -541,7 +548,8 @@ if torch.cuda.is_available():
         peaks[mode] = torch.cuda.max_memory_allocated() - base
         del y
     varies(
-        f"CUDA peak above baseline: none {fmt_bytes(peaks['none'])}, ours {fmt_bytes(peaks['ours'])}"
+        f"CUDA peak above baseline: none {fmt_bytes(peaks['none'])},"
+        f" ours {fmt_bytes(peaks['ours'])}"
     )
 else:
     varies("no GPU here: CUDA peak memory not measured")
@@ -617,7 +625,7 @@ show(
 
 # %%
 def sci(v):
-    """v as mantissa e exponent, the mantissa through fmt (whole numbers below 10⁶ as they are)."""
+    """v as mantissa e exponent via fmt (whole numbers below 10⁶ as they are)."""
     if v >= 1 and v < 1e6 and v == int(v):
         return fmt(v, 0)
     e = math.floor(math.log10(abs(v)))
@@ -625,8 +633,8 @@ def sci(v):
 
 
 print(
-    f"{'dtype':<9s} {'bits':>4s} {'max':>10s} {'tiny':>10s} {'subnormal':>10s} {'eps':>10s}   "
-    f"{'log2: tiny, subnormal, eps':>26s}"
+    f"{'dtype':<9s} {'bits':>4s} {'max':>10s} {'tiny':>10s} {'subnormal':>10s}"
+    f" {'eps':>10s}   {'log2: tiny, subnormal, eps':>26s}"
 )
 for r in float_format_table():
     logs = ", ".join(fmt(math.log2(r[k]), 0) for k in ("tiny", "subnormal", "eps"))
@@ -661,7 +669,7 @@ show("ln 65504: largest x with exp(x) finite", math.log(65504), 4)
 
 
 def ce_by_hand(z):
-    """Per row −log softmax(z)[target] = logsumexp(z) − z[target], with the max subtracted, in z's dtype."""
+    """Per row −log softmax(z)[target] = logsumexp(z) − z[target], in z's dtype."""
     m = z.max(-1, keepdim=True).values
     lse = m.squeeze(-1) + torch.log(torch.exp(z - m).sum(-1))
     return lse - z.gather(-1, target[:, None]).squeeze(-1)
@@ -721,8 +729,9 @@ for eps in (1e-12, 1e-5):
         4,
     )
     show(f"1/√(σ² + eps), eps={eps:g}", 1 / torch.sqrt(var + eps), 1)
-    # Under a loss scale S = 2¹⁶, an upstream gradient g becomes S·g·(1/√(σ² + eps)) in this
-    # backward: it overflows float16 once |g| > 65504 / (S / √(σ² + eps)).
+    # Under a loss scale S = 2¹⁶, an upstream gradient g becomes
+    # S·g·(1/√(σ² + eps)) in this backward: it overflows float16 once
+    # |g| > 65504 / (S / √(σ² + eps)).
     show(
         f"largest |g| that survives ×2¹⁶ and this factor, × 1e4, eps={eps:g}",
         65504 / (2.0**16 / torch.sqrt(var + eps)) * 1e4,
@@ -750,7 +759,7 @@ for eps in (1e-12, 1e-5):
 
 # %%
 def fp16_forward_loss(W, b, x, t, c):
-    """L = c · Σ (tanh(x Wᵀ + b) − t)², the layer in float16 from float32 weights; L in float32."""
+    """L = c · Σ (tanh(x Wᵀ + b) − t)², layer in fp16 from fp32 weights; L in fp32."""
     # (n, 4) @ (4, 3) -> (n, 3), float16
     h = torch.tanh(x.half() @ W.half().T + b.half())
     return c * ((h.float() - t) ** 2).sum()
@@ -828,8 +837,9 @@ for step in range(10):
         and torch.equal(b_us, b_ref)
         and state.scale == scaler.get_scale()
     )
+    verdict = "step   " if stepped else "SKIPPED"
     print(
-        f"step {step}: {'step   ' if stepped else 'SKIPPED'}  scale now {fmt(state.scale, 0):>6s}  "
+        f"step {step}: {verdict}  scale now {fmt(state.scale, 0):>6s}  "
         f"GradScaler's {fmt(scaler.get_scale(), 0):>6s}  weights identical: {same}"
     )
 
