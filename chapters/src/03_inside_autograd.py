@@ -30,6 +30,7 @@ if "google.colab" in sys.modules:
 
 # %%
 import re
+import textwrap
 import warnings
 
 import torch
@@ -333,7 +334,7 @@ for Xm, Ym in zip(X.chunk(n_micro), Y.chunk(n_micro)):  # 4 × (2, 4), (2, 1)
     batch_loss(raw, Xm, Ym).backward()  # not divided
 for name in PARAM_NAMES:
     compare(
-        f"grad {name}: 4 micro-batches (loss / 4) vs batch of 8",
+        f"grad {name}: 4 micro-batches vs one batch of 8",
         acc[name].grad,
         big[name].grad,
     )
@@ -388,7 +389,8 @@ L.backward()
 try:
     L.backward()
 except RuntimeError as err:
-    print("RuntimeError:", str(err).splitlines()[0])
+    first_line = str(err).splitlines()[0]
+    print(textwrap.fill(f"RuntimeError: {first_line}", 88, subsequent_indent="  "))
 
 # %% [markdown]
 # What was freed are the **{term}`saved tensors`**. The graph's nodes are still there (so the
@@ -448,7 +450,7 @@ grad_once = model[0].weight.grad.clone()
 L.backward()  # allowed now; frees the graph (no retain_graph this time)
 print("held after the 2nd call: ", fmt_bytes(held(L)))
 assert compare(
-    "W.grad after two backward calls vs 2 × one call",
+    "W.grad, two backward calls vs 2 × one call",
     model[0].weight.grad,
     2 * grad_once,
 )
@@ -483,7 +485,7 @@ print(
 try:
     torch.autograd.grad(L, params)
 except RuntimeError as err:
-    print("second call -> RuntimeError:", str(err).splitlines()[0][:60] + "...")
+    print("second call -> RuntimeError:", str(err).splitlines()[0][:55] + "...")
 
 # %% [markdown]
 # So the costs are:
@@ -545,7 +547,8 @@ try:
     y_v.sum().backward()
 except RuntimeError as err:
     # the rest names the tensor type, which differs on a GPU
-    print("RuntimeError:", str(err).split(":")[0])
+    first_part = str(err).split(":")[0]
+    print(textwrap.fill(f"RuntimeError: {first_part}", 88, subsequent_indent="  "))
     print(
         "the node whose saved tensor changed:",
         re.search(r"output \d+ of (\w+)", str(err)).group(1),
@@ -594,7 +597,8 @@ with torch.inference_mode():
 try:
     model[2](feats).sum().backward()
 except RuntimeError as err:
-    print("RuntimeError:", str(err).splitlines()[0])
+    first_line = str(err).splitlines()[0]
+    print(textwrap.fill(f"RuntimeError: {first_line}", 88, subsequent_indent="  "))
 # a clone made outside inference mode is a normal tensor
 L = model[2](feats.clone()).sum()
 print("with a clone: L.requires_grad =", L.requires_grad)
