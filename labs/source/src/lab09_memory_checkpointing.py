@@ -14,15 +14,16 @@
 #
 # Chapter 9 counted what the forward pass keeps for backward, traded it for compute with
 # gradient checkpointing, and scaled a float16 loss so its gradients survive. Here you do each of
-# them yourself: predict the bytes, write the checkpoint `Function` (weights as inputs, dropout
-# repeated exactly), checkpoint a stack in segments, and write the loss-scaling step that
+# them yourself: predict the bytes, write checkpoint `Function`s (weights as inputs, a whole
+# stack recomputed in segments from its input, dropout repeated exactly), checkpoint a stack
+# in segments, and write the loss-scaling step that
 # `torch.amp.GradScaler` automates. This lab goes with
 # [Chapter 9](../chapters/09_memory_checkpointing.ipynb).
 #
 # **Learning goals.** After this lab you can
 # * predict, operation by operation, the bytes a LayerNorm + MLP block keeps for backward;
-# * write gradient checkpointing as a `torch.autograd.Function` that keeps only the block's
-#   input, recomputes the forward in backward, and gives the weights their gradients;
+# * write gradient checkpointing as a `torch.autograd.Function` that keeps only a stack's
+#   input, recomputes it segment by segment in backward, and gives the weights their gradients;
 # * make the recomputation draw the same dropout mask, without disturbing the random stream
 #   the rest of training uses;
 # * checkpoint a stack in segments and say what stays in memory;
@@ -52,7 +53,7 @@ from torch.autograd.function import once_differentiable
 
 from helpers.checkpoint import get_rng_state, set_rng_state
 from helpers.device import get_device, no_tf32, randn
-from helpers.labcheck import autograd_grads, check
+from helpers.labcheck import check
 from helpers.labkit import applied
 from helpers.memory import SavedTensors, fmt_bytes
 from helpers.precision import ScalerState, loss_scale_step
@@ -267,50 +268,71 @@ check(
 # by_hand: [torch.utils.checkpoint.checkpoint, helpers.checkpoint.checkpoint, helpers.checkpoint.recompute_backward, helpers.checkpoint.checkpoint_sequential]
 
 # %% [markdown]
-# ## Exercise 2 · A checkpoint `Function` that keeps only the input (3 points)
+# ## Exercise 2 · Keep only the stack's input, recompute it in segments (3 points)
 #
-# **Goal:** trade memory for compute. The forward runs without building a graph and keeps only
-# the block's input; backward runs the block again, this time with a graph, and differentiates it.
+# **Goal:** chapter 9's `FirstCheckpoint` keeps one block's input and re-runs that block in
+# backward. Push the trade further: a whole stack of $L$ blocks keeps **only its input** $x_0$
+# between forward and backward, and backward re-runs the stack in segments so that no more
+# than `every` blocks hold their activations at any moment.
 #
-# Fill in `Checkpoint` for a block `y = fn(x, *params)`:
-# * `forward(fn, x, *params)`: return `fn(x, *params)` computed under `torch.no_grad()`, so no
-#   graph is built and none of `fn`'s intermediate tensors is kept (autograd already runs a
-#   `Function`'s forward with grad off; `no_grad` says it where the reader sees it);
-# * `setup_context(ctx, inputs, output)`: keep `fn` on `ctx` (it is not a tensor) and save `x`
-#   and the parameters with `ctx.save_for_backward` (the parameters exist anyway: they cost
-#   nothing extra);
-# * `backward(ctx, grad_y)`: unpack `ctx.saved_tensors`; read `needs = ctx.needs_input_grad[1:]`
-#   (one flag for `x`, one per parameter: which inputs want a gradient); make fresh leaves
-#   `t.detach().requires_grad_(n)` for `x` and every parameter, so that only the wanted ones
-#   require a gradient; run `fn` on them inside `torch.enable_grad()` (backward runs with grad
-#   off); take `torch.autograd.grad(y, wanted_leaves, grad_y)` for the wanted leaves only and
-#   return `(None, grad_x, *grad_params)`: one entry per input of `forward`, `None` for `fn` and
-#   for every input that needs no gradient (a data input, a frozen weight).
+# The stack is $x_l = \mathrm{fn}(x_{l-1}, \theta_l)$ with `fn` a block such as `ffn` above and
+# $\theta_l = (W_1, b_1, W_2, b_2)$ its 4 parameters; they are passed flattened, 4 per block,
+# in order. Fill in `StackCheckpoint`:
+# * `forward(fn, every, x, *params)`: the stack's output, computed under `torch.no_grad()`;
+# * `setup_context(ctx, inputs, output)`: keep `fn` and `every` on `ctx`, save `x` and the
+#   parameters (they exist anyway) with `ctx.save_for_backward`, and nothing else;
+# * `backward(ctx, grad_y)`: first run the stack again **without** a graph to get back the
+#   input of every segment of `every` consecutive blocks (blocks $0, k, 2k, \dots$ with
+#   $k$ = `every`; the last segment may be shorter); then, from the last segment to the first,
+#   re-run that segment **with** a graph from its input and differentiate it, so that the
+#   gradient with respect to the segment's input becomes the upstream gradient of the segment
+#   before. Return one gradient per input of `forward`: `None` for `fn` and `every`, and for
+#   every input that needs none (gate on `ctx.needs_input_grad[2:]` as chapter 9 does).
 #
-# Why the parameters are inputs: autograd asks a `Function` for the gradients of its inputs
-# only. Weights captured inside `fn` would silently get no gradient (chapter 9,
-# `ClosureCheckpoint`).
+# Work out on paper first what each segment's re-run must differentiate, and with respect to
+# what: which of its leaves need a gradient, and where each result goes.
+#
+# <details><summary>Hint 1: the order of the work</summary>
+#
+# Keep a list `grads` with one slot per parameter (`None` to start) and a tensor `g`, the
+# gradient arriving at the current segment's output (`grad_y` for the last one). For each
+# segment, backwards: leaves for its input (requiring a gradient unless it is the first
+# segment and `x` needs none) and for its parameters (as their flags say); one
+# `torch.autograd.grad(y_segment, wanted_leaves, g)`; the input's gradient becomes `g`, the
+# parameters' go into their slots.
+#
+# </details>
+#
+# <details><summary>Hint 2: why only `every` blocks at once</summary>
+#
+# The graph of a segment lives from its re-run until `torch.autograd.grad` returns; then it is
+# freed. Re-running the next (earlier) segment only after that keeps one segment's activations
+# alive at a time, plus the $\lceil L/k\rceil$ segment inputs of the no-grad pass.
+#
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION
 
 
 # %%
-class Checkpoint(torch.autograd.Function):
-    """y = fn(x, *params), keeping only x (and the params); backward recomputes fn and differentiates it."""
+class StackCheckpoint(torch.autograd.Function):
+    """x_L of the stack x_l = fn(x_{l-1}, θ_l), keeping only x_0; backward recomputes it in segments."""
 
     @staticmethod
-    def forward(fn, x, *params):
+    def forward(fn, every, x, *params):
         # BEGIN SOLUTION
         with torch.no_grad():
-            return fn(x, *params)
+            for i in range(0, len(params), 4):
+                x = fn(x, *params[i : i + 4])
+            return x
         # END SOLUTION
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         # BEGIN SOLUTION
-        fn, x, *params = inputs
-        ctx.fn = fn
+        fn, every, x, *params = inputs
+        ctx.fn, ctx.every = fn, every
         ctx.save_for_backward(x, *params)
         # END SOLUTION
 
@@ -319,20 +341,39 @@ class Checkpoint(torch.autograd.Function):
     def backward(ctx, grad_y):
         # BEGIN SOLUTION
         x, *params = ctx.saved_tensors
-        needs = ctx.needs_input_grad[1:]  # x, then each parameter
-        # share memory with x, θ
-        leaves = [t.detach().requires_grad_(n) for t, n in zip((x, *params), needs)]
-        with torch.enable_grad():
-            y = ctx.fn(*leaves)  # the forward again, with a graph
-        got = iter(
-            torch.autograd.grad(y, [t for t, n in zip(leaves, needs) if n], grad_y)
-        )
-        return (None, *(next(got) if n else None for n in needs))
+        need_x, *need_p = ctx.needs_input_grad[2:]
+        step = 4 * ctx.every  # parameters per segment
+        starts = list(range(0, len(params), step))
+        inputs = [x]  # the input of every segment, from a pass without a graph
+        with torch.no_grad():
+            h = x
+            for start in starts[:-1]:
+                for i in range(start, start + step, 4):
+                    h = ctx.fn(h, *params[i : i + 4])
+                inputs.append(h)
+        grads, g = [None] * len(params), grad_y
+        for start, h0 in reversed(list(zip(starts, inputs))):
+            idx = range(start, min(start + step, len(params)))
+            want_h = start > 0 or need_x
+            h = h0.detach().requires_grad_(want_h)
+            leaves = [params[i].detach().requires_grad_(need_p[i]) for i in idx]
+            with torch.enable_grad():
+                y = h
+                for j in range(0, len(leaves), 4):
+                    y = ctx.fn(y, *leaves[j : j + 4])
+            wanted = [h] * want_h + [t for t in leaves if t.requires_grad]
+            got = iter(torch.autograd.grad(y, wanted, g)) if wanted else iter(())
+            g = next(got) if want_h else None
+            for i in idx:
+                if need_p[i]:
+                    grads[i] = next(got)
+        return (None, None, g if need_x else None, *grads)
         # END SOLUTION
 
 
 # %% [raw]
 # # END SOLUTION
+
 
 # %% [raw]
 # # BEGIN TESTS
@@ -342,24 +383,29 @@ class Checkpoint(torch.autograd.Function):
 hidden: true
 """  # END TEST CONFIG
 import torch
-import torch.nn.functional as _F
 
 from helpers.device import randn
 
 
-def _blk(x, W, c, V):
-    return x + torch.tanh(x @ W.T + c) @ V.T
+def _blk(x, W, c, V, e):
+    return x + torch.tanh(x @ W.T + c) @ V.T + e
 
 
+def _mk(s):
+    return [
+        randn(*sh, seed=s + i, dtype=torch.float64, requires_grad=True)
+        for i, sh in enumerate([(4, 3), (4,), (3, 4), (3,)])
+    ]
+
+
+# 5 blocks in segments of 2 (2 + 2 + 1): every gradient, through .backward()
 _x = randn(5, 3, seed=501, dtype=torch.float64, requires_grad=True)
-_ps = [
-    randn(4, 3, seed=502, dtype=torch.float64, requires_grad=True),
-    randn(4, seed=503, dtype=torch.float64, requires_grad=True),
-    randn(3, 4, seed=504, dtype=torch.float64, requires_grad=True),
-]
-_ref = torch.autograd.grad((_blk(_x, *_ps) ** 3).sum(), [_x, *_ps])
-# .backward(): the weights' .grad must be set
-(Checkpoint.apply(_blk, _x, *_ps) ** 3).sum().backward()
+_ps = [p for l in range(5) for p in _mk(502 + 10 * l)]
+_h = _x
+for _i in range(0, 20, 4):
+    _h = _blk(_h, *_ps[_i : _i + 4])
+_ref = torch.autograd.grad((_h**3).sum(), [_x, *_ps])
+(StackCheckpoint.apply(_blk, 2, _x, *_ps) ** 3).sum().backward()
 for _t, _r in zip([_x, *_ps], _ref):
     assert _t.grad is not None and torch.allclose(_t.grad, _r, atol=1e-12)
 
@@ -374,19 +420,24 @@ from helpers.device import randn
 from helpers.memory import SavedTensors
 
 
-def _blk(x, W1, W2):
-    return x + _F.gelu(x @ W1.T) @ W2.T
+def _blk(x, W1, b1, W2, b2):
+    return x + _F.gelu(x @ W1.T + b1) @ W2.T + b2
 
 
 _x = randn(2, 6, 3, seed=511, dtype=torch.float64, requires_grad=True)
 _ps = [
-    randn(8, 3, seed=512, dtype=torch.float64, requires_grad=True),
-    randn(3, 8, seed=513, dtype=torch.float64, requires_grad=True),
+    randn(*sh, seed=512 + 4 * l + i, dtype=torch.float64, requires_grad=True)
+    for l in range(3)
+    for i, sh in enumerate([(8, 3), (8,), (3, 8), (3,)])
 ]
-with SavedTensors(exclude=_ps) as _s:
-    _y = Checkpoint.apply(_blk, _x, *_ps)
-assert _s.count == 1 and _s.total_bytes == _x.numel() * 8  # x only
-assert torch.allclose(_y, _blk(_x, *_ps), atol=1e-12)
+for _every in (1, 2, 3):
+    with SavedTensors(exclude=_ps) as _s:
+        _y = StackCheckpoint.apply(_blk, _every, _x, *_ps)
+    assert _s.count == 1 and _s.total_bytes == _x.numel() * 8  # x only
+_h = _x
+for _i in range(0, 12, 4):
+    _h = _blk(_h, *_ps[_i : _i + 4])
+assert torch.allclose(_y, _h, atol=1e-12)
 
 # %%
 """ # BEGIN TEST CONFIG
@@ -396,20 +447,30 @@ import torch
 
 from helpers.device import randn
 
+# at most `every` blocks hold a graph at once: each grad-enabled block run adds one, the
+# backward through its output removes it
+_log = []
 
-def _blk(x, W):
-    return torch.sin(x @ W.T)
+
+def _blk(x, W, c, V, e):
+    y = x + torch.sin(x @ W.T + c) @ V.T + e
+    if torch.is_grad_enabled() and y.requires_grad:
+        _log.append(1)
+        y.register_hook(lambda g: _log.append(-1))
+    return y
 
 
-# x is data (no grad wanted), W is trained; grad_output is not modified
-_x = randn(4, 5, seed=521, dtype=torch.float64)
-_W = randn(2, 5, seed=522, dtype=torch.float64, requires_grad=True)
-_g = randn(4, 2, seed=523, dtype=torch.float64)
-_g0 = _g.clone()
-(_gW,) = torch.autograd.grad(Checkpoint.apply(_blk, _x, _W), [_W], _g)
-_Wl = _W.detach().clone().requires_grad_()
-(_ref,) = torch.autograd.grad(_blk(_x, _Wl), [_Wl], _g0)
-assert torch.allclose(_gW, _ref, atol=1e-12) and torch.equal(_g, _g0)
+_x = randn(3, 2, seed=531, dtype=torch.float64, requires_grad=True)
+_ps = [
+    randn(*sh, seed=532 + 4 * l + i, dtype=torch.float64, requires_grad=True)
+    for l in range(7)
+    for i, sh in enumerate([(3, 2), (3,), (2, 3), (2,)])
+]
+for _every in (3, 7):
+    _log.clear()
+    _ = torch.autograd.grad(StackCheckpoint.apply(_blk, _every, _x, *_ps).sum(), _ps)
+    _live = [sum(_log[: _k + 1]) for _k in range(len(_log))]
+    assert _log.count(1) == 7 and max(_live) == _every and _live[-1] == 0
 
 # %%
 """ # BEGIN TEST CONFIG
@@ -419,19 +480,40 @@ import torch
 
 from helpers.device import randn
 
-# needs_input_grad gating: the re-run must not make a data input x require a gradient
+# needs_input_grad gating: a data x stays without requires_grad in every re-run, a frozen
+# weight gets None, and grad_output is not modified
 _seen = []
 
 
-def _blk(x, W):
+def _blk(x, W, c, V, e):
     _seen.append(x.requires_grad)
-    return torch.cos(x @ W.T)
+    return torch.cos(x @ W.T + c) @ V.T + e
 
 
-_x = randn(3, 4, seed=531, dtype=torch.float64)
-_W = randn(2, 4, seed=532, dtype=torch.float64, requires_grad=True)
-_ = torch.autograd.grad(Checkpoint.apply(_blk, _x, _W).sum(), [_W])
-assert _seen == [False, False]
+_x = randn(3, 4, seed=541, dtype=torch.float64)
+_ps = [
+    randn(*sh, seed=542 + i, dtype=torch.float64, requires_grad=True)
+    for i, sh in enumerate([(2, 4), (2,), (4, 2), (4,)])
+]
+_ = _ps[1].requires_grad_(False)
+_g = randn(3, 4, seed=546, dtype=torch.float64)
+_g0 = _g.clone()
+_gs = torch.autograd.grad(
+    StackCheckpoint.apply(_blk, 1, _x, *_ps), [_ps[0], _ps[2], _ps[3]], _g
+)
+assert _seen == [False, False] and torch.equal(_g, _g0)
+_pl = [p.detach().clone().requires_grad_() for p in _ps]
+_ref = torch.autograd.grad(_blk(_x, *_pl), [_pl[0], _pl[2], _pl[3]], _g0)
+assert all(torch.allclose(_a, _b, atol=1e-12) for _a, _b in zip(_gs, _ref))
+# a data x in a 3-block stack, segments of 1: the later segments' inputs still need a gradient
+_ps3 = [p.detach().clone().requires_grad_() for _ in range(3) for p in _ps]
+_gs3 = torch.autograd.grad(StackCheckpoint.apply(_blk, 1, _x, *_ps3), _ps3, _g0)
+_pl3 = [p.detach().clone().requires_grad_() for p in _ps3]
+_h = _x
+for _i in range(0, 12, 4):
+    _h = _blk(_h, *_pl3[_i : _i + 4])
+_ref3 = torch.autograd.grad(_h, _pl3, _g0)
+assert all(torch.allclose(_a, _b, atol=1e-12) for _a, _b in zip(_gs3, _ref3))
 
 # %% [raw]
 # # END TESTS
@@ -440,40 +522,75 @@ assert _seen == [False, False]
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 2** (reference: autograd through `ffn` without checkpointing; "bytes kept" is
-# what `SavedTensors` records during your forward, parameters excluded, against the bytes of `x`):
+# **Self-check 2** (reference: autograd through the same 5-block `ffn` stack without
+# checkpointing, `every=2`; "bytes kept" is what `SavedTensors` records during your forward,
+# parameters excluded, against the bytes of `x`; "blocks holding a graph at once" is the
+# largest number of block re-runs whose graph backward has not gone through yet, which must be
+# `every`; last, the same stack on a data `x`, which no re-run may make require a gradient):
 
 
 # %%
-def with_saved_bytes(run):
-    """(y, grad_x, grad_W1, grad_b1, grad_W2, grad_b2, bytes kept) for y = run(x, *params), upstream grad_y."""
+def stack_run2(run, every):
+    """(y, grad_x, all parameter gradients in one vector, bytes kept, peak blocks with a graph)."""
+    live = [0, 0]  # blocks holding a graph now, the most at once
+    data_x_runs, flat0_ptr = [], [None]  # block 0's re-runs on a data x: requires_grad?
 
-    def go(x, *params):
-        with SavedTensors(exclude=params) as saved:
-            y = run(x, *params)
-        return (
-            y,
-            *grads_of(y, [x, *params], ["x", "W1", "b1", "W2", "b2"], grad_y2),
-            saved.total_bytes,
-        )
+    def block(h, *theta):
+        if theta[0].data_ptr() == flat0_ptr[0]:  # block 0: is its input a data x?
+            data_x_runs.append(bool(h.requires_grad))
+        y = ffn(h, *theta)
+        if torch.is_grad_enabled() and y.requires_grad:
+            live[0] += 1
+            live[1] = max(live)
+            y.register_hook(lambda g: live.__setitem__(0, live[0] - 1))
+        return y
+
+    def go(x, *flat):
+        with SavedTensors(exclude=flat) as saved:
+            y = run(block, every, x, *flat)
+        names = ["x"] + [
+            f"{n} of block {i // 4}"
+            for i, n in enumerate(["W1", "b1", "W2", "b2"] * (len(flat) // 4))
+        ]
+        live[:] = [0, 0]
+        grads = grads_of(y, [x, *flat], names, grad_y2)
+        flat_grads = torch.cat([g.flatten() for g in grads[1:]])
+        peak = live[1]
+        # the same stack on a data x: no re-run may make it require a gradient
+        flat0_ptr[0] = flat[0].data_ptr()
+        y = run(block, every, x.detach(), *flat)
+        torch.autograd.grad(y, flat, grad_y2)
+        data_x = sum(data_x_runs)
+        return (y, grads[0], flat_grads, saved.total_bytes, peak, data_x)
 
     return go
 
 
+def plain_stack_run(block, every, x, *flat):
+    """The stack with a full graph: what a correct StackCheckpoint must agree with."""
+    for i in range(0, len(flat), 4):
+        x = block(x, *flat[i : i + 4])
+    return x
+
+
 x2 = randn(6, 5, seed=1, dtype=F64, device=dev, requires_grad=True)
-params2 = ffn_params(5, 9, seed=2)
+params2 = [p for l in range(5) for p in ffn_params(5, 9, seed=2 + 4 * l)]
 grad_y2 = randn(6, 5, seed=6, dtype=F64, device=dev)
-expected = (
-    ffn(x2, *params2),
-    *autograd_grads(ffn, (x2, *params2), grad_y2),
-    x2.numel() * x2.element_size(),
-)
+y_ref2, gx_ref2, gp_ref2, _, _, _ = stack_run2(plain_stack_run, 2)(x2, *params2)
 check(
-    with_saved_bytes(lambda x, *p: applied(Checkpoint.apply)(ffn, x, *p)),
-    expected,
+    stack_run2(lambda *a: applied(StackCheckpoint.apply)(*a), 2),
+    (y_ref2, gx_ref2, gp_ref2, x2.numel() * x2.element_size(), 2, 0),
     args=(x2, *params2),
-    outputs=("y", "grad_x", "grad_W1", "grad_b1", "grad_W2", "grad_b2", "bytes kept"),
-    name="Exercise 2 · Checkpoint",
+    outputs=(
+        "y",
+        "grad_x",
+        "grad_params",
+        "bytes kept",
+        "blocks holding a graph at once",
+        "re-runs where a data x required grad",
+    ),
+    counts=("blocks holding a graph at once", "re-runs where a data x required grad"),
+    name="Exercise 2 · StackCheckpoint",
     against="autograd",
     atol=1e-12,
     rtol=0,
@@ -482,6 +599,9 @@ check(
 # %% [markdown]
 # The tolerance is `atol 1e-12, rtol 0` in float64: backward repeats the very same operations
 # in the same order, so the gradients are equal up to (at most) round-off far below 1e-12.
+# The price: every block but those of the last segment runs three times (forward, the pass
+# without a graph, the segment's re-run), for a memory of one input between forward and
+# backward.
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -496,13 +616,15 @@ check(
 # dropout that means the same random mask, so the RNG state must be taken before the forward
 # and put back for the re-run.
 #
-# Your `Checkpoint` on `ffn_dropout` gives wrong gradients: the re-run in backward draws a new
-# mask. Write
-# * `CheckpointRNG`: like `Checkpoint`, with one more input, `forward(fn, rng_state, x,
-#   *params)`; keep `rng_state` on `ctx` too; in `backward`, re-run `fn` inside
+# A checkpoint that simply re-runs `ffn_dropout` in backward gives wrong gradients: the
+# re-run draws a new mask. Write a checkpoint of **one** block that repeats the mask:
+# * `CheckpointRNG`: `forward(fn, rng_state, x, *params)` returns `fn(x, *params)` without a
+#   graph; `setup_context` keeps `fn` and `rng_state` on `ctx` and saves `x` and the
+#   parameters; `backward` re-runs `fn` with a graph on fresh leaves, inside
 #   `torch.random.fork_rng(devices=[i for i, _ in ctx.rng_state.cuda])`, calling
-#   `set_rng_state(ctx.rng_state)` first. Gate on `ctx.needs_input_grad[2:]` as in `Checkpoint`
-#   and return one gradient per input (`None` for `fn`, `rng_state` and every input that needs
+#   `set_rng_state(ctx.rng_state)` first, and differentiates it. Gate on
+#   `ctx.needs_input_grad[2:]` as in exercise 2 and return one gradient per input (`None` for
+#   `fn`, `rng_state` and every input that needs
 #   no gradient);
 # * `checkpoint_rng(fn, x, *params)`: take `rng_state = get_rng_state([x, *params])` (from
 #   `helpers.checkpoint`: the CPU generator's state, and the CUDA one's if a tensor is on a GPU)
@@ -975,6 +1097,31 @@ import torch
 
 from helpers.device import randn
 
+# a clean step moves every parameter, each by lr times its own unscaled gradient
+_W = randn(2, 3, seed=951, requires_grad=True)
+_b = randn(2, seed=952, requires_grad=True)
+_x = randn(8, 3, seed=953)
+
+
+def _loss(W, b):
+    return (torch.tanh(_x.half() @ W.half().T + b.half()).float() ** 2).sum()
+
+
+_gW, _gb = torch.autograd.grad(1024.0 * _loss(_W, _b), [_W, _b])
+_W0, _b0 = _W.detach().clone(), _b.detach().clone()
+_scale, _tr, _st = scaled_step([_W, _b], _loss, 1024.0, 0, 0.5)
+assert _st and _scale == 1024.0 and _tr == 1
+assert torch.allclose(_W.detach(), _W0 - 0.5 * _gW / 1024.0, atol=1e-6)
+assert torch.allclose(_b.detach(), _b0 - 0.5 * _gb / 1024.0, atol=1e-6)
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+import torch
+
+from helpers.device import randn
+
 # overflow: a huge scale gives inf gradients; nothing moves, the scale halves, the tracker resets
 _W = randn(2, 3, seed=911, requires_grad=True)
 _b = randn(2, seed=912, requires_grad=True)
@@ -1051,15 +1198,10 @@ def batches(n_steps=8):
 
 
 def run_ours(W, b):
-    """(W, b, scales, stepped) after 8 steps of your scaled_step."""
+    """(scales, trackers, stepped, W, b) after 8 steps of your scaled_step."""
     W, b = W.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
     # mid-interval: a skip must reset it
-    scale, tracker, scales, stepped = (
-        2.0**16,
-        2,
-        [],
-        [],
-    )
+    scale, tracker, scales, trackers, stepped = 2.0**16, 2, [], [], []
     for x, t in batches():
         out = scaled_step(
             [W, b],
@@ -1073,24 +1215,35 @@ def run_ours(W, b):
             raise NotImplementedError
         scale, tracker, did = out
         scales.append(float(scale))
+        trackers.append(int(tracker))
         stepped.append(bool(did))
-    return W, b, torch.tensor(scales, dtype=F64), torch.tensor(stepped)
+    return (
+        torch.tensor(scales, dtype=F64),
+        torch.tensor(trackers),
+        torch.tensor(stepped),
+        W,
+        b,
+    )
 
 
 def run_reference(W, b):
-    """The same 8 steps with helpers.precision.loss_scale_step."""
+    """The same 8 steps with helpers.precision.loss_scale_step: (scales, trackers, stepped, W, b)."""
     W, b = W.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
-    state, scales, stepped = (
-        ScalerState(scale=2.0**16, growth_interval=3, growth_tracker=2),
-        [],
-        [],
-    )
+    state = ScalerState(scale=2.0**16, growth_interval=3, growth_tracker=2)
+    scales, trackers, stepped = [], [], []
     for x, t in batches():
         scaled = torch.autograd.grad(state.scale * fp16_loss(W, b, x, t), [W, b])
         state, did = loss_scale_step([W, b], scaled, state, lr=0.01)
         scales.append(state.scale)
+        trackers.append(state.growth_tracker)
         stepped.append(did)
-    return W, b, torch.tensor(scales, dtype=F64), torch.tensor(stepped)
+    return (
+        torch.tensor(scales, dtype=F64),
+        torch.tensor(trackers),
+        torch.tensor(stepped),
+        W,
+        b,
+    )
 
 
 W5, b5 = randn(3, 4, seed=30, device=dev), randn(3, seed=31, device=dev)
@@ -1098,7 +1251,8 @@ check(
     run_ours,
     run_reference,
     args=(W5, b5),
-    outputs=("W", "b", "scale after each step", "stepped"),
+    # the root cause first: a wrong scale sequence is why W and b end up wrong
+    outputs=("scale after each step", "tracker after each step", "stepped", "W", "b"),
     name="Exercise 5 · scaled_step",
     against="loss_scale_step",
 )
@@ -1109,4 +1263,4 @@ check(
 # Run *Runtime → Restart and run all* (Colab) or *Kernel → Restart & Run All* (Jupyter) and
 # look at the self-check lines: each should be a `✓`. Then download the notebook (`.ipynb`)
 # and hand it in. Keep the function names: the grader calls `predict_saved_bytes`,
-# `Checkpoint`, `CheckpointRNG`, `checkpoint_rng`, `checkpoint_stack` and `scaled_step`.
+# `StackCheckpoint`, `CheckpointRNG`, `checkpoint_rng`, `checkpoint_stack` and `scaled_step`.
