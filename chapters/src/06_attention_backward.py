@@ -75,7 +75,7 @@ S_fp32 = Q_tf @ K_tf.T  # (N, d) @ (d, N) -> (N, N), true fp32
 # (N, d) @ (d, N) -> (N, N), as TF32 would
 S_tf32 = round_to_tf32(Q_tf) @ round_to_tf32(K_tf).T
 show("max |S_tf32 - S_fp32|", (S_tf32 - S_fp32).abs().max(), 3)
-_ = compare("emulated TF32 vs fp32, at float32's tolerance", S_tf32, S_fp32)
+_ = compare("emulated TF32 vs fp32, float32 tolerance", S_tf32, S_fp32)
 
 # %% [markdown]
 # TF32 moves entries of this product by up to 0.010, about a thousand times the float32
@@ -484,9 +484,7 @@ O4_sdpa = F.scaled_dot_product_attention(
     *(t.detach().cpu() for t in (Q4, K4, V4)),
     attn_mask=causal_mask(7, 4, align="bottom_right"),
 )
-_ = compare(
-    "ours vs SDPA on the CPU, rows with no key included", O4.detach().cpu(), O4_sdpa
-)
+_ = compare("ours vs CPU SDPA, rows with no key included", O4.detach().cpu(), O4_sdpa)
 
 # %% [markdown]
 # ## 5. Cross-checks against PyTorch
