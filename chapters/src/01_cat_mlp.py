@@ -456,7 +456,8 @@ for r in rows:
 # where the unit comes alive.
 
 # %% tags=["nbval-ignore-output"]
-# Output not compared by nbval: the player's HTML carries random element ids and PNG bytes.
+# Output not compared by nbval: the player's HTML carries random element ids and
+# PNG bytes.
 # The numbers it draws are the ones printed (and checked) in the table above.
 from IPython.display import HTML
 
