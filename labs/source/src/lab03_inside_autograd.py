@@ -40,12 +40,15 @@ if "google.colab" in sys.modules:
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", spec], check=True)
 
 # %%
+import itertools
+import math
+
 import torch
 
 from helpers import micrograd
 from helpers.device import get_device, no_tf32, randn
-from helpers.labcheck import autograd_grads, check
-from helpers.memory import SavedTensors
+from helpers.labcheck import autograd_grads, check, evaluate
+from helpers.memory import SavedTensors, tensor_bytes
 
 dev = get_device()
 no_tf32()
@@ -63,12 +66,12 @@ dtype = torch.float64  # the engine works in Python floats (float64): compare in
 
 # %%
 def as_value(x):
-    """x itself if it is a Value, else a constant Value(x) (a leaf nobody reads the grad of)."""
+    """x itself if it is a Value, else a constant Value(x) (a leaf, grad never read)."""
     return x if isinstance(x, Value) else Value(x)
 
 
 class Value:
-    """A scalar that remembers how it was made: data, grad = ∂out/∂self, parents, backward rule."""
+    """A scalar that remembers how it was made: data, grad, parents, backward rule."""
 
     def __init__(self, data, _parents=(), _op=""):
         self.data = float(data)
@@ -81,12 +84,13 @@ class Value:
         return f"Value({self.data:.4f}, grad={self.grad:.4f})"
 
     def __add__(self, other):
-        """out = a + b;  ∂out/∂a = 1, ∂out/∂b = 1 (the worked example: copy its pattern)."""
+        """out = a + b;  ∂out/∂a = 1, ∂out/∂b = 1 (the worked example)."""
         other = as_value(other)
         out = Value(self.data + other.data, (self, other), "+")
 
         def _backward():
-            # +=, never =: if self feeds two ops, each adds its share (and a + a adds twice)
+            # +=, never =: if self feeds two ops, each adds its share
+            # (and a + a adds twice)
             self.grad += 1.0 * out.grad
             other.grad += 1.0 * out.grad
 
@@ -133,7 +137,7 @@ class Value:
 
 
 def engine_grads(f, *numbers):
-    """(f(x...), ∂f/∂x...) as float64 tensors, running f on Values and backward in the course's order.
+    """(f(x...), ∂f/∂x...) as float64 tensors, from f on Values and backward.
 
     Used by the self-checks of exercises 1 and 2 (they do not need your exercise 3 yet).
     None if one of your operations still returns None (not implemented yet).
@@ -141,9 +145,9 @@ def engine_grads(f, *numbers):
     for op in OPS_USED.get(f, ()):
         probe = (
             (Value(1.5), 2)
-            if op is power
+            if op.__name__ == "power"
             else (Value(1.5), Value(2.0))
-            if op is mul
+            if op.__name__ == "mul"
             else (Value(1.5),)
         )
         result = op(*probe)
@@ -175,7 +179,8 @@ def torch_grads(f, *numbers):
     return (value, *autograd_grads(f, xs))
 
 
-OPS_USED = {}  # expression -> the operations it needs (so an unfinished one reads "not implemented yet")
+# expression -> its operations (so an unfinished one reads "not implemented yet")
+OPS_USED = {}
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -277,15 +282,21 @@ assert abs(_out.data - 2.25) < 1e-12 and abs(_y.grad - (0.25 - 1 / 16)) < 1e-12
 
 # %%
 def f1(x, y):
-    """x·y·x + y³ − x/y: x feeds three products, so its gradient is a sum of three terms."""
+    """x·y·x + y³ − x/y with your mul and power: x feeds three products."""
+    minus_x_over_y = mul(mul(x, power(y, -1)), Value(-1.0))
+    return mul(mul(x, y), x) + power(y, 3) + minus_x_over_y
+
+
+def f1_torch(x, y):
+    """The same expression on tensors, for autograd."""
     return x * y * x + y**3 - x / y
 
 
 OPS_USED[f1] = (mul, power)
 check(
-    engine_grads,
-    torch_grads,
-    args=(f1, 0.7, -1.3),
+    lambda x, y: engine_grads(f1, x, y),
+    lambda x, y: torch_grads(f1_torch, x, y),
+    args=(0.7, -1.3),
     outputs=("f", "∂f/∂x", "∂f/∂y"),
     name="Exercise 1 · mul, power",
     against="autograd",
@@ -299,12 +310,20 @@ check(
 # %% [markdown]
 # ## Exercise 2 · ReLU, tanh and exp (2 points)
 #
-# **Goal:** the derivative of a nonlinearity is often cheapest from its **output**:
-# $\tanh' = 1 - \tanh^2$, $\exp' = \exp$; ReLU's is 1 where the input is positive, else 0
-# (PyTorch's choice at exactly 0 is 0).
+# **Goal:** the derivative of a nonlinearity is often cheapest from its **output**, the
+# number the forward already computed.
 #
 # Write `relu(a)`, `tanh(a)` and `exp(a)` in the same pattern (use `math.tanh`, `math.exp`),
-# with `+=` again: in `relu(x) + relu(x)` both ReLUs add their share into `x.grad`.
+# with `+=` again: in `relu(x) + relu(x)` both ReLUs add their share into `x.grad`. Derive
+# each local derivative first, and write the tanh and exp ones in terms of the output. At
+# exactly 0, take ReLU's derivative to be what PyTorch takes: 0.
+#
+# <details><summary>Hint: the three local derivatives</summary>
+#
+# $\tanh'(a) = 1 - \tanh^2(a)$, $\exp'(a) = \exp(a)$; ReLU's is 1 where the input is
+# positive, else 0.
+#
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION
@@ -314,7 +333,7 @@ import math
 
 
 def relu(a):
-    """out = max(a, 0);  ∂out/∂a = 1 if a > 0 else 0."""
+    """out = max(a, 0), with its local backward rule."""
     # BEGIN SOLUTION
     out = Value(a.data if a.data > 0 else 0.0, (a,), "relu")
 
@@ -327,7 +346,7 @@ def relu(a):
 
 
 def tanh(a):
-    """out = tanh(a);  ∂out/∂a = 1 − out²."""
+    """out = tanh(a), with its local backward rule (from the output)."""
     # BEGIN SOLUTION
     t = math.tanh(a.data)
     out = Value(t, (a,), "tanh")
@@ -341,7 +360,7 @@ def tanh(a):
 
 
 def exp(a):
-    """out = eᵃ;  ∂out/∂a = out."""
+    """out = eᵃ, with its local backward rule (from the output)."""
     # BEGIN SOLUTION
     e = math.exp(a.data)
     out = Value(e, (a,), "exp")
@@ -397,7 +416,8 @@ points: 1
 """  # END TEST CONFIG
 import math
 
-# each operation used twice on one Value: both uses add into x.grad, 2 × the local derivative
+# each operation used twice on one Value: both uses add into x.grad,
+# 2 × the local derivative
 for _op, _x0, _d in (
     (relu, 0.6, 1.0),
     (tanh, 0.3, 1 - math.tanh(0.3) ** 2),
@@ -418,32 +438,39 @@ for _op, _x0, _d in (
 
 # %% [markdown]
 # **Self-check 2** (reference: autograd on
-# $f(x, y) = 2\,\mathrm{relu}(u) + \tanh(v) + e^{\tanh(v)} + \mathrm{relu}(y + 0.2) + 2e^{x}$ with
-# $u = x + 1$, $v = x + y$, each written as two uses of the same Value (`u.relu() + u.relu()`),
-# so an `=` instead of `+=` shows; one ReLU is active and one not; it uses only `+` and your
+# $f(x, y) = 2\,\mathrm{relu}(u) + \tanh(v) + e^{\tanh(v)} + \mathrm{relu}(y + 0.2) +
+# \mathrm{relu}(y + 0.7) + 2e^{x}$ at $x = 0.5$, $y = -0.7$, with $u = x + 1$, $v = x + y$, each
+# written as two uses of the same Value (`u.relu() + u.relu()`), so an `=` instead of `+=`
+# shows; one ReLU is active, one not, and one sits at exactly 0; it uses only `+` and your
 # three functions):
 
 
 # %%
-def f2(x, y):
-    """relu(u) + relu(u) + tanh(v) + exp(tanh(v)) + relu(y + 0.2) + exp(x) + exp(x): each op used twice on one Value."""
+def f2(x, y, relu=relu, tanh=tanh, exp=exp):
+    """2 relu(u), tanh(v), exp(tanh(v)), relu(y + 0.2), relu(y + 0.7), 2 exp(x)."""
     u, v = x + 1.0, x + y
     return (
-        u.relu()
-        + u.relu()
-        + v.tanh()
-        + v.tanh().exp()
-        + (y + 0.2).relu()
-        + x.exp()
-        + x.exp()
+        relu(u)
+        + relu(u)
+        + tanh(v)
+        + exp(tanh(v))
+        + relu(y + 0.2)
+        + relu(y + 0.7)  # y + 0.7 is exactly 0 here: ReLU's derivative there is 0
+        + exp(x)
+        + exp(x)
     )
+
+
+def f2_torch(x, y):
+    """The same expression on tensors, for autograd."""
+    return f2(x, y, relu=torch.relu, tanh=torch.tanh, exp=torch.exp)
 
 
 OPS_USED[f2] = (relu, tanh, exp)
 check(
-    engine_grads,
-    torch_grads,
-    args=(f2, 0.5, -0.7),
+    lambda x, y: engine_grads(f2, x, y),
+    lambda x, y: torch_grads(f2_torch, x, y),
+    args=(0.5, -0.7),
     outputs=("f", "∂f/∂x", "∂f/∂y"),
     name="Exercise 2 · relu, tanh, exp",
     against="autograd",
@@ -477,7 +504,7 @@ check(
 
 # %%
 def topological_order(root):
-    """Every node reachable from root, each once and after all of its parents (root last)."""
+    """Every node reachable from root, once each, after all its parents (root last)."""
     # BEGIN SOLUTION
     order, seen, stack = [], set(), [(root, False)]
     while stack:
@@ -495,7 +522,7 @@ def topological_order(root):
 
 
 def backward(root):
-    """root.grad = 1, then each node's local rule, output first (reverse topological order)."""
+    """root.grad = 1, then each node's local rule, output first (reverse topo order)."""
     # BEGIN SOLUTION
     root.grad = 1.0
     for v in reversed(topological_order(root)):
@@ -569,7 +596,7 @@ assert abs(_y.grad - ((1 - _t * _t) * 0.9 + math.exp(0.6))) < 1e-12
 
 # %%
 def reachable(root):
-    """{id: node} of every node reachable from root through _parents (with a stack: no recursion)."""
+    """{id: node} of every node reachable from root (with a stack: no recursion)."""
     nodes, stack = {}, [root]
     while stack:
         v = stack.pop()
@@ -580,7 +607,7 @@ def reachable(root):
 
 
 def order_mistakes(root):
-    """(nodes missing or repeated, nodes before a parent) in the learner's topological_order(root)."""
+    """(nodes missing or repeated, nodes before a parent) in topological_order(root)."""
     order = topological_order(root)
     if order is None:
         return None
@@ -598,8 +625,18 @@ def order_mistakes(root):
     return missing_or_repeated, misplaced
 
 
+def counted(rule, calls):
+    """rule, appending to calls each time it runs."""
+
+    def run():
+        calls.append(1)
+        rule()
+
+    return run
+
+
 def order_and_grads(xs):
-    """Run the learner's topological_order and backward on micrograd graphs; count mistakes."""
+    """Run your topological_order and backward on micrograd graphs; count mistakes."""
     V = [micrograd.Value(x) for x in xs.tolist()]
     a, b, c = V
     out = ((a * b + c).tanh() * a + (b * c - a).relu() * b + (a + c).exp() * c) ** 2
@@ -613,8 +650,11 @@ def order_and_grads(xs):
         "nodes missing or repeated": sum(m[0] for m in mistakes),
         "nodes before a parent": sum(m[1] for m in mistakes),
     }
-    if backward(out) is None and out.grad == 0.0:
-        return {**counts, "gradients": None}
+    rules_run = []
+    for v in reachable(out).values():  # count the local rules your backward runs
+        v._backward = counted(v._backward, rules_run)
+    if backward(out) is None and not rules_run and out.grad == 0.0:
+        return {**counts, "gradients": None}  # nothing happened: not implemented yet
     return {
         **counts,
         "gradients": torch.tensor([v.grad for v in V], dtype=torch.float64),
@@ -653,12 +693,17 @@ check(
 #
 # Write `saved_bytes(f, inputs)`: run `f(*inputs)` inside a `saved_tensors_hooks` context
 # whose `pack(t)` records `t` and returns it unchanged (`unpack` returns what `pack`
-# returned), and return, as an `int`, the bytes of everything saved, where
+# returned), and return, as an `int`, the bytes of everything saved, under three rules:
 #
-# * a tensor's bytes are those of its whole storage, `t.untyped_storage().nbytes()` (a saved
-#   view, `W.T` or a slice, keeps all of its storage alive);
-# * each storage counts **once**, however many ops save it (key: `t.untyped_storage().data_ptr()`);
-# * storages of `inputs` count **zero**: they exist anyway; the extra memory is the activations.
+# * **whole storage**: a tensor's bytes are those of its whole storage,
+#   `t.untyped_storage().nbytes()`, not numel × element size (a saved view, `W.T` or a slice,
+#   keeps all of its storage alive);
+# * **each storage once**: a storage counts once, however many ops save it (key:
+#   `t.untyped_storage().data_ptr()`);
+# * **inputs excluded**: storages of `inputs` count zero: they exist anyway; the extra memory is
+#   the activations.
+#
+# If your total is wrong, the self-check says which of these rules it breaks.
 
 # %% [raw]
 # # BEGIN SOLUTION
@@ -666,7 +711,7 @@ check(
 
 # %%
 def saved_bytes(f, inputs):
-    """Σ storage bytes of the tensors saved for backward while f(*inputs) runs, each once, inputs excluded."""
+    """Bytes saved for backward while f(*inputs) runs, by the three rules (an int)."""
     # BEGIN SOLUTION
     seen = {t.untyped_storage().data_ptr() for t in inputs}
     total = 0
@@ -732,7 +777,8 @@ import torch
 
 from helpers.device import randn
 
-# sin saves its input, a (5, 2) slice of the (5, 6) product: the whole product's storage stays alive
+# sin saves its input, a (5, 2) slice of the (5, 6) product:
+# the whole product's storage stays alive
 _t = randn(5, 3, seed=404, dtype=torch.float64).requires_grad_()
 _W = randn(3, 6, seed=405, dtype=torch.float64).requires_grad_()
 _n = saved_bytes(lambda t, W: (t @ W)[:, :2].sin().sum(), (_t, _W))
@@ -761,7 +807,9 @@ assert isinstance(_n, int) and not isinstance(_n, bool) and _n == 4 * 3 * 4, _n
 # **Self-check 4** (reference: `helpers.memory.SavedTensors`, chapter 3's counter, on a
 # two-layer MLP with a softmax, and on a slice of a product followed by `sin` (which saves the
 # slice: a view of the whole product); `X` and the weights are inputs, so only activations
-# count; the answer must be an `int`):
+# count; the answer must be an `int`). When your two totals are wrong, it recounts the saved
+# tensors with one, two or all three rules broken and names the rules whose breaking gives
+# exactly your totals:
 
 # %%
 X4 = randn(32, 16, seed=41, device=dev)
@@ -787,21 +835,62 @@ def sliced4(X, Wa):
     return (X @ Wa.T)[:, :2].sin().sum()  # (32, 16) @ (16, 64) -> (32, 64) -> (32, 2)
 
 
+CASES4 = {
+    "bytes saved by the MLP": (mlp4, (X4, W4a, W4b)),
+    "bytes saved by sin of a slice": (sliced4, (X4, W4a)),
+}
+RULES4 = ("inputs excluded", "whole storage", "each storage once")
+
+
 def saved_bytes_cases(count):
     """count(f, inputs) on the two cases."""
-    return {
-        "bytes saved by the MLP": count(mlp4, (X4, W4a, W4b)),
-        "bytes saved by sin of a slice": count(sliced4, (X4, W4a)),
-    }
+    return {case: count(f, inputs) for case, (f, inputs) in CASES4.items()}
 
 
-check(
+def totals_breaking(f, inputs):
+    """{rules broken: the total they give} over SavedTensors' records of f(*inputs)."""
+    with (
+        SavedTensors() as saved
+    ):  # nothing excluded; "counted" = a storage's first save
+        f(*inputs)
+    # no activation here has an input's size, so a size tells an input's storage
+    input_sizes = {tensor_bytes(t) for t in inputs}
+    totals = {}
+    for broken in itertools.product((False, True), repeat=3):
+        inputs_in, view_size, every_save = broken
+        totals[broken] = sum(
+            math.prod(r["shape"]) * r["dtype"].itemsize if view_size else r["bytes"]
+            for r in saved.records
+            if (inputs_in or r["bytes"] not in input_sizes)
+            and (every_save or r["counted"])
+        )
+    return totals
+
+
+def rules_broken(got):
+    """The rules whose breaking gives exactly the totals got, or None."""
+    totals = {case: totals_breaking(f, inputs) for case, (f, inputs) in CASES4.items()}
+    for broken in itertools.product((False, True), repeat=3):
+        if any(broken) and all(got[c] == totals[c][broken] for c in CASES4):
+            return [rule for rule, b in zip(RULES4, broken) if b]
+    return None
+
+
+result = evaluate(
     lambda: saved_bytes_cases(saved_bytes),
     lambda: saved_bytes_cases(reference_saved_bytes),
     name="Exercise 4 · saved_bytes",
     against="SavedTensors",
     exact=True,
 )
+if result.status == "fail":
+    got4 = saved_bytes_cases(saved_bytes)
+    broken4 = rules_broken(got4) if all(type(n) is int for n in got4.values()) else None
+    if broken4:
+        rules = " and ".join(f"'{rule}'" for rule in broken4)
+        word = "rule" if len(broken4) == 1 else "rules"
+        result.line += f"; your totals break the {word} {rules}"
+print(result.line)
 
 # %% [markdown]
 # ## Before you hand in
