@@ -40,6 +40,8 @@ if "google.colab" in sys.modules:
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", spec], check=True)
 
 # %%
+import base64
+
 import torch
 import torch.nn.functional as F
 
@@ -54,22 +56,29 @@ dtype = torch.float64
 # %% [markdown]
 # ## The model that stopped learning
 #
-# Six blocks `Linear(32, 32) → ReLU`, then a `Linear(32, 10)` head (chapter 5's `deep_mlp`).
-# One thing went wrong when it was built. Do not go looking for it in this cell: in real life
-# the bug is in somebody else's code, and your tools must find it.
+# Six blocks `Linear(32, 32) → ReLU`, then a `Linear(32, 10)` head (chapter 5's `deep_mlp`),
+# each block's weight scaled by a gain that the colleague's calibration run produced and
+# stored (six float32 numbers, base64-encoded, as they came to you). One thing went wrong
+# when the model was built. Do not decode the gains to find it: in real life the bug hides in
+# somebody else's code or data, and your tools must find it.
 
 
 # %%
+GAINS = "CteDP4/CdT9mZoY/bxKDOkjhej9cj4I/"  # the colleague's stored per-block gains
+
+
 def colleagues_model(device=None):
     """The model that stopped learning (6 ReLU blocks of width 32, a 10-class head)."""
     model = deep_mlp(depth=6, width=32, activation="relu", seed=11, device=device)
+    gains = torch.frombuffer(bytearray(base64.b64decode(GAINS)), dtype=torch.float32)
     with torch.no_grad():
-        model.blocks[3].linear.weight.mul_(1e-3)
+        for block, gain in zip(model.blocks, gains.tolist()):
+            block.linear.weight.mul_(gain)
     return model
 
 
 def layer_names(model):
-    """The names of the model's leaf modules (those without children), in forward order."""
+    """The names of the model's leaf modules (without children), in forward order."""
     return [
         name for name, m in model.named_modules() if name and not list(m.children())
     ]
@@ -88,15 +97,26 @@ print(layer_names(model))
 # %% [markdown]
 # ## Exercise 1 · The cross-entropy gradient, smoothed and masked (2 points)
 #
-# **Goal:** the gradient of mean cross-entropy w.r.t. the logits is $(\mathrm{softmax}(z) -
-# q)/N$; label smoothing changes the target $q$, `ignore_index` removes rows.
+# **Goal:** derive the gradient of mean cross-entropy w.r.t. the logits, then see what label
+# smoothing (a softer target) and `ignore_index` (rows left out) change in it.
 #
 # Write `ce_grad(logits, target, ignore_index=-100, label_smoothing=0.0)` for `logits` (R, C),
 # int64 `target` (R,): return ∂L/∂logits (R, C) for
 # `L = F.cross_entropy(logits, target, ignore_index=..., label_smoothing=ε)`, where
-# * row $r$ is kept unless `target[r] == ignore_index`; $N$ = number of kept rows;
-# * kept rows: $q = (1 - \varepsilon)\,\text{one-hot}(t_r) + \varepsilon / C$ and the gradient is
-#   $(\mathrm{softmax}(z_r) - q)/N$; ignored rows: exactly 0.
+# * row $r$ is kept unless `target[r] == ignore_index`; $L$ is the mean over the $N$ kept rows
+#   of $-\sum_c q_c \log \mathrm{softmax}(z_r)_c$;
+# * a kept row's target distribution is $q = (1 - \varepsilon)\,\text{one-hot}(t_r) +
+#   \varepsilon / C$; ignored rows contribute nothing, so their gradient is exactly 0.
+#
+# Derive $\partial L/\partial z_r$ for a kept row first (write $\log\mathrm{softmax}$ out and
+# use $\sum_c q_c = 1$). The self-check tests the plain loss, then label smoothing, then
+# ignored rows, so the first ✗ tells you which part of your derivation is off.
+#
+# <details><summary>Hint: the gradient</summary>
+#
+# For a kept row, $\partial L/\partial z_r = (\mathrm{softmax}(z_r) - q)/N$; for an ignored row, 0.
+#
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION
@@ -104,7 +124,7 @@ print(layer_names(model))
 
 # %%
 def ce_grad(logits, target, ignore_index=-100, label_smoothing=0.0):
-    """∂L/∂z = (softmax(z) − q)/N on kept rows (q = (1 − ε)·one-hot + ε/C), 0 on ignored rows."""
+    """∂L/∂logits of mean cross-entropy, label smoothing ε, ignored rows left out."""
     # BEGIN SOLUTION
     R, C = logits.shape
     keep = target != ignore_index  # (R,)
@@ -167,24 +187,39 @@ assert torch.allclose(_g, _ref, atol=1e-12) and torch.equal(
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 1** (reference: autograd through `F.cross_entropy` with `label_smoothing=0.1`
-# and two rows ignored):
+# **Self-check 1** (reference: autograd through `F.cross_entropy` on 8 rows of 5 classes,
+# three times: plain, with `label_smoothing=0.1`, then with two rows ignored too):
 
 # %%
 z1 = randn(8, 5, seed=1, dtype=dtype, device=dev) * 2
+t1_all = torch.tensor([4, 0, 1, 2, 2, 3, 1, 3], device=dev)
 t1 = torch.tensor([4, 0, -100, 2, 2, -100, 1, 3], device=dev)
-(expected,) = autograd_grads(
-    lambda z: F.cross_entropy(z, t1, label_smoothing=0.1), (z1,)
-)
-check(
-    ce_grad,
-    expected,
-    args=(z1, t1),
-    kwargs={"label_smoothing": 0.1},
-    outputs=("grad_logits",),
-    name="Exercise 1 · ce_grad",
-    against="autograd",
-)
+
+
+def ce_factors(target):
+    """Constants a mean can get wrong: N kept rows, and N/R when rows are ignored."""
+    N, R = int((target != -100).sum()), target.numel()
+    return {"N": N} if N == R else {"N": N, "N/R": N / R}
+
+
+for what, target, eps in (
+    ("plain", t1_all, 0.0),
+    ("label_smoothing 0.1", t1_all, 0.1),
+    ("label_smoothing 0.1, 2 rows ignored", t1, 0.1),
+):
+    (expected,) = autograd_grads(
+        lambda z: F.cross_entropy(z, target, label_smoothing=eps), (z1,)
+    )
+    check(
+        ce_grad,
+        expected,
+        args=(z1, target),
+        kwargs={"label_smoothing": eps},
+        outputs=("grad_logits",),
+        name=f"Exercise 1 · ce_grad ({what})",
+        against="autograd",
+        factors=ce_factors(target),
+    )
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -204,7 +239,13 @@ check(
 # output; the tensor hook stores `grad.norm().item()` under the module's **name**. Then run
 # `L = F.cross_entropy(model(X), y)` and `L.backward()`, remove every hook you registered (even if
 # something raised: `try`/`finally`), and return the dict `{name: ‖∂L/∂output‖}`.
-# Hint: a closure in a loop must capture the name as a default argument, `def hook(m, i, o, name=name)`.
+#
+# <details><summary>Hint: every entry lands under the last name</summary>
+#
+# A closure made in a loop reads the loop variable when it runs, not when it was made: capture
+# the name as a default argument, `def hook(m, i, o, name=name)`.
+#
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION
@@ -212,7 +253,7 @@ check(
 
 # %%
 def record_output_grad_norms(model, X, y):
-    """{leaf module name: ‖∂L/∂(its output)‖} for L = cross_entropy(model(X), y); no hook left behind."""
+    """{leaf module name: ‖∂L/∂(its output)‖}, L = cross_entropy(model(X), y)."""
     # BEGIN SOLUTION
     norms, handles = {}, []
     modules = dict(model.named_modules())
@@ -365,7 +406,7 @@ print(result.line)
 
 # %%
 def steepest_drop(norms, names):
-    """The layer names[i] (i ≥ 1) with the smallest norms[names[i-1]] / norms[names[i]]."""
+    """names[i] (i ≥ 1) with the smallest norms[names[i-1]] / norms[names[i]]."""
     # BEGIN SOLUTION
     ratios = {
         names[i]: norms[names[i - 1]] / norms[names[i]] for i in range(1, len(names))
@@ -388,6 +429,9 @@ _n = {"a": 1e-3, "b": 2e-3, "c": 1.0, "d": 1.4, "e": 0.9}
 assert steepest_drop(_n, ["a", "b", "c", "d", "e"]) == "c"
 # ratios: y 5.0, z 2.0
 assert steepest_drop({"x": 5.0, "y": 1.0, "z": 0.5}, ["x", "y", "z"]) == "z"
+# ratios: q 0.25, r 0.02, s 0.4 (the largest difference is at s)
+_n = {"p": 1.0, "q": 4.0, "r": 200.0, "s": 500.0}
+assert steepest_drop(_n, ["p", "q", "r", "s"]) == "r"
 
 # %%
 """ # BEGIN TEST CONFIG
@@ -410,25 +454,30 @@ assert (
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 3** (on a made-up profile; reference: the layer where the profile was built to
-# collapse):
+# **Self-check 3** (on three made-up profiles; reference: the layer each was built to
+# collapse at, or, in the third, the layer with the smallest ratio of a profile with no
+# collapse at all):
 
 # %%
-profile = {
-    "in": 0.02,
-    "in.act": 0.03,
-    "mid": 0.05,
-    "mid.act": 40.0,
-    "out": 55.0,
-    "out.act": 60.0,
+profiles = {
+    "a collapse": {
+        "in": 0.02,
+        "in.act": 0.03,
+        "mid": 0.05,
+        "mid.act": 40.0,
+        "out": 55.0,
+        "out.act": 60.0,
+    },
+    # the largest drop in absolute terms is at d, the largest ratio at c
+    "large norms": {"a": 1.0, "b": 3.0, "c": 100.0, "d": 300.0},
+    # the gradient shrinks towards the output: still, only i ≥ 1 has a ratio
+    "no collapse": {"a": 8.0, "b": 2.0, "c": 1.5, "d": 0.1},
 }
 check(
-    steepest_drop,
-    "mid.act",
-    args=(profile, list(profile)),
-    outputs=("the layer returned",),
+    lambda: {k: steepest_drop(p, list(p)) for k, p in profiles.items()},
+    {"a collapse": "mid.act", "large norms": "c", "no collapse": "c"},
     name="Exercise 3 · steepest_drop",
-    against="the profile's collapse",
+    against="the profiles' collapse",
 )
 
 # %% [markdown]
@@ -464,7 +513,7 @@ print("broken layer:", broken)
 
 # %%
 def clip_by_global_norm(params, max_norm):
-    """‖g‖ = √Σ‖g_p‖²; if ‖g‖ > max_norm scale every g_p by max_norm / (‖g‖ + 1e-6) in place; return ‖g‖."""
+    """‖g‖ = √Σ‖g_p‖²; above max_norm, g_p *= max_norm / (‖g‖ + 1e-6); return ‖g‖."""
     # BEGIN SOLUTION
     grads = [p.grad for p in params if p.grad is not None]
     total = torch.sqrt(sum((g.double() ** 2).sum() for g in grads))
@@ -523,9 +572,9 @@ _tot = clip_by_global_norm([_a, _b], 10.0)
 assert abs(float(_tot) - 0.5) < 1e-12 and torch.equal(_a.grad, _g0) and _b.grad is None
 _grad_obj = _a.grad
 _ = clip_by_global_norm([_a, _b], 0.25)
-# in place
+# in place, and the 1e-6 in the denominator (a relative 2e-6 here: rtol 0)
 assert _a.grad is _grad_obj and torch.allclose(
-    _a.grad, _g0 * 0.25 / (0.5 + 1e-6), atol=1e-12
+    _a.grad, _g0 * 0.25 / (0.5 + 1e-6), atol=1e-12, rtol=0
 )
 
 # %% [raw]
@@ -536,33 +585,43 @@ assert _a.grad is _grad_obj and torch.allclose(
 
 # %% [markdown]
 # **Self-check 4** (reference: `torch.nn.utils.clip_grad_norm_` on copies of the colleague's
-# model's gradients, with `max_norm = 0.05`, below their norm so clipping happens; then it
-# checks that every `.grad` is still the same tensor, scaled in place):
+# model's gradients, with `max_norm = 0.05`, below their norm so clipping happens, with
+# `max_norm = 100`, above it, and on the gradients × 1e-4 with `max_norm = 1e-6`, where the
+# 1e-6 in the denominator matters; then it checks that every `.grad` is still the same
+# tensor, scaled in place):
 
 
 # %%
-def copies():
-    """Copies of the model's parameters, each with a copy of its gradient."""
+def copies(scale=1.0):
+    """Copies of the model's parameters, each with a copy of its gradient × scale."""
     params = [p.detach().clone().requires_grad_() for p in model.parameters()]
     for q, p in zip(params, model.parameters()):
-        q.grad = p.grad.detach().clone()
+        q.grad = p.grad.detach().clone() * scale
     return params
 
 
-def clip_copies(clip_fn, max_norm):
-    """Clip copies of the model's gradients with clip_fn: (‖g‖, every grad after)."""
-    params = copies()
-    total = clip_fn(params, max_norm)
-    if total is None:
-        return None
-    return {
-        "total norm": torch.as_tensor(float(total), dtype=dtype),
-        "clipped grads": torch.cat([q.grad.reshape(-1) for q in params]),
-    }
+SETTINGS4 = {  # name: (gradients ×, max_norm)
+    "max_norm 0.05": (1.0, 0.05),
+    "max_norm 100": (1.0, 100.0),
+    "grads × 1e-4, max_norm 1e-6": (1e-4, 1e-6),
+}
+
+
+def clip_copies(clip_fn):
+    """Clip copies of the model's gradients with clip_fn: ‖g‖ and every grad after."""
+    out = {}
+    for what, (scale, max_norm) in SETTINGS4.items():
+        params = copies(scale)
+        total = clip_fn(params, max_norm)
+        if total is None:
+            return None
+        out[f"total norm ({what})"] = torch.as_tensor(float(total), dtype=dtype)
+        out[f"grads ({what})"] = torch.cat([q.grad.reshape(-1) for q in params])
+    return out
 
 
 def grads_replaced(clip_fn, max_norm):
-    """How many .grad tensors clip_fn replaced by new ones instead of scaling them in place."""
+    """How many .grad tensors clip_fn replaced instead of scaling them in place."""
     params = copies()
     before = [q.grad for q in params]
     clip_fn(params, max_norm)
@@ -573,12 +632,13 @@ model.zero_grad(set_to_none=True)
 F.cross_entropy(model(X), y).backward()
 result = evaluate(
     clip_copies,
-    lambda fn, m: clip_copies(torch.nn.utils.clip_grad_norm_, m),
-    args=(clip_by_global_norm, 0.05),
+    lambda fn: clip_copies(torch.nn.utils.clip_grad_norm_),
+    args=(clip_by_global_norm,),
     name="Exercise 4 · clip_by_global_norm",
     against="clip_grad_norm_",
-    atol=1e-7,
+    atol=1e-12,
     rtol=1e-5,
+    noun="results",
 )
 if result:
     what = "gradients replaced by new tensors instead of scaled in place"
