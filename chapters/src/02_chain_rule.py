@@ -27,6 +27,7 @@ if "google.colab" in sys.modules:
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", spec], check=True)
 
 # %%
+import textwrap
 import warnings
 
 import torch
@@ -406,11 +407,13 @@ with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     ok32 = gradcheck(lambda t: (t**3).sum(), (t32,), raise_exception=False)
 print("gradcheck, t³ in float32:", ok32)
-print("warning:", str(caught[0].message).split(".")[0] + ".")
+first_sentence = str(caught[0].message).split(".")[0] + "."
+print(textwrap.fill(f"warning: {first_sentence}", 88, subsequent_indent="  "))
 
 
 # A custom autograd.Function: forward computes, setup_context saves what backward needs,
-# backward returns the input's gradient. Chapter 4 explains this form; here we only break it.
+# backward returns the input's gradient. Chapter 4 explains this form; here we only
+# break it.
 class CubeWrongBackward(torch.autograd.Function):
     """y = t³ with a deliberately wrong backward (3t instead of 3t²)."""
 
@@ -555,7 +558,7 @@ compare(
 (grad_mse_mean,) = torch.autograd.grad(torch.nn.functional.mse_loss(X @ W.T, T), W)
 print(f"B = {B}; mse_loss(reduction='mean') divides by T.numel() = {T.numel()}")
 _ = compare(
-    "mse_loss 'mean' grad = Σ per-sample grads / T.numel()",
+    "mse 'mean' grad = Σ per-sample / T.numel()",
     grad_mse_mean,
     sum_of_per_sample / T.numel(),
 )
@@ -629,9 +632,7 @@ for shape in [(3,), (1, 3), (4, 1), (1, 1)]:
     c = randn(*shape, seed=42, dtype=f64, device=dev, requires_grad=True)
     (ref,) = torch.autograd.grad(X + c, c, grad_outputs=G)  # c broadcast to (4, 3)
     ours = unbroadcast(G, shape)
-    compare(
-        f"c {shape}: unbroadcast vs autograd, grad shape {tuple(ours.shape)}", ours, ref
-    )
+    compare(f"c {shape}: unbroadcast vs autograd, grad {tuple(ours.shape)}", ours, ref)
 show(
     "G.sum(0, keepdim=True)  (gradient of c of shape (1, 3))", G.sum(0, keepdim=True), 6
 )
