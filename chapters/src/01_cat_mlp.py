@@ -162,7 +162,7 @@ grad_a = W2.T @ grad_y_hat  # (2, 1) @ (1,) -> (2,): the transpose of the forwar
 show("grad_a = dL/da", grad_a, 8)
 
 # %% [markdown]
-# **Step 4 — through the ReLU.** The {term}`activation` has $\mathrm{ReLU}'(h) = 1$ where $h > 0$ and $0$ where $h \le 0$,
+# **Step 4 — through the ReLU.** $\mathrm{ReLU}'(h) = 1$ where $h > 0$ and $0$ where $h \le 0$,
 # so the gradient is multiplied elementwise ($\odot$) by that 0/1 mask:
 #
 # $$\frac{\partial L}{\partial h} = \frac{\partial L}{\partial a} \odot \mathbb{1}[h > 0].$$
