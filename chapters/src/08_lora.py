@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 8. LoRA from the gradient up
 #
-# LoRA (low-rank adaptation) fine-tunes a big frozen weight matrix $W$ by learning a small
+# {term}`LoRA` (low-rank adaptation) fine-tunes a big frozen {term}`weight` matrix $W$ by learning a small
 # correction next to it:
 #
 # $$\begin{gathered}
@@ -22,10 +22,10 @@
 # 3. explain what a frozen base (`requires_grad=False`) does and does not save, and measure it;
 # 4. explain why $B = 0$ makes the adapted model start equal to the base, why then
 #    $\partial L/\partial A = 0$ at step 0, and what the other initialisations do;
-# 5. say how $\alpha/r$ (and rsLoRA's $\alpha/\sqrt r$) interacts with the learning rate when $r$
+# 5. say how $\alpha/r$ (and rsLoRA's $\alpha/\sqrt r$) interacts with the {term}`learning rate` when $r$
 #    changes, and merge an adapter into $W$ for inference;
 # 6. put adapters on the Q and V projections of a Transformer and compare LoRA with full
-#    fine-tuning in loss, parameters, optimizer memory and time.
+#    fine-tuning in loss, parameters, {term}`optimizer` memory and time.
 #
 # The starting point is seed 003, a Chinese blog post that derives LoRA's gradients inside a
 # hand-written Transformer backward. Its formulas are right; several of its statements and code
@@ -282,7 +282,7 @@ _ = compare(
 
 # %%
 def two_layers(mode):
-    """Linear → GELU → Linear (256 wide): 'trainable', 'frozen' or 'lora' (frozen + r=8 adapters)."""
+    """Linear → GELU → Linear, 256 wide: 'trainable', 'frozen' or 'lora' (+ r=8 adapters)."""
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 256)).to(dev)
     if mode != "trainable":
@@ -457,9 +457,10 @@ for name, (A0, B0) in inits.items():
         L.backward()
         opt.step()
         curves[name].append(L.item())
+    both_zero = bool(lora.lora_A.abs().max() == 0 and lora.lora_B.abs().max() == 0)
     print(
         f"{name:36s} loss {fmt(curves[name][0], 4)} -> {fmt(curves[name][-1], 4)};"
-        f" still A = B = 0: {bool(lora.lora_A.abs().max() == 0 and lora.lora_B.abs().max() == 0)}"
+        f" still A = B = 0: {both_zero}"
     )
 
 fig, ax = plt.subplots(figsize=(6, 3))
@@ -467,7 +468,7 @@ for name, c in curves.items():
     ax.plot(c, label=name, lw=2, ls="--" if "= 0, B = 0" in name else "-")
 ax.set_xlabel("Adam step")
 ax.set_ylabel("MSE to the teacher")
-ax.legend(fontsize=8)
+ax.legend(fontsize=9)
 fig.tight_layout()
 plt.show()
 
@@ -525,7 +526,7 @@ for (rs, steps), row in dW.items():
     )
 ax.set_xlabel("rank r")
 ax.set_ylabel("‖ΔW‖ after Adam steps")
-ax.legend(fontsize=8)
+ax.legend(fontsize=9)
 fig.tight_layout()
 plt.show()
 
@@ -607,10 +608,11 @@ logits_base = gpt(probe)
 gpt_qv = copy.deepcopy(gpt)
 add_lora_attention(gpt_qv, r=4, alpha=16.0, targets=("q", "v"))
 print(gpt_qv.blocks[0].self_attn)
-_ = compare(
-    "TinyGPT with Q/V adapters vs TinyGPT at init (fp32)", gpt_qv(probe), logits_base
-)
-print("trainable:", [n for n, p in gpt_qv.named_parameters() if p.requires_grad])
+_ = compare("TinyGPT with Q/V adapters vs without, at init", gpt_qv(probe), logits_base)
+print("trainable:")
+for pname, param in gpt_qv.named_parameters():
+    if param.requires_grad:
+        print("  ", pname)
 
 # %% [markdown]
 # The split attention calls `F.scaled_dot_product_attention` where `nn.MultiheadAttention`
@@ -628,7 +630,7 @@ print("trainable:", [n for n, p in gpt_qv.named_parameters() if p.requires_grad]
 
 # %%
 def fine_tune(model, data, steps, lr, seed, desc):
-    """Adam on model's trainable parameters, lm_loss on 16 random windows per step (step s: seed + s)."""
+    """Adam on the trainable parameters, lm_loss on 16 windows per step (seed + s)."""
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
     # idx, targets (16, n_ctx)
     batch_at = lambda s: get_batch(data, 16, cfg.n_ctx, seed=seed + s, device=dev)
@@ -708,16 +710,19 @@ for name, model in models.items():
 
 # %%
 print(
-    f"{'':10s} {'trainable':>10s} {'of total':>9s} {'grad bytes':>11s} {'Adam state':>11s}  held-out loss"
+    f"{'':10s} {'trainable':>10s} {'of total':>9s} {'grad bytes':>11s}"
+    f" {'Adam state':>11s}  held-out loss"
 )
 table = {}
 for name, model in models.items():
     c = parameter_counts(model)
     held = eval_lm(model, ft_held, n_ctx=cfg.n_ctx)
     table[name] = (c, held)
+    share = fmt(100 * c["trainable"] / c["total"], 1)
+    adam_bytes = fmt_bytes(optimizer_state_bytes(runs[name]["optimizer"]))
     print(
-        f"{name:10s} {c['trainable']:>10d} {fmt(100 * c['trainable'] / c['total'], 1):>8s}%"
-        f" {fmt_bytes(c['trainable_bytes']):>11s} {fmt_bytes(optimizer_state_bytes(runs[name]['optimizer'])):>11s}"
+        f"{name:10s} {c['trainable']:>10d} {share:>8s}%"
+        f" {fmt_bytes(c['trainable_bytes']):>11s} {adam_bytes:>11s}"
         f"  {fmt(held, 2)}"
     )
 show(
@@ -745,7 +750,7 @@ ax.axhline(
 )
 ax.set_xlabel("fine-tuning step")
 ax.set_ylabel("training loss (running mean of 10)")
-ax.legend(fontsize=8)
+ax.legend(fontsize=9)
 fig.tight_layout()
 plt.show()
 
@@ -768,7 +773,7 @@ plt.show()
 
 # %%
 sd = lora_state_dict(models["LoRA Q,V"])
-print("adapter state dict:", list(sd)[:4], "...")
+print("adapter state dict:", *list(sd)[:4], "...", sep="\n  ")
 print(
     "adapter bytes:",
     fmt_bytes(sum(t.numel() * t.element_size() for t in sd.values())),
@@ -819,7 +824,8 @@ reference = {"full": runs["full"]["losses"], "LoRA all": runs["LoRA all"]["losse
 
 # %%
 print(
-    f"{'r':>3s} {'α':>5s} {'α/r':>6s} {'trainable':>10s} {'Adam state':>11s}  loss, last 10 steps"
+    f"{'r':>3s} {'α':>5s} {'α/r':>6s} {'trainable':>10s} {'Adam state':>11s}"
+    "  loss, last 10 steps"
 )
 for rk, a in sorted(precomputed, key=lambda k: (k[1], k[0])):
     run = precomputed[(rk, a)]
