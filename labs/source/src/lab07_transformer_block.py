@@ -31,9 +31,9 @@
 #   `nn.TransformerEncoderLayer`'s names.
 #
 # You may use the tested helpers of earlier chapters for the pieces they already taught:
-# `linear_backward(X, W, grad_Y)` (chapter 2), `gelu_backward` (chapter 4), `attention_backward`,
-# `split_heads`, `merge_heads` (chapter 6), and every forward function. The backward of this
-# chapter's new pieces is yours.
+# `linear_backward(X, W, grad_Y, needs)` (chapter 2, `helpers.numgrad`; `needs` is optional),
+# `gelu_backward` (chapter 4), `attention_backward`, `split_heads`, `merge_heads` (chapter 6),
+# and every forward function. The backward of this chapter's new pieces is yours.
 #
 # **How a lab works.** Each exercise states its goal and its points (10 in all). Replace every
 # `...` with your code, keep the function names and signatures, then run the **self-check**
@@ -92,7 +92,16 @@ dtype = torch.float64  # tight comparisons: the two sides only round differently
 # Write `layernorm_backward(x, mu, rstd, weight, grad_y)` for `x` of shape `(..., D)`, `mu` and
 # `rstd` $= 1/\sigma$ of shape `(..., 1)` (what `helpers.functions.layernorm_forward` returns),
 # `weight` $\gamma$ of shape `(D,)` and `grad_y` $= \partial L/\partial y$ like `x`. Return
-# `(grad_x, grad_weight, grad_bias)`: with $g = \partial L/\partial y \odot \gamma$,
+# `(grad_x, grad_weight, grad_bias)`. Derive $\partial L/\partial x$ yourself, one path at a
+# time: the direct path (μ and σ held fixed), the path through μ, the path through σ
+# (chapter 7 did it for one row; $\sum_i \hat x_i = 0$ and $\sum_i \hat x_i^2 = D$ simplify it).
+# The parameter gradients sum over every row ("rows" = every leading dim, so `x` may be
+# `(B, N, D)` and the parameter gradients are `(D,)`). When `grad_x` is wrong, the
+# self-check says which path is missing.
+#
+# <details><summary>Hint: the formulas (check your derivation against them)</summary>
+#
+# With $g = \partial L/\partial y \odot \gamma$ and means along the last dim:
 #
 # $$\begin{gathered}
 # \frac{\partial L}{\partial x} = \frac{1}{\sigma}\Big(g - \underbrace{\mathrm{mean}(g)}_{\text{through }\mu}
@@ -101,8 +110,7 @@ dtype = torch.float64  # tight comparisons: the two sides only round differently
 # \frac{\partial L}{\partial \beta} = \sum_{\text{rows}} \frac{\partial L}{\partial y}
 # \end{gathered}$$
 #
-# (means along the last dim with `keepdim=True`; "rows" = every leading dim, so `x` may be
-# `(B, N, D)` and the parameter gradients are `(D,)`).
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION
@@ -110,7 +118,7 @@ dtype = torch.float64  # tight comparisons: the two sides only round differently
 
 # %%
 def layernorm_backward(x, mu, rstd, weight, grad_y):
-    """g = grad_y·γ: grad_x = (1/σ)(g − mean(g) − x̂·mean(g·x̂)), grad_γ = Σ grad_y·x̂, grad_β = Σ grad_y."""
+    """y = γ·(x − μ)·rstd + β  ⇒  (grad_x, grad_weight, grad_bias), μ, rstd saved."""
     # BEGIN SOLUTION
     x_hat = (x - mu) * rstd  # (..., D)
     g = grad_y * weight  # (..., D)
@@ -164,7 +172,8 @@ import torch
 from helpers.device import randn
 from helpers.functions import layernorm_forward as _lnf
 
-# 2-D input, a large eps (so σ ≠ std): μ and 1/σ must come from the arguments, not be recomputed
+# 2-D input, a large eps (so σ ≠ std): μ and 1/σ must come from the arguments,
+# not be recomputed
 _x = randn(5, 4, seed=105, dtype=torch.float64)
 _w, _b = (
     randn(4, seed=106, dtype=torch.float64),
@@ -195,7 +204,9 @@ assert torch.allclose(_gx.sum(-1), torch.zeros(5, dtype=torch.float64), atol=1e-
 # %% [markdown]
 # **Self-check 1** (reference: autograd through `F.layer_norm` on `x` (2, 4, 6), $\gamma \ne 1$,
 # $\beta \ne 0$, `eps` 1e-5 as in `nn.LayerNorm`, then a large `eps` 0.5; μ and 1/σ from
-# `layernorm_forward`):
+# `layernorm_forward`). It also gets autograd's share of `grad_x` along each path, from a
+# LayerNorm written with μ or σ detached (held constant), so a ✗ can say which path your
+# `grad_x` is missing:
 
 # %%
 x1 = randn(2, 4, 6, seed=1, dtype=dtype, device=dev) * 2 + 1
@@ -203,6 +214,32 @@ w1 = 1 + 0.3 * randn(6, seed=2, dtype=dtype, device=dev)
 b1 = 0.5 * randn(6, seed=3, dtype=dtype, device=dev)
 grad_y1 = randn(2, 4, 6, seed=4, dtype=dtype, device=dev)
 _, mu1, rstd1 = layernorm_forward(x1, w1, b1)
+
+
+def layernorm_held(x, w, b, eps, hold_mu, hold_sigma):
+    """LayerNorm with μ and/or σ detached: autograd skips the paths through them."""
+    mu = x.mean(-1, keepdim=True)
+    rstd = torch.rsqrt(((x - mu) ** 2).mean(-1, keepdim=True) + eps)
+    mu = mu.detach() if hold_mu else mu
+    rstd = rstd.detach() if hold_sigma else rstd
+    return (x - mu) * rstd * w + b
+
+
+def grad_x_paths(eps):
+    """Autograd's grad_x1 along the path through μ and the path through σ."""
+    g = {
+        held: autograd_grads(
+            lambda x: layernorm_held(x, w1, b1, eps, *held), (x1,), grad_y1
+        )[0]
+        for held in ((True, True), (False, True), (False, False))
+    }
+    return {
+        "the path through μ": g[False, True] - g[True, True],
+        "the path through σ": g[False, False] - g[False, True],
+    }
+
+
+rows1 = x1.numel() // x1.shape[-1]  # parameter gradients sum over B·N rows
 expected = autograd_grads(
     lambda x, w, b: F.layer_norm(x, (6,), w, b, 1e-5), (x1, w1, b1), grad_y1
 )
@@ -213,8 +250,11 @@ check(
     outputs=("grad_x", "grad_weight", "grad_bias"),
     name="Exercise 1 · layernorm_backward",
     against="autograd",
+    factors={"rows": rows1},
+    terms={"grad_x": grad_x_paths(1e-5)},
 )
-# the same with eps = 0.5: your backward must use the saved μ and 1/σ, not recompute them
+# the same with eps = 0.5: your backward must use the saved μ and 1/σ,
+# not recompute them
 _, mu1b, rstd1b = layernorm_forward(x1, w1, b1, eps=0.5)
 expected_b = autograd_grads(
     lambda x, w, b: F.layer_norm(x, (6,), w, b, 0.5), (x1, w1, b1), grad_y1
@@ -226,6 +266,8 @@ check(
     outputs=("grad_x", "grad_weight", "grad_bias"),
     name="Exercise 1 · layernorm_backward, eps 0.5",
     against="autograd",
+    factors={"rows": rows1},
+    terms={"grad_x": grad_x_paths(0.5)},
 )
 
 # %% [raw]
@@ -238,7 +280,11 @@ check(
 # ## Exercise 2 · The FFN backward: Linear → activation → Linear (2 points)
 #
 # **Goal:** chapter 4's pieces in reverse order. With $U = h W_1^\top + b_1$, $a = \mathrm{act}(U)$
-# and $F = a W_2^\top + b_2$ ($W_1$ is `(d_ff, d)`, $W_2$ is `(d, d_ff)`, `nn.Linear`'s layout):
+# and $F = a W_2^\top + b_2$ ($W_1$ is `(d_ff, d)`, $W_2$ is `(d, d_ff)`, `nn.Linear`'s layout),
+# derive the gradient of each of the three steps, last step first; check every product's
+# shape against the layout.
+#
+# <details><summary>Hint: the three steps backward</summary>
 #
 # | step | forward | backward |
 # | --- | --- | --- |
@@ -246,8 +292,10 @@ check(
 # | 2 | $a = \mathrm{act}(U)$ | $dU = da \odot \mathrm{act}'(U)$ |
 # | 3 | $U = hW_1^\top + b_1$ | $dh = dU\,W_1$, $\;dW_1 = dU^\top h$, $\;db_1 = \sum dU$ |
 #
-# where the weight and bias gradients sum over **every row**: flatten all leading dims to
-# `(R, ·)` first (`h` may be `(B, N, d)` or `(R, d)`).
+# </details>
+#
+# The weight and bias gradients sum over **every row**: flatten all leading dims to
+# `(R, ·)` first (`h` may be `(B, N, d)` or `(R, d)`): a mean there shows as a factor R.
 #
 # Write `ffn_backward(h, W1, b1, W2, b2, grad_F, activation="relu")` returning
 # `(grad_h, grad_W1, grad_b1, grad_W2, grad_b2)`. It gets no cache: recompute $U$ and $a$ from
@@ -383,6 +431,7 @@ for act, act_fn in (("relu", F.relu), ("gelu", F.gelu)):
         outputs=("grad_h", "grad_W1", "grad_b1", "grad_W2", "grad_b2"),
         name=f"Exercise 2 · ffn_backward ({act})",
         against="autograd",
+        factors={"rows": 2 * 5},  # weight and bias gradients sum over B·N rows
     )
 
 # %% [raw]
@@ -419,7 +468,7 @@ for act, act_fn in (("relu", F.relu), ("gelu", F.gelu)):
 
 # %%
 def ffn_sublayer_backward(X1, mu2, rstd2, params, grad_Y, activation="relu"):
-    """Y = X1 + FF(LN2(X1))  ⇒  grad_X1 = grad_Y (skip) + LN2ᵀ(FFᵀ(grad_Y)) (branch), and the six parameter grads."""
+    """Y = X1 + FF(LN2(X1))  ⇒  {"X1": ∂L/∂X1, name: ∂L/∂θ for the six parameters}."""
     # BEGIN SOLUTION
     p = params
     # (B, N, d), recomputed
@@ -553,10 +602,11 @@ assert torch.allclose(_ours["X1"], _gY, atol=1e-14)
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 3** (reference: autograd through `X1 + FF(F.layer_norm(X1))`, ReLU, on `X1`
-# (2, 5, 8) with `d_ff` 16; the dict is compared key by key in the order backward computes them,
+# **Self-check 3** (reference: autograd through `X1 + FF(F.layer_norm(X1))`, ReLU then GELU,
+# on `X1` (2, 5, 8) with `d_ff` 16; the dict is compared key by key in the order backward computes them,
 # so the first gradient named wrong is where your backward first goes off; forgetting the skip
-# path shows up as `X1 is wrong` while the six parameter gradients already match):
+# path shows up as `X1 matches the expected value minus the skip path` while the six parameter
+# gradients already match):
 
 # %%
 NAMES3 = (
@@ -575,41 +625,47 @@ _, mu2_3, rstd2_3 = layernorm_forward(
 )
 
 
-def ffn_sublayer_reference(X1, g2, be2, W1, b1, W2, b2):
+def ffn_sublayer_reference(X1, g2, be2, W1, b1, W2, b2, act=F.relu):
     """Y = X1 + FF(LN2(X1)) with torch's own functions (autograd's reference)."""
+    d = X1.shape[-1]
     return X1 + F.linear(
-        F.relu(F.linear(F.layer_norm(X1, (8,), g2, be2, 1e-5), W1, b1)), W2, b2
+        act(F.linear(F.layer_norm(X1, (d,), g2, be2, 1e-5), W1, b1)), W2, b2
     )
 
 
-grads3 = dict(
-    zip(
-        ("X1", *NAMES3),
-        autograd_grads(
-            ffn_sublayer_reference, (X1_3, *(params3[n] for n in NAMES3)), grad_Y3
-        ),
+for act, act_fn in (("relu", F.relu), ("gelu", F.gelu)):
+    grads3 = dict(
+        zip(
+            ("X1", *NAMES3),
+            autograd_grads(
+                lambda X1, *theta: ffn_sublayer_reference(X1, *theta, act=act_fn),
+                (X1_3, *(params3[n] for n in NAMES3)),
+                grad_Y3,
+            ),
+        )
     )
-)
-# in the order backward computes them: the first one named wrong is where your backward first goes off
-expected = {
-    k: grads3[k]
-    for k in (
-        "linear2.weight",
-        "linear2.bias",
-        "linear1.weight",
-        "linear1.bias",
-        "norm2.weight",
-        "norm2.bias",
-        "X1",
+    # in the order backward computes them: the first one named wrong is where your
+    # backward first goes off
+    expected = {
+        k: grads3[k]
+        for k in (
+            "linear2.weight",
+            "linear2.bias",
+            "linear1.weight",
+            "linear1.bias",
+            "norm2.weight",
+            "norm2.bias",
+            "X1",
+        )
+    }
+    check(
+        ffn_sublayer_backward,
+        expected,
+        args=(X1_3, mu2_3, rstd2_3, params3, grad_Y3, act),
+        name=f"Exercise 3 · ffn_sublayer_backward ({act})",
+        against="autograd",
+        terms={"X1": {"the skip path (grad_Y)": grad_Y3}},
     )
-}
-check(
-    ffn_sublayer_backward,
-    expected,
-    args=(X1_3, mu2_3, rstd2_3, params3, grad_Y3),
-    name="Exercise 3 · ffn_sublayer_backward",
-    against="autograd",
-)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -637,7 +693,7 @@ check(
 
 # %%
 def embedding_backward(idx, grad_X0, vocab_size, n_ctx):
-    """X0 = wte[idx] + wpe[:N]  ⇒  grad_wte = scatter-add of grad_X0's rows at idx, grad_wpe[:N] = Σ_batch grad_X0."""
+    """X0 = wte[idx] + wpe[:N]  ⇒  (grad_wte, grad_wpe)."""
     # BEGIN SOLUTION
     B, N, d = grad_X0.shape
     grad_wte = torch.zeros(vocab_size, d, dtype=grad_X0.dtype, device=grad_X0.device)
@@ -722,6 +778,7 @@ check(
     outputs=("grad_wte", "grad_wpe"),
     name="Exercise 4 · embedding_backward",
     against="autograd",
+    factors={"B": 2},  # grad_wpe sums over the batch
 )
 
 # %% [markdown]
@@ -817,7 +874,23 @@ _ = compare(
 # ## Exercise 5 · The whole pre-norm block, backward by hand (3 points)
 #
 # **Goal:** chain everything into the block's backward, with no autograd: every one of the 12
-# parameters of `nn.TransformerEncoderLayer` and the input, from a cache. Walking up:
+# parameters of `nn.TransformerEncoderLayer` and the input, from a cache. Walk the forward
+# above from `Y` back to `X`, one line at a time, with the pieces you have:
+#
+# * your `ffn_sublayer_backward(X1, mu2, rstd2, params, grad_Y, activation)` and
+#   `layernorm_backward(x, mu, rstd, weight, grad_y)`;
+# * `linear_backward(X, W, grad_Y, needs)` from `helpers.numgrad` (chapter 2; lab 2's answer
+#   has the same order): for $Y = XW^\top + b$ with `X` (..., in), `W` (out, in) and `grad_Y`
+#   (..., out), it returns `(grad_X, grad_W, grad_b)`; `needs` (optional) says which of the
+#   three to compute;
+# * chapter 6's `attention_backward(Q, K, V, P, grad_O, scale)` (Q, K, V, grad_O
+#   (B, H, N, d_h), P (B, H, N, N); returns `(grad_Q, grad_K, grad_V)`), `split_heads` and
+#   `merge_heads`.
+#
+# Two residuals: each copies its incoming gradient to the skip and to the branch, and adds
+# what comes back.
+#
+# <details><summary>Hint: the five steps</summary>
 #
 # 1. **FFN sub-layer**: your `ffn_sublayer_backward(X1, mu2, rstd2, params, grad_Y, activation)`
 #    gives `grad_X1` (skip + branch) and six parameter gradients.
@@ -832,6 +905,8 @@ _ = compare(
 # 5. **LN₁ and the first residual**: your `layernorm_backward(X, mu1, rstd1, γ₁, grad_h1)` gives the
 #    branch's gradient of `X` and the norm1 gradients; $\partial L/\partial X$ = `grad_X1` (the skip) + that.
 #
+# </details>
+#
 # Write `block_backward(grad_Y, cache)` for the cache of `block_forward` above, returning a dict
 # with the key `"X"` and every name of `BLOCK_PARAM_NAMES` (`"self_attn.in_proj_weight"`,
 # `"self_attn.in_proj_bias"`, `"self_attn.out_proj.weight"`, `"self_attn.out_proj.bias"`,
@@ -844,7 +919,7 @@ _ = compare(
 
 # %%
 def block_backward(grad_Y, cache):
-    """X1 = X + SA(LN1(X)), Y = X1 + FF(LN2(X1))  ⇒  {"X": ∂L/∂X, name: ∂L/∂θ for every parameter}."""
+    """X1 = X + SA(LN1(X)), Y = X1 + FF(LN2(X1))  ⇒  {"X": ∂L/∂X, name: ∂L/∂θ}."""
     # BEGIN SOLUTION
     p, H = cache["params"], cache["H"]
     grads = ffn_sublayer_backward(
@@ -982,12 +1057,19 @@ BACKWARD_ORDER = (
 )
 # the first one named wrong is where backward first goes off
 expected = {k: grads5[k] for k in BACKWARD_ORDER}
+# ∂L/∂X1: what the first residual's skip path carries to X
+(grad_X1_5,) = autograd_grads(
+    lambda X1: ffn_sublayer_reference(X1, *(params5[n] for n in NAMES3), act=F.relu),
+    (cache5["X1"],),
+    grad_Y5,
+)
 check(
     block_backward,
     expected,
     args=(grad_Y5, cache5),
     name="Exercise 5 · block_backward",
     against="autograd on nn.TransformerEncoderLayer",
+    terms={"X": {"the first skip path (∂L/∂X1)": grad_X1_5}},
 )
 
 # %% [markdown]
