@@ -160,7 +160,7 @@ z = randn(B, C, seed=0, device=dev, requires_grad=True)
 F.cross_entropy(z, y, label_smoothing=eps).backward()
 q = (1 - eps) * F.one_hot(y, C).to(z.dtype) + eps / C  # (B, C)
 grad_z = (torch.softmax(z.detach(), dim=-1) - q) / B  # (B, C)
-ok = compare("softmax - q vs autograd (label_smoothing=0.1)", grad_z, z.grad)
+ok = compare("softmax - q vs autograd (smoothing 0.1)", grad_z, z.grad)
 
 # %% [markdown]
 # What changes is the end point. With a one-hot target the gradient only vanishes when
@@ -271,7 +271,7 @@ compare(
 )
 # (n_keep, C)
 grad_kept = (torch.softmax(z.detach()[keep], -1) - F.one_hot(y_pad[keep], C)) / n_keep
-ok = compare("grad of kept rows = (softmax - onehot) / n_keep", grad_kept, z.grad[keep])
+ok = compare("kept rows: grad = (softmax - onehot) / n_keep", grad_kept, z.grad[keep])
 
 # %% [markdown]
 # Three of six rows are kept, so each kept row's gradient is divided by 3, not 6; the
@@ -428,7 +428,7 @@ with warnings.catch_warnings(record=True) as caught:
 for w in caught:
     line = str(w.message).splitlines()[0]
     if line.startswith("Error detected"):
-        print("warning:", line)
+        print("warning:", line.split(". ")[0])
 
 # %% [markdown]
 # `SqrtBackward0` is the culprit. The fix is to keep the bad values out of the unused branch
@@ -520,9 +520,7 @@ total_torch = torch.nn.utils.clip_grad_norm_(m_torch.parameters(), max_norm)
 show("‖g‖ before clipping", total_torch, 2)
 flat = lambda m: torch.cat([p.grad.flatten() for p in m.parameters()])
 compare("by hand vs clip_grad_norm_", flat(m_hand), flat(m_torch))
-compare(
-    "helpers.gradflow.clip_grad_norm vs clip_grad_norm_", flat(m_helper), flat(m_torch)
-)
+compare("gradflow.clip_grad_norm vs clip_grad_norm_", flat(m_helper), flat(m_torch))
 show("‖g‖ after clipping", global_grad_norm(m_torch.parameters()), 4)
 _ = compare(
     "‖g‖ after clipping vs max_norm",
@@ -691,7 +689,8 @@ def n_dead(model):
 
 
 dead_plain = dead_relu_units(deep_mlp(20, 32, "relu", device=dev), X)
-print("plain relu, init 1, dead units per layer:", [d for d, _ in dead_plain.values()])
+print("plain relu, init 1, dead units per layer:")
+print(" ", [d for d, _ in dead_plain.values()])
 print(
     "plain relu, init 1: dead / units =", *n_dead(deep_mlp(20, 32, "relu", device=dev))
 )
@@ -923,10 +922,8 @@ print("nn.MultiheadAttention returns a", type(result).__name__, "of", len(result
 try:
     nn.CrossEntropyLoss()(result[0], torch.zeros(1, 20, dtype=torch.long, device=dev))
 except RuntimeError as err:
-    print(
-        "CrossEntropyLoss((1, 20, 16), (1, 20)) -> RuntimeError:",
-        str(err).splitlines()[0],
-    )
+    print("CrossEntropyLoss((1, 20, 16), (1, 20)) -> RuntimeError:")
+    print(" ", str(err).splitlines()[0])
 
 # %% [markdown]
 # ## 5.10 Try it: the gradient-flow panel
