@@ -20,8 +20,8 @@
 # This lab goes with [Chapter 11](../chapters/11_training_by_hand.ipynb).
 #
 # **Learning goals.** After this lab you can
-# * write SGD with momentum and Nesterov in the order `torch.optim.SGD` uses (where the
-#   buffer starts, where the weight decay goes);
+# * write SGD with momentum, Nesterov and dampening in the order `torch.optim.SGD` uses (where
+#   the buffer starts, where the weight decay goes, which step is not dampened);
 # * write Adam with its bias correction, and say why the first step is $\eta$ per coordinate;
 # * write AdamW's decoupled weight decay and show that it is not Adam's L2 penalty;
 # * write a learning-rate warm-up followed by a cosine decay as a plain function;
@@ -129,32 +129,45 @@ def run_torch(make_opt, steps=10):
 # in_place: true
 
 # %% [markdown]
-# ## Exercise 1 · SGD with momentum and Nesterov (2 points)
+# ## Exercise 1 · SGD with momentum, Nesterov and dampening (2 points)
 #
-# **Goal:** the three details of `torch.optim.SGD` that a textbook formula leaves open, each
-# of which changes the numbers.
+# **Goal:** the details of `torch.optim.SGD` that a textbook formula leaves open, each of
+# which changes the numbers: where the weight decay goes, where the momentum buffer starts,
+# what Nesterov steps along, and one chapter 11 only mentioned: **dampening** $\tau$, which
+# scales the gradient's share of the buffer ($b \leftarrow \mu b + (1-\tau)\,g$) on every
+# step but one.
 #
-# Write `sgd_step(theta, g, buf, lr, momentum=0.0, nesterov=False, weight_decay=0.0)`, for one
-# parameter `theta` and its gradient `g` (same shape), returning `(theta, buf)` after one step:
+# Write `sgd_step(theta, g, buf, lr, momentum=0.0, dampening=0.0, nesterov=False,
+# weight_decay=0.0)` (the order of `torch.optim.SGD`'s arguments), for one parameter `theta`
+# and its gradient `g` (same shape), returning `(theta, buf)` after one step, exactly as
+# `torch.optim.SGD` does. With `momentum` $= 0$ there is no buffer: `buf` stays `None`.
+# Work out from chapter 11, section 11.2 (and a few steps of `torch.optim.SGD` on a scalar, if
+# in doubt) which step dampening leaves alone.
+#
+# <details><summary>Hint: the update, in torch's order</summary>
 #
 # 1. weight decay (L2) first: $g \leftarrow g + \lambda\theta$;
-# 2. if `momentum` $\mu > 0$: the buffer starts at the first gradient, $b \leftarrow g$ when
-#    `buf is None`, and afterwards $b \leftarrow \mu b + g$ (no dampening); the direction is
-#    $d = g + \mu b$ with Nesterov, $d = b$ without. If $\mu = 0$: $d = g$, and `buf` stays `None`;
+# 2. if $\mu > 0$: the buffer starts at the first gradient, $b \leftarrow g$ when `buf is None`
+#    (no dampening on that step), and afterwards $b \leftarrow \mu b + (1-\tau)\,g$; the
+#    direction is $d = g + \mu b$ with Nesterov, $d = b$ without. If $\mu = 0$: $d = g$;
 # 3. $\theta \leftarrow \theta - \eta\, d$.
+#
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION
 
 
 # %%
-def sgd_step(theta, g, buf, lr, momentum=0.0, nesterov=False, weight_decay=0.0):
-    """θ ← θ − η·d with g ← g + λθ, b ← μb + g (b₁ = g), d = g + μb (Nesterov) or b; returns (θ, b)."""
+def sgd_step(
+    theta, g, buf, lr, momentum=0.0, dampening=0.0, nesterov=False, weight_decay=0.0
+):
+    """θ ← θ − η·d, g ← g + λθ, b ← μb + (1−τ)g (b₁ = g), d = g + μb (Nesterov) or b; (θ, b)."""
     # BEGIN SOLUTION
     g = g + weight_decay * theta
     if momentum == 0:
         return theta - lr * g, buf
-    buf = g.clone() if buf is None else momentum * buf + g
+    buf = g.clone() if buf is None else momentum * buf + (1 - dampening) * g
     d = g + momentum * buf if nesterov else buf
     return theta - lr * d, buf
     # END SOLUTION
@@ -229,6 +242,29 @@ assert torch.allclose(_buf, _g + 0.1 * _th, atol=1e-15) and torch.allclose(
 _new, _buf = sgd_step(_th.clone(), _g.clone(), None, 0.5)
 assert _buf is None and torch.allclose(_new, _th - 0.5 * _g, atol=1e-15)
 
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+import torch
+
+from helpers.device import randn
+
+# dampening with weight decay, 10 steps vs torch.optim.SGD: the first step is not dampened
+_A = randn(4, 4, seed=1121, dtype=torch.float64)
+_A = _A @ _A.T / 4 + torch.eye(4, dtype=torch.float64)
+_th, _buf = randn(3, 4, seed=1122, dtype=torch.float64), None
+_ref = _th.clone()
+_opt = torch.optim.SGD([_ref], lr=0.07, momentum=0.8, dampening=0.4, weight_decay=0.02)
+for _ in range(10):
+    _th, _buf = sgd_step(
+        _th, _th @ _A, _buf, 0.07, momentum=0.8, dampening=0.4, weight_decay=0.02
+    )
+    _ref.grad = _ref.detach() @ _A
+    _opt.step()
+assert torch.allclose(_th, _ref.detach(), atol=1e-12, rtol=0)
+assert torch.allclose(_buf, _opt.state[_ref]["momentum_buffer"], atol=1e-12, rtol=0)
+
 # %% [raw]
 # # END TESTS
 
@@ -236,25 +272,36 @@ assert _buf is None and torch.allclose(_new, _th - 0.5 * _g, atol=1e-15)
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 1** (reference: `torch.optim.SGD(lr=0.1, momentum=0.9, nesterov=True,
-# weight_decay=0.01)`, ten steps on the tanh layer; atol 1e-12, float64 round-off carried along
-# ten steps):
+# **Self-check 1** (reference: `torch.optim.SGD`, ten steps on the tanh layer, twice: with
+# `lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01`, then with `lr=0.1, momentum=0.9,
+# dampening=0.5, weight_decay=0.01`; atol 1e-12, float64 round-off carried along ten steps):
 
 # %%
-check(
-    lambda: run_ours(
-        lambda th, g, s, t: sgd_step(
-            th, g, s[0], 0.1, momentum=0.9, nesterov=True, weight_decay=0.01
-        ),
-        lambda th: (None,),
-        what="sgd_step",
-    ),
-    lambda: run_torch(
-        lambda p: torch.optim.SGD(
-            p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01
+sgd_nesterov = dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01)
+sgd_dampened = dict(lr=0.1, momentum=0.9, dampening=0.5, weight_decay=0.01)
+
+
+def sgd_runs(step):
+    """(W, b) after 10 Nesterov steps, then (W, b) after 10 dampened steps of `step`."""
+    return tuple(
+        t
+        for hp in (sgd_nesterov, sgd_dampened)
+        for t in run_ours(
+            lambda th, g, s, t, hp=hp: step(th, g, s[0], **hp),
+            lambda th: (None,),
+            what="sgd_step",
         )
+    )
+
+
+check(
+    lambda: sgd_runs(sgd_step),
+    lambda: tuple(
+        t
+        for hp in (sgd_nesterov, sgd_dampened)
+        for t in run_torch(lambda p, hp=hp: torch.optim.SGD(p, **hp))
     ),
-    outputs=("W", "b"),
+    outputs=("W (Nesterov)", "b (Nesterov)", "W (dampening)", "b (dampening)"),
     name="Exercise 1 · sgd_step",
     against="torch.optim.SGD after 10 steps",
     atol=1e-12,
@@ -276,13 +323,21 @@ check(
 # the sign of $g$ for every coordinate, whatever its scale.
 #
 # Write `adam_step(theta, g, m, v, t, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)`
-# returning `(theta, m, v)`. `t` counts steps from 1; `m` and `v` start as zeros.
+# returning `(theta, m, v)`, exactly as `torch.optim.Adam` does one step. `t` counts steps
+# from 1; `m` and `v` start as zeros; `weight_decay` is Adam's L2 penalty. Derive the bias
+# correction first: with a constant gradient $g$, what is $m_t$ after $t$ steps from
+# $m_0 = 0$, and what must you divide it by to get $g$ back? Return the **raw** $m$ and $v$
+# (the correction is recomputed at every step), and mind where $\epsilon$ goes: the self-check
+# compares to 1e-12.
+#
+# <details><summary>Hint: the update, in torch's order</summary>
 #
 # 1. weight decay as `torch.optim.Adam` does it (L2): $g \leftarrow g + \lambda\theta$;
-# 2. $m \leftarrow \beta_1 m + (1-\beta_1) g$, $v \leftarrow \beta_2 v + (1-\beta_2) g^2$ (return
-#    these, **not** the corrected ones: the correction is recomputed at every step);
+# 2. $m \leftarrow \beta_1 m + (1-\beta_1) g$, $v \leftarrow \beta_2 v + (1-\beta_2) g^2$;
 # 3. $\theta \leftarrow \theta - \dfrac{\eta}{1-\beta_1^t}\cdot\dfrac{m}{\sqrt{v}/\sqrt{1-\beta_2^t} + \epsilon}$
 #    ($\epsilon$ is added after the division by $\sqrt{1-\beta_2^t}$, as in `torch.optim`).
+#
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION
@@ -580,7 +635,16 @@ show(
 # Adam's second moments settle, then a cosine down to a floor.
 #
 # Write `lr_at(step, warmup, total, lr_max, lr_min=0.0)` returning a Python float, for
-# steps counted from 0:
+# steps counted from 0, with $W$ = `warmup` and $T$ = `total` ($0 \le W < T$):
+# * steps $0, \dots, W-1$ climb linearly, the first step already at $\eta_{\max}/W$ (not 0),
+#   step $W-1$ at $\eta_{\max}$; with $W = 0$ there is no warm-up;
+# * from step $W$ (at $\eta_{\max}$ again) half a cosine period takes it down to
+#   $\eta_{\min}$, which step $T$ would reach;
+# * from step $T$ on, $\eta_{\min}$.
+#
+# Write the formula of each piece yourself, then check its ends against the list above.
+#
+# <details><summary>Hint: the formula</summary>
 #
 # $$\eta(s) = \begin{cases}
 # \eta_{\max}\,\dfrac{s+1}{W} & s < W, \\[4pt]
@@ -588,8 +652,7 @@ show(
 # \eta_{\min} & s \ge T.
 # \end{cases}$$
 #
-# (The first step already has $\eta_{\max}/W$, not 0; the peak is reached at step $W-1$ and
-# again at $W$; with $W = 0$ there is no warm-up. Assume $0 \le W < T$.)
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION
@@ -695,18 +758,30 @@ check(
 #
 # Write `train(model, opt, X, Y, steps, accum=1, max_norm=1.0)` for a `model` (an `nn.Module`),
 # a `torch.optim` optimizer `opt` over its parameters, inputs `X` `(B, d_in)` and targets `Y`
-# `(B, d_out)`, with the loss `F.mse_loss(model(x), y)` (a mean). For each of the `steps` steps:
+# `(B, d_out)`, with the loss `F.mse_loss(model(x), y)` (a mean). Each of the `steps` steps
+# splits the batch into `accum` equal micro-batches (`X.chunk(accum)`, `Y.chunk(accum)`;
+# assume `accum` divides `B`), runs forward and backward on each, clips the global gradient
+# norm to `max_norm` (`torch.nn.utils.clip_grad_norm_`) and takes one optimizer step; the
+# parameters after every step must be those of one batch of `B` (to 1e-12).
 #
-# 1. `opt.zero_grad()`: `backward()` **adds** into `.grad`;
-# 2. for each of the `accum` micro-batches (`X.chunk(accum)`, `Y.chunk(accum)`; assume `accum`
-#    divides `B`): forward, then `backward()` of the micro-batch loss **divided by `accum`**
-#    (the mean of `accum` equal-size means is the full-batch mean);
-# 3. clip the global gradient norm to `max_norm` (`torch.nn.utils.clip_grad_norm_`), after the
-#    last backward;
-# 4. `opt.step()`.
+# Work out two things first: what `backward()` does to a `.grad` that already holds a
+# gradient, and by what each micro-batch loss must be scaled so that the summed gradients are
+# the gradient of the full-batch mean. Then put zero_grad, the backward passes, the clip and
+# the step in the one order that works.
 #
 # Return the list of the `steps` losses as Python floats: the loss of a step is the full-batch
-# loss before that step, i.e. the sum of the divided micro-batch losses (`.item()`).
+# loss before that step (`.item()`).
+#
+# <details><summary>Hint: the order, and the factor</summary>
+#
+# 1. `opt.zero_grad()`: `backward()` **adds** into `.grad`;
+# 2. for each micro-batch: forward, then `backward()` of the micro-batch loss **divided by
+#    `accum`** (the mean of `accum` equal-size means is the full-batch mean); the step's loss
+#    is the sum of the divided losses;
+# 3. clip, after the last backward;
+# 4. `opt.step()`.
+#
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION
