@@ -190,11 +190,11 @@ def stack_input_grad_norms(residual):
 
 
 with_res, without_res = stack_input_grad_norms(True), stack_input_grad_norms(False)
-print(
-    "block input     " + " ".join(f"{l:>7}" for l in range(1, depth + 1)) + "   output"
-)
-print("with skip     " + " ".join(f"{fmt_sci(v):>7}" for v in with_res))
-print("without skip  " + " ".join(f"{fmt_sci(v):>7}" for v in without_res))
+# One row per block, so the table stays narrow.
+print(f"{'input of':<10} {'with skip':>10} {'without skip':>13}")
+for l, (a, b) in enumerate(zip(with_res, without_res), start=1):
+    label = f"block {l}" if l <= depth else "output"
+    print(f"{label:<10} {fmt_sci(a):>10} {fmt_sci(b):>13}")
 
 fig = plot_layer_norms(
     {"with residual": with_res[:-1], "without residual": without_res[:-1]},
@@ -479,7 +479,7 @@ print(
     sum(t.numel() for t in params.values()),
     "numbers",
 )
-print("some names:", list(params)[:3], "...", list(params)[-3:])
+print("some names:", *list(params)[:3], "...", *list(params)[-3:], sep="\n  ")
 
 # %%
 L, grads = gpt_loss_and_grads(idx, targets, params, config)

@@ -652,7 +652,7 @@ sd = {k: v.detach() for k, v in model.state_dict().items()}
     key_bias_and_rest(sd),
 )
 compare(
-    "parameters after training (all but the key biases)",
+    "parameters but key biases, after training",
     rest_ours,
     rest_ref,
     atol=1e-11,
@@ -806,7 +806,7 @@ compare(
     rtol=0,
 )
 compare(
-    "all_reduce SUM vs full batch (the mean-vs-sum mistake)",
+    "all_reduce SUM vs full batch (mean-vs-sum slip)",
     r0["allreduce_sum"][name],
     full[name],
     atol=1e-12,
@@ -822,7 +822,7 @@ compare(
 for r, rank in enumerate(res["ranks"]):
     for n in full:
         compare(
-            f"rank {r}: all_reduce SUM / 2 vs full batch, {n}",
+            f"rank {r}: SUM / 2 vs full batch, {n}",
             rank["allreduce_mean"][n],
             full[n],
             atol=1e-12,
