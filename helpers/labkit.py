@@ -41,16 +41,34 @@ def count_saved(fn, inputs) -> int:
 
 
 def check_function(
-    name: str, fn, reference, inputs, grad_out, outputs, saves=None, quiet: bool = False
+    name: str,
+    fn,
+    reference,
+    inputs,
+    grad_out,
+    outputs,
+    saves=None,
+    quiet: bool = False,
+    factors=None,
+    terms=None,
 ) -> CheckResult:
     """Print (unless quiet) and return one line: fn(inputs) and its input gradients vs reference's
-    (autograd, upstream gradient grad_out), then the tensors fn saves (saves = (n, what)), then gradcheck."""
+    (autograd, upstream gradient grad_out), then the tensors fn saves (saves = (n, what)), then gradcheck.
+
+    ``factors`` and ``terms`` go to ``labcheck.evaluate``, which names a constant ratio or a missing term."""
 
     def both(f):
         return lambda *xs: (f(*xs), *autograd_grads(f, xs, grad_out))
 
     result = evaluate(
-        both(applied(fn)), both(reference), args=inputs, outputs=outputs, name=name, against="autograd"
+        both(applied(fn)),
+        both(reference),
+        args=inputs,
+        outputs=outputs,
+        name=name,
+        against="autograd",
+        factors=factors,
+        terms=terms,
     )
     if result and saves is not None:
         what = "tensors saved for backward"

@@ -67,3 +67,19 @@ def test_check_function_fail_todo_and_saved_count(capsys):
     )
     assert too_many.status == "fail" and "1 tensors saved for backward (expected 0)" in too_many.line
     assert capsys.readouterr().out == ""
+
+
+def test_check_function_names_a_declared_factor():
+    x = randn(4, 3, seed=5, dtype=F64)
+    ref = lambda x: 2.0 * x  # noqa: E731
+    halved = check_function(
+        "double",
+        lambda x: x,
+        ref,
+        (x,),
+        torch.ones(4, 3, dtype=F64),
+        ("y", "grad_x"),
+        quiet=True,
+        factors={"the gain": 2.0},
+    )
+    assert halved.status == "fail" and "the gain" in halved.line, halved.line
