@@ -92,7 +92,7 @@ check(lambda: ..., torch.tensor([0.5, 0.25]), name="demo: an unfinished answer")
 
 # %%
 def forward_pass(x, W1, b1, W2, b2, y_true):
-    """h = W1 x + b1, a = relu(h), ŷ = W2 a + b2, L = Σ(ŷ - y)²: every intermediate in a dict."""
+    """h = W1 x + b1, a = relu(h), ŷ = W2 a + b2, L = Σ(ŷ - y)², in a dict."""
     # (2, 4) @ (4,) -> (2,)
     h = W1 @ x + b1  # SOLUTION
     # (2,)
@@ -187,7 +187,14 @@ h, a, y_hat = (
 # **Goal:** differentiate the loss itself, the first link of the chain.
 #
 # Write `grad_loss(y_hat, y_true)`, the gradient of $L = \sum(\hat y - y)^2$ with respect to
-# $\hat y$, with the shape of `y_hat`. (For the cat it is −0.875.)
+# $\hat y$, with the shape of `y_hat`. Derive it on paper first: one entry, one power rule.
+#
+# <details><summary>Hint: a number to check yours against</summary>
+#
+# For the cat ($\hat y$ and $y$ from exercise 1) it is −0.875. A mean instead of the sum, a
+# missing factor, or $y - \hat y$ instead of $\hat y - y$ each give another number.
+#
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION
@@ -263,7 +270,18 @@ grad_y_hat = expected
 # passes the signal further back.
 #
 # $\hat y = W_2 a + b_2$ with `W2` (1, 2), `a` (2,). Given `grad_y_hat` = ∂L/∂ŷ (shape (1,)),
-# return `(grad_W2, grad_b2, grad_a)` with the shapes of `W2`, `b2` and `a`.
+# return `(grad_W2, grad_b2, grad_a)` with the shapes of `W2`, `b2` and `a`. Derive each from
+# one entry, $\hat y_i = \sum_j (W_2)_{ij} a_j + (b_2)_i$: which entries does $(W_2)_{ij}$ touch,
+# and which does $a_j$? Then write the result as one product of vectors and matrices, with the
+# shapes above.
+#
+# <details><summary>Hint: the formulas (check yours against them)</summary>
+#
+# $\partial L/\partial W_2 = \frac{\partial L}{\partial \hat y}\, a^\top$ (an outer product,
+# `torch.outer`), $\;\partial L/\partial b_2 = \partial L/\partial \hat y$, $\;\partial
+# L/\partial a = W_2^\top \frac{\partial L}{\partial \hat y}$.
+#
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION
@@ -272,11 +290,11 @@ grad_y_hat = expected
 # %%
 def layer2_backward(grad_y_hat, a, W2):
     """(grad_W2, grad_b2, grad_a) for ŷ = W2 a + b2, given grad_y_hat = ∂L/∂ŷ."""
-    # (1,) ⊗ (2,) -> (1, 2)
+    # -> (1, 2), the shape of W2
     grad_W2 = torch.outer(grad_y_hat, a)  # SOLUTION
     # (1,)
     grad_b2 = grad_y_hat.clone()  # SOLUTION
-    # (2, 1) @ (1,) -> (2,)
+    # -> (2,), the shape of a
     grad_a = W2.T @ grad_y_hat  # SOLUTION
     return grad_W2, grad_b2, grad_a
 
@@ -367,8 +385,8 @@ grad_a = expected[2]
 
 # %%
 def relu_backward(grad_a, h):
-    """∂L/∂h for a = relu(h), given grad_a = ∂L/∂a (relu'(0) taken as 0, as PyTorch does)."""
-    # (n,) ⊙ (n,) -> (n,)
+    """∂L/∂h for a = relu(h), given grad_a = ∂L/∂a (relu'(0) = 0, as in PyTorch)."""
+    # -> (n,), the shape of h
     grad_h = grad_a * (h > 0).to(grad_a.dtype)  # SOLUTION
     return grad_h
 
@@ -440,10 +458,19 @@ check(
 # %% [markdown]
 # ## Exercise 5 · The first layer's gradients (2 points)
 #
-# **Goal:** the weight gradient is an outer product; a unit whose ∂L/∂h is 0 gives its whole
-# row of `W1` a zero gradient.
+# **Goal:** the same layer as in exercise 3, now with the input `x` fixed; then see why a unit
+# whose ∂L/∂h is 0 gives its whole row of `W1` a zero gradient.
 #
-# $h = W_1 x + b_1$ with `W1` (2, 4), `x` (4,). Given `grad_h` (2,), return `(grad_W1, grad_b1)`.
+# $h = W_1 x + b_1$ with `W1` (2, 4), `x` (4,). Given `grad_h` (2,), return `(grad_W1, grad_b1)`
+# with the shapes of `W1` and `b1`, derived as in exercise 3 from one entry of $h$.
+#
+# <details><summary>Hint: the formula (check yours against it)</summary>
+#
+# $\partial L/\partial W_1 = \frac{\partial L}{\partial h}\, x^\top$, the outer product
+# `torch.outer(grad_h, x)`: row $i$ is $\frac{\partial L}{\partial h_i}\, x^\top$, zero when
+# $\partial L/\partial h_i = 0$.
+#
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION
@@ -452,7 +479,7 @@ check(
 # %%
 def layer1_backward(grad_h, x):
     """(grad_W1, grad_b1) for h = W1 x + b1, given grad_h = ∂L/∂h."""
-    # (2,) ⊗ (4,) -> (2, 4)
+    # -> (2, 4), the shape of W1
     grad_W1 = torch.outer(grad_h, x)  # SOLUTION
     # (2,)
     grad_b1 = grad_h.clone()  # SOLUTION
@@ -543,7 +570,7 @@ check(
 
 # %%
 def cat_backward_batch(X, W1, b1, W2, b2, Y):
-    """Forward, then {"W1", "b1", "W2", "b2"}: ∂L/∂θ for L = Σ_b (ŷ_b - y_b)², nn.Linear's layout."""
+    """Forward, then {"W1", "b1", "W2", "b2"}: ∂L/∂θ for L = Σ_b (ŷ_b - y_b)²."""
     # BEGIN SOLUTION
     H = X @ W1.T + b1  # (B, 4) @ (4, 2) -> (B, 2)
     A = torch.relu(H)  # (B, 2)
@@ -676,6 +703,7 @@ check(
     cat_backward_batch,
     expected,
     args=(X_batch, W1, b1, W2, b2, Y_batch),
+    factors={"B": 8},  # a mean over the batch instead of the sum is off by B
     name="Exercise 6 · cat_backward_batch",
     against="autograd",
 )

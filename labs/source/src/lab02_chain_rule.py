@@ -61,12 +61,20 @@ dtype = torch.float64
 # **Goal:** a gradient you can trust without any calculus, to test every backward you write.
 #
 # Write `numerical_grad(f, x, eps)` for a function `f` that maps a tensor to a scalar tensor.
-# For every entry $x_i$ use the **central** difference
-# $\dfrac{f(x + \varepsilon e_i) - f(x - \varepsilon e_i)}{2\varepsilon}$ (its error is
-# $O(\varepsilon^2)$, a one-sided difference's is $O(\varepsilon)$). Return a tensor with the
-# shape and dtype of `x`, and leave `x` itself unchanged, bit for bit: perturb a copy,
-# `x.clone()`, not `x` (adding and then subtracting $\varepsilon$ does not always give back the
-# same float). A loop over the entries is fine.
+# For every entry $x_i$ estimate $\partial f/\partial x_i$ with a **central** difference, one
+# that moves $x_i$ by $\varepsilon$ both ways: work out from the Taylor expansions of
+# $f(x \pm \varepsilon e_i)$ what to divide by, and why its error is $O(\varepsilon^2)$ where a
+# one-sided difference's is $O(\varepsilon)$. Return a tensor with the shape and dtype of `x`,
+# and leave `x` itself unchanged, bit for bit: perturb a copy, `x.clone()`, not `x` (adding
+# and then subtracting $\varepsilon$ does not always give back the same float). A loop over
+# the entries is fine.
+#
+# <details><summary>Hint: the formula (check yours against it)</summary>
+#
+# $\dfrac{f(x + \varepsilon e_i) - f(x - \varepsilon e_i)}{2\varepsilon}$: the two Taylor
+# expansions' even terms cancel, so the first error term is $\varepsilon^2 f'''/6$.
+#
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION
@@ -74,7 +82,7 @@ dtype = torch.float64
 
 # %%
 def numerical_grad(f, x, eps=1e-6):
-    """∂f/∂x_i ≈ (f(x + ε e_i) - f(x - ε e_i)) / 2ε for every entry i; x is left unchanged."""
+    """∂f/∂x_i for every entry i by a central difference of step eps; x unchanged."""
     # BEGIN SOLUTION
     x = x.detach().clone()
     grad = torch.zeros_like(x)
@@ -176,7 +184,16 @@ check(
 # `grad_Y` = ∂L/∂Y (B, out), return `(grad_X, grad_W, grad_b)` with the shapes of `X`, `W`, `b`.
 # The arguments come in the course's order, `(X, W, grad_Y)`: the one `helpers.numgrad.linear_backward`
 # (chapter 2) and every later lab use.
-# Hint: each is one matrix product or one sum; check the shapes first, they leave one answer.
+# Derive each from one entry, $Y_{bo} = \sum_i X_{bi} W_{oi} + b_o$, then write it as a matrix
+# product or a sum; the shapes leave one answer.
+#
+# <details><summary>Hint: the formulas (check yours against them)</summary>
+#
+# $\partial L/\partial X = \partial L/\partial Y\, W$, $\;\partial L/\partial W =
+# (\partial L/\partial Y)^\top X$, $\;\partial L/\partial b = \sum_{\text{rows}} \partial
+# L/\partial Y$ (a sum over the batch, not a mean).
+#
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION
@@ -184,12 +201,12 @@ check(
 
 # %%
 def linear_backward(X, W, grad_Y):
-    """(grad_X, grad_W, grad_b) for Y = X Wᵀ + b (nn.Linear's layout), given grad_Y = ∂L/∂Y."""
-    # (B, out) @ (out, in) -> (B, in)
+    """(grad_X, grad_W, grad_b) for Y = X Wᵀ + b, given grad_Y = ∂L/∂Y."""
+    # -> (B, in), the shape of X
     grad_X = grad_Y @ W  # SOLUTION
-    # (out, B) @ (B, in) -> (out, in)
+    # -> (out, in), the shape of W
     grad_W = grad_Y.T @ X  # SOLUTION
-    # (B, out) -> (out,)
+    # -> (out,), the shape of b
     grad_b = grad_Y.sum(0)  # SOLUTION
     return grad_X, grad_W, grad_b
 
@@ -261,6 +278,7 @@ check(
     expected,
     args=(X, W, grad_Y),
     outputs=("grad_X", "grad_W", "grad_b"),
+    factors={"B": 5},  # a batch mean instead of the sum is off by B
     name="Exercise 2 · linear_backward",
     against="autograd",
 )
@@ -361,6 +379,7 @@ check(
     residual_backward,
     expected,
     args=(grad_Y_res, X_res, W_res),
+    terms={"grad_X": {"the skip path": grad_Y_res}},
     outputs=("grad_X", "grad_W"),
     name="Exercise 3 · residual_backward",
     against="autograd",
@@ -378,10 +397,19 @@ check(
 # **Goal:** a tensor broadcast in forward was *copied* along some dimensions, and a copy's
 # backward is a sum; the gradient must come back in the input's own shape.
 #
-# Write `unbroadcast(grad, shape)`: sum `grad` over the leading dimensions that `shape` lacks,
-# then over every dimension where `shape` has size 1 (keeping it, `keepdim=True`), so the
-# result has exactly `shape`. Example: `grad` (4, 5, 3) and `shape` (5, 1) → sum over dim 0,
-# then over the last dim with `keepdim=True` → (5, 1).
+# Write `unbroadcast(grad, shape)`: given the gradient `grad` of a broadcast result, return
+# the gradient of the operand of shape `shape`, with exactly that shape. Work out first which
+# dimensions broadcasting created or stretched (recall its rules: align the shapes on the
+# right; a missing or size-1 dimension is repeated), and what a copy does in backward.
+# Example: `grad` (4, 5, 3) and `shape` (5, 1) → (5, 1).
+#
+# <details><summary>Hint: the recipe</summary>
+#
+# Sum `grad` over the leading dimensions that `shape` lacks, then over every dimension where
+# `shape` has size 1 and `grad` does not (keeping it, `keepdim=True`). In the example: sum over
+# dim 0, then over the last dim with `keepdim=True`.
+#
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION
@@ -389,7 +417,7 @@ check(
 
 # %%
 def unbroadcast(grad, shape):
-    """Sum grad over the dimensions that broadcasting added or stretched, back to `shape`."""
+    """The gradient of the operand of shape `shape` that was broadcast to grad's."""
     # BEGIN SOLUTION
     shape = tuple(shape)
     extra = grad.dim() - len(shape)
@@ -477,7 +505,7 @@ grad_Z = randn(4, 5, 3, seed=11, dtype=dtype, device=dev)
 
 
 def mul_backward(grad_Z, A, B):
-    """Z = A ⊙ B (broadcast): grad_A = unbroadcast(grad_Z ⊙ B), grad_B = unbroadcast(grad_Z ⊙ A)."""
+    """Z = A ⊙ B (broadcast): the gradients, each unbroadcast to its shape."""
     return unbroadcast(grad_Z * B, A.shape), unbroadcast(grad_Z * A, B.shape)
 
 

@@ -63,13 +63,28 @@ dtype = torch.float64  # gradcheck compares with finite differences: float64 onl
 # %% [markdown]
 # ## Exercise 1 · Softmax's backward, without the Jacobian (2 points)
 #
-# **Goal:** the Jacobian of $p = \mathrm{softmax}(z)$ is $J = \mathrm{diag}(p) - p\,p^\top$,
-# an $n \times n$ matrix per row; backward needs only $J^\top g$, which costs $O(n)$.
+# **Goal:** the Jacobian of $p = \mathrm{softmax}(z)$ is an $n \times n$ matrix per row;
+# backward needs only its product with the upstream gradient, $J^\top g$, which costs $O(n)$.
 #
 # Write `softmax_backward(P, grad_P)` for `P = softmax(Z, dim=-1)` of any shape `(..., n)` and
-# `grad_P` = ∂L/∂P of the same shape: return ∂L/∂Z $= p \odot (g - \langle g, p\rangle)$, the
-# inner product taken along the last dim per row (`keepdim=True`). Do not build $J$, and do
+# `grad_P` = ∂L/∂P of the same shape: return ∂L/∂Z, row by row along the last dim. Derive it
+# first: write $\partial p_i/\partial z_j$ (two cases, $i = j$ and $i \ne j$), put it into
+# $J$, and simplify $J^\top g$ until no $n \times n$ matrix is left. Do not build $J$, and do
 # not modify `grad_P`.
+#
+# <details><summary>Hint 1: the Jacobian</summary>
+#
+# $\partial p_i/\partial z_j = p_i(\delta_{ij} - p_j)$, so $J = \mathrm{diag}(p) - p\,p^\top$,
+# which is symmetric.
+#
+# </details>
+#
+# <details><summary>Hint 2: the formula (check yours against it)</summary>
+#
+# $J^\top g = p \odot (g - \langle g, p\rangle)$, the inner product taken along the last dim
+# per row (`keepdim=True`, so that it broadcasts back along the row).
+#
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION
@@ -77,7 +92,7 @@ dtype = torch.float64  # gradcheck compares with finite differences: float64 onl
 
 # %%
 def softmax_backward(P, grad_P):
-    """grad_Z = P ⊙ (grad_P − Σ_last(grad_P ⊙ P)): Jᵀg for J = diag(p) − p pᵀ, per row."""
+    """grad_Z = Jᵀ grad_P per row along the last dim, without building the Jacobian."""
     # BEGIN SOLUTION
     inner = (grad_P * P).sum(-1, keepdim=True)  # (..., 1): one ⟨g, p⟩ per row
     return P * (grad_P - inner)  # (..., n)
@@ -164,9 +179,9 @@ check(
 # Fill in `Softmax` (softmax over the last dim, one input `Z`):
 # * `forward(Z)`: the **stable** softmax, $e^{z - \max z} / \sum e^{z - \max z}$ along the last
 #   dim (without the shift, $e^{1000}$ overflows to `inf`);
-# * `setup_context(ctx, inputs, output)`: save **only** the output `P`
-#   (`ctx.save_for_backward(output)`): your exercise 1 needs nothing else, and `Z` would
-#   cost a second tensor of the same size;
+# * `setup_context(ctx, inputs, output)`: save **only** the output `P` (with
+#   `ctx.save_for_backward`): your exercise 1 needs nothing else, and `Z` would cost a
+#   second tensor of the same size;
 # * `backward(ctx, grad_P)`: unpack `ctx.saved_tensors`, return `None` if
 #   `ctx.needs_input_grad[0]` is false, else your `softmax_backward`.
 
@@ -285,7 +300,21 @@ check_function(
 # Over the last dim (size $D$): $\mu = \mathrm{mean}(x)$, $\sigma = \sqrt{\mathrm{var}(x) +
 # \varepsilon}$ (biased variance, as `nn.LayerNorm`), $\hat x = (x - \mu)/\sigma$,
 # $y = \gamma \odot \hat x + \beta$, with `weight` $\gamma$ and `bias` $\beta$ of shape `(D,)`.
-# With $g = \partial L/\partial y \odot \gamma$:
+# Derive $\partial L/\partial x$, $\partial L/\partial \gamma$ and $\partial L/\partial \beta$ on
+# paper first: follow $x$ along its three paths (directly into $\hat x$, through $\mu$, through
+# $\sigma$), add them, and simplify with $\sum_i \hat x_i = 0$ and $\mathrm{mean}(\hat x^2) =
+# \mathrm{var}/\sigma^2$.
+#
+# <details><summary>Hint 1: the two hidden paths</summary>
+#
+# With $g = \partial L/\partial y \odot \gamma$ (the gradient reaching $\hat x$):
+# $\partial \mu/\partial x_i = 1/D$ and $\partial \sigma/\partial x_i = (x_i - \mu)/(D\sigma)$;
+# the mean path contributes $-\mathrm{mean}(g)/\sigma$, the variance path
+# $-\hat x\,\mathrm{mean}(g \odot \hat x)/\sigma$.
+#
+# </details>
+#
+# <details><summary>Hint 2: the formulas (check yours against them)</summary>
 #
 # $$\begin{gathered}
 # \frac{\partial L}{\partial x} = \frac{1}{\sigma}\Big(g - \mathrm{mean}(g) - \hat x\,
@@ -294,8 +323,12 @@ check_function(
 # \sum_{\text{rows}} \frac{\partial L}{\partial y}
 # \end{gathered}$$
 #
-# (means along the last dim, `keepdim=True`; "rows" = every leading dim, so `x` may be
-# `(B, N, D)`). Fill in `LayerNorm.forward(x, weight, bias, eps)`, `setup_context` (save `x` and
+# (means along the last dim, `keepdim=True`; "rows" = every leading dim.)
+#
+# </details>
+#
+# `x` may be `(B, N, D)`: "rows" are all its leading dims. Fill in
+# `LayerNorm.forward(x, weight, bias, eps)`, `setup_context` (save `x` and
 # `weight`; keep `eps` on `ctx`: it is a float, not a tensor) and `backward`, which recomputes
 # $\mu$ and $\sigma$ from `x` (two cheap reductions) and returns
 # `(grad_x, grad_weight, grad_bias, None)`, each gated on `ctx.needs_input_grad`.
@@ -465,16 +498,30 @@ check_function(
 # ## Exercise 4 · Cross-entropy from logits, with `ignore_index` (3 points)
 #
 # **Goal:** fuse log-softmax and the negative log-likelihood: the forward never overflows and
-# the backward is simply $(\mathrm{softmax}(z) - \text{one-hot})/N$.
+# the backward, once derived, is one short line per row.
 #
 # For `logits` (R, C) and an int64 `target` (R,): row $r$ is **kept** unless
 # `target[r] == ignore_index`; $N$ = number of kept rows;
 # $L = \frac{1}{N}\sum_{\text{kept } r} \big(\mathrm{lse}(z_r) - z_{r, t_r}\big)$ with
 # $\mathrm{lse}(z) = m + \log\sum_c e^{z_c - m}$, $m = \max_c z_c$ (or `torch.logsumexp`).
-# Backward: $\partial L/\partial z_r = \frac{\partial L}{\partial L}\cdot(\mathrm{softmax}(z_r) -
-# \text{one-hot}(t_r))/N$ on kept rows, exactly **0** on ignored rows; `target` and
-# `ignore_index` get `None`. Hint: an ignored row's target (e.g. -100) is no valid index;
-# replace it by 0 before `scatter`/`one_hot`, then zero the row.
+# Backward: derive $\partial L/\partial z_r$ (differentiate $\mathrm{lse}$, then the picked logit,
+# and do not forget the $1/N$ and the upstream $\partial L/\partial L$ = `grad_L`); it must be
+# exactly **0** on ignored rows; `target` and `ignore_index` get `None`.
+#
+# <details><summary>Hint 1: the formula (check yours against it)</summary>
+#
+# $\partial\,\mathrm{lse}(z)/\partial z_c = \mathrm{softmax}(z)_c$, so on kept rows
+# $\partial L/\partial z_r = g_L\,(\mathrm{softmax}(z_r) - \text{one-hot}(t_r))/N$, with
+# $g_L$ = `grad_L`.
+#
+# </details>
+#
+# <details><summary>Hint 2: the ignored rows</summary>
+#
+# An ignored row's target (e.g. -100) is no valid index; replace it by 0 before
+# `scatter`/`one_hot`, then zero the row.
+#
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION
@@ -482,7 +529,7 @@ check_function(
 
 # %%
 class CrossEntropy(torch.autograd.Function):
-    """L = mean over kept rows of lse(z) − z[target]; rows with target == ignore_index are left out."""
+    """L = mean over kept rows of lse(z) − z[target]; ignore_index rows left out."""
 
     @staticmethod
     def forward(logits, target, ignore_index):

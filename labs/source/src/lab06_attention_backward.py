@@ -459,7 +459,7 @@ check(
 
 # %%
 def attention_backward(Q, K, V, P, grad_O, scale, Bias):
-    """grad_Q, grad_K, grad_V, grad_scale, grad_Bias of softmax(Q Kᵀ·scale + Bias) V."""
+    """grad_Q, grad_K, grad_V, grad_scale, grad_Bias of softmax(Q Kᵀ·scale + Bias) V"""
     # BEGIN SOLUTION
     # (..., Nk, Nq) @ (..., Nq, d_v) -> (..., Nk, d_v)
     grad_V = P.transpose(-2, -1) @ grad_O
@@ -591,6 +591,7 @@ for label, (scale3, Bias3) in cases3.items():
             expected[4],
             args=(Q3, K3, V3, P3, grad_O3, scale3, Bias3),
             outputs=("dS (grad_Bias for a full-size Bias)",),
+            factors={"scale": 1 / math.sqrt(8)},
             name="Exercise 3 · the softmax step",
             against="autograd",
         )
@@ -599,6 +600,7 @@ for label, (scale3, Bias3) in cases3.items():
         expected,
         args=(Q3, K3, V3, P3, grad_O3, scale3, Bias3),
         outputs=("grad_Q", "grad_K", "grad_V", "grad_scale", "grad_Bias"),
+        factors={"scale": 1 / math.sqrt(8), "B": 2},
         name=f"Exercise 3 · attention_backward, {label}",
         against="autograd",
     )
