@@ -621,7 +621,8 @@ show("max |gelu_erf - gelu_tanh| on [-6, 6]", gap, 6)
 # %%
 xs_cpu = xs.cpu()
 d_erf = hf.gelu_backward(xs_cpu, torch.ones_like(xs_cpu), "none")
-fig, ax = plt.subplots(1, 2, figsize=(8, 3))
+# one panel above the other: each stays readable on a phone
+fig, ax = plt.subplots(2, 1, figsize=(6, 5.2), sharex=True)
 ax[0].plot(xs_cpu, hf.gelu(xs_cpu), label="gelu")
 ax[0].plot(xs_cpu, xs_cpu.clamp(min=0), "--", label="relu")
 ax[1].plot(xs_cpu, d_erf, label="gelu'")
