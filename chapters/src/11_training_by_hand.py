@@ -712,7 +712,7 @@ _ = compare(
 prompts = ["The cat", "The river", "In spring"]
 for i, prompt in enumerate(prompts):
     out = sample(
-        params, config, tok.encode(prompt)[None].to(dev), 80, temperature=0.8, seed=i
+        params, config, tok.encode(prompt)[None].to(dev), 70, temperature=0.8, seed=i
     )
     print(repr(tok.decode(out[0])))
 
