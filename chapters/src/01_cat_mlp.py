@@ -476,7 +476,7 @@ HTML(anim.to_jshtml(default_mode="once"))
 # * The backward pass walks the same chain in reverse, each step "gradient from above ×
 #   local derivative": $\partial L/\partial\hat y = -0.875$; $\partial L/\partial W_2 = [-0.634375, 0]$,
 #   $\partial L/\partial b_2 = -0.875$; $\partial L/\partial a = [-0.4375, 0.35]$;
-#   $\partial L/\partial h = [-0.4375, 0]$; $\partial L/\partial W_1 = [[-0.4375, -0.875, 0.4375, -0.21875], [0, 0, 0, 0]]$,
+#   $\partial L/\partial h = [-0.4375, 0]$; $\partial L/\partial W_1$ has rows $[-0.4375, -0.875, 0.4375, -0.21875]$ and $[0, 0, 0, 0]$,
 #   $\partial L/\partial b_1 = [-0.4375, 0]$.
 # * A linear layer $h = W x + b$ sends back $W^\top\,\partial L/\partial h$ to its input and
 #   receives the outer product $\partial L/\partial h\; x^\top$ as its weight gradient — same shape as $W$.
