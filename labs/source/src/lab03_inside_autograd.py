@@ -179,6 +179,20 @@ def torch_grads(f, *numbers):
     return (value, *autograd_grads(f, xs))
 
 
+def engine_grad_at(f, points):
+    """∂f/∂x at each point (one graph per point, f run on Values), or None if unfinished."""
+    grads = [engine_grads(f, x0) for x0 in points.tolist()]
+    if None in grads:
+        return None
+    return torch.stack([g[1] for g in grads])
+
+
+def torch_grad_at(f, points):
+    """The same by autograd (f works elementwise on a tensor of points)."""
+    (g,) = autograd_grads(lambda x: f(x).sum(), (points,))
+    return g
+
+
 # expression -> its operations (so an unfinished one reads "not implemented yet")
 OPS_USED = {}
 
@@ -276,11 +290,36 @@ assert abs(_out.data - 2.25) < 1e-12 and abs(_y.grad - (0.25 - 1 / 16)) < 1e-12
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 1** (reference: autograd on the same expression, $f(x, y) = x\,y\,x + y^3 - x/y$,
-# where $x$ is used three times):
+# **Self-check 1** (reference: autograd; first each operation alone, at three points,
+# $(x \cdot x) \cdot 3 + 2x$ for `mul` and $(x^2)^{1.5} + x^{-1}$ for `power`, so a ✗ names the
+# function that is wrong; then both in $f(x, y) = x\,y\,x + y^3 - x/y$, where $x$ is used three times):
 
 
 # %%
+points1 = torch.tensor([0.7, -1.3, 2.0], dtype=dtype)
+CASES1 = (  # (your function, an expression using it on Values, the same on tensors)
+    (
+        mul,
+        lambda x: mul(mul(x, x), Value(3.0)) + mul(x, Value(2.0)),
+        lambda x: x * x * 3 + x * 2,
+    ),
+    (
+        power,
+        lambda x: power(power(x, 2), 1.5) + power(x, -1),
+        lambda x: (x**2) ** 1.5 + x**-1,
+    ),
+)
+for op, f, f_torch in CASES1:
+    OPS_USED[f] = (op,)
+    check(
+        lambda: engine_grad_at(f, points1),
+        lambda: torch_grad_at(f_torch, points1),
+        outputs=("∂f/∂x",),
+        name=f"Exercise 1 · {op.__name__}",
+        against="autograd",
+    )
+
+
 def f1(x, y):
     """x·y·x + y³ − x/y with your mul and power: x feeds three products."""
     minus_x_over_y = mul(mul(x, power(y, -1)), Value(-1.0))
@@ -438,6 +477,8 @@ for _op, _x0, _d in (
 
 # %% [markdown]
 # **Self-check 2** (reference: autograd on
+# each operation alone, used twice on one Value (`relu(x) + relu(x)`) at four points, one
+# of them 0, so a ✗ names the function that is wrong; then all of them in
 # $f(x, y) = 2\,\mathrm{relu}(u) + \tanh(v) + e^{\tanh(v)} + \mathrm{relu}(y + 0.2) +
 # \mathrm{relu}(y + 0.7) + 2e^{x}$ at $x = 0.5$, $y = -0.7$, with $u = x + 1$, $v = x + y$, each
 # written as two uses of the same Value (`u.relu() + u.relu()`), so an `=` instead of `+=`
@@ -446,6 +487,23 @@ for _op, _x0, _d in (
 
 
 # %%
+points2 = torch.tensor([0.8, -0.3, 0.0, 1.5], dtype=dtype)
+CASES2 = (  # (your function, op(x) + op(x) with it, the same on tensors)
+    (relu, lambda x: relu(x) + relu(x), lambda x: 2 * torch.relu(x)),
+    (tanh, lambda x: tanh(x) + tanh(x), lambda x: 2 * torch.tanh(x)),
+    (exp, lambda x: exp(x) + exp(x), lambda x: 2 * torch.exp(x)),
+)
+for op, f, f_torch in CASES2:
+    OPS_USED[f] = (op,)
+    check(
+        lambda: engine_grad_at(f, points2),
+        lambda: torch_grad_at(f_torch, points2),
+        outputs=("∂f/∂x",),
+        name=f"Exercise 2 · {op.__name__}",
+        against="autograd",
+    )
+
+
 def f2(x, y, relu=relu, tanh=tanh, exp=exp):
     """2 relu(u), tanh(v), exp(tanh(v)), relu(y + 0.2), relu(y + 0.7), 2 exp(x)."""
     u, v = x + 1.0, x + y
