@@ -39,3 +39,25 @@ def test_toc_lists_only_existing_files_and_every_chapter():
         rel = path.relative_to(ROOT).with_suffix("").as_posix()
         if path.parent.name == "chapters":
             assert rel in files, f"{rel} is not in _toc.yml"
+
+
+def test_widget_state_is_kept_only_for_widgets_the_site_shows():
+    """A live panel tagged remove-cell runs in Jupyter/Colab only: its saved state is dropped."""
+    import nbformat
+
+    view = {
+        "output_type": "display_data",
+        "metadata": {},
+        "data": {"application/vnd.jupyter.widget-view+json": {}},
+    }
+    shown = nbformat.v4.new_code_cell("panel")
+    shown.outputs = [nbformat.from_dict(view)]
+    hidden = nbformat.v4.new_code_cell("panel", metadata={"tags": ["remove-cell"]})
+    hidden.outputs = [nbformat.from_dict(view)]
+    for cells, kept in (([shown], True), ([hidden], False), ([hidden, shown], True)):
+        nb = nbformat.v4.new_notebook(cells=cells, metadata={"widgets": {"state": 1}})
+        nbtool.clean(nb)
+        assert ("widgets" in nb.metadata) is kept
+    for path in ROOT.glob("chapters/*.ipynb"):
+        nb = nbformat.read(path, as_version=4)
+        assert ("widgets" in nb.metadata) <= nbtool._has_widgets(nb), f"{path.name} keeps unused widget state"

@@ -597,7 +597,12 @@ def test_no_page_scrolls_sideways_on_a_phone(browser, server, site):
 
 
 # Chapter pages without live widgets (a widget page also loads the widgets' JavaScript).
-WEIGHED = ["chapters/06_attention_backward", "chapters/10_flash_attention"]
+WEIGHED = [
+    "chapters/01_cat_mlp",
+    "chapters/05_losses_and_flow",
+    "chapters/06_attention_backward",
+    "chapters/10_flash_attention",
+]
 
 
 @pytest.mark.browser

@@ -99,10 +99,15 @@ def clean(nb) -> None:
 
 
 def _has_widgets(nb) -> bool:
+    """Whether the site shows a widget: a widget output in a cell the site keeps.
+
+    A live panel tagged ``remove-cell`` runs in Jupyter and Colab only; keeping its saved state
+    would make every reader download the widgets' JavaScript (about 1.9 MB) for nothing.
+    """
     return any(
         "application/vnd.jupyter.widget-view+json" in o.get("data", {})
         for c in nb.cells
-        if c.cell_type == "code"
+        if c.cell_type == "code" and "remove-cell" not in c.metadata.get("tags", [])
         for o in c.get("outputs", [])
     )
 
