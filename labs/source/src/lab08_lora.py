@@ -66,7 +66,8 @@ dev = get_device()
 no_tf32()
 dtype = torch.float64  # exact checks and gradcheck: float64
 
-# one small layer for the self-checks: in = 6, out = 4, r = 3 (all different, so a transposed
+# one small layer for the self-checks: in = 6, out = 4, r = 3 (all different, so a
+# transposed
 # matrix shows up as a wrong shape), α = 6, so s = α/r = 2
 d_in, d_out, r, alpha = 6, 4, 3, 6.0
 s = alpha / r
@@ -110,7 +111,7 @@ g = randn(5, d_out, seed=5, dtype=dtype, device=dev)  # ∂L/∂y, (R, out)
 
 # %%
 def grads_from_W_prime(grad_Wp, A, B, s):
-    """grad_A = s·Bᵀ grad_Wp (r, in), grad_B = s·grad_Wp Aᵀ (out, r), for W' = W + s·BA."""
+    """grad_A = s·Bᵀ grad_Wp (r, in), grad_B = s·grad_Wp Aᵀ (out, r), W' = W + s·BA."""
     # BEGIN SOLUTION
     grad_A = s * (B.T @ grad_Wp)  # (r, out) @ (out, in) -> (r, in)
     grad_B = s * (grad_Wp @ A.T)  # (out, in) @ (in, r) -> (out, r)
@@ -231,7 +232,8 @@ check(
 
 # %%
 def lora_backward(g, x, W, A, B, s, needs=(True, True, True)):
-    """grad_x = gW + s(gB)A, grad_A = s(gB)ᵀx, grad_B = s·gᵀ(xAᵀ); None where needs is False."""
+    """grad_x = gW + s(gB)A, grad_A = s(gB)ᵀx, grad_B = s·gᵀ(xAᵀ); None where needs is
+    False."""
     # BEGIN SOLUTION
     need_x, need_A, need_B = needs
     grad_x = grad_A = grad_B = None
@@ -293,7 +295,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from helpers.device import get_device, no_tf32, rand, randn
 
-# one row, r = 2, in = out = 64: g @ W costs 64·64 multiply-adds; forming B @ A (or gᵀx) would add
+# one row, r = 2, in = out = 64: g @ W costs 64·64 multiply-adds; forming B @ A (or gᵀx)
+# would add
 # at least as many again, everything else of the cheap route is a few hundred
 _W = randn(64, 64, seed=816, dtype=torch.float64)
 _x = randn(1, 64, seed=817, dtype=torch.float64, requires_grad=True)
@@ -353,12 +356,14 @@ for _needs, (_i, _flops) in _cases.items():
 # %%
 from torch.utils._python_dispatch import TorchDispatchMode
 
-# what every matrix product becomes inside torch (x @ W.T, torch.matmul, einsum, F.linear)
+# what every matrix product becomes inside torch (x @ W.T, torch.matmul, einsum,
+# F.linear)
 PRODUCT_OPS = {torch.ops.aten.mm, torch.ops.aten.bmm, torch.ops.aten.addmm}
 
 
 class Products(TorchDispatchMode):
-    """Records the shape of every matrix product computed inside the with-block (backward too)."""
+    """Records the shape of every matrix product computed inside the with-block
+    (backward too)."""
 
     def __init__(self):
         super().__init__()
@@ -449,7 +454,8 @@ check(
 
 # %%
 def init_adapter(W, r, seed):
-    """A (r, in) uniform on ±1/√in (Kaiming-uniform, a = √5), B (out, r) zeros; W's dtype and device."""
+    """A (r, in) uniform on ±1/√in (Kaiming-uniform, a = √5), B (out, r) zeros; W's
+    dtype and device."""
     # BEGIN SOLUTION
     d_out_, d_in_ = W.shape
     # (r, in)
@@ -531,7 +537,8 @@ assert torch.equal(_gA, torch.zeros_like(_gA)) and _gB.abs().max() > 1e-3
 
 # %%
 def check_init(fn, W, r, seed, x, g, name="Exercise 3 · init_adapter"):
-    """Your (A, B) vs LoRALinear's init; if they match, what step 0 looks like with them."""
+    """Your (A, B) vs LoRALinear's init; if they match, what step 0 looks like with
+    them."""
     ref = LoRALinear(
         nn.Linear(W.shape[1], W.shape[0], bias=False).to(W), r=r, alpha=alpha, seed=seed
     )
@@ -549,9 +556,11 @@ def check_init(fn, W, r, seed, x, g, name="Exercise 3 · init_adapter"):
         A0, B0 = (t.detach().clone().requires_grad_() for t in fn(W, r, seed))
         y = lora_linear(x, W, None, A0, B0, alpha, r)
         grad_A0, grad_B0 = torch.autograd.grad(y, (A0, B0), g)
+        same = torch.equal(y, F.linear(x, W))
+        zero_A, zero_B = bool((grad_A0 == 0).all()), bool((grad_B0 == 0).all())
         print(
-            f"  step 0 with your A, B: adapted output == base output: {torch.equal(y, F.linear(x, W))}; "
-            f"∂L/∂A == 0: {bool((grad_A0 == 0).all())}; ∂L/∂B == 0: {bool((grad_B0 == 0).all())}"
+            f"  step 0 with your A, B: adapted output == base output: {same}; "
+            f"∂L/∂A == 0: {zero_A}; ∂L/∂B == 0: {zero_B}"
         )
 
 
@@ -668,7 +677,8 @@ assert torch.allclose(_layer.weight, _W0, atol=1e-12)
 
 # %%
 def merge_round_trip(layer, A, B, s, x):
-    """(merged output, weight after unmerge_, how many times weight stopped being the same Parameter), on a copy."""
+    """(merged output, weight after unmerge_, how many times weight stopped being the
+    same Parameter), on a copy."""
     layer = copy.deepcopy(layer)
     original = layer.weight
     merged = merge_(layer, A, B, s)
@@ -813,7 +823,8 @@ runs_in: student
 """  # END TEST CONFIG
 import torch
 
-# exercise 5 is graded on its own: its backward calls a correct lora_backward here (exercise 2 is graded apart)
+# exercise 5 is graded on its own: its backward calls a correct lora_backward here
+# (exercise 2 is graded apart)
 import helpers.lora as _hl
 
 _ns = LoRALinearFn.forward.__globals__
@@ -850,7 +861,8 @@ runs_in: student
 """  # END TEST CONFIG
 import torch
 
-# exercise 5 is graded on its own: its backward calls a correct lora_backward here (exercise 2 is graded apart)
+# exercise 5 is graded on its own: its backward calls a correct lora_backward here
+# (exercise 2 is graded apart)
 import helpers.lora as _hl
 
 _ns = LoRALinearFn.forward.__globals__
@@ -897,7 +909,8 @@ runs_in: student
 """  # END TEST CONFIG
 import torch
 
-# exercise 5 is graded on its own: its backward calls a correct lora_backward here (exercise 2 is graded apart)
+# exercise 5 is graded on its own: its backward calls a correct lora_backward here
+# (exercise 2 is graded apart)
 import helpers.lora as _hl
 
 _ns = LoRALinearFn.forward.__globals__
@@ -913,7 +926,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from helpers.device import get_device, no_tf32, rand, randn
 
-# one row, in = out = 64, r = 2: no B @ A in forward or backward, and no ∂L/∂x when x needs none
+# one row, in = out = 64, r = 2: no B @ A in forward or backward, and no ∂L/∂x when x
+# needs none
 _W = randn(64, 64, seed=850, dtype=torch.float64)
 _A = randn(2, 64, seed=851, dtype=torch.float64, requires_grad=True)
 _B = randn(64, 2, seed=852, dtype=torch.float64, requires_grad=True)
@@ -955,7 +969,8 @@ from helpers.labkit import (
 
 
 def check_frozen_W(name, W, inputs):
-    """One line: a frozen W gets no gradient (W.grad stays None); a trainable W gets gᵀx."""
+    """One line: a frozen W gets no gradient (W.grad stays None); a trainable W gets
+    gᵀx."""
     W_frozen = W.detach().clone()
     W_train = W.detach().clone().requires_grad_()
     x_, A_, B_ = (t.detach().clone().requires_grad_() for t in inputs)
@@ -998,7 +1013,8 @@ check_frozen_W("Exercise 5 · W frozen / trainable", W, (x5, A, B))
 
 
 def products_of_fn(x, A, B):
-    """(out × in products, ∂L/∂x-shaped products) in forward + backward, W frozen, x data."""
+    """(out × in products, ∂L/∂x-shaped products) in forward + backward, W frozen, x
+    data."""
     A_, B_ = (t.detach().clone().requires_grad_() for t in (A, B))
     with Products() as products:
         y = applied(LoRALinearFn.apply)(x.detach(), W, A_, B_, s)

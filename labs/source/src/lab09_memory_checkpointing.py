@@ -66,15 +66,16 @@ F64 = torch.float64
 
 
 def grads_of(y, inputs, names, grad_y):
-    """torch.autograd.grad(y, inputs, grad_y), with one readable error when an input got no gradient."""
+    """torch.autograd.grad(y, inputs, grad_y), with one readable error when an input got
+    no gradient."""
     try:
         grads = torch.autograd.grad(y, inputs, grad_y, allow_unused=True)
     except RuntimeError as e:
         if "incorrect number of gradients" not in str(e):
             raise
         raise RuntimeError(
-            "backward must return one gradient per input of forward (None for non-tensors): "
-            + str(e).split("returned ")[-1]
+            "backward must return one gradient per input of forward "
+            "(None for non-tensors): " + str(e).split("returned ")[-1]
         ) from None
     missing = [n for n, g in zip(names, grads) if g is None]
     if missing:
@@ -86,7 +87,7 @@ def grads_of(y, inputs, names, grad_y):
 
 
 def mlp_block(x, ln_w, ln_b, W1, b1, W2, b2, activation="relu"):
-    """y = x + act(LN(x) W1ᵀ + b1) W2ᵀ + b2 with x (B, d), W1 (d_ff, d), W2 (d, d_ff)."""
+    """y = x + act(LN(x) W1ᵀ + b1) W2ᵀ + b2, x (B, d), W1 (d_ff, d), W2 (d, d_ff)."""
     h = F.layer_norm(x, x.shape[-1:], ln_w, ln_b)  # (B, d)
     z = h @ W1.T + b1  # (B, d) @ (d, d_ff) -> (B, d_ff)
     a = F.relu(z) if activation == "relu" else F.gelu(z)  # (B, d_ff)
@@ -94,7 +95,7 @@ def mlp_block(x, ln_w, ln_b, W1, b1, W2, b2, activation="relu"):
 
 
 def ffn(x, W1, b1, W2, b2):
-    """y = x + GELU(x W1ᵀ + b1) W2ᵀ + b2: a residual MLP block, its weights passed in."""
+    """y = x + GELU(x W1ᵀ + b1) W2ᵀ + b2: a residual MLP block, weights passed in."""
     return x + F.gelu(x @ W1.T + b1) @ W2.T + b2  # (B, d) @ (d, f) @ (f, d) -> (B, d)
 
 
@@ -317,7 +318,8 @@ check(
 
 # %%
 class StackCheckpoint(torch.autograd.Function):
-    """x_L of the stack x_l = fn(x_{l-1}, θ_l), keeping only x_0; backward recomputes it in segments."""
+    """x_L of the stack x_l = fn(x_{l-1}, θ_l), keeping only x_0; backward recomputes it
+    in segments."""
 
     @staticmethod
     def forward(fn, every, x, *params):
@@ -480,7 +482,8 @@ import torch
 
 from helpers.device import randn
 
-# needs_input_grad gating: a data x stays without requires_grad in every re-run, a frozen
+# needs_input_grad gating: a data x stays without requires_grad in every re-run, a
+# frozen
 # weight gets None, and grad_output is not modified
 _seen = []
 
@@ -505,7 +508,8 @@ assert _seen == [False, False] and torch.equal(_g, _g0)
 _pl = [p.detach().clone().requires_grad_() for p in _ps]
 _ref = torch.autograd.grad(_blk(_x, *_pl), [_pl[0], _pl[2], _pl[3]], _g0)
 assert all(torch.allclose(_a, _b, atol=1e-12) for _a, _b in zip(_gs, _ref))
-# a data x in a 3-block stack, segments of 1: the later segments' inputs still need a gradient
+# a data x in a 3-block stack, segments of 1: the later segments' inputs still need a
+# gradient
 _ps3 = [p.detach().clone().requires_grad_() for _ in range(3) for p in _ps]
 _gs3 = torch.autograd.grad(StackCheckpoint.apply(_blk, 1, _x, *_ps3), _ps3, _g0)
 _pl3 = [p.detach().clone().requires_grad_() for p in _ps3]
@@ -531,7 +535,8 @@ assert all(torch.allclose(_a, _b, atol=1e-12) for _a, _b in zip(_gs3, _ref3))
 
 # %%
 def stack_run2(run, every):
-    """(y, grad_x, all parameter gradients in one vector, bytes kept, peak blocks with a graph)."""
+    """(y, grad_x, all parameter gradients in one vector, bytes kept, peak blocks with a
+    graph)."""
     live = [0, 0]  # blocks holding a graph now, the most at once
     data_x_runs, flat0_ptr = [], [None]  # block 0's re-runs on a data x: requires_grad?
 
@@ -641,7 +646,8 @@ check(
 
 # %%
 class CheckpointRNG(torch.autograd.Function):
-    """y = fn(x, *params) keeping x; backward recomputes fn with the RNG put back to rng_state."""
+    """y = fn(x, *params) keeping x; backward recomputes fn with the RNG put back to
+    rng_state."""
 
     @staticmethod
     def forward(fn, rng_state, x, *params):
@@ -678,7 +684,8 @@ class CheckpointRNG(torch.autograd.Function):
 
 
 def checkpoint_rng(fn, x, *params):
-    """fn(x, *params) checkpointed, the RNG state taken before the forward so dropout repeats its mask."""
+    """fn(x, *params) checkpointed, the RNG state taken before the forward so dropout
+    repeats its mask."""
     # BEGIN SOLUTION
     rng_state = get_rng_state([x, *params])
     return CheckpointRNG.apply(fn, rng_state, x, *params)
@@ -781,7 +788,8 @@ assert _seen == [False, False]
 
 # %%
 def dropout_run(run, seed=5):
-    """(y, grads..., next draw) for y = run(x, *params) on ffn_dropout, seeded; a draw in between."""
+    """(y, grads..., next draw) for y = run(x, *params) on ffn_dropout, seeded; a draw
+    in between."""
 
     def go(x, *params):
         torch.manual_seed(seed)
@@ -845,7 +853,8 @@ check(
 
 # %%
 def checkpoint_stack(x, layers, segment):
-    """x_L of the ffn_dropout stack, each run of `segment` consecutive blocks checkpointed as one function."""
+    """x_L of the ffn_dropout stack, each run of `segment` consecutive blocks
+    checkpointed as one function."""
 
     # BEGIN SOLUTION
     def run_segment(h, *flat):
@@ -939,7 +948,8 @@ for _seg in (1, 4, 6):
 
 # %%
 def stack_run(run, seed=9):
-    """(y, grad_x, all parameter gradients in one vector, bytes kept) for y = run(x, layers), seeded."""
+    """(y, grad_x, all parameter gradients in one vector, bytes kept) for y = run(x,
+    layers), seeded."""
 
     def go(x, *flat):
         layers = [flat[i : i + 4] for i in range(0, len(flat), 4)]
@@ -999,9 +1009,8 @@ for seg in (1, 2, 5):
         print("checkpoint_stack: not implemented yet")
         break
     n_in = math.ceil(5 / seg)
-    print(
-        f"segment={seg}: {fmt_bytes(saved.total_bytes)} kept ({n_in} input{'s' if n_in > 1 else ''} of {fmt_bytes(x4.numel() * 8)})"
-    )
+    inputs = f"{n_in} input{'s' if n_in > 1 else ''} of {fmt_bytes(x4.numel() * 8)}"
+    print(f"segment={seg}: {fmt_bytes(saved.total_bytes)} kept ({inputs})")
 
 # %% [markdown]
 # The kept bytes are only part of the story: during backward, one segment is recomputed with
@@ -1041,7 +1050,8 @@ for seg in (1, 2, 5):
 
 # %%
 def scaled_step(params, loss_fn, scale, tracker, lr, growth_interval=2000):
-    """g = ∇(scale·L)/scale; inf/NaN → skip, scale/2; else θ -= lr·g, and ×2 after growth_interval clean steps."""
+    """g = ∇(scale·L)/scale; inf/NaN → skip, scale/2; else θ -= lr·g, and ×2 after
+    growth_interval clean steps."""
     # BEGIN SOLUTION
     scaled = torch.autograd.grad(scale * loss_fn(*params), params)
     grads = [g * (1.0 / scale) for g in scaled]
@@ -1071,7 +1081,8 @@ import torch
 
 from helpers.device import randn
 
-# underflow: with c = 1e-9 the float16 gradients are 0 unscaled; scaled by 2^16 the step is the float32 one
+# underflow: with c = 1e-9 the float16 gradients are 0 unscaled; scaled by 2^16 the step
+# is the float32 one
 _W = randn(3, 4, seed=901, requires_grad=True)
 _x, _t = randn(16, 4, seed=902), randn(16, 3, seed=903)
 
@@ -1122,7 +1133,8 @@ import torch
 
 from helpers.device import randn
 
-# overflow: a huge scale gives inf gradients; nothing moves, the scale halves, the tracker resets
+# overflow: a huge scale gives inf gradients; nothing moves, the scale halves, the
+# tracker resets
 _W = randn(2, 3, seed=911, requires_grad=True)
 _b = randn(2, seed=912, requires_grad=True)
 _x = 4 * randn(32, 3, seed=913)
@@ -1146,7 +1158,8 @@ import torch
 from helpers.device import randn
 from helpers.precision import ScalerState, loss_scale_step
 
-# a run of steps: skips, then growth after growth_interval clean steps, against the course's helper
+# a run of steps: skips, then growth after growth_interval clean steps, against the
+# course's helper
 _W = randn(3, 4, seed=921, requires_grad=True)
 _Wr = _W.detach().clone().requires_grad_()
 _state, _scale, _tr = ScalerState(scale=2.0**17, growth_interval=2), 2.0**17, 0
@@ -1180,7 +1193,8 @@ for _k in range(9):
 
 # %%
 def fp16_loss(W, b, x, t):
-    """L = Σ (tanh(x Wᵀ + b) − t)², the layer in float16 from float32 weights; L in float32."""
+    """L = Σ (tanh(x Wᵀ + b) − t)², the layer in float16 from float32 weights; L in
+    float32."""
     # (n, 4) @ (4, 3) -> (n, 3), float16
     h = torch.tanh(x.half() @ W.half().T + b.half())
     return ((h.float() - t) ** 2).sum()
@@ -1227,7 +1241,8 @@ def run_ours(W, b):
 
 
 def run_reference(W, b):
-    """The same 8 steps with helpers.precision.loss_scale_step: (scales, trackers, stepped, W, b)."""
+    """The same 8 steps with helpers.precision.loss_scale_step: (scales, trackers,
+    stepped, W, b)."""
     W, b = W.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
     state = ScalerState(scale=2.0**16, growth_interval=3, growth_tracker=2)
     scales, trackers, stepped = [], [], []

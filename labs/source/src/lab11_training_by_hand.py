@@ -80,14 +80,16 @@ def init():
 
 
 def grads_at(p):
-    """{grad_W = δᵀX, grad_b = Σδ} of L = mean (tanh(X Wᵀ + b) − Y)², δ = 2/n (a − Y)(1 − a²)."""
+    """{grad_W = δᵀX, grad_b = Σδ} of L = mean (tanh(X Wᵀ + b) − Y)², δ = 2/n (a − Y)(1
+    − a²)."""
     a = torch.tanh(X @ p["W"].T + p["b"])  # (8, 4) @ (4, 3) -> (8, 3)
     delta = 2 / a.numel() * (a - Y) * (1 - a**2)  # (8, 3)
     return {"W": delta.T @ X, "b": delta.sum(0)}  # (3, 8) @ (8, 4) -> (3, 4)
 
 
 def run_ours(step, fresh_state, steps=10, what="step"):
-    """(W, b) after `steps` calls θ, state = step(θ, g, state, t) per parameter, t = 1, 2, …"""
+    """(W, b) after `steps` calls θ, state = step(θ, g, state, t) per parameter, t = 1,
+    2, …"""
     theta = init()
     state = {k: fresh_state(v) for k, v in theta.items()}
     for t in range(1, steps + 1):
@@ -98,7 +100,8 @@ def run_ours(step, fresh_state, steps=10, what="step"):
                 raise NotImplementedError
             if not isinstance(out, tuple) or not isinstance(out[0], torch.Tensor):
                 raise ValueError(
-                    f"{what} should return a tuple (theta, ...), got {type(out).__name__}"
+                    f"{what} should return a tuple (theta, ...), "
+                    f"got {type(out).__name__}"
                 )
             if out[0].shape != theta[k].shape:
                 raise ValueError(
@@ -110,7 +113,8 @@ def run_ours(step, fresh_state, steps=10, what="step"):
 
 
 def run_torch(make_opt, steps=10):
-    """(W, b) after `steps` steps of a torch.optim optimizer fed the same hand gradients."""
+    """(W, b) after `steps` steps of a torch.optim optimizer fed the same hand
+    gradients."""
     theta = init()
     opt = make_opt(list(theta.values()))
     for _ in range(steps):
@@ -162,7 +166,8 @@ def run_torch(make_opt, steps=10):
 def sgd_step(
     theta, g, buf, lr, momentum=0.0, dampening=0.0, nesterov=False, weight_decay=0.0
 ):
-    """θ ← θ − η·d, g ← g + λθ, b ← μb + (1−τ)g (b₁ = g), d = g + μb (Nesterov) or b; (θ, b)."""
+    """θ ← θ − η·d, g ← g + λθ, b ← μb + (1−τ)g (b₁ = g), d = g + μb (Nesterov) or b;
+    (θ, b)."""
     # BEGIN SOLUTION
     g = g + weight_decay * theta
     if momentum == 0:
@@ -187,7 +192,8 @@ import torch
 
 from helpers.device import randn
 
-# momentum without Nesterov, 10 steps of a quadratic, vs torch.optim.SGD fed the same gradients
+# momentum without Nesterov, 10 steps of a quadratic, vs torch.optim.SGD fed the same
+# gradients
 _A = randn(5, 5, seed=1101, dtype=torch.float64)
 _A = _A @ _A.T / 5 + torch.eye(5, dtype=torch.float64)
 _c = randn(5, seed=1102, dtype=torch.float64)
@@ -250,7 +256,8 @@ import torch
 
 from helpers.device import randn
 
-# dampening with weight decay, 10 steps vs torch.optim.SGD: the first step is not dampened
+# dampening with weight decay, 10 steps vs torch.optim.SGD: the first step is not
+# dampened
 _A = randn(4, 4, seed=1121, dtype=torch.float64)
 _A = _A @ _A.T / 4 + torch.eye(4, dtype=torch.float64)
 _th, _buf = randn(3, 4, seed=1122, dtype=torch.float64), None
@@ -345,7 +352,8 @@ check(
 
 # %%
 def adam_step(theta, g, m, v, t, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
-    """θ ← θ − η/(1−β₁ᵗ) · m/(√v/√(1−β₂ᵗ) + ε), m ← β₁m + (1−β₁)g, v ← β₂v + (1−β₂)g², g ← g + λθ."""
+    """θ ← θ − η/(1−β₁ᵗ) · m/(√v/√(1−β₂ᵗ) + ε), m ← β₁m + (1−β₁)g, v ← β₂v + (1−β₂)g², g
+    ← g + λθ."""
     # BEGIN SOLUTION
     beta1, beta2 = betas
     g = g + weight_decay * theta
@@ -392,7 +400,8 @@ hidden: true
 """  # END TEST CONFIG
 import torch
 
-# bias correction: the first step is η·sign(g) for every scale of g, and m, v are returned raw
+# bias correction: the first step is η·sign(g) for every scale of g, and m, v are
+# returned raw
 _g = torch.tensor([1e-3, -2.0, 50.0, -7e2], dtype=torch.float64)
 _th = torch.zeros(4, dtype=torch.float64)
 _new, _m, _v = adam_step(
@@ -417,7 +426,8 @@ import math
 
 import torch
 
-# a later step uses t: with a constant gradient, m_t = (1 − β₁ᵗ)g, and the step is still η·sign(g)
+# a later step uses t: with a constant gradient, m_t = (1 − β₁ᵗ)g, and the step is still
+# η·sign(g)
 _g = torch.tensor([[3.0, -0.25]], dtype=torch.float64)
 _th, _m, _v = (
     torch.zeros(1, 2, dtype=torch.float64),
@@ -489,7 +499,8 @@ check(
 
 # %%
 def adamw_step(theta, g, m, v, t, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
-    """θ ← θ(1 − ηλ), then the Adam step on g alone (m and v never see λθ); returns (θ, m, v)."""
+    """θ ← θ(1 − ηλ), then the Adam step on g alone (m and v never see λθ); returns (θ,
+    m, v)."""
     # BEGIN SOLUTION
     theta = theta * (1 - lr * weight_decay)
     return adam_step(theta, g, m, v, t, lr, betas, eps, weight_decay=0.0)
@@ -559,7 +570,8 @@ assert abs(_th[0].item() - 2.0 * (1 - 0.01 * 0.5) ** 7) < 1e-13
 
 # %%
 def idle_weight(step):
-    """A weight at 1.0 whose loss gradient is 0, after 10 steps with η = λ = 0.1 (a (1,) tensor)."""
+    """A weight at 1.0 whose loss gradient is 0, after 10 steps with η = λ = 0.1 (a (1,)
+    tensor)."""
     th, m, v = (
         torch.ones(1, dtype=dtype),
         torch.zeros(1, dtype=dtype),
@@ -660,7 +672,8 @@ show(
 
 # %%
 def lr_at(step, warmup, total, lr_max, lr_min=0.0):
-    """η_max(s+1)/W for s < W, then η_min + ½(η_max − η_min)(1 + cos π(s−W)/(T−W)), η_min for s ≥ T."""
+    """η_max(s+1)/W for s < W, then η_min + ½(η_max − η_min)(1 + cos π(s−W)/(T−W)),
+    η_min for s ≥ T."""
     # BEGIN SOLUTION
     if step < warmup:
         return lr_max * (step + 1) / warmup
@@ -789,7 +802,8 @@ check(
 
 # %%
 def train(model, opt, X, Y, steps, accum=1, max_norm=1.0):
-    """zero_grad → (forward → backward of L_i/accum) per micro-batch → clip → step; returns [L per step]."""
+    """zero_grad → (forward → backward of L_i/accum) per micro-batch → clip → step;
+    returns [L per step]."""
     # BEGIN SOLUTION
     losses = []
     for _ in range(steps):
@@ -822,7 +836,8 @@ import torch.nn.functional as F
 from helpers.device import randn
 
 
-# no clipping, plain SGD (scale-sensitive): 3 micro-batches of 4 = 1 batch of 12, by hand
+# no clipping, plain SGD (scale-sensitive): 3 micro-batches of 4 = 1 batch of 12, by
+# hand
 def _model():
     _m = torch.nn.Sequential(
         torch.nn.Linear(3, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2)
@@ -921,7 +936,8 @@ import torch
 from helpers.device import randn
 
 
-# accum = B (micro-batches of one) with AdamW gives the losses and parameters of accum = 1
+# accum = B (micro-batches of one) with AdamW gives the losses and parameters of accum =
+# 1
 def _model():
     _m = torch.nn.Sequential(
         torch.nn.Linear(2, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1)
@@ -979,7 +995,8 @@ def mlp():
 
 
 def run_loop(loop, accum, max_norm):
-    """(losses, parameters) after 20 steps of SGD(lr=0.1, momentum=0.9) driven by `loop`."""
+    """(losses, parameters) after 20 steps of SGD(lr=0.1, momentum=0.9) driven by
+    `loop`."""
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     losses = loop(model, opt, X5, Y5, 20, accum, max_norm)
