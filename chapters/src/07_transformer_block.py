@@ -614,7 +614,7 @@ print(repr(tok.decode(out[0])))
 #
 # * **LayerNorm**: its input and two floats, $\mu$ and $1/\sigma$; the normalised output is cheap
 #   to recompute (chapter 4).
-# * **in-projection**: its input (the LN₁ output, recomputed; [post-norm: the block input]) and
+# * **in-projection**: its input (the $\mathrm{LN}_1$ output, recomputed; [post-norm: the block input]) and
 #   nothing else; the attention needs $Q, K, V$: $3d$.
 # * **attention**: $P$ would be $H\cdot N$ numbers per token. PyTorch's CPU attention kernel keeps
 #   instead one log-sum-exp per row and head, $\mathrm{lse} = \log\sum_j e^{S_{ij}}$, and rebuilds
@@ -622,8 +622,8 @@ print(repr(tok.decode(out[0])))
 #   in tiles). We do the same: $H$ numbers per token. The rebuild is exact up to round-off:
 # * **out-projection**: its input, the merged heads $A$: $d$.
 # * **FFN**: $d_{ff}$: the ReLU output (which also says where the input was positive) or the GELU
-#   input (its output is recomputed); linear₂'s input is then recomputed or is the same tensor.
-# * LN₂'s input $X_1$: $d$ [post-norm: $Z_1$ and $Z_2$, $2d$].
+#   input (its output is recomputed); `linear2`'s input is then recomputed or is the same tensor.
+# * $\mathrm{LN}_2$'s input $X_1$: $d$ [post-norm: $Z_1$ and $Z_2$, $2d$].
 #
 # Altogether $B\,N\,(5d + d_{ff} + H + 4)$ elements for pre-norm and $B\,N\,(6d + d_{ff} + H + 4)$
 # for post-norm: `block_saved_bytes_formula`. The tables compare it with what autograd keeps for
@@ -742,7 +742,7 @@ varies(
 #   branch's contribution: $\partial L/\partial x = \partial L/\partial y + J_f^\top\,\partial L/\partial y$.
 #   Through 12 blocks with small weights the gradient kept its size with skips and fell to
 #   1.5e-14 without.
-# * The FFN backward is linear₂ → activation → linear₁, chapter 4's pieces in reverse.
+# * The FFN backward is `linear2` → activation → `linear1`, chapter 4's pieces in reverse.
 # * Post-norm: LN on the skip path, $dX = dZ_1 + \mathrm{SA}^\top(dZ_1)$ with $dZ_1 = \mathrm{LN}_1^\top(\cdots)$.
 #   Pre-norm: the skip path from $Y$ to $X$ is untouched. Both match
 #   `nn.TransformerEncoderLayer` for all 13 gradients, to 1e-10 in float64.
@@ -756,7 +756,7 @@ varies(
 # * **Forgetting the skip term**: $dX = \mathrm{SA}^\top(\ldots)$ instead of $dX_1 + \mathrm{SA}^\top(\ldots)$.
 #   Shapes agree, so only a comparison catches it (`tests/test_block.py` checks that it does).
 # * **LayerNorm without its mean or variance path**, i.e. treating $\mu$ and $\sigma$ as constants.
-# * **Using the wrong tensor for a recompute**: post-norm's FFN input is the LN₁ *output* $X_1$, not
+# * **Using the wrong tensor for a recompute**: post-norm's FFN input is the $\mathrm{LN}_1$ *output* $X_1$, not
 #   $Z_1$; pre-norm's attention input is $\mathrm{LN}_1(X)$, not $X$.
 # * **`grad_wte[idx] = grad`** instead of `index_add_`: a repeated token keeps one gradient.
 # * **Comparing with a module that has dropout on**: `nn.TransformerEncoderLayer` defaults to

@@ -72,7 +72,7 @@ if dev.type == "cpu":
     torch.set_num_threads(1)
 
 # %% [markdown]
-# ## 1. The gradients of A and B, from ∂L/∂W′
+# ## 1. The gradients of $A$ and $B$, from $\partial L/\partial W'$
 #
 # Write $s = \alpha/r$. For a batch of rows $x$ (R × in), the layer computes
 # $y = xW'^\top + b$. Chapter 4 gave the weight gradient of a linear layer:
@@ -114,7 +114,7 @@ _ = compare("∂L/∂A = s·Bᵀ(∂L/∂W') vs autograd", grad_A_seed, A_.grad)
 # rtol 1e-8), loose on purpose: far above round-off and far below any real mistake, which
 # changes a gradient in its first digits.
 #
-# ## 2. The cheaper route: never form W′ or ∂L/∂W′
+# ## 2. The cheaper route: never form $W'$ or $\partial L/\partial W'$
 #
 # The formulas above go through $\partial L/\partial W'$, an out × in matrix: exactly the size
 # of the weight we froze to save memory. Substitute $\partial L/\partial W' = g^\top x$ and
@@ -429,7 +429,8 @@ for name, (A0, B0) in inits.items():
     print(f"{name:36s} ‖∂L/∂A‖ = {fmt(gA, 6)}   ‖∂L/∂B‖ = {fmt(gB_, 6)}")
 
 # %% [markdown]
-# With LoRA's choice, ‖∂L/∂A‖ = 0.000000 and ‖∂L/∂B‖ = 0.444021 at step 0: only $B$ moves
+# With LoRA's choice, $\lVert\partial L/\partial A\rVert = 0.000000$ and
+# $\lVert\partial L/\partial B\rVert = 0.444021$ at step 0: only $B$ moves
 # first, and once $B \ne 0$ the gradient of $A$ switches on.
 #
 # **Seed 003's prose has it backwards.** Its tips say "矩阵A通常初始化为0，B用高斯初始化"
@@ -476,7 +477,7 @@ plt.show()
 # Both one-sided initialisations train (the loss falls from 1.3738 to 0.2657 and 0.2608 in
 # 60 steps); zero-for-both stays at 1.3738 with $A$ and $B$ still exactly zero.
 #
-# ## 6. The scale α/r, rsLoRA's α/√r, and the learning rate
+# ## 6. The scale $\alpha/r$, rsLoRA's $\alpha/\sqrt r$, and the learning rate
 #
 # Why a scale at all? With Adam, each step moves every entry of $A$ and $B$ by about the
 # learning rate, whatever the size of its gradient. So the update of $W' $ is
@@ -532,10 +533,10 @@ plt.show()
 
 # %% [markdown]
 # With $\alpha/r$, the first update shrinks as the rank grows: 0.0373 at r = 1, 0.0060 at
-# r = 64, about $1/\sqrt r$ (B's $r$ new columns add up like random vectors, √r, while $s$
+# r = 64, about $1/\sqrt r$ (B's $r$ new columns add up like random vectors, $\sqrt r$, while $s$
 # falls like $1/r$). So at fixed $\alpha$ and learning rate, a larger rank *learns more
 # slowly* at the start, and raising $r$ calls for a larger $\alpha$ or learning rate. rsLoRA's
-# $\alpha/\sqrt r$ cancels the √r: the first update stays between 0.0372 and 0.0477 across
+# $\alpha/\sqrt r$ cancels the $\sqrt r$: the first update stays between 0.0372 and 0.0477 across
 # ranks 1 to 64, so a learning rate tuned at one rank carries over. Neither is "right"; the
 # point is that $\alpha$, $r$ and the learning rate are not independent knobs: keep two fixed
 # when you tune the third. (Seed 003's tip that LoRA parameters usually want a larger learning

@@ -711,7 +711,7 @@ show("F.layer_norm, fp16, eps=1e-12", nn.functional.layer_norm(row, (8,), eps=1e
 
 # %% [markdown]
 # NaN for the whole row with eps = 0; zeros with 1e-5. PyTorch's own `F.layer_norm` does not
-# fail: its kernels compute μ and σ² in float32 even for float16 input, and `autocast` runs
+# fail: its kernels compute $\mu$ and $\sigma^2$ in float32 even for float16 input, and `autocast` runs
 # LayerNorm in float32 anyway. So the NaN needs a LayerNorm that does its arithmetic in float16
 # (hand-written ones, some fused kernels), but the tiny eps hurts even in PyTorch's kernel when
 # a row's variance is tiny, not zero. A row that differs from constant by one float16 step:
