@@ -794,14 +794,14 @@ compare("merged vs unmerged logits (fp32)", restored(probe), logits_ft)
 _ = unmerge_lora(restored)
 
 # %% [markdown]
-# ## 10. Try it: rank and α
+# ## 10. Try it: rank and $\alpha$
 #
 # The panel fine-tunes the pretrained model with adapters on Q and V for the rank $r$ and
 # $\alpha$ you choose (100 steps, lr 1e-2) and draws the loss curve, with full fine-tuning
 # and LoRA all as dashed references; the title gives the trainable parameters and Adam's
 # state. It needs a running kernel: open this chapter in Colab (or Jupyter) to use it. Runs
 # not precomputed below take a few seconds each. On the website, the animation after it
-# stands in: its slider steps through the six precomputed (r, α) pairs.
+# stands in: its slider steps through the six precomputed $(r, \alpha)$ pairs.
 
 # %% tags=["nbval-ignore-output"]
 from helpers.widgets_lora import lora_animation, lora_panel, lora_run
@@ -856,8 +856,8 @@ HTML(lora_animation(precomputed, reference).to_jshtml(default_mode="once"))
 # %% [markdown]
 # Trainable parameters and Adam's state grow linearly with $r$ (256 parameters per unit of
 # rank here: 2 blocks × 2 adapters × (32 + 32)). In this run more rank helps at both values of
-# $\alpha$ (last-10 loss 2.74 at r = 1 and 2.51 at r = 16 for α = 4), and the 4× larger
-# scale of α = 16 helps at every rank (2.66, 2.52, 2.41), as a larger learning rate would:
+# $\alpha$ (last-10 loss 2.74 at $r = 1$ and 2.51 at $r = 16$ for $\alpha = 4$), and the 4× larger
+# scale of $\alpha = 16$ helps at every rank (2.66, 2.52, 2.41), as a larger learning rate would:
 # $\alpha$ and the learning rate play the same role, which is section 6's point.
 #
 # ## Summary
