@@ -180,7 +180,7 @@ def torch_grads(f, *numbers):
 
 
 def engine_grad_at(f, points):
-    """∂f/∂x at each point (one graph per point, f run on Values), or None if unfinished."""
+    """∂f/∂x at each point (a graph per point, f run on Values); None if unfinished."""
     grads = [engine_grads(f, x0) for x0 in points.tolist()]
     if None in grads:
         return None
