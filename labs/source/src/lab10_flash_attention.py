@@ -946,7 +946,9 @@ _leaves = [t.clone().requires_grad_() for t in (_Q, _K, _V)]
 _ref = torch.autograd.grad(naive_attention(*_leaves), _leaves, _gO)
 for _bq, _bk in ((1, 1), (50, 50)):
     _out = tiled_backward(_Q, _K, _V, _O, _L, _gO, torch.zeros(1).double(), _bq, _bk)
-    assert all(torch.allclose(o, r, atol=1e-10, rtol=1e-8) for o, r in zip(_out, _ref))
+    assert all(
+        torch.allclose(o, r, atol=1e-10, rtol=1e-8) for o, r in zip(_out[:3], _ref)
+    )
 
 # %%
 """ # BEGIN TEST CONFIG
