@@ -42,7 +42,7 @@ def _node(ax, xy, text, color="white"):
         text,
         ha="center",
         va="center",
-        fontsize=11,
+        fontsize=14,
         zorder=3,
         bbox=dict(boxstyle="round,pad=0.35", fc=color, ec="#333333"),
     )
@@ -65,14 +65,14 @@ def _edge(ax, start, end, fwd=None, bwd=None, bwd_color=BWD, label_side="h"):
     mx, my = (start[0] + end[0]) / 2, (start[1] + end[1]) / 2
     if label_side == "h":  # horizontal edge: forward above, backward below
         if fwd:
-            ax.text(mx, my + 0.14, fwd, ha="center", va="bottom", fontsize=8.5, color=FWD)
+            ax.text(mx, my + 0.14, fwd, ha="center", va="bottom", fontsize=10.5, color=FWD)
         if bwd:
-            ax.text(mx, my - 0.14, bwd, ha="center", va="top", fontsize=8.5, color=bwd_color)
+            ax.text(mx, my - 0.14, bwd, ha="center", va="top", fontsize=10.5, color=bwd_color)
     else:  # vertical edge: forward left, backward right
         if fwd:
-            ax.text(mx - 0.08, my, fwd, ha="right", va="center", fontsize=8.5, color=FWD)
+            ax.text(mx - 0.08, my, fwd, ha="right", va="center", fontsize=10.5, color=FWD)
         if bwd:
-            ax.text(mx + 0.08, my, bwd, ha="left", va="center", fontsize=8.5, color=bwd_color)
+            ax.text(mx + 0.08, my, bwd, ha="left", va="center", fontsize=10.5, color=bwd_color)
 
 
 def draw_cat_graph(
@@ -139,7 +139,7 @@ def draw_cat_graph(
         f"L = {s(cache['L'])}",
         ha="center",
         va="top",
-        fontsize=9.5,
+        fontsize=12,
         color=FWD,
     )
     note = (
@@ -148,18 +148,18 @@ def draw_cat_graph(
         if dead
         else "every ReLU unit is active"
     )
-    ax.text(3.8, -1.15, note, ha="center", va="center", fontsize=9, color=DEAD, style="italic")
+    ax.text(3.8, -1.15, note, ha="center", va="center", fontsize=11, color=DEAD, style="italic")
     ax.text(
         -0.5,
         2.0,
         "blue: forward values    red: backward gradients ∂L/∂·",
-        fontsize=9,
+        fontsize=11,
         ha="left",
         va="top",
         color="#333333",
     )
     if title:
-        ax.set_title(title, fontsize=11)
+        ax.set_title(title, fontsize=14)
     if own:
         fig.tight_layout()
     return fig

@@ -44,7 +44,11 @@ def plot_layer_norms(curves: dict, ax=None, title: str | None = None, ylabel: st
 
 
 def plot_flow_grid(norms: dict, rows, cols, labels, row_title=None, col_title=None):
-    """A grid of ``plot_layer_norms``: norms[(row, col, label)] = list of per-layer norms."""
+    """A grid of ``plot_layer_norms``: norms[(row, col, label)] = list of per-layer norms.
+
+    Its text is set at 9-10.5 pt, so that it renders at 9 px or more when the grid is scaled
+    down to a 680 px page column.
+    """
     fig, axes = plt.subplots(
         len(rows),
         len(cols),
@@ -59,12 +63,15 @@ def plot_flow_grid(norms: dict, rows, cols, labels, row_title=None, col_title=No
             ax = axes[i][j]
             plot_layer_norms({lab: norms[(r, c, lab)] for lab in labels}, ax=ax)
             ax.set_title(
-                f"{row_title(r) if row_title else r} · {col_title(c) if col_title else c}", fontsize=8
+                f"{row_title(r) if row_title else r} · {col_title(c) if col_title else c}",
+                fontsize=10.5,
             )
-            ax.tick_params(labelsize=7)
-            ax.set_xlabel("layer" if i == len(rows) - 1 else "", fontsize=8)
-            ax.set_ylabel("‖∂L/∂W‖" if j == 0 else "", fontsize=8)
-            if (i, j) != (0, 0):
+            ax.tick_params(labelsize=9)
+            ax.set_xlabel("layer" if i == len(rows) - 1 else "", fontsize=10.5)
+            ax.set_ylabel("‖∂L/∂W‖" if j == 0 else "", fontsize=10.5)
+            if (i, j) == (0, 0):
+                ax.legend(fontsize=10)
+            else:
                 ax.get_legend().remove()
     fig.tight_layout()
     return fig

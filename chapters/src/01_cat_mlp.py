@@ -374,15 +374,10 @@ for label, (name, idx) in {
 
 # %%
 import matplotlib.pyplot as plt
-from matplotlib.text import Text
 
 from helpers.plot_cat import draw_cat_graph
 
 fig = draw_cat_graph(cache, grads, p)
-# The helper's smallest labels (8.5 pt on an 11-inch figure) would render at about 7 px
-# in a 680 px page column: a quarter larger, they render at about 9 px.
-for label in fig.findobj(Text):
-    label.set_fontsize(1.25 * label.get_fontsize())
 plt.show()
 
 # %% [markdown]

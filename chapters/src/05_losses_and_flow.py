@@ -602,8 +602,6 @@ for init in inits:
             print(f"{fmt(init, 1):>4} {name:>12} {act:>10}  {first:>8} {last:>8}")
 
 # %%
-from matplotlib.text import Text
-
 from helpers.plot_flow import plot_flow_grid
 
 # One architecture per row, the two inits side by side: two panels a row stay
@@ -616,10 +614,6 @@ fig = plot_flow_grid(
     labels=acts,
     col_title=lambda c: f"init {c:g}",
 )
-# The helper's 7-8 pt labels, scaled so that they render at >= 9 px in the page column
-for label in fig.findobj(Text):
-    label.set_fontsize(1.3 * label.get_fontsize())
-fig.tight_layout()
 plt.show()
 
 # %% [markdown]
