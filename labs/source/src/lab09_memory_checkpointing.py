@@ -138,8 +138,16 @@ def ffn_params(d, d_ff, seed, dtype=F64, device=dev):
 #
 # Write `predict_saved_bytes(B, d, d_ff, activation, bytes_per_element)`: the bytes kept, as
 # an `int`, parameters (`ln_w`, `ln_b`, `W1`, `b1`, `W2`, `b2`) **not** counted. The input `x`
-# itself **does** count here (unlike lab 3's exercise 4, which excluded inputs): the block keeps it. Hint: with
-# ReLU one tensor is kept by two operations; with GELU it is not.
+# itself **does** count here (unlike lab 3's exercise 4, which excluded inputs): the block keeps it.
+# Walk the block operation by operation and ask, for each tensor kept, whether another
+# operation already keeps the very same tensor.
+#
+# <details><summary>Hint: the one shared tensor</summary>
+#
+# With ReLU one tensor is kept by two operations (ReLU's output is also W2's matmul input);
+# with GELU it is not (GELU keeps its input, the matmul keeps GELU's output).
+#
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION
@@ -625,20 +633,26 @@ check(
 # re-run draws a new mask. Write a checkpoint of **one** block that repeats the mask:
 # * `CheckpointRNG`: `forward(fn, rng_state, x, *params)` returns `fn(x, *params)` without a
 #   graph; `setup_context` keeps `fn` and `rng_state` on `ctx` and saves `x` and the
-#   parameters; `backward` re-runs `fn` with a graph on fresh leaves, inside
-#   `torch.random.fork_rng(devices=[i for i, _ in ctx.rng_state.cuda])`, calling
-#   `set_rng_state(ctx.rng_state)` first, and differentiates it. Gate on
-#   `ctx.needs_input_grad[2:]` as in exercise 2 and return one gradient per input (`None` for
-#   `fn`, `rng_state` and every input that needs
-#   no gradient);
+#   parameters; `backward` re-runs `fn` with a graph on fresh leaves, with the random
+#   generators put back to `rng_state` (`set_rng_state` from `helpers.checkpoint`), and
+#   differentiates it. Gate on `ctx.needs_input_grad[2:]` as in exercise 2 and return one
+#   gradient per input (`None` for `fn`, `rng_state` and every input that needs none);
 # * `checkpoint_rng(fn, x, *params)`: take `rng_state = get_rng_state([x, *params])` (from
-#   `helpers.checkpoint`: the CPU generator's state, and the CUDA one's if a tensor is on a GPU)
-#   **before** the forward runs, then return `CheckpointRNG.apply(fn, rng_state, x, *params)`.
-#   Why not take it in `setup_context`? It runs *after* `forward`, when the mask is already drawn.
+#   `helpers.checkpoint`: the CPU generator's state, and the CUDA one's if a tensor is on a
+#   GPU), then return `CheckpointRNG.apply(fn, rng_state, x, *params)`.
 #
-# Why `fork_rng`: `set_rng_state` rewinds the global generator; inside `fork_rng` the rewind is
-# undone when the block ends, so the random numbers the rest of training draws after backward
-# are the ones it would have drawn without checkpointing.
+# Two things to work out: **when** the state must be taken (why not in `setup_context`?), and
+# how to rewind the generator for the re-run without changing the random numbers the rest of
+# training draws after backward (the self-check draws one after backward and compares).
+#
+# <details><summary>Hint: when, and how to rewind without a trace</summary>
+#
+# `setup_context` runs *after* `forward`, when the mask is already drawn: take the state in
+# `checkpoint_rng`, before `apply`. In `backward`, re-run inside
+# `torch.random.fork_rng(devices=[i for i, _ in ctx.rng_state.cuda])`, calling
+# `set_rng_state(ctx.rng_state)` first: `fork_rng` undoes the rewind when the block ends.
+#
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION
