@@ -835,7 +835,7 @@ for rk, a in sorted(precomputed, key=lambda k: (k[1], k[0])):
         f"{fmt_bytes(run['opt_bytes']):>11s}  {fmt(sum(run['losses'][-10:]) / 10, 2)}"
     )
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output", "remove-cell"]
 lora_panel(
     cfg,
     base_state,
