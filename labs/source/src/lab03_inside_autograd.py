@@ -805,8 +805,15 @@ assert saved_bytes(lambda t: (t * t).sum(), (_x,)) == 0  # mul saves x twice: an
 # two exps: two saved outputs
 _n = saved_bytes(lambda t: (t.exp() * t.exp()).sum(), (_x,))
 assert _n == 2 * 7 * 5 * 8, _n
-# one exp output, saved by exp and twice by mul
-_n = saved_bytes(lambda t: (lambda y: y * y)(t.exp()).sum(), (_x,))
+
+
+def _square_of_exp(t):
+    """exp(t)², summed: one exp output, saved by exp and twice by mul."""
+    y = t.exp()
+    return (y * y).sum()
+
+
+_n = saved_bytes(_square_of_exp, (_x,))
 assert _n == 7 * 5 * 8, _n
 
 # %%
