@@ -350,7 +350,8 @@ hidden: true
 """  # END TEST CONFIG
 import torch
 
-# W = 0: the layer's branch sends back grad_Y ⊙ 1 @ 0 = 0, so grad_X is the skip's grad_Y alone
+# W = 0: the layer's branch sends back grad_Y ⊙ 1 @ 0 = 0,
+# so grad_X is the skip's grad_Y alone
 _gY = torch.arange(6.0, dtype=torch.float64).reshape(2, 3)
 _gX, _gW = residual_backward(
     _gY, torch.ones(2, 3, dtype=torch.float64), torch.zeros(3, 3, dtype=torch.float64)

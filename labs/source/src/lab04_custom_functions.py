@@ -48,7 +48,7 @@ from torch.autograd.function import once_differentiable
 
 from helpers.device import get_device, no_tf32, randn
 from helpers.labcheck import autograd_grads, check
-from helpers.labkit import check_function
+from helpers.labkit import applied, check_function
 
 dev = get_device()
 no_tf32()
@@ -472,13 +472,58 @@ assert all(
 
 # %% [markdown]
 # **Self-check 3** (reference: `F.layer_norm` and autograd on `x` (2, 4, 5), then `gradcheck`;
-# `eps` is 1e-5 as in `nn.LayerNorm`):
+# `eps` is 1e-5 as in `nn.LayerNorm`). It first looks at the parts: $\hat x$ (your forward with
+# $\gamma = 1$, $\beta = 0$ and `eps` 0, so a wrong variance shows as one constant ratio), and
+# `grad_x`, against LayerNorm with $\mu$ or $\sigma$ held constant (so a path you left out is
+# named):
 
 # %%
 x3 = randn(2, 4, 5, seed=5, dtype=dtype, device=dev) * 2 + 1
 w3 = 1 + 0.5 * randn(5, seed=6, dtype=dtype, device=dev)
 b3 = randn(5, seed=7, dtype=dtype, device=dev)
 grad_y3 = randn(2, 4, 5, seed=8, dtype=dtype, device=dev)
+
+
+def layer_norm_parts(fn, x, w, b):
+    """fn's x̂ (γ = 1, β = 0, eps = 0), and its grad_x for grad_y3 (eps = 1e-5)."""
+    ones, zeros = torch.ones_like(w), torch.zeros_like(b)
+    x_hat = applied(fn)(x, ones, zeros, 0.0)
+    (grad_x,) = autograd_grads(lambda x: applied(fn)(x, w, b, 1e-5), (x,), grad_y3)
+    return x_hat, grad_x
+
+
+def layer_norm_held(x, w, b, eps, hold):
+    """LayerNorm with μ or σ held constant (detached): its grad_x lacks that path."""
+    mu = x.mean(-1, keepdim=True)  # (..., 1)
+    sigma = (x.var(-1, unbiased=False, keepdim=True) + eps).sqrt()  # (..., 1)
+    mu = mu.detach() if hold == "mu" else mu
+    sigma = sigma.detach() if hold == "sigma" else sigma
+    return (x - mu) / sigma * w + b
+
+
+def torch_layer_norm(x, w, b, eps):
+    """The reference: F.layer_norm over the last dim."""
+    return F.layer_norm(x, x.shape[-1:], w, b, eps)
+
+
+ref_parts = layer_norm_parts(torch_layer_norm, x3, w3, b3)
+path_terms = {
+    label: ref_parts[1]
+    - autograd_grads(lambda x: layer_norm_held(x, w3, b3, 1e-5, hold), (x3,), grad_y3)[
+        0
+    ]
+    for label, hold in (("the path through μ", "mu"), ("the path through σ", "sigma"))
+}
+check(
+    lambda x, w, b: layer_norm_parts(LayerNorm.apply, x, w, b),
+    ref_parts,
+    args=(x3, w3, b3),
+    outputs=("x_hat", "grad_x"),
+    factors={"√((D−1)/D)": (4 / 5) ** 0.5},
+    terms={"grad_x": path_terms},
+    name="Exercise 3 · LayerNorm's x̂ and grad_x",
+    against="autograd",
+)
 check_function(
     "Exercise 3 · LayerNorm",
     lambda x, w, b: LayerNorm.apply(x, w, b, 1e-5),

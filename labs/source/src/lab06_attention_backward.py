@@ -700,7 +700,7 @@ import torch
 
 from helpers.device import randn
 
-# a KV cache: 2 new queries, 5 keys, bottom-right causal with a window of 2; no mask at all
+# a KV cache: 2 new queries, 5 keys, bottom-right causal, window 2; and no mask
 _Q = randn(1, 2, 2, 4, seed=405, dtype=torch.float64)
 _K, _V = (
     randn(1, 2, 5, 4, seed=406, dtype=torch.float64),
