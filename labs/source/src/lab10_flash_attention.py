@@ -704,11 +704,11 @@ O_ref, L_ref = alibi_attention(Q, K, V, slopes)
 dist_full = (
     torch.arange(11, device=dev)[None, :] - torch.arange(11, device=dev)[:, None]
 ).abs()  # (11, 11)
+d = Q.shape[-1]
 # (1, 2, 11, 11)
-S_full = (Q @ K.transpose(-2, -1)) / math.sqrt(4) - slopes[:, None, None] * dist_full
+S_full = (Q @ K.transpose(-2, -1)) / math.sqrt(d) - slopes[:, None, None] * dist_full
 P_full = torch.softmax(S_full, dim=-1)  # (1, 2, 11, 11)
 dP_full = grad_O @ V.transpose(-2, -1)  # (1, 2, 11, 11)
-d = Q.shape[-1]
 factors = {"√d": math.sqrt(d), "d": d}  # the constants a ✗ may be off by
 # what grad_Q loses when dS forgets its − D: −(P ∘ D) K · s, (1, 2, 11, 4)
 minus_D_part = -((P_full * (P_full * dP_full).sum(-1, keepdim=True)) @ K) / math.sqrt(d)
