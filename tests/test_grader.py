@@ -638,10 +638,13 @@ MUTANTS = {
         "ex6",
         [
             (
-                "        ctx.save_for_backward(Q, K, V, O, L)",
-                "        ctx.save_for_backward(Q, K, V, O, L, Q @ K.transpose(-1, -2))",
+                "        ctx.save_for_backward(Q, K, V, slopes, O, L)",
+                "        ctx.save_for_backward(Q, K, V, slopes, O, L, Q @ K.transpose(-1, -2))",
             ),
-            ("        Q, K, V, O, L = ctx.saved_tensors", "        Q, K, V, O, L, _S = ctx.saved_tensors"),
+            (
+                "        Q, K, V, slopes, O, L = ctx.saved_tensors",
+                "        Q, K, V, slopes, O, L, _S = ctx.saved_tensors",
+            ),
         ],
     ),
     "hooks left on the model (lab 5)": (
@@ -684,19 +687,24 @@ def test_a_mistake_seen_only_through_the_boundary_loses_points(name):
 def test_lab6_the_course_reference_and_autograd_score_nothing_where_the_work_is_by_hand(tmp_path):
     lab = "lab06_attention_backward"
     sol = _solutions(lab)
+    # ex3 computes the right gradients but asks the course's attention_backward for dQ, dK, dV
+    body = sol[2].split("\n")
     reference = (
         sol[:2]
-        + [
-            "def attention_backward(Q, K, V, P, grad_O, scale):\n"
-            "    return ref.attention_backward(Q, K, V, P, grad_O, scale)"
-        ]
+        + ["\n".join(body[:2] + ["    _ = ref.attention_backward(Q, K, V, P, grad_O, 1.0)"] + body[2:])]
         + sol[3:]
     )
     via_autograd = sol[:3] + [
-        "def attention_grads(Q, K, V, grad_O, causal=False, key_padding_mask=None):\n"
-        "    Q, K, V = (t.detach().clone().requires_grad_() for t in (Q, K, V))\n"
-        "    O = ref.attention(Q, K, V, causal=causal, key_padding_mask=key_padding_mask)\n"
-        "    return torch.autograd.grad(O, (Q, K, V), grad_O)"
+        "def attention_grads(Q, K, V, Bias, scale, grad_O, causal=False, key_padding_mask=None,\n"
+        "                    align='top_left', window=None):\n"
+        "    leaves = [t.detach().clone().requires_grad_() for t in (Q, K, V, scale, Bias)]\n"
+        "    Nq, Nk = Q.shape[-2], K.shape[-2]\n"
+        "    mask = causal_mask(Nq, Nk, align, device=Q.device, window=window) if causal else None\n"
+        "    if key_padding_mask is not None:\n"
+        "        keep = ~key_padding_mask[:, None, None, :]\n"
+        "        mask = keep if mask is None else mask & keep\n"
+        "    O, _ = attention_forward(leaves[0], leaves[1], leaves[2], mask, leaves[4], leaves[3])\n"
+        "    return torch.autograd.grad(O, leaves, grad_O)"
     ]
     (tmp_path / "subs").mkdir()
     for name, text in {

@@ -50,7 +50,7 @@ def setup_source(extra: str = "") -> str:
     """
     spec = f"backprop-by-hand{extra} @ git+{repo_url()}"
     return (
-        f"{SETUP_MARK} (hidden on the site): in Colab, install the course helpers; elsewhere do nothing.\n"
+        f"{SETUP_MARK} (hidden on the site): installs the course helpers in Colab only.\n"
         "import subprocess\n"
         "import sys\n"
         "\n"

@@ -18,7 +18,7 @@
 # 6. tell a sum-loss from a mean-loss batch gradient, and undo broadcasting with a sum.
 
 # %% tags=["remove-cell"]
-# Colab setup (hidden on the site): in Colab, install the course helpers; elsewhere do nothing.
+# Colab setup (hidden on the site): installs the course helpers in Colab only.
 import subprocess
 import sys
 

@@ -20,7 +20,7 @@
 # * write a reverse-mode autograd engine from scratch and match PyTorch digit for digit.
 
 # %% tags=["remove-cell"]
-# Colab setup (hidden on the site): in Colab, install the course helpers; elsewhere do nothing.
+# Colab setup (hidden on the site): installs the course helpers in Colab only.
 import subprocess
 import sys
 

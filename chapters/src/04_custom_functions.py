@@ -22,7 +22,7 @@
 # The finished, tested versions live in `helpers/functions.py`; later chapters import them from there.
 
 # %% tags=["remove-cell"]
-# Colab setup (hidden on the site): in Colab, install the course helpers; elsewhere do nothing.
+# Colab setup (hidden on the site): installs the course helpers in Colab only.
 import subprocess
 import sys
 

@@ -27,7 +27,7 @@
 # got wrong" say where.
 
 # %% tags=["remove-cell"]
-# Colab setup (hidden on the site): in Colab, install the course helpers; elsewhere do nothing.
+# Colab setup (hidden on the site): installs the course helpers in Colab only.
 import subprocess
 import sys
 

@@ -37,7 +37,7 @@
 # shape of $W$ in both layouts, so the gradient formulas for $A$ and $B$ read the same.
 
 # %% tags=["remove-cell"]
-# Colab setup (hidden on the site): in Colab, install the course helpers; elsewhere do nothing.
+# Colab setup (hidden on the site): installs the course helpers in Colab only.
 import subprocess
 import sys
 
@@ -282,7 +282,7 @@ _ = compare(
 
 # %%
 def two_layers(mode):
-    """Linear → GELU → Linear, 256 wide: 'trainable', 'frozen' or 'lora' (+ r=8 adapters)."""
+    """Linear → GELU → Linear, 256 wide; mode 'trainable', 'frozen' or 'lora' (r=8)."""
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 256)).to(dev)
     if mode != "trainable":

@@ -26,7 +26,7 @@
 # mixed-precision training. None of it was measured. We measure.
 
 # %% tags=["remove-cell"]
-# Colab setup (hidden on the site): in Colab, install the course helpers; elsewhere do nothing.
+# Colab setup (hidden on the site): installs the course helpers in Colab only.
 import subprocess
 import sys
 

@@ -53,7 +53,7 @@
 # are asked to derive sit behind **Hint** blocks: try first, then open them.
 
 # %% tags=["remove-cell"]
-# Colab setup (hidden on the site): in Colab, install the course helpers; elsewhere do nothing.
+# Colab setup (hidden on the site): installs the course helpers in Colab only.
 import subprocess
 import sys
 

@@ -41,7 +41,7 @@
 # error, gradients by hand) and compare with `torch.optim` fed the same gradients.
 
 # %% tags=["remove-cell"]
-# Colab setup (hidden on the site): in Colab, install the course helpers; elsewhere do nothing.
+# Colab setup (hidden on the site): installs the course helpers in Colab only.
 import subprocess
 import sys
 
