@@ -24,6 +24,28 @@ def test_every_lab_has_a_source_and_a_student_notebook():
         assert 3 <= len(qs) <= 6 and all(p > 0 for _, p in qs), (lab, qs)
 
 
+def test_instructors_table_gives_each_labs_title_and_points():
+    """The table's row says what the source says: '| Lab N · title | N | points |'."""
+    page = (ROOT / "labs" / "instructors.md").read_text()
+    for lab in LABS:
+        nb = labs.read_nb(labs.source_path(lab))
+        title = next(
+            line[2:].strip()
+            for c in nb.cells
+            if c.cell_type == "markdown"
+            for line in c.source.splitlines()
+            if line.startswith("# Lab ")
+        )
+        points = sum(
+            int(m)
+            for c in nb.cells
+            if c.cell_type == "raw"
+            for m in re.findall(r"^points: (\d+)", c.source, re.M)
+        )
+        n = int(lab[3:5])
+        assert f"| {title} | {n} | {points} |" in page, f"{lab}: no row '| {title} | {n} | {points} |'"
+
+
 @pytest.mark.parametrize("lab", LABS)
 def test_no_solution_or_hidden_test_text_in_the_student_notebook(lab):
     secrets = labs.secret_snippets(labs.read_nb(labs.source_path(lab)))

@@ -920,4 +920,4 @@ show("12 layers (BERT-base), GiB", 12 * n_kept * one / 2**30, 4)
 # * **Quoting memory without the formula**: $B\cdot H\cdot N^2\cdot\text{bytes}$ per kept
 #   tensor, and measure how many tensors are kept.
 #
-# **Lab.** [Lab 6: attention backward with a causal mask](../labs/lab06_attention_backward.ipynb).
+# **Lab.** [Lab 6: attention backward with a sliding window, a score bias and a learned temperature](../labs/lab06_attention_backward.ipynb).
