@@ -609,7 +609,7 @@ for label, (scale3, Bias3) in cases3.items():
 # # BEGIN QUESTION
 # name: ex4
 # points: 3
-# by_hand: [autograd, helpers.attention.attention, helpers.attention.mha_backward]
+# by_hand: [autograd, helpers.attention.attention, helpers.attention.mha_backward, helpers.attention.attention_backward, helpers.functions.softmax_backward]
 
 # %% [markdown]
 # ## Exercise 4 · Windowed causal attention with bias and padding, end to end, against SDPA (3 points)
