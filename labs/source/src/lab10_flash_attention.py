@@ -14,33 +14,34 @@
 #
 # The chapter walked through flash-style attention for plain (and causal) softmax attention;
 # here **you** write a variant it did not print: attention with an **ALiBi bias** (Press et al.,
-# 2022), `S = Q Kᵀ · s − m_h |i − j|`, with one *learned* slope `m_h` per head, and a
+# 2022), $S = Q K^\top \cdot s - m_h |i - j|$, with one *learned* slope $m_h$ per head, and a
 # **sliding-window** causal mask. You start with the merge of two partial softmax
-# normalisers, build the tiled forward that never holds the `N × N` matrix (nor the `N × N`
+# normalisers, build the tiled forward that never holds the $N \times N$ matrix (nor the $N \times N$
 # bias), derive the backward, including the gradient of the slopes, then tile it in the
 # *other* loop order than the chapter's, add the local causal mask, and wrap it all in an
 # `autograd.Function`. This lab goes with [Chapter 10](../chapters/10_flash_attention.ipynb).
 # Everything runs on a CPU, in plain PyTorch (no Triton), on small shapes.
 #
 # **Learning goals.** After this lab you can
-# * merge the `(m, ℓ)` statistics of two parts of a softmax row, and build the one-pass
+# * merge the $(m, \ell)$ statistics of two parts of a softmax row, and build the one-pass
 #   softmax from that merge;
 # * write a tiled attention forward with a bias computed tile by tile from global indices, that
-#   returns `O` and the row log-sum-exp `L`;
-# * derive attention's backward from `Q, K, V, O, L` alone, and the gradient of a bias
-#   parameter (the ALiBi slopes) from `dS`;
+#   returns $O$ and the row log-sum-exp $L$;
+# * derive attention's backward from $Q, K, V, O, L$ alone, and the gradient of a bias
+#   parameter (the ALiBi slopes) from $dS$;
 # * tile that backward with the query blocks outside, saying which gradients stay local to a
 #   pass and which are sums over the outer loop;
 # * add a sliding-window causal mask, including rows that see no key in a tile;
-# * wrap forward and backward in an `autograd.Function` that saves only what is linear in `N`
+# * wrap forward and backward in an `autograd.Function` that saves only what is linear in $N$
 #   and passes `gradcheck`, the slopes included.
 #
 # **Notation and shapes.** `Q` is `(B, H, Nq, d)`, `K` and `V` are `(B, H, Nk, d)`, the slopes
-# `slopes` are `(H,)`. With the scale `s = 1/√d` and *global* indices `i` (query) and `j`
-# (key), the scores are `S_ij = s · Q_i · K_j − m_h |i − j|` (the ALiBi bias: far-away keys
-# are penalised in proportion to their distance), `P = softmax(S)` row-wise, `O = P V`,
-# `L = logsumexp(S)` per row, `(B, H, Nq)`. Slopes of zero give plain attention. Gradients are
-# `grad_Q`, `grad_K`, `grad_V`, `grad_slopes`; the upstream gradient is `grad_O` (written `dO`
+# `slopes` are `(H,)`. With the scale $s = 1/\sqrt d$ and *global* indices $i$ (query) and $j$
+# (key), the scores are $S_{ij} = s\, Q_i \cdot K_j - m_h |i - j|$ (the ALiBi bias: far-away keys
+# are penalised in proportion to their distance; $m_h$ is `slopes[h]`),
+# $P = \mathrm{softmax}(S)$ row-wise, $O = P V$, $L = \mathrm{logsumexp}(S)$ per row,
+# `(B, H, Nq)`. Slopes of zero give plain attention. Gradients are
+# `grad_Q`, `grad_K`, `grad_V`, `grad_slopes`; the upstream gradient is `grad_O` (written $dO$
 # in the formulas). Index the last two dimensions (`Q[..., q0:q0 + block_q, :]`). A slice
 # past the end is simply shorter: the last block of a ragged `N` takes care of itself if you
 # use the block's real size (`Qi.shape[-2]`), not `block_q`.
@@ -121,11 +122,11 @@ def alibi_attention(Q, K, V, slopes, causal=False, window=None):
 # **Goal:** the rescaling step of the online softmax, in the form that split-K kernels (and
 # flash-decoding) use: two parts of a row are summarised independently, then merged.
 #
-# For a part `a` of a row `x` (any subset of its entries), call its statistics
-# `m_a = max_{j ∈ a} x_j` and `ℓ_a = Σ_{j ∈ a} exp(x_j − m_a)`. The chapter rescaled a running
+# For a part $a$ of a row $x$ (any subset of its entries), call its statistics
+# $m_a = \max_{j \in a} x_j$ and $\ell_a = \sum_{j \in a} e^{x_j - m_a}$. The chapter rescaled a running
 # sum when *one new block* raised the max; here **both** sides may hold the larger max.
-# **Derive** `(m, ℓ)` of the union of two disjoint parts `a` and `b` from `(m_a, ℓ_a)` and
-# `(m_b, ℓ_b)` alone, without seeing the entries again.
+# **Derive** $(m, \ell)$ of the union of two disjoint parts $a$ and $b$ from $(m_a, \ell_a)$ and
+# $(m_b, \ell_b)$ alone, without seeing the entries again.
 #
 # <details><summary>Hint: the merge</summary>
 #
@@ -136,13 +137,14 @@ def alibi_attention(Q, K, V, slopes, causal=False, window=None):
 # </details>
 #
 # 1. Write `merge_stats(m_a, ell_a, m_b, ell_b)` → `(m, ell)`, elementwise over any shape.
-#    A part with no entries has `m = −∞`, `ℓ = 0`: your merge must then return the other part
-#    unchanged (`exp(−∞) = 0`).
+#    A part with no entries has $m = -\infty$, $\ell = 0$: your merge must then return the other part
+#    unchanged ($e^{-\infty} = 0$).
 # 2. Write `online_softmax_stats(x, block)` for `x` of shape `(..., n)`: walk over the last
 #    dimension in blocks of `block` entries (the last block may be shorter), compute each
-#    block's own `(m_b, ℓ_b)` (a block is small: two passes over it are fine), and fold them
-#    into the running `(m, ℓ)`, started at `(−∞, 0)`, with **your** `merge_stats`. Return
-#    `(m, ell)`, both of shape `(...)`: then `softmax(x) = exp(x − m[..., None]) / ell[..., None]`.
+#    block's own $(m_b, \ell_b)$ (a block is small: two passes over it are fine), and fold them
+#    into the running $(m, \ell)$, started at $(-\infty, 0)$, with **your** `merge_stats`. Return
+#    `(m, ell)`, both of shape `(...)`: then $\mathrm{softmax}(x)$ is
+#    `torch.exp(x - m[..., None]) / ell[..., None]`.
 #    Do not compute `x.amax(-1)` over the whole row: the point is to see each block once.
 
 # %% [raw]
@@ -248,10 +250,10 @@ for _block in (1, 3, 10):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 1**, one line for both functions (references: the two-pass `m = max x`,
-# `ℓ = Σ exp(x − m)` of the joined row for the merge, on parts of 5 and 4 entries where the
+# **Self-check 1**, one line for both functions (references: the two-pass $m = \max x$,
+# $\ell = \sum e^{x - m}$ of the joined row for the merge, on parts of 5 and 4 entries where the
 # larger max sits on one side in some rows and on the other side in the rest; then the same on
-# rows of 10 in blocks of 3, with a late maximum so that `ℓ` has to be rescaled):
+# rows of 10 in blocks of 3, with a late maximum so that $\ell$ has to be rescaled):
 
 # %%
 x_a = randn(2, 3, 5, seed=11, dtype=dtype, device=dev) * 2
@@ -300,28 +302,31 @@ check(
 # %% [markdown]
 # ## Exercise 2 · The tiled forward with an ALiBi bias: O and the row log-sum-exp L (3 points)
 #
-# **Goal:** attention that only ever holds one `(block_q × block_k)` tile of scores *and of
-# the bias*, and one number per row, `L`, that summarises the whole softmax for backward.
+# **Goal:** attention that only ever holds one `(block_q, block_k)` tile of scores *and of
+# the bias*, and one number per row, $L$, that summarises the whole softmax for backward.
 #
 # 1. Write `alibi_tile(q0, k0, bq, bk, slopes)`: the bias of the tile whose first query is
 #    `q0` and first key is `k0`, shape `(H, bq, bk)`, entry `[h, r, c]` equal to
-#    `−slopes[h] · |i − j|` for the **global** indices `i = q0 + r`, `j = k0 + c`. Build it on
+#    $-m_h\,|i - j|$ ($m_h$ = `slopes[h]`) for the **global** indices `i = q0 + r`, `j = k0 + c`. Build it on
 #    `slopes`' device and dtype, without building the `(Nq, Nk)` bias.
 # 2. Write `tiled_forward(Q, K, V, slopes, block_q, block_k, causal=False, window=None)`
 #    returning `(O, L)`, `O` of shape `(B, H, Nq, d)` and `L` of shape `(B, H, Nq)`. For each
-#    block of queries `Qi`, keep a running max `m`, normaliser `ℓ` (both `(B, H, bq)`) and an
+#    block of queries `Qi`, keep a running max $m$, normaliser $\ell$ (both `(B, H, bq)`) and an
 #    un-normalised output `acc` (`(B, H, bq, d)`), and loop over the blocks of keys `Kj, Vj`.
 #    The chapter did this without a bias; **work out** where the bias enters, what the running
 #    statistics must do when a tile raises the max (Exercise 1), and how `acc` follows them.
 #
 # <details><summary>Hint: one tile</summary>
 #
-# * `S = Qi Kjᵀ · s + alibi_tile(q0, k0, bq, bk, slopes)`, the only scores in memory (the
-#   bias is added *after* the scale);
-# * `m_new = max(m, rowmax S)`, `P̃ = exp(S − m_new)`, `α = exp(m − m_new)`;
-# * `ℓ = α ℓ + rowsum P̃` and `acc = α acc + P̃ Vj`: the accumulator is rescaled by the same `α`.
+# * $S = Q_i K_j^\top \cdot s$ + `alibi_tile(q0, k0, bq, bk, slopes)`, the only scores in
+#   memory (the bias is added *after* the scale);
+# * $m_\text{new} = \max(m, \mathrm{rowmax}\, S)$, $\tilde P = e^{S - m_\text{new}}$,
+#   $\alpha = e^{m - m_\text{new}}$;
+# * $\ell \leftarrow \alpha \ell + \mathrm{rowsum}\, \tilde P$ and
+#   $\mathrm{acc} \leftarrow \alpha\, \mathrm{acc} + \tilde P V_j$: the accumulator is rescaled by
+#   the same $\alpha$.
 #
-# After the last key block, `O = acc / ℓ` and `L = m + log ℓ` for those rows.
+# After the last key block, $O = \mathrm{acc} / \ell$ and $L = m + \log \ell$ for those rows.
 #
 # </details>
 #
@@ -466,10 +471,10 @@ assert torch.allclose(_L, _L_ref, atol=1e-9, rtol=1e-10)
 
 # %% [markdown]
 # **Self-check 2**, one line for both functions (references: the bias of the tile at queries
-# 4…7, keys 3…8, from the global distances `|j − i|`; then `alibi_attention` above, which builds
-# the full scores and bias, with `L` by `torch.logsumexp`, first with slopes of zero (plain
+# 4…7, keys 3…8, from the global distances $|j - i|$; then `alibi_attention` above, which builds
+# the full scores and bias, with $L$ by `torch.logsumexp`, first with slopes of zero (plain
 # attention: if only the lines with the bias are wrong, the bias is), then with two different
-# slopes. `N = 11` in blocks of 4 queries and 3 keys, so both last blocks are short):
+# slopes. $N = 11$ in blocks of 4 queries and 3 keys, so both last blocks are short):
 
 # %%
 Q = randn(1, 2, 11, 4, seed=2, dtype=dtype, device=dev)
@@ -532,40 +537,45 @@ check(
 # %% [markdown]
 # ## Exercise 3 · D = rowsum(dO ∘ O), and the backward from O and L alone, slopes included (3 points)
 #
-# **Goal:** the two facts that let the backward forget `P` (the softmax row sum is one number
-# per row computable from `O`, and `P` itself is one `exp` away from `L`), and the gradient of
+# **Goal:** the two facts that let the backward forget $P$ (the softmax row sum is one number
+# per row computable from $O$, and $P$ itself is one $\exp$ away from $L$), and the gradient of
 # a parameter that enters the scores *additively*.
 #
-# Softmax's backward (chapter 6) is `dS = P ∘ (dP − D)` with `D_i = Σ_k P_ik dP_ik` and
-# `dP = dO Vᵀ`, where `dS` is the gradient of the loss with respect to the scores `S` that go
+# Softmax's backward (chapter 6) is $dS = P \circ (dP - D)$ with $D_i = \sum_k P_{ik}\, dP_{ik}$ and
+# $dP = dO\, V^\top$, where $dS$ is the gradient of the loss with respect to the scores $S$ that go
 # into the softmax. **First, on paper:**
 #
-# * show that `D_i = dO_i · O_i` (write `dP_ik` as a dot product of row `i` of `dO` with row
-#   `k` of `V`, swap the sums, and recognise `O_i = Σ_k P_ik V_k`). Write your one-line
+# * show that $D_i = dO_i \cdot O_i$ (write $dP_{ik}$ as a dot product of row $i$ of $dO$ with row
+#   $k$ of $V$, swap the sums, and recognise $O_i = \sum_k P_{ik} V_k$). Write your one-line
 #   derivation in the Markdown cell below the code;
-# * derive `∂Loss/∂slopes[h]`. The bias `−slopes[h] |i − j|` is added to `S` after the scale:
+# * derive $\partial\,\text{Loss}/\partial\,\text{slopes}_h$. The bias $-m_h |i - j|$ is added to
+#   $S$ after the scale:
 #   what is the gradient of the bias entries, and how do the entries of one head add up to
 #   one number?
 #
 # Then write two functions, with full `(Nq, Nk)` matrices this time (no tiles yet):
 #
-# * `row_D(O, grad_O)` → `D` of shape `(B, H, Nq)`, as `rowsum(dO ∘ O)`;
+# * `row_D(O, grad_O)` → `D` of shape `(B, H, Nq)`, as $\mathrm{rowsum}(dO \circ O)$;
 # * `attention_backward_from_L(Q, K, V, O, L, grad_O, slopes)` →
 #   `(grad_Q, grad_K, grad_V, grad_slopes)`, using only these inputs (`grad_slopes` has the
-#   shape of `slopes`, `(H,)`). Work out how to get `P` back from `S` and `L` alone (what is
-#   `L`?), then chapter 6's backward with `D` in place of the row sum, then the slopes. Do not
+#   shape of `slopes`, `(H,)`). Work out how to get $P$ back from $S$ and $L$ alone (what is
+#   $L$?), then chapter 6's backward with $D$ in place of the row sum, then the slopes. Do not
 #   call `torch.softmax` or autograd.
 #
 # <details><summary>Hint: the recipe</summary>
 #
-# Recompute `S = Q Kᵀ · s − slopes[h] |i − j|`, then `P = exp(S − L)` (already normalised:
-# `L = logsumexp(S)`), `grad_V = Pᵀ dO`, `dP = dO Vᵀ`, `dS = P ∘ (dP − D)`,
-# `grad_Q = dS K · s`, `grad_K = dSᵀ Q · s`. The bias is added to `S` unscaled, so its gradient
-# is `dS` itself, and
+# Recompute $S = Q K^\top \cdot s - m_h |i - j|$, then $P = e^{S - L}$ (already normalised:
+# $L = \mathrm{logsumexp}(S)$), and
+#
+# $$dV = P^\top dO, \qquad dP = dO\, V^\top, \qquad dS = P \circ (dP - D), \qquad
+# dQ = dS\, K \cdot s, \qquad dK = dS^\top Q \cdot s,$$
+#
+# with $dQ, dK, dV$ the `grad_Q`, `grad_K`, `grad_V` you return. The bias is added
+# to $S$ unscaled, so its gradient is $dS$ itself, and
 #
 # $$\frac{\partial\,\text{Loss}}{\partial\,\text{slopes}_h} = -\sum_{b}\sum_{i,j} dS_{b h i j}\,|i - j|,$$
 #
-# summed over the batch and both sequence dimensions (no `s`).
+# summed over the batch and both sequence dimensions (no $s$).
 #
 # </details>
 
@@ -688,13 +698,13 @@ assert torch.allclose(_out[3], _ref[3], atol=1e-10, rtol=1e-8)
 # # END QUESTION
 
 # %% [markdown]
-# *Your derivations of `D_i = dO_i · O_i` and of `grad_slopes` (one line each):*
+# *Your derivations of $D_i = dO_i \cdot O_i$ and of `grad_slopes` (one line each):*
 #
 # ...
 
 # %% [markdown]
-# **Self-check 3**, one line for both functions (references: `rowsum(dP ∘ P)` with the full
-# softmax `P` and `dP = dO Vᵀ`, which your `row_D` must equal; autograd through
+# **Self-check 3**, one line for both functions (references: $\mathrm{rowsum}(dP \circ P)$ with the
+# full softmax $P$ and $dP = dO\, V^\top$, which your `row_D` must equal; autograd through
 # `alibi_attention` for the four gradients. `O` and `L` come from `alibi_attention`, so this
 # check does not depend on your Exercise 2):
 
@@ -765,7 +775,7 @@ check(
 # ## Exercise 4 · The tiled backward, query blocks outside (4 points)
 #
 # **Goal:** the same gradients as Exercise 3 while only ever holding one
-# `(block_q × block_k)` tile of `S`, `P`, `dP` and `dS`, in the loop order the chapter did
+# `(block_q, block_k)` tile of $S$, $P$, $dP$ and $dS$, in the loop order the chapter did
 # *not* use.
 #
 # Write `tiled_backward(Q, K, V, O, L, grad_O, slopes, block_q, block_k, causal=False, window=None)`
@@ -782,17 +792,18 @@ check(
 #
 # <details><summary>Hint: one tile</summary>
 #
-# * `S = Qi Kjᵀ · s + alibi_tile(q0, k0, bq, bk, slopes)` and `P = exp(S − Li)`, recomputed
-#   and normalised (`Li`, `Di`: the rows `q0 … q0 + bq − 1` of `L` and `D`);
-# * `dVj += Pᵀ dOi`, `dP = dOi Vjᵀ`, `dS = P ∘ (dP − Di)`;
-# * `dQi += dS Kj · s` (local to the outer pass) and `dKj += dSᵀ Qi · s`, `dVj` (sums over
-#   the outer loop, into `grad_K`, `grad_V`);
-# * `grad_slopes += Σ dS ∘ (−|i − j|)` over the batch and the tile, per head: `−|i − j|` of
-#   the tile is `alibi_tile(q0, k0, bq, bk, torch.ones_like(slopes))`.
+# * $S = Q_i K_j^\top \cdot s$ + `alibi_tile(q0, k0, bq, bk, slopes)` and $P = e^{S - L_i}$,
+#   recomputed and normalised ($L_i$, $D_i$: the rows `q0` to `q0 + bq - 1` of $L$ and $D$);
+# * $dV_j \mathrel{+}= P^\top dO_i$, $dP = dO_i\, V_j^\top$, $dS = P \circ (dP - D_i)$;
+# * $dQ_i \mathrel{+}= dS\, K_j \cdot s$ (local to the outer pass) and
+#   $dK_j \mathrel{+}= dS^\top Q_i \cdot s$, $dV_j$ (sums over the outer loop, into `grad_K`,
+#   `grad_V`);
+# * `grad_slopes` $\mathrel{+}= \sum dS \circ (-|i - j|)$ over the batch and the tile, per head:
+#   $-|i - j|$ of the tile is `alibi_tile(q0, k0, bq, bk, torch.ones_like(slopes))`.
 #
 # </details>
 #
-# Compute `D = rowsum(dO ∘ O)` once, before the loops. Leave every input as it came
+# Compute $D = \mathrm{rowsum}(dO \circ O)$ once, before the loops. Leave every input as it came
 # (`Q, K, V, O, L, grad_O, slopes`: a backward never edits its inputs in place; the tests
 # check). As in Exercise 2, leave `causal` and `window` for Exercise 5
 # (`if causal: raise NotImplementedError`).
@@ -979,7 +990,7 @@ assert all(torch.equal(a, b) for a, b in zip(_all, _copies))
 # %% [markdown]
 # **Self-check 4**, one line (references: autograd through `alibi_attention`, first with slopes
 # of zero, which is chapter 10's plain attention, then with the slopes of self-check 2; the
-# same `Q, K, V, grad_O` as self-check 3, `N = 11` in tiles of 4 queries × 3 keys; `O` and `L`
+# same `Q, K, V, grad_O` as self-check 3, $N = 11$ in tiles of 4 queries × 3 keys; `O` and `L`
 # from `alibi_attention`):
 
 # %%
@@ -1045,14 +1056,14 @@ check(
 #
 # **Goal:** a *local* causal mask tile by tile: which tiles to skip at both ends, which to
 # mask, what a row that sees no key in a tile does to the running max, and why the backward
-# masks `P` with zeros where the forward masked `S` with `−∞`.
+# masks $P$ with zeros where the forward masked $S$ with $-\infty$.
 #
-# With `causal=True`, query `i` may look at keys `j ≤ i` (*top-left aligned*: what
+# With `causal=True`, query $i$ may look at keys $j \le i$ (*top-left aligned*: what
 # `causal=True` means everywhere in the course, like SDPA's `is_causal=True`, also when
-# `Nq ≠ Nk`; lab 6's `align="bottom_right"` is not asked for here). A **window** `w` (an
-# `int ≥ 1`, or `None` for no window) further restricts query `i` to the `w` most recent keys,
-# `i − w < j ≤ i` (Mistral-style local attention). `window` is only used with `causal=True`.
-# In global indices a tile covers queries `q0 … q0 + bq − 1` and keys `k0 … k0 + bk − 1`.
+# $N_q \ne N_k$; lab 6's `align="bottom_right"` is not asked for here). A **window** $w$ (an
+# `int` $\ge 1$, or `None` for no window) further restricts query $i$ to the $w$ most recent keys,
+# $i - w < j \le i$ (Mistral-style local attention). `window` is only used with `causal=True`.
+# In global indices a tile covers queries `q0` to `q0 + bq - 1` and keys `k0` to `k0 + bk - 1`.
 # The tests only use shapes where every query sees at least one key.
 #
 # 1. Write `causal_tile_mask(q0, k0, bq, bk, window=None, device=None)`: a `bool` tensor of
@@ -1061,19 +1072,19 @@ check(
 #    `raise NotImplementedError` and make `causal=True` (with and without a window) work, then
 #    re-run those cells. **Work out**: which key blocks can a query block skip, before and
 #    after? With a window, a row may see *no* key in the first tile it visits: what is its
-#    running max then, and what does `exp(S − m_new)` give? In the backward, `P = exp(S − L)`
-#    is *not* zero where `S` was masked (you recompute `S` without the mask).
+#    running max then, and what does $e^{S - m_\text{new}}$ give? In the backward, $P = e^{S - L}$
+#    is *not* zero where $S$ was masked (you recompute $S$ without the mask).
 #
 # <details><summary>Hint: the causal tile</summary>
 #
-# * skip key blocks that start after the query block's last row (`k0 > q0 + bq − 1`) and,
+# * skip key blocks that start after the query block's last row (`k0 > q0 + bq - 1`) and,
 #   with a window, those that end before the window of its first row
-#   (`k0 + bk − 1 ≤ q0 − w`): start at `max(0, q0 − w + 1) // block_k · block_k`;
-# * forward: fill the masked scores with `−inf` before the running max. A row whose scores in
-#   this tile are all `−inf`, and that has seen no key before, has `m_new = −inf`, and
-#   `exp(−inf − (−inf))` is NaN: subtract `0` instead of `m_new` in those rows (`torch.where`),
-#   so `P̃ = 0` and `α = 0` there;
-# * backward: visit the same tiles, and set `P` to `0` where the mask is `False` before using it.
+#   (`k0 + bk - 1 <= q0 - window`): start at `max(0, q0 - window + 1) // block_k * block_k`;
+# * forward: fill the masked scores with $-\infty$ before the running max. A row whose scores in
+#   this tile are all $-\infty$, and that has seen no key before, has $m_\text{new} = -\infty$, and
+#   $e^{-\infty - (-\infty)}$ is NaN: subtract 0 instead of $m_\text{new}$ in those rows
+#   (`torch.where`), so $\tilde P = 0$ and $\alpha = 0$ there;
+# * backward: visit the same tiles, and set $P$ to 0 where the mask is `False` before using it.
 #
 # </details>
 
@@ -1192,7 +1203,7 @@ for _Nq, _Nk, _bq, _bk, _w in (
 # %% [markdown]
 # **Self-check 5**, one line for the three parts (references: the masks of the tile at queries
 # 4…7, keys 3…8, without and with a window of 2; `alibi_attention` with `causal=True` for `O`
-# and `L`, and autograd through it for the gradients. `N = 11` in tiles of 4 queries × 3 keys,
+# and `L`, and autograd through it for the gradients. $N = 11$ in tiles of 4 queries × 3 keys,
 # so the diagonal crosses ragged tiles, plain causal and with a window of 2, where some rows see
 # no key in the first tile they visit; and the first 7 queries against all 11 keys, where the
 # two alignments of lab 6 differ):
@@ -1254,7 +1265,7 @@ check(
 # ## Exercise 6 · An autograd.Function that saves only what is linear in N (2 points)
 #
 # **Goal:** plug your forward and backward into autograd, keeping for backward only tensors of
-# size `O(N · d)` (and the slopes), and prove the result, slopes included, with `gradcheck`.
+# size $O(N d)$ (and the slopes), and prove the result, slopes included, with `gradcheck`.
 #
 # Fill in `FlashAttentionFn`, following the course's rules for custom Functions:
 #
@@ -1393,7 +1404,7 @@ assert torch.allclose(_gV, _gV_ref, atol=1e-10, rtol=1e-8)
 # %% [markdown]
 # **Self-check 6** (references: the sizes of the tensors your Function saves, which must be
 # those of `Q, K, V, O`, `L` and `slopes`; then `torch.autograd.gradcheck` in float64, causal
-# with a window of 3, `N = 7` in tiles of 3 × 2, the slopes included: finite differences
+# with a window of 3, $N = 7$ in tiles of 3 × 2, the slopes included: finite differences
 # against your backward):
 
 # %%
