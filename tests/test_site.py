@@ -629,6 +629,8 @@ def test_a_chapter_page_weighs_at_most_2_5_mb_cold(browser, server, site, docnam
 
 import labs as _labs  # noqa: E402
 
+CROSS_LAB_MIN = 40
+
 
 @pytest.mark.parametrize("lab", _labs.labs())
 def test_no_lab_solution_or_hidden_test_in_the_built_site(site, lab):
@@ -644,7 +646,12 @@ def test_no_lab_solution_or_hidden_test_in_the_built_site(site, lab):
                 .replace("&lt;", "<")
                 .replace("&amp;", "&")
             )
-            found = [s for s in secrets if _labs.found(s, text)]
+            # Another lab's page may share a short, generic line with this lab's solution
+            # ('if window is not None:'); there only a solution line of CROSS_LAB_MIN characters counts.
+            other_lab = page.name.startswith("lab") and not page.name.startswith(lab)
+            found = [
+                s for s in secrets if _labs.found(s, text) and (not other_lab or len(s) >= CROSS_LAB_MIN)
+            ]
             assert not found, f"{page.relative_to(site)} shows {found[0]!r} from {lab}'s solutions"
 
 
@@ -659,7 +666,7 @@ def test_the_landing_page_links_the_whole_book_pdf(site):
 
 
 @pytest.mark.browser
-def test_the_pdf_printer_prints_code_without_cutting_it(tmp_path):
+def test_the_pdf_printer_prints_code_without_cutting_it(browser, tmp_path):
     line = "grad_W = grad_Y.T @ X  # " + "(out, B) @ (B, in) -> (out, in) " * 6  # wider than A4
     css = (ROOT / "_static" / "custom.css").read_text(encoding="utf-8")
     text = "".join(f"<h2>Section {i}</h2><p>{'text ' * 300}</p>" for i in range(8))
@@ -669,7 +676,7 @@ def test_the_pdf_printer_prints_code_without_cutting_it(tmp_path):
         encoding="utf-8",
     )
     out = tmp_path / "out" / PDF_NAME
-    formulas, images, cut = print_pdf(tmp_path, out)
+    formulas, images, cut = print_pdf(tmp_path, out, browser)
     data = out.read_bytes()
     pages = len(re.findall(rb"/Type\s*/Page\b", data))
     assert data.startswith(b"%PDF") and pages >= 2, (pages, len(data))

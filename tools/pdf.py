@@ -78,39 +78,47 @@ CUT_CODE = (
 A4_COLUMN_PX = 688  # (210 mm − 2 × 14 mm margins) at 96 px per inch
 
 
-def print_pdf(folder: Path, out: Path) -> tuple[int, int, int]:
-    """Print ``folder``'s single page to ``out``; returns (formulas typeset, images, code boxes cut)."""
-    from playwright.sync_api import sync_playwright
+def print_pdf(folder: Path, out: Path, browser=None) -> tuple[int, int, int]:
+    """Print ``folder``'s single page to ``out``; returns (formulas typeset, images, code boxes cut).
 
-    page_name = next(p.name for p in sorted(folder.glob("*.html")) if p.name != "index.html")
-    server, url = _serve(folder)
-    try:
+    ``browser``: a Playwright Chromium already running (the browser tests' own); else one is started.
+    """
+    if browser is None:
+        from playwright.sync_api import sync_playwright
+
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
-            page = browser.new_page(viewport={"width": 1100, "height": 900})
-            # Nothing leaves this machine: the book is self-contained.
-            page.route("**/*", lambda r: r.continue_() if r.request.url.startswith(url) else r.abort())
-            page.goto(url + page_name, wait_until="load", timeout=300_000)
-            page.set_default_timeout(300_000)
-            formulas, images = page.evaluate(WAIT_FOR_PAGE)
-            page.emulate_media(media="print")
-            page.set_viewport_size({"width": A4_COLUMN_PX, "height": 900})
-            cut = page.evaluate(CUT_CODE)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            page.pdf(
-                path=str(out),
-                format="A4",
-                print_background=True,
-                margin={"top": "16mm", "bottom": "16mm", "left": "14mm", "right": "14mm"},
-                display_header_footer=True,
-                header_template="<span></span>",
-                footer_template=(
-                    '<div style="font-size:8px;width:100%;text-align:center;color:#666">'
-                    'Backprop by Hand · <span class="pageNumber"></span> / <span class="totalPages"></span></div>'
-                ),
-            )
-            browser.close()
+            try:
+                return print_pdf(folder, out, browser)
+            finally:
+                browser.close()
+    page_name = next(p.name for p in sorted(folder.glob("*.html")) if p.name != "index.html")
+    server, url = _serve(folder)
+    page = browser.new_page(viewport={"width": 1100, "height": 900})
+    try:
+        # Nothing leaves this machine: the book is self-contained.
+        page.route("**/*", lambda r: r.continue_() if r.request.url.startswith(url) else r.abort())
+        page.goto(url + page_name, wait_until="load", timeout=300_000)
+        page.set_default_timeout(300_000)
+        formulas, images = page.evaluate(WAIT_FOR_PAGE)
+        page.emulate_media(media="print")
+        page.set_viewport_size({"width": A4_COLUMN_PX, "height": 900})
+        cut = page.evaluate(CUT_CODE)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        page.pdf(
+            path=str(out),
+            format="A4",
+            print_background=True,
+            margin={"top": "16mm", "bottom": "16mm", "left": "14mm", "right": "14mm"},
+            display_header_footer=True,
+            header_template="<span></span>",
+            footer_template=(
+                '<div style="font-size:8px;width:100%;text-align:center;color:#666">'
+                'Backprop by Hand · <span class="pageNumber"></span> / <span class="totalPages"></span></div>'
+            ),
+        )
     finally:
+        page.close()
         server.shutdown()
     return formulas, images, cut
 
