@@ -269,7 +269,7 @@ grad_y_hat = expected
 # **Goal:** one linear layer, three gradients: the weights, the bias, and the input that
 # passes the signal further back.
 #
-# $\hat y = W_2 a + b_2$ with `W2` (1, 2), `a` (2,). Given `grad_y_hat` = ∂L/∂ŷ (shape (1,)),
+# $\hat y = W_2 a + b_2$ with `W2` (1, 2), `a` (2,). Given `grad_y_hat` $= \partial L/\partial \hat y$ (shape (1,)),
 # return `(grad_W2, grad_b2, grad_a)` with the shapes of `W2`, `b2` and `a`. Derive each from
 # one entry, $\hat y_i = \sum_j (W_2)_{ij} a_j + (b_2)_i$: which entries does $(W_2)_{ij}$ touch,
 # and which does $a_j$? Then write the result as one product of vectors and matrices, with the
@@ -348,7 +348,7 @@ assert all(
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 3** (reference: autograd through $W_2 a + b_2$ with upstream gradient ∂L/∂ŷ):
+# **Self-check 3** (reference: autograd through $W_2 a + b_2$ with upstream gradient $\partial L/\partial \hat y$):
 
 # %%
 expected = autograd_grads(lambda W2, b2, a: W2 @ a + b2, (W2, b2, a), grad_y_hat)
@@ -374,7 +374,7 @@ grad_a = expected[2]
 # **Goal:** a nonlinearity's backward is a gate: the gradient passes where the unit was
 # active and is cut where it was not.
 #
-# Write `relu_backward(grad_a, h)` = ∂L/∂h for $a = \mathrm{relu}(h)$, same shape as `h`.
+# Write `relu_backward(grad_a, h)` $= \partial L/\partial h$ for $a = \mathrm{relu}(h)$, same shape as `h`.
 # Use PyTorch's convention at $h = 0$: the derivative there is 0. Return a new tensor and leave
 # `grad_a` as it is: a backward never writes into the gradient it receives (the caller may
 # still need it).
@@ -459,7 +459,7 @@ check(
 # ## Exercise 5 · The first layer's gradients (2 points)
 #
 # **Goal:** the same layer as in exercise 3, now with the input `x` fixed; then see why a unit
-# whose ∂L/∂h is 0 gives its whole row of `W1` a zero gradient.
+# whose $\partial L/\partial h$ is 0 gives its whole row of `W1` a zero gradient.
 #
 # $h = W_1 x + b_1$ with `W1` (2, 4), `x` (4,). Given `grad_h` (2,), return `(grad_W1, grad_b1)`
 # with the shapes of `W1` and `b1`, derived as in exercise 3 from one entry of $h$.
@@ -533,7 +533,7 @@ assert all(
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 5** (reference: autograd through $W_1 x + b_1$ with upstream gradient ∂L/∂h):
+# **Self-check 5** (reference: autograd through $W_1 x + b_1$ with upstream gradient $\partial L/\partial h$):
 
 # %%
 expected = autograd_grads(lambda W1, b1: W1 @ x + b1, (W1, b1), grad_h)
@@ -561,7 +561,7 @@ check(
 # Now the rows of `X` (B, 4) are B samples and the layers use `nn.Linear`'s layout:
 # $H = X W_1^\top + b_1$ (B, 2), $A = \mathrm{relu}(H)$, $\hat Y = A W_2^\top + b_2$ (B, 1),
 # $L = \sum_{b}(\hat Y_b - Y_b)^2$ (a sum, not a mean). Write `cat_backward_batch` returning the
-# dict `{"W1", "b1", "W2", "b2"}` of ∂L/∂(parameter), each with its parameter's shape.
+# dict `{"W1", "b1", "W2", "b2"}` of $\partial L/\partial(\text{parameter})$, each with its parameter's shape.
 # Write the forward pass inside it too (no autograd).
 
 # %% [raw]

@@ -181,7 +181,7 @@ check(
 # **Goal:** the backward of `nn.Linear`, the most common layer there is, in its own layout.
 #
 # $Y = X W^\top + b$ with `X` (B, in), `W` (out, in), `b` (out,), `Y` (B, out). Given
-# `grad_Y` = ∂L/∂Y (B, out), return `(grad_X, grad_W, grad_b)` with the shapes of `X`, `W`, `b`.
+# `grad_Y` $= \partial L/\partial Y$ (B, out), return `(grad_X, grad_W, grad_b)` with the shapes of `X`, `W`, `b`.
 # The arguments come in the course's order, `(X, W, grad_Y)`: the one `helpers.numgrad.linear_backward`
 # (chapter 2) and every later lab use.
 # Derive each from one entry, $Y_{bo} = \sum_i X_{bi} W_{oi} + b_o$, then write it as a matrix
@@ -496,7 +496,7 @@ assert torch.allclose(unbroadcast(_gZ * _A, _B.shape), _ref[1], atol=1e-12)
 
 # %% [markdown]
 # **Self-check 4** (reference: autograd through $Z = A \odot B$ with `A` (4, 1, 3) and `B`
-# (5, 1), so `Z` is (4, 5, 3); your `unbroadcast` turns `grad_Z ⊙ B` and `grad_Z ⊙ A` back into
+# (5, 1), so `Z` is (4, 5, 3); your `unbroadcast` turns $\frac{\partial L}{\partial Z} \odot B$ and $\frac{\partial L}{\partial Z} \odot A$ back into
 # the gradients of `A` and `B`):
 
 # %%

@@ -67,7 +67,7 @@ dtype = torch.float64  # gradcheck compares with finite differences: float64 onl
 # backward needs only its product with the upstream gradient, $J^\top g$, which costs $O(n)$.
 #
 # Write `softmax_backward(P, grad_P)` for `P = softmax(Z, dim=-1)` of any shape `(..., n)` and
-# `grad_P` = ∂L/∂P of the same shape: return ∂L/∂Z, row by row along the last dim. Derive it
+# `grad_P` $= \partial L/\partial P$ of the same shape: return $\partial L/\partial Z$, row by row along the last dim. Derive it
 # first: write $\partial p_i/\partial z_j$ (two cases, $i = j$ and $i \ne j$), put it into
 # $J$, and simplify $J^\top g$ until no $n \times n$ matrix is left. Do not build $J$, and do
 # not modify `grad_P`.
@@ -174,7 +174,7 @@ check(
 # ## Exercise 2 · A `Softmax` Function that saves only its output (2 points)
 #
 # **Goal:** the anatomy of a modern `autograd.Function`: `forward` computes (no `ctx`),
-# `setup_context` saves what backward needs, `backward` turns ∂L/∂output into ∂L/∂input.
+# `setup_context` saves what backward needs, `backward` turns $\partial L/\partial\,\text{output}$ into $\partial L/\partial\,\text{input}$.
 #
 # Fill in `Softmax` (softmax over the last dim, one input `Z`):
 # * `forward(Z)`: the **stable** softmax, $e^{z - \max z} / \sum e^{z - \max z}$ along the last

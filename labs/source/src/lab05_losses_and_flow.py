@@ -19,7 +19,7 @@
 #
 # **Learning goals.** After this lab you can
 # * write the gradient of cross-entropy with label smoothing and `ignore_index` from its formula;
-# * record ‖∂L/∂output‖ of every layer during backward with hooks, keyed by the layer's
+# * record $\lVert \partial L/\partial\,\text{output} \rVert$ of every layer during backward with hooks, keyed by the layer's
 #   **name**, and leave no hook behind;
 # * read a gradient-flow profile and point at the layer where the gradient collapses;
 # * clip gradients by their global norm, in place, as `torch.nn.utils.clip_grad_norm_` does.
@@ -101,7 +101,7 @@ print(layer_names(model))
 # smoothing (a softer target) and `ignore_index` (rows left out) change in it.
 #
 # Write `ce_grad(logits, target, ignore_index=-100, label_smoothing=0.0)` for `logits` (R, C),
-# int64 `target` (R,): return ∂L/∂logits (R, C) for
+# int64 `target` (R,): return $\partial L/\partial\,\text{logits}$ (R, C) for
 # `L = F.cross_entropy(logits, target, ignore_index=..., label_smoothing=ε)`, where
 # * row $r$ is kept unless `target[r] == ignore_index`; $L$ is the mean over the $N$ kept rows
 #   of $-\sum_c q_c \log \mathrm{softmax}(z_r)_c$;
@@ -238,7 +238,8 @@ for what, target, eps in (
 # register a **forward hook** that, when the module runs, registers a **tensor hook** on its
 # output; the tensor hook stores `grad.norm().item()` under the module's **name**. Then run
 # `L = F.cross_entropy(model(X), y)` and `L.backward()`, remove every hook you registered (even if
-# something raised: `try`/`finally`), and return the dict `{name: ‖∂L/∂output‖}`.
+# something raised: `try`/`finally`), and return the dict `{name: norm}`, each
+# norm being $\lVert \partial L/\partial\,\text{output} \rVert$.
 #
 # <details><summary>Hint: every entry lands under the last name</summary>
 #
@@ -413,7 +414,7 @@ print(result.line)
 # opposite, a ratio far above 1; here you look for the collapse.)
 #
 # Write `steepest_drop(norms, names)`: `names` lists the layers in forward order and `norms`
-# maps each to its ‖∂L/∂output‖. For every layer `names[i]` with `i ≥ 1`, the gradient enters
+# maps each to its $\lVert \partial L/\partial\,\text{output} \rVert$. For every layer `names[i]` with $i \ge 1$, the gradient enters
 # it (backward) with norm `norms[names[i]]` and leaves it with norm `norms[names[i - 1]]` (the
 # previous layer's output is this layer's input). Return the name with the smallest ratio
 # leaves / enters. Then run it on the colleague's model (the cell below the self-check does).
@@ -521,7 +522,7 @@ print("broken layer:", broken)
 #
 # Write `clip_by_global_norm(params, max_norm)`: over the parameters whose `.grad` is not
 # `None`, the global norm is $\lVert g\rVert = \sqrt{\sum_p \lVert g_p\rVert^2}$; if it exceeds
-# `max_norm`, multiply every gradient **in place** by `max_norm / (‖g‖ + 1e-6)` (as
+# `max_norm`, multiply every gradient **in place** by $\mathrm{max\_norm} / (\lVert g\rVert + 10^{-6})$ (as
 # `torch.nn.utils.clip_grad_norm_`); else leave them alone. Return $\lVert g\rVert$ before
 # clipping, as a 0-dim tensor.
 

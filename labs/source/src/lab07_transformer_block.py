@@ -93,7 +93,7 @@ dtype = torch.float64  # tight comparisons: the two sides only round differently
 # `rstd` $= 1/\sigma$ of shape `(..., 1)` (what `helpers.functions.layernorm_forward` returns),
 # `weight` $\gamma$ of shape `(D,)` and `grad_y` $= \partial L/\partial y$ like `x`. Return
 # `(grad_x, grad_weight, grad_bias)`. Derive $\partial L/\partial x$ yourself, one path at a
-# time: the direct path (μ and σ held fixed), the path through μ, the path through σ
+# time: the direct path ($\mu$ and $\sigma$ held fixed), the path through $\mu$, the path through $\sigma$
 # (chapter 7 did it for one row; $\sum_i \hat x_i = 0$ and $\sum_i \hat x_i^2 = D$ simplify it).
 # The parameter gradients sum over every row ("rows" = every leading dim, so `x` may be
 # `(B, N, D)` and the parameter gradients are `(D,)`). When `grad_x` is wrong, the
@@ -203,9 +203,9 @@ assert torch.allclose(_gx.sum(-1), torch.zeros(5, dtype=torch.float64), atol=1e-
 
 # %% [markdown]
 # **Self-check 1** (reference: autograd through `F.layer_norm` on `x` (2, 4, 6), $\gamma \ne 1$,
-# $\beta \ne 0$, `eps` 1e-5 as in `nn.LayerNorm`, then a large `eps` 0.5; μ and 1/σ from
+# $\beta \ne 0$, `eps` 1e-5 as in `nn.LayerNorm`, then a large `eps` 0.5; $\mu$ and $1/\sigma$ from
 # `layernorm_forward`). It also gets autograd's share of `grad_x` along each path, from a
-# LayerNorm written with μ or σ detached (held constant), so a ✗ can say which path your
+# LayerNorm written with $\mu$ or $\sigma$ detached (held constant), so a ✗ can say which path your
 # `grad_x` is missing:
 
 # %%
@@ -455,11 +455,11 @@ for act, act_fn in (("relu", F.relu), ("gelu", F.gelu)):
 # \end{gathered}$$
 #
 # Write `ffn_sublayer_backward(X1, mu2, rstd2, params, grad_Y, activation="relu")`: `X1` is
-# `(B, N, d)`, `mu2` and `rstd2` $= 1/\sigma_2$ are LN₂'s saved `(B, N, 1)` statistics, `params` is
+# `(B, N, d)`, `mu2` and `rstd2` $= 1/\sigma_2$ are $\mathrm{LN}_2$'s saved `(B, N, 1)` statistics, `params` is
 # a dict with `nn.TransformerEncoderLayer`'s names (`"norm2.weight"`, `"norm2.bias"`,
 # `"linear1.weight"`, `"linear1.bias"`, `"linear2.weight"`, `"linear2.bias"`). Recompute $h_2$
 # from the saved statistics, send `grad_Y` through your `ffn_backward` and your
-# `layernorm_backward`, add the skip path, and return a dict with the key `"X1"` (∂L/∂X₁) and the
+# `layernorm_backward`, add the skip path, and return a dict with the key `"X1"` ($\partial L/\partial X_1$) and the
 # six parameter names above. It must not use autograd: the grader runs it under `torch.no_grad()`.
 
 # %% [raw]
@@ -684,7 +684,7 @@ for act, act_fn in (("relu", F.relu), ("gelu", F.gelu)):
 #
 # Write `embedding_backward(idx, grad_X0, vocab_size, n_ctx)` for `idx` (B, N) int64 token ids and
 # `grad_X0` (B, N, d), returning `(grad_wte, grad_wpe)` of shapes `(vocab_size, d)` and
-# `(n_ctx, d)`: zero rows for tokens that do not occur and for positions `N …` `n_ctx − 1`
+# `(n_ctx, d)`: zero rows for tokens that do not occur and for positions $N$ to `n_ctx - 1`
 # (the sequence may be shorter than the context), and for position $n < N$ the sum over the batch.
 
 # %% [raw]
@@ -787,7 +787,7 @@ check(
 # Exercise 5 walks this forward backward. It is `nn.TransformerEncoderLayer(norm_first=True,
 # batch_first=True, dropout=0)` written out, with the parameters in a dict keyed by that
 # module's names (`BLOCK_PARAM_NAMES`); `SA` is multi-head self-attention with the packed
-# `in_proj` of `nn.MultiheadAttention` (rows `0…d−1` make Q, `d…2d−1` K, `2d…3d−1` V):
+# `in_proj` of `nn.MultiheadAttention` (rows $0$ to $d-1$ make $Q$, $d$ to $2d-1$ $K$, $2d$ to $3d-1$ $V$):
 #
 # $$\begin{aligned}
 # h_1 &= \mathrm{LN}_1(X), & [Q\,K\,V] &= h_1 W_{in}^\top + b_{in}, \\
@@ -795,7 +795,7 @@ check(
 # Y &= X_1 + \mathrm{FF}(\mathrm{LN}_2(X_1)). & &
 # \end{aligned}$$
 #
-# The cache keeps what backward needs: the input, each LayerNorm's μ and 1/σ, the LN₁ output
+# The cache keeps what backward needs: the input, each LayerNorm's $\mu$ and $1/\sigma$, the $\mathrm{LN}_1$ output
 # `h1`, the heads `Q`, `K`, `V` (B, H, N, d_h), the attention weights `P` (B, H, N, N), the
 # merged head outputs `A` (B, N, d), `X1`, and the settings. The cell below checks that it is
 # the same block as PyTorch's.
