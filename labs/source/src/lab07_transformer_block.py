@@ -219,7 +219,7 @@ _, mu1, rstd1 = layernorm_forward(x1, w1, b1)
 def layernorm_held(x, w, b, eps, hold_mu, hold_sigma):
     """LayerNorm with μ and/or σ detached: autograd skips the paths through them."""
     mu = x.mean(-1, keepdim=True)
-    rstd = torch.rsqrt(((x - mu) ** 2).mean(-1, keepdim=True) + eps)
+    rstd = 1 / torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + eps)
     mu = mu.detach() if hold_mu else mu
     rstd = rstd.detach() if hold_sigma else rstd
     return (x - mu) * rstd * w + b

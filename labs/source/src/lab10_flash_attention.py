@@ -567,8 +567,8 @@ check(
 # Recompute $S = Q K^\top \cdot s - m_h |i - j|$, then $P = e^{S - L}$ (already normalised:
 # $L = \mathrm{logsumexp}(S)$), and
 #
-# $$dV = P^\top dO, \qquad dP = dO\, V^\top, \qquad dS = P \circ (dP - D), \qquad
-# dQ = dS\, K \cdot s, \qquad dK = dS^\top Q \cdot s,$$
+# $$\begin{aligned} dV &= P^\top dO, & dP &= dO\, V^\top, & dS &= P \circ (dP - D),\\
+# dQ &= dS\, K \cdot s, & dK &= dS^\top Q \cdot s, \end{aligned}$$
 #
 # with $dQ, dK, dV$ the `grad_Q`, `grad_K`, `grad_V` you return. The bias is added
 # to $S$ unscaled, so its gradient is $dS$ itself, and
