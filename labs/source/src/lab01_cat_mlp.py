@@ -182,7 +182,7 @@ h, a, y_hat = (
 # by_hand: [autograd, helpers.cat_mlp.backward]
 
 # %% [markdown]
-# ## Exercise 2 · Where backward starts: ∂L/∂ŷ (1 point)
+# ## Exercise 2 · Where backward starts: $\partial L/\partial \hat y$ (1 point)
 #
 # **Goal:** differentiate the loss itself, the first link of the chain.
 #

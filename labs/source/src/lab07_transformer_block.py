@@ -83,7 +83,7 @@ dtype = torch.float64  # tight comparisons: the two sides only round differently
 # by_hand: [autograd, helpers.block.block_manual_backward, helpers.functions.layernorm_backward]
 
 # %% [markdown]
-# ## Exercise 1 · LayerNorm backward from the saved μ and 1/σ (2 points)
+# ## Exercise 1 · LayerNorm backward from the saved $\mu$ and $1/\sigma$ (2 points)
 #
 # **Goal:** the backward of $y = \gamma \odot \hat x + \beta$, $\hat x = (x - \mu)/\sigma$, with
 # $\mu$ and $1/\sigma$ taken from the forward's cache (two floats per row) instead of recomputed.

@@ -85,7 +85,7 @@ g = randn(5, d_out, seed=5, dtype=dtype, device=dev)  # ∂L/∂y, (R, out)
 # by_hand: [autograd]
 
 # %% [markdown]
-# ## Exercise 1 · ∂L/∂A and ∂L/∂B from ∂L/∂W′ (2 points)
+# ## Exercise 1 · $\partial L/\partial A$ and $\partial L/\partial B$ from $\partial L/\partial W'$ (2 points)
 #
 # **Goal:** the product rule on $W' = W + s\,BA$: for $Y = PQ$, $dP = dY\,Q^\top$ and
 # $dQ = P^\top dY$.
@@ -192,7 +192,7 @@ check(
 # by_hand: [autograd, helpers.lora.lora_linear_backward]
 
 # %% [markdown]
-# ## Exercise 2 · The cheap route: never form W′ or ∂L/∂W′ (2 points)
+# ## Exercise 2 · The cheap route: never form $W'$ or $\partial L/\partial W'$ (2 points)
 #
 # **Goal:** regroup the products so that the only new activation is the r-dimensional
 # $xA^\top$. With $g = \partial L/\partial y$ (R, out) and $x$ (R, in), derive

@@ -300,7 +300,7 @@ check(
 # by_hand: [helpers.flash.naive_attention, helpers.flash.flash_forward, helpers.flash.flash_attention, torch.nn.functional.scaled_dot_product_attention]
 
 # %% [markdown]
-# ## Exercise 2 · The tiled forward with an ALiBi bias: O and the row log-sum-exp L (3 points)
+# ## Exercise 2 · The tiled forward with an ALiBi bias: $O$ and the row log-sum-exp $L$ (3 points)
 #
 # **Goal:** attention that only ever holds one `(block_q, block_k)` tile of scores *and of
 # the bias*, and one number per row, $L$, that summarises the whole softmax for backward.
@@ -535,7 +535,7 @@ check(
 # by_hand: [autograd, helpers.flash.naive_attention, helpers.flash.flash_backward, helpers.flash.flash_attention, torch.nn.functional.scaled_dot_product_attention]
 
 # %% [markdown]
-# ## Exercise 3 · D = rowsum(dO ∘ O), and the backward from O and L alone, slopes included (3 points)
+# ## Exercise 3 · $D = \mathrm{rowsum}(dO \circ O)$, and the backward from $O$ and $L$ alone, slopes included (3 points)
 #
 # **Goal:** the two facts that let the backward forget $P$ (the softmax row sum is one number
 # per row computable from $O$, and $P$ itself is one $\exp$ away from $L$), and the gradient of
@@ -1052,7 +1052,7 @@ check(
 # by_hand: [helpers.attention.causal_mask, torch.nn.functional.scaled_dot_product_attention]
 
 # %% [markdown]
-# ## Exercise 5 · A sliding-window causal mask, with N not a multiple of the block size (3 points)
+# ## Exercise 5 · A sliding-window causal mask, with $N$ not a multiple of the block size (3 points)
 #
 # **Goal:** a *local* causal mask tile by tile: which tiles to skip at both ends, which to
 # mask, what a row that sees no key in a tile does to the running max, and why the backward
@@ -1262,7 +1262,7 @@ check(
 # by_hand: [autograd, helpers.flash.naive_attention, helpers.flash.flash_backward, helpers.flash.flash_attention, torch.nn.functional.scaled_dot_product_attention]
 
 # %% [markdown]
-# ## Exercise 6 · An autograd.Function that saves only what is linear in N (2 points)
+# ## Exercise 6 · An `autograd.Function` that saves only what is linear in $N$ (2 points)
 #
 # **Goal:** plug your forward and backward into autograd, keeping for backward only tensors of
 # size $O(N d)$ (and the slopes), and prove the result, slopes included, with `gradcheck`.
