@@ -16,6 +16,12 @@ prints exactly one line and never a traceback:
   expected value``, ``grad_W is zero everywhere``
 * ``✗ name: grad_x matches the expected value minus the skip path (that term is missing)``
   (or ``plus … (counted twice?)``) - one of the exercise's declared ``terms``
+* ``✗ name: grad_a matches W2ᵀ·dŷ times a (the ReLU's gate applied a step early)`` - one of the
+  exercise's declared ``mistakes`` (a known wrong answer, computed from the reference)
+* ``✗ name: grad_h is wrong only where h = 0 (1 of 4 entries): relu'(0) is 0`` - the wrong
+  entries all lie in one of the exercise's declared ``regions``; undeclared, ``… is wrong only
+  at indices 8–10 of dim 2 (of 11)`` when they fill one contiguous range of one dimension
+* ``✗ name: grad_b2 is 1 everywhere (the expected value is not constant)``
 * ``✗ name: missing from the returned dict: b1, W2 (it has bias1 instead?) [also wrong: W1]``
 * ``✗ name: error in your code: ZeroDivisionError: division by zero (in f, line 3)``; an error
   raised inside course code or torch is placed at the learner's call: ``… (in my_fn, line 7,
@@ -35,7 +41,11 @@ root-cause outputs first (the scale sequence before the W and b it feeds). Give 
 constants as ``factors={"B": 8, "√d": math.sqrt(d), "α/r": 2.0, "N/(N−1)": 8 / 7}`` (each is
 tried as f, 1/f, −f, −1/f; −1, 2 and 1/2 always are) and its additive pieces as
 ``terms={"grad_x": {"the skip path": grad_y}}`` (a tensor, or a callable taking the answer's
-args). A ratio 1e-3 off a factor is not named as it.
+args). A ratio 1e-3 off a factor is not named as it. Known wrong answers go in
+``mistakes={"grad_a": {"W2ᵀ·dŷ times a (the gate applied a step early)": wrong}}`` and telling
+regions in ``regions={"grad_h": {"h = 0: relu'(0) is 0": h == 0}}`` (tensors, or callables
+taking the answer's args; a str output's mistakes are str values). Compute them from the
+reference where you can (``ref * a``), so the check's code does not print the formula.
 
 The reference is autograd, ``gradcheck`` or the course's tested helpers; the
 ``max|Δ| <number>`` on a ✓ line is round-off and nbval's sanitizer replaces it.
@@ -214,11 +224,24 @@ def _as_items(value, outputs, what: str):
 
 
 def _compare_one(
-    name: str, got, exp, atol, rtol, count: bool = False, exact: bool = False, factors=None, terms=()
+    name: str,
+    got,
+    exp,
+    atol,
+    rtol,
+    count: bool = False,
+    exact: bool = False,
+    factors=None,
+    terms=(),
+    mistakes=(),
+    regions=(),
 ):
     """None if got ≈ exp, else a message; also returns the max |Δ| (float) when comparable (None for a str)."""
     if isinstance(exp, str):
-        return (None, None) if got == exp else (f"{name} is {got!r}, expected {exp!r}", None)
+        if got == exp:
+            return None, None
+        known = next((label for label, m in mistakes if isinstance(m, str) and m == got), None)
+        return f"{name} is {got!r}, expected {exp!r}" + (f" ({known})" if known else ""), None
     if exact and isinstance(exp, (int, float)) and not isinstance(exp, bool) and type(got) is not type(exp):
         return f"{name}: returned {type(got).__name__}, expected {type(exp).__name__}", None
     if count:
@@ -267,7 +290,9 @@ def _compare_one(
     diff = err.max().item()
     if not bad.any():
         return None, diff
-    cause = _diagnose(name, a, b, atol, rtol, factors, terms, boolean=exp_t.dtype == torch.bool)
+    cause = _diagnose(
+        name, a, b, atol, rtol, factors, terms, boolean=exp_t.dtype == torch.bool, mistakes=mistakes
+    ) or _locate(name, a, b, bad, regions)
     if cause:
         return cause, diff
     excess = torch.where(bad, err, torch.full_like(err, -1.0))
@@ -311,12 +336,21 @@ def _factor_candidates(factors) -> list[tuple[float, str, str]]:
     return out + [(v, label, "") for v, label in _BUILTIN_FACTORS]
 
 
-def _diagnose(name: str, a, b, atol: float, rtol: float, factors, terms, boolean: bool = False) -> str | None:
+def _diagnose(
+    name: str, a, b, atol: float, rtol: float, factors, terms, boolean: bool = False, mistakes=()
+) -> str | None:
     """The cause a wrong value reveals (a = got, b = expected: float64, same shape, not close), or None.
 
-    In order: a declared term missing or counted twice, the transpose, all zeros (all False for a
-    bool mask), one constant ratio (not for a bool mask).
+    In order: a declared mistake, a declared term missing or counted twice, the transpose, all
+    zeros (all False for a bool mask), one constant ratio (not for a bool mask), one constant.
     """
+    for label, m in mistakes:
+        if (
+            isinstance(m, torch.Tensor)
+            and m.shape == a.shape
+            and close(a, m, atol, rtol, equal_nan=True).all()
+        ):
+            return f"{name} matches {label}"
     if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
         return None
     for label, t in terms:
@@ -338,7 +372,7 @@ def _diagnose(name: str, a, b, atol: float, rtol: float, factors, terms, boolean
     if (a == 0).all():
         return f"{name} is {'False' if boolean else 'zero'} everywhere"
     if boolean:
-        return None
+        return f"{name} is True everywhere" if (a != 0).all() else None
     if (a.abs() <= atol).all():
         return f"{name} is zero everywhere (up to round-off)"
     sig = b.abs() > max(atol, 1e-6 * scale)  # entries where the expected value is not negligible
@@ -347,6 +381,9 @@ def _diagnose(name: str, a, b, atol: float, rtol: float, factors, terms, boolean
         return None
     c = ((a[sig] * b[sig]).sum() / (b[sig] * b[sig]).sum()).item()  # least squares: a ≈ c·b
     if not math.isfinite(c) or c == 0 or not close(a, c * b, atol * max(1.0, abs(c)), rtol).all():
+        first = a.reshape(-1)[0]
+        if a.numel() > 1 and (a == first).all() and not close(b, b.reshape(-1)[:1], atol, rtol).all():
+            return f"{name} is {fmt_sig(first.item())} everywhere (the expected value is not constant)"
         return None
     match_tol = max(1e-6, min(rtol, 1e-4))  # a ratio 1e-3 off a factor is not that factor
     cands = _factor_candidates(factors)
@@ -362,17 +399,54 @@ def _diagnose(name: str, a, b, atol: float, rtol: float, factors, terms, boolean
     return f"{name} is {label} × the expected value{note or ' everywhere'}"
 
 
-def _resolve_terms(terms, keys, args, kwargs) -> dict:
-    """{output: [(label, float64 tensor)]} from ``terms``; a callable term gets the answer's args."""
+def _locate(name: str, a, b, bad, regions) -> str | None:
+    """Where the wrong entries are: inside one declared region, else one index range of one dim."""
+    n_bad, n = int(bad.sum().item()), bad.numel()
+    if n_bad == n:
+        return None
+    of = f" ({n_bad} of {n} entries)"
+    for label, mask in regions:
+        if mask.dtype != torch.bool:
+            mask = mask != 0
+        try:
+            mask = mask.expand(bad.shape)
+        except RuntimeError:  # a region of another shape cannot be where this output is wrong
+            continue
+        if mask.any() and not mask.all() and not (bad & ~mask).any():
+            return f"{name} is wrong only where {label}{of}"
+    best = None
+    for d in range(bad.dim()):
+        other = [k for k in range(bad.dim()) if k != d]
+        hit = bad.any(dim=other) if other else bad
+        idx = torch.nonzero(hit).reshape(-1).tolist()
+        lo, hi, size = idx[0], idx[-1], bad.shape[d]
+        if hi - lo + 1 == len(idx) < size and (best is None or len(idx) / size < best[0]):
+            best = (len(idx) / size, d, lo, hi, size)
+    if best is None or bad.dim() < 1 or n_bad < 2:
+        return None
+    _, d, lo, hi, size = best
+    at = f"index {lo}" if lo == hi else f"indices {lo}–{hi}"
+    dim = f" of dim {d} (of {size})" if bad.dim() > 1 else f" (of {size})"
+    return f"{name} is wrong only at {at}{dim}{of}"
+
+
+def _resolve_terms(terms, keys, args, kwargs, what: str = "terms") -> dict:
+    """{output: [(label, value)]} from ``terms``/``mistakes``/``regions``; a callable gets the answer's args.
+
+    Values become float64 CPU tensors (a region: bool); a str stays a str.
+    """
     out = {}
     for key, named in (terms or {}).items():
         if key not in keys:
-            raise ValueError(f"terms: {key!r} is not one of the outputs ({', '.join(map(str, keys))})")
+            raise ValueError(f"{what}: {key!r} is not one of the outputs ({', '.join(map(str, keys))})")
         resolved = []
         for label, t in named.items():
             if callable(t) and not isinstance(t, torch.Tensor):
                 t = _call(t, args, kwargs)
-            resolved.append((label, torch.as_tensor(t).detach().to("cpu", torch.float64)))
+            if not isinstance(t, str):
+                t = torch.as_tensor(t).detach().to("cpu")
+                t = t.bool() if what == "regions" else t.to(torch.float64)
+            resolved.append((label, t))
         out[key] = resolved
     return out
 
@@ -400,6 +474,8 @@ def evaluate(
     noun: str = "outputs",
     factors: dict[str, float] | None = None,
     terms: dict[str, dict[str, object]] | None = None,
+    mistakes: dict[str, dict[str, object]] | None = None,
+    regions: dict[str, dict[str, object]] | None = None,
 ) -> CheckResult:
     """Run ``answer(*args, **kwargs)`` (or take it as a value), compare with ``expected``; no printing.
 
@@ -415,7 +491,9 @@ def evaluate(
     A wrong tensor is diagnosed where its numbers allow: the transpose, all zeros, one constant
     ratio to the reference (tried against each of ``factors`` = {"B": 8, "√d": 4.0} and its
     inverse, and −1, 2, 1/2), or the reference minus/plus one of ``terms`` = {"grad_x": {"the
-    skip path": grad_y}} (a term is a tensor or a callable called with the same args).
+    skip path": grad_y}} (a term is a tensor or a callable called with the same args), a known
+    wrong answer of ``mistakes`` = {"grad_a": {"…times a (the gate applied early)": wrong}}, or
+    the one region of ``regions`` = {"grad_h": {"h = 0": h == 0}} the wrong entries lie in.
     """
     kwargs = kwargs or {}
     if exact:
@@ -461,7 +539,10 @@ def evaluate(
     if isinstance(exp, dict) and outputs is not None:  # the declared order wins over the dict's
         rank = {k: i for i, k in enumerate(outputs)}
         items_exp = sorted(items_exp, key=lambda kv: rank.get(kv[0], len(rank)))
-    term_map = _resolve_terms(terms, [k for k, _ in items_exp], args, kwargs)
+    keys = [k for k, _ in items_exp]
+    term_map = _resolve_terms(terms, keys, args, kwargs)
+    mistake_map = _resolve_terms(mistakes, keys, args, kwargs, "mistakes")
+    region_map = _resolve_terms(regions, keys, args, kwargs, "regions")
     missing = [str(k) for k, _ in items_exp if k not in got_map]
     todo, problems, wrong, diffs, exacts = [], [], [], [], []
     if missing:
@@ -485,6 +566,8 @@ def evaluate(
             exact=exact,
             factors=factors,
             terms=term_map.get(key, ()),
+            mistakes=mistake_map.get(key, ()),
+            regions=region_map.get(key, ()),
         )
         if msg:
             problems.append(msg)
@@ -535,6 +618,8 @@ def check(
     noun: str = "outputs",
     factors: dict[str, float] | None = None,
     terms: dict[str, dict[str, object]] | None = None,
+    mistakes: dict[str, dict[str, object]] | None = None,
+    regions: dict[str, dict[str, object]] | None = None,
 ) -> None:
     """Print one ✓/✗/· line comparing the learner's function (or value) with the reference (see evaluate)."""
     print(
@@ -553,6 +638,8 @@ def check(
             noun=noun,
             factors=factors,
             terms=terms,
+            mistakes=mistakes,
+            regions=regions,
         ).line
     )
 

@@ -51,11 +51,14 @@ def check_function(
     quiet: bool = False,
     factors=None,
     terms=None,
+    mistakes=None,
+    regions=None,
 ) -> CheckResult:
     """Print (unless quiet) and return one line: fn(inputs) and its input gradients vs reference's
     (autograd, upstream gradient grad_out), then the tensors fn saves (saves = (n, what)), then gradcheck.
 
-    ``factors`` and ``terms`` go to ``labcheck.evaluate``, which names a constant ratio or a missing term."""
+    ``factors``, ``terms``, ``mistakes`` and ``regions`` go to ``labcheck.evaluate``, which names a
+    constant ratio, a missing term, a known wrong answer or the region where the answer is wrong."""
 
     def both(f):
         return lambda *xs: (f(*xs), *autograd_grads(f, xs, grad_out))
@@ -69,6 +72,8 @@ def check_function(
         against="autograd",
         factors=factors,
         terms=terms,
+        mistakes=mistakes,
+        regions=regions,
     )
     if result and saves is not None:
         what = "tensors saved for backward"

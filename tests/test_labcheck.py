@@ -445,7 +445,7 @@ def test_a_bool_mask_gets_transpose_and_all_false_but_no_ratio():
     assert (
         evaluate(torch.zeros_like(mask), mask, outputs=("mask",)).line == "✗ check: mask is False everywhere"
     )
-    assert "mask is wrong: largest error" in evaluate(torch.ones_like(mask), mask, outputs=("mask",)).line
+    assert evaluate(torch.ones_like(mask), mask, outputs=("mask",)).line == "✗ check: mask is True everywhere"
 
 
 def test_round_off_around_zero_is_zero_not_a_tiny_ratio():
@@ -462,3 +462,72 @@ def test_check_prints_the_diagnosis_and_long_also_wrong_lists_shrink_to_fit(caps
     assert len(r.line) <= 200 and r.line.endswith("[also wrong: …]")
     r = evaluate(tuple(G + i + 1 for i in range(5)), tuple(G for _ in range(5)), outputs=list("abcde"))
     assert r.line.endswith("[also wrong: b, c, d, …]")
+
+
+# ----------------------------------------------------------------- known mistakes and regions
+
+
+def test_a_declared_mistake_is_named_and_the_right_answer_is_not():
+    h = torch.tensor([1.0, -2.0, 0.0, 3.0], dtype=torch.float64)
+    g = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
+    ref = g * (h > 0)
+    mistakes = {"grad_h": {"the gradient times h (h in place of 𝟙[h > 0])": lambda g, h: ref * h}}
+    line = evaluate(lambda g, h: g * h.relu(), ref, args=(g, h), outputs=("grad_h",), mistakes=mistakes).line
+    assert line == "✗ check: grad_h matches the gradient times h (h in place of 𝟙[h > 0])"
+    other = evaluate(lambda g, h: g + 1, ref, args=(g, h), outputs=("grad_h",), mistakes=mistakes).line
+    assert "matches" not in other and "is wrong" in other
+    assert evaluate(lambda g, h: ref, ref, args=(g, h), outputs=("grad_h",), mistakes=mistakes)
+
+
+def test_a_str_output_names_its_known_mistake():
+    r = evaluate(
+        "out.act",
+        "mid.act",
+        outputs=("a collapse",),
+        mistakes={"a collapse": {"the ratio inverted": "out.act"}},
+    )
+    assert r.line == "✗ check: a collapse is 'out.act', expected 'mid.act' (the ratio inverted)"
+    r = evaluate(
+        "in", "mid.act", outputs=("a collapse",), mistakes={"a collapse": {"the ratio inverted": "out.act"}}
+    )
+    assert r.line == "✗ check: a collapse is 'in', expected 'mid.act'"
+
+
+def test_wrong_entries_inside_a_declared_region_are_located_there_only():
+    h = torch.tensor([1.0, -2.0, 0.0, 3.0], dtype=torch.float64)
+    ref = torch.tensor([1.0, 0.0, 0.0, 4.0], dtype=torch.float64)
+    regions = {"grad_h": {"h = 0": h == 0}}
+    at_zero = ref.clone()
+    at_zero[2] = 3.0
+    line = evaluate(at_zero, ref, outputs=("grad_h",), regions=regions).line
+    assert line == "✗ check: grad_h is wrong only where h = 0 (1 of 4 entries)"
+    elsewhere = ref.clone()
+    elsewhere[1] = 3.0
+    assert "only where" not in evaluate(elsewhere, ref, outputs=("grad_h",), regions=regions).line
+
+
+def test_wrong_entries_in_one_index_range_are_located_and_scattered_ones_are_not():
+    O = torch.randn(2, 3, 11, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    last_block = O.clone()
+    last_block[:, :, 8:] = 0
+    line = evaluate(last_block, O, outputs=("O",)).line
+    assert line == "✗ check: O is wrong only at indices 8–10 of dim 2 (of 11) (72 of 264 entries)"
+    scattered = O.clone()
+    scattered[0, 0, 0, 0] += 1
+    scattered[1, 2, 10, 3] += 1
+    assert "only at" not in evaluate(scattered, O, outputs=("O",)).line
+
+
+def test_a_constant_answer_is_named_as_one_number_everywhere():
+    ref = torch.tensor([-0.875, 0.5, 2.0], dtype=torch.float64)
+    assert (
+        evaluate(torch.ones(3, dtype=torch.float64), ref, outputs=("grad_b2",)).line
+        == "✗ check: grad_b2 is 1 everywhere (the expected value is not constant)"
+    )
+    flat = torch.full((3,), 2.0, dtype=torch.float64)
+    assert (
+        "everywhere"
+        not in evaluate(
+            torch.full((3,), 3.0, dtype=torch.float64) + torch.arange(3), flat, outputs=("g",)
+        ).line
+    )

@@ -239,6 +239,8 @@ def main(argv: list[str]) -> int:
                 + ("" if v.named is None else f" [cause {'named' if v.named else 'NOT named'}: {v.says!r}]")
             )
         everything += mutants
+        if len(labs) > 1:
+            print(f"[{lab}] {summary(mutants)}")
     print(summary(everything))
     return 1 if bad else 0
 
