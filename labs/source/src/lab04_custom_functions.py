@@ -149,17 +149,33 @@ assert torch.allclose(
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 1** (reference: autograd through `torch.softmax`, on a (4, 3, 6) batch):
+# **Self-check 1** (reference: autograd through `torch.softmax`, on a (4, 3, 6) batch; a ✗
+# names a known mistake when your answer is one, each computed from the course's
+# `helpers.functions`):
 
 # %%
+from helpers import functions  # the course's reference code (the checks use it)
+
 Z1 = randn(4, 3, 6, seed=1, dtype=dtype, device=dev)
 grad_P1 = randn(4, 3, 6, seed=2, dtype=dtype, device=dev)
+P1 = torch.softmax(Z1, -1)
 (expected,) = autograd_grads(lambda Z: torch.softmax(Z, -1), (Z1,), grad_P1)
+known1 = {  # known wrong answers
+    "the diagonal-only VJP, g ∘ p(1 − p) (the i ≠ j terms of J left out)": (
+        functions.softmax_backward_diagonal_only(P1, grad_P1)
+    ),
+    "the VJP with ⟨g, p⟩ summed over dim 0, not the last dim": (
+        functions.softmax_backward(P1, grad_P1, dim=0)
+    ),
+    "the expected value ÷ p: the outer p ∘ (…) forgotten": expected / P1,
+    "p ∘ (g + ⟨g, p⟩): the sign of the inner term flipped": 2 * P1 * grad_P1 - expected,
+}
 check(
     softmax_backward,
     expected,
-    args=(torch.softmax(Z1, -1), grad_P1),
+    args=(P1, grad_P1),
     outputs=("grad_Z",),
+    mistakes={"grad_Z": known1},
     name="Exercise 1 · softmax_backward",
     against="autograd",
 )
@@ -275,6 +291,7 @@ Z2 = randn(3, 5, seed=3, dtype=dtype, device=dev) * 4
 # e^1000 overflows without the max shift
 Z2[1] = torch.tensor([1000.0, 0.0, -1000.0, 500.0, -500.0], dtype=dtype)
 grad_P2 = randn(3, 5, seed=4, dtype=dtype, device=dev)
+P2 = torch.softmax(Z2, -1)
 check_function(
     "Exercise 2 · Softmax",
     Softmax.apply,
@@ -283,6 +300,24 @@ check_function(
     grad_P2,
     outputs=("P", "grad_Z"),
     saves=(1, "P"),
+    mistakes={  # known wrong answers, from the course's functions
+        "P": {
+            "e^(z − max z) normalised over dim 0, not the last dim": (
+                torch.softmax(Z2 - Z2.amax(-1, keepdim=True), 0)
+            )
+        },
+        "grad_Z": {
+            "the VJP computed with Z as P (Z saved, not the output P)": (
+                functions.softmax_backward(Z2, grad_P2)
+            ),
+            "the diagonal-only VJP, g ∘ p(1 − p)": (
+                functions.softmax_backward_diagonal_only(P2, grad_P2)
+            ),
+            "zero, softmax's VJP of a vector of ones: backward ignores grad_P": (
+                torch.zeros_like(Z2)
+            ),
+        },
+    },
 )
 
 # %% [raw]
@@ -514,6 +549,11 @@ path_terms = {
     ]
     for label, hold in (("the path through μ", "mu"), ("the path through σ", "sigma"))
 }
+ones3 = torch.ones_like(w3)
+(grad_x_no_gamma,) = autograd_grads(  # LayerNorm's grad_x with γ = 1
+    lambda x: torch_layer_norm(x, ones3, b3, 1e-5), (x3,), grad_y3
+)
+(grad_w_from_x,) = autograd_grads(lambda w: x3 * w, (w3,), grad_y3)  # γ of x ∘ γ
 check(
     lambda x, w, b: layer_norm_parts(LayerNorm.apply, x, w, b),
     ref_parts,
@@ -521,6 +561,7 @@ check(
     outputs=("x_hat", "grad_x"),
     factors={"√((D−1)/D)": (4 / 5) ** 0.5},
     terms={"grad_x": path_terms},
+    mistakes={"grad_x": {"LayerNorm's grad_x for γ = 1 (γ left out)": grad_x_no_gamma}},
     name="Exercise 3 · LayerNorm's x̂ and grad_x",
     against="autograd",
 )
@@ -531,6 +572,8 @@ check_function(
     (x3, w3, b3),
     grad_y3,
     outputs=("y", "grad_x", "grad_weight", "grad_bias"),
+    factors={"rows": 8},
+    mistakes={"grad_weight": {"Σ grad_y ∘ x over rows (x, not x̂)": grad_w_from_x}},
 )
 
 # %% [raw]
@@ -692,6 +735,7 @@ assert torch.allclose(_g.sum(1), torch.zeros(6, dtype=torch.float64), atol=1e-15
 # %%
 z4 = randn(6, 5, seed=9, dtype=dtype, device=dev) * 3
 t4 = torch.tensor([1, -100, 4, 0, -100, 2], device=dev)
+ignored4 = (t4 == -100)[:, None]  # (6, 1)
 check_function(
     "Exercise 4 · CrossEntropy",
     lambda z: CrossEntropy.apply(z, t4, -100),
@@ -699,6 +743,8 @@ check_function(
     (z4,),
     torch.tensor(1.0, dtype=dtype, device=dev),
     outputs=("L", "grad_logits"),
+    factors={"N": 4, "N/R": 4 / 6},  # N = 4 kept rows of R = 6
+    regions={"grad_logits": {"target = -100 (the ignored rows)": ignored4}},
 )
 
 # %% [markdown]
