@@ -174,7 +174,7 @@ def sweep_animation(
     index: Sequence[int] = (1,),
     values: Sequence[float] | None = None,
     params: Mapping | None = None,
-    dpi: int = 60,
+    dpi: int = 72,
     interval: int = 600,
 ):
     """FuncAnimation: L and the gradients the 2nd hidden unit controls as one entry sweeps a range."""
@@ -212,7 +212,8 @@ def sweep_animation(
         if alive[i] != alive[i + 1]
     ]
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.3), dpi=dpi)
+    # 8.5 in at 72 dpi: 612 px, shown unscaled in the page column, so 10 pt text is 10 px
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(8.5, 3.3), dpi=dpi)
     ax1.plot(fine_vs, fine_L, "-", color="#444444")
     (dot1,) = ax1.plot([vs[0]], [L[0]], "o", ms=9, color="#c0392b")
     ax1.set_xlabel(label)
@@ -225,7 +226,7 @@ def sweep_animation(
     ax2.axhline(0, color="#999999", lw=0.8)
     ax2.set_xlabel(label)
     ax2.set_ylabel("gradient")
-    ax2.legend(fontsize=7.5, loc="upper left")
+    ax2.legend(fontsize=9, loc="upper left")
     for s in switches:
         for ax in (ax1, ax2):
             ax.axvline(s, ls="--", color="#7f8c8d", lw=1)
