@@ -27,7 +27,8 @@
 # tested helpers) and answers in one line:
 #
 # * `✓` your answer matches (the `max|Δ|` number is round-off);
-# * `✗` something is off: which output or which gradient, the shape or dtype expected, or the
+# * `✗` something is off: which output or which gradient, and what it reveals: a known
+#   mistake it matches, the shape or dtype expected, the entries that are wrong, or the
 #   largest error and where it is;
 # * `·` not implemented yet.
 #
@@ -165,6 +166,12 @@ check(
     forward_pass,
     {k: expected[k] for k in ("h", "a", "y_hat", "L")},
     args=(x, W1, b1, W2, b2, y_true),
+    terms={"h": {"the bias b1": b1}},
+    mistakes={  # known wrong answers, built from the reference's values
+        "a": {"h itself (the ReLU not applied)": expected["h"]},
+        "y_hat": {"W2 h + b2 (the second layer fed h, not a)": W2 @ expected["h"] + b2},
+        "L": {"Σ(ŷ − y), not squared": (expected["y_hat"] - y_true).sum()},
+    },
     name="Exercise 1 · forward_pass",
     against="helpers.cat_mlp",
 )
@@ -252,6 +259,12 @@ check(
     expected,
     args=(y_hat, y_true),
     outputs=("grad_y_hat",),
+    mistakes={
+        "grad_y_hat": {
+            "the loss's terms (ŷ − y)², not their derivative": (y_hat - y_true) ** 2,
+            "2(ŷ − y)²: the square kept in the derivative": expected**2 / 2,
+        }
+    },
     name="Exercise 2 · grad_loss",
     against="autograd",
 )
@@ -352,11 +365,22 @@ assert all(
 
 # %%
 expected = autograd_grads(lambda W2, b2, a: W2 @ a + b2, (W2, b2, a), grad_y_hat)
+gated_early = expected[2] * a  # the ReLU's gate applied one step too early
 check(
     layer2_backward,
     expected,
     args=(grad_y_hat, a, W2),
     outputs=("grad_W2", "grad_b2", "grad_a"),
+    mistakes={  # known wrong answers, built from the reference's values
+        "grad_W2": {
+            "W2 times ∂L/∂ŷ (the weight in place of the input a)": W2 * grad_y_hat
+        },
+        "grad_b2": {"1, ∂ŷ/∂b₂ alone (the chain stopped there)": torch.ones_like(b2)},
+        "grad_a": {
+            "the expected value times a (the ReLU's gate applied early)": gated_early,
+            "a times ∂L/∂ŷ (the activations in place of the weights)": a * grad_y_hat,
+        },
+    },
     name="Exercise 3 · layer2_backward",
     against="autograd",
 )
@@ -439,11 +463,20 @@ assert torch.equal(_out, torch.tensor([0.0, 0.0, 1.0, 0.0], dtype=torch.float64)
 h_test = torch.tensor([0.725, -0.15, 0.0, 2.0], dtype=dtype, device=dev)
 g_test = torch.tensor([-0.4375, 0.35, 1.0, -2.0], dtype=dtype, device=dev)
 (expected,) = autograd_grads(torch.relu, (h_test,), g_test)
+a_test = torch.relu(h_test)
 check(
     relu_backward,
     expected,
     args=(g_test, h_test),
     outputs=("grad_h",),
+    mistakes={
+        "grad_h": {
+            "grad_a unchanged (no gate)": g_test,
+            "grad_a with the gate inverted (kept where h ≤ 0)": g_test - expected,
+            "grad_a times relu(h) (the activation, not its slope)": g_test * a_test,
+        }
+    },
+    regions={"grad_h": {"h = 0 (relu'(0) is 0, as in PyTorch)": h_test == 0}},
     name="Exercise 4 · relu_backward",
     against="autograd",
 )
@@ -537,11 +570,22 @@ assert all(
 
 # %%
 expected = autograd_grads(lambda W1, b1: W1 @ x + b1, (W1, b1), grad_h)
+x_tiled = expected[0][:, [0, 1, 0, 1]]  # each row's first two entries, twice
 check(
     layer1_backward,
     expected,
     args=(grad_h, x),
     outputs=("grad_W1", "grad_b1"),
+    mistakes={  # known wrong answers, built from the reference's values
+        "grad_W1": {
+            "x in every row (the upstream ∂L/∂h left out)": x.expand_as(W1),
+            "x[:2] tiled in place of x (columns 2, 3 reuse x₀, x₁)": x_tiled,
+        },
+        "grad_b1": {
+            "1, ∂h/∂b₁ alone (the chain stopped there)": torch.ones_like(b1),
+            "∂L/∂h summed to one number, in every entry": grad_h.sum().expand_as(b1),
+        },
+    },
     name="Exercise 5 · layer1_backward",
     against="autograd",
 )
@@ -689,21 +733,45 @@ X_batch[0] = torch.tensor([-1.0, 0.0, 0.0, 0.0], dtype=dtype)
 Y_batch = randn(8, 1, seed=2, dtype=dtype, device=dev)
 
 
-def batch_loss(W1, b1, W2, b2):
-    """L = Σ_b (relu(X W1ᵀ + b1) W2ᵀ + b2 - Y)², through autograd."""
-    H = X_batch @ W1.T + b1  # (8, 4) @ (4, 2) -> (8, 2)
-    Y_hat = torch.relu(H) @ W2.T + b2  # (8, 2) @ (2, 1) -> (8, 1)
-    return ((Y_hat - Y_batch) ** 2).sum()
+def batch_loss(W1, b1, W2, b2, rows=slice(None), relu=torch.relu, on_grad_A=None):
+    """L = Σ_b (relu(X W1ᵀ + b1) W2ᵀ + b2 - Y)² over the rows, through autograd."""
+    H = X_batch[rows] @ W1.T + b1  # (8, 4) @ (4, 2) -> (8, 2)
+    A = relu(H)  # (8, 2)
+    if on_grad_A is not None:
+        A.register_hook(on_grad_A)  # rewrites ∂L/∂A on its way back
+    Y_hat = A @ W2.T + b2  # (8, 2) @ (2, 1) -> (8, 1)
+    return ((Y_hat - Y_batch[rows]) ** 2).sum()
 
 
-expected = dict(
-    zip(("W1", "b1", "W2", "b2"), autograd_grads(batch_loss, (W1, b1, W2, b2)))
-)
+def batch_grads(**change):
+    """{"W1", "b1", "W2", "b2"}: autograd's ∂L/∂θ, with one thing changed if asked."""
+    grads = autograd_grads(lambda *p: batch_loss(*p, **change), (W1, b1, W2, b2))
+    return dict(zip(("W1", "b1", "W2", "b2"), grads))
+
+
+expected = batch_grads()
+# known mistakes, each autograd's answer with one thing changed
+first_only = batch_grads(rows=slice(0, 1))  # the first sample alone
+no_gate = batch_grads(relu=lambda H: H + (torch.relu(H) - H).detach())  # relu' = 1
+one_grad_A = batch_grads(on_grad_A=lambda g: g.sum(1, keepdim=True).expand_as(g))
+wrong_first_layer = {
+    "the gradient without the ReLU's gate (relu' taken as 1)": no_gate,
+    "the gradient with one ∂L/∂A for both units (W2's entries summed)": one_grad_A,
+}
 check(
     cat_backward_batch,
     expected,
     args=(X_batch, W1, b1, W2, b2, Y_batch),
     factors={"B": 8},  # a mean over the batch instead of the sum is off by B
+    mistakes={
+        "W1": {label: g["W1"] for label, g in wrong_first_layer.items()},
+        "b1": {label: g["b1"] for label, g in wrong_first_layer.items()},
+        "b2": {
+            "the first sample's gradient alone (no sum over the batch)": first_only[
+                "b2"
+            ]
+        },
+    },
     name="Exercise 6 · cat_backward_batch",
     against="autograd",
 )
