@@ -26,8 +26,9 @@
 # **How a lab works.** Each exercise states its goal and its points (10 in all). Replace every
 # `...` with your code, keep the function names and signatures, then run the **self-check**
 # cell right below. It answers in one line: `✓` matches (the `max|Δ|` is round-off), `✗`
-# what is wrong and where, or `·` not implemented yet. Your instructor grades the notebook
-# you hand in with hidden tests that call the same functions on other inputs.
+# what is wrong and, where it can tell, which mistake explains it, or `·` not implemented
+# yet. Your instructor grades the notebook you hand in with hidden tests that call the same
+# functions on other inputs.
 
 # %% tags=["remove-cell"]
 # Colab setup (hidden on the site): installs the course helpers in Colab only.
@@ -152,11 +153,29 @@ def f_test(x):
 
 x_test = randn(2, 3, seed=20, dtype=dtype, device=dev)
 (expected,) = autograd_grads(f_test, (x_test,))
+# known wrong answers, built from autograd's first and second derivatives
+n, eps = x_test.numel(), 1e-3
+hess = torch.autograd.functional.hessian(f_test, x_test).reshape(n, n)
+# a one-sided difference's error, ε/2 · ∂²f/∂xᵢ²
+bias = eps / 2 * hess.diagonal().reshape(x_test.shape)
+# entry i's slope moved by the entries before it, left at xⱼ - ε
+stale = expected - eps * hess.tril(-1).sum(1).reshape(x_test.shape)
+# the first entry's slope alone
+lone = expected * (torch.arange(n, device=x_test.device) == 0).reshape(x_test.shape)
 check(
     numerical_grad,
     expected,
-    args=(f_test, x_test, 1e-3),
+    args=(f_test, x_test, eps),
     outputs=("grad",),
+    mistakes={
+        "grad": {
+            "a one-sided difference at x + ε (error +ε/2·f″)": expected + bias,
+            "a one-sided difference at x − ε (error −ε/2·f″)": expected - bias,
+            "slopes with the earlier entries left at xⱼ − ε (not restored)": stale,
+            "0 everywhere (both evaluations of f at the same point?)": 0 * expected,
+            "the first entry's slope, 0 elsewhere (one entry perturbed)": lone,
+        }
+    },
     name="Exercise 1 · numerical_grad",
     against="autograd",
     atol=1e-5,
@@ -376,12 +395,28 @@ grad_Y_res = randn(5, 4, seed=8, dtype=dtype, device=dev)
 expected = autograd_grads(
     lambda X, W: torch.tanh(X @ W.T) + X, (X_res, W_res), grad_Y_res
 )
+# known wrong answers: autograd through an activation whose slope is a wrong tanh'
+wrong_slope = {
+    "tanh' taken as 1 − tanh": lambda H: H - H.cosh().log(),  # slope 1 - tanh(H)
+    "tanh' left out (the layer treated as linear)": lambda H: H,  # slope 1
+    "tanh' from X Wᵀ, not from tanh's output": lambda H: H - H**3 / 3,  # slope 1 - H²
+}
+wrong = {
+    f"the gradient with {label}": autograd_grads(
+        lambda X, W, act=act: act(X @ W.T) + X, (X_res, W_res), grad_Y_res
+    )
+    for label, act in wrong_slope.items()
+}
 check(
     residual_backward,
     expected,
     args=(grad_Y_res, X_res, W_res),
     terms={"grad_X": {"the skip path": grad_Y_res}},
     outputs=("grad_X", "grad_W"),
+    mistakes={
+        "grad_X": {label: g[0] for label, g in wrong.items()},
+        "grad_W": {label: g[1] for label, g in wrong.items()},
+    },
     name="Exercise 3 · residual_backward",
     against="autograd",
 )
@@ -507,15 +542,26 @@ grad_Z = randn(4, 5, 3, seed=11, dtype=dtype, device=dev)
 
 def mul_backward(grad_Z, A, B):
     """Z = A ⊙ B (broadcast): the gradients, each unbroadcast to its shape."""
-    return unbroadcast(grad_Z * B, A.shape), unbroadcast(grad_Z * A, B.shape)
+    return {
+        "grad_A": unbroadcast(grad_Z * B, A.shape),
+        "grad_B": unbroadcast(grad_Z * A, B.shape),
+    }
 
 
-expected = autograd_grads(lambda A, B: A * B, (A, B), grad_Z)
+grad_A, grad_B = autograd_grads(lambda A, B: A * B, (A, B), grad_Z)
 check(
     mul_backward,
-    expected,
+    {"grad_A": grad_A, "grad_B": grad_B},
     args=(grad_Z, A, B),
-    outputs=("grad_A", "grad_B"),
+    outputs=("grad_B", "grad_A"),  # B first: (5, 1) has a dim added and a dim stretched
+    mistakes={  # known wrong answers, built from the reference's values
+        "grad_B": {
+            "the mean over the added leading dim (size 4), not the sum": grad_B / 4,
+            "the mean over the stretched dim (size 3), not the sum": grad_B / 3,
+            "the mean over both broadcast dims, not the sum": grad_B / 12,
+        },
+        "grad_A": {"the mean over the stretched dim (size 5), not the sum": grad_A / 5},
+    },
     name="Exercise 4 · unbroadcast",
     against="autograd",
 )
