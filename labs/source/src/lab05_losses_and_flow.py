@@ -47,7 +47,7 @@ import torch.nn.functional as F
 
 from helpers.device import get_device, no_tf32, randn
 from helpers.gradflow import deep_mlp, fixed_batch, record_grad_flow
-from helpers.labcheck import autograd_grads, check, evaluate
+from helpers.labcheck import CheckResult, autograd_grads, check, evaluate
 
 dev = get_device()
 no_tf32()
@@ -102,7 +102,8 @@ print(layer_names(model))
 #
 # Write `ce_grad(logits, target, ignore_index=-100, label_smoothing=0.0)` for `logits` (R, C),
 # int64 `target` (R,): return $\partial L/\partial\,\text{logits}$ (R, C) for
-# `L = F.cross_entropy(logits, target, ignore_index=..., label_smoothing=ε)`, where
+# `L = F.cross_entropy(logits, target, ignore_index=ignore_index, label_smoothing=eps)`, with
+# $\varepsilon$ = `eps` the `label_smoothing` argument, where
 # * row $r$ is kept unless `target[r] == ignore_index`; $L$ is the mean over the $N$ kept rows
 #   of $-\sum_c q_c \log \mathrm{softmax}(z_r)_c$;
 # * a kept row's target distribution is $q = (1 - \varepsilon)\,\text{one-hot}(t_r) +
@@ -188,7 +189,8 @@ assert torch.allclose(_g, _ref, atol=1e-12) and torch.equal(
 
 # %% [markdown]
 # **Self-check 1** (reference: autograd through `F.cross_entropy` on 8 rows of 5 classes,
-# three times: plain, with `label_smoothing=0.1`, then with two rows ignored too):
+# three times: plain, with `label_smoothing=0.1`, then with two rows ignored too; a ✗ names a
+# known mistake in $q$, the mean or the softmax when your answer is one):
 
 # %%
 z1 = randn(8, 5, seed=1, dtype=dtype, device=dev) * 2
@@ -202,6 +204,25 @@ def ce_factors(target):
     return {"N": N} if N == R else {"N": N, "N/R": N / R}
 
 
+def ce_mistakes(z, target, eps, expected):
+    """Known wrong answers: the expected value with one piece of q changed (or the
+    softmax taken over the rows), on the kept rows."""
+    C = z.shape[-1]
+    keep = (target != -100)[:, None].to(z.dtype)  # (R, 1)
+    share = keep / keep.sum()  # (R, 1): each kept row's share of the mean
+    onehot = F.one_hot(target.clamp(min=0), C).to(z.dtype)  # (R, C)
+    by_rows = torch.softmax(z, dim=0) - torch.softmax(z, dim=-1)  # (R, C)
+    gap = 1 / (C - 1) - 1 / C
+    known = {"the gradient with the softmax over the rows (dim 0)": by_rows * share}
+    if eps:
+        known["the gradient for a q without its ε/C"] = eps / C * share
+        known["the gradient for a q without (1 − ε) on the one-hot"] = (
+            -eps * onehot * share
+        )
+        known["the gradient for a q spreading ε/(C − 1), not ε/C"] = -eps * gap * share
+    return {label: expected + delta for label, delta in known.items()}
+
+
 for what, target, eps in (
     ("plain", t1_all, 0.0),
     ("label_smoothing 0.1", t1_all, 0.1),
@@ -210,6 +231,7 @@ for what, target, eps in (
     (expected,) = autograd_grads(
         lambda z: F.cross_entropy(z, target, label_smoothing=eps), (z1,)
     )
+    ignored = {"target = -100 (the ignored rows)": (target == -100)[:, None]}
     check(
         ce_grad,
         expected,
@@ -219,6 +241,8 @@ for what, target, eps in (
         name=f"Exercise 1 · ce_grad ({what})",
         against="autograd",
         factors=ce_factors(target),
+        mistakes={"grad_logits": ce_mistakes(z1, target, eps, expected)},
+        regions={"grad_logits": ignored},
     )
 
 # %% [raw]
@@ -334,7 +358,8 @@ assert len(_a) == 5  # 2 × (linear, act) + head
 
 # %% [markdown]
 # **Self-check 2** (reference: chapter 5's `GradFlowRecorder`, on the colleague's model; then
-# it counts the hooks left on the model, which must be none):
+# it counts the hooks left on the model, which must be none; a wrong profile that shows a
+# known mistake, such as a wrong key or norm, is named):
 
 
 # %%
@@ -351,6 +376,39 @@ def fresh_norms(fn):
         return fn(model, X, y)
 
     return run
+
+
+def known_norms_mistake(got, ref, names, result):
+    """A line naming the known mistake got ({name: norm}) shows, else result."""
+    name = "Exercise 2 · record_output_grad_norms"
+    keys = list(got) if isinstance(got, dict) else []
+    if keys and not any(isinstance(k, str) for k in keys):
+        kind = type(keys[0]).__name__
+        return CheckResult("fail", f"✗ {name}: keys are modules ({kind}, …), not names")
+    if keys == [names[-1]]:
+        last = f"every norm stored under the last name, {names[-1]!r}"
+        why = "the hook read the loop's name when it ran"
+        return CheckResult("fail", f"✗ {name}: {last}: {why}")
+    if set(keys) not in (set(names), set(names[1:])):
+        return result
+    shown = [n for n in names if n in got]  # in forward order
+    before = [ref[a] for a, b in zip(names, names[1:]) if b in got]
+    known = {"its square, ‖g‖²": torch.tensor([ref[n] ** 2 for n in shown])}
+    if len(shown) < len(names):  # the first layer's input needs no gradient
+        label = "the norm of the layer before it, ‖∂L/∂input‖ (input hooked)"
+        known[label] = torch.tensor(before)
+    ratio = evaluate(
+        torch.tensor([float(got[n]) for n in shown], dtype=dtype),
+        torch.tensor([ref[n] for n in shown], dtype=dtype),
+        outputs=("every layer's norm",),
+        name=name,
+        atol=1e-9,
+        rtol=1e-5,
+        factors={"B": X.shape[0]},
+        mistakes={"every layer's norm": known},
+    )
+    named = "matches" in ratio.line or "× the expected" in ratio.line
+    return ratio if ratio.status == "fail" and named else result
 
 
 def hooks_left(model):
@@ -379,24 +437,13 @@ if result.status in ("pass", "fail") and hooks_left(model):
     for m in model.modules():  # so that the cells below run on a clean model
         m._forward_hooks.clear()
         m._backward_hooks.clear()
-elif (
-    result.status == "fail"
-):  # every layer off by one factor says why (a summed loss: B)
-    got2 = fresh_norms(record_output_grad_norms)(model, X, y)
-    ref2 = reference_norms(model, X, y)
-    if isinstance(got2, dict) and set(got2) == set(ref2):
-        names2 = layer_names(model)
-        ratio = evaluate(
-            torch.tensor([float(got2[n]) for n in names2], dtype=dtype),
-            torch.tensor([ref2[n] for n in names2], dtype=dtype),
-            outputs=("every layer's norm",),
-            name="Exercise 2 · record_output_grad_norms",
-            atol=1e-9,
-            rtol=1e-5,
-            factors={"B": X.shape[0]},
-        )
-        if "× the expected value" in ratio.line:
-            result = ratio
+elif result.status == "fail":  # a known mistake, seen in the whole profile, says why
+    result = known_norms_mistake(
+        fresh_norms(record_output_grad_norms)(model, X, y),
+        reference_norms(model, X, y),
+        layer_names(model),
+        result,
+    )
 print(result.line)
 
 # %% [raw]
@@ -475,7 +522,7 @@ assert (
 # %% [markdown]
 # **Self-check 3** (on three made-up profiles; reference: the layer each was built to
 # collapse at, or, in the third, the layer with the smallest ratio of a profile with no
-# collapse at all):
+# collapse at all; a wrong name that a known mistake gives is named):
 
 # %%
 profiles = {
@@ -492,9 +539,21 @@ profiles = {
     # the gradient shrinks towards the output: still, only i ≥ 1 has a ratio
     "no collapse": {"a": 8.0, "b": 2.0, "c": 1.5, "d": 0.1},
 }
+known3 = {  # what known mistakes return on each profile
+    "a collapse": {
+        "the steepest rise: the largest leaves/enters, or enters/leaves": "out.act",
+        "the layer before the collapse: off by one": "mid",
+        "the smallest norm, not the steepest drop": "in",
+    },
+    "large norms": {"the largest difference, not the smallest ratio": "d"},
+    "no collapse": {
+        "names[0] given a ratio: i from 0, names[-1] taken as before it": "a"
+    },
+}
 check(
     lambda: {k: steepest_drop(p, list(p)) for k, p in profiles.items()},
     {"a collapse": "mid.act", "large norms": "c", "no collapse": "c"},
+    mistakes=known3,
     name="Exercise 3 · steepest_drop",
     against="the profiles' collapse",
 )
@@ -607,7 +666,7 @@ assert _a.grad is _grad_obj and torch.allclose(
 # model's gradients, with `max_norm = 0.05`, below their norm so clipping happens, with
 # `max_norm = 100`, above it, and on the gradients × 1e-4 with `max_norm = 1e-6`, where the
 # 1e-6 in the denominator matters; then it checks that every `.grad` is still the same
-# tensor, scaled in place):
+# tensor, scaled in place; a ✗ names a known mistake when your numbers are one):
 
 
 # %%
@@ -647,6 +706,35 @@ def grads_replaced(clip_fn, max_norm):
     return sum(q.grad is not g for q, g in zip(params, before))
 
 
+def clip_each(params, max_norm):
+    """clip_grad_norm_ on each parameter alone (a known mistake)."""
+    return [torch.nn.utils.clip_grad_norm_([p], max_norm) for p in params][-1]
+
+
+def clip_mistakes():
+    """Known wrong answers, from clip_grad_norm_'s results, for each setting."""
+    ref, each = clip_copies(torch.nn.utils.clip_grad_norm_), clip_copies(clip_each)
+    known = {}
+    for what, (scale, max_norm) in SETTINGS4.items():
+        total, grads = ref[f"total norm ({what})"], ref[f"grads ({what})"]
+        norms = torch.stack([q.grad.double().norm() for q in copies(scale)])
+        known[f"total norm ({what})"] = {
+            "Σ‖g_p‖, the sum of the parameters' norms": norms.sum(),
+            "the norm after clipping, not before": grads.double().norm(),
+        }
+        wrong = {"each gradient clipped by its own norm": each[f"grads ({what})"]}
+        if total < max_norm:
+            label = (
+                "the gradients × max_norm/(‖g‖ + 1e-6): clipped though ‖g‖ < max_norm"
+            )
+            wrong[label] = grads * max_norm / (total + 1e-6)
+        else:
+            label = "the gradients scaled without the + 1e-6 in max_norm/(‖g‖ + 1e-6)"
+            wrong[label] = grads * (total + 1e-6) / total
+        known[f"grads ({what})"] = wrong
+    return known
+
+
 model.zero_grad(set_to_none=True)
 F.cross_entropy(model(X), y).backward()
 result = evaluate(
@@ -658,6 +746,7 @@ result = evaluate(
     atol=1e-12,
     rtol=1e-5,
     noun="results",
+    mistakes=clip_mistakes(),
 )
 if result:
     what = "gradients replaced by new tensors instead of scaled in place"
