@@ -60,7 +60,7 @@ from torch.autograd.function import once_differentiable
 
 from helpers.device import get_device, no_tf32, rand, randn
 from helpers.labcheck import autograd_grads, check, evaluate
-from helpers.lora import LoRALinear, lora_linear
+from helpers.lora import LoRALinear, delta_weight, lora_linear
 
 dev = get_device()
 no_tf32()
@@ -172,17 +172,35 @@ assert torch.allclose(_gA3, 3 * _gA1, atol=1e-14) and torch.allclose(
 # %% [markdown]
 # **Self-check 1** (reference: autograd through $W + s\,BA$, with a random $\partial L/\partial W'$):
 
+
 # %%
+def in_order(fn):
+    """fn, returning first which gradient came first, told by the shapes (A and B
+    differ)."""
+
+    def run(grad_Wp, A, B, s):
+        grads = fn(grad_Wp, A, B, s)
+        if grads is None or grads is ...:
+            return grads
+        if not isinstance(grads, (tuple, list)) or len(grads) != 2:
+            return (f"a {type(grads).__name__}, not a pair", None, None)
+        shapes = [tuple(getattr(t, "shape", ())) for t in grads]
+        swapped = shapes == [tuple(B.shape), tuple(A.shape)]
+        return ("(grad_B, grad_A)" if swapped else "(grad_A, grad_B)", *grads)
+
+    return run
+
+
 grad_Wp1 = g.T @ x  # (out, R) @ (R, in) -> (out, in)
 expected = autograd_grads(lambda A_, B_: W + s * B_ @ A_, (A, B), grad_Wp1)
 check(
-    grads_from_W_prime,
-    expected,
+    in_order(grads_from_W_prime),
+    ("(grad_A, grad_B)", *expected),
     args=(grad_Wp1, A, B, s),
-    outputs=("grad_A", "grad_B"),
+    outputs=("order returned", "grad_A", "grad_B"),
     name="Exercise 1 · grads_from_W_prime",
     against="autograd",
-    factors={"s": s},
+    factors={"s": s, "s²": s * s},
 )
 
 # %% [raw]
@@ -354,25 +372,35 @@ for _needs, (_i, _flops) in _cases.items():
 # gradient):
 
 # %%
+import threading
+
 from torch.utils._python_dispatch import TorchDispatchMode
 
 # what every matrix product becomes inside torch (x @ W.T, torch.matmul, einsum,
-# F.linear)
-PRODUCT_OPS = {torch.ops.aten.mm, torch.ops.aten.bmm, torch.ops.aten.addmm}
+# F.linear), on any device
+aten = torch.ops.aten
+PRODUCT_OPS = {aten.mm, aten.bmm, aten.addmm, aten.baddbmm, aten.addbmm}
+PRODUCT_OPS |= {aten.mv, aten.addmv, aten.dot, aten.vdot, aten._addmm_activation}
 
 
 class Products(TorchDispatchMode):
     """Records the shape of every matrix product computed inside the with-block
-    (backward too)."""
+    (backward too).
+
+    The mode is part of the thread-local state autograd hands to the thread that runs
+    backward (on a GPU, autograd's own device thread), so it sees those products too;
+    the lock keeps appends from two threads from interfering."""
 
     def __init__(self):
         super().__init__()
         self.shapes = []
+        self.lock = threading.Lock()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if func.overloadpacket in PRODUCT_OPS:
-            self.shapes.append(tuple(out.shape))
+            with self.lock:
+                self.shapes.append(tuple(out.shape))
         return out
 
 
@@ -393,8 +421,12 @@ def lora_backward_watched(g, x, W, A, B, s):
     reports = []
     for off in range(3):
         needs = tuple(i != off for i in range(3))
-        with Products() as seen:
-            out = lora_backward(g, x, W, A, B, s, needs=needs)
+        try:
+            with Products() as seen:
+                out = lora_backward(g, x, W, A, B, s, needs=needs)
+        except Exception as e:  # which call failed: the one with this needs
+            e.args = (f"with needs={needs}: {e}",)
+            raise
         faults = [
             f"{n} is None, though asked for"
             for n, need, t in zip(GRAD_NAMES, needs, out)
@@ -417,6 +449,9 @@ check(
     outputs=(*GRAD_NAMES, "out × in products formed", *needs_names),
     counts=("out × in products formed",),
     factors={"s": s},
+    mistakes={
+        "grad_B": {"s·gᵀ(gB) (B's factor gB where A's belongs)": s * g.T @ (g @ B)}
+    },
     terms={
         "grad_x": {
             "the path through W, gW": g @ W,
@@ -539,17 +574,41 @@ assert torch.equal(_gA, torch.zeros_like(_gA)) and _gB.abs().max() > 1e-3
 def check_init(fn, W, r, seed, x, g, name="Exercise 3 · init_adapter"):
     """Your (A, B) vs LoRALinear's init; if they match, what step 0 looks like with
     them."""
-    ref = LoRALinear(
-        nn.Linear(W.shape[1], W.shape[0], bias=False).to(W), r=r, alpha=alpha, seed=seed
-    )
+
+    def init(seed):
+        base = nn.Linear(W.shape[1], W.shape[0], bias=False).to(W)
+        return LoRALinear(base, r=r, alpha=alpha, seed=seed).lora_A.detach()
+
+    def zero_factor(W, r, seed):
+        """fn's (A, B), after which is all zeros: 'A', 'B', 'both' or 'neither'."""
+        out = fn(W, r, seed)
+        if out is None or out is ... or not isinstance(out, (tuple, list)):
+            return out
+        zero = [isinstance(t, torch.Tensor) and not t.any() for t in out]
+        names = [n for n, z in zip("AB", zero) if z]
+        which = "both" if len(names) == 2 else (names[0] if names else "neither")
+        return (which, *out)
+
+    ref_A, sq = init(seed), math.sqrt(W.shape[1])
     result = evaluate(
-        fn,
-        (ref.lora_A.detach(), ref.lora_B.detach()),
+        zero_factor,
+        ("B", ref_A, torch.zeros(W.shape[0], r, dtype=W.dtype, device=W.device)),
         args=(W, r, seed),
-        outputs=("A", "B"),
+        outputs=("zero factor", "A", "B"),
         name=name,
         against="LoRALinear's init",
-        factors={"√in": math.sqrt(W.shape[1])},
+        factors={"√in": sq},
+        mistakes={
+            "zero factor": {
+                "the roles of A and B swapped": "A",
+                "both zero: the adapter can never move": "both",
+            },
+            "A": {
+                "a draw on [0, 1/√in): the 2u − 1 left out": (ref_A + 1 / sq) / 2,
+                "A drawn as (in, r), then transposed": ref_A.reshape(-1, r).T,
+                "seed 0's draw: the seed argument ignored": init(0),
+            },
+        },
     )
     print(result.line)
     if result:
@@ -702,11 +761,8 @@ with torch.no_grad():
     layer4.weight.copy_(W.float())
     layer4.bias.copy_(randn(d_out, seed=6, device=dev))
 A4, B4, x4 = A.float(), 0.1 * B.float(), x.float()
-expected = (
-    lora_linear(x4, layer4.weight, layer4.bias, A4, B4, alpha, r).detach(),
-    layer4.weight.detach().clone(),
-    0,
-)
+W4, b4, dW4 = layer4.weight.detach(), layer4.bias.detach(), delta_weight(A4, B4, s)
+expected = (lora_linear(x4, W4, b4, A4, B4, alpha, r).detach(), W4.clone(), 0)
 check(
     merge_round_trip,
     expected,
@@ -715,6 +771,20 @@ check(
     counts=("weight replaced by a new Parameter",),
     name="Exercise 4 · merge_ / unmerge_",
     against="the unmerged layer",
+    mistakes={
+        "merged output": {
+            "the layer with s = 1 (the scale left out)": lora_linear(
+                x4, W4, b4, A4, B4, r, r
+            ).detach(),
+            "the base layer's output (merge_ left layer.weight as it was)": F.linear(
+                x4, W4, b4
+            ),
+        },
+        "W after unmerge": {
+            "W + 2s·BA (unmerge_ added s·BA again)": W4 + 2 * dW4,
+            "W − s·BA (merge_ had no effect, unmerge_ subtracted)": W4 - dW4,
+        },
+    },
 )
 
 # %% [raw]
@@ -1001,13 +1071,37 @@ def check_frozen_W(name, W, inputs):
 
 x5 = randn(2, 5, d_in, seed=7, dtype=dtype, device=dev)  # (batch, tokens, in)
 g5 = randn(2, 5, d_out, seed=8, dtype=dtype, device=dev)  # (batch, tokens, out)
+
+
+def reference5(x_, A_, B_):
+    return x_ @ (W + s * B_ @ A_).T
+
+
+def no_grad_for(i):
+    """What input i of (x, A, B) gets from autograd when backward returns None for
+    it."""
+    return lambda *xs: torch.zeros_like(xs[i])
+
+
+none_label = "what {} gets when backward returns None for it (needs mixed up?)"
 check_function(
     "Exercise 5 · LoRALinearFn",
     lambda x_, A_, B_: LoRALinearFn.apply(x_, W, A_, B_, s),
-    lambda x_, A_, B_: x_ @ (W + s * B_ @ A_).T,
+    reference5,
     (x5, A, B),
     g5,
     outputs=("y", "grad_x", "grad_A", "grad_B"),
+    mistakes={
+        "y": {
+            "xWᵀ plus the adapter's term without s": lambda x_, A_, B_: (
+                x_ @ W.T + (reference5(x_, A_, B_) - x_ @ W.T) / s
+            )
+        },
+        **{
+            f"grad_{n}": {none_label.format(n): no_grad_for(i)}
+            for i, n in enumerate("xAB")
+        },
+    },
 )
 check_frozen_W("Exercise 5 · W frozen / trainable", W, (x5, A, B))
 
