@@ -73,11 +73,11 @@ __all__ = [
 
 
 def masked_softmax(S: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """P = softmax(S) over the last dim where mask is True; a row with nothing visible is all 0."""
+    """P = softmax(S) over the last dim where mask is True; a fully masked row is 0."""
     if mask is not None:
         S = S.masked_fill(~mask, float("-inf"))  # (..., Nq, Nk)
     m = S.amax(dim=-1, keepdim=True)  # (..., Nq, 1)
-    # Subtract the row max for overflow safety; a fully masked row has max -inf: use 0 there.
+    # Subtract the row max for overflow safety; a fully masked row has max -inf: use 0.
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     E = torch.exp(S - m)  # exp(-inf) = 0 exactly
     Z = E.sum(dim=-1, keepdim=True)  # (..., Nq, 1)
@@ -161,17 +161,26 @@ def attention_forward(Q, K, V, mask=None, scale=None):
 
 
 def attention_backward(Q, K, V, P, grad_O, scale, needs=(True, True, True)):
-    """grad_V = Pᵀ dO, dS = softmax_backward(P, dO Vᵀ), grad_Q = dS K·scale, grad_K = dSᵀ Q·scale."""
+    """Backward of S = Q Kᵀ·scale, P = softmax(S), O = P V, given P and grad_O.
+
+    grad_V = Pᵀ dO, dS = softmax_backward(P, dO Vᵀ), grad_Q = dS K·scale,
+    grad_K = dSᵀ Q·scale.
+    """
     grad_Q = grad_K = grad_V = None
     if needs[2]:
-        grad_V = P.transpose(-2, -1) @ grad_O  # (B, H, Nk, Nq) @ (B, H, Nq, d_v) -> (B, H, Nk, d_v)
+        # (B, H, Nk, Nq) @ (B, H, Nq, d_v) -> (B, H, Nk, d_v)
+        grad_V = P.transpose(-2, -1) @ grad_O
     if needs[0] or needs[1]:
-        grad_P = grad_O @ V.transpose(-2, -1)  # (B, H, Nq, d_v) @ (B, H, d_v, Nk) -> (B, H, Nq, Nk)
-        grad_S = softmax_backward(P, grad_P)  # (B, H, Nq, Nk); masked entries: P = 0 so 0
+        # (B, H, Nq, d_v) @ (B, H, d_v, Nk) -> (B, H, Nq, Nk)
+        grad_P = grad_O @ V.transpose(-2, -1)
+        # (B, H, Nq, Nk); masked entries: P = 0 so 0
+        grad_S = softmax_backward(P, grad_P)
         if needs[0]:
-            grad_Q = (grad_S @ K) * scale  # (B, H, Nq, Nk) @ (B, H, Nk, d) -> (B, H, Nq, d)
+            # (B, H, Nq, Nk) @ (B, H, Nk, d) -> (B, H, Nq, d)
+            grad_Q = (grad_S @ K) * scale
         if needs[1]:
-            grad_K = (grad_S.transpose(-2, -1) @ Q) * scale  # (B, H, Nk, Nq) @ (B, H, Nq, d) -> (B, H, Nk, d)
+            # (B, H, Nk, Nq) @ (B, H, Nq, d) -> (B, H, Nk, d)
+            grad_K = (grad_S.transpose(-2, -1) @ Q) * scale
     return grad_Q, grad_K, grad_V
 
 
@@ -179,7 +188,10 @@ def attention_backward(Q, K, V, P, grad_O, scale, needs=(True, True, True)):
 
 
 class Attention(torch.autograd.Function):
-    """O = softmax(Q Kᵀ · scale) V with the hand-written backward; apply(Q, K, V, mask, scale) -> (O, P)."""
+    """O = softmax(Q Kᵀ·scale) V with the hand-written backward.
+
+    apply(Q, K, V, mask, scale) -> (O, P).
+    """
 
     @staticmethod
     def forward(Q, K, V, mask, scale):
@@ -189,9 +201,10 @@ class Attention(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         Q, K, V, mask, scale = inputs
         O, P = output
-        # P (N×N per head) is kept rather than recomputed from Q, K: backward needs it twice
-        # (grad_V and the softmax VJP).  Recomputing it to save that memory is chapter 10's trade.
-        # The mask is not needed: masked entries of P are exactly 0, so they stay 0 in grad_S.
+        # P (N×N per head) is kept rather than recomputed from Q, K: backward needs it
+        # twice (grad_V and the softmax VJP).  Recomputing it to save that memory is
+        # chapter 10's trade.  The mask is not needed: masked entries of P are exactly
+        # 0, so they stay 0 in grad_S.
         ctx.save_for_backward(Q, K, V, P)
         ctx.scale = 1.0 / math.sqrt(Q.shape[-1]) if scale is None else float(scale)
         ctx.mark_non_differentiable(P)  # P is returned for inspection only
@@ -200,8 +213,8 @@ class Attention(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_O, grad_P_unused):
         Q, K, V, P = ctx.saved_tensors
-        needs = ctx.needs_input_grad[:3]
-        grad_Q, grad_K, grad_V = attention_backward(Q, K, V, P, grad_O, ctx.scale, needs=needs)
+        needs, scale = ctx.needs_input_grad[:3], ctx.scale
+        grad_Q, grad_K, grad_V = attention_backward(Q, K, V, P, grad_O, scale, needs)
         return grad_Q, grad_K, grad_V, None, None
 
 
@@ -328,8 +341,9 @@ def mha_forward(X, params: dict, H: int, causal: bool = False, key_padding_mask=
 
 
 def mha_backward(grad_Y, cache: dict) -> dict:
-    """Every gradient of mha_forward by hand: keys 'X' and MHA_PARAM_NAMES (no autograd)."""
-    X, A, W_in, W_out = cache["X"], cache["A"], cache["in_proj_weight"], cache["out_proj.weight"]
+    """Every gradient of mha_forward by hand (no autograd): 'X' and MHA_PARAM_NAMES."""
+    X, A = cache["X"], cache["A"]
+    W_in, W_out = cache["in_proj_weight"], cache["out_proj.weight"]
     expect_tensor("grad_Y", grad_Y, shape=A.shape)
     grad_W_out = torch.einsum("bni,bnj->ij", grad_Y, A)  # Σ_b,n grad_Y ⊗ A -> (E, E)
     grad_b_out = grad_Y.sum(dim=(0, 1))  # (E,)
@@ -338,7 +352,8 @@ def mha_backward(grad_Y, cache: dict) -> dict:
     grad_Q, grad_K, grad_V = attention_backward(
         cache["Q"], cache["K"], cache["V"], cache["P"], grad_O, cache["scale"]
     )  # 3 × (B, H, N, d)
-    grad_QKV = torch.cat([merge_heads(g) for g in (grad_Q, grad_K, grad_V)], dim=-1)  # (B, N, 3E)
+    # (B, N, 3E)
+    grad_QKV = torch.cat([merge_heads(g) for g in (grad_Q, grad_K, grad_V)], dim=-1)
     grad_W_in = torch.einsum("bni,bnj->ij", grad_QKV, X)  # (3E, E)
     grad_b_in = grad_QKV.sum(dim=(0, 1))  # (3E,)
     grad_X = grad_QKV @ W_in  # (B, N, 3E) @ (3E, E) -> (B, N, E)

@@ -56,30 +56,43 @@ __all__ = [
 
 
 def block_activation_bytes(
-    B: int, N: int, d: int, H: int, d_ff: int, bytes: int, attention: str = "fused", activation: str = "gelu"
+    B: int,
+    N: int,
+    d: int,
+    H: int,
+    d_ff: int,
+    bytes: int,
+    attention: str = "fused",
+    activation: str = "gelu",
 ) -> int:
-    """One pre-norm block: B·N·(8d + H + 4 + 2d_ff)·bytes (fused SDPA, GELU); math attention: 10d + H·N instead of 8d + H."""
-    for name, v in (("B", B), ("N", N), ("d", d), ("H", H), ("d_ff", d_ff), ("bytes", bytes)):
+    """One pre-norm block: B·N·(8d + H + 4 + 2d_ff)·bytes (fused SDPA, GELU).
+
+    Math attention keeps 10d + H·N per token instead of 8d + H.
+    """
+    sizes = {"B": B, "N": N, "d": d, "H": H, "d_ff": d_ff, "bytes": bytes}
+    for name, v in sizes.items():
         expect_int(name, v)
     if attention not in ("fused", "math"):
-        raise ValueError(f"block_activation_bytes: expected attention 'fused' or 'math', got {attention!r}")
+        raise ValueError(f"attention: expected 'fused' or 'math', got {attention!r}")
     if activation not in ("gelu", "relu"):
-        raise ValueError(f"block_activation_bytes: expected activation 'gelu' or 'relu', got {activation!r}")
-    # Elements kept per token, op by op (what SavedTensors(by_op=True) lists for one block):
+        raise ValueError(f"activation: expected 'gelu' or 'relu', got {activation!r}")
+    # Elements kept per token, op by op (as SavedTensors(by_op=True) lists a block):
     ln1 = d + 2  # LayerNorm 1: its input X (the block input), μ and 1/σ
     in_proj = d  # in_proj: its input, LN1's output
     if attention == "fused":
-        # SDPA kernel: Q, K, V (views of one packed (B, N, 3d) storage: 3d), its output O (d), the
-        # row log-sum-exp (H); out_proj's input is O merged back, the same storage.
+        # SDPA kernel: Q, K, V (views of one packed (B, N, 3d) storage: 3d), its output
+        # O (d), the row log-sum-exp (H); out_proj's input is O merged back, the same
+        # storage.
         attn = 3 * d + d + H
     else:
-        # Math path: Q·√scale and Kᵀ·√scale (two copies, d each), V (a view that keeps the whole
-        # packed QKV storage alive, 3d), P (H·N per token: the N² term), the merged output (d).
+        # Math path: Q·√scale and Kᵀ·√scale (two copies, d each), V (a view that keeps
+        # the whole packed QKV storage alive, 3d), P (H·N per token: the N² term), the
+        # merged output (d).
         attn = d + d + 3 * d + H * N + d
     ln2 = d + 2  # LayerNorm 2: its input X1 = X + SA(..), μ and 1/σ
     linear1 = d  # linear1: its input, LN2's output
-    # GELU keeps its input, linear2 its input (the GELU output): two tensors.  ReLU keeps its
-    # output, which is linear2's input too: one tensor.
+    # GELU keeps its input, linear2 its input (the GELU output): two tensors.  ReLU
+    # keeps its output, which is linear2's input too: one tensor.
     ffn = 2 * d_ff if activation == "gelu" else d_ff
     return B * N * (ln1 + in_proj + attn + ln2 + linear1 + ffn) * bytes
 
@@ -202,17 +215,17 @@ def recompute_backward(
     needs=None,
     autocast_state: AutocastState | None = None,
 ):
-    """Re-run y = fn(x, *params) with grad on (RNG, autocast restored); (grad_x, [grad_θ]) = VJP of fn with grad_y.
+    """Re-run y = fn(x, *params) with grad on (RNG, autocast restored); VJP with grad_y.
 
-    ``needs`` (one bool for x, then one per parameter, like ``ctx.needs_input_grad``) says which
-    gradients to compute; the others come back as ``None``.
+    Returns (grad_x, [grad_θ]).  ``needs`` (one bool for x, then one per parameter, like
+    ``ctx.needs_input_grad``) says which gradients to compute; the others are ``None``.
     """
     params = list(params)
     needs = tuple(needs) if needs is not None else (True,) * (1 + len(params))
     if len(needs) != 1 + len(params):
-        raise ValueError(f"recompute_backward: expected {1 + len(params)} flags in needs, got {len(needs)}")
-    # Fresh leaves that share memory with x and θ: the re-run builds a small local graph from them,
-    # which autograd.grad walks once and frees.
+        raise ValueError(f"needs: expected {1 + len(params)} flags, got {len(needs)}")
+    # Fresh leaves that share memory with x and θ: the re-run builds a small local graph
+    # from them, which autograd.grad walks once and frees.
     x_ = x.detach().requires_grad_(bool(needs[0]))
     ps = [p.detach().requires_grad_(bool(n)) for p, n in zip(params, needs[1:])]
     devices = [i for i, _ in rng_state.cuda] if rng_state is not None else []
@@ -229,25 +242,27 @@ def recompute_backward(
 
 
 class Checkpoint(torch.autograd.Function):
-    """y = fn(x, *params) keeping only x (and the parameters, which exist anyway); backward recomputes fn."""
+    """y = fn(x, *params) keeping only x (and the params); backward recomputes fn."""
 
     @staticmethod
     def forward(fn, rng_state, autocast_state, x, *params):
-        with torch.no_grad():  # no graph: fn's intermediate tensors are freed as it goes
+        with torch.no_grad():  # no graph: fn's intermediate tensors are freed at once
             return fn(x, *params)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         fn, rng_state, autocast_state, x, *params = inputs
-        ctx.fn, ctx.rng_state, ctx.autocast_state = fn, rng_state, autocast_state  # non-tensors live on ctx
+        # non-tensors live on ctx
+        ctx.fn, ctx.rng_state, ctx.autocast_state = fn, rng_state, autocast_state
         ctx.save_for_backward(x, *params)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_y):
         x, *params = ctx.saved_tensors
+        needs = ctx.needs_input_grad[3:]
         grad_x, grad_params = recompute_backward(
-            ctx.fn, x, params, grad_y, ctx.rng_state, ctx.needs_input_grad[3:], ctx.autocast_state
+            ctx.fn, x, params, grad_y, ctx.rng_state, needs, ctx.autocast_state
         )
         return (None, None, None, grad_x, *grad_params)
 

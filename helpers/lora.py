@@ -116,8 +116,9 @@ class LoRALinearFunction(torch.autograd.Function):
         _, xA = output
         need_x, need_W, _, need_A, need_B, _, need_xl = ctx.needs_input_grad
         xl = x if x_lora is None else x_lora
-        # grad_A needs x_l, grad_B needs xA, grad_x needs W (and A, B for the LoRA term),
-        # grad_W (only for a trainable base) needs x: keep nothing nobody will ask for.
+        # grad_A needs x_l, grad_B needs xA, grad_x needs W (and A, B for the LoRA
+        # term), grad_W (only for a trainable base) needs x: keep nothing nobody will
+        # ask for.
         ctx.save_for_backward(
             x if need_W else None,
             W if need_x else None,

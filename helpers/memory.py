@@ -140,13 +140,26 @@ class SavedTensors:
         return list(rows.values())
 
     def table(self) -> str:
-        """The per-operation view as text: op, saved tensors (shared/excluded ones marked), bytes."""
+        """The per-operation view as text: op, saved tensors (shared/excluded ones marked), bytes.
+
+        72 columns at most, to fit an 88-column cell: a long op name gets a line of its own, a
+        long list of shapes wraps after a comma onto the lines below.
+        """
         lines = [f"{'op':<14s} {'saved tensors':<44s} {'bytes':>10s}"]
         for row in self.per_op():
-            shapes = ", ".join(
-                ("=" + str(s[1:]) if s and s[0] == "shared" else str(s)) for s in row["shapes"]
-            )
-            lines.append(f"{row['op']:<14s} {shapes:<44s} {fmt_bytes(row['bytes']):>10s}")
+            shapes = [("=" + str(s[1:]) if s and s[0] == "shared" else str(s)) for s in row["shapes"]]
+            parts = [""]
+            for k, shape in enumerate(shapes):
+                piece = shape + ("," if k < len(shapes) - 1 else "")
+                if parts[-1] and len(parts[-1]) + 1 + len(piece) > 44:
+                    parts.append("")
+                parts[-1] += (" " if parts[-1] else "") + piece
+            op = row["op"]
+            if len(op) > 14:
+                lines.append(op)
+                op = ""
+            lines.append(f"{op:<14s} {parts[0]:<44s} {fmt_bytes(row['bytes']):>10s}")
+            lines.extend(f"{'':<14s} {part}" for part in parts[1:])
         lines.append(
             f"{'total':<14s} {'(= marks a tensor already counted or excluded)':<44s} "
             f"{fmt_bytes(self.total_bytes):>10s}"

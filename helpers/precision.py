@@ -82,16 +82,16 @@ def update_scale(state: ScalerState, found_inf: bool) -> ScalerState:
 
 @torch.no_grad()
 def loss_scale_step(params, scaled_grads, state: ScalerState, lr: float):
-    """One SGD step with loss scaling: g = scaled_g/scale; skip if any g is inf/NaN, else θ ← θ − lr·g; update the scale.
+    """One SGD step with loss scaling, then update the scale.
 
-    ``scaled_grads`` are the gradients of ``scale · L``.  Returns ``(new_state, stepped)``; the
-    parameters are updated in place.
+    g = scaled_g/scale; skip the step if any g is inf/NaN, else θ ← θ − lr·g.
+    ``scaled_grads`` are the gradients of ``scale · L``.  Returns
+    ``(new_state, stepped)``; the parameters are updated in place.
     """
     params, scaled_grads = list(params), list(scaled_grads)
     if len(params) != len(scaled_grads):
-        raise ValueError(
-            f"loss_scale_step: expected one grad per param, got {len(scaled_grads)} for {len(params)}"
-        )
+        n, k = len(params), len(scaled_grads)
+        raise ValueError(f"scaled_grads: expected one per param ({n}), got {k}")
     grads, found_inf = unscale_grads(scaled_grads, state.scale)
     if not found_inf:
         for p, g in zip(params, grads):

@@ -370,3 +370,47 @@ def test_every_chapter_figure_is_measured():
         if n:
             found[int(src.name[:2])] = n
     assert found == measured
+
+
+# ------------------------------------------------------------------- listings of helpers
+
+
+def _listed():
+    import helpers.attention as ha
+    import helpers.checkpoint as hc
+    import helpers.lora as hl
+    import helpers.precision as hp
+
+    return {
+        "ha.attention_backward": ha.attention_backward,
+        "Attention": ha.Attention,
+        "ha.masked_softmax": ha.masked_softmax,
+        "ha.mha_backward": ha.mha_backward,
+        "LoRALinearFunction.setup_context": hl.LoRALinearFunction.setup_context,
+        "block_activation_bytes": hc.block_activation_bytes,
+        "recompute_backward": hc.recompute_backward,
+        "Checkpoint": hc.Checkpoint,
+        "loss_scale_step": hp.loss_scale_step,
+    }
+
+
+def test_helper_listings_fit_88_columns():
+    """Chapters print helpers' source (inspect.getsource) into 88-column output boxes.
+
+    Helpers are formatted at 110 columns, so the functions a chapter lists keep their own lines
+    (docstrings, comments, error messages) within 88.
+    """
+    import inspect
+
+    shown = set()
+    for src in sorted((ROOT / "chapters" / "src").glob("[0-9][0-9]_*.py")):
+        shown |= set(re.findall(r"inspect\.getsource\(([\w.]+)\)", src.read_text()))
+    listed = _listed()
+    assert shown == set(listed), "chapters list other helpers: update _listed()"
+    long = [
+        f"{name}: {len(line)} columns: {line.strip()[:60]}"
+        for name, obj in listed.items()
+        for line in inspect.getsource(obj).splitlines()
+        if len(line) > 88
+    ]
+    assert not long, "helper source printed by a chapter is wider than 88 columns:\n" + "\n".join(long)
