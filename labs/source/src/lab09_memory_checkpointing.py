@@ -260,6 +260,19 @@ cases = {
     "ReLU/float32": (4, 6, 10, "relu", torch.float32),
     "GELU/float64": (3, 5, 12, "gelu", torch.float64),
 }
+
+
+def pieces(B, d, d_ff, activation, dtype):
+    """Bytes of tensors a prediction may leave out or count twice, by what they are."""
+    n = torch.finfo(dtype).bits // 8  # bytes per element
+    act = "ReLU's output" if activation == "relu" else "GELU's input or output"
+    return {
+        "one (B, d) tensor: x, or LayerNorm's output": B * d * n,
+        "LayerNorm's μ and 1/σ": 2 * B * n,
+        f"one (B, d_ff) tensor: {act}": B * d_ff * n,
+    }
+
+
 check(
     lambda: {
         k: predict_saved_bytes(*c[:4], torch.finfo(c[4]).bits // 8)
@@ -268,6 +281,8 @@ check(
     {k: measured_saved_bytes(*c) for k, c in cases.items()},
     name="Exercise 1 · predict_saved_bytes",
     against="SavedTensors",
+    factors={"bytes per element": 4},
+    terms={k: pieces(*c) for k, c in cases.items()},
 )
 
 # %% [raw]
@@ -542,39 +557,121 @@ assert all(torch.allclose(_a, _b, atol=1e-12) for _a, _b in zip(_gs3, _ref3))
 
 
 # %%
-def stack_run2(run, every):
-    """(y, grad_x, all parameter gradients in one vector, bytes kept, peak blocks with a
-    graph)."""
-    live = [0, 0]  # blocks holding a graph now, the most at once
-    data_x_runs, flat0_ptr = [], [None]  # block 0's re-runs on a data x: requires_grad?
+class StackWatch:
+    """The blocks of a stack, watched: each run with a graph (which block, from what
+    input) and the gradient that reaches each block's output, in the order they
+    happen."""
 
-    def block(h, *theta):
-        if theta[0].data_ptr() == flat0_ptr[0]:  # block 0: is its input a data x?
-            data_x_runs.append(bool(h.requires_grad))
+    def __init__(self, flat):
+        self.index = {p.data_ptr(): i // 4 for i, p in enumerate(flat) if i % 4 == 0}
+        self.events, self.live, self.peak = [], 0, 0
+
+    def block(self, h, *theta):
+        i = self.index.get(theta[0].data_ptr(), -1)  # which block these weights are
         y = ffn(h, *theta)
         if torch.is_grad_enabled() and y.requires_grad:
-            live[0] += 1
-            live[1] = max(live)
-            y.register_hook(lambda g: live.__setitem__(0, live[0] - 1))
+            self.events.append(("run", i, h.detach(), h.requires_grad))
+            self.live += 1  # blocks holding a graph now
+            self.peak = max(self.peak, self.live)
+            y.register_hook(lambda g, i=i: self.reached(i, g))
         return y
 
+    def reached(self, i, g):
+        self.live -= 1
+        self.events.append(("grad", i, g.detach(), None))
+
+    def reset(self):
+        self.events, self.live, self.peak = [], 0, 0
+
+    def segments(self):
+        """The runs with a graph, grouped into segments: a backward between two runs
+        ends one."""
+        groups, new = [], True
+        for kind, i, h, needs in self.events:
+            if kind == "grad":
+                new = True
+            elif new:
+                groups, new = [*groups, [(i, h, needs)]], False
+            else:
+                groups[-1].append((i, h, needs))
+        return groups
+
+    def gradient_into(self, i, like):
+        """The last gradient that reached block i's output (zeros if none did)."""
+        got = [g for kind, j, g, _ in self.events if kind == "grad" and j == i]
+        return got[-1] if got else torch.zeros_like(like)
+
+
+def stack_run2(run, every, ends=(1, 3, 4)):
+    """(y, the order the segments are re-run in, what each re-run starts from, the
+    gradient into each segment's last block, grad_x, all parameter gradients in one
+    vector, bytes kept, peak blocks with a graph)."""
+
     def go(x, *flat):
+        watch = StackWatch(flat)
         with SavedTensors(exclude=flat) as saved:
-            y = run(block, every, x, *flat)
+            y = run(watch.block, every, x, *flat)
         names = ["x"] + [
             f"{n} of block {i // 4}"
             for i, n in enumerate(["W1", "b1", "W2", "b2"] * (len(flat) // 4))
         ]
-        live[:] = [0, 0]
+        watch.reset()
         grads = grads_of(y, [x, *flat], names, grad_y2)
+        firsts = [seg[0] for seg in watch.segments()]  # (block, input, needs grad)
+        order = [i for i, _, _ in firsts]
+        if order == sorted(order, reverse=True):
+            order = "last to first"
+        else:
+            order = "first to last" if order == sorted(order) else "in another order"
+        if all(
+            torch.allclose(h, block_inputs2[i], atol=1e-12, rtol=0)
+            for i, h, _ in firsts
+        ):
+            start = "the segment's own input"
+        elif all(torch.equal(h, x.detach()) for _, h, _ in firsts):
+            start = "x, the stack's input"
+        else:
+            start = "other values"
+        into = torch.stack([watch.gradient_into(i, grad_y2) for i in ends])
         flat_grads = torch.cat([g.flatten() for g in grads[1:]])
-        peak = live[1]
-        # the same stack on a data x: no re-run may make it require a gradient
-        flat0_ptr[0] = flat[0].data_ptr()
-        y = run(block, every, x.detach(), *flat)
-        torch.autograd.grad(y, flat, grad_y2)
-        data_x = sum(data_x_runs)
-        return (y, grads[0], flat_grads, saved.total_bytes, peak, data_x)
+        return (
+            y,
+            order,
+            start,
+            into,
+            grads[0],
+            flat_grads,
+            saved.total_bytes,
+            watch.peak,
+        )
+
+    return go
+
+
+def stack_run2_data_x(run, every):
+    """On a data x: (later segments re-run from an input without requires_grad,
+    re-runs of block 0 whose input required grad, all parameter gradients)."""
+
+    def go(x, *flat):
+        watch = StackWatch(flat)
+        y = run(watch.block, every, x.detach(), *flat)
+        names = [
+            f"{n} of block {i // 4}" for i, n in enumerate(["W1", "b1", "W2", "b2"] * 5)
+        ]
+        try:
+            grads, error = grads_of(y, list(flat), names, grad_y2), None
+        except RuntimeError as e:
+            grads, error = None, e
+        firsts = [seg[0] for seg in watch.segments()]
+        cut_off = sum(i > 0 and not needs for i, _, needs in firsts)
+        if error is not None and not cut_off:  # an error the counts do not explain
+            raise error
+        data_x = sum(needs for i, _, needs in firsts if i == 0)
+        return (
+            cut_off,
+            data_x,
+            None if grads is None else torch.cat([g.flatten() for g in grads]),
+        )
 
     return go
 
@@ -589,21 +686,56 @@ def plain_stack_run(block, every, x, *flat):
 x2 = randn(6, 5, seed=1, dtype=F64, device=dev, requires_grad=True)
 params2 = [p for l in range(5) for p in ffn_params(5, 9, seed=2 + 4 * l)]
 grad_y2 = randn(6, 5, seed=6, dtype=F64, device=dev)
-y_ref2, gx_ref2, gp_ref2, _, _, _ = stack_run2(plain_stack_run, 2)(x2, *params2)
+with torch.no_grad():  # the input of every block
+    block_inputs2 = [x2.detach()]
+    for i in range(0, 16, 4):
+        block_inputs2.append(ffn(block_inputs2[-1], *params2[i : i + 4]))
+y_ref2, _, _, into_ref2, gx_ref2, gp_ref2, _, _ = stack_run2(plain_stack_run, 2)(
+    x2, *params2
+)
 check(
     stack_run2(lambda *a: applied(StackCheckpoint.apply)(*a), 2),
-    (y_ref2, gx_ref2, gp_ref2, x2.numel() * x2.element_size(), 2, 0),
+    (y_ref2, "last to first", "the segment's own input", into_ref2, gx_ref2, gp_ref2)
+    + (x2.numel() * x2.element_size(), 2),
     args=(x2, *params2),
     outputs=(
         "y",
+        "segments re-run",
+        "input of each re-run",
+        "gradient into each segment",
         "grad_x",
         "grad_params",
         "bytes kept",
         "blocks holding a graph at once",
+    ),
+    counts=("blocks holding a graph at once",),
+    mistakes={
+        "gradient into each segment": {
+            "grad_y at every segment (the gradients not chained)": grad_y2.expand(
+                3, -1, -1
+            )
+        }
+    },
+    name="Exercise 2 · StackCheckpoint",
+    against="autograd",
+    atol=1e-12,
+    rtol=0,
+)
+x_data = x2.detach()
+check(
+    stack_run2_data_x(lambda *a: applied(StackCheckpoint.apply)(*a), 2),
+    (0, 0, stack_run2_data_x(plain_stack_run, 2)(x_data, *params2)[2]),
+    args=(x_data, *params2),
+    outputs=(
+        "later segments re-run from an input without requires_grad",
+        "re-runs where a data x required grad",
+        "grad_params",
+    ),
+    counts=(
+        "later segments re-run from an input without requires_grad",
         "re-runs where a data x required grad",
     ),
-    counts=("blocks holding a graph at once", "re-runs where a data x required grad"),
-    name="Exercise 2 · StackCheckpoint",
+    name="Exercise 2 · StackCheckpoint on a data x",
     against="autograd",
     atol=1e-12,
     rtol=0,
@@ -801,29 +933,75 @@ assert _seen == [False, False]
 
 
 # %%
+def same_state(a, b):
+    """Two RNGStates (helpers.checkpoint) hold the same generator states."""
+    same_cuda = all(torch.equal(s, u) for (_, s), (_, u) in zip(a.cuda, b.cuda))
+    return torch.equal(a.cpu, b.cpu) and same_cuda
+
+
 def dropout_run(run, seed=5):
-    """(y, grads..., next draw) for y = run(x, *params) on ffn_dropout, seeded; a draw
-    in between."""
+    """(how fn is re-run in backward, y, grads..., next draw) for y = run(fn, x,
+    *params) with fn = ffn_dropout, seeded; a draw in between."""
 
     def go(x, *params):
+        calls = []  # (grad enabled, RNG state at the start, RNG state at the end)
+
+        def fn(*args):
+            start = get_rng_state([x])
+            y = ffn_dropout(*args)
+            calls.append((torch.is_grad_enabled(), start, get_rng_state([x])))
+            return y
+
         torch.manual_seed(seed)
-        y = run(x, *params)
+        before = get_rng_state([x])
+        y = run(fn, x, *params)
+        n_forward = len(calls)
         torch.rand(3, device=x.device)  # e.g. the next batch's dropout
-        grads = grads_of(y, [x, *params], ["x", "W1", "b1", "W2", "b2"], grad_y3)
-        return (y, *grads, torch.rand(4, device=x.device))
+        at_backward = get_rng_state([x])
+        names = ["x", "W1", "b1", "W2", "b2"]
+        try:
+            grads, error = grads_of(y, [x, *params], names, grad_y3), None
+        except RuntimeError as e:
+            grads, error = [None] * 5, e
+        rerun = "none: fn not called in backward"
+        if (
+            len(calls) > n_forward
+        ):  # the first call in backward: its state and grad mode
+            grad_on, state, _ = calls[n_forward]
+            known = {
+                "the state before the forward": before,
+                "the state after the forward's draw": calls[0][2],
+                "the state at backward (not put back)": at_backward,
+            }
+            where = next(
+                (w for w, s in known.items() if same_state(state, s)),
+                "another state (reseeded?)",
+            )
+            rerun = f"{'with' if grad_on else 'without'} a graph, from {where}"
+        if (
+            error is not None and rerun == rerun_ok
+        ):  # an error the re-run does not explain
+            raise error
+        return (rerun, y, *grads, torch.rand(4, device=x.device))
 
     return go
 
 
+rerun_ok = "with a graph, from the state before the forward"
 x3 = randn(8, 5, seed=7, dtype=F64, device=dev, requires_grad=True)
 params3 = ffn_params(5, 9, seed=8)
 grad_y3 = randn(8, 5, seed=12, dtype=F64, device=dev)
-expected = dropout_run(ffn_dropout)(x3, *params3)
+_, *expected = dropout_run(lambda fn, x, *p: fn(x, *p))(x3, *params3)
+torch.manual_seed(5)
+with torch.no_grad():  # what is drawn after the forward
+    ffn_dropout(x3, *params3)
+    after_forward = torch.rand(4, device=dev)
 check(
-    dropout_run(lambda x, *p: applied(checkpoint_rng)(ffn_dropout, x, *p)),
-    expected,
+    dropout_run(lambda fn, x, *p: applied(checkpoint_rng)(fn, x, *p)),
+    (rerun_ok, *expected),
     args=(x3, *params3),
     outputs=(
+        "the re-run",
         "y",
         "grad_x",
         "grad_W1",
@@ -832,6 +1010,13 @@ check(
         "grad_b2",
         "random stream after backward",
     ),
+    mistakes={
+        "random stream after backward": {
+            "the draws after the forward again (the rewind leaked out of backward)": (
+                after_forward
+            )
+        }
+    },
     name="Exercise 3 · checkpoint_rng",
     against="autograd",
     atol=1e-12,
@@ -961,26 +1146,95 @@ for _seg in (1, 4, 6):
 
 
 # %%
+class SegmentWatch:
+    """Stands in for checkpoint_rng and ffn_dropout while checkpoint_stack runs: which
+    blocks each checkpoint_rng call runs, what it starts from, which weights it gets."""
+
+    def __init__(self, x, flat):
+        self.x, self.last, self.inside = x, None, False
+        self.originals = checkpoint_rng, ffn_dropout  # before they are stood in for
+        self.index = {p.data_ptr(): i // 4 for i, p in enumerate(flat) if i % 4 == 0}
+        self.ptrs = {p.data_ptr() for p in flat}
+        self.segments, self.starts, self.passed = [], [], 0
+
+    def checkpoint_rng(self, fn, h, *params):
+        if h is self.x or h is self.last:
+            self.starts.append("x" if h is self.x else "the previous segment's output")
+        else:
+            self.starts.append("other")
+        self.passed += sum(p.data_ptr() in self.ptrs for p in params)
+        self.segments.append([])
+        self.inside = True
+        try:
+            self.last = self.originals[0](fn, h, *params)
+        finally:
+            self.inside = False
+        return self.last
+
+    def ffn_dropout(self, h, *theta):
+        if self.inside:  # a block of the current segment's forward
+            self.segments[-1].append(self.index.get(theta[0].data_ptr(), -1))
+        return self.originals[1](h, *theta)
+
+    def blocks(self, n):
+        """The blocks of each segment ('0–1, 2–3, 4'), and what is off about them."""
+        parts = []
+        for seg in self.segments:
+            if seg and seg == list(range(seg[0], seg[0] + len(seg))):
+                parts.append(f"{seg[0]}–{seg[-1]}" if len(seg) > 1 else str(seg[0]))
+            else:
+                parts.append("+".join(map(str, seg)) or "none")
+        run = [i for seg in self.segments for i in seg]
+        notes = []
+        if any(len(set(seg)) < len(seg) for seg in self.segments):
+            notes.append("a block run twice in one segment")
+        elif len(run) > len(set(run)):
+            notes.append("segments overlap")
+        missing = [str(i) for i in range(n) if i not in run]
+        if missing:
+            notes.append(
+                f"block{'s' * (len(missing) > 1)} {', '.join(missing)} in none"
+            )
+        return ", ".join(parts) + (f" ({'; '.join(notes)})" if notes else "")
+
+    def started(self):
+        """What each segment starts from."""
+        if self.starts and set(self.starts[1:]) <= {"the previous segment's output"}:
+            return f"{self.starts[0]}, then the previous segment's output"
+        if set(self.starts) == {"x"}:
+            return "x every time (outputs not carried on)"
+        return ", ".join(self.starts)
+
+
 def stack_run(run, seed=9):
-    """(y, grad_x, all parameter gradients in one vector, bytes kept) for y = run(x,
-    layers), seeded."""
+    """(blocks per segment, what each starts from, weights passed to checkpoint_rng, y,
+    grad_x, all parameter gradients in one vector, bytes kept), seeded."""
 
     def go(x, *flat):
         layers = [flat[i : i + 4] for i in range(0, len(flat), 4)]
-        torch.manual_seed(seed)
-        with SavedTensors(exclude=flat) as saved:
-            y = run(x, layers)
-        names = ["x"] + [
-            f"{n} of block {i // 4}"
-            for i, n in enumerate(["W1", "b1", "W2", "b2"] * len(layers))
-        ]
-        grads = grads_of(y, [x, *flat], names, grad_y4)
-        return (
-            y,
-            grads[0],
-            torch.cat([g.flatten() for g in grads[1:]]),
-            saved.total_bytes,
-        )
+        watch = SegmentWatch(x, flat)
+        ns, saved_names = globals(), ("checkpoint_rng", "ffn_dropout")
+        originals = {n: ns[n] for n in saved_names}
+        ns.update({n: getattr(watch, n) for n in saved_names})
+        try:
+            torch.manual_seed(seed)
+            with SavedTensors(exclude=flat) as saved:
+                y = run(x, layers)
+            names = ["x"] + [
+                f"{n} of block {i // 4}"
+                for i, n in enumerate(["W1", "b1", "W2", "b2"] * len(layers))
+            ]
+            how = (watch.blocks(len(layers)), watch.started(), watch.passed)
+            try:
+                grads = grads_of(y, [x, *flat], names, grad_y4)
+            except RuntimeError:
+                if how == how_ok:  # an error the segments do not explain
+                    raise
+                return (*how, None, None, None, None)
+        finally:
+            ns.update(originals)
+        flat_grads = torch.cat([g.flatten() for g in grads[1:]])
+        return (*how, y, grads[0], flat_grads, saved.total_bytes)
 
     return go
 
@@ -992,16 +1246,26 @@ def plain_stack(x, layers):
     return x
 
 
+how_ok = ("0–1, 2–3, 4", "x, then the previous segment's output", 20)
 x4 = randn(6, 5, seed=13, dtype=F64, device=dev, requires_grad=True)
 flat4 = [p for l in range(5) for p in ffn_params(5, 7, seed=20 + 4 * l)]
 grad_y4 = randn(6, 5, seed=50, dtype=F64, device=dev)
-y_ref, gx_ref, gp_ref, _ = stack_run(plain_stack)(x4, *flat4)
-expected = (y_ref, gx_ref, gp_ref, 3 * x4.numel() * x4.element_size())
+_, _, _, y_ref, gx_ref, gp_ref, _ = stack_run(plain_stack)(x4, *flat4)
+expected = (*how_ok, y_ref, gx_ref, gp_ref, 3 * x4.numel() * x4.element_size())
 check(
     stack_run(lambda x, layers: applied(checkpoint_stack)(x, layers, 2)),
     expected,
     args=(x4, *flat4),
-    outputs=("y", "grad_x", "grad_params", "bytes kept"),
+    outputs=(
+        "blocks per segment",
+        "what each segment starts from",
+        "weights passed to checkpoint_rng",
+        "y",
+        "grad_x",
+        "grad_params",
+        "bytes kept",
+    ),
+    counts=("weights passed to checkpoint_rng",),
     name="Exercise 4 · checkpoint_stack",
     against="autograd",
     atol=1e-12,
@@ -1275,7 +1539,63 @@ def run_reference(W, b):
     )
 
 
+def one_step(ours, scale, tracker, k, W, b):
+    """(stepped, scale, tracker, step on W, step on b) after one step from (scale,
+    tracker) on batch k, growth_interval=3: yours (ours=True) or loss_scale_step's."""
+    x, t = batches()[k]
+    W0, b0 = W.detach().clone(), b.detach().clone()
+    W, b = W0.clone().requires_grad_(), b0.clone().requires_grad_()
+    if ours:
+        out = scaled_step(
+            [W, b], lambda W, b: fp16_loss(W, b, x, t), scale, tracker, 0.01, 3
+        )
+        if out is None:
+            raise NotImplementedError
+        scale, tracker, did = out
+    else:
+        state = ScalerState(scale=scale, growth_interval=3, growth_tracker=tracker)
+        scaled = torch.autograd.grad(state.scale * fp16_loss(W, b, x, t), [W, b])
+        state, did = loss_scale_step([W, b], scaled, state, lr=0.01)
+        scale, tracker = state.scale, state.growth_tracker
+    steps = (W0 - W.detach(), b0 - b.detach())
+    return (
+        torch.tensor(bool(did)),
+        torch.tensor(float(scale), dtype=F64),
+        tracker,
+        *steps,
+    )
+
+
 W5, b5 = randn(3, 4, seed=30, device=dev), randn(3, seed=31, device=dev)
+step_outputs = ("stepped", "scale", "tracker", "step on W", "step on b")
+# batch 4 at scale 2¹⁴: some gradient entries overflow, not all; tracker 2 before
+check(
+    lambda: one_step(True, 2.0**14, 2, 4, W5, b5),
+    one_step(False, 2.0**14, 2, 4, W5, b5),
+    outputs=step_outputs,
+    name="Exercise 5 · scaled_step on an overflow",
+    against="loss_scale_step",
+    mistakes={
+        "stepped": {
+            "True: it stepped though a gradient has inf (all/any mixed up?)": True
+        },
+        "scale": {"2 × the scale passed in (doubled, not halved, on inf)": 2.0**15},
+        "tracker": {"the tracker passed in (kept through the skip)": 2},
+    },
+)
+# batch 0 at scale 2⁴: no overflow; the third clean step in a row, so the scale grows
+check(
+    lambda: one_step(True, 2.0**4, 2, 0, W5, b5),
+    one_step(False, 2.0**4, 2, 0, W5, b5),
+    outputs=step_outputs,
+    name="Exercise 5 · scaled_step on a clean step",
+    against="loss_scale_step",
+    factors={"scale": 2.0**4},
+    mistakes={
+        "tracker": {"growth_interval (not reset when the scale grew)": 3},
+        "step on b": {"no step at all (b not updated)": torch.zeros(3, device=dev)},
+    },
+)
 check(
     run_ours,
     run_reference,
