@@ -369,7 +369,7 @@ def test_every_chapter_figure_is_measured():
         n = text.count("plt.show()") + text.count(".to_jshtml(") + text.count("\nfig = plot_graph(")
         if n:
             found[int(src.name[:2])] = n
-    assert found == measured
+    assert found == measured, "a chapter gained or lost a figure: update FIGURES"
 
 
 # ------------------------------------------------------------------- listings of helpers
