@@ -1354,14 +1354,24 @@ def grad_at_start(loss_of):
     return torch.cat([g.reshape(-1) for g in grads])
 
 
+def only_rows(r):
+    """The full-batch loss in which only rows r count: every other row's target is the
+    model's own output (a zero error)."""
+
+    def loss_of(m):
+        out = m(X5)
+        keep = torch.zeros(12, 1, dtype=torch.bool, device=dev)
+        keep[r] = True
+        return F.mse_loss(out, torch.where(keep, Y5, out.detach()))
+
+    return loss_of
+
+
 rows = torch.arange(12, device=dev).split(5)  # the micro-batches' rows: 5, 5 and 2
 # g_i: the gradient of micro-batch i's own mean loss; c_i: the part of the full-batch
 # gradient that comes from micro-batch i's rows (they add up to the full-batch gradient)
 g_i = [grad_at_start(lambda m, r=r: F.mse_loss(m(X5[r]), Y5[r])) for r in rows]
-c_i = [
-    grad_at_start(lambda m, r=r: ((m(X5) - Y5) ** 2)[r].sum() / Y5.numel())
-    for r in rows
-]
+c_i = [grad_at_start(only_rows(r)) for r in rows]
 seen, _, _ = run_loop(reference_loop, math.inf)
 seen_c, _, _ = run_loop(reference_loop, 0.2)
 clipped_each = torch.zeros_like(
@@ -1394,6 +1404,8 @@ check(
             / len(g_i),
             "the last micro-batch's part only (zero_grad inside its loop)": c_i[-1],
             "the first micro-batch's part only (a step per micro-batch)": c_i[0],
+            "the last micro-batch's part counted 5/2 times (as if of 5 rows)": sum(c_i)
+            + 1.5 * c_i[-1],
         },
         "gradient at step 2": {
             "steps 1 and 2's gradients added (zero_grad forgotten)": seen[0][1]
