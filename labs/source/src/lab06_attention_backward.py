@@ -213,6 +213,38 @@ def masks(fn):
     return out
 
 
+def slipped_masks(Nq, Nk, align="top_left", device=None, window=None):
+    """The masks typical slips give, from the reference's pieces: {slip: its mask}."""
+    right = banded_mask(Nq, Nk, align, device, window)
+    other = "top_left" if align == "bottom_right" else "bottom_right"
+    shift = Nk - Nq if align == "bottom_right" else 0
+    full = torch.ones(Nq, Nk, dtype=torch.bool, device=device)
+    flipped = full.tril(-shift)  # the triangle with the shift's sign flipped
+    slips = {
+        f"the {other} mask (align not followed)": banded_mask(
+            Nq, Nk, other, device, window
+        ),
+        "the mask inverted (True = masked?)": ~right,
+        # each row without its last visible key: the key after it is not visible
+        "the diagonal masked too (< for ≤?)": right & F.pad(right, (0, 1))[:, 1:],
+    }
+    if window is None:
+        slips["the shift Nq − Nk (its sign flipped)"] = flipped
+        return slips
+    slips["the shift Nq − Nk (its sign flipped)"] = flipped & ~full.tril(
+        -shift - window
+    )
+    tri = banded_mask(Nq, Nk, align, device)  # no window
+    wider = banded_mask(Nq, Nk, align, device, window + 1)
+    slips["the mask without the window"] = tri
+    slips[f"a window of {window + 1} keys (one too many)"] = wider
+    slips["the window without the bottom-right shift"] = tri & ~full.tril(-window)
+    slips["the triangle or the window band (| for &)"] = tri | ~full.tril(
+        shift - window
+    )
+    return slips
+
+
 check(
     lambda: masks(causal_mask),
     masks(banded_mask),
@@ -221,6 +253,7 @@ check(
     noun="masks",
     atol=0,
     rtol=0,
+    mistakes=masks(slipped_masks),  # {mask: {slip: the mask it gives}}
 )
 
 # %% [raw]
@@ -380,6 +413,32 @@ def biased_attention(Q, K, V, mask=None, Bias=None, scale=None):
     return P @ V, P  # (..., Nq, Nk) @ (..., Nk, d_v) -> (..., Nq, d_v)
 
 
+def slipped_outputs(Q, K, V, mask, Bias=None, scale=None):
+    """O after typical slips, from the reference's pieces: {the slip: its O}."""
+    d = Q.shape[-1]
+    s = 1.0 / math.sqrt(d) if scale is None else scale
+    S = (Q @ K.transpose(-2, -1)) * s + (0.0 if Bias is None else Bias)  # (..., Nq, Nk)
+
+    def P_with(Bias=None, scale=None):
+        return biased_attention(Q, K, V, mask, Bias, scale)[1]
+
+    P = {
+        "a softmax over the queries (dim −2)": ref.masked_softmax(S.mT, mask.mT).mT,
+        "the mask's polarity flipped (True = blocked)": ref.masked_softmax(S, ~mask),
+        "masked scores set to −100 (their weight leaks)": ref.masked_softmax(
+            S.masked_fill(~mask, -100.0)
+        ),
+    }
+    if scale is None:
+        P["no scale (the 1/√d forgotten)"] = P_with(scale=1.0)
+        P["a scale of 1/d, not 1/√d"] = P_with(scale=1 / d)
+    else:
+        P["the given scale ignored (1/√d used)"] = P_with(Bias)
+        P["the Bias ignored"] = P_with(None, scale)
+        P["the Bias scaled too, (QKᵀ + Bias)·scale"] = P_with(Bias * scale, scale)
+    return {slip: P_slip @ V for slip, P_slip in P.items()}
+
+
 for label, extra in (("default scale", ()), ("scale, Bias", (Bias2, scale2))):
     check(
         attention_forward,
@@ -388,6 +447,7 @@ for label, extra in (("default scale", ()), ("scale, Bias", (Bias2, scale2))):
         outputs=("O", "P"),
         name=f"Exercise 2 · attention_forward, {label}",
         against="the chapter's masked softmax",
+        mistakes={"O": slipped_outputs(Q2, K2, V2, mask2, *extra)},
     )
 
 
@@ -586,6 +646,10 @@ for label, (scale3, Bias3) in cases3.items():
         grad_O3,
     )
     if label == "full-size Bias":
+        # dP by autograd through O = P V, then two softmax VJPs that are not right
+        (grad_P3,) = autograd_grads(lambda P: P @ V3, (P3,), grad_O3)
+        diagonal_only = grad_P3 * P3 * (1 - P3)
+        over_queries = torch._softmax_backward_data(grad_P3, P3, -2, dtype)
         check(
             grad_S_of,
             expected[4],
@@ -594,7 +658,15 @@ for label, (scale3, Bias3) in cases3.items():
             factors={"scale": 1 / math.sqrt(8)},
             name="Exercise 3 · the softmax step",
             against="autograd",
+            mistakes={
+                "dS (grad_Bias for a full-size Bias)": {
+                    "dP ∘ P(1 − P): the Jacobian's diagonal only": diagonal_only,
+                    "the softmax VJP summed over the queries (dim −2)": over_queries,
+                }
+            },
         )
+    # grad_scale from the scores: dS ∘ (A·scale + Bias) summed, from the right gradients
+    from_S = expected[3] * scale3 + unbroadcast(expected[4] * Bias3, scale3.shape)
     check(
         attention_backward,
         expected,
@@ -603,6 +675,9 @@ for label, (scale3, Bias3) in cases3.items():
         factors={"scale": 1 / math.sqrt(8), "B": 2},
         name=f"Exercise 3 · attention_backward, {label}",
         against="autograd",
+        mistakes={
+            "grad_scale": {"dS ∘ S summed (the scores S in place of A = QKᵀ)": from_S}
+        },
     )
 
 # %% [raw]
@@ -744,7 +819,7 @@ assert all(torch.allclose(o, r, atol=1e-12) for o, r in zip(_ours, _g))
 
 # %% [markdown]
 # **Self-check 4** (reference: autograd through `F.scaled_dot_product_attention` with the bias
-# as a float mask, $-\infty$ where the boolean mask forbids, and `Q·scale` with SDPA's own
+# as a float mask, $-\infty$ where the boolean mask forbids, and `Q * scale` with SDPA's own
 # scale 1, in each alignment, with a window of 3, on `Nq = 4` queries and `Nk = 6` keys, so
 # the corner matters; batch 1's last two keys are padding, and the last output counts their
 # gradient entries that are not exactly zero):
@@ -784,11 +859,46 @@ def sdpa_grads(Q, K, V, Bias, scale, grad_O, causal, key_padding_mask, align, wi
     return grads
 
 
+def slipped_grads(
+    Q, K, V, Bias, scale, grad_O, causal, key_padding_mask, align, window
+):
+    """The five gradients after typical slips in the mask or the forward's arguments, by
+    autograd through the chapter's masked softmax: {output: {the slip: its value}}."""
+    Nq, Nk, d = Q.shape[-2], K.shape[-2], Q.shape[-1]
+    pad = key_padding_mask[:, None, None, :]  # (B, 1, 1, Nk), True = padding
+    band = banded_mask(Nq, Nk, align, Q.device, window)
+    top_left = banded_mask(Nq, Nk, "top_left", Q.device, window)
+    no_window = banded_mask(Nq, Nk, align, Q.device)
+    A = Q @ K.transpose(-2, -1)  # (..., Nq, Nk), held constant
+    slips = {  # the slip: (its mask, what its scores are off by, held constant)
+        "the padding mask used as may-attend": (band & pad, 0.0),
+        "the causal mask dropped": (~pad, 0.0),
+        "the top_left mask (align not passed on)": (top_left & ~pad, 0.0),
+        "the mask without its window": (no_window & ~pad, 0.0),
+        "P computed without the Bias": (band & ~pad, -Bias),
+        "P computed with 1/√d, not the given scale": (
+            band & ~pad,
+            A * (d**-0.5 - scale),
+        ),
+    }
+    out = {n: {} for n in ("grad_Q", "grad_K", "grad_V", "grad_scale", "grad_Bias")}
+    for slip, (mask, off) in slips.items():
+        grads = autograd_grads(
+            lambda Q, K, V, s, Bias: biased_attention(Q, K, V, mask, Bias + off, s)[0],
+            (Q, K, V, scale, Bias),
+            grad_O,
+        )
+        for name, g in zip(out, grads):
+            out[name][slip] = g
+    return out
+
+
 for align in ("top_left", "bottom_right"):
+    args4 = (Q4, K4, V4, Bias4, scale4, grad_O4, True, pad4, align, 3)
     check(
         lambda *a: with_padded_check(attention_grads(*a)),
         lambda *a: with_padded_check(sdpa_grads(*a)),
-        args=(Q4, K4, V4, Bias4, scale4, grad_O4, True, pad4, align, 3),
+        args=args4,
         outputs=(
             "grad_Q",
             "grad_K",
@@ -800,6 +910,7 @@ for align in ("top_left", "bottom_right"):
         counts=("padded keys' gradient entries not exactly 0",),
         name=f"Exercise 4 · attention_grads, {align}",
         against="autograd through SDPA",
+        mistakes=slipped_grads(*args4),
     )
 
 # %% [markdown]
