@@ -239,6 +239,31 @@ def grad_x_paths(eps):
     }
 
 
+def slipped_grads1(eps, rstd):
+    """grad_x, grad_weight after typical slips, by autograd: {output: {slip: value}}."""
+    (grad_x,) = autograd_grads(
+        lambda x: F.layer_norm(x, (6,), w1, b1, eps), (x1,), grad_y1
+    )
+    (no_gamma,) = autograd_grads(  # LayerNorm without γ and β
+        lambda x: F.layer_norm(x, (6,), None, None, eps), (x1,), grad_y1
+    )
+    no_eps = autograd_grads(
+        lambda x, w, b: F.layer_norm(x, (6,), w, b, 0.0), (x1, w1, b1), grad_y1
+    )
+    (from_x,) = autograd_grads(lambda w: x1 * w, (w1,), grad_y1)  # y = γ ∘ x
+    return {
+        "grad_x": {
+            "the gradient without γ (g = grad_y)": no_gamma,
+            "σ × the expected value (the leading 1/σ left out)": grad_x / rstd,
+            "eps = 0 (1/σ recomputed from x, not the saved one)": no_eps[0],
+        },
+        "grad_weight": {
+            "Σ grad_y ∘ x (x in place of x̂)": from_x,
+            "eps = 0 (1/σ recomputed from x, not the saved one)": no_eps[1],
+        },
+    }
+
+
 rows1 = x1.numel() // x1.shape[-1]  # parameter gradients sum over B·N rows
 expected = autograd_grads(
     lambda x, w, b: F.layer_norm(x, (6,), w, b, 1e-5), (x1, w1, b1), grad_y1
@@ -252,6 +277,7 @@ check(
     against="autograd",
     factors={"rows": rows1},
     terms={"grad_x": grad_x_paths(1e-5)},
+    mistakes=slipped_grads1(1e-5, rstd1),
 )
 # the same with eps = 0.5: your backward must use the saved μ and 1/σ,
 # not recompute them
@@ -268,6 +294,7 @@ check(
     against="autograd",
     factors={"rows": rows1},
     terms={"grad_x": grad_x_paths(0.5)},
+    mistakes=slipped_grads1(0.5, rstd1b),
 )
 
 # %% [raw]
@@ -405,7 +432,9 @@ assert all(
 
 # %% [markdown]
 # **Self-check 2** (reference: autograd through `F.linear` → `F.relu` / `F.gelu` → `F.linear`
-# on `h` (2, 5, 8) with `d_ff` 16, one line per activation):
+# on `h` (2, 5, 8) with `d_ff` 16, one line per activation; the five gradients are compared in
+# the order backward computes them, `grad_W2`, `grad_b2`, `grad_W1`, `grad_b1`, `grad_h`, so
+# the first one named wrong is where your backward first goes off):
 
 # %%
 h2 = randn(2, 5, 8, seed=11, dtype=dtype, device=dev)
@@ -418,20 +447,68 @@ W2_2, b2_2 = (
     0.3 * randn(8, seed=15, dtype=dtype, device=dev),
 )
 grad_F2 = randn(2, 5, 8, seed=16, dtype=dtype, device=dev)
+BACKWARD_ORDER2 = ("grad_W2", "grad_b2", "grad_W1", "grad_b1", "grad_h")
+
+
+def in_backward_order(grads):
+    """ffn_backward's five gradients in the order backward computes them."""
+    if not isinstance(grads, tuple) or len(grads) != 5:
+        return grads  # the check says what is off
+    grad_h, grad_W1, grad_b1, grad_W2, grad_b2 = grads
+    return grad_W2, grad_b2, grad_W1, grad_b1, grad_h
+
+
+class SlippedActivation(torch.autograd.Function):
+    """act(U) forward, a given wrong backward: autograd's gradients after that slip."""
+
+    @staticmethod
+    def forward(ctx, U, act, act_backward):
+        ctx.save_for_backward(U)
+        ctx.act_backward = act_backward
+        return act(U)
+
+    @staticmethod
+    def backward(ctx, grad_a):
+        (U,) = ctx.saved_tensors
+        return ctx.act_backward(U, grad_a), None, None
+
+
+slips2 = {
+    "relu": {"the ReLU's gate left out (dU = da)": lambda U, grad_a: grad_a},
+    "gelu": {
+        "GELU's derivative taken at a = GELU(U), not at U": lambda U, grad_a: (
+            gelu_backward(F.gelu(U), grad_a)
+        )
+    },
+}
 for act, act_fn in (("relu", F.relu), ("gelu", F.gelu)):
     expected = autograd_grads(
         lambda h, W1, b1, W2, b2: F.linear(act_fn(F.linear(h, W1, b1)), W2, b2),
         (h2, W1_2, b1_2, W2_2, b2_2),
         grad_F2,
     )
+    mistakes2 = {name: {} for name in BACKWARD_ORDER2}
+    for slip, act_backward in slips2[act].items():
+        slipped = autograd_grads(
+            lambda h, W1, b1, W2, b2: F.linear(
+                SlippedActivation.apply(F.linear(h, W1, b1), act_fn, act_backward),
+                W2,
+                b2,
+            ),
+            (h2, W1_2, b1_2, W2_2, b2_2),
+            grad_F2,
+        )
+        for name, g in zip(BACKWARD_ORDER2, in_backward_order(slipped)):
+            mistakes2[name][slip] = g
     check(
-        ffn_backward,
-        expected,
+        lambda *args: in_backward_order(ffn_backward(*args)),
+        in_backward_order(expected),
         args=(h2, W1_2, b1_2, W2_2, b2_2, grad_F2, act),
-        outputs=("grad_h", "grad_W1", "grad_b1", "grad_W2", "grad_b2"),
+        outputs=BACKWARD_ORDER2,
         name=f"Exercise 2 · ffn_backward ({act})",
         against="autograd",
         factors={"rows": 2 * 5},  # weight and bias gradients sum over B·N rows
+        mistakes=mistakes2,
     )
 
 # %% [raw]
@@ -633,38 +710,61 @@ def ffn_sublayer_reference(X1, g2, be2, W1, b1, W2, b2, act=F.relu):
     )
 
 
-for act, act_fn in (("relu", F.relu), ("gelu", F.gelu)):
-    grads3 = dict(
-        zip(
-            ("X1", *NAMES3),
-            autograd_grads(
-                lambda X1, *theta: ffn_sublayer_reference(X1, *theta, act=act_fn),
-                (X1_3, *(params3[n] for n in NAMES3)),
-                grad_Y3,
-            ),
-        )
-    )
-    # in the order backward computes them: the first one named wrong is where your
-    # backward first goes off
-    expected = {
-        k: grads3[k]
-        for k in (
-            "linear2.weight",
-            "linear2.bias",
-            "linear1.weight",
-            "linear1.bias",
-            "norm2.weight",
-            "norm2.bias",
-            "X1",
-        )
+# in the order backward computes them: the first one named wrong is where your
+# backward first goes off
+BACKWARD_ORDER3 = (
+    "linear2.weight",
+    "linear2.bias",
+    "linear1.weight",
+    "linear1.bias",
+    "norm2.weight",
+    "norm2.bias",
+    "X1",
+)
+
+
+def sublayer_grads(f):
+    """Autograd's {name: gradient} of Y = f(X1, *θ) for grad_Y3, in backward's order."""
+    theta = (params3[n] for n in NAMES3)
+    grads = dict(zip(("X1", *NAMES3), autograd_grads(f, (X1_3, *theta), grad_Y3)))
+    return {k: grads[k] for k in BACKWARD_ORDER3}
+
+
+acts3 = {"ReLU": F.relu, "GELU": F.gelu}
+grads3 = {
+    act: sublayer_grads(lambda X1, *theta: ffn_sublayer_reference(X1, *theta, act=fn))
+    for act, fn in acts3.items()
+}
+for act, act_fn in acts3.items():
+    other = "GELU" if act == "ReLU" else "ReLU"
+    slips = {  # the slip: autograd's gradients of the sub-layer it computes
+        "the FFN run on x̂ (h2 without γ and β)": sublayer_grads(
+            lambda X1, g2, be2, *W: ffn_sublayer_reference(
+                X1, None, None, *W, act=act_fn
+            )
+        ),
+        "the FFN run on X1 (LN2 left out)": sublayer_grads(
+            lambda X1, g2, be2, W1, b1, W2, b2: (
+                X1 + F.linear(act_fn(F.linear(X1, W1, b1)), W2, b2)
+            )
+        ),
+        "LN2's backward fed grad_Y, not grad_h2": sublayer_grads(
+            lambda X1, g2, be2, *W: X1 + F.layer_norm(X1, (8,), g2, be2, 1e-5)
+        ),
+        f"the {other} sub-layer's gradient (activation not passed on?)": grads3[other],
     }
+    expected = grads3[act]
+    swapped = expected["norm2.bias"]  # β's gradient, where γ's belongs
+    mistakes3 = {k: {slip: g[k] for slip, g in slips.items()} for k in expected}
+    mistakes3["norm2.weight"]["norm2.bias's gradient (γ's and β's swapped)"] = swapped
     check(
         ffn_sublayer_backward,
         expected,
-        args=(X1_3, mu2_3, rstd2_3, params3, grad_Y3, act),
-        name=f"Exercise 3 · ffn_sublayer_backward ({act})",
+        args=(X1_3, mu2_3, rstd2_3, params3, grad_Y3, act.lower()),
+        name=f"Exercise 3 · ffn_sublayer_backward ({act.lower()})",
         against="autograd",
         terms={"X1": {"the skip path (grad_Y)": grad_Y3}},
+        mistakes=mistakes3,
     )
 
 # %% [raw]
@@ -771,6 +871,15 @@ wte4, wpe4 = (
 expected = autograd_grads(
     lambda wte, wpe: F.embedding(idx4, wte) + wpe[:6], (wte4, wpe4), grad_X0_4
 )
+repeated4 = torch.bincount(idx4.flatten(), minlength=10)[:, None] > 1  # (vocab, 1)
+# grad_X0's rows paired with the ids in another order: (N, B, d) flattened
+(position_major,) = autograd_grads(
+    lambda wte: F.embedding(idx4, wte),
+    (wte4,),
+    grad_X0_4.transpose(0, 1).reshape(2, 6, 4),
+)
+summed_over_positions = torch.zeros_like(expected[1])
+summed_over_positions[:6] = expected[1][:6].sum(0)
 check(
     embedding_backward,
     expected,
@@ -779,6 +888,15 @@ check(
     name="Exercise 4 · embedding_backward",
     against="autograd",
     factors={"B": 2},  # grad_wpe sums over the batch
+    regions={
+        "grad_wte": {"a token occurs more than once (one occurrence kept?)": repeated4}
+    },
+    mistakes={
+        "grad_wte": {
+            "grad_X0's rows flattened position-major, ids batch-major": position_major
+        },
+        "grad_wpe": {"the sum over every position in each row": summed_over_positions},
+    },
 )
 
 # %% [markdown]
@@ -902,8 +1020,9 @@ _ = compare(
 # 4. **in_proj**: merge the three gradients back to (B, N, d) each and concatenate them in the
 #    packed order Q, K, V along the last dim, (B, N, 3d); `linear_backward(h1, W_in, grad_QKV)`
 #    gives `grad_h1` and the in_proj gradients.
-# 5. **LN₁ and the first residual**: your `layernorm_backward(X, mu1, rstd1, γ₁, grad_h1)` gives the
-#    branch's gradient of `X` and the norm1 gradients; $\partial L/\partial X$ = `grad_X1` (the skip) + that.
+# 5. **$\mathrm{LN}_1$ and the first residual**: your
+#    `layernorm_backward(X, mu1, rstd1, gamma1, grad_h1)`, with `gamma1` $= \gamma_1$ =
+#    `params["norm1.weight"]`, gives the branch's gradient of `X` and the norm1 gradients; $\partial L/\partial X$ = `grad_X1` (the skip) + that.
 #
 # </details>
 #
@@ -1029,7 +1148,8 @@ assert all(torch.allclose(_ours[k], _ref[k], atol=1e-10) for k in _ref)
 # **Self-check 5** (reference: autograd on `layer5`, the `nn.TransformerEncoderLayer(norm_first=True,
 # batch_first=True, dropout=0)` above, float64, 2 heads; the 13 gradients are compared by name in
 # the order backward computes them, from `linear2.weight` to `X`, so the first one named wrong,
-# e.g. `self_attn.in_proj_weight is wrong: …`, is where your backward first goes off):
+# e.g. `self_attn.in_proj_weight matches its Q and K rows swapped …`, is where your backward
+# first goes off):
 
 # %%
 X5r = X5.clone().requires_grad_()
@@ -1063,6 +1183,52 @@ expected = {k: grads5[k] for k in BACKWARD_ORDER}
     (cache5["X1"],),
     grad_Y5,
 )
+d_h5 = d5 // H5
+
+
+def QKV_blocks(g, QK_factor=1.0, swap_QK=False):
+    """A packed in_proj gradient with its Q, K blocks × QK_factor (or swapped)."""
+    Q, K, V = g.chunk(3, dim=0)  # rows 0 to d-1, d to 2d-1, 2d to 3d-1
+    Q, K = (K, Q) if swap_QK else (Q, K)
+    return torch.cat([Q * QK_factor, K * QK_factor, V])
+
+
+def attention_branch(h1, W_in, b_in, merge):
+    """[Q K V] = h1 W_inᵀ + b_in, attention per head, the heads merged by `merge`."""
+    QKV = F.linear(h1, W_in, b_in).chunk(3, dim=-1)
+    return merge(attention_forward(*(split_heads(t, H5) for t in QKV))[0])
+
+
+# grad_A by autograd through out_proj, then the in_proj gradients if grad_A is split
+# into heads by a plain reshape (the inverse of merging them by one)
+(grad_A5,) = autograd_grads(
+    lambda A: F.linear(A, params5["self_attn.out_proj.weight"]),
+    (cache5["A"],),
+    grad_X1_5,
+)
+plain_reshape = autograd_grads(
+    lambda W, b: attention_branch(cache5["h1"], W, b, lambda O: O.reshape(B5, N5, d5)),
+    (params5["self_attn.in_proj_weight"], params5["self_attn.in_proj_bias"]),
+    grad_A5,
+)
+LN1_fed_grad_X1 = autograd_grads(
+    lambda g, b: F.layer_norm(X5, (d5,), g, b, 1e-5),
+    (params5["norm1.weight"], params5["norm1.bias"]),
+    grad_X1_5,
+)
+mistakes5 = {}
+for i, name in enumerate(("self_attn.in_proj_weight", "self_attn.in_proj_bias")):
+    g = expected[name]
+    mistakes5[name] = {
+        "its Q, K rows × √d_h (the attention scale left out)": QKV_blocks(g, d_h5**0.5),
+        "its Q, K rows × √(d_h/d) (scale 1/√d, not 1/√d_h)": QKV_blocks(
+            g, (d_h5 / d5) ** 0.5
+        ),
+        "its Q and K rows swapped (packed K, Q, V)": QKV_blocks(g, swap_QK=True),
+        "grad_A split into heads by a plain reshape": plain_reshape[i],
+    }
+for i, name in enumerate(("norm1.weight", "norm1.bias")):
+    mistakes5[name] = {"LN1's backward fed grad_X1, not grad_h1": LN1_fed_grad_X1[i]}
 check(
     block_backward,
     expected,
@@ -1070,6 +1236,7 @@ check(
     name="Exercise 5 · block_backward",
     against="autograd on nn.TransformerEncoderLayer",
     terms={"X": {"the first skip path (∂L/∂X1)": grad_X1_5}},
+    mistakes=mistakes5,
 )
 
 # %% [markdown]
