@@ -12,16 +12,18 @@
 # %% [markdown]
 # # Lab 2 · Chain rule, gradient checks and the linear layer
 #
-# You build the two tools every later chapter leans on: a gradient checker that needs no
-# calculus, and the linear layer's backward pass. Then two rules that trip everyone up: a
-# value used twice, and broadcasting. This lab goes with
-# [Chapter 2](../chapters/02_chain_rule.ipynb).
+# You build the two tools every later chapter leans on, each in a form the chapter derived
+# but did not print: a gradient checker that needs no calculus, and the linear layer's
+# backward pass. Then two rules that trip everyone up: a value used twice, and a copied
+# (tiled) tensor. This lab goes with [Chapter 2](../chapters/02_chain_rule.ipynb).
 #
 # **Learning goals.** After this lab you can
-# * check any gradient with central finite differences, and say why they beat one-sided ones;
-# * derive the three gradients of `nn.Linear` and get every shape right;
+# * check any gradient with central differences along random directions, two evaluations
+#   per direction, and say why they beat one-sided ones;
+# * derive the three gradients of a linear layer in either weight layout, for inputs with
+#   any number of leading dimensions, and get every shape right;
 # * add up the gradients of a value that feeds two branches;
-# * undo broadcasting in backward by summing over the broadcast dimensions.
+# * undo a tiling (`repeat`) in backward by summing over the copies.
 #
 # **How a lab works.** Each exercise states its goal and its points (10 in all). Replace every
 # `...` with your code, keep the function names and signatures, then run the **self-check**
@@ -54,26 +56,36 @@ dtype = torch.float64
 # # BEGIN QUESTION
 # name: ex1
 # points: 2
-# by_hand: [autograd, helpers.numgrad.numerical_grad]
+# by_hand: [autograd, helpers.numgrad.numerical_grad, helpers.numgrad.numerical_jacobian]
 
 # %% [markdown]
-# ## Exercise 1 · A finite-difference gradient checker (2 points)
+# ## Exercise 1 · A gradient check along random directions (2 points)
 #
-# **Goal:** a gradient you can trust without any calculus, to test every backward you write.
+# **Goal:** a check you can trust without any calculus, at two evaluations of $f$ per
+# direction instead of two per entry of $x$.
 #
-# Write `numerical_grad(f, x, eps)` for a function `f` that maps a tensor to a scalar tensor.
-# For every entry $x_i$ estimate $\partial f/\partial x_i$ with a **central** difference, one
-# that moves $x_i$ by $\varepsilon$ both ways: work out from the Taylor expansions of
-# $f(x \pm \varepsilon e_i)$ what to divide by, and why its error is $O(\varepsilon^2)$ where a
-# one-sided difference's is $O(\varepsilon)$. Return a tensor with the shape and dtype of `x`,
-# and leave `x` itself unchanged, bit for bit: perturb a copy, `x.clone()`, not `x` (adding
-# and then subtracting $\varepsilon$ does not always give back the same float). A loop over
-# the entries is fine.
+# Chapter 2's `numerical_grad` moves every entry $x_i$ by $\pm h$ in turn: $2n$ evaluations for
+# $n$ entries, too many for a layer's weights. A cheaper check moves **all** entries at once,
+# along a direction $u$ (a tensor of the shape of $x$): the central difference of
+# $g(t) = f(x + t\,u)$ at $t = 0$ estimates $g'(0) = u^\top \nabla f(x) = \sum_i u_i\,
+# \partial f/\partial x_i$, the **directional derivative**. A gradient to test, say
+# autograd's or your backward's, must give the same number for every $u$; one that is wrong
+# fails a random direction with probability 1. `torch.autograd.gradcheck(..., fast_mode=True)`
+# checks this way.
+#
+# Write `directional_derivatives(f, x, U, eps)` for a function `f` that maps a tensor to a
+# scalar tensor: `U` stacks $k$ directions, `U[j]` of the shape of `x`. Return a tensor of
+# shape `(k,)` and the dtype of `x` whose entry $j$ estimates $U_j^\top \nabla f(x)$ with a
+# **central** difference of step $\varepsilon$ along $U_j$. Work out from the Taylor expansion
+# of $g(\pm\varepsilon)$ what to divide by, and why the error is $O(\varepsilon^2)$ where a
+# one-sided difference's is $O(\varepsilon)$. Leave `x` unchanged. A loop over the directions
+# is fine.
 #
 # <details><summary>Hint: the formula (check yours against it)</summary>
 #
-# $\dfrac{f(x + \varepsilon e_i) - f(x - \varepsilon e_i)}{2\varepsilon}$: the two Taylor
-# expansions' even terms cancel, so the first error term is $\varepsilon^2 f'''/6$.
+# $\dfrac{f(x + \varepsilon U_j) - f(x - \varepsilon U_j)}{2\varepsilon}$: the even terms of
+# the two expansions cancel, so the first error term is $\varepsilon^2 g'''(0)/6$. A step of
+# $\varepsilon$ in every entry, `x + eps`, would be the direction of all ones, not $U_j$.
 #
 # </details>
 
@@ -82,21 +94,16 @@ dtype = torch.float64
 
 
 # %%
-def numerical_grad(f, x, eps=1e-6):
-    """∂f/∂x_i for every entry i by a central difference of step eps; x unchanged."""
+def directional_derivatives(f, x, U, eps=1e-6):
+    """U[j]ᵀ∇f(x) for every direction U[j], by a central difference along it."""
     # BEGIN SOLUTION
-    x = x.detach().clone()
-    grad = torch.zeros_like(x)
-    flat, grad_flat = x.view(-1), grad.view(-1)  # views: writing flat[i] perturbs x
-    for i in range(flat.numel()):
-        old = flat[i].item()
-        flat[i] = old + eps
-        f_plus = float(f(x))
-        flat[i] = old - eps
-        f_minus = float(f(x))
-        flat[i] = old
-        grad_flat[i] = (f_plus - f_minus) / (2 * eps)
-    return grad
+    x = x.detach()
+    slopes = torch.zeros(len(U), dtype=x.dtype, device=x.device)  # (k,)
+    for j in range(len(U)):
+        f_plus = float(f(x + eps * U[j]))
+        f_minus = float(f(x - eps * U[j]))
+        slopes[j] = (f_plus - f_minus) / (2 * eps)
+    return slopes
     # END SOLUTION
 
 
@@ -115,12 +122,14 @@ import torch
 from helpers.device import randn
 
 _x = randn(3, 2, seed=101, dtype=torch.float64)
-_x0 = _x.clone()
-_g = numerical_grad(lambda t: (t.exp() * t[:, :1]).sum(), _x)
+_U = randn(4, 3, 2, seed=102, dtype=torch.float64)
+_x0, _U0 = _x.clone(), _U.clone()
+_d = directional_derivatives(lambda t: (t.exp() * t[:, :1]).sum(), _x, _U)
 _leaf = _x.clone().requires_grad_()
-(_ref,) = torch.autograd.grad((_leaf.exp() * _leaf[:, :1]).sum(), _leaf)
-assert _g.shape == _x.shape and _g.dtype == torch.float64 and torch.equal(_x, _x0)
-assert torch.allclose(_g, _ref, atol=1e-6, rtol=1e-6)
+(_g,) = torch.autograd.grad((_leaf.exp() * _leaf[:, :1]).sum(), _leaf)
+assert _d.shape == (4,) and _d.dtype == torch.float64
+assert torch.equal(_x, _x0) and torch.equal(_U, _U0)
+assert torch.allclose(_d, _U.reshape(4, -1) @ _g.reshape(-1), atol=1e-6, rtol=1e-6)
 
 # %%
 """ # BEGIN TEST CONFIG
@@ -128,11 +137,15 @@ hidden: true
 """  # END TEST CONFIG
 import torch
 
-# x³ at 1 with ε = 1e-2: central gives 3 + ε² = 3.0001, one-sided 3 + 3ε + ε² = 3.0301
-_g = numerical_grad(
-    lambda t: (t**3).sum(), torch.tensor([1.0], dtype=torch.float64), eps=1e-2
+# Σ t³ at (1, 2) with ε = 1e-2: central gives uᵀ∇f + ε² Σ uᵢ³ exactly,
+# 11.4 + 0.0000728 along (0.6, 0.8) and 12 + 0.0001 along (0, 1)
+_d = directional_derivatives(
+    lambda t: (t**3).sum(),
+    torch.tensor([1.0, 2.0], dtype=torch.float64),
+    torch.tensor([[0.6, 0.8], [0.0, 1.0]], dtype=torch.float64),
+    eps=1e-2,
 )
-assert abs(float(_g[0]) - 3.0001) < 1e-9
+assert abs(float(_d[0]) - 11.4000728) < 1e-9 and abs(float(_d[1]) - 12.0001) < 1e-9
 
 # %% [raw]
 # # END TESTS
@@ -141,8 +154,9 @@ assert abs(float(_g[0]) - 3.0001) < 1e-9
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 1** (reference: autograd, on $f(x) = \sum x \sin x + \prod x$, with
-# $\varepsilon = 10^{-3}$; it also checks that `x` is unchanged):
+# **Self-check 1** (reference: autograd's gradient, dotted with each of 5 random unit
+# directions, on $f(x) = \sum x \sin x + \prod x$, with $\varepsilon = 10^{-3}$; it also checks
+# that `x` and `U` are unchanged):
 
 
 # %%
@@ -152,31 +166,35 @@ def f_test(x):
 
 
 x_test = randn(2, 3, seed=20, dtype=dtype, device=dev)
-(expected,) = autograd_grads(f_test, (x_test,))
+U_test = randn(5, 2, 3, seed=21, dtype=dtype, device=dev)
+U_test = U_test / U_test.reshape(5, -1).norm(dim=1).reshape(5, 1, 1)  # unit directions
+(grad_test,) = autograd_grads(f_test, (x_test,))
+expected = U_test.reshape(5, -1) @ grad_test.reshape(-1)  # (5, 6) @ (6,) -> (5,)
 # known wrong answers, built from autograd's first and second derivatives
-n, eps = x_test.numel(), 1e-3
-hess = torch.autograd.functional.hessian(f_test, x_test).reshape(n, n)
-# a one-sided difference's error, ε/2 · ∂²f/∂xᵢ²
-bias = eps / 2 * hess.diagonal().reshape(x_test.shape)
-# entry i's slope moved by the entries before it, left at xⱼ - ε
-stale = expected - eps * hess.tril(-1).sum(1).reshape(x_test.shape)
-# the first entry's slope alone
-lone = expected * (torch.arange(n, device=x_test.device) == 0).reshape(x_test.shape)
+eps = 1e-3
+hess = torch.autograd.functional.hessian(f_test, x_test).reshape(6, 6)
+# a one-sided difference's error, ε/2 · uᵀ H u for each direction u
+bias = eps / 2 * ((U_test.reshape(5, -1) @ hess) * U_test.reshape(5, -1)).sum(1)
+first = torch.arange(5, device=dev) == 0
 check(
-    numerical_grad,
+    directional_derivatives,
     expected,
-    args=(f_test, x_test, eps),
-    outputs=("grad",),
+    args=(f_test, x_test, U_test, eps),
+    outputs=("slopes",),
     mistakes={
-        "grad": {
-            "a one-sided difference at x + ε (error +ε/2·f″)": expected + bias,
-            "a one-sided difference at x − ε (error −ε/2·f″)": expected - bias,
-            "slopes with the earlier entries left at xⱼ − ε (not restored)": stale,
+        "slopes": {
+            "a one-sided difference at x + εu (error +ε/2·uᵀHu)": expected + bias,
+            "a one-sided difference at x − εu (error −ε/2·uᵀHu)": expected - bias,
             "0 everywhere (both evaluations of f at the same point?)": 0 * expected,
-            "the first entry's slope, 0 elsewhere (one entry perturbed)": lone,
+            "the slope along all ones for every u (stepped x + ε, not x + εu)": (
+                grad_test.sum() * torch.ones_like(expected)
+            ),
+            "the first direction's slope, 0 for the others (one direction done)": (
+                expected * first
+            ),
         }
     },
-    name="Exercise 1 · numerical_grad",
+    name="Exercise 1 · directional_derivatives",
     against="autograd",
     atol=1e-5,
     rtol=1e-5,
@@ -184,9 +202,11 @@ check(
 
 # %% [markdown]
 # The tolerance is $10^{-5}$, not $10^{-10}$: with $\varepsilon = 10^{-3}$ the central
-# difference's truncation error is of order $\varepsilon^2 = 10^{-6}$ (times $f'''/6$), and the
-# round-off in $f(x \pm \varepsilon e_i)$ divided by $2\varepsilon$ is about $10^{-13}$. A
+# difference's truncation error is of order $\varepsilon^2 = 10^{-6}$ (times $g'''/6$), and
+# the round-off in $f(x \pm \varepsilon u)$ divided by $2\varepsilon$ is about $10^{-13}$. A
 # one-sided difference's error is of order $\varepsilon = 10^{-3}$: it fails this check.
+# Five directions cost 10 evaluations of $f$ here, `numerical_grad` 12; for a (768, 768)
+# weight it would be 1,179,648.
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -195,22 +215,29 @@ check(
 # by_hand: [autograd, helpers.numgrad.linear_backward]
 
 # %% [markdown]
-# ## Exercise 2 · The linear layer's three gradients (3 points)
+# ## Exercise 2 · The linear layer's three gradients, in the other layout (3 points)
 #
-# **Goal:** the backward of `nn.Linear`, the most common layer there is, in its own layout.
+# **Goal:** the linear layer's backward in the layout chapter 2 did not print, for inputs
+# with any number of leading dimensions.
 #
-# $Y = X W^\top + b$ with `X` (B, in), `W` (out, in), `b` (out,), `Y` (B, out). Given
-# `grad_Y` $= \partial L/\partial Y$ (B, out), return `(grad_X, grad_W, grad_b)` with the shapes of `X`, `W`, `b`.
-# The arguments come in the course's order, `(X, W, grad_Y)`: the one `helpers.numgrad.linear_backward`
-# (chapter 2) and every later lab use.
-# Derive each from one entry, $Y_{bo} = \sum_i X_{bi} W_{oi} + b_o$, then write it as a matrix
-# product or a sum; the shapes leave one answer.
+# Chapter 2 derived the gradients of `nn.Linear`'s $Y = X W^\top + b$, with `W` stored as
+# (out, in). JAX's Flax (`nn.Dense`) and many hand-written layers store the weight the other
+# way round: $Y = X W + b$ with `W` (in, out), `b` (out,). And a layer inside a transformer
+# sees `X` of shape (B, T, in), or any `(..., in)`: every leading index is one more row, and
+# `Y` is `(..., out)`. Given `grad_Y` $= \partial L/\partial Y$ `(..., out)`, return
+# `(grad_X, grad_W, grad_b)` with the shapes of `X`, `W`, `b`. The arguments come in the
+# course's order, `(X, W, grad_Y)`, as in `helpers.numgrad.linear_backward` (which you may
+# not call here).
+# Derive each from one entry, $Y_{ro} = \sum_i X_{ri} W_{io} + b_o$ for a row $r$, then write
+# it as a matrix product or a sum; the shapes leave one answer. A weight or a bias is shared
+# by every row, so its gradient adds up over all of them.
 #
-# <details><summary>Hint: the formulas (check yours against them)</summary>
+# <details><summary>Hint: the rows (check yours against it)</summary>
 #
-# $\partial L/\partial X = \partial L/\partial Y\, W$, $\;\partial L/\partial W =
-# (\partial L/\partial Y)^\top X$, $\;\partial L/\partial b = \sum_{\text{rows}} \partial
-# L/\partial Y$ (a sum over the batch, not a mean).
+# Flatten the leading dimensions into one, `X.reshape(-1, X.shape[-1])` (R, in) and
+# `grad_Y.reshape(-1, grad_Y.shape[-1])` (R, out), and the layer is a 2-D one with R rows;
+# `grad_X` keeps `X`'s shape, and a matmul with a 2-D right operand works on `(..., k)`
+# tensors as they are.
 #
 # </details>
 
@@ -219,14 +246,17 @@ check(
 
 
 # %%
-def linear_backward(X, W, grad_Y):
-    """(grad_X, grad_W, grad_b) for Y = X Wᵀ + b, given grad_Y = ∂L/∂Y."""
-    # -> (B, in), the shape of X
-    grad_X = grad_Y @ W  # SOLUTION
-    # -> (out, in), the shape of W
-    grad_W = grad_Y.T @ X  # SOLUTION
+def dense_backward(X, W, grad_Y):
+    """(grad_X, grad_W, grad_b) for Y = X W + b, W (in, out), given grad_Y = ∂L/∂Y."""
+    # every leading index is a row: (..., in) -> (R, in), (..., out) -> (R, out)
+    X_rows = X.reshape(-1, X.shape[-1])  # SOLUTION
+    grad_Y_rows = grad_Y.reshape(-1, grad_Y.shape[-1])  # SOLUTION
+    # -> (..., in), the shape of X
+    grad_X = grad_Y @ W.T  # SOLUTION
+    # -> (in, out), the shape of W
+    grad_W = X_rows.T @ grad_Y_rows  # SOLUTION
     # -> (out,), the shape of b
-    grad_b = grad_Y.sum(0)  # SOLUTION
+    grad_b = grad_Y_rows.sum(0)  # SOLUTION
     return grad_X, grad_W, grad_b
 
 
@@ -246,13 +276,13 @@ from helpers.device import randn
 
 _X, _W, _b = (
     randn(6, 5, seed=201, dtype=torch.float64),
-    randn(3, 5, seed=202, dtype=torch.float64),
+    randn(5, 3, seed=202, dtype=torch.float64),
     randn(3, seed=203, dtype=torch.float64),
 )
 _gY = randn(6, 3, seed=204, dtype=torch.float64)
 _leaves = [t.clone().requires_grad_() for t in (_X, _W, _b)]
-_ref = torch.autograd.grad(torch.nn.functional.linear(*_leaves), _leaves, _gY)
-_out = linear_backward(_X, _W, _gY)
+_ref = torch.autograd.grad(_leaves[0] @ _leaves[1] + _leaves[2], _leaves, _gY)
+_out = dense_backward(_X, _W, _gY)
 assert all(
     o.shape == r.shape and torch.allclose(o, r, atol=1e-12) for o, r in zip(_out, _ref)
 )
@@ -265,16 +295,39 @@ import torch
 
 from helpers.device import randn
 
-_X, _W = (
-    randn(1, 4, seed=205, dtype=torch.float64),
-    randn(7, 4, seed=206, dtype=torch.float64),
+# four leading dims: 2·3·1·4 = 24 rows share W and b
+_X, _W, _b = (
+    randn(2, 3, 1, 4, 5, seed=205, dtype=torch.float64),
+    randn(5, 7, seed=206, dtype=torch.float64),
+    randn(7, seed=207, dtype=torch.float64),
 )
-_gY = randn(1, 7, seed=207, dtype=torch.float64)
-_gX, _gW, _gb = linear_backward(_X, _W, _gY)
-assert _gX.shape == (1, 4) and _gW.shape == (7, 4) and _gb.shape == (7,)
-assert torch.allclose(_gW, torch.outer(_gY[0], _X[0]), atol=1e-12) and torch.allclose(
-    _gb, _gY[0], atol=1e-12
+_gY = randn(2, 3, 1, 4, 7, seed=208, dtype=torch.float64)
+_leaves = [t.clone().requires_grad_() for t in (_X, _W, _b)]
+_ref = torch.autograd.grad(_leaves[0] @ _leaves[1] + _leaves[2], _leaves, _gY)
+_out = dense_backward(_X, _W, _gY)
+assert all(
+    o.shape == r.shape and torch.allclose(o, r, atol=1e-12) for o, r in zip(_out, _ref)
 )
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+import torch
+
+from helpers.device import randn
+
+# one row, and no leading dim at all: grad_W is the outer product x ⊗ grad_y (in, out)
+_x, _W = (
+    randn(4, seed=209, dtype=torch.float64),
+    randn(4, 6, seed=210, dtype=torch.float64),
+)
+_gy = randn(6, seed=211, dtype=torch.float64)
+for _lead in ((1,), ()):
+    _gX, _gW, _gb = dense_backward(_x.reshape(*_lead, 4), _W, _gy.reshape(*_lead, 6))
+    assert _gX.shape == (*_lead, 4) and _gW.shape == (4, 6) and _gb.shape == (6,)
+    assert torch.allclose(_gW, torch.outer(_x, _gy), atol=1e-12)
+    assert torch.allclose(_gb, _gy, atol=1e-12)
 
 # %% [raw]
 # # END TESTS
@@ -283,22 +336,24 @@ assert torch.allclose(_gW, torch.outer(_gY[0], _X[0]), atol=1e-12) and torch.all
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 2** (reference: autograd through `X @ W.T + b` with upstream gradient `grad_Y`):
+# **Self-check 2** (reference: autograd through `X @ W + b` with `X` (B, T, in) = (3, 5, 6),
+# `W` (6, 4) and upstream gradient `grad_Y` (3, 5, 4)):
 
 # %%
-X = randn(5, 3, seed=2, dtype=dtype, device=dev)
-W = randn(4, 3, seed=3, dtype=dtype, device=dev)
+X = randn(3, 5, 6, seed=2, dtype=dtype, device=dev)
+W = randn(6, 4, seed=3, dtype=dtype, device=dev)
 b = randn(4, seed=4, dtype=dtype, device=dev)
-grad_Y = randn(5, 4, seed=5, dtype=dtype, device=dev)
-# (5, 3) @ (3, 4) -> (5, 4)
-expected = autograd_grads(lambda X, W, b: X @ W.T + b, (X, W, b), grad_Y)
+grad_Y = randn(3, 5, 4, seed=5, dtype=dtype, device=dev)
+# (3, 5, 6) @ (6, 4) -> (3, 5, 4)
+expected = autograd_grads(lambda X, W, b: X @ W + b, (X, W, b), grad_Y)
 check(
-    linear_backward,
+    dense_backward,
     expected,
     args=(X, W, grad_Y),
     outputs=("grad_X", "grad_W", "grad_b"),
-    factors={"B": 5},  # a batch mean instead of the sum is off by B
-    name="Exercise 2 · linear_backward",
+    # a mean over the batch, or over all B·T rows, instead of the sum
+    factors={"B": 3, "B·T": 15},
+    name="Exercise 2 · dense_backward",
     against="autograd",
 )
 
@@ -428,22 +483,28 @@ check(
 # by_hand: [autograd, helpers.numgrad.unbroadcast]
 
 # %% [markdown]
-# ## Exercise 4 · Broadcasting's backward (3 points)
+# ## Exercise 4 · A tiled tensor's backward (3 points)
 #
-# **Goal:** a tensor broadcast in forward was *copied* along some dimensions, and a copy's
-# backward is a sum; the gradient must come back in the input's own shape.
+# **Goal:** a tensor tiled in forward was *copied*, and a copy's backward is a sum: add up
+# what every copy receives, and return it in the input's own shape.
 #
-# Write `unbroadcast(grad, shape)`: given the gradient `grad` of a broadcast result, return
-# the gradient of the operand of shape `shape`, with exactly that shape. Work out first which
-# dimensions broadcasting created or stretched (recall its rules: align the shapes on the
-# right; a missing or size-1 dimension is repeated), and what a copy does in backward.
-# Example: `grad` (4, 5, 3) and `shape` (5, 1) → (5, 1).
+# `x.repeat(*reps)` tiles `x`: when `reps` is longer than `x.dim()`, `x` first gets leading
+# dimensions of size 1 (the shapes line up on the right, as in broadcasting); then a
+# dimension of size $n$ repeated $r$ times becomes one of size $r \cdot n$ that holds the
+# **whole block** $r$ times, entry $t \cdot n + i$ being a copy of entry $i$
+# (`repeat_interleave` would instead put each entry's $r$ copies side by side). Example:
+# `x` (3, 2) and `reps` (4, 2, 3) give `y` (4, 6, 6), $4 \cdot 2 \cdot 3 = 24$ copies of `x`.
+#
+# Write `unrepeat(grad, shape, reps)`: given `grad` $= \partial L/\partial y$ for
+# `y = x.repeat(*reps)`, return $\partial L/\partial x$, with exactly the shape `shape` of
+# `x`. Chapter 2 showed the rule for broadcasting (a value used many times: sum what each use
+# sends back); work out which entries of `grad` are copies of the same entry of `x`.
 #
 # <details><summary>Hint: the recipe</summary>
 #
-# Sum `grad` over the leading dimensions that `shape` lacks, then over every dimension where
-# `shape` has size 1 and `grad` does not (keeping it, `keepdim=True`). In the example: sum over
-# dim 0, then over the last dim with `keepdim=True`.
+# Pad `shape` on the left with 1s to the length of `reps`. Reshape `grad` so that each
+# dimension of size $r \cdot n$ becomes two, $(r, n)$: which tile, then where in the tile.
+# Sum over the tile dimensions, then reshape to `shape` (dropping the padded 1s).
 #
 # </details>
 
@@ -452,17 +513,16 @@ check(
 
 
 # %%
-def unbroadcast(grad, shape):
-    """The gradient of the operand of shape `shape` that was broadcast to grad's."""
+def unrepeat(grad, shape, reps):
+    """∂L/∂x of shape `shape`, given grad = ∂L/∂y for y = x.repeat(*reps)."""
     # BEGIN SOLUTION
-    shape = tuple(shape)
-    extra = grad.dim() - len(shape)
-    if extra > 0:
-        grad = grad.sum(dim=tuple(range(extra)))  # (extra dims..., *shape') -> shape'
-    for d, n in enumerate(shape):
-        if n == 1 and grad.shape[d] != 1:
-            grad = grad.sum(dim=d, keepdim=True)  # (..., m, ...) -> (..., 1, ...)
-    return grad
+    padded = (1,) * (len(reps) - len(shape)) + tuple(shape)  # x as repeat sees it
+    split = []
+    for r, n in zip(reps, padded):
+        split += [r, n]  # a dim of size r·n -> (r, n): which tile, where in it
+    grad = grad.reshape(split)  # (r0·n0, r1·n1, ...) -> (r0, n0, r1, n1, ...)
+    grad = grad.sum(dim=tuple(range(0, len(split), 2)))  # over the tiles
+    return grad.reshape(shape)  # (1, ..., 1, *shape) -> shape
     # END SOLUTION
 
 
@@ -480,14 +540,12 @@ import torch
 
 from helpers.device import randn
 
-_g = randn(2, 4, 3, seed=401, dtype=torch.float64)
-assert unbroadcast(_g, (3,)).shape == (3,) and torch.allclose(
-    unbroadcast(_g, (3,)), _g.sum((0, 1)), atol=1e-12
-)
-assert torch.allclose(
-    unbroadcast(_g, (4, 1)), _g.sum(0).sum(1, keepdim=True), atol=1e-12
-)
-assert torch.allclose(unbroadcast(_g, (2, 4, 3)), _g)
+_x = randn(2, 3, seed=401, dtype=torch.float64)
+_gy = randn(4, 6, seed=402, dtype=torch.float64)
+_leaf = _x.clone().requires_grad_()
+(_ref,) = torch.autograd.grad(_leaf.repeat(2, 2), _leaf, _gy)
+_gx = unrepeat(_gy, _x.shape, (2, 2))
+assert _gx.shape == (2, 3) and torch.allclose(_gx, _ref, atol=1e-12)
 
 # %%
 """ # BEGIN TEST CONFIG
@@ -497,13 +555,15 @@ import torch
 
 from helpers.device import randn
 
-_g = randn(5, 3, seed=402, dtype=torch.float64)
-assert (
-    unbroadcast(_g, ()).shape == ()
-    and abs(float(unbroadcast(_g, ())) - float(_g.sum())) < 1e-12
-)
-_r = unbroadcast(_g, (1, 3))
-assert _r.shape == (1, 3) and torch.allclose(_r, _g.sum(0, keepdim=True), atol=1e-12)
+# reps longer than x.dim(), some reps of 1, and a dim of size 1 repeated
+for _shape, _reps, _seed in (((3,), (2, 1, 4), 403), ((2, 1, 3), (1, 4, 1), 405)):
+    _x = randn(*_shape, seed=_seed, dtype=torch.float64)
+    _leaf = _x.clone().requires_grad_()
+    _y = _leaf.repeat(*_reps)
+    _gy = randn(*_y.shape, seed=_seed + 1, dtype=torch.float64)
+    (_ref,) = torch.autograd.grad(_y, _leaf, _gy)
+    _gx = unrepeat(_gy, _shape, _reps)
+    assert _gx.shape == _shape and torch.allclose(_gx, _ref, atol=1e-12)
 
 # %%
 """ # BEGIN TEST CONFIG
@@ -511,17 +571,9 @@ hidden: true
 """  # END TEST CONFIG
 import torch
 
-from helpers.device import randn
-
-_A, _B = (
-    randn(3, 1, 4, seed=403, dtype=torch.float64),
-    randn(2, 1, seed=404, dtype=torch.float64),
-)
-_gZ = randn(3, 2, 4, seed=405, dtype=torch.float64)
-_leaves = [t.clone().requires_grad_() for t in (_A, _B)]
-_ref = torch.autograd.grad(_leaves[0] * _leaves[1], _leaves, _gZ)
-assert torch.allclose(unbroadcast(_gZ * _B, _A.shape), _ref[0], atol=1e-12)
-assert torch.allclose(unbroadcast(_gZ * _A, _B.shape), _ref[1], atol=1e-12)
+# a 0-dim x repeated 3 times: its gradient is the sum of the three
+_gx = unrepeat(torch.tensor([1.0, 2.0, 4.0], dtype=torch.float64), (), (3,))
+assert _gx.shape == () and float(_gx) == 7.0
 
 # %% [raw]
 # # END TESTS
@@ -530,39 +582,50 @@ assert torch.allclose(unbroadcast(_gZ * _A, _B.shape), _ref[1], atol=1e-12)
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 4** (reference: autograd through $Z = A \odot B$ with `A` (4, 1, 3) and `B`
-# (5, 1), so `Z` is (4, 5, 3); your `unbroadcast` turns $\frac{\partial L}{\partial Z} \odot B$ and $\frac{\partial L}{\partial Z} \odot A$ back into
-# the gradients of `A` and `B`):
+# **Self-check 4** (reference: autograd through `y = x.repeat(2, 3, 2, 2)` with `x` (3, 2),
+# so `y` is (2, 3, 6, 4), 24 copies of `x`, and upstream gradient `grad_y` (2, 3, 6, 4)):
 
 # %%
-A = randn(4, 1, 3, seed=9, dtype=dtype, device=dev)
-B = randn(5, 1, seed=10, dtype=dtype, device=dev)
-grad_Z = randn(4, 5, 3, seed=11, dtype=dtype, device=dev)
+x_tile = randn(3, 2, seed=9, dtype=dtype, device=dev)
+grad_y = randn(2, 3, 6, 4, seed=10, dtype=dtype, device=dev)
+reps = (2, 3, 2, 2)
+(expected,) = autograd_grads(lambda x: x.repeat(*reps), (x_tile,), grad_y)
 
-
-def mul_backward(grad_Z, A, B):
-    """Z = A ⊙ B (broadcast): the gradients, each unbroadcast to its shape."""
-    return {
-        "grad_A": unbroadcast(grad_Z * B, A.shape),
-        "grad_B": unbroadcast(grad_Z * A, B.shape),
-    }
-
-
-grad_A, grad_B = autograd_grads(lambda A, B: A * B, (A, B), grad_Z)
+first = torch.zeros_like(grad_y)
+first[:1, :1, :3, :2] = 1  # 1 on the first tile of y, 0 on the other 23
+# known wrong answers: autograd of the forwards that the mistakes undo
+wrong_forward = {
+    # each entry's copies side by side: (1, 1, 3, 2) -> (2, 3, 6, 4)
+    "repeat_interleave's backward (each entry copied in place, not whole tiles)": (
+        lambda x: (
+            x.reshape(1, 1, 3, 2)
+            .repeat_interleave(2, 0)
+            .repeat_interleave(3, 1)
+            .repeat_interleave(2, 2)
+            .repeat_interleave(2, 3)
+        )
+    ),
+    # x's dims lined up with reps on the left: (3, 2, 1, 1) -> (6, 6, 2, 2)
+    "a tiling with x's dims lined up with reps on the left, not the right": (
+        lambda x: x.reshape(3, 2, 1, 1).repeat(*reps).reshape(2, 3, 6, 4)
+    ),
+    # only the first tile depends on x
+    "the first tile's gradient alone (the other 23 copies dropped)": (
+        lambda x: x.repeat(*reps) * first
+    ),
+}
+mistakes = {
+    label: autograd_grads(fwd, (x_tile,), grad_y)[0]
+    for label, fwd in wrong_forward.items()
+}
+mistakes["the mean over the 2·3·2·2 = 24 tiles, not the sum"] = expected / 24
 check(
-    mul_backward,
-    {"grad_A": grad_A, "grad_B": grad_B},
-    args=(grad_Z, A, B),
-    outputs=("grad_B", "grad_A"),  # B first: (5, 1) has a dim added and a dim stretched
-    mistakes={  # known wrong answers, built from the reference's values
-        "grad_B": {
-            "the mean over the added leading dim (size 4), not the sum": grad_B / 4,
-            "the mean over the stretched dim (size 3), not the sum": grad_B / 3,
-            "the mean over both broadcast dims, not the sum": grad_B / 12,
-        },
-        "grad_A": {"the mean over the stretched dim (size 5), not the sum": grad_A / 5},
-    },
-    name="Exercise 4 · unbroadcast",
+    unrepeat,
+    expected,
+    args=(grad_y, x_tile.shape, reps),
+    outputs=("grad_x",),
+    mistakes={"grad_x": mistakes},
+    name="Exercise 4 · unrepeat",
     against="autograd",
 )
 
@@ -571,5 +634,5 @@ check(
 #
 # Run *Runtime → Restart and run all* (Colab) or *Kernel → Restart & Run All* (Jupyter) and
 # look at the self-check lines: each should be a `✓`. Then download the notebook (`.ipynb`)
-# and hand it in. Keep the function names: the grader calls `numerical_grad`,
-# `linear_backward`, `residual_backward` and `unbroadcast`.
+# and hand it in. Keep the function names: the grader calls `directional_derivatives`,
+# `dense_backward`, `residual_backward` and `unrepeat`.
