@@ -387,14 +387,24 @@ class Products(TorchDispatchMode):
     """Records the shape of every matrix product computed inside the with-block
     (backward too).
 
-    The mode is part of the thread-local state autograd hands to the thread that runs
-    backward (on a GPU, autograd's own device thread), so it sees those products too;
-    the lock keeps appends from two threads from interfering."""
+    On a GPU autograd runs backward on a worker thread of its own; inside the block it
+    runs on this thread instead (set_multithreading_enabled(False)), where this mode is
+    sure to see it, and a lock guards the list all the same."""
 
     def __init__(self):
         super().__init__()
         self.shapes = []
         self.lock = threading.Lock()
+
+    def __enter__(self):
+        self.one_thread = torch.autograd.set_multithreading_enabled(False)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self.one_thread.__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
