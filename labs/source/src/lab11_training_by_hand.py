@@ -395,8 +395,8 @@ check(
 # **Goal:** Adam divides each coordinate's step by $\sqrt{\hat v}$, and $\hat v$ forgets: when
 # a coordinate's gradients shrink, $v$ shrinks with them and the step grows back. **AMSGrad**
 # (`torch.optim.Adam(amsgrad=True)`) divides by the running **maximum** of the second moment
-# instead, so a coordinate's step size never grows. Chapter 11 derived Adam's bias correction;
-# here you combine it with that maximum, in the order `torch.optim` uses.
+# instead, so the denominator does not shrink when the gradients do. Chapter 11 derived Adam's
+# bias correction; here you combine it with that maximum, in the order `torch.optim` uses.
 #
 # Write `adam_step(theta, g, m, v, v_max, t, lr, betas=(0.9, 0.999), eps=1e-8,
 # weight_decay=0.0)` returning `(theta, m, v, v_max)`, exactly as `torch.optim.Adam` with
