@@ -703,6 +703,8 @@ _ = compare("sum forwards vs backwards, allclose", s_fwd, s_bwd, atol=1e-5, rtol
 # * **Demanding exact equality** where the summation order differs — or accepting a loose
 #   `allclose` without saying why that tolerance.
 #
-# **Next:** [Lab 2](../labs/lab02_chain_rule.ipynb) has you write `numerical_grad` and the linear
-# layer's backward yourself and check them. Chapter 3 opens up autograd itself: the graph
-# that `backward()` walks.
+# **Next:** [Lab 2](../labs/lab02_chain_rule.ipynb) has you apply these rules where this
+# chapter did not: a directional-derivative gradient check (what `gradcheck`'s fast mode does),
+# the linear layer's backward in Flax's $(\text{in}, \text{out})$ weight layout, a residual
+# block's backward, and the backward of a tiled tensor (`repeat`). Chapter 3 opens up autograd
+# itself: the graph that `backward()` walks.
