@@ -95,14 +95,19 @@ def named(names, fn, *args, **kwargs):
     return dict(zip(names, out))
 
 
-def alibi_attention(Q, K, V, slopes, causal=False, window=None):
-    """The reference (O, L): the full (Nq, Nk) scores and bias, O through SDPA."""
+def alibi_attention(Q, K, V, slopes, causal=False, window=None, shift=0):
+    """The reference (O, L): the full (Nq, Nk) scores and bias, O through SDPA.
+
+    shift: query i sees keys j ≤ i + shift (lab 6's bottom-right alignment: Nk − Nq).
+    """
     Nq, Nk = Q.shape[-2], K.shape[-2]
     i = torch.arange(Nq, device=Q.device)[:, None]  # (Nq, 1)
     j = torch.arange(Nk, device=Q.device)[None, :]  # (1, Nk)
     bias = -slopes[:, None, None] * (j - i).abs()  # (H, Nq, Nk)
     if causal:
-        visible = j <= i if window is None else (j <= i) & (j > i - window)
+        visible = j <= i + shift
+        if window is not None:
+            visible = visible & (j > i + shift - window)
         bias = bias.masked_fill(~visible, -math.inf)
     # (B, H, Nq, Nk)
     S = (Q @ K.transpose(-2, -1)) / math.sqrt(Q.shape[-1]) + bias
@@ -253,7 +258,9 @@ for _block in (1, 3, 10):
 # **Self-check 1**, one line for both functions (references: the two-pass $m = \max x$,
 # $\ell = \sum e^{x - m}$ of the joined row for the merge, on parts of 5 and 4 entries where the
 # larger max sits on one side in some rows and on the other side in the rest; then the same on
-# rows of 10 in blocks of 3, with a late maximum so that $\ell$ has to be rescaled):
+# rows of 10, first as one block of 10 (one merge into the starting $(-\infty, 0)$), then in
+# blocks of 3, with a late maximum so that $\ell$ has to be rescaled). When your numbers are
+# those of a typical mistake, the ✗ line names it:
 
 # %%
 x_a = randn(2, 3, 5, seed=11, dtype=dtype, device=dev) * 2
@@ -276,21 +283,44 @@ def exercise_1(x_a, x_b, x_test):
         **named(
             ("m (merge)", "ell (merge)"), merge_stats, *two_pass(x_a), *two_pass(x_b)
         ),
+        **named(("m (one block)", "ell (one block)"), online_softmax_stats, x_test, 10),
         **named(("m", "ell"), online_softmax_stats, x_test, 3),
     }
 
 
+def about(x, m):
+    """Σ exp(x − m) over the last dim: a part's sum about another max m."""
+    return torch.exp(x - m[..., None]).sum(-1)
+
+
+# known wrong answers, each computed from the parts' entries
+(m_a, ell_a), (m_b, ell_b), (m_ab, _) = two_pass(x_a), two_pass(x_b), two_pass(x_ab)
+only_b = ell_a + about(x_b, m_ab)  # part a's sum left about m_a
+wrong_way = about(x_a, 2 * m_a - m_ab) + about(x_b, 2 * m_b - m_ab)
+other_max = about(x_a, m_a - m_b + m_ab) + about(x_b, m_b - m_a + m_ab)
+first_9 = x_test[..., :9].amax(-1)  # the max of entries 0–8
+mistakes = {
+    "m (merge)": {"m_a (part b's max ignored)": m_a},
+    "ell (merge)": {
+        "ℓ_a + ℓ_b: the sums added without rescaling": ell_a + ell_b,
+        "only part b's sum rescaled (part a's left about m_a)": only_b,
+        "each sum rescaled the wrong way round, by e^(m − m_a)": wrong_way,
+        "each sum rescaled by the other part's max": other_max,
+    },
+    "m (one block)": {
+        "0, the start's ℓ (merge_stats's arguments out of order?)": 0 * m_ab
+    },
+    "ell (one block)": {"Σ e^x (the block's max not subtracted)": x_test.exp().sum(-1)},
+    "m": {"the max of entries 0–8 (the last, short block dropped)": first_9},
+}
+names = ("m (merge)", "ell (merge)", "m (one block)", "ell (one block)", "m", "ell")
 check(
     exercise_1,
-    dict(
-        zip(
-            ("m (merge)", "ell (merge)", "m", "ell"),
-            (*two_pass(x_ab), *two_pass(x_test)),
-        )
-    ),
+    dict(zip(names, (*two_pass(x_ab), *two_pass(x_test), *two_pass(x_test)))),
     args=(x_a, x_b, x_test),
     name="Exercise 1 · merge_stats and online_softmax_stats",
     against="the two-pass max and sum",
+    mistakes=mistakes,
 )
 
 # %% [raw]
@@ -482,14 +512,8 @@ K = randn(1, 2, 11, 4, seed=3, dtype=dtype, device=dev)
 V = randn(1, 2, 11, 4, seed=4, dtype=dtype, device=dev)
 slopes = torch.tensor([0.5, 0.125], dtype=dtype, device=dev)
 no_slopes = torch.zeros_like(slopes)
-# (H, 4, 6): the tile at queries 4…7, keys 3…8
-bias_tile = (
-    -slopes[:, None, None]
-    * (
-        torch.arange(3, 9, device=dev)[None, :]
-        - torch.arange(4, 8, device=dev)[:, None]
-    ).abs()
-)
+i = torch.arange(11, device=dev)  # the global indices of queries and keys
+bias_tile = -slopes[:, None, None] * (i[None, 3:9] - i[4:8, None]).abs()  # (H, 4, 6)
 expected = dict(
     zip(
         ("bias tile", "O (slopes 0)", "L (slopes 0)", "O", "L"),
@@ -520,12 +544,46 @@ def exercise_2(Q, K, V, slopes):
     }
 
 
+d = Q.shape[-1]
+S0 = Q @ K.transpose(-2, -1) / math.sqrt(d)  # (1, 2, 11, 11), slopes 0
+O0, L0 = expected["O (slopes 0)"], expected["L (slopes 0)"]
+ell0 = torch.exp(L0 - S0.amax(-1))  # (1, 2, 11): Σ exp(S − max S) per row
+unscaled = alibi_attention(Q * math.sqrt(d), K, V, no_slopes)[0]  # S = Q Kᵀ
+bias_scaled = alibi_attention(Q, K, V, slopes / math.sqrt(d))[0]
+tile_at_0 = -slopes[:, None, None] * (i[None, :6] - i[:4, None]).abs()
+signed = -slopes[:, None, None] * (i[None, 3:9] - i[4:8, None])  # no |·|
+mistakes = {  # known wrong answers, computed from the references
+    "bias tile": {
+        "the tile at (0, 0) (q0, k0 not added)": tile_at_0,
+        "−m·(j − i), the signed distance (no |·|)": signed,
+    },
+    "O (slopes 0)": {
+        "acc, not divided by ℓ at the end": O0 * ell0[..., None],
+        "O without the 1/√d scale": unscaled,
+    },
+    "L (slopes 0)": {"the row max m (log ℓ not added)": S0.amax(-1)},
+    "O": {
+        "O with slopes 0 (the bias left out of S)": O0,
+        "O with the bias scaled by 1/√d too": bias_scaled,
+    },
+}
+last_block = (i >= 8)[:, None]  # (11, 1): queries 8…10, the last (short) block
+late_max = (S0.argmax(-1) >= 3)[..., None]  # rows whose max score is past keys 0…2
+regions = {
+    "O (slopes 0)": {
+        "i = 8…10, the last (short) query block": last_block,
+        "the row's max is past the first key tile (acc not rescaled by α?)": late_max,
+    },
+    "L (slopes 0)": {"i = 8…10, the last (short) query block": last_block[:, 0]},
+}
 check(
     exercise_2,
     expected,
     args=(Q, K, V, slopes),
     name="Exercise 2 · alibi_tile and tiled_forward",
     against="the full bias and scores",
+    mistakes=mistakes,
+    regions=regions,
 )
 
 # %% [raw]
@@ -705,8 +763,8 @@ assert torch.allclose(_out[3], _ref[3], atol=1e-10, rtol=1e-8)
 # %% [markdown]
 # **Self-check 3**, one line for both functions (references: $\mathrm{rowsum}(dP \circ P)$ with the
 # full softmax $P$ and $dP = dO\, V^\top$, which your `row_D` must equal; autograd through
-# `alibi_attention` for the four gradients. `O` and `L` come from `alibi_attention`, so this
-# check does not depend on your Exercise 2):
+# `alibi_attention` for the four gradients, `grad_V` first: it depends on $P$ alone. `O` and
+# `L` come from `alibi_attention`, so this check does not depend on your Exercise 2):
 
 # %%
 grad_O = randn(1, 2, 11, 4, seed=5, dtype=dtype, device=dev)
@@ -720,21 +778,42 @@ S_full = (Q @ K.transpose(-2, -1)) / math.sqrt(d) - slopes[:, None, None] * dist
 P_full = torch.softmax(S_full, dim=-1)  # (1, 2, 11, 11)
 dP_full = grad_O @ V.transpose(-2, -1)  # (1, 2, 11, 11)
 factors = {"√d": math.sqrt(d), "d": d}  # the constants a ✗ may be off by
+D_full = (P_full * dP_full).sum(-1)  # (1, 2, 11)
 # what grad_Q loses when dS forgets its − D: −(P ∘ D) K · s, (1, 2, 11, 4)
-minus_D_part = -((P_full * (P_full * dP_full).sum(-1, keepdim=True)) @ K) / math.sqrt(d)
+minus_D_part = -((P_full * D_full[..., None]) @ K) / math.sqrt(d)
+grad_Q_ref, grad_K_ref, grad_V_ref, grad_slopes_ref = autograd_grads(
+    lambda q, k, v, s: alibi_attention(q, k, v, s)[0], (Q, K, V, slopes), grad_O
+)
+# grad_V is P's alone: it comes first, so that a wrong P is named there
 expected = dict(
     zip(
-        ("D", "grad_Q", "grad_K", "grad_V", "grad_slopes"),
-        (
-            (P_full * dP_full).sum(-1),
-            *autograd_grads(
-                lambda q, k, v, s: alibi_attention(q, k, v, s)[0],
-                (Q, K, V, slopes),
-                grad_O,
-            ),
-        ),
+        ("D", "grad_V", "grad_Q", "grad_K", "grad_slopes"),
+        (D_full, grad_V_ref, grad_Q_ref, grad_K_ref, grad_slopes_ref),
     )
 )
+# dS = ∂Loss/∂S by autograd through the softmax, (1, 2, 11, 11)
+dS_full = autograd_grads(lambda s: torch.softmax(s, -1) @ V, (S_full,), grad_O)[0]
+
+
+def grad_V_from(P):
+    """autograd's grad_V of O = P V, for another P (the one a mistake recomputes)."""
+    return autograd_grads(lambda v: P @ v, (V,), grad_O)[0]
+
+
+# the − D part of dS with rowsum(dO) in place of D
+minus_dO = -((P_full * grad_O.sum(-1)[..., None]) @ K) / math.sqrt(d)
+P_e_S = P_full * L_ref.exp()[..., None]  # e^S
+P_no_bias = P_full * torch.exp(slopes[:, None, None] * dist_full)  # e^(S − bias − L)
+mistakes = {  # known wrong answers, computed from the references
+    "grad_V": {
+        "that of P = e^S (L not subtracted)": grad_V_from(P_e_S),
+        "that of P recomputed without the bias": grad_V_from(P_no_bias),
+    },
+    "grad_Q": {
+        "dS with D = rowsum(dO) (O left out of D)": grad_Q_ref - minus_D_part + minus_dO
+    },
+    "grad_K": {"dS·Q·s (dS not transposed)": (dS_full @ Q) / math.sqrt(d)},
+}
 
 
 def exercise_3(Q, K, V, O, L, grad_O, slopes):
@@ -763,6 +842,7 @@ check(
     against="rowsum(dP ∘ P) and autograd",
     factors=factors,
     terms={"grad_Q": {"the − D part of dS": minus_D_part}},
+    mistakes=mistakes,
 )
 
 # %% [raw]
@@ -1036,6 +1116,52 @@ def exercise_4(Q, K, V, grad_O, slopes):
     }
 
 
+# Known wrong answers, by autograd. In tiles of 4 × 3 the last one is queries 8…10,
+# keys 9…10.
+last_q = (i >= 8)[:, None]  # (11, 1): the last query block
+_, grad_K_last, grad_V_last, _ = autograd_grads(  # dO of the last query block only
+    attention_O, (Q, K, V, no_slopes), grad_O * last_q
+)
+dS0 = autograd_grads(lambda s: torch.softmax(s, -1) @ V, (S0,), grad_O)[0]  # ∂Loss/∂S
+grad_Q_last = autograd_grads(  # through the scores of the last key block only
+    lambda q: q @ K[..., 9:, :].transpose(-2, -1) / math.sqrt(d), (Q,), dS0[..., 9:]
+)[0]
+
+
+def grad_slopes_with(dist):
+    """autograd's grad_slopes at slopes 0 if the bias were −slopes · dist."""
+    return autograd_grads(
+        lambda s: F.scaled_dot_product_attention(
+            Q, K, V, attn_mask=-s[:, None, None] * dist
+        ),
+        (no_slopes,),
+        grad_O,
+    )[0]
+
+
+mistakes = {
+    "grad_Q (slopes 0)": {"the last key tile's part only (overwritten)": grad_Q_last},
+    "grad_K (slopes 0)": {
+        "the last query block's part only (overwritten)": grad_K_last
+    },
+    "grad_V (slopes 0)": {
+        "the last query block's part only (overwritten)": grad_V_last
+    },
+    "grad_slopes (slopes 0)": {
+        "the distances within each tile (q0, k0 not added)": grad_slopes_with(
+            (i[None, :] % 3 - i[:, None] % 4).abs()
+        ),
+        "the last tile's part only (overwritten per tile)": grad_slopes_with(
+            dist_full * last_q * (i >= 9)
+        ),
+    },
+}
+i_4 = i[:, None] >= 4  # (11, 1)
+regions = {
+    "grad_Q (slopes 0)": {
+        "i ≥ 4, past the first query block (rows of L, D not offset by q0?)": i_4
+    }
+}
 check(
     exercise_4,
     expected,
@@ -1043,6 +1169,8 @@ check(
     name="Exercise 4 · tiled_backward",
     against="autograd",
     factors=factors,
+    mistakes=mistakes,
+    regions=regions,
 )
 
 # %% [raw]
@@ -1202,15 +1330,15 @@ for _Nq, _Nk, _bq, _bk, _w in (
 
 # %% [markdown]
 # **Self-check 5**, one line for the three parts (references: the masks of the tile at queries
-# 4…7, keys 3…8, without and with a window of 2; `alibi_attention` with `causal=True` for `O`
+# 4…7, keys 2…7, without and with a window of 2; `alibi_attention` with `causal=True` for `O`
 # and `L`, and autograd through it for the gradients. $N = 11$ in tiles of 4 queries × 3 keys,
 # so the diagonal crosses ragged tiles, plain causal and with a window of 2, where some rows see
-# no key in the first tile they visit; and the first 7 queries against all 11 keys, where the
-# two alignments of lab 6 differ):
+# no key in the first tile they visit (which rows of that $O$ hold a NaN: none should); and the
+# first 7 queries against all 11 keys, where the two alignments of lab 6 differ):
 
 # %%
 i11 = torch.arange(4, 8)[:, None]  # (4, 1): queries 4…7
-j11 = torch.arange(3, 9)[None, :]  # (1, 6): keys 3…8
+j11 = torch.arange(2, 8)[None, :]  # (1, 6): keys 2…7
 cases = {  # name suffix: (Nq, window)
     "": (11, None),
     " (window 2)": (11, 2),
@@ -1222,6 +1350,8 @@ for tag, (Nq, window) in cases.items():
     Qc, grad_Oc = Q[:, :, :Nq], grad_O[:, :, :Nq]
     Oc, Lc = alibi_attention(Qc, K, V, slopes, causal=True, window=window)
     inputs[tag] = (Qc, Oc, Lc, grad_Oc, window)
+    if window is not None:  # which rows of O hold a NaN: none
+        expected["NaN rows" + tag] = torch.zeros(Lc.shape, dtype=torch.bool)
     grads = autograd_grads(
         lambda q, k, v, s, w=window: alibi_attention(q, k, v, s, True, w)[0],
         (Qc, K, V, slopes),
@@ -1234,18 +1364,56 @@ for tag, (Nq, window) in cases.items():
 def exercise_5(K, V, slopes):
     """Your tile masks, causal O and L, and causal gradients (from reference O, L)."""
     out = {
-        **named(("mask",), causal_tile_mask, 4, 3, 4, 6),
-        **named(("mask (window 2)",), causal_tile_mask, 4, 3, 4, 6, 2),
+        **named(("mask",), causal_tile_mask, 4, 2, 4, 6),
+        **named(("mask (window 2)",), causal_tile_mask, 4, 2, 4, 6, 2),
     }
     for tag, (Qc, Oc, Lc, grad_Oc, window) in inputs.items():
         fwd = ("O" + tag, "L" + tag)
         out.update(named(fwd, tiled_forward, Qc, K, V, slopes, 4, 3, True, window))
+        if window is not None:  # None while tiled_forward is not written
+            O_w = out["O" + tag]
+            out["NaN rows" + tag] = None if O_w is None else O_w.isnan().any(-1)
         bwd = tuple(n + tag for n in ("grad_Q", "grad_K", "grad_V", "grad_slopes"))
         args = (Qc, K, V, Oc, Lc, grad_Oc, slopes, 4, 3, True, window)
         out.update(named(bwd, tiled_backward, *args))
     return out
 
 
+def rows(*picked):
+    """(1, 2, 11) bool: True in the picked rows (queries) of both heads."""
+    return torch.isin(i, torch.tensor(picked, device=dev)).expand(1, 2, 11)
+
+
+nan_7, nan_4 = rows(7, 10), rows(4, 5, 8)
+bottom_right = alibi_attention(Q[:, :, :7], K, V, slopes, True, shift=11 - 7)[0]
+mistakes = {  # known wrong answers
+    "mask": {
+        "j < i (the diagonal masked too)": j11 < i11,
+        "the mask of the tile at (0, 0) (q0, k0 not added)": j11 - 2 <= i11 - 4,
+        "j ≥ i (rows and columns swapped)": j11 >= i11,
+    },
+    "mask (window 2)": {
+        "i − 2 ≤ j ≤ i (the window one key too wide)": (j11 <= i11) & (j11 >= i11 - 2),
+        "j ≤ i (the window left out)": j11 <= i11,
+    },
+    "NaN rows (window 2)": {  # with tiles of 4 × 3 and a window of 2
+        "i = 7, 10, with no key in their first tile: e^(−inf − (−inf)) = NaN": nan_7,
+        "i = 4, 5, 8, with no key at all (their window's first tile skipped?)": nan_4,
+    },
+    "O (Nq 7, Nk 11)": {
+        "the bottom-right alignment of lab 6 (causal is top-left here)": bottom_right
+    },
+}
+i_col = i[:, None]  # (11, 1): the query index of each row
+# the rows whose own key j = i lies in a tile that starts after their block's q0
+late_tile = i_col // 3 * 3 > i_col // 4 * 4
+regions = {
+    "O": {"key i's tile starts after q0 (key tiles stopped too early?)": late_tile},
+    "grad_Q": {"i < 10, where keys j > i are masked (P not zeroed there?)": i_col < 10},
+    "grad_Q (window 2)": {
+        "i ≥ 2, where the window hides keys j ≤ i − 2 (P not zeroed there?)": i_col >= 2
+    },
+}
 check(
     exercise_5,
     expected,
@@ -1253,6 +1421,8 @@ check(
     name="Exercise 5 · causal and sliding window",
     against="the tile's mask, the full masked scores and autograd",
     factors=factors,
+    mistakes=mistakes,
+    regions=regions,
 )
 
 # %% [raw]
@@ -1402,43 +1572,111 @@ assert torch.allclose(_gV, _gV_ref, atol=1e-10, rtol=1e-8)
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 6** (references: the sizes of the tensors your Function saves, which must be
-# those of `Q, K, V, O`, `L` and `slopes`; then `torch.autograd.gradcheck` in float64, causal
+# **Self-check 6** (references: what your `forward` returns and which tensors your Function
+# saves, each told by its value: `Q, K, V, O`, `L` and `slopes`; then its four gradients
+# against autograd through `alibi_attention`, and `torch.autograd.gradcheck` in float64, causal
 # with a window of 3, $N = 7$ in tiles of 3 × 2, the slopes included: finite differences
 # against your backward):
 
 # %%
 Q6, K6, V6 = (randn(1, 2, 7, 3, seed=s, dtype=dtype, device=dev) for s in (6, 7, 8))
 slopes6 = torch.tensor([0.3, 0.8], dtype=dtype, device=dev)
+grad_O6 = randn(1, 2, 7, 3, seed=9, dtype=dtype, device=dev)
+O6, L6 = alibi_attention(Q6, K6, V6, slopes6, True, 3)  # causal, window 3
+known = {"Q": Q6, "K": K6, "V": V6, "slopes": slopes6, "O": O6, "L": L6}
 
 
-def saved_for_backward(Q, K, V, slopes):
-    """How many tensors flash_attn saves for backward, and their sizes (sorted)."""
+def order(name):
+    """Q, K, V, slopes, O, L in that order, anything else after them."""
+    return list(known).index(name) if name in known else len(known)
+
+
+def in_words(t):
+    """Which of Q, K, V, slopes, O, L t equals ('K'), else its shape or type."""
+    if not isinstance(t, torch.Tensor):
+        return type(t).__name__
+    for n, r in known.items():
+        if t.shape == r.shape and t.dtype == r.dtype and torch.allclose(t, r):
+            return n
+    return f"a {tuple(t.shape)} tensor"
+
+
+def forward_and_saved(Q, K, V, slopes):
+    """What forward returns and what setup_context saves, in words."""
+    out = FlashAttentionFn.forward(Q, K, V, slopes, True, 3, 3, 2)
+    if out is None:  # not written yet
+        return None
+    out = out if isinstance(out, (tuple, list)) else [out]
+    returned = ", ".join(map(in_words, out))
+    if len(out) != 2:  # setup_context could not unpack it
+        return {"what forward returns": returned, "what setup_context saves": None}
     leaves = [t.detach().clone().requires_grad_() for t in (Q, K, V, slopes)]
     O = flash_attn(*leaves, True, 3, 3, 2)
     if O is None:  # flash_attn not written yet
         return None
-    saved = O.grad_fn.saved_tensors
+    saved = sorted(map(in_words, O.grad_fn.saved_tensors), key=order)
     return {
-        "number of saved tensors": torch.tensor(len(saved)),
-        "their sizes": torch.tensor(sorted(t.numel() for t in saved)),
+        "what forward returns": returned,
+        "what setup_context saves": ", ".join(saved),
     }
 
 
-# Q, K, V, O: B·H·N·d; L: B·H·N; slopes: H
-sizes = [Q6.numel()] * 4 + [Q6.numel() // Q6.shape[-1], slopes6.numel()]
+def its_gradients(Q, K, V, slopes):
+    """The gradients flash_attn's backward gives (a None counts as zeros)."""
+    leaves = [t.detach().clone().requires_grad_() for t in (Q, K, V, slopes)]
+    O = flash_attn(*leaves, True, 3, 3, 2)
+    grads = torch.autograd.grad(O, leaves, grad_O6, allow_unused=True)
+    return [torch.zeros_like(x) if g is None else g for x, g in zip(leaves, grads)]
+
+
+def your_grad_Q(causal, window):
+    """grad_Q by your tiled_backward here, with other flags (empty if that fails)."""
+    try:
+        args = (Q6, K6, V6, O6, L6, grad_O6, slopes6, 3, 2, causal, window)
+        return tiled_backward(*args)[0].detach()
+    except Exception:  # noqa: BLE001 - only a known wrong answer to compare with
+        return torch.empty(0)
+
+
+saves = "Q, K, V, slopes, O, L"
 result = evaluate(
-    saved_for_backward,
-    {
-        "number of saved tensors": torch.tensor(6),
-        "their sizes": torch.tensor(sorted(sizes)),
-    },
+    forward_and_saved,
+    {"what forward returns": "O, L", "what setup_context saves": saves},
     args=(Q6, K6, V6, slopes6),
     name="Exercise 6 · FlashAttentionFn",
+    mistakes={
+        "what forward returns": {"O alone: setup_context has no L to save": "O"},
+        "what setup_context saves": {
+            "slopes kept on ctx, not saved": "Q, K, V, O, L",
+            "O saved in L's place": "Q, K, V, slopes, O, O",
+        },
+    },
 )
-if (
-    result
-):  # it saves Q, K, V, slopes, O, L: now finite differences against its backward
+if result:  # it returns (O, L) and saves Q, K, V, slopes, O, L: now its gradients
+    grads = ("grad_Q", "grad_K", "grad_V", "grad_slopes")
+    expected = autograd_grads(
+        lambda q, k, v, s: alibi_attention(q, k, v, s, True, 3)[0],
+        (Q6, K6, V6, slopes6),
+        grad_O6,
+    )
+    q_no_flags, q_no_window = your_grad_Q(False, None), your_grad_Q(True, None)
+    result = evaluate(
+        its_gradients,
+        expected,
+        args=(Q6, K6, V6, slopes6),
+        outputs=grads,
+        name="Exercise 6 · FlashAttentionFn",
+        against="autograd",
+        mistakes={
+            "grad_Q": {
+                "autograd's grad_K (the gradients of Q and K swapped)": expected[1],
+                "tiled_backward with causal=False (flags not passed)": q_no_flags,
+                "tiled_backward without the window (not passed to it)": q_no_window,
+            },
+            "grad_slopes": {"zero: backward returned None for the slopes": 0 * slopes6},
+        },
+    )
+if result:  # and finite differences against its backward
     result = check_gradcheck(
         lambda q, k, v, s: flash_attn(q, k, v, s, True, 3, 3, 2),
         (Q6, K6, V6, slopes6),
