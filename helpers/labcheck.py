@@ -278,11 +278,14 @@ def _compare_one(
     b = exp_t.to("cpu", torch.float64)
     if a.numel() == 0:
         return None, 0.0
+    atol, rtol = tolerance(exp_t.dtype if exp_t.is_floating_point() else torch.float64, atol, rtol)
     bad_nan = torch.isnan(a) & ~torch.isnan(b)
     if bad_nan.any():
         idx = [int(i) for i in torch.nonzero(bad_nan)[0].tolist()]
-        return f"{name} has NaN at {idx} (expected {fmt_sig(b[tuple(idx)].item())})", None
-    atol, rtol = tolerance(exp_t.dtype if exp_t.is_floating_point() else torch.float64, atol, rtol)
+        nan = f"NaN at {idx} (expected {fmt_sig(b[tuple(idx)].item())})"
+        # NaNs confined to a declared region (or one index range) say where, like other wrong entries
+        where = _locate(name, a, b, ~close(a, b, atol, rtol, equal_nan=True), regions)
+        return (f"{where}; {nan}" if where else f"{name} has {nan}"), None
     both_nan = torch.isnan(a) & torch.isnan(b)
     err = torch.where(both_nan, torch.zeros_like(a), (a - b).abs())
     err = torch.nan_to_num(err, nan=math.inf)

@@ -531,3 +531,18 @@ def test_a_constant_answer_is_named_as_one_number_everywhere():
             torch.full((3,), 3.0, dtype=torch.float64) + torch.arange(3), flat, outputs=("g",)
         ).line
     )
+
+
+def test_nans_in_one_index_range_are_located_like_other_wrong_entries():
+    O = torch.randn(2, 11, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    rows = O.clone()
+    rows[:, 8:] = float("nan")  # e.g. a skipped last block left as torch.empty
+    line = evaluate(rows, O, outputs=("O",)).line
+    assert (
+        line.startswith("✗ check: O is wrong only at indices 8–10 of dim 1 (of 11)")
+        and "; NaN at [0, 8, 0]" in line
+    )
+    lone = O.clone()
+    lone[0, 0, 0] = float("nan")
+    lone[1, 5, 2] = float("nan")
+    assert evaluate(lone, O, outputs=("O",)).line.startswith("✗ check: O has NaN at [0, 0, 0]")
