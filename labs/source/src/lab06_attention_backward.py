@@ -392,7 +392,8 @@ assert float(_P[0, 0, 1, 1]) == 0.0
 # **Self-check 2** (reference: chapter 6's masked softmax, `helpers.attention.masked_softmax`,
 # on $QK^\top\cdot\text{scale} + \text{Bias}$, with a causal mask and one batch whose first key
 # is padded, so its first query sees nothing; first with the default scale and no bias, then
-# with a temperature per head and a bias shared by the batch):
+# with a temperature per head and a bias shared by the batch; last, it counts the NaN entries
+# of $P$ and its masked entries that are not exactly 0):
 
 # %%
 Q2, K2, V2 = (randn(2, 2, 5, 4, seed=s, dtype=dtype, device=dev) for s in (21, 22, 23))
@@ -451,21 +452,26 @@ for label, extra in (("default scale", ()), ("scale, Bias", (Bias2, scale2))):
     )
 
 
-def masked_P_nonzero(Q, K, V, mask, Bias, scale):
-    """How many entries of P are not exactly 0 where the mask says 'may not attend'."""
+NAN2 = "NaN entries in P (0/0 where a query sees no key?)"
+MASKED2 = "masked entries of P not exactly 0"
+
+
+def masked_P_counts(Q, K, V, mask, Bias, scale):
+    """How many entries of P are NaN, and how many are not exactly 0 where the mask
+    says 'may not attend'."""
     out = attention_forward(Q, K, V, mask, Bias, scale)
     if out is None:
         return None
     P = out[1]
-    return int((P.masked_select(~mask.expand_as(P)) != 0).sum())
+    return int(P.isnan().sum()), int((P.masked_select(~mask.expand_as(P)) != 0).sum())
 
 
 check(
-    masked_P_nonzero,
-    0,
+    masked_P_counts,
+    (0, 0),
     args=(Q2, K2, V2, mask2, Bias2, scale2),
-    outputs=("masked entries of P not exactly 0",),
-    counts=("masked entries of P not exactly 0",),
+    outputs=(NAN2, MASKED2),
+    counts=(NAN2, MASKED2),
     name="Exercise 2 · masked P",
 )
 
