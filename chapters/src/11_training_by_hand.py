@@ -489,7 +489,8 @@ for step in range(3):
 # go to `opt.step(grads)` (there is no `.grad` to clear). Gradient accumulation cuts the
 # batch into micro-batches and sums their gradients weighted by their share of the batch, so
 # the step uses exactly the full-batch mean gradient while each forward holds only a fraction
-# of the activations. The bar is `tqdm.auto`'s: a widget in Jupyter and on the site.
+# of the activations. `train` can show a `tqdm.auto` progress bar; a bar is a widget in
+# Jupyter, so this chapter passes `progress=False` and prints the losses instead.
 
 # %%
 from helpers.train import lm_loss, train
@@ -515,7 +516,7 @@ for accum in (1, 4):
         grads_fn=grads_fn,
         accum=accum,
         clip=1.0,
-        desc=f"accum={accum}",
+        progress=False,
     )
     results[accum] = (theta, hist)
 show("loss, first and last step", [results[1][1]["loss"][0], results[1][1]["loss"][-1]])
@@ -596,7 +597,7 @@ hist_ref = train(
     loss_fn=lambda idx, targets: lm_loss(model, idx, targets),
     clip=1.0,
     lr_schedule=schedule,
-    desc="autograd + torch.optim.AdamW",
+    progress=False,
 )
 t_ref = time.perf_counter() - t0
 
@@ -611,7 +612,7 @@ hist = train(
     grads_fn=lambda idx, targets: gpt_loss_and_grads(idx, targets, params, config),
     clip=1.0,
     lr_schedule=schedule,
-    desc="by hand + our AdamW",
+    progress=False,
 )
 t_hand = time.perf_counter() - t0
 varies(
@@ -753,7 +754,7 @@ if BIG and torch.cuda.is_available():
         grads_fn=lambda i, t: gpt_loss_and_grads(i, t, p_big, big),
         clip=1.0,
         lr_schedule=big_sched,
-        desc="big, by hand",
+        progress=False,
     )
     seconds = time.perf_counter() - t0
     varies(f"big model: final loss {h_big['loss'][-1]:.4f} in {seconds:.0f} s")
