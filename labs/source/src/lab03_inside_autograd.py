@@ -290,13 +290,79 @@ assert abs(_out.data - 2.25) < 1e-12 and abs(_y.grad - (0.25 - 1 / 16)) < 1e-12
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 1** (reference: autograd; first each operation alone, at three points,
-# $(x \cdot x) \cdot 3 + 2x$ for `mul` and $(x^2)^{1.5} + x^{-1}$ for `power`, so a ✗ names the
-# function that is wrong; then both in $f(x, y) = x\,y\,x + y^3 - x/y$, where $x$ is used three times):
+# **Self-check 1** (reference: autograd). First each operation alone, at three points: its
+# `out` must record its inputs as parents; one call of `out._backward()`, with `out.grad` =
+# 2.5 and 0.5 already in each input's `.grad` (another use's share), must add the right
+# amounts; and $(x \cdot x) \cdot 3 + 2x$ (for `mul`) or $(x^2)^{1.5} + x^{-1}$ (for `power`)
+# must get autograd's $\partial f/\partial x$. So a ✗ names the function that is wrong, and a
+# known mistake when your rule makes one. Then both in $f(x, y) = x\,y\,x + y^3 - x/y$,
+# where $x$ is used three times:
 
 
 # %%
 points1 = torch.tensor([0.7, -1.3, 2.0], dtype=dtype)
+b1, k1, g1, before1 = -0.8, 3, 2.5, 0.5  # mul's b, power's k, out.grad, .grad before
+
+
+def one_rule(op, x):
+    """op on fresh Values (0.5 already in each .grad), then out._backward() once with
+    out.grad = 2.5: (inputs missing from out._parents, the inputs' .grad after)."""
+    inputs = (Value(x), Value(b1)) if op is mul else (Value(x),)
+    for v in inputs:
+        v.grad = before1
+    out = op(*inputs) if op is mul else op(*inputs, k1)
+    if out is None:
+        return None
+    missing = sum(not any(p is v for p in out._parents) for v in inputs)
+    out.grad = g1
+    out._backward()
+    return missing, [v.grad for v in inputs]
+
+
+def rules_at(op, f, points):
+    """For each point: inputs missing from out._parents, the rule's .grad; ∂f/∂x."""
+    runs = [one_rule(op, x) for x in points.tolist()]
+    grads = engine_grad_at(f, points)
+    if None in runs or grads is None:
+        return None
+    return {
+        "inputs missing from out._parents": sum(n for n, _ in runs),
+        "the rule's .grad": torch.tensor([g for _, g in runs], dtype=dtype),
+        "∂f/∂x": grads,
+    }
+
+
+def torch_rules_at(op, f_torch, points):
+    """The same by autograd: 0.5 plus the share out.grad × ∂out/∂input."""
+    g, bs = torch.full_like(points, g1), torch.full_like(points, b1)
+    if op is mul:
+        share = torch.stack(autograd_grads(torch.mul, (points, bs), g), -1)
+    else:
+        share = autograd_grads(lambda a: a**k1, (points,), g)[0][:, None]
+    return {
+        "inputs missing from out._parents": 0,
+        "the rule's .grad": before1 + share,
+        "∂f/∂x": torch_grad_at(f_torch, points),
+    }
+
+
+def rule_mistakes(op, points):
+    """Known wrong results of one out._backward(), from autograd's share."""
+    share = torch_rules_at(op, lambda x: x, points)["the rule's .grad"] - before1
+    known = {
+        "the share alone: = replaced the 0.5 already in .grad": share,
+        "the local derivatives alone, not × out.grad": before1 + share / g1,
+    }
+    if op is mul:
+        known["the two local derivatives swapped"] = before1 + share.flip(-1)
+    else:
+        known["k·aᵏ: the exponent not lowered by one"] = (
+            before1 + share * points[:, None]
+        )
+        known["aᵏ⁻¹ without the factor k"] = before1 + share / k1
+    return known
+
+
 CASES1 = (  # (your function, an expression using it on Values, the same on tensors)
     (
         mul,
@@ -312,9 +378,10 @@ CASES1 = (  # (your function, an expression using it on Values, the same on tens
 for op, f, f_torch in CASES1:
     OPS_USED[f] = (op,)
     check(
-        lambda: engine_grad_at(f, points1),
-        lambda: torch_grad_at(f_torch, points1),
-        outputs=("∂f/∂x",),
+        lambda: rules_at(op, f, points1),
+        lambda: torch_rules_at(op, f_torch, points1),
+        counts=("inputs missing from out._parents",),
+        mistakes={"the rule's .grad": rule_mistakes(op, points1)},
         name=f"Exercise 1 · {op.__name__}",
         against="autograd",
     )
@@ -493,12 +560,26 @@ CASES2 = (  # (your function, op(x) + op(x) with it, the same on tensors)
     (tanh, lambda x: tanh(x) + tanh(x), lambda x: 2 * torch.tanh(x)),
     (exp, lambda x: exp(x) + exp(x), lambda x: 2 * torch.exp(x)),
 )
-for op, f, f_torch in CASES2:
+expected2 = {op: torch_grad_at(f_torch, points2) for op, _, f_torch in CASES2}
+KNOWN2 = {  # known wrong ∂f/∂x of op(x) + op(x), from autograd's
+    relu: {
+        "out.grad passed on everywhere: the gate left out": torch.full_like(points2, 2),
+    },
+    tanh: {
+        "2(1 − a²): the input squared, not the output": 2 * (1 - points2**2),
+        "2 tanh(a): tanh itself as its derivative": 2 * torch.tanh(points2),
+    },
+    exp: {"2a: the input a as exp's derivative": 2 * points2},
+}
+for op, f, _ in CASES2:
     OPS_USED[f] = (op,)
+    known = {"one use's share only: = replaced the other's": expected2[op] / 2}
     check(
         lambda: engine_grad_at(f, points2),
-        lambda: torch_grad_at(f_torch, points2),
+        expected2[op],
         outputs=("∂f/∂x",),
+        mistakes={"∂f/∂x": known | KNOWN2[op]},
+        regions={"∂f/∂x": {"x = 0 (ReLU's derivative there is 0)": points2 == 0}},
         name=f"Exercise 2 · {op.__name__}",
         against="autograd",
     )
@@ -648,8 +729,10 @@ assert abs(_y.grad - ((1 - _t * _t) * 0.9 + math.exp(0.6))) < 1e-12
 # %% [markdown]
 # **Self-check 3** (reference: every node reachable from the output, and autograd's gradients,
 # on a small MLP-like expression where every input feeds several nodes, plus a chain 5000
-# operations deep). It reports three things: nodes your order misses or repeats, nodes it puts
-# before one of their parents, and the gradients your `backward` leaves in the inputs.
+# operations deep). It reports, in this order: nodes your order repeats, nodes it misses,
+# nodes it puts before one of their parents, local rules your `backward` runs early (before
+# the rule of a node that uses their output), and the gradients it leaves in the inputs;
+# `root.grad` left at 0 is named too.
 
 
 # %%
@@ -665,32 +748,36 @@ def reachable(root):
 
 
 def order_mistakes(root):
-    """(nodes missing or repeated, nodes before a parent) in topological_order(root)."""
+    """(nodes repeated, missing, before a parent) in topological_order(root)."""
     order = topological_order(root)
     if order is None:
         return None
     ids = [id(v) for v in order]
     reference = set(reachable(root))
-    missing_or_repeated = (
-        len(reference - set(ids))
-        + (len(ids) - len(set(ids)))
-        + len(set(ids) - reference)
-    )
+    repeated = len(ids) - len(set(ids)) + len(set(ids) - reference)
     pos = {i: k for k, i in enumerate(ids)}
     misplaced = sum(
         1 for v in order for p in v._parents if id(p) in pos and pos[id(p)] > pos[id(v)]
     )
-    return missing_or_repeated, misplaced
+    return repeated, len(reference - set(ids)), misplaced
 
 
-def counted(rule, calls):
-    """rule, appending to calls each time it runs."""
+def counted(v, calls):
+    """v's rule, appending id(v) to calls each time it runs."""
+    rule = v._backward
 
     def run():
-        calls.append(1)
+        calls.append(id(v))
         rule()
 
     return run
+
+
+def rules_run_early(root, calls):
+    """Nodes whose rule ran before the rule of a node that uses them."""
+    pos = {i: k for k, i in enumerate(calls)}  # a rule's last run
+    users = [(id(p), id(v)) for v in reachable(root).values() for p in v._parents]
+    return len({p for p, v in users if v in pos and p in pos and pos[p] < pos[v]})
 
 
 def order_and_grads(xs):
@@ -705,16 +792,18 @@ def order_and_grads(xs):
     if None in mistakes:
         return None
     counts = {
-        "nodes missing or repeated": sum(m[0] for m in mistakes),
-        "nodes before a parent": sum(m[1] for m in mistakes),
+        "nodes repeated": sum(m[0] for m in mistakes),
+        "nodes missing": sum(m[1] for m in mistakes),
+        "nodes before a parent": sum(m[2] for m in mistakes),
     }
     rules_run = []
-    for v in reachable(out).values():  # count the local rules your backward runs
-        v._backward = counted(v._backward, rules_run)
+    for v in reachable(out).values():  # record the local rules your backward runs
+        v._backward = counted(v, rules_run)
     if backward(out) is None and not rules_run and out.grad == 0.0:
-        return {**counts, "gradients": None}  # nothing happened: not implemented yet
+        return {**counts, "rules run early": None, "gradients": None}  # not done yet
     return {
         **counts,
+        "rules run early": rules_run_early(out, rules_run),
         "gradients": torch.tensor([v.grad for v in V], dtype=torch.float64),
     }
 
@@ -725,18 +814,38 @@ def reference_order_and_grads(xs):
         ((a * b + c).tanh() * a + (b * c - a).relu() * b + (a + c).exp() * c) ** 2
     )
     (g,) = autograd_grads(lambda t: f(*t.unbind()), (xs,))
-    return {"nodes missing or repeated": 0, "nodes before a parent": 0, "gradients": g}
+    zero = {"nodes repeated": 0, "nodes missing": 0, "nodes before a parent": 0}
+    return {**zero, "rules run early": 0, "gradients": g}
+
+
+def merges_equal_values():
+    """Whether your order of a · b, a and b both 2.0, lists only one of them."""
+    a, b = micrograd.Value(2.0), micrograd.Value(2.0)
+    listed = {id(v) for v in topological_order(a * b) or []}
+    return (id(a) in listed) != (id(b) in listed)
 
 
 xs3 = torch.tensor([0.6, -0.8, 0.3], dtype=dtype)
-check(
+zero3 = torch.zeros_like(xs3)
+result = evaluate(
     order_and_grads,
     reference_order_and_grads,
     args=(xs3,),
-    counts=("nodes missing or repeated", "nodes before a parent"),
+    counts=(
+        "nodes repeated",
+        "nodes missing",
+        "nodes before a parent",
+        "rules run early",
+    ),
+    mistakes={"gradients": {"zero, as if root.grad = 1 were never set": zero3}},
     name="Exercise 3 · topological_order, backward",
     against="the course engine and autograd",
 )
+if result.status == "fail" and "nodes missing" in result.line and merges_equal_values():
+    result.line += (
+        "; of two nodes of equal value, your order lists one: compared by value?"
+    )
+print(result.line)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -941,12 +1050,27 @@ def rules_broken(got):
     return None
 
 
+def reference_saved_count(f, inputs):
+    """How many storages SavedTensors counts (a known mistake: tensors, not bytes)."""
+    with SavedTensors(exclude=inputs) as saved:
+        f(*inputs)
+    return saved.count
+
+
+known4 = {
+    case: {
+        "the number of storages saved, not their bytes": n,
+        "no bytes at all: your pack never ran (passed as unpack?)": 0,
+    }
+    for case, n in saved_bytes_cases(reference_saved_count).items()
+}
 result = evaluate(
     lambda: saved_bytes_cases(saved_bytes),
     lambda: saved_bytes_cases(reference_saved_bytes),
     name="Exercise 4 · saved_bytes",
     against="SavedTensors",
     exact=True,
+    mistakes=known4,
 )
 if result.status == "fail":
     got4 = saved_bytes_cases(saved_bytes)
