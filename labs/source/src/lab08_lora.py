@@ -612,6 +612,7 @@ def check_init(fn, W, r, seed, x, g, name="Exercise 3 · init_adapter"):
             "zero factor": {
                 "the roles of A and B swapped": "A",
                 "both zero: the adapter can never move": "both",
+                "neither: B·A ≠ 0, the layer does not start at the base": "neither",
             },
             "A": {
                 "a draw on [0, 1/√in): the 2u − 1 left out": (ref_A + 1 / sq) / 2,

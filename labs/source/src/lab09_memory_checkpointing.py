@@ -1592,6 +1592,7 @@ check(
     against="loss_scale_step",
     factors={"scale": 2.0**4},
     mistakes={
+        "scale": {"the scale passed in (not grown at growth_interval)": 2.0**4},
         "tracker": {"growth_interval (not reset when the scale grew)": 3},
         "step on b": {"no step at all (b not updated)": torch.zeros(3, device=dev)},
     },
