@@ -205,7 +205,7 @@ def format_graph(graph: Graph) -> str:
         nxt = [graph.node(b) for a, b, _k in graph.edges if a == n["id"]]
         to = ", ".join(f"#{m['id']}" for m in nxt)
         lines.append(
-            f"#{n['id']:<2d} d{n['depth']}  {n['name']:<15s} {what:<18s} {saved:<34s}"
+            f"#{n['id']:<2d} d{n['depth']}  {n['name']:<15s} {what:<12s} {saved:<34s}"
             + (f" grad → {to}" if to else "")
         )
     return "\n".join(line.rstrip() for line in lines)

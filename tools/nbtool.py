@@ -96,6 +96,21 @@ def clean(nb) -> None:
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
         cell.metadata.pop("ExecuteTime", None)
+        if cell.cell_type == "code":
+            cell.outputs = _merged_streams(cell.outputs)
+
+
+def _merged_streams(outputs: list) -> list:
+    """Consecutive stdout (or stderr) pieces as one output: how they were split is timing, not content."""
+    out = []
+    for o in outputs:
+        prev = out[-1] if out else None
+        if o.get("output_type") == "stream" and prev is not None and prev.get("output_type") == "stream":
+            if prev.get("name") == o.get("name"):
+                prev["text"] = "".join(prev["text"]) + "".join(o["text"])
+                continue
+        out.append(o)
+    return out
 
 
 def _has_widgets(nb) -> bool:

@@ -96,16 +96,6 @@ from helpers.autograd_graph import autograd_graph, format_graph
 from helpers.plot_graph import plot_graph
 
 
-def fit(listing: str) -> str:
-    """format_graph pads the "makes" column to 18; 12 fit our names and the page."""
-    lines = []
-    for line in listing.splitlines():
-        if line[36:42].isspace():  # 6 of the spaces after "makes ...": drop them
-            line = line[:36] + line[42:]
-        lines.append(line)
-    return "\n".join(lines)
-
-
 names = {
     "x": x,
     "W1": W1,
@@ -118,7 +108,7 @@ names = {
     "L": L,
 }
 graph = autograd_graph(L, names)
-print(fit(format_graph(graph)))
+print(format_graph(graph))
 print("saved for backward:", graph.saved_bytes, "bytes")
 
 # %%
@@ -213,7 +203,7 @@ p = cat_params(device=dev, requires_grad=True)
 p["x"].requires_grad_(True)
 cache = cat_forward(**p)
 g_x = autograd_graph(cache["L"], {k: p[k] for k in ("x", "W1", "b1", "W2", "b2")})
-print("\n".join(line for line in fit(format_graph(g_x)).splitlines() if "Mv" in line))
+print("\n".join(line for line in format_graph(g_x).splitlines() if "Mv" in line))
 print(
     "leaves:",
     sorted(n["label"] for n in g_x.leaves),
@@ -410,7 +400,7 @@ except RuntimeError as err:
 
 # %%
 after = autograd_graph(L, {k: cache[k] for k in ("a", "h", "y_hat", "L")} | p)
-print(fit(format_graph(after)))
+print(format_graph(after))
 
 # %% [markdown]
 # Every `saves` entry now reads `(freed)`. To see what keeping them costs we need a network
