@@ -95,7 +95,6 @@ walk(L.grad_fn)
 from helpers.autograd_graph import autograd_graph, format_graph
 from helpers.plot_graph import plot_graph
 
-
 names = {
     "x": x,
     "W1": W1,
