@@ -236,8 +236,10 @@ def slipped_masks(Nq, Nk, align="top_left", device=None, window=None):
     )
     tri = banded_mask(Nq, Nk, align, device)  # no window
     wider = banded_mask(Nq, Nk, align, device, window + 1)
+    narrower = banded_mask(Nq, Nk, align, device, window - 1)
     slips["the mask without the window"] = tri
     slips[f"a window of {window + 1} keys (one too many)"] = wider
+    slips[f"a window of {window - 1} key(s) (one too few)"] = narrower
     slips["the window without the bottom-right shift"] = tri & ~full.tril(-window)
     slips["the triangle or the window band (| for &)"] = tri | ~full.tril(
         shift - window
@@ -879,6 +881,7 @@ def slipped_grads(
     slips = {  # the slip: (its mask, what its scores are off by, held constant)
         "the padding mask used as may-attend": (band & pad, 0.0),
         "the causal mask dropped": (~pad, 0.0),
+        "the padding mask dropped": (band, 0.0),
         "the top_left mask (align not passed on)": (top_left & ~pad, 0.0),
         "the mask without its window": (no_window & ~pad, 0.0),
         "P computed without the Bias": (band & ~pad, -Bias),
