@@ -241,8 +241,8 @@ def grad_x_paths(eps):
 
 def slipped_grads1(eps, rstd):
     """grad_x, grad_weight after typical slips, by autograd: {output: {slip: value}}."""
-    (grad_x,) = autograd_grads(
-        lambda x: F.layer_norm(x, (6,), w1, b1, eps), (x1,), grad_y1
+    grad_x, grad_w = autograd_grads(
+        lambda x, w: F.layer_norm(x, (6,), w, b1, eps), (x1, w1), grad_y1
     )
     (no_gamma,) = autograd_grads(  # LayerNorm without γ and β
         lambda x: F.layer_norm(x, (6,), None, None, eps), (x1,), grad_y1
@@ -259,6 +259,7 @@ def slipped_grads1(eps, rstd):
         },
         "grad_weight": {
             "Σ grad_y ∘ x (x in place of x̂)": from_x,
+            "Σ g ∘ x̂ with g = grad_y ∘ γ (γ counted in)": grad_w * w1,
             "eps = 0 (1/σ recomputed from x, not the saved one)": no_eps[1],
         },
     }
