@@ -170,7 +170,8 @@ assert torch.allclose(_gA3, 3 * _gA1, atol=1e-14) and torch.allclose(
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 1** (reference: autograd through $W + s\,BA$, with a random $\partial L/\partial W'$):
+# **Self-check 1** (reference: autograd through $W + s\,BA$, with a random $\partial L/\partial W'$;
+# first, whether the two gradients come back in the order asked for, told by their shapes):
 
 
 # %%
@@ -577,7 +578,8 @@ assert torch.equal(_gA, torch.zeros_like(_gA)) and _gB.abs().max() > 1e-3
 
 # %% [markdown]
 # **Self-check 3** (reference: `helpers.lora.LoRALinear`'s initialisation with the same seed, 5, on a float32
-# `W`; then, with your `A` and `B`, one forward and backward of the adapted layer):
+# `W`, after which of your `A` and `B` is all zeros; then, with your `A` and `B`, one forward
+# and backward of the adapted layer):
 
 
 # %%

@@ -553,7 +553,9 @@ assert all(torch.allclose(_a, _b, atol=1e-12) for _a, _b in zip(_gs3, _ref3))
 # checkpointing, `every=2`; "bytes kept" is what `SavedTensors` records during your forward,
 # parameters excluded, against the bytes of `x`; "blocks holding a graph at once" is the
 # largest number of block re-runs whose graph backward has not gone through yet, which must be
-# `every`; last, the same stack on a data `x`, which no re-run may make require a gradient):
+# `every`; the segments' re-runs are watched too: their order, what each starts from and the
+# gradient that reaches each segment's output. Last, the same stack on a data `x`, which no
+# re-run may make require a gradient, while the later segments' inputs still need one):
 
 
 # %%
@@ -928,8 +930,9 @@ assert _seen == [False, False]
 
 # %% [markdown]
 # **Self-check 3** (reference: autograd through `ffn_dropout` without checkpointing, the RNG
-# seeded the same way; "random stream after backward" is one draw made after backward, when
-# something else was drawn between forward and backward):
+# seeded the same way; "the re-run" says whether backward re-runs the block with a graph and
+# from which state of the random generator; "random stream after backward" is one draw made
+# after backward, when something else was drawn between forward and backward):
 
 
 # %%
@@ -1142,7 +1145,9 @@ for _seg in (1, 4, 6):
 
 # %% [markdown]
 # **Self-check 4** (reference: autograd through the same 5-block stack without checkpointing,
-# seeded the same way; `segment=2`, so "bytes kept" must be 3 inputs of the shape of `x`):
+# seeded the same way; `segment=2`, so "bytes kept" must be 3 inputs of the shape of `x`;
+# first, which blocks each `checkpoint_rng` call runs, what it starts from and how many
+# weights it is passed, watched by standing in for `checkpoint_rng` and `ffn_dropout`):
 
 
 # %%
@@ -1465,8 +1470,9 @@ for _k in range(9):
 
 # %% [markdown]
 # **Self-check 5** (reference: `helpers.precision.loss_scale_step`, chapter 9's version of what
-# `GradScaler` does, checked there against `GradScaler` bit for bit; 8 SGD steps from scale
-# $2^{16}$ with `growth_interval=3`, a summed float16 loss whose gradients overflow at first):
+# `GradScaler` does, checked there against `GradScaler` bit for bit; one step whose gradients
+# overflow in some entries, one clean step that completes `growth_interval=3`, then 8 SGD steps
+# from scale $2^{16}$, a summed float16 loss whose gradients overflow at first):
 
 
 # %%
