@@ -10,7 +10,7 @@
 #   show_stdout: false
 
 # %% [markdown]
-# # Lab 4 · Custom autograd Functions: softmax, LayerNorm, cross-entropy
+# # Lab 4 · Custom autograd Functions: softmax, RMSNorm, cross-entropy
 #
 # Chapter 4 wrote `torch.autograd.Function`s with a hand-written backward and checked them
 # with `gradcheck`. Here you write three of the most used ones yourself, in the modern form
@@ -21,8 +21,8 @@
 # * compute softmax's vector–Jacobian product without building the Jacobian;
 # * write a `Function` in the modern form: what `forward`, `setup_context` and `backward` each
 #   do, what to save, and why `backward` never writes into `grad_output`;
-# * derive LayerNorm's input gradient, with its two hidden paths (through the mean and the
-#   variance), and its parameters' gradients;
+# * derive RMSNorm's input gradient, with its hidden path through the root mean square, and
+#   its weight's gradient;
 # * write cross-entropy from logits that never overflows, and whose ignored rows get exactly
 #   zero gradient.
 #
@@ -324,70 +324,64 @@ check_function(
 # # BEGIN QUESTION
 # name: ex3
 # points: 3
-# by_hand: [autograd, helpers.functions.layernorm_backward]
+# by_hand: [autograd, torch.nn.functional.rms_norm]
 
 # %% [markdown]
-# ## Exercise 3 · LayerNorm (3 points)
+# ## Exercise 3 · RMSNorm (3 points)
 #
-# **Goal:** $x$ reaches the output three ways, directly and through the mean and the
-# variance; the gradient is the sum over all three.
+# **Goal:** $x$ reaches the output two ways, directly and through its root mean square; the
+# gradient is the sum over both. RMSNorm is LayerNorm without the mean and without $\beta$
+# (Llama and most recent language models use it); chapter 4's method, one path at a time,
+# derives it.
 #
-# Over the last dim (size $D$): $\mu = \mathrm{mean}(x)$, $\sigma = \sqrt{\mathrm{var}(x) +
-# \varepsilon}$ (biased variance, as `nn.LayerNorm`), $\hat x = (x - \mu)/\sigma$,
-# $y = \gamma \odot \hat x + \beta$, with `weight` $\gamma$ and `bias` $\beta$ of shape `(D,)`.
-# Derive $\partial L/\partial x$, $\partial L/\partial \gamma$ and $\partial L/\partial \beta$ on
-# paper first: follow $x$ along its three paths (directly into $\hat x$, through $\mu$, through
-# $\sigma$), add them, and simplify with $\sum_i \hat x_i = 0$ and $\mathrm{mean}(\hat x^2) =
-# \mathrm{var}/\sigma^2$.
+# Over the last dim (size $D$): $r = \sqrt{\mathrm{mean}(x^2) + \varepsilon}$, $\hat x = x / r$,
+# $y = \gamma \odot \hat x$, with `weight` $\gamma$ of shape `(D,)`. Derive
+# $\partial L/\partial x$ and $\partial L/\partial \gamma$ on paper first: follow $x$ along its
+# two paths (directly into $\hat x$, and through $r$), add them, and write the result with
+# $\hat x$ and $r$.
 #
-# <details><summary>Hint 1: the two hidden paths</summary>
+# <details><summary>Hint 1: the hidden path</summary>
 #
-# With $g = \partial L/\partial y \odot \gamma$ (the gradient reaching $\hat x$):
-# $\partial \mu/\partial x_i = 1/D$ and $\partial \sigma/\partial x_i = (x_i - \mu)/(D\sigma)$;
-# the mean path contributes $-\mathrm{mean}(g)/\sigma$, the variance path
-# $-\hat x\,\mathrm{mean}(g \odot \hat x)/\sigma$.
+# With $g = \partial L/\partial y \odot \gamma$ (the gradient reaching $\hat x$): the direct
+# path gives $g / r$; $\partial r/\partial x_i = x_i/(D r)$, so the path through $r$ adds
+# $-\sum_j g_j x_j / r^2 \cdot x_i / (D r)$. Write $x_j / r$ as $\hat x_j$.
 #
 # </details>
 #
 # <details><summary>Hint 2: the formulas (check yours against them)</summary>
 #
-# $$\begin{gathered}
-# \frac{\partial L}{\partial x} = \frac{1}{\sigma}\Big(g - \mathrm{mean}(g) - \hat x\,
-# \mathrm{mean}(g \odot \hat x)\Big), \\ \frac{\partial L}{\partial \gamma} = \sum_{\text{rows}}
-# \frac{\partial L}{\partial y} \odot \hat x,\quad \frac{\partial L}{\partial \beta} =
-# \sum_{\text{rows}} \frac{\partial L}{\partial y}
-# \end{gathered}$$
+# $$\frac{\partial L}{\partial x} = \frac{1}{r}\Big(g - \hat x\,\mathrm{mean}(g \odot \hat x)
+# \Big), \qquad \frac{\partial L}{\partial \gamma} = \sum_{\text{rows}}
+# \frac{\partial L}{\partial y} \odot \hat x$$
 #
-# (means along the last dim, `keepdim=True`; "rows" = every leading dim.)
+# (the mean along the last dim, `keepdim=True`; "rows" = every leading dim.)
 #
 # </details>
 #
 # `x` may be `(B, N, D)`: "rows" are all its leading dims. Fill in
-# `LayerNorm.forward(x, weight, bias, eps)`, `setup_context` (save `x` and
-# `weight`; keep `eps` on `ctx`: it is a float, not a tensor) and `backward`, which recomputes
-# $\mu$ and $\sigma$ from `x` (two cheap reductions) and returns
-# `(grad_x, grad_weight, grad_bias, None)`, each gated on `ctx.needs_input_grad`.
+# `RMSNorm.forward(x, weight, eps)`, `setup_context` (save `x` and `weight`; keep `eps` on
+# `ctx`: it is a float, not a tensor) and `backward`, which recomputes $r$ from `x` (one cheap
+# reduction) and returns `(grad_x, grad_weight, None)`, each gated on `ctx.needs_input_grad`.
 
 # %% [raw]
 # # BEGIN SOLUTION
 
 
 # %%
-class LayerNorm(torch.autograd.Function):
-    """y = γ (x − μ)/√(var + eps) + β over the last dim; saves x and γ."""
+class RMSNorm(torch.autograd.Function):
+    """y = γ x / √(mean(x²) + eps) over the last dim; saves x and γ."""
 
     @staticmethod
-    def forward(x, weight, bias, eps):
+    def forward(x, weight, eps):
         # BEGIN SOLUTION
-        mu = x.mean(-1, keepdim=True)  # (..., 1)
-        rstd = torch.rsqrt(((x - mu) ** 2).mean(-1, keepdim=True) + eps)  # (..., 1)
-        return (x - mu) * rstd * weight + bias  # (..., D)
+        inv_r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)  # (..., 1): 1/r
+        return x * inv_r * weight  # (..., D)
         # END SOLUTION
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         # BEGIN SOLUTION
-        x, weight, _, eps = inputs
+        x, weight, eps = inputs
         ctx.save_for_backward(x, weight)
         ctx.eps = eps
         # END SOLUTION
@@ -397,25 +391,17 @@ class LayerNorm(torch.autograd.Function):
     def backward(ctx, grad_y):
         # BEGIN SOLUTION
         x, weight = ctx.saved_tensors
-        need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        mu = x.mean(-1, keepdim=True)  # (..., 1)
-        rstd = torch.rsqrt(((x - mu) ** 2).mean(-1, keepdim=True) + ctx.eps)
-        x_hat = (x - mu) * rstd  # (..., D)
-        grad_x = grad_w = grad_b = None
-        D = x.shape[-1]
+        need_x, need_w = ctx.needs_input_grad[:2]
+        inv_r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + ctx.eps)  # (..., 1)
+        x_hat = x * inv_r  # (..., D)
+        grad_x = grad_w = None
         if need_x:
-            g = grad_y * weight  # (..., D)
-            grad_x = rstd * (
-                g
-                - g.mean(-1, keepdim=True)
-                - x_hat * (g * x_hat).mean(-1, keepdim=True)
-            )
+            g = grad_y * weight  # (..., D): the gradient reaching x̂
+            grad_x = inv_r * (g - x_hat * (g * x_hat).mean(-1, keepdim=True))
         if need_w:
             # (..., D) -> (R, D) -> (D,)
-            grad_w = (grad_y * x_hat).reshape(-1, D).sum(0)
-        if need_b:
-            grad_b = grad_y.reshape(-1, D).sum(0)  # (..., D) -> (R, D) -> (D,)
-        return grad_x, grad_w, grad_b, None
+            grad_w = (grad_y * x_hat).reshape(-1, x.shape[-1]).sum(0)
+        return grad_x, grad_w, None
         # END SOLUTION
 
 
@@ -433,17 +419,18 @@ import torch
 
 from helpers.device import randn
 
+
+def _rms_norm(x, w, eps):
+    """The reference: torch's own RMSNorm over the last dim."""
+    return torch.nn.functional.rms_norm(x, x.shape[-1:], w, eps)
+
+
 _x = randn(2, 3, 8, seed=301, dtype=torch.float64).requires_grad_()
 _w = (1 + 0.3 * randn(8, seed=302, dtype=torch.float64)).requires_grad_()
-_b = randn(8, seed=303, dtype=torch.float64).requires_grad_()
 assert torch.autograd.gradcheck(
-    lambda x, w, b: LayerNorm.apply(x, w, b, 1e-5), (_x, _w, _b), eps=1e-6, atol=1e-6
+    lambda x, w: RMSNorm.apply(x, w, 1e-5), (_x, _w), eps=1e-6, atol=1e-6
 )
-assert torch.allclose(
-    LayerNorm.apply(_x, _w, _b, 1e-5),
-    torch.nn.functional.layer_norm(_x, (8,), _w, _b, 1e-5),
-    atol=1e-12,
-)
+assert torch.allclose(RMSNorm.apply(_x, _w, 1e-5), _rms_norm(_x, _w, 1e-5), atol=1e-12)
 
 # %%
 """ # BEGIN TEST CONFIG
@@ -453,17 +440,14 @@ import torch
 
 from helpers.device import randn
 
-# only x needs a gradient: weight and bias get None, and x's is still right
+# only x needs a gradient: weight gets None, and x's is still right; a large eps
 _x = randn(5, 6, seed=304, dtype=torch.float64).requires_grad_()
-_w, _b = (
-    randn(6, seed=305, dtype=torch.float64),
-    randn(6, seed=306, dtype=torch.float64),
-)
+_w = randn(6, seed=305, dtype=torch.float64)
 _g = randn(5, 6, seed=307, dtype=torch.float64)
-(_gx,) = torch.autograd.grad(LayerNorm.apply(_x, _w, _b, 0.1), _x, _g)
+(_gx,) = torch.autograd.grad(RMSNorm.apply(_x, _w, 0.1), _x, _g)
 _leaf = _x.detach().clone().requires_grad_()
 (_ref,) = torch.autograd.grad(
-    torch.nn.functional.layer_norm(_leaf, (6,), _w, _b, 0.1), _leaf, _g
+    torch.nn.functional.rms_norm(_leaf, (6,), _w, 0.1), _leaf, _g
 )
 assert torch.allclose(_gx, _ref, atol=1e-12)
 
@@ -475,24 +459,16 @@ import torch
 
 from helpers.device import randn
 
-# a constant row: var = 0, σ = √eps; the gradient must stay finite and match
+# a row of zeros: r = √eps; the gradient must stay finite and match
 _x = torch.cat(
-    [
-        torch.full((1, 4), 3.0, dtype=torch.float64),
-        randn(1, 4, seed=308, dtype=torch.float64),
-    ]
+    [torch.zeros(1, 4, dtype=torch.float64), randn(1, 4, seed=308, dtype=torch.float64)]
 ).requires_grad_()
-_w, _b = (
-    torch.ones(4, dtype=torch.float64, requires_grad=True),
-    torch.zeros(4, dtype=torch.float64, requires_grad=True),
-)
+_w = (1 + 0.5 * randn(4, seed=310, dtype=torch.float64)).requires_grad_()
 _g = randn(2, 4, seed=309, dtype=torch.float64)
-_ours = torch.autograd.grad(LayerNorm.apply(_x, _w, _b, 1e-5), (_x, _w, _b), _g)
-_leaves = [t.detach().clone().requires_grad_() for t in (_x, _w, _b)]
+_ours = torch.autograd.grad(RMSNorm.apply(_x, _w, 1e-5), (_x, _w), _g)
+_leaves = [t.detach().clone().requires_grad_() for t in (_x, _w)]
 _ref = torch.autograd.grad(
-    torch.nn.functional.layer_norm(_leaves[0], (4,), _leaves[1], _leaves[2], 1e-5),
-    _leaves,
-    _g,
+    torch.nn.functional.rms_norm(_leaves[0], (4,), _leaves[1], 1e-5), _leaves, _g
 )
 assert all(
     torch.isfinite(o).all() and torch.allclose(o, r, atol=1e-8)
@@ -506,72 +482,75 @@ assert all(
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 3** (reference: `F.layer_norm` and autograd on `x` (2, 4, 5), then `gradcheck`;
-# `eps` is 1e-5 as in `nn.LayerNorm`). It first looks at the parts: $\hat x$ (your forward with
-# $\gamma = 1$, $\beta = 0$ and `eps` 0, so a wrong variance shows as one constant ratio), and
-# `grad_x`, against LayerNorm with $\mu$ or $\sigma$ held constant (so a path you left out is
-# named):
+# **Self-check 3** (reference: `F.rms_norm` and autograd on `x` (2, 4, 5), then `gradcheck`;
+# `eps` is 1e-5). It first looks at the parts: $\hat x$ (your forward with $\gamma = 1$ and
+# `eps` 0, so a wrong mean of squares shows as one constant ratio), and `grad_x`, against
+# RMSNorm with $r$ held constant (so the path you left out is named); a ✗ names a known
+# mistake when your numbers are one:
 
 # %%
 x3 = randn(2, 4, 5, seed=5, dtype=dtype, device=dev) * 2 + 1
 w3 = 1 + 0.5 * randn(5, seed=6, dtype=dtype, device=dev)
-b3 = randn(5, seed=7, dtype=dtype, device=dev)
 grad_y3 = randn(2, 4, 5, seed=8, dtype=dtype, device=dev)
 
 
-def layer_norm_parts(fn, x, w, b):
-    """fn's x̂ (γ = 1, β = 0, eps = 0), and its grad_x for grad_y3 (eps = 1e-5)."""
-    ones, zeros = torch.ones_like(w), torch.zeros_like(b)
-    x_hat = applied(fn)(x, ones, zeros, 0.0)
-    (grad_x,) = autograd_grads(lambda x: applied(fn)(x, w, b, 1e-5), (x,), grad_y3)
+def rms_norm_parts(fn, x, w):
+    """fn's x̂ (γ = 1, eps = 0), and its grad_x for grad_y3 (eps = 1e-5)."""
+    x_hat = applied(fn)(x, torch.ones_like(w), 0.0)
+    (grad_x,) = autograd_grads(lambda x: applied(fn)(x, w, 1e-5), (x,), grad_y3)
     return x_hat, grad_x
 
 
-def layer_norm_held(x, w, b, eps, hold):
-    """LayerNorm with μ or σ held constant (detached): its grad_x lacks that path."""
-    mu = x.mean(-1, keepdim=True)  # (..., 1)
-    sigma = (x.var(-1, unbiased=False, keepdim=True) + eps).sqrt()  # (..., 1)
-    mu = mu.detach() if hold == "mu" else mu
-    sigma = sigma.detach() if hold == "sigma" else sigma
-    return (x - mu) / sigma * w + b
+def torch_rms_norm(x, w, eps):
+    """The reference: F.rms_norm over the last dim."""
+    return F.rms_norm(x, x.shape[-1:], w, eps)
 
 
-def torch_layer_norm(x, w, b, eps):
-    """The reference: F.layer_norm over the last dim."""
-    return F.layer_norm(x, x.shape[-1:], w, b, eps)
+def rms_norm_r_held(x, w, eps):
+    """RMSNorm with r held constant (detached): its grad_x lacks the path through r."""
+    r = (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()  # (..., 1)
+    return x / r.detach() * w
 
 
-ref_parts = layer_norm_parts(torch_layer_norm, x3, w3, b3)
-path_terms = {
-    label: ref_parts[1]
-    - autograd_grads(lambda x: layer_norm_held(x, w3, b3, 1e-5, hold), (x3,), grad_y3)[
-        0
-    ]
-    for label, hold in (("the path through μ", "mu"), ("the path through σ", "sigma"))
-}
-ones3 = torch.ones_like(w3)
-(grad_x_no_gamma,) = autograd_grads(  # LayerNorm's grad_x with γ = 1
-    lambda x: torch_layer_norm(x, ones3, b3, 1e-5), (x3,), grad_y3
+ref_parts = rms_norm_parts(torch_rms_norm, x3, w3)
+(grad_x_r_held,) = autograd_grads(
+    lambda x: rms_norm_r_held(x, w3, 1e-5), (x3,), grad_y3
 )
-(grad_w_from_x,) = autograd_grads(lambda w: x3 * w, (w3,), grad_y3)  # γ of x ∘ γ
+path_r = ref_parts[1] - grad_x_r_held  # the path through r's share of grad_x
+(grad_x_no_gamma,) = autograd_grads(  # RMSNorm's grad_x with γ = 1
+    lambda x: torch_rms_norm(x, torch.ones_like(w3), 1e-5), (x3,), grad_y3
+)
+ones3, zeros3 = torch.ones_like(w3), torch.zeros_like(w3)
 check(
-    lambda x, w, b: layer_norm_parts(LayerNorm.apply, x, w, b),
+    lambda x, w: rms_norm_parts(RMSNorm.apply, x, w),
     ref_parts,
-    args=(x3, w3, b3),
+    args=(x3, w3),
     outputs=("x_hat", "grad_x"),
-    factors={"√((D−1)/D)": (4 / 5) ** 0.5},
-    terms={"grad_x": path_terms},
-    mistakes={"grad_x": {"LayerNorm's grad_x for γ = 1 (γ left out)": grad_x_no_gamma}},
-    name="Exercise 3 · LayerNorm's x̂ and grad_x",
+    factors={"√D": 5**0.5},
+    terms={"grad_x": {"the path through r": path_r}},
+    mistakes={
+        "x_hat": {
+            "LayerNorm's x̂: the mean subtracted": F.layer_norm(
+                x3, (5,), ones3, zeros3, 0.0
+            )
+        },
+        "grad_x": {
+            "RMSNorm's grad_x for γ = 1 (γ left out)": grad_x_no_gamma,
+            "the expected value with the path through r sign-flipped": ref_parts[1]
+            - 2 * path_r,
+        },
+    },
+    name="Exercise 3 · RMSNorm's x̂ and grad_x",
     against="autograd",
 )
+(grad_w_from_x,) = autograd_grads(lambda w: x3 * w, (w3,), grad_y3)  # γ of x ∘ γ
 check_function(
-    "Exercise 3 · LayerNorm",
-    lambda x, w, b: LayerNorm.apply(x, w, b, 1e-5),
-    lambda x, w, b: F.layer_norm(x, (5,), w, b, 1e-5),
-    (x3, w3, b3),
+    "Exercise 3 · RMSNorm",
+    lambda x, w: RMSNorm.apply(x, w, 1e-5),
+    lambda x, w: F.rms_norm(x, (5,), w, 1e-5),
+    (x3, w3),
     grad_y3,
-    outputs=("y", "grad_x", "grad_weight", "grad_bias"),
+    outputs=("y", "grad_x", "grad_weight"),
     factors={"rows": 8},
     mistakes={"grad_weight": {"Σ grad_y ∘ x over rows (x, not x̂)": grad_w_from_x}},
 )
@@ -752,5 +731,5 @@ check_function(
 #
 # Run *Runtime → Restart and run all* (Colab) or *Kernel → Restart & Run All* (Jupyter) and
 # look at the self-check lines: each should be a `✓`. Then download the notebook (`.ipynb`)
-# and hand it in. Keep the names: the grader calls `softmax_backward`, `Softmax`, `LayerNorm`
+# and hand it in. Keep the names: the grader calls `softmax_backward`, `Softmax`, `RMSNorm`
 # and `CrossEntropy`.
