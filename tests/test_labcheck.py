@@ -546,3 +546,12 @@ def test_nans_in_one_index_range_are_located_like_other_wrong_entries():
     lone[0, 0, 0] = float("nan")
     lone[1, 5, 2] = float("nan")
     assert evaluate(lone, O, outputs=("O",)).line.startswith("✗ check: O has NaN at [0, 0, 0]")
+
+
+def test_a_known_mistake_that_makes_nans_is_named():
+    Z = torch.tensor([[1000.0, 0.0], [1.0, 2.0]], dtype=torch.float64)
+    naive = Z.exp() / Z.exp().sum(-1, keepdim=True)  # inf / inf = NaN in row 0
+    line = evaluate(
+        naive, Z.softmax(-1), outputs=("P",), mistakes={"P": {"e^Z without the max shift": naive}}
+    ).line
+    assert line.startswith("✗ check: P matches e^Z without the max shift (NaN at [0, 0]")
