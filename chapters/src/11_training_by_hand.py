@@ -363,7 +363,7 @@ ok = compare(
 #
 # For plain SGD, adding $\tfrac{\lambda}{2}\lVert\theta\rVert^2$ to the loss and shrinking the
 # weights are the same thing: $\theta - \eta(g + \lambda\theta) = (1-\eta\lambda)\theta - \eta g$.
-# For Adam they are not. With L2 (`torch.optim.Adam(weight_decay=λ)`) the term $\lambda\theta$
+# For Adam they are not. With L2 (`torch.optim.Adam`'s `weight_decay` $=\lambda$) the term $\lambda\theta$
 # joins the gradient *before* the division by $\sqrt{\hat v}$: a weight with large gradients
 # is barely decayed, and a weight with no gradient at all is pushed towards 0 by about $\eta$
 # per step, however small $\lambda$ is. AdamW (Loshchilov & Hutter) decouples it:
@@ -914,7 +914,7 @@ for n in full:
 #   (one, two, three times the true gradient above).
 # * Clipping after `step()` (the step has already used the unclipped gradient) or before
 #   `backward()` (there is nothing to clip yet).
-# * Using `Adam(weight_decay=λ)` and believing it is AdamW: for Adam, L2 in the gradient is not
+# * Using `Adam`'s `weight_decay` and believing it is AdamW: for Adam, L2 in the gradient is not
 #   weight decay. Use `AdamW`, and usually exempt biases and LayerNorm weights from decay.
 # * Dropping or misplacing Adam's bias correction, or adding ε before dividing by
 #   $\sqrt{1-\beta_2^t}$: small differences in early steps that a step-for-step test catches.
