@@ -21,7 +21,8 @@
 # **Learning goals.** After this lab you can
 # * write the local backward rule of an operation as a closure that *adds* into its inputs' `.grad`;
 # * say why `+=`, not `=`, is what makes a value used twice get the sum of its gradients;
-# * order a graph topologically, without recursion, and run backward over it;
+# * run backward the way PyTorch's engine does, without recursion: count each node's uses,
+#   and run its rule once they have all sent their gradients;
 # * count the bytes autograd saves for backward with `saved_tensors_hooks`.
 #
 # **How a lab works.** Each exercise states its goal and its points (10 in all). Replace every
@@ -622,50 +623,84 @@ check(
 # by_hand: [helpers.micrograd.topological_order]
 
 # %% [markdown]
-# ## Exercise 3 · Topological order and backward (3 points)
+# ## Exercise 3 · Backward by counting dependencies (3 points)
 #
 # **Goal:** backward may run a node's rule only once every node that *uses* it has added its
-# share to its `.grad`; a topological order guarantees that.
+# share to its `.grad`. Chapter 3's engine gets that from a topological sort. PyTorch's engine
+# does not sort: it first counts, for each node, the uses still to send it a gradient, then
+# runs a node as soon as its count drops to 0 (Kahn's algorithm). Write that engine.
 #
-# * `topological_order(root)`: every node reachable from `root` through `_parents`, **each
-#   once**, each **after all of its parents** (so `root` is last). A graph can be deep (a chain
-#   of 5000 operations): do not recurse; keep your own stack (a depth-first post-order), or a
-#   queue of nodes whose children are done. Compare nodes by identity (`id(v)`), not by value.
-# * `backward(root)`: set `root.grad = 1.0`, then call every node's `_backward()` in
-#   **reverse** topological order (output first). Assume every `.grad` starts at 0.
+# * `dependencies(root)`: a dict `{id(v): n}` with an entry for every node `v` reachable from
+#   `root` through `_parents`, where `n` is the number of times `v` appears in the `_parents`
+#   of the nodes reachable from `root` (in `v * v`, `v` is used twice; `root` gets 0). A graph
+#   can be deep (a chain of 5000 operations): do not recurse, keep your own stack. Compare
+#   nodes by identity (`id(v)`), not by value.
+# * `backward(root)`: set `root.grad = 1.0`; start with `root` as the only node ready to run.
+#   Run a ready node's `_backward()`, then take 1 off the count of each of its parents, once
+#   per use; a parent whose count reaches 0 has received every share and is ready. Each rule
+#   runs exactly once, after the rules of all its users. Assume every `.grad` starts at 0.
 #
-# The self-check runs your two functions on a graph built by the course's engine
-# (`helpers.micrograd.Value`), so it does not depend on exercises 1–2.
+# The self-check and the tests build their graphs from `Node`, the course's engine
+# (`helpers.micrograd.Value`, so this does not depend on exercises 1–2) plus a list `_users`:
+# every node made from a value so far, in **any** graph. A use outside `root`'s graph never
+# sends a gradient in `root`'s backward (PyTorch's nodes do not even know their users).
+#
+# <details><summary>Hint: the walk in dependencies</summary>
+#
+# Give `root` the count 0 and put it on a stack. Pop a node and go through its parents: a
+# parent met for the first time gets the count 0 and goes on the stack (so each node is
+# walked from once); then every parent, new or not, gets 1 added for this use.
+# </details>
+#
+# <details><summary>Hint: the ready nodes in backward</summary>
+#
+# A list used as a stack is enough: the order among ready nodes does not matter, only that
+# a node goes on it once, when the last of its uses has taken 1 off its count.
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION
 
 
 # %%
-def topological_order(root):
-    """Every node reachable from root, once each, after all its parents (root last)."""
+class Node(micrograd.Value):
+    """The course's Value plus _users: every node made from this one, in any graph."""
+
+    def __init__(self, data, _parents=(), _op="", name=""):
+        super().__init__(data, _parents, _op, name)
+        self._users = []
+        for p in self._parents:
+            p._users.append(self)
+
+
+def dependencies(root):
+    """{id(v): uses of v by the nodes reachable from root}, for each v reachable."""
     # BEGIN SOLUTION
-    order, seen, stack = [], set(), [(root, False)]
+    count, stack = {id(root): 0}, [root]
     while stack:
-        v, children_done = stack.pop()
-        if children_done:
-            order.append(v)
-            continue
-        if id(v) in seen:
-            continue
-        seen.add(id(v))
-        stack.append((v, True))  # come back to v after its parents
-        stack.extend((p, False) for p in v._parents if id(p) not in seen)
-    return order
+        v = stack.pop()
+        for p in v._parents:
+            if id(p) not in count:  # met for the first time: walk on from it
+                count[id(p)] = 0
+                stack.append(p)
+            count[id(p)] += 1
+    return count
     # END SOLUTION
 
 
 def backward(root):
-    """root.grad = 1, then each node's local rule, output first (reverse topo order)."""
+    """root.grad = 1, then each rule once, when all its node's uses have sent theirs."""
     # BEGIN SOLUTION
+    count = dependencies(root)
     root.grad = 1.0
-    for v in reversed(topological_order(root)):
+    ready = [root]
+    while ready:
+        v = ready.pop()
         v._backward()
+        for p in v._parents:
+            count[id(p)] -= 1
+            if count[id(p)] == 0:  # every use has sent its share
+                ready.append(p)
     # END SOLUTION
 
 
@@ -679,30 +714,29 @@ def backward(root):
 """ # BEGIN TEST CONFIG
 hidden: true
 """  # END TEST CONFIG
-from helpers.micrograd import Value as _V
-
-_a, _b = _V(0.5), _V(-2.0)
+_a, _b = Node(0.5), Node(-2.0)
 _c = _a * _b
-_d = _c + _a  # a diamond: a reaches d twice
+_d = _c * _c + _a  # c used twice by one node, a reached along two paths
 _e = _d * _c
-_order = topological_order(_e)
-assert len(_order) == 5 and len({id(v) for v in _order}) == 5 and _order[-1] is _e
-_pos = {id(v): i for i, v in enumerate(_order)}
-assert all(_pos[id(p)] < _pos[id(v)] for v in _order for p in v._parents)
+_side = _d + 1.0  # a use of d outside e's graph
+_n = dependencies(_e)
+_want = {_e: 0, _d: 1, _c: 3, _a: 2, _b: 1}
+assert len(_n) == 6 and all(_n[id(v)] == k for v, k in _want.items())
+assert sorted(_n.values()).count(1) == 3  # d's, b's and c · c's
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
 """  # END TEST CONFIG
-from helpers.micrograd import Value as _V
-
-_x = _V(0.3)
+_x = Node(0.3)
 _h = _x
 for _ in range(5000):  # deeper than Python's recursion limit
     _h = _h * 1.0001 + 0.0
-_order = topological_order(_h)
+_n = dependencies(_h)
 # x, then per step: 2 constants, *, +
-assert len(_order) == 1 + 5000 * 4 and _order[-1] is _h
+assert len(_n) == 1 + 5000 * 4 and _n[id(_h)] == 0 and _n[id(_x)] == 1
+backward(_h)
+assert abs(_x.grad - 1.0001**5000) < 1e-9
 
 # %%
 """ # BEGIN TEST CONFIG
@@ -710,15 +744,17 @@ hidden: true
 """  # END TEST CONFIG
 import math
 
-from helpers.micrograd import Value as _V
-
-_x, _y = _V(0.9), _V(-0.4)
-_z = (_x * _y).tanh() + _x * _x + (_y + 1.0).exp()
+_x, _y = Node(0.9), Node(-0.4)
+_u, _w = _x * 1.0, _x + 0.0  # two nodes of equal value
+_s = _u * _y  # used twice by one node, and once outside z's graph
+_side = _s * 3.0
+_z = (_s * _s).tanh() + _u * _w + (_y + 1.0).exp()
 backward(_z)
-_t = math.tanh(0.9 * -0.4)
+_t = math.tanh((0.9 * -0.4) ** 2)
+_ds = (1 - _t * _t) * 2 * (0.9 * -0.4)  # ∂z/∂s
 assert abs(_z.grad - 1.0) < 1e-12
-assert abs(_x.grad - ((1 - _t * _t) * -0.4 + 1.8)) < 1e-12
-assert abs(_y.grad - ((1 - _t * _t) * 0.9 + math.exp(0.6))) < 1e-12
+assert abs(_x.grad - (_ds * -0.4 + 1.8)) < 1e-12
+assert abs(_y.grad - (_ds * 0.9 + math.exp(0.6))) < 1e-12
 
 # %% [raw]
 # # END TESTS
@@ -727,39 +763,28 @@ assert abs(_y.grad - ((1 - _t * _t) * 0.9 + math.exp(0.6))) < 1e-12
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 3** (reference: every node reachable from the output, and autograd's gradients,
-# on a small MLP-like expression where every input feeds several nodes, plus a chain 5000
-# operations deep). It reports, in this order: nodes your order repeats, nodes it misses,
-# nodes it puts before one of their parents, local rules your `backward` runs early (before
-# the rule of a node that uses their output), and the gradients it leaves in the inputs;
-# `root.grad` left at 0 is named too.
+# **Self-check 3** (reference: the course's engine and autograd, on a small MLP-like
+# expression where $s = ab + c$ is used four times, once as $s \cdot s$, and once more
+# outside the output's graph, plus a chain 5000 operations deep). It reports, in this order:
+# your counts next to the uses each node has inside the output's graph, then what your
+# `backward` does: rules that never run, rules run more than once, rules run before the
+# rule of a node that uses their output, and the gradients it leaves in the inputs.
 
 
 # %%
-def reachable(root):
-    """{id: node} of every node reachable from root (with a stack: no recursion)."""
-    nodes, stack = {}, [root]
-    while stack:
-        v = stack.pop()
-        if id(v) not in nodes:
-            nodes[id(v)] = v
-            stack.extend(v._parents)
-    return nodes
+def graph3(xs):
+    """Leaves a, b, c; out uses s = a·b + c four times; side uses s outside out."""
+    a, b, c = (Node(x) for x in xs.tolist())
+    s = a * b + c
+    side = s * 3.0
+    out = ((s * s).tanh() * a + (b * c - s).relu() * b + (a + c).exp() * s) ** 2
+    return (a, b, c), out, side
 
 
-def order_mistakes(root):
-    """(nodes repeated, missing, before a parent) in topological_order(root)."""
-    order = topological_order(root)
-    if order is None:
-        return None
-    ids = [id(v) for v in order]
-    reference = set(reachable(root))
-    repeated = len(ids) - len(set(ids)) + len(set(ids) - reference)
-    pos = {i: k for k, i in enumerate(ids)}
-    misplaced = sum(
-        1 for v in order for p in v._parents if id(p) in pos and pos[id(p)] > pos[id(v)]
-    )
-    return repeated, len(reference - set(ids)), misplaced
+def f3_torch(a, b, c):
+    """The same out on tensors, for autograd."""
+    s = a * b + c
+    return ((s * s).tanh() * a + (b * c - s).relu() * b + (a + c).exp() * s) ** 2
 
 
 def counted(v, calls):
@@ -773,78 +798,138 @@ def counted(v, calls):
     return run
 
 
-def rules_run_early(root, calls):
-    """Nodes whose rule ran before the rule of a node that uses them."""
-    pos = {i: k for k, i in enumerate(calls)}  # a rule's last run
-    users = [(id(p), id(v)) for v in reachable(root).values() for p in v._parents]
-    return len({p for p, v in users if v in pos and p in pos and pos[p] < pos[v]})
+def rule_mistakes(nodes, calls):
+    """(never run, run more than once, run before a user's rule), of non-leaf nodes."""
+    inner = [v for v in nodes if v._parents]
+    first = {}
+    for k, i in enumerate(calls):
+        first.setdefault(i, k)
+    runs = {id(v): calls.count(id(v)) for v in inner}
+    users = {id(v): [] for v in nodes}
+    for v in nodes:
+        for p in v._parents:
+            users[id(p)].append(id(v))
+    early = sum(
+        1
+        for v in inner
+        if id(v) in first
+        and any(u not in first or first[u] > first[id(v)] for u in users[id(v)])
+    )
+    never = sum(1 for n in runs.values() if n == 0)
+    return never, sum(1 for n in runs.values() if n > 1), early
 
 
-def order_and_grads(xs):
-    """Run your topological_order and backward on micrograd graphs; count mistakes."""
-    V = [micrograd.Value(x) for x in xs.tolist()]
-    a, b, c = V
-    out = ((a * b + c).tanh() * a + (b * c - a).relu() * b + (a + c).exp() * c) ** 2
-    chain = a
+def your_counts(root, nodes):
+    """Your dependencies(root) at each node (-1 where it has no entry)."""
+    n = dependencies(root)
+    if n is None:
+        return None
+    return torch.tensor([n.get(id(v), -1) for v in nodes], dtype=torch.float64)
+
+
+last3 = {}  # what the last run of your backward did, for the diagnosis below
+
+
+def counts_and_grads(xs):
+    """Your dependencies and backward on graph3 and on a chain; count their mistakes."""
+    V, out, side = graph3(xs)
+    chain = Node(0.3)
     for _ in range(5000):  # deeper than Python's recursion limit
         chain = chain * 1.0001 + 0.0
-    mistakes = [order_mistakes(out), order_mistakes(chain)]
-    if None in mistakes:
+    nodes = micrograd.topological_order(out)
+    counts = your_counts(out, nodes)
+    if counts is None or your_counts(chain, [chain]) is None:
         return None
-    counts = {
-        "nodes repeated": sum(m[0] for m in mistakes),
-        "nodes missing": sum(m[1] for m in mistakes),
-        "nodes before a parent": sum(m[2] for m in mistakes),
-    }
-    rules_run = []
-    for v in reachable(out).values():  # record the local rules your backward runs
-        v._backward = counted(v, rules_run)
-    if backward(out) is None and not rules_run and out.grad == 0.0:
-        return {**counts, "rules run early": None, "gradients": None}  # not done yet
+    calls = []
+    for v in nodes:  # record the local rules your backward runs
+        v._backward = counted(v, calls)
+    if backward(out) is None and not calls and out.grad == 0.0:
+        todo = dict.fromkeys(("rules never run", "rules run twice", "rules run early"))
+        return {"counts": counts, **todo, "gradients": None}  # backward not done yet
+    never, twice, early = rule_mistakes(nodes, calls)
+    last3.update(nodes=nodes, calls=calls)
     return {
-        **counts,
-        "rules run early": rules_run_early(out, rules_run),
+        "counts": counts,
+        "rules never run": never,
+        "rules run twice": twice,
+        "rules run early": early,
         "gradients": torch.tensor([v.grad for v in V], dtype=torch.float64),
     }
 
 
-def reference_order_and_grads(xs):
-    """No mistakes, and autograd's gradients."""
-    f = lambda a, b, c: (
-        ((a * b + c).tanh() * a + (b * c - a).relu() * b + (a + c).exp() * c) ** 2
-    )
-    (g,) = autograd_grads(lambda t: f(*t.unbind()), (xs,))
-    zero = {"nodes repeated": 0, "nodes missing": 0, "nodes before a parent": 0}
-    return {**zero, "rules run early": 0, "gradients": g}
+def reference_counts_and_grads(xs):
+    """The course engine's graph counted by its users, and autograd's gradients."""
+    _, out, _ = graph3(xs)
+    nodes = micrograd.topological_order(out)
+    inside = {id(v) for v in nodes}
+    uses = [sum(id(u) in inside for u in v._users) for v in nodes]
+    (g,) = autograd_grads(lambda t: f3_torch(*t.unbind()), (xs,))
+    return {
+        "counts": torch.tensor(uses, dtype=torch.float64),
+        "rules never run": 0,
+        "rules run twice": 0,
+        "rules run early": 0,
+        "gradients": g,
+    }
 
 
-def merges_equal_values():
-    """Whether your order of a · b, a and b both 2.0, lists only one of them."""
-    a, b = micrograd.Value(2.0), micrograd.Value(2.0)
-    listed = {id(v) for v in topological_order(a * b) or []}
-    return (id(a) in listed) != (id(b) in listed)
+def known_counts3(xs):
+    """Known wrong counts: every use in any graph, and one per path from out."""
+    _, out, _ = graph3(xs)
+    nodes = micrograd.topological_order(out)
+    paths = {id(out): 1}
+    for v in reversed(nodes):
+        for p in v._parents:
+            paths[id(p)] = paths.get(id(p), 0) + paths[id(v)]
+    return {
+        "every use in any graph, also outside out's": [len(v._users) for v in nodes],
+        "the paths from out to it: a node walked from once per path": [
+            paths[id(v)] if v is not out else 0 for v in nodes
+        ],
+        "no node's id(v) among its keys (keyed by v.data?)": [-1] * len(nodes),
+    }
+
+
+def stuck_on_a_square():
+    """Whether each rule never run though all its users ran is of a node used twice."""
+    nodes, calls = last3.get("nodes", []), set(last3.get("calls", []))
+    users = {id(v): [] for v in nodes}
+    for v in nodes:
+        for p in v._parents:
+            users[id(p)].append(v)
+    stuck = [
+        v
+        for v in nodes
+        if v._parents
+        and id(v) not in calls
+        and all(id(u) in calls for u in users[id(v)])
+    ]
+    twice = [v for v in stuck if any(u._parents.count(v) > 1 for u in users[id(v)])]
+    return bool(stuck) and len(twice) == len(stuck)
 
 
 xs3 = torch.tensor([0.6, -0.8, 0.3], dtype=dtype)
-zero3 = torch.zeros_like(xs3)
+known3 = {k: torch.tensor(v, dtype=dtype) for k, v in known_counts3(xs3).items()}
 result = evaluate(
-    order_and_grads,
-    reference_order_and_grads,
+    counts_and_grads,
+    reference_counts_and_grads,
     args=(xs3,),
-    counts=(
-        "nodes repeated",
-        "nodes missing",
-        "nodes before a parent",
-        "rules run early",
-    ),
-    mistakes={"gradients": {"zero, as if root.grad = 1 were never set": zero3}},
-    name="Exercise 3 · topological_order, backward",
+    counts=("rules never run", "rules run twice", "rules run early"),
+    mistakes={
+        "counts": known3,
+        "gradients": {
+            "zero, as if root.grad = 1 were never set": torch.zeros_like(xs3)
+        },
+    },
+    name="Exercise 3 · dependencies, backward",
     against="the course engine and autograd",
 )
-if result.status == "fail" and "nodes missing" in result.line and merges_equal_values():
+if "rules never run (expected 0)" in result.line and stuck_on_a_square():
     result.line += (
-        "; of two nodes of equal value, your order lists one: compared by value?"
+        "; all their users ran: s · s took 1 off s's count once, not per use?"
     )
+elif "rules run twice (expected 0)" in result.line:
+    result.line += "; a node ran before its count reached 0?"
 print(result.line)
 
 # %% [raw]
