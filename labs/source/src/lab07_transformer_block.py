@@ -15,7 +15,7 @@
 # Chapter 7 walked a whole Transformer block backward with no autograd at all and matched
 # `nn.TransformerEncoderLayer` on every parameter. Here you write that backward yourself, piece
 # by piece: LayerNorm from what the forward saved, the feed-forward network, a residual
-# sub-layer, the embedding's scatter-add, and finally the whole pre-norm block, checked against
+# sub-layer, the tied embedding's two uses, and finally the whole pre-norm block, checked against
 # autograd on `nn.TransformerEncoderLayer(norm_first=True, batch_first=True, dropout=0)` in
 # float64. This lab goes with [Chapter 7](../chapters/07_transformer_block.ipynb).
 #
@@ -25,7 +25,8 @@
 # * write the FFN backward (Linear → ReLU/GELU → Linear), weight gradients summed over every row;
 # * say what a residual connection does to the gradient (it copies it to both branches and adds
 #   what comes back) and write it;
-# * write an embedding's backward as a scatter-**add**, right for a token that occurs twice;
+# * write the gradient of a tied embedding (also the output head) as the sum of its two uses,
+#   the input's share a scatter-**add**, right for a token that occurs twice;
 # * chain all of it, with chapter 6's attention backward, into the backward of a whole pre-norm
 #   block that returns the gradient of the input and of every parameter under
 #   `nn.TransformerEncoderLayer`'s names.
@@ -772,36 +773,71 @@ for act, act_fn in acts3.items():
 # # BEGIN QUESTION
 # name: ex4
 # points: 1
-# by_hand: [autograd, helpers.block.block_manual_backward]
+# by_hand: [autograd, helpers.block.block_manual_backward, helpers.gpt.embedding_backward]
 
 # %% [markdown]
-# ## Exercise 4 · The embedding backward is a scatter-add (1 point)
+# ## Exercise 4 · Tied embeddings: one matrix, two uses (1 point)
 #
-# **Goal:** a GPT's input is $X_0[b, n] = W_{te}[\mathrm{idx}_{b,n}] + W_{pe}[n]$: a gather of rows.
-# Its backward sends each position's gradient back to the row it came from, and a token that
-# occurs several times must receive the **sum** of all its positions' gradients.
-# `grad_wte[idx] = grad_X0` looks right and passes any test whose tokens are all different, but
-# keeps only one occurrence; `grad_wte.index_add_(0, ids, rows)` adds them all.
+# **Goal:** the gradient of GPT-2's token embedding, which is **tied** to the output head:
+# the same matrix $W_{te}$ (vocab_size, d) is read at both ends of the model,
 #
-# Write `embedding_backward(idx, grad_X0, vocab_size, n_ctx)` for `idx` (B, N) int64 token ids and
-# `grad_X0` (B, N, d), returning `(grad_wte, grad_wpe)` of shapes `(vocab_size, d)` and
-# `(n_ctx, d)`: zero rows for tokens that do not occur and for positions $N$ to `n_ctx - 1`
-# (the sequence may be shorter than the context), and for position $n < N$ the sum over the batch.
+# $$X_0[b, n] = W_{te}[\mathrm{idx}_{b,n}] + W_{pe}[s + n], \qquad
+# \mathrm{logits} = H_f\, W_{te}^\top,$$
+#
+# where $H_f$ (B, N, d) is the final LayerNorm's output. Chapter 7's model has an untied head
+# (`head.weight`) and starts every sequence at position 0. Here the $N$ tokens continue a
+# sequence whose first $s$ = `start` tokens were processed earlier (their keys and values in a
+# KV cache), so token $n$ sits at position $s + n$; `start + N <= n_ctx`.
+#
+# Write `tied_embedding_backward(idx, grad_X0, Hf, grad_logits, n_ctx, start=0)` for `idx`
+# (B, N) int64 token ids, `grad_X0` $= \partial L/\partial X_0$ (B, N, d) (what the blocks'
+# backward hands down), `Hf` (B, N, d) and `grad_logits` $= \partial L/\partial\,\mathrm{logits}$
+# (B, N, vocab_size). Return `(grad_wte, grad_wpe)` of shapes `(vocab_size, d)` and
+# `(n_ctx, d)`: $\partial L/\partial W_{te}$ through **both** uses, and $\partial L/\partial
+# W_{pe}$, zero on the positions the chunk does not use. A token that occurs several times in
+# `idx` must receive the **sum** of its positions' gradients. When `grad_wte` is wrong, the
+# self-check says which of the two uses is missing.
+#
+# <details><summary>Hint 1: a matrix used twice</summary>
+#
+# A tensor read in two places gets the sum of the gradients each place sends back (chapter 7's
+# residual: the copy's backward is a sum). Compute the head's share and the input's share of
+# $\partial L/\partial W_{te}$, each with the shape of $W_{te}$, and add them.
+#
+# </details>
+#
+# <details><summary>Hint 2: the head's share</summary>
+#
+# The head is a Linear layer with no bias whose weight is $W_{te}$ and whose input is $H_f$:
+# its weight gradient is chapter 2's, every row of every sequence counted
+# (`linear_backward(Hf, None, grad_logits, needs=(False, True, False))` returns it too).
+#
+# </details>
+#
+# <details><summary>Hint 3: the input's share</summary>
+#
+# `grad_wte[idx.flatten()] += rows` looks like an accumulation but is not one: with a repeated
+# index, one of the rows is kept. `grad_wte.index_add_(0, ids, rows)` adds them all.
+# $W_{pe}$ is read once per sequence at each position $s + n$: sum over the batch.
+#
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION
 
 
 # %%
-def embedding_backward(idx, grad_X0, vocab_size, n_ctx):
-    """X0 = wte[idx] + wpe[:N]  ⇒  (grad_wte, grad_wpe)."""
+def tied_embedding_backward(idx, grad_X0, Hf, grad_logits, n_ctx, start=0):
+    """X0 = wte[idx] + wpe[start:start + N], logits = Hf wteᵀ ⇒ (grad_wte, grad_wpe)."""
     # BEGIN SOLUTION
     B, N, d = grad_X0.shape
-    grad_wte = torch.zeros(vocab_size, d, dtype=grad_X0.dtype, device=grad_X0.device)
-    # (B·N,) ids, (B·N, d) rows
+    V = grad_logits.shape[-1]
+    # the head: (B·N, V)ᵀ @ (B·N, d) -> (V, d)
+    grad_wte = grad_logits.reshape(B * N, V).T @ Hf.reshape(B * N, d)
+    # the input: (B·N,) ids, (B·N, d) rows, added into the head's share
     grad_wte.index_add_(0, idx.flatten(), grad_X0.reshape(B * N, d))
     grad_wpe = torch.zeros(n_ctx, d, dtype=grad_X0.dtype, device=grad_X0.device)
-    grad_wpe[:N] = grad_X0.sum(0)  # (B, N, d) -> (N, d)
+    grad_wpe[start : start + N] = grad_X0.sum(0)  # (B, N, d) -> (N, d)
     return grad_wte, grad_wpe
     # END SOLUTION
 
@@ -820,13 +856,18 @@ import torch
 
 from helpers.device import randn
 
-# every token the same: its row is the sum of all 2·4 gradients
+# every token the same, positions 2..5 of 7: its row = the head's + all 2·4 gradients
 _idx = torch.full((2, 4), 3, dtype=torch.long)
 _g = randn(2, 4, 5, seed=401, dtype=torch.float64)
-_gwte, _gwpe = embedding_backward(_idx, _g, 6, 4)
-assert _gwte.shape == (6, 5) and torch.allclose(_gwte[3], _g.sum((0, 1)), atol=1e-12)
-assert torch.equal(_gwte[[0, 1, 2, 4, 5]], torch.zeros(5, 5, dtype=torch.float64))
-assert torch.allclose(_gwpe, _g.sum(0), atol=1e-12)
+_Hf = randn(2, 4, 5, seed=405, dtype=torch.float64)
+_gl = randn(2, 4, 6, seed=406, dtype=torch.float64)
+_head = torch.einsum("bnv,bnd->vd", _gl, _Hf)
+_gwte, _gwpe = tied_embedding_backward(_idx, _g, _Hf, _gl, 7, start=2)
+assert _gwte.shape == (6, 5) and _gwpe.shape == (7, 5)
+assert torch.allclose(_gwte[3], _head[3] + _g.sum((0, 1)), atol=1e-12)
+assert torch.allclose(_gwte[[0, 1, 2, 4, 5]], _head[[0, 1, 2, 4, 5]], atol=1e-12)
+assert torch.allclose(_gwpe[2:6], _g.sum(0), atol=1e-12)
+assert torch.equal(_gwpe[[0, 1, 6]], torch.zeros(3, 5, dtype=torch.float64))
 
 # %%
 """ # BEGIN TEST CONFIG
@@ -836,20 +877,46 @@ import torch
 
 from helpers.device import randn
 
-# repeated tokens in a sequence shorter than the context, vs autograd
+# repeated tokens, a chunk at positions 3..7 of 9, vs autograd through both uses of wte
 _idx = torch.tensor([[5, 0, 5, 2, 0], [1, 5, 5, 2, 7]])
 _g = randn(2, 5, 3, seed=402, dtype=torch.float64)
+_Hf = randn(2, 5, 3, seed=407, dtype=torch.float64)
+_gl = randn(2, 5, 8, seed=408, dtype=torch.float64)
 _wte, _wpe = (
     randn(8, 3, seed=403, dtype=torch.float64).requires_grad_(),
     randn(9, 3, seed=404, dtype=torch.float64).requires_grad_(),
 )
-_ref = torch.autograd.grad(
-    torch.nn.functional.embedding(_idx, _wte) + _wpe[:5], (_wte, _wpe), _g
-)
-_ours = embedding_backward(_idx, _g, 8, 9)
+_X0 = torch.nn.functional.embedding(_idx, _wte) + _wpe[3:8]
+_L = (_X0 * _g).sum() + ((_Hf @ _wte.T) * _gl).sum()
+_ref = torch.autograd.grad(_L, (_wte, _wpe))
+_ours = tied_embedding_backward(_idx, _g, _Hf, _gl, 9, start=3)
 assert _ours[1].shape == (9, 3) and all(
     torch.allclose(o, r, atol=1e-12) for o, r in zip(_ours, _ref)
 )
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+import torch
+
+from helpers.device import randn
+
+# start left at its default 0, the chunk fills the context, float32, vs autograd
+_idx = torch.tensor([[4, 4, 1, 0, 4, 2]])
+_g = randn(1, 6, 4, seed=411, dtype=torch.float32)
+_Hf = randn(1, 6, 4, seed=412, dtype=torch.float32)
+_gl = randn(1, 6, 5, seed=413, dtype=torch.float32)
+_wte, _wpe = (
+    randn(5, 4, seed=414, dtype=torch.float32).requires_grad_(),
+    randn(6, 4, seed=415, dtype=torch.float32).requires_grad_(),
+)
+_L = ((torch.nn.functional.embedding(_idx, _wte) + _wpe) * _g).sum()
+_L = _L + ((_Hf @ _wte.T) * _gl).sum()
+_ref = torch.autograd.grad(_L, (_wte, _wpe))
+_ours = tied_embedding_backward(_idx, _g, _Hf, _gl, 6)
+assert all(o.dtype == torch.float32 for o in _ours)
+assert all(torch.allclose(o, r, atol=1e-5) for o, r in zip(_ours, _ref))
 
 # %% [raw]
 # # END TESTS
@@ -858,45 +925,70 @@ assert _ours[1].shape == (9, 3) and all(
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 4** (reference: autograd through `F.embedding(idx, wte) + wpe[:N]`; vocabulary 10,
-# context 8, two sequences of 6 tokens in which token 5 occurs three times and token 1 twice):
+# **Self-check 4** (reference: autograd through both uses of `wte`,
+# `X0 = F.embedding(idx, wte) + wpe[start:start + N]` and `logits = Hf @ wte.T`; vocabulary 10,
+# width 4, context 10, two sequences of 6 tokens at positions 3 to 8, in which token 5 occurs
+# three times and tokens 1 and 3 twice; a missing use is named, and so is a wrong row or
+# position):
 
 # %%
 # (B, N) = (2, 6)
 idx4 = torch.tensor([[3, 1, 4, 1, 5, 9], [2, 6, 5, 3, 5, 8]], device=dev)
 grad_X0_4 = randn(2, 6, 4, seed=41, dtype=dtype, device=dev)
+Hf4 = randn(2, 6, 4, seed=44, dtype=dtype, device=dev)
+grad_logits4 = randn(2, 6, 10, seed=45, dtype=dtype, device=dev)
 wte4, wpe4 = (
     randn(10, 4, seed=42, dtype=dtype, device=dev),
-    randn(8, 4, seed=43, dtype=dtype, device=dev),
+    randn(10, 4, seed=43, dtype=dtype, device=dev),
 )
-expected = autograd_grads(
-    lambda wte, wpe: F.embedding(idx4, wte) + wpe[:6], (wte4, wpe4), grad_X0_4
-)
-repeated4 = torch.bincount(idx4.flatten(), minlength=10)[:, None] > 1  # (vocab, 1)
+
+
+def tied_grads(grad_X0, grad_logits, start=3):
+    """Autograd's (grad_wte, grad_wpe) for L = <X0, grad_X0> + <logits, grad_logits>."""
+
+    def L(wte, wpe):
+        X0 = F.embedding(idx4, wte) + wpe[start : start + 6]
+        return (X0 * grad_X0).sum() + ((Hf4 @ wte.T) * grad_logits).sum()
+
+    return autograd_grads(L, (wte4, wpe4))
+
+
+expected = tied_grads(grad_X0_4, grad_logits4)
+counts4 = torch.bincount(idx4.flatten(), minlength=10)[:, None]  # (vocab, 1)
 # grad_X0's rows paired with the ids in another order: (N, B, d) flattened
-(position_major,) = autograd_grads(
-    lambda wte: F.embedding(idx4, wte),
-    (wte4,),
-    grad_X0_4.transpose(0, 1).reshape(2, 6, 4),
-)
+position_major, _ = tied_grads(grad_X0_4.transpose(0, 1).reshape(2, 6, 4), grad_logits4)
 summed_over_positions = torch.zeros_like(expected[1])
-summed_over_positions[:6] = expected[1][:6].sum(0)
+summed_over_positions[3:9] = expected[1][3:9].sum(0)
 check(
-    embedding_backward,
+    tied_embedding_backward,
     expected,
-    args=(idx4, grad_X0_4, 10, 8),
+    args=(idx4, grad_X0_4, Hf4, grad_logits4, 10, 3),
     outputs=("grad_wte", "grad_wpe"),
-    name="Exercise 4 · embedding_backward",
+    name="Exercise 4 · tied_embedding_backward",
     against="autograd",
     factors={"B": 2},  # grad_wpe sums over the batch
+    terms={  # each use of wte alone
+        "grad_wte": {
+            "the head's gradient": tied_grads(0 * grad_X0_4, grad_logits4)[0],
+            "the input scatter": tied_grads(grad_X0_4, 0 * grad_logits4)[0],
+        }
+    },
     regions={
-        "grad_wte": {"a token occurs more than once (one occurrence kept?)": repeated4}
+        "grad_wte": {
+            "a token occurs more than once (one occurrence kept?)": counts4 > 1,
+            "a token of idx sits (the head's gradient overwritten there?)": counts4 > 0,
+        }
     },
     mistakes={
         "grad_wte": {
             "grad_X0's rows flattened position-major, ids batch-major": position_major
         },
-        "grad_wpe": {"the sum over every position in each row": summed_over_positions},
+        "grad_wpe": {
+            "positions 0 to N−1 (the start offset left out)": tied_grads(
+                grad_X0_4, grad_logits4, start=0
+            )[1],
+            "the sum over every position in each row": summed_over_positions,
+        },
     },
 )
 
@@ -1246,4 +1338,4 @@ check(
 # Run *Runtime → Restart and run all* (Colab) or *Kernel → Restart & Run All* (Jupyter) and
 # look at the self-check lines: each should be a `✓`. Then download the notebook (`.ipynb`)
 # and hand it in. Keep the names: the grader calls `layernorm_backward`, `ffn_backward`,
-# `ffn_sublayer_backward`, `embedding_backward`, `block_forward` and `block_backward`.
+# `ffn_sublayer_backward`, `tied_embedding_backward`, `block_forward` and `block_backward`.
