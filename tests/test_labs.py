@@ -128,3 +128,62 @@ def test_every_by_hand_name_resolves_to_a_course_function(lab):
             assert callable(getattr(importlib.import_module(module), attr, None)), (
                 f"{lab} {q.name}: by_hand names {what}, which does not exist"
             )
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue #14: a lab whose answer can be copied from the chapter (or the helpers it imports)
+# teaches copying. Each graded exercise asks for a variant the chapter derived the method for
+# but did not print: at most half of its substantive solution lines may stand verbatim there.
+# ---------------------------------------------------------------------------------------------
+
+MAX_PRINTED = 0.5
+# Lab 1 redoes chapter 1's worked cat MLP (seed 004's table) by hand on purpose: the pencil
+# warm-up before anything new. Its new work is exercise 6, the batched backward.
+BY_DESIGN = {("lab01_cat_mlp", q) for q in ("ex1", "ex2", "ex3", "ex4", "ex5")}
+# The same in every Function and loop (house style): not an answer anyone could copy.
+SCAFFOLDING = ("def ", "return ", "import ", "from ", '"""', "@", "class ", "with torch.", "for ")
+
+
+def _code_lines(text: str) -> set[str]:
+    return {_substance(line) for line in text.splitlines()} - {""}
+
+
+def _substance(line: str) -> str:
+    """A code line without comments and spacing; '' for scaffolding and lines under 12 characters."""
+    line = re.sub(r"\s+", " ", line.replace("# SOLUTION", "").split("#")[0]).strip()
+    if len(line) < 12 or line.startswith(SCAFFOLDING) or "ctx.save" in line or "ctx.saved" in line:
+        return ""
+    return "" if line.startswith("if not ctx.needs_input_grad") else line
+
+
+def _solution_lines(lab: str) -> dict[str, list[str]]:
+    """{question: its solution cells' substantive lines}."""
+    import yaml
+
+    out, q, inside = {}, None, False
+    for c in labs.read_nb(labs.source_path(lab)).cells:
+        text = c.source.strip()
+        if c.cell_type == "raw" and text.startswith("# BEGIN QUESTION"):
+            q = str((yaml.safe_load(c.source.split("\n", 1)[1]) or {})["name"])
+            out[q] = []
+        elif c.cell_type == "raw" and text.startswith(("# BEGIN SOLUTION", "# END SOLUTION")):
+            inside = text.startswith("# BEGIN")
+        elif c.cell_type == "code" and inside and q:
+            out[q] += [s for s in map(_substance, c.source.splitlines()) if s]
+    return out
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_no_graded_exercise_is_printed_in_the_chapters_or_helpers(lab):
+    printed = set()
+    for p in sorted((ROOT / "chapters" / "src").glob("*.py")) + sorted((ROOT / "helpers").glob("*.py")):
+        printed |= _code_lines(p.read_text(encoding="utf-8"))
+    points = dict(labs.questions(labs.read_nb(labs.source_path(lab))))
+    for q, lines in _solution_lines(lab).items():
+        if points.get(q, 0) <= 0 or (lab, q) in BY_DESIGN or not lines:
+            continue
+        copied = [s for s in lines if s in printed]
+        assert len(copied) <= MAX_PRINTED * len(lines), (
+            f"{lab} {q}: {len(copied)} of {len(lines)} solution lines are printed in chapters/ or "
+            f"helpers/, e.g. {copied[0]!r}: ask for a variant the chapter did not print"
+        )
