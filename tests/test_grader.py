@@ -665,7 +665,12 @@ MUTANTS = {
     "micro-batch losses summed (lab 11)": (
         "lab11_training_by_hand",
         "ex5",
-        [("            L = F.mse_loss(model(Xb), Yb) * len(Xb) / B", "            L = F.mse_loss(model(Xb), Yb)")],
+        [
+            (
+                "            L = F.mse_loss(model(Xb), Yb) * len(Xb) / B",
+                "            L = F.mse_loss(model(Xb), Yb)",
+            )
+        ],
     ),
 }
 
