@@ -168,7 +168,7 @@ known1 = {  # known wrong answers
         functions.softmax_backward(P1, grad_P1, dim=0)
     ),
     "the expected value ÷ p: the outer p ∘ (…) forgotten": expected / P1,
-    "p ∘ (g + ⟨g, p⟩): the sign of the inner term flipped": 2 * P1 * grad_P1 - expected,
+    "the sign of the inner term flipped": 2 * P1 * grad_P1 - expected,
 }
 check(
     softmax_backward,
