@@ -10,6 +10,11 @@ is missing, so a test file never re-implements the check:
 * ``triton``: the ``triton`` package (importable: a wheel exists for this platform).
 
 ``slow`` is informational (deselect with ``-m "not slow"``).
+
+Stages (``STAGES`` below) group every test by what it checks; ``tools/test.sh`` prints the
+time of each at the end of a run.  ``--fast`` keeps the fast tier (unit tests, lint, text
+sources, lab-format checks: no notebook execution, no sandboxed grading, no browser);
+``--stage NAME`` keeps one stage (``benchmarks/suite_stages.py`` times them one by one).
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -75,11 +82,168 @@ MISSING = {
 }
 
 
+# ------------------------------------------------------------------ stages and tiers
+# (name, test files or notebook folders it holds); a test belongs to the first stage that names
+# its file, and the rest are unit tests. Order: the order of the summary table.
+STAGES = (
+    ("unit tests", ()),
+    ("lint", ("tests/test_lint.py",)),
+    ("text sources", ("tests/test_sources.py",)),
+    (
+        "lab format",
+        (
+            "tests/test_labs.py",
+            "tests/test_notebooks.py",
+            "tests/test_notebook_columns.py",
+            "tests/test_layering.py",
+        ),
+    ),
+    ("notebooks: chapters (nbval)", ("chapters/",)),
+    ("notebooks: labs (nbval)", ("labs/",)),
+    ("no-Triton run", ("tests/test_no_triton.py",)),
+    ("mistake catalogs", ("tests/test_mutants.py",)),
+    ("grading in the sandbox", ()),  # every test marked sandbox
+    ("site and browser", ("tests/test_site.py",)),
+)
+STAGE_NAMES = [name for name, _ in STAGES]
+FAST_STAGES = {"unit tests", "lint", "text sources", "lab format"}
+# markers whose tests never belong to the fast tier, whatever their stage
+NOT_FAST = ("slow", "browser", "sandbox", "gpu")
+# started first under xdist, so that the longest stages do not run alone at the end
+FIRST = ("tests/test_grader.py", "tests/test_site.py", "tests/test_mutants.py", "tests/test_no_triton.py")
+
+
+def stage_of(nodeid: str, sandboxed: bool = False) -> str:
+    """The stage a test belongs to, from its node id ('tests/test_lint.py::test_ruff_check')."""
+    if sandboxed:
+        return "grading in the sandbox"
+    path = nodeid.split("::")[0]
+    for name, prefixes in STAGES:
+        if any(path == p or (p.endswith("/") and path.startswith(p)) for p in prefixes):
+            return name
+    return "unit tests"
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("backprop-by-hand")
+    group.addoption(
+        "--fast",
+        action="store_true",
+        help="the fast tier: unit tests, lint, text sources, lab-format checks (no notebooks, sandbox or browser)",
+    )
+    group.addoption("--stage", choices=STAGE_NAMES, default=None, help="run only this stage's tests")
+
+
+def _keep(config, item) -> bool:
+    stage = stage_of(item.nodeid, item.get_closest_marker("sandbox") is not None)
+    if config.getoption("--stage") and stage != config.getoption("--stage"):
+        return False
+    if config.getoption("--fast"):
+        return stage in FAST_STAGES and not any(item.get_closest_marker(m) for m in NOT_FAST)
+    return True
+
+
 def pytest_collection_modifyitems(config, items):
+    if config.getoption("--fast") or config.getoption("--stage"):
+        kept = [i for i in items if _keep(config, i)]
+        dropped = [i for i in items if not _keep(config, i)]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+    # the longest files first (a stable sort keeps each file's own order)
+    items.sort(key=lambda i: next((k for k, f in enumerate(FIRST) if i.nodeid.startswith(f)), len(FIRST)))
     for item in items:
         for name, missing in MISSING.items():
             if item.get_closest_marker(name) is not None and (reason := missing()):
                 item.add_marker(pytest.mark.skip(reason=f"{name}: {reason}"))
+
+
+# ------------------------------------------------------------------ time per stage, clean tree
+# Reports reach the controlling process under xdist too, so the sums cover every worker.
+_TIMES: dict[str, list[float]] = {}
+_START = {"wall": time.monotonic(), "tree": None}
+
+
+def _tracked_changes() -> str | None:
+    """`git status` of the tracked files (None outside a git checkout)."""
+    try:
+        out = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def _tracked_state() -> dict | None:
+    """Each changed tracked file with the hash of its content: what a test run must leave as it was."""
+    status = _tracked_changes()
+    if status is None:
+        return None
+    import hashlib
+
+    state = {}
+    for line in status.splitlines():
+        path = ROOT / line[3:].split(" -> ")[-1]
+        state[line[3:]] = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else line[:2]
+    return state
+
+
+def _is_worker(config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pytest_sessionstart(session):
+    if not _is_worker(session.config):
+        _START["wall"] = time.monotonic()
+        _START["tree"] = _tracked_state()
+
+
+def pytest_runtest_logreport(report):
+    entry = _TIMES.setdefault(stage_of(report.nodeid, "sandbox" in report.keywords), [0, 0.0])
+    entry[1] += report.duration
+    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        entry[0] += 1
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _is_worker(session.config) or _START["tree"] is None:
+        return
+    after = _tracked_state()
+    changed = sorted(
+        k for k in set(after or {}) | set(_START["tree"]) if (after or {}).get(k) != _START["tree"].get(k)
+    )
+    session.config._bbh_changed = changed
+    if changed and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if _is_worker(config) or not _TIMES:
+        return
+    tr = terminalreporter
+    tr.section("time per stage")
+    width = max(len(n) for n in STAGE_NAMES)
+    for name in STAGE_NAMES:
+        if name in _TIMES:
+            n, seconds = _TIMES[name]
+            tr.write_line(f"{name:<{width}}  {n:5d} tests  {seconds:7.1f} s")
+    total = sum(s for _, s in _TIMES.values())
+    wall = time.monotonic() - _START["wall"]
+    tr.write_line(
+        f"{'all stages':<{width}}  {sum(n for n, _ in _TIMES.values()):5d} tests  {total:7.1f} s of test time, {wall:.0f} s wall"
+    )
+    changed = getattr(config, "_bbh_changed", [])
+    if changed:
+        tr.write_line(
+            f"FAILED: the run changed {len(changed)} tracked file(s): {', '.join(changed[:10])} "
+            "(a test must write only to a temporary or build folder)",
+            red=True,
+        )
 
 
 # ------------------------------------------------------------------ shared fixtures

@@ -1,11 +1,27 @@
 #!/usr/bin/env bash
-# README command 2: install what is needed, then run every test:
-# unit tests, ruff (tests/test_lint.py), text sources vs notebooks (tests/test_sources.py),
-# nbval over every notebook, the Triton-free run (tests/test_no_triton.py, about 80 s),
-# and (where Chromium exists) the browser tests.
+# README command 2: install what is needed, then run every test, in parallel on the machine's
+# cores (pytest-xdist; at most 4 workers, TEST_JOBS=N to choose):
+#   bash tools/test.sh            # the full run: unit tests, ruff, text sources, lab format, nbval
+#                                 # over every notebook, the no-Triton run, the mistake catalogs,
+#                                 # grading in the sandbox, the site (+ browser tests with Chromium)
+#   bash tools/test.sh --fast     # the fast tier: unit tests, lint, text sources, lab format
+#                                 # (no notebook runs, no sandboxed grading, no browser)
+#   bash tools/test.sh --stage "lint"   # one stage (tests/conftest.py lists them)
+# Other arguments go to pytest. The run prints the time of each stage at the end, and fails if it
+# changed a tracked file. SKIP_INSTALL=1 skips tools/install.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash tools/install.sh
+start=$(date +%s)
+if [ "${SKIP_INSTALL:-0}" != 1 ]; then
+  bash tools/install.sh
+fi
+installed=$(date +%s)
 PY=${PYTHON:-python3}
 export TRITON_INTERPRET=${TRITON_INTERPRET:-1}
-"$PY" -m pytest "$@"
+cores=$("$PY" -c "import os; print(len(os.sched_getaffinity(0)))")
+JOBS=${TEST_JOBS:-$(( cores < 4 ? cores : 4 ))}
+status=0
+# loadscope: a notebook's cells (and a test file's module fixtures) stay on one worker, in order
+"$PY" -m pytest -n "$JOBS" --dist loadscope "$@" || status=$?
+echo "[test] install $(( installed - start )) s, tests $(( $(date +%s) - installed )) s on $JOBS workers ($cores cores), exit $status"
+exit $status
