@@ -3,7 +3,9 @@
 Every hostile submission below is graded by the real `grade` command, in one batch (two at a
 time, as an instructor would run it), next to honest ones. Each must score exactly what its
 honest work deserves, and leave the repository, the other submissions, their grades and the
-autograder as they were. A correct submission is graded right after (and beside) each hostile one.
+autograder as they were. A correct submission is graded right after (and beside) each hostile one
+that reaches past its own process (files, processes, descriptors, memory: ``REACHES_OUT``); one
+that only lies inside its own process is graded beside honest ones, which prove the same.
 """
 
 import csv
@@ -65,7 +67,9 @@ def _submission(lab, answers=None, insert=None):
     return nbformat.writes(nb)
 
 
-def _tree_hashes(root: Path, skip=(".git", "__pycache__", ".pytest_cache", "_build", "node_modules")) -> dict:
+def _tree_hashes(
+    root: Path, skip=(".git", "__pycache__", ".pytest_cache", ".ruff_cache", "_build", "node_modules")
+) -> dict:
     """sha256 of every file under root (what a hostile submission must not change)."""
     out = {}
     for dirpath, dirnames, filenames in os.walk(root):
@@ -174,6 +178,23 @@ HOSTILE_LAST = {
 }
 
 
+# the hostile submissions whose harm could outlive their own process (a process left behind, a
+# file written, memory or processes exhausted, the harness killed): each is followed by a correct
+# one. Those that only lie inside their own process are graded beside the honest ones, which
+# prove the same (their twins were 12 more gradings: about 45 s of the suite on 2 cores).
+REACHES_OUT = {
+    "rewrite_tests",
+    "forge_results",
+    "kill_parent",
+    "daemon",
+    "classmates",
+    "poison_autograder",
+    "memory_bomb",
+    "fork_bomb",
+}
+assert REACHES_OUT <= set(HOSTILE) | set(HOSTILE_LAST)
+
+
 @pytest.fixture(scope="module")
 def redteam(tmp_path_factory):
     """Grade every hostile submission beside honest ones; (rows, feedback dir, paths, snapshots)."""
@@ -193,9 +214,9 @@ def redteam(tmp_path_factory):
     }
     for name, code in HOSTILE.items():
         (d / f"{name}.ipynb").write_text(_submission(LAB, insert=[(0, code.format(**fill))]))
-        (d / f"{name}_then_correct.ipynb").write_text(_submission(LAB, sol))
     for name, code in HOSTILE_LAST.items():
         (d / f"{name}.ipynb").write_text(_submission(LAB, insert=[(5, code.format(**fill))]))
+    for name in REACHES_OUT:
         (d / f"{name}_then_correct.ipynb").write_text(_submission(LAB, sol))
     (d / "(published solutions).ipynb").write_text(_submission(LAB))  # a name the report uses itself
     (d / '=HYPERLINK("x").ipynb').write_text(_submission(LAB))  # a formula in a spreadsheet
@@ -286,7 +307,7 @@ EXPECTED = {
     "reference_in_ex6": ("ok", "1 1 2 2 2 0", "8"),
     "zz_classmate": ("ok", "1 1 2 2 2 3", "11"),
 }
-for _name in list(HOSTILE) + list(HOSTILE_LAST):
+for _name in REACHES_OUT:
     EXPECTED[f"{_name}_then_correct"] = ("ok", "1 1 2 2 2 3", "11")
 EXPECTED["(published solutions)"] = ("ok", "0 0 0 0 0 0", "0")
 EXPECTED['=HYPERLINK("x")'] = ("ok", "0 0 0 0 0 0", "0")
