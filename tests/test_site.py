@@ -6,8 +6,11 @@
 * In headless Chromium (marker ``browser``; Debian's ``chromium`` driven by Playwright, no
   browser download): every page loads with no JavaScript error and no request leaving
   localhost, its math is typeset, its images load, its Colab button points at its notebook in
-  the repository of _config.yml, and its animations and widgets respond.  Screenshots of the
-  landing page and a chapter at desktop and phone widths go to ``screenshots/``.
+  the repository of _config.yml, and its animations and widgets respond.  Every code box has
+  the same type size and none scrolls sideways at 1280 px; at 390 px every figure can be read at
+  full size; the drawers close when their links are followed; search works in English and
+  Chinese, and only search.html loads the search index.  Screenshots of the landing page and
+  a chapter at desktop and phone widths go to ``screenshots/``.
 
 Environment: ``CHROMIUM`` (default /usr/bin/chromium; a missing path skips the browser tests:
 ``tests/conftest.py``),
@@ -341,10 +344,27 @@ JS_WIDE_EQUATIONS = """() => [...document.querySelectorAll('mjx-container[displa
   .filter(m => m.scrollWidth > m.parentElement.clientWidth + 1)
   .map(m => `${Math.round(m.scrollWidth)} px in ${m.parentElement.clientWidth} px: ${m.textContent.slice(0, 40)}`)"""
 
-JS_SCROLLING_CODE = """() => [...document.querySelectorAll('main div.cell pre')]
-  .filter(p => p.scrollWidth > p.clientWidth + 1)
-  .map(p => `${p.closest('.cell_output') ? 'output' : 'code'} ${p.scrollWidth} px in ${p.clientWidth} px: ` +
-            p.textContent.split('\\n').reduce((a, l) => l.length > a.length ? l : a, '').trim().slice(0, 50))"""
+# Every code box on a page (cell code, printed output, Markdown ``` blocks, shell commands) has
+# cell code's size, 0.75rem (_static/custom.css).  `wide` (1280 px): none scrolls sideways.  At
+# 390 and 900 px a box may scroll inside itself, as cell code does on a phone, but its edge
+# stays on the screen and nothing is clipped (overflow-x auto).
+JS_CODE_BOXES = """(wide) => {
+  const w = document.documentElement.clientWidth, problems = [];
+  const size = 0.75 * parseFloat(getComputedStyle(document.documentElement).fontSize);
+  for (const p of document.querySelectorAll('main pre')) {
+    const kind = p.closest('.cell_output') ? 'output' : p.closest('div.cell') ? 'code' : 'block';
+    const line = p.textContent.split('\\n').reduce((a, l) => l.length > a.length ? l : a, '').trim().slice(0, 50);
+    const px = parseFloat(getComputedStyle(p).fontSize);
+    if (Math.abs(px - size) > 0.01) problems.push(`${kind} at ${px} px, not 0.75rem (${size} px): ${line}`);
+    if (p.scrollWidth <= p.clientWidth + 1) continue;
+    const right = p.getBoundingClientRect().right, ox = getComputedStyle(p).overflowX;
+    if (wide) problems.push(`${kind} scrolls sideways, ${p.scrollWidth} px in ${p.clientWidth} px: ${line}`);
+    else if (right > w + 1 || !['auto', 'scroll'].includes(ox))
+      problems.push(`${kind} ${p.scrollWidth} px in ${p.clientWidth} px, overflow-x ${ox}, ` +
+                    `right edge ${Math.round(right)} of ${w} px: ${line}`);
+  }
+  return problems;
+}"""
 
 JS_IMAGES = """async () => {
   const imgs = Array.from(document.querySelectorAll('main img'));
@@ -436,10 +456,11 @@ def test_page_in_browser(browser, server, site, docname):
         wide = page.evaluate(JS_WIDE_EQUATIONS)
         if wide:
             problems.append(f"display equations wider than the column: {wide}")
-        # At 1280 px no code cell or output scrolls sideways (88 columns fit; outputs wrap).
-        scrolling = page.evaluate(JS_SCROLLING_CODE)
-        if scrolling:
-            problems.append(f"{len(scrolling)} code boxes scroll sideways: {scrolling[:4]}")
+        # At 1280 px no code box scrolls sideways (88-column cells fit; outputs and other blocks
+        # wrap), and every one has cell code's size.
+        code = page.evaluate(JS_CODE_BOXES, True)
+        if code:
+            problems.append(f"{len(code)} code boxes break the size rule: {code[:4]}")
         broken = page.evaluate(JS_IMAGES)
         if broken:
             problems.append(f"images that did not load: {broken}")
@@ -527,7 +548,9 @@ DRAWERS = {
 def test_the_visible_drawer_buttons_open_the_chapter_list_and_the_page_contents(
     browser, server, site, width, drawer
 ):
-    """☰ and ☷ open their drawers below the desktop widths (pydata-sphinx-theme#2451: a hidden duplicate took the click)."""
+    """☰ and ☷ open their drawers below the desktop widths (pydata-sphinx-theme#2451: a hidden
+    duplicate took the click), and a tap on a section in the ☷ drawer closes it and shows that
+    section (the drawer stayed open over 293 of 390 px: _static/reader.js)."""
     dialog, expected = DRAWERS[drawer]
     visit = _Visit(
         browser,
@@ -546,9 +569,98 @@ def test_the_visible_drawer_buttons_open_the_chapter_list_and_the_page_contents(
         assert opened and expected in text, (
             f"{drawer} drawer at {width} px: open={opened}, shows {text[:80]!r}"
         )
+        if drawer == "secondary":
+            _follow_a_contents_link(page, dialog, width)
         assert not visit.errors, visit.errors
     finally:
         visit.close()
+
+
+JS_FOLLOWED = """([dialog, href]) => {
+  const target = document.getElementById(decodeURIComponent(href.slice(1)));
+  const h = target.querySelector('h1, h2, h3, h4') || target;
+  const r = h.getBoundingClientRect();
+  const hit = document.elementFromPoint(Math.min(r.left + 20, innerWidth - 1), r.top + r.height / 2);
+  return {open: !!document.querySelector(dialog)?.open, hash: location.hash, top: r.top,
+          seen: !!hit && h.contains(hit), scrolled: scrollY};
+}"""
+
+
+def _follow_a_contents_link(page, dialog: str, width: int) -> None:
+    """Tap a section in the middle of the open ☷ drawer: it closes, the section is at the top, uncovered."""
+    links = page.locator(f"{dialog} a[href^='#']")
+    assert links.count() >= 3, f"{links.count()} links in the Contents drawer"
+    link = links.nth(links.count() // 2)
+    href = link.get_attribute("href")
+    (link.tap if width < 600 else link.click)()
+    page.wait_for_timeout(500)
+    state = page.evaluate(JS_FOLLOWED, [dialog, href])
+    assert not state["open"], f"at {width} px the Contents drawer stays open after {href} is followed"
+    assert state["hash"] == href and state["scrolled"] > 0, state
+    assert 0 <= state["top"] < 844 / 2 and state["seen"], (
+        f"at {width} px the section {href} is not shown at the top of the screen: {state}"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# search: the index only where search runs; English and Chinese found; the icon beside the text
+# ---------------------------------------------------------------------------------------------
+
+SEARCH_SCRIPTS = ("searchindex.js", "searchtools.js", "language_data.js")
+
+
+def test_only_the_search_page_loads_the_search_index(site, capsys):
+    """pydata-sphinx-theme put searchindex.js (146 KiB) render-blocking in every page's head."""
+    loading = {
+        p.relative_to(site).as_posix(): [
+            u for tag, u in _parse(p).loads if tag == "script" and u.split("?")[0].endswith(SEARCH_SCRIPTS)
+        ]
+        for p in _pages(site)
+    }
+    assert len(loading.get("search.html", [])) == 3, f"search.html loads {loading.get('search.html')}"
+    elsewhere = {page: urls for page, urls in loading.items() if urls and page != "search.html"}
+    assert not elsewhere, f"{len(elsewhere)} pages besides search.html load the search scripts: " + ", ".join(
+        list(elsewhere)[:5]
+    )
+    with capsys.disabled():
+        size = (site / "searchindex.js").stat().st_size
+        print(f"\n[site] searchindex.js ({size / 1024:.0f} KiB) is loaded by search.html only")
+
+
+JS_SEARCH_FIELD = """() => {
+  const form = document.querySelector('.bd-search-container form.bd-search');
+  const icon = form.querySelector('.fa-magnifying-glass').getBoundingClientRect();
+  const input = form.querySelector('input'), r = input.getBoundingClientRect(), cs = getComputedStyle(input);
+  const text = {left: r.left + parseFloat(cs.borderLeftWidth) + parseFloat(cs.paddingLeft) + parseFloat(cs.textIndent),
+                top: r.top + parseFloat(cs.paddingTop), bottom: r.bottom - parseFloat(cs.paddingBottom)};
+  const overlap = icon.right > text.left && icon.left < r.right && icon.bottom > text.top && icon.top < text.bottom;
+  return {overlap, icon: [icon.left, icon.right], text: text.left, query: input.value,
+          results: document.querySelectorAll('#search-results ul.search li').length,
+          summary: (document.querySelector('#search-results .search-summary') || {}).textContent || ''};
+}"""
+
+
+@pytest.mark.browser
+def test_search_finds_english_and_chinese_with_its_icon_beside_the_query(browser, server, site):
+    """search.html finds 'gradient' and 反向传播 (1280 px), and its magnifier does not cover the query (1280, 390 px)."""
+    for viewport, phone, queries in ((DESKTOP, False, ["gradient", "反向传播"]), (PHONE, True, ["反向传播"])):
+        visit = _Visit(browser, "about:blank", viewport, phone)
+        try:
+            for query in queries:
+                visit.page.goto(server + "search.html?q=" + urllib.parse.quote(query), wait_until="load")
+                visit.page.wait_for_function(
+                    "() => (document.querySelector('#search-results .search-summary') || {}).textContent",
+                    timeout=20000,
+                )
+                field = visit.page.evaluate(JS_SEARCH_FIELD)
+                width = viewport["width"]
+                assert field["query"] == query and field["results"] > 0, f"{query!r} at {width} px: {field}"
+                assert not field["overlap"], (
+                    f"at {width} px the magnifier ({field['icon']}) covers the query, which starts at {field['text']}"
+                )
+            assert not visit.errors, visit.errors
+        finally:
+            visit.close()
 
 
 def test_each_lab_comes_right_after_its_chapter_and_instructors_are_out_of_the_way(site):
@@ -580,9 +692,16 @@ JS_PAGE_OVERFLOW = """() => {
 
 
 @pytest.mark.browser
-def test_no_page_scrolls_sideways_on_a_phone(browser, server, site):
-    """Every page at 390 px, in one phone context (a new context per page would cost a minute)."""
-    context = browser.new_context(viewport=PHONE, device_scale_factor=2, is_mobile=True, has_touch=True)
+@pytest.mark.parametrize("width", [390, 900])
+def test_no_page_scrolls_sideways_on_a_phone_or_tablet(browser, server, site, width):
+    """Every page at 390 px (a phone) and 900 px, in one context each (a new context per page
+    would cost a minute): the page never scrolls sideways, and every code box keeps the code
+    size rule of JS_CODE_BOXES (it may scroll inside itself, within the screen)."""
+    phone = width < 600
+    context = browser.new_context(
+        viewport={"width": width, "height": 844},
+        **({"device_scale_factor": 2, "is_mobile": True, "has_touch": True} if phone else {}),
+    )
     problems = []
     try:
         page = context.new_page()
@@ -591,8 +710,115 @@ def test_no_page_scrolls_sideways_on_a_phone(browser, server, site):
             extra, wide = page.evaluate(JS_PAGE_OVERFLOW)
             if extra > 1:
                 problems.append(f"{docname} is {extra} px wider than the screen: {wide}")
+            problems += [f"{docname}: {p}" for p in page.evaluate(JS_CODE_BOXES, False)]
     finally:
         context.close()
+    assert not problems, f"at {width} px:\n  " + "\n  ".join(problems)
+
+
+# ---------------------------------------------------------------------------------------------
+# figures a phone can read: shown at their size, or a tap opens them at it (_static/reader.js)
+# ---------------------------------------------------------------------------------------------
+
+FIGURE_IMAGES = "main div.cell_output img, main div.animation img"
+
+JS_FIGURE = """(img) => {
+  const r = img.getBoundingClientRect();
+  const hint = img.nextElementSibling && img.nextElementSibling.matches('button.bbh-zoom-hint')
+    ? img.nextElementSibling : null;
+  return {width: r.width, natural: img.naturalWidth, cursor: getComputedStyle(img).cursor,
+          hint: !!hint && !hint.hidden && hint.getBoundingClientRect().height > 0,
+          src: img.currentSrc || img.src, animated: !!img.closest('div.animation')};
+}"""
+
+JS_OPENED = """() => {
+  const d = document.querySelector('dialog.bbh-zoom');
+  if (!d || !d.open) return null;
+  const img = d.querySelector('img'), r = img.getBoundingClientRect(), box = d.getBoundingClientRect();
+  const close = d.querySelector('.bbh-zoom__close').getBoundingClientRect();
+  return {width: r.width, natural: img.naturalWidth, complete: img.complete, src: img.currentSrc || img.src,
+          covers: box.width >= innerWidth - 1 && box.height >= innerHeight - 1,
+          closeVisible: close.width >= 24 && close.top >= 0 && close.right <= innerWidth + 1,
+          hint: (d.querySelector('.bbh-zoom__hint') || {}).textContent || ''};
+}"""
+
+
+def _figure_pages(site: Path) -> list[str]:
+    """The pages that show a notebook figure or an animation (read from the built HTML)."""
+    found = re.compile(r'<img [^>]*src="[./]*_images/|<div class="animation">')
+    return [d for d in DOCNAMES if found.search((site / (d + ".html")).read_text(encoding="utf-8"))]
+
+
+@pytest.mark.browser
+def test_every_figure_can_be_read_at_full_size_on_a_phone(browser, server, site, capsys):
+    """At 390 px each figure of every page is shown at its natural size, or a tap on it opens it
+    at its natural size (1 image px per CSS px, where tests/test_figures.py's 9 px rule holds)
+    in an overlay the reader scrolls or pinches, with a visible hint, a zoom cursor, a × button
+    and Escape to close; an animation's overlay steps through its frames."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    context = browser.new_context(viewport=PHONE, device_scale_factor=2, is_mobile=True, has_touch=True)
+    problems, scales, opened = [], [], 0
+    try:
+        page = context.new_page()
+        for docname in _figure_pages(site):
+            page.goto(server + docname + ".html", wait_until="load")
+            page.evaluate(JS_IMAGES)
+            figures = page.locator(FIGURE_IMAGES)
+            for i in range(figures.count()):
+                img = figures.nth(i)
+                where = f"{docname} figure {i + 1}"
+                img.scroll_into_view_if_needed()
+                fig = img.evaluate(JS_FIGURE)
+                scales.append(fig["width"] / fig["natural"])
+                if fig["width"] >= fig["natural"] - 1:
+                    continue  # shown at its size
+                if not fig["hint"] or fig["cursor"] != "zoom-in":
+                    problems.append(
+                        f"{where} at {scales[-1]:.2f} of its size has no visible hint "
+                        f"(hint {fig['hint']}, cursor {fig['cursor']})"
+                    )
+                img.tap()
+                try:
+                    page.wait_for_function(
+                        "() => document.querySelector('dialog.bbh-zoom')?.open", timeout=3000
+                    )
+                except PlaywrightTimeout:
+                    problems.append(
+                        f"{where}: shown at {scales[-1]:.2f} of its size, and a tap does not open it"
+                    )
+                    continue
+                view = page.evaluate(JS_OPENED)
+                if not (view["complete"] and view["src"] == fig["src"] and view["natural"] == fig["natural"]):
+                    problems.append(f"{where}: the overlay shows another image ({view['src'][:60]})")
+                if view["width"] < view["natural"] - 0.5 or not view["covers"] or not view["closeVisible"]:
+                    problems.append(
+                        f"{where}: opened at {view['width']:.0f} px for {view['natural']} px "
+                        f"(covers {view['covers']}, × visible {view['closeVisible']})"
+                    )
+                if fig["animated"]:
+                    page.locator("dialog.bbh-zoom button[data-step='next']").click()
+                    stepped = page.evaluate(JS_OPENED)
+                    if stepped["src"] == view["src"] or stepped["src"] != img.evaluate("i => i.src"):
+                        problems.append(f"{where}: › in the overlay did not show the animation's next frame")
+                # The first figure closes with ×, the others with Escape.
+                if opened == 0:
+                    page.locator("dialog.bbh-zoom .bbh-zoom__close").tap()
+                else:
+                    page.keyboard.press("Escape")
+                if page.evaluate(JS_OPENED) is not None:
+                    problems.append(f"{where}: the overlay did not close")
+                    page.evaluate("() => document.querySelector('dialog.bbh-zoom').close()")
+                opened += 1
+    finally:
+        context.close()
+    with capsys.disabled():
+        small = [s for s in scales if s < 0.999]
+        print(
+            f"\n[site] {len(scales)} figures at 390 px: {len(scales) - len(small)} at their size, "
+            f"{opened} opened at full size (shown at {min(scales, default=1):.2f}-{max(small, default=1):.2f})"
+        )
+    assert scales, "no figure found on any page"
     assert not problems, "\n  ".join(problems)
 
 

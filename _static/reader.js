@@ -1,0 +1,177 @@
+/* Backprop by Hand: two things a reader on a phone needs that the theme does not do.
+   Jupyter Book adds every .js file in _static/ to every page (no entry in _config.yml).
+
+   1. Figures at full size.  A notebook figure (div.cell_output img) or an animation's frame
+      wider than the text column is shown scaled down: on a 390 px phone chapter 1's graph at
+      0.37 of its size, its labels 3-4 px.  Such an image gets a zoom-in cursor and a
+      "Full size" button under it; a tap (or Enter) opens it in an overlay at 1 image px per
+      CSS px, where the reader scrolls or pinches, and × or Escape closes it.  An animation
+      keeps its controls: ‹ and › in the overlay step the animation on the page, and the
+      overlay follows its frame.  tests/test_site.py opens every figure of every chapter at
+      390 px and checks the size; tests/test_figures.py checks that the figures' text is
+      at least 9 px at that size.
+   2. The page's drawers close when one of their links is followed.  pydata-sphinx-theme
+      opens the Contents (☷) and chapter (☰) drawers as modal dialogs and leaves them open
+      after a tap on a link, covering the section the reader asked for. */
+(function () {
+  "use strict";
+
+  const FIGURES = "main div.cell_output img, main div.animation img";
+
+  function ready(fn) {
+    if (document.readyState !== "loading") fn();
+    else document.addEventListener("DOMContentLoaded", fn);
+  }
+
+  /* ------------------------------------------------------------ figures at full size */
+
+  let overlay = null;
+  let shown = null; // the figure on the page that the overlay shows
+  let follow = null; // MutationObserver: the overlay follows an animation's frame
+
+  function scaledDown(img) {
+    return img.naturalWidth > 0 && img.getBoundingClientRect().width < img.naturalWidth - 1;
+  }
+
+  function buildOverlay() {
+    const d = document.createElement("dialog");
+    d.className = "bbh-zoom";
+    d.setAttribute("aria-label", "Figure at full size");
+    d.innerHTML =
+      '<div class="bbh-zoom__bar">' +
+      '<span class="bbh-zoom__frames">' +
+      '<button type="button" class="bbh-zoom__step" data-step="previous" aria-label="Previous frame">‹</button>' +
+      '<button type="button" class="bbh-zoom__step" data-step="next" aria-label="Next frame">›</button>' +
+      "</span>" +
+      '<span class="bbh-zoom__hint">Full size: scroll or pinch to move around</span>' +
+      '<button type="button" class="bbh-zoom__close" aria-label="Close the full-size figure (Escape)" title="Close (Esc)">×</button>' +
+      "</div>" +
+      '<div class="bbh-zoom__view"><img class="bbh-zoom__img" alt=""></div>';
+    d.querySelector(".bbh-zoom__close").addEventListener("click", () => d.close());
+    for (const b of d.querySelectorAll(".bbh-zoom__step")) {
+      b.addEventListener("click", () => {
+        const anim = shown && shown.closest("div.animation");
+        const control = anim && anim.querySelector(`button[onclick$='${b.dataset.step}_frame()']`);
+        if (control) control.click();
+      });
+    }
+    // A tap beside the figure (on the dark backdrop or the empty view) closes it too.
+    d.addEventListener("click", (e) => {
+      if (e.target === d || e.target.classList.contains("bbh-zoom__view")) d.close();
+    });
+    d.addEventListener("close", () => {
+      document.documentElement.classList.remove("bbh-zoom-open");
+      if (follow) follow.disconnect();
+      follow = null;
+      const back = shown;
+      shown = null;
+      if (back) back.focus({ preventScroll: true });
+    });
+    document.body.appendChild(d);
+    return d;
+  }
+
+  function showFrom(source) {
+    const img = overlay.querySelector(".bbh-zoom__img");
+    img.src = source.currentSrc || source.src;
+    img.alt = source.alt && !source.alt.endsWith(".png") ? source.alt : "";
+    // One image pixel per CSS pixel, whatever the page's styles say about images.
+    img.style.width = source.naturalWidth + "px";
+  }
+
+  function open(source) {
+    overlay = overlay || buildOverlay();
+    shown = source;
+    showFrom(source);
+    const animated = !!source.closest("div.animation");
+    overlay.querySelector(".bbh-zoom__frames").hidden = !animated;
+    if (animated) {
+      follow = new MutationObserver(() => showFrom(source));
+      follow.observe(source, { attributes: true, attributeFilter: ["src"] });
+    }
+    document.documentElement.classList.add("bbh-zoom-open");
+    overlay.showModal();
+    overlay.querySelector(".bbh-zoom__view").scrollTo(0, 0);
+    overlay.querySelector(".bbh-zoom__close").focus({ preventScroll: true });
+  }
+
+  function mark(img) {
+    if (!img.bbhHint) {
+      const hint = document.createElement("button");
+      hint.type = "button";
+      hint.className = "bbh-zoom-hint";
+      hint.textContent = "⤢ Full size";
+      hint.setAttribute("aria-label", "Show this figure at full size");
+      hint.addEventListener("click", () => open(img));
+      img.insertAdjacentElement("afterend", hint);
+      img.bbhHint = hint;
+      img.addEventListener("click", () => img.classList.contains("bbh-zoomable") && open(img));
+      img.addEventListener("keydown", (e) => {
+        if ((e.key === "Enter" || e.key === " ") && img.classList.contains("bbh-zoomable")) {
+          e.preventDefault();
+          open(img);
+        }
+      });
+    }
+    const small = scaledDown(img);
+    img.classList.toggle("bbh-zoomable", small);
+    img.bbhHint.hidden = !small;
+    if (small) {
+      img.tabIndex = 0;
+      img.setAttribute("role", "button");
+      img.setAttribute("aria-label", "Figure, shown smaller than its size: show it at full size");
+      img.title = "Show at full size";
+    } else {
+      img.removeAttribute("tabindex");
+      img.removeAttribute("role");
+      img.removeAttribute("aria-label");
+      img.removeAttribute("title");
+    }
+  }
+
+  function markAll() {
+    for (const img of document.querySelectorAll(FIGURES)) {
+      if (img.complete && img.naturalWidth > 0) mark(img);
+      else img.addEventListener("load", () => mark(img), { once: true });
+    }
+  }
+
+  /* ------------------------------------------- drawers close when a link is followed */
+
+  function closeDrawersOnLinks() {
+    for (const id of ["pst-secondary-sidebar-modal", "pst-primary-sidebar-modal"]) {
+      const drawer = document.getElementById(id);
+      if (!drawer) continue;
+      drawer.addEventListener("click", (e) => {
+        const link = e.target.closest("a[href]");
+        if (!link || !drawer.open || e.defaultPrevented) return;
+        const here = link.origin === location.origin && link.pathname === location.pathname;
+        const target = here && link.hash ? document.getElementById(decodeURIComponent(link.hash.slice(1))) : null;
+        // Close now: the link's own navigation (the scroll to its section) runs after this
+        // handler.  The theme then moves focus back to the ☷ button; put it on the section.
+        drawer.close();
+        if (target) {
+          drawer.addEventListener(
+            "close",
+            () => {
+              if (!target.hasAttribute("tabindex")) target.setAttribute("tabindex", "-1");
+              target.focus({ preventScroll: true });
+              target.scrollIntoView();
+            },
+            { once: true },
+          );
+        }
+      });
+    }
+  }
+
+  ready(() => {
+    markAll();
+    let timer = null;
+    window.addEventListener("resize", () => {
+      clearTimeout(timer);
+      timer = setTimeout(markAll, 150);
+    });
+    closeDrawersOnLinks();
+  });
+})();
