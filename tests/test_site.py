@@ -10,13 +10,15 @@
   the same type size and none scrolls sideways at 1280 px; at 390 px every figure can be read at
   full size; the drawers close when their links are followed; search works in English and
   Chinese, and only search.html loads the search index.  Screenshots of the landing page and
-  a chapter at desktop and phone widths go to ``screenshots/``.
+  a chapter at desktop and phone widths go to ``_build/screenshots/`` (never the committed
+  ``screenshots/``: a test run changes no tracked file; ``tools/screenshots.sh`` retakes those).
 
 Environment: ``CHROMIUM`` (default /usr/bin/chromium; a missing path skips the browser tests:
 ``tests/conftest.py``),
 ``SITE_HTML`` (test an already built site instead of building one), ``SITE_TOC`` (build with
 another table of contents), ``SITE_SOURCE`` (build another copy of the book),
-``SITE_SCREENSHOTS`` (default screenshots/).  See pages/testing.md.
+``SITE_SCREENSHOTS`` (default _build/screenshots/; a relative path is taken from the repository
+root), ``SITE_SCREENSHOTS_ALL`` (1: the whole review set).  See pages/testing.md.
 """
 
 from __future__ import annotations
@@ -40,7 +42,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCE = Path(os.environ.get("SITE_SOURCE", ROOT)).resolve()  # the book to build
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 TOC = Path(os.environ.get("SITE_TOC", SOURCE / "_toc.yml"))
-SCREENSHOTS = Path(os.environ.get("SITE_SCREENSHOTS", ROOT / "screenshots"))
+# Screenshots go to a build folder: a test run changes no tracked file.  tools/screenshots.sh
+# retakes the committed review set (SITE_SCREENSHOTS=screenshots SITE_SCREENSHOTS_ALL=1).
+SCREENSHOTS = ROOT / os.environ.get("SITE_SCREENSHOTS", "_build/screenshots")
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
