@@ -12,6 +12,7 @@
   Chinese, and only search.html loads the search index.  Screenshots of the landing page and
   a chapter at desktop and phone widths go to ``_build/screenshots/`` (never the committed
   ``screenshots/``: a test run changes no tracked file; ``tools/screenshots.sh`` retakes those).
+* The whole-book PDF printer (tools/pdf.py) runs end to end on a small table of contents.
 
 Environment: ``CHROMIUM`` (default /usr/bin/chromium; a missing path skips the browser tests:
 ``tests/conftest.py``),
@@ -31,6 +32,7 @@ import re
 import subprocess
 import sys
 import threading
+import unicodedata
 import urllib.parse
 from html.parser import HTMLParser
 from pathlib import Path
@@ -57,6 +59,7 @@ CHROMIUM_ARGS = [
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "[::1]", "::1"}
 
 sys.path.insert(0, str(ROOT / "tools"))
+import pdf as _pdf  # noqa: E402
 from pdf import PDF_NAME, print_pdf  # noqa: E402
 
 DESKTOP = {"width": 1280, "height": 800}
@@ -906,8 +909,87 @@ def test_the_pdf_printer_prints_code_without_cutting_it(browser, tmp_path):
         encoding="utf-8",
     )
     out = tmp_path / "out" / PDF_NAME
-    formulas, images, cut = print_pdf(tmp_path, out, browser)
+    done = print_pdf(tmp_path, out, browser)
     data = out.read_bytes()
-    pages = len(re.findall(rb"/Type\s*/Page\b", data))
-    assert data.startswith(b"%PDF") and pages >= 2, (pages, len(data))
-    assert (formulas, images, cut) == (0, 0, 0), "the print CSS should wrap the long code line"
+    assert data.startswith(b"%PDF") and done.pages >= 2, (done.pages, len(data))
+    assert (done.formulas, done.images, done.cut) == (0, 0, []), (
+        "the print CSS should wrap the long code line"
+    )
+
+
+def test_the_pdf_command_fails_when_a_code_box_would_be_cut(tmp_path, monkeypatch, capsys):
+    """tools/book.sh stops on it: pdf.py exits 1 and names the box's longest line."""
+    out = tmp_path / PDF_NAME
+
+    def fake_print(folder, out, browser=None, **options):
+        out.write_bytes(b"%PDF-1.4")
+        return _pdf.Printed(formulas=3, images=1, cut=["x = torch.ones(1)  # a very long line"], pages=1)
+
+    monkeypatch.setattr(_pdf, "build_singlehtml", lambda path_output, toc=None: tmp_path)
+    monkeypatch.setattr(_pdf, "print_pdf", fake_print)
+    assert _pdf.main(["--out", str(out)], browser=object()) == 1
+    printed = capsys.readouterr()
+    assert "1 code boxes cut" in printed.out and "a very long line" in printed.err, printed
+
+
+# A small book for the printer's end-to-end run: the introduction, a chapter with its lab, a
+# reference page, in the parts of _toc.yml.
+PDF_TOC = """format: jb-book
+root: intro
+parts:
+  - caption: Chapters and labs
+    chapters:
+      - file: chapters/01_cat_mlp
+        sections:
+          - file: labs/lab01_cat_mlp
+  - caption: Reference
+    chapters:
+      - file: pages/notation
+"""
+
+PDF_SUMMARY = re.compile(
+    r"pdf: (?P<out>\S+) \((?P<mb>[\d.]+) MB, (?P<pages>\d+) pages\): (?P<formulas>\d+) formulas, "
+    r"(?P<images>\d+) images, (?P<cut>\d+) code boxes cut; contents (?P<contents>\d+) entries, "
+    r"outline (?P<bookmarks>\d+) bookmarks"
+)
+
+
+@pytest.mark.browser
+def test_the_whole_book_pdf_has_a_contents_page_and_an_outline(browser, tmp_path, capsys):
+    """tools/pdf.py's main, end to end on a small book: its summary line, a first page listing the
+    chapter, its lab and the reference page with the pages they start on, and bookmarks."""
+    import pypdf
+
+    toc = tmp_path / "toc.yml"
+    toc.write_text(PDF_TOC, encoding="utf-8")
+    out = tmp_path / PDF_NAME
+    rc = _pdf.main(["--path-output", str(tmp_path), "--toc", str(toc), "--out", str(out)], browser=browser)
+    printed = capsys.readouterr().out
+    summary = PDF_SUMMARY.search(printed)
+    assert rc == 0 and summary, printed
+    reader = pypdf.PdfReader(out)
+    assert int(summary["pages"]) == len(reader.pages) and summary["cut"] == "0", printed
+    assert int(summary["formulas"]) > 100 and int(summary["images"]) >= 1, printed
+
+    def flat(text: str) -> str:  # one space between words; the PDF's ligatures (ﬁ, ﬂ) as letters
+        return re.sub(r"\s+", " ", unicodedata.normalize("NFKC", text)).strip()
+
+    top = [item for item in reader.outline if not isinstance(item, list)]
+    titles = [item.title for item in top]
+    assert titles[0] == "Introduction" and len(titles) == 4, titles
+    assert titles[1].startswith("1. The cat MLP") and titles[2].startswith("Lab 1 ·"), titles
+    assert titles[3] == "Notation", titles
+    assert int(summary["bookmarks"]) > len(top) and isinstance(reader.outline[1], list), "no sections"
+    contents = flat(reader.pages[0].extract_text())
+    assert contents.startswith("Backprop by Hand Contents"), contents[:200]
+    for item in top:
+        number = reader.get_destination_page_number(item) + 1
+        assert f"{item.title} {number}" in contents, (
+            f"the contents page lacks '{item.title} {number}': {contents}"
+        )
+        if item.title != "Introduction":  # its title is the book's, on the contents page
+            assert flat(reader.pages[number - 1].extract_text()).startswith(item.title), (
+                f"page {number} does not start with {item.title!r}"
+            )
+    assert "Chapters and labs" in contents and "Reference" in contents, contents
+    assert reader.page_mode == "/UseOutlines"
