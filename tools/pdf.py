@@ -164,6 +164,7 @@ PREPARE_BOOK = r"""([placeholder, parts]) => {
     .replace(/\\(mathrm|mathbf|text|operatorname)\s*\{([^}]*)\}/g, '$2')
     .replace(/\\[,;:! ]/g, ' ')
     .replace(/\\([A-Za-z]+) ?/g, (m, name) => symbols[name] ?? name)
+    .replace(/\^\{?([0-9])\}?/g, (m, d) => '⁰¹²³⁴⁵⁶⁷⁸⁹'[d])
     .replace(/[{}]/g, '').replace(/\^ᵀ/g, 'ᵀ').replace(/\s+/g, ' ').trim();
 
   const docSection = (docname) => {
