@@ -461,6 +461,33 @@ def test_grading_a_folder_twice_gives_the_same_gradebook_from_an_lms_export(tmp_
     assert rows["Alan Turing"]["total"] == "2"
 
 
+def test_a_5000_deep_tree_left_in_a_run_folder_is_removed_without_an_error(tmp_path):
+    """shutil.rmtree raised RecursionError on it (Python 3.11): grade died and every later one too."""
+    top = tmp_path / "labs-grade-deep"
+    top.mkdir()
+    fd = os.open(top, os.O_RDONLY)
+    for _ in range(5000):  # one level at a time: the path is longer than PATH_MAX
+        os.mkdir("d", dir_fd=fd)
+        fd, parent = os.open("d", os.O_RDONLY, dir_fd=fd), fd
+        os.close(parent)
+    os.close(fd)
+    (top / "owner.pid").write_text("999999999")  # a run whose process is gone
+    labs.remove_tree(top)
+    assert not top.exists()
+    labs.remove_tree(top)  # already gone: nothing to do, no error
+
+
+def test_release_leaves_no_kernel_folder_in_the_temp_dir(tmp_path):
+    code = "import labs, os; labs.use_this_python(); print(os.environ['LABS_KERNEL_DIR'])"
+    env = {k: v for k, v in os.environ.items() if k != "LABS_KERNEL_DIR"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT / "tools", env=env, capture_output=True, text=True, timeout=120
+    )
+    kernel_dir = Path(out.stdout.strip())
+    assert out.returncode == 0 and kernel_dir.name.startswith("labs-kernel-"), out.stderr[-2000:]
+    assert not kernel_dir.exists()
+
+
 def test_grade_refuses_in_one_line_without_a_sandbox_unless_told_unsafe(tmp_path, monkeypatch):
     monkeypatch.setattr(sandbox, "bwrap", lambda: None)
     (tmp_path / "a.ipynb").write_text(_submission(LAB))

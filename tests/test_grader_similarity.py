@@ -11,8 +11,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools" / "grader"))
+sys.path.insert(0, str(ROOT / "tools"))
 import similarity  # noqa: E402
 from similarity import SOLUTIONS, similarity_pairs, write_report  # noqa: E402
+
+import labs  # noqa: E402
 
 # A student's answer to an attention-backward lab (three functions).
 ATTENTION = """
@@ -254,7 +257,7 @@ def test_write_report_writes_the_header_and_rows(tmp_path):
     )
     assert len(rows) == 2
     path = tmp_path / "similarity.csv"
-    write_report(rows, path)
+    write_report(rows, path, cell=labs._cell)
     with open(path, newline="") as f:
         got = list(csv.reader(f))
     assert got[0] == ["a", "b", "similarity", "tokens_overlap"]
@@ -265,6 +268,16 @@ def test_write_report_writes_the_header_and_rows(tmp_path):
 
 def test_write_report_with_no_rows_still_writes_the_header(tmp_path):
     path = tmp_path / "empty.csv"
-    write_report([], path)
+    write_report([], path, cell=labs._cell)
     assert path.read_text().splitlines() == ["a,b,similarity,tokens_overlap"]
     assert similarity.FIELDS == ("a", "b", "similarity", "tokens_overlap")
+
+
+def test_a_student_name_in_the_report_is_text_not_a_formula(tmp_path):
+    """Folder names are the students' own: the report escapes them as the gradebook does."""
+    rows = [{"a": '=HYPERLINK("http://x","y")', "b": "+1\x1b[31m", "similarity": 0.9, "tokens_overlap": 5}]
+    path = tmp_path / "similarity.csv"
+    write_report(rows, path, cell=labs._cell)
+    with open(path, newline="", encoding="utf-8") as f:
+        got = list(csv.reader(f))[1]
+    assert got[:2] == ['\'=HYPERLINK("http://x","y")', "'+1 [31m"]

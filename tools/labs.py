@@ -20,6 +20,7 @@ CSV, one feedback file per student and a similarity report.  See labs/README.md.
 from __future__ import annotations
 
 import argparse
+import atexit
 import concurrent.futures as cf
 import contextlib
 import csv
@@ -133,6 +134,22 @@ def use_this_python() -> None:
     )
     os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [str(d), os.environ.get("JUPYTER_PATH")]))
     os.environ["LABS_KERNEL_DIR"] = str(d)
+    atexit.register(remove_tree, d)  # release left a labs-kernel-* folder in the temp dir per run
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a folder whatever a submission left in it; never raises.
+
+    ``shutil.rmtree`` recurses once per level on Python < 3.12, so a 5000-deep tree in a sandbox
+    home raised RecursionError (not an OSError, so ``ignore_errors`` let it through): ``grade``
+    died with no gradebook for anyone and left its run folder behind. ``rm -rf`` walks any depth.
+    """
+    try:
+        shutil.rmtree(path)
+    except FileNotFoundError:
+        return
+    except (OSError, RecursionError):
+        subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)], check=False, capture_output=True)
 
 
 @contextlib.contextmanager
@@ -493,7 +510,7 @@ class Run:
 
     def close(self) -> None:
         self.kill_all()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        remove_tree(self.dir)
 
 
 def remove_stale_runs() -> None:
@@ -503,7 +520,7 @@ def remove_stale_runs() -> None:
             pid = int((d / "owner.pid").read_text())
             os.kill(pid, 0)
         except (OSError, ValueError):
-            shutil.rmtree(d, ignore_errors=True)
+            remove_tree(d)
 
 
 def run_harness(run: Run, lab: str, name: str, nb, timeout: float, skip, unsafe: bool, distrust=()) -> dict:
@@ -552,7 +569,7 @@ def run_harness(run: Run, lab: str, name: str, nb, timeout: float, skip, unsafe:
         with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)  # nothing of this submission outlives its grading
         proc.wait()
-        shutil.rmtree(work, ignore_errors=True)
+        remove_tree(work)
 
 
 def _no_result(err: bytes) -> dict:
@@ -789,7 +806,7 @@ def grade(
                     for k, v in r.items()
                 }
             )
-    similarity.write_report(pairs, similarity_csv)
+    similarity.write_report(pairs, similarity_csv, cell=_cell)
     fb.mkdir(parents=True, exist_ok=True)
     for row, detail in results:
         (fb / f"{row['submission']}.txt").write_text(

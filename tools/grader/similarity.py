@@ -89,10 +89,13 @@ def similarity_pairs(
     return rows
 
 
-def write_report(rows: list[dict], path: str | PathLike) -> None:
-    """CSV with columns a, b, similarity (3 decimals), tokens_overlap; a header even when empty."""
+def write_report(rows: list[dict], path: str | PathLike, *, cell) -> None:
+    """CSV with columns a, b, similarity (3 decimals), tokens_overlap; a header even when empty.
+
+    ``cell`` makes a name safe as spreadsheet text (the gradebook's own, ``labs._cell``): the
+    names are student folder names, so ``=HYPERLINK(...)`` must not become a formula."""
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(FIELDS)
         for r in rows:
-            w.writerow([r["a"], r["b"], f"{r['similarity']:.3f}", int(r["tokens_overlap"])])
+            w.writerow([cell(r["a"]), cell(r["b"]), f"{r['similarity']:.3f}", int(r["tokens_overlap"])])
