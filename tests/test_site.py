@@ -525,11 +525,12 @@ def test_screenshots(browser, server, site, capsys):
                 page.evaluate(JS_IMAGES)
                 height = page.evaluate("() => document.documentElement.scrollHeight")
                 path = SCREENSHOTS / f"{name}-{label}.png"
-                page.screenshot(
-                    path=str(path),
-                    full_page=True,
-                    clip={"x": 0, "y": 0, "width": viewport["width"], "height": min(height, 2400)},
-                )
+                # The top 2400 px through a window that tall: a full-page capture cut the sticky
+                # page-contents sidebar at a different height on each run.
+                page.set_viewport_size({"width": viewport["width"], "height": min(height, 2400)})
+                page.wait_for_timeout(200)
+                page.screenshot(path=str(path))
+                page.set_viewport_size(viewport)
                 shots.append(path)
         finally:
             context.close()
