@@ -1174,4 +1174,4 @@ print(result.line)
 # Run *Runtime → Restart and run all* (Colab) or *Kernel → Restart & Run All* (Jupyter) and
 # look at the self-check lines: each should be a `✓`. Then download the notebook (`.ipynb`)
 # and hand it in. Keep the function names: the grader calls `mul`, `power`, `relu`, `tanh`,
-# `exp`, `topological_order`, `backward` and `saved_bytes`.
+# `exp`, `dependencies`, `backward` and `saved_bytes`.
