@@ -770,17 +770,73 @@ assert abs(_y.grad - (_ds * 0.9 + math.exp(0.6))) < 1e-12
 # outside the output's graph, plus a chain 5000 operations deep). It reports, in this order:
 # your counts next to the uses each node has inside the output's graph, then what your
 # `backward` does: rules that never run, rules run more than once, rules run before the
-# rule of a node that uses their output, and the gradients it leaves in the inputs.
+# rule of a node that uses their output, and the gradients it leaves in the inputs. A ✗
+# names a node as the code below writes it, such as `s = a·b + c` or `relu(b·c − s)`.
 
 
 # %%
 def graph3(xs):
     """Leaves a, b, c; out uses s = a·b + c four times; side uses s outside out."""
-    a, b, c = (Node(x) for x in xs.tolist())
+    a, b, c = (Node(x, name=n) for x, n in zip(xs.tolist(), "abc"))
     s = a * b + c
     side = s * 3.0
     out = ((s * s).tanh() * a + (b * c - s).relu() * b + (a + c).exp() * s) ** 2
+    s.name, out.name = "s", "out"
     return (a, b, c), out, side
+
+
+def in_words(v):
+    """Node v as graph3's code writes it: a, b, c, s, out by name, the rest as expressions."""
+    if v.name:
+        return v.name
+    if not v._parents:
+        return f"{v.data:g}".replace("-", "−")
+    words = [in_words(p) for p in v._parents]
+    if v._op == "+":
+        if words[1].startswith("−"):  # x - y is built as x + y·(−1)
+            return f"{words[0]} − {words[1][1:]}"
+        return f"{words[0]} + {words[1]}"
+    if v._op == "*":
+        if not v._parents[1]._parents and v._parents[1].data == -1:
+            return f"−{words[0]}"
+        sums = [p._op == "+" and not p.name for p in v._parents]  # a sum needs brackets
+        return "·".join(f"({w})" if sum_ else w for w, sum_ in zip(words, sums))
+    if v._op.startswith("**"):
+        return f"({words[0]})^{v._op[2:]}"
+    return f"{v._op}({words[0]})"  # relu, tanh, exp
+
+
+def node_label(v):
+    """How a ✗ line names node v: its name or expression; a constant by the node using it."""
+    if v.name == "s":
+        return "s = a·b + c"
+    if v.name == "out":
+        return "the root out"
+    if not v._parents and not v.name:
+        return f"the constant {in_words(v)} in {in_words(v._users[0])}"
+    return in_words(v)
+
+
+def said_by_node(line, output, got, expected, labels, unit):
+    """line with a generic '<output> is wrong…' message (entries by index) said by node."""
+    head, colon, rest = line.partition(": ")
+    message, also, tail = rest.partition(" [also wrong: ")
+    if not message.startswith(f"{output} is wrong") or got is None:
+        return line
+    off = [i for i in range(len(labels)) if abs(got[i] - expected[i]) > 1e-10]
+    off.sort(key=lambda i: -abs(got[i] - expected[i]))  # the largest errors first
+    if not off:
+        return line
+
+    def value(x):
+        return "no entry" if output == "counts" and x == -1 else f"{x:.6g}"
+
+    said = "; ".join(
+        f"{labels[i]}: {value(got[i])}, expected {value(expected[i])}" for i in off[:2]
+    )
+    more = f"; and {len(off) - 2} more" if len(off) > 2 else ""
+    where = f"{len(off)} of {len(labels)} {unit}"
+    return f"{head}{colon}{output} is wrong at {where} ({said}{more}){also}{tail}"
 
 
 def f3_torch(a, b, c):
@@ -834,6 +890,7 @@ last3 = {}  # what the last run of your backward did, for the diagnosis below
 
 def counts_and_grads(xs):
     """Your dependencies and backward on graph3 and on a chain; count their mistakes."""
+    last3.clear()
     V, out, side = graph3(xs)
     chain = Node(0.3)
     for _ in range(5000):  # deeper than Python's recursion limit
@@ -842,6 +899,7 @@ def counts_and_grads(xs):
     counts = your_counts(out, nodes)
     if counts is None or your_counts(chain, [chain]) is None:
         return None
+    last3.update(labels=[node_label(v) for v in nodes], counts=counts.tolist())
     calls = []
     for v in nodes:  # record the local rules your backward runs
         v._backward = counted(v, calls)
@@ -849,7 +907,7 @@ def counts_and_grads(xs):
         todo = dict.fromkeys(("rules never run", "rules run twice", "rules run early"))
         return {"counts": counts, **todo, "gradients": None}  # backward not done yet
     never, twice, early = rule_mistakes(nodes, calls)
-    last3.update(nodes=nodes, calls=calls)
+    last3.update(nodes=nodes, calls=calls, gradients=[v.grad for v in V])
     return {
         "counts": counts,
         "rules never run": never,
@@ -932,6 +990,20 @@ if "rules never run (expected 0)" in result.line and stuck_on_a_square():
     )
 elif "rules run twice (expected 0)" in result.line:
     result.line += "; a node ran before its count reached 0?"
+ref3 = reference_counts_and_grads(xs3)  # the ✗ line names nodes, not indices
+for output, labels, unit in (
+    ("counts", last3.get("labels"), "nodes"),
+    ("gradients", ["∂out/∂a", "∂out/∂b", "∂out/∂c"], "inputs"),
+):
+    result.line = said_by_node(
+        result.line, output, last3.get(output), ref3[output].tolist(), labels, unit
+    )
+if "error in your code" in result.line and -1 in last3.get("counts", []):
+    absent = [v for v, n in zip(last3["labels"], last3["counts"]) if n == -1]
+    more = f" and {len(absent) - 3} more" if len(absent) > 3 else ""
+    result.line += (
+        f"; your dependencies(out) has no entry for {', '.join(absent[:3])}{more}"
+    )
 print(result.line)
 
 # %% [raw]
@@ -1174,4 +1246,4 @@ print(result.line)
 # Run *Runtime → Restart and run all* (Colab) or *Kernel → Restart & Run All* (Jupyter) and
 # look at the self-check lines: each should be a `✓`. Then download the notebook (`.ipynb`)
 # and hand it in. Keep the function names: the grader calls `mul`, `power`, `relu`, `tanh`,
-# `exp`, `dependencies`, `backward` and `saved_bytes`.
+# `exp`, `topological_order`, `backward` and `saved_bytes`.
