@@ -49,7 +49,7 @@ if "google.colab" in sys.modules:
 import torch
 
 from helpers import cat_mlp
-from helpers.device import get_device, no_tf32
+from helpers.device import get_device, no_tf32, randn
 from helpers.labcheck import autograd_grads, check
 from helpers.show import show
 
@@ -198,8 +198,10 @@ h, a, y_hat = (
 #
 # <details><summary>Hint: a number to check yours against</summary>
 #
-# For the cat ($\hat y$ and $y$ from exercise 1) it is −0.875. A mean instead of the sum, a
-# missing factor, or $y - \hat y$ instead of $\hat y - y$ each give another number.
+# For the cat ($\hat y$ and $y$ from exercise 1) it is −0.875. A missing factor, or
+# $y - \hat y$ instead of $\hat y - y$, each give another number. A mean instead of the sum
+# does not show here: with one output the mean *is* the sum. It shows as soon as $\hat y$ has
+# several entries, which is why the self-check also tries three.
 #
 # </details>
 
@@ -250,7 +252,8 @@ assert torch.allclose(grad_loss(_yh, _yt), 2 * (_yh - _yt), atol=1e-12)
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 2** (reference: autograd differentiates the same loss):
+# **Self-check 2** (reference: autograd differentiates the same loss), for the cat, then
+# for three outputs (where a mean and a sum differ):
 
 # %%
 (expected,) = autograd_grads(lambda y_hat: ((y_hat - y_true) ** 2).sum(), (y_hat,))
@@ -269,6 +272,18 @@ check(
     against="autograd",
 )
 grad_y_hat = expected
+y_hat3 = randn(3, seed=21, dtype=dtype, device=dev)
+y_true3 = randn(3, seed=22, dtype=dtype, device=dev)
+(expected3,) = autograd_grads(lambda t: ((t - y_true3) ** 2).sum(), (y_hat3,))
+check(
+    grad_loss,
+    expected3,
+    args=(y_hat3, y_true3),
+    outputs=("grad_y_hat",),
+    mistakes={"grad_y_hat": {"the gradient of the mean, not the sum": expected3 / 3}},
+    name="Exercise 2 · grad_loss, three outputs",
+    against="autograd",
+)
 
 # %% [raw]
 # # BEGIN QUESTION
