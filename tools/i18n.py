@@ -1,0 +1,279 @@
+"""The Chinese edition: message catalogs from the book's own sources, their coverage, and its build.
+
+    python tools/i18n.py update      # extract the English text (Sphinx gettext) and update locales/zh_CN/*.po
+    python tools/i18n.py coverage    # per page: translated, fuzzy, untranslated (exit 1 if a required page is not complete)
+    python tools/i18n.py build       # the Chinese site into _build/html/zh/ (from committed outputs, like the English one)
+    python tools/i18n.py check       # every translation keeps the math, code, links and roles of its English, with the glossary's terms
+    python tools/i18n.py apply PAGE FILE.json   # set translations {msgid: msgstr} into PAGE's catalog (fuzzy flags cleared)
+
+Only prose is translated. Sphinx's gettext builder extracts every paragraph, heading, list item
+and table cell of every page (one ``.pot`` per page: ``gettext_compact: false`` in _config.yml)
+and ``sphinx-intl`` keeps one ``.po`` per page in ``locales/zh_CN/LC_MESSAGES/``. Code cells, their
+outputs and the figures are not in the catalogs (Sphinx leaves literal blocks out by default),
+so the Chinese pages show the same notebooks' code and outputs: nbval and the helpers keep one
+owner. myst-nb (>= 1.1) parses a translated paragraph of a notebook as Markdown, not as notebook
+JSON (the gettext problem other projects met with ``.ipynb`` sources), so the notebooks
+themselves are the sources and no copy of them exists.
+
+An English edit changes a paragraph's msgid: ``update`` then marks its Chinese *fuzzy* (the old
+translation kept as a suggestion), and ``coverage`` fails until someone translates it again
+and removes the fuzzy flag (CONTRIBUTING.md, "The Chinese edition").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+LANGUAGE = "zh_CN"
+LOCALES = ROOT / "locales"
+CATALOGS = LOCALES / LANGUAGE / "LC_MESSAGES"
+# The reading part, translated in full (issue: the landing page, chapters 1-11, notation, glossary).
+# Labs stay English for now (their prompts are being rewritten) and say so on the Chinese site.
+REQUIRED = ("intro", "chapters/", "pages/notation", "pages/glossary")
+TITLE = "手推反向传播 · Backprop by Hand"
+
+
+def jupyter_book(*args: str) -> None:
+    """``jupyter-book ARGS`` with this Python (no reliance on a console script on PATH)."""
+    code = "import sys; from jupyter_book.cli.main import main; sys.argv[0] = 'jupyter-book'; main()"
+    subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, check=True)
+
+
+def extract(out: Path = ROOT / "_build" / "i18n") -> Path:
+    """The English text of every page as .pot files (Sphinx's gettext builder); returns their folder."""
+    shutil.rmtree(out / "_build" / "gettext", ignore_errors=True)
+    jupyter_book(
+        "build", ".", "--builder", "custom", "--custom-builder", "gettext", "--path-output", str(out)
+    )
+    return out / "_build" / "gettext"
+
+
+def update() -> None:
+    """Carry the English text into locales/zh_CN: new paragraphs empty, changed ones fuzzy."""
+    pot = extract()
+    subprocess.run(
+        [sys.executable, "-m", "sphinx_intl", "update", "-p", str(pot), "-d", str(LOCALES), "-l", LANGUAGE],
+        cwd=ROOT,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    for path in CATALOGS.rglob("*.po"):  # the labs and the testing page stay English: no catalog to keep
+        if not is_required(path.relative_to(CATALOGS).with_suffix("").as_posix()):
+            path.unlink()
+
+
+@dataclass
+class Coverage:
+    page: str  # 'chapters/01_cat_mlp'
+    total: int
+    translated: int
+    fuzzy: int
+    required: bool
+
+    @property
+    def untranslated(self) -> int:
+        return self.total - self.translated - self.fuzzy
+
+    @property
+    def complete(self) -> bool:
+        return self.translated == self.total
+
+
+def is_required(page: str) -> bool:
+    """Whether a page belongs to the reading part that must be translated in full."""
+    return any(page == r or (r.endswith("/") and page.startswith(r)) for r in REQUIRED)
+
+
+def read_catalog(path: Path):
+    """A .po file as a babel Catalog (fuzzy entries kept, with their flag)."""
+    from babel.messages.pofile import read_po
+
+    with path.open("rb") as f:
+        return read_po(f, abort_invalid=True)
+
+
+def messages(catalog) -> list:
+    """The catalog's real messages (not the header, not obsolete ones)."""
+    return [m for m in catalog if m.id]
+
+
+def coverage() -> list[Coverage]:
+    """Coverage of every page's catalog, in page order."""
+    rows = []
+    for path in sorted(CATALOGS.rglob("*.po")):
+        page = path.relative_to(CATALOGS).with_suffix("").as_posix()
+        msgs = messages(read_catalog(path))
+        fuzzy = sum(1 for m in msgs if m.fuzzy)
+        translated = sum(1 for m in msgs if m.string and not m.fuzzy)
+        rows.append(Coverage(page, len(msgs), translated, fuzzy, is_required(page)))
+    return rows
+
+
+def print_coverage(rows: list[Coverage]) -> bool:
+    """Prints one line per page; True when every required page is complete."""
+    ok = True
+    for r in rows:
+        share = r.translated / r.total if r.total else 1.0
+        mark = "✓" if r.complete else ("✗" if r.required else "·")
+        extra = f", {r.fuzzy} fuzzy, {r.untranslated} untranslated" if not r.complete else ""
+        print(f"{mark} {r.page:<38} {r.translated:4d}/{r.total:<4d} {share:6.1%}{extra}")
+        ok &= r.complete or not r.required
+    return ok
+
+
+# What a translation must carry over unchanged: math, code spans, link targets, role targets.
+MATH = re.compile(r"\$\$.+?\$\$|\$[^$\n]+?\$", re.S)
+CODE = re.compile(r"``.+?``|`[^`]+`")
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+ROLE = re.compile(r"\{(\w+)\}`(?:[^`<]*<)?([^`<>]+?)>?`")
+
+
+def glossary_terms() -> dict[str, str]:
+    """Each glossary term's one Chinese rendering, from pages/glossary.md (term line, then 中文 line)."""
+    text = (ROOT / "pages" / "glossary.md").read_text(encoding="utf-8")
+    block = text[text.index("```{glossary}") :]
+    lines = [ln for ln in block.splitlines()[2:] if ln.strip() and not ln.startswith("```")]
+    terms = {}
+    for term, zh in zip(lines, lines[1:]):
+        if not term.startswith(" ") and not zh.startswith(" ") and re.search(r"[\u4e00-\u9fff]", zh):
+            terms[term.strip()] = zh.strip()
+    return terms
+
+
+def _roles(text: str) -> list[tuple[str, str]]:
+    return sorted((kind, target.strip().lower()) for kind, target in ROLE.findall(text))
+
+
+def problems(msgid: str, msgstr: str, terms: dict[str, str]) -> list[str]:
+    """What a translation changed that it must keep: [] when it is faithful in form."""
+    out = []
+    without_roles = lambda t: ROLE.sub("", t)  # noqa: E731  (a role's text is translated)
+    for name, pattern in (("math", MATH), ("code", CODE)):
+        a, b = sorted(pattern.findall(without_roles(msgid))), sorted(pattern.findall(without_roles(msgstr)))
+        if a != b:
+            missing = [x for x in a if x not in b] or [x for x in b if x not in a]
+            out.append(f"{name} changed: {missing[0][:60]!r}")
+    if sorted(LINK.findall(msgid)) != sorted(LINK.findall(msgstr)):
+        out.append("a link target changed")
+    if _roles(msgid) != _roles(msgstr):
+        out.append(f"roles changed: {_roles(msgid)} -> {_roles(msgstr)}")
+    for kind, target in ROLE.findall(msgid):
+        zh = terms.get(target.strip()) or terms.get(target.strip().lower())
+        if kind == "term" and zh and zh not in msgstr:
+            out.append(f"the glossary term {target.strip()!r} is not rendered as {zh}")
+    if re.match(r"(\d+\.|[-*+]) ", msgstr):  # a translation is parsed as a paragraph of Markdown
+        out.append(
+            "starts like a Markdown list or heading: escape it ('1\\. …'), or the paragraph is not translated"
+        )
+    if re.search(r"[\u4e00-\u9fff]", msgstr) is None and re.search(
+        r"[A-Za-z]{4,}", MATH.sub("", CODE.sub("", msgid))
+    ):
+        out.append("no Chinese in the translation")
+    return out
+
+
+def check() -> list[str]:
+    """Every problem of every translated message: 'page: msgid…: problem'."""
+    terms = glossary_terms()
+    found = []
+    for path in sorted(CATALOGS.rglob("*.po")):
+        page = path.relative_to(CATALOGS).with_suffix("").as_posix()
+        for m in messages(read_catalog(path)):
+            if m.string:
+                found += [f"{page}: {m.id[:50]!r}: {p}" for p in problems(m.id, m.string, terms)]
+    return found
+
+
+def apply(page: str, translations: dict[str, str]) -> int:
+    """Set msgid -> msgstr in a page's catalog (clearing fuzzy); returns how many were set."""
+    from babel.messages.pofile import write_po
+
+    path = CATALOGS / f"{page}.po"
+    catalog = read_catalog(path)
+    done = 0
+    for m in messages(catalog):
+        if m.id in translations:
+            m.string = translations[m.id]
+            m.flags.discard("fuzzy")
+            done += 1
+    unknown = set(translations) - {m.id for m in messages(catalog)}
+    if unknown:
+        raise SystemExit(f"apply: {len(unknown)} msgid(s) not in {path.name}: {next(iter(unknown))[:60]!r}")
+    with path.open("wb") as f:
+        write_po(f, catalog)
+    return done
+
+
+def zh_config(out: Path) -> Path:
+    """The English _config.yml with the Chinese edition's settings, written under ``out``."""
+    config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
+    sphinx_config = config.setdefault("sphinx", {}).setdefault("config", {})
+    sphinx_config["language"] = LANGUAGE
+    sphinx_config["html_title"] = TITLE
+    # paths in _config.yml are relative to the book's root; this file lives elsewhere
+    sphinx_config["locale_dirs"] = [str(LOCALES)]
+    sphinx_config["html_extra_path"] = [str(ROOT / p) for p in sphinx_config.get("html_extra_path", [])]
+    config["sphinx"]["local_extensions"] = {
+        k: str(ROOT / v) for k, v in config["sphinx"].get("local_extensions", {}).items()
+    }
+    config["title"] = TITLE
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "_config.yml"
+    path.write_text(yaml.safe_dump(config, allow_unicode=True, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def build(extra: list[str] = ()) -> Path:
+    """The Chinese site, built like the English one, copied to _build/html/zh/; returns that folder."""
+    out = ROOT / "_build" / "zh"
+    config = zh_config(out)
+    shutil.rmtree(out / "_build" / "html", ignore_errors=True)
+    jupyter_book(
+        "build", "-W", "-n", "--keep-going", "--config", str(config), "--path-output", str(out), *extra, "."
+    )
+    site = ROOT / "_build" / "html" / "zh"
+    shutil.rmtree(site, ignore_errors=True)
+    shutil.copytree(out / "_build" / "html", site)
+    return site
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("command", choices=("update", "coverage", "build", "check", "apply"))
+    args, extra = ap.parse_known_args(argv)
+    if args.command == "check":
+        found = check()
+        print(
+            "\n".join(found) or "i18n check: every translation keeps its math, code, links, roles and terms"
+        )
+        return 1 if found else 0
+    if args.command == "apply":
+        page, file = extra
+        n = apply(page, json.loads(Path(file).read_text(encoding="utf-8")))
+        print(f"{page}: {n} translations set")
+        return 0
+    if args.command == "update":
+        update()
+        print_coverage(coverage())  # updating is not failing: coverage says what is left
+        return 0  # updating is not failing: coverage says what is left
+    if args.command == "coverage":
+        return 0 if print_coverage(coverage()) else 1
+    site = build(extra)
+    print(f"Chinese site built: {site / 'index.html'}")
+    return 0
+
+
+if __name__ == "__main__":
+    os.chdir(ROOT)
+    sys.exit(main(sys.argv[1:]))
