@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from helpers.device import get_device, no_tf32, randn
-from helpers.labcheck import autograd_grads, check
+from helpers.labcheck import autograd_grads, check, evaluate
 from helpers.labkit import applied, check_function
 
 dev = get_device()
@@ -284,7 +284,8 @@ assert torch.equal(_g, _g0) and torch.allclose(
 # %% [markdown]
 # **Self-check 2** (reference: `torch.softmax` and autograd, on rows that include logits of
 # ±1000; then the number of tensors your `Softmax` saves, which must be 1; then `gradcheck` on
-# your backward):
+# your backward). Your backward calls your exercise 1: when `grad_Z` is exactly what that
+# function returns and exercise 1 is wrong, the ✗ says so, since that is what to fix.
 
 # %%
 Z2 = randn(3, 5, seed=3, dtype=dtype, device=dev) * 4
@@ -292,12 +293,14 @@ Z2 = randn(3, 5, seed=3, dtype=dtype, device=dev) * 4
 Z2[1] = torch.tensor([1000.0, 0.0, -1000.0, 500.0, -500.0], dtype=dtype)
 grad_P2 = randn(3, 5, seed=4, dtype=dtype, device=dev)
 P2 = torch.softmax(Z2, -1)
-check_function(
+# what your backward gets as grad_P: it must leave it unchanged
+given_grad_P2 = grad_P2.clone()
+result = check_function(
     "Exercise 2 · Softmax",
     Softmax.apply,
     lambda Z: torch.softmax(Z, -1),
     (Z2,),
-    grad_P2,
+    given_grad_P2,
     outputs=("P", "grad_Z"),
     saves=(1, "P"),
     mistakes={  # known wrong answers, from the course's functions
@@ -318,7 +321,50 @@ check_function(
             ),
         },
     },
+    quiet=True,
 )
+
+
+def agrees_with_exercise_1():
+    """Whether your Softmax's grad_Z for grad_P2 is what your softmax_backward returns."""
+    Z = Z2.detach().clone().requires_grad_()
+    try:
+        (grad_Z,) = torch.autograd.grad(
+            Softmax.apply(Z), Z, grad_P2.clone(), allow_unused=True
+        )
+        mine = softmax_backward(P2.clone(), grad_P2.clone())
+    except Exception:  # noqa: BLE001 - the ✗ line already says what went wrong
+        return False
+    if mine is None or mine is ...:  # exercise 1 not done: backward returned None
+        return grad_Z is None or not grad_Z.any()
+    return grad_Z is not None and torch.allclose(grad_Z, mine, rtol=1e-8, atol=1e-10)
+
+
+ex1 = evaluate(  # your exercise 1, on the same P and grad_P
+    softmax_backward,
+    autograd_grads(lambda Z: torch.softmax(Z, -1), (Z2,), grad_P2)[0],
+    args=(P2, grad_P2),
+    outputs=("grad_Z",),
+    name="Exercise 1 · softmax_backward",
+)
+if not torch.equal(given_grad_P2, grad_P2):
+    where = " (your softmax_backward does)" if "in place" in ex1.line else ""
+    result.line = f"✗ Exercise 2 · Softmax: backward changed grad_P in place{where}"
+elif not result and ex1.status == "error" and "softmax_backward" in result.line:
+    result.line += "; exercise 1 raises it: fix it first (self-check 1 says where)"
+elif (
+    result.status == "fail"
+    and not ex1
+    and not result.line.startswith("✗ Exercise 2 · Softmax: P ")  # the forward is yours
+    and agrees_with_exercise_1()
+):
+    todo = ex1.status == "todo"
+    state = "not implemented yet: write it" if todo else "wrong: fix it"
+    result.line = (
+        "✗ Exercise 2 · Softmax: grad_Z is what your softmax_backward returns, and "
+        f"exercise 1 is {state} first (self-check 1 says what is off)"
+    )
+print(result.line)
 
 # %% [raw]
 # # BEGIN QUESTION
