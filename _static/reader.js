@@ -165,7 +165,18 @@
     }
   }
 
+  // The language switch (English / 中文) lands on the section the reader is in: both editions
+  // keep the English headings' ids, so the current #hash carries over.
+  function keepSectionOnLanguageSwitch() {
+    for (const link of document.querySelectorAll("a[data-bbh-language-switch]")) {
+      link.addEventListener("click", () => {
+        if (window.location.hash) link.hash = window.location.hash;
+      });
+    }
+  }
+
   ready(() => {
+    keepSectionOnLanguageSwitch();
     markAll();
     let timer = null;
     window.addEventListener("resize", () => {

@@ -98,6 +98,7 @@ STAGES = (
             "tests/test_layering.py",
         ),
     ),
+    ("Chinese edition", ("tests/test_i18n.py",)),
     ("notebooks: chapters (nbval)", ("chapters/",)),
     ("notebooks: labs (nbval)", ("labs/",)),
     ("no-Triton run", ("tests/test_no_triton.py",)),
@@ -106,7 +107,7 @@ STAGES = (
     ("site and browser", ("tests/test_site.py",)),
 )
 STAGE_NAMES = [name for name, _ in STAGES]
-FAST_STAGES = {"unit tests", "lint", "text sources", "lab format"}
+FAST_STAGES = {"unit tests", "lint", "text sources", "lab format", "Chinese edition"}
 # markers whose tests never belong to the fast tier, whatever their stage
 NOT_FAST = ("slow", "browser", "sandbox", "gpu")
 # started first under xdist, so that the longest stages do not run alone at the end

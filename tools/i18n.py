@@ -195,6 +195,14 @@ def check() -> list[str]:
     return found
 
 
+def translations(page: str) -> dict[str, str]:
+    """{English: Chinese} of a page's translated messages (the PDF's part captions come from intro)."""
+    path = CATALOGS / f"{page}.po"
+    if not path.exists():
+        return {}
+    return {m.id: m.string for m in messages(read_catalog(path)) if m.string and not m.fuzzy}
+
+
 def apply(page: str, translations: dict[str, str]) -> int:
     """Set msgid -> msgstr in a page's catalog (clearing fuzzy); returns how many were set."""
     from babel.messages.pofile import write_po

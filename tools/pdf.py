@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import html
 import http.server
 import io
 import logging
@@ -48,8 +49,10 @@ PDF_NAME = "backprop-by-hand.pdf"
 TITLE = "Backprop by Hand"
 
 
-def build_singlehtml(path_output: Path, toc: Path | None = None) -> Path:
-    """Run ``jupyter-book build --builder singlehtml``; return the folder holding the one page."""
+def build_singlehtml(path_output: Path, toc: Path | None = None, config: Path | None = None) -> Path:
+    """Run ``jupyter-book build --builder singlehtml``; return the folder holding the one page.
+
+    ``config``: another _config.yml (the Chinese edition's, tools/i18n.py's ``zh_config``)."""
     cmd = [
         sys.executable,
         "-c",
@@ -63,6 +66,8 @@ def build_singlehtml(path_output: Path, toc: Path | None = None) -> Path:
     ]
     if toc:
         cmd[-1:-1] = ["--toc", str(toc)]
+    if config:
+        cmd[-1:-1] = ["--config", str(config)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(
@@ -281,7 +286,7 @@ def _pdf_pages(data: bytes, ids) -> tuple[object, dict[str, int]]:
     return reader, pages
 
 
-def _with_outline(reader, outline, out: Path) -> int:
+def _with_outline(reader, outline, out: Path, title: str = TITLE) -> int:
     """Write ``reader``'s PDF to ``out`` with ``outline`` ([level, title, id]) as its bookmarks."""
     import pypdf
     from pypdf.generic import Fit
@@ -308,7 +313,7 @@ def _with_outline(reader, outline, out: Path) -> int:
         parents.append(item)
         n += 1
     writer.page_mode = "/UseOutlines"
-    writer.add_metadata({"/Title": TITLE})
+    writer.add_metadata({"/Title": title})
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "wb") as f:
         writer.write(f)
@@ -316,7 +321,13 @@ def _with_outline(reader, outline, out: Path) -> int:
 
 
 def print_pdf(
-    folder: Path, out: Path, browser=None, tagged: bool = False, toc: Path | None = None
+    folder: Path,
+    out: Path,
+    browser=None,
+    tagged: bool = False,
+    toc: Path | None = None,
+    title: str = TITLE,
+    captions: dict | None = None,
 ) -> Printed:
     """Print ``folder``'s single page to ``out`` with an outline, and a contents page from ``toc``.
 
@@ -329,7 +340,7 @@ def print_pdf(
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
             try:
-                return print_pdf(folder, out, browser, tagged, toc)
+                return print_pdf(folder, out, browser, tagged, toc, title, captions)
             finally:
                 browser.close()
     page_name = next(p.name for p in sorted(folder.glob("*.html")) if p.name != "index.html")
@@ -342,7 +353,8 @@ def print_pdf(
         page.goto(url + page_name, wait_until="load", timeout=300_000)
         page.set_default_timeout(300_000)
         done.formulas, done.images = page.evaluate(WAIT_FOR_PAGE)
-        book = page.evaluate(PREPARE_BOOK, [PLACEHOLDER, read_toc(toc) if toc else None])
+        parts = [[(captions or {}).get(c, c), docs] for c, docs in read_toc(toc)] if toc else None
+        book = page.evaluate(PREPARE_BOOK, [PLACEHOLDER, parts])
         page.add_style_tag(content=BOOK_CSS)
         page.emulate_media(media="print")
         page.set_viewport_size({"width": A4_COLUMN_PX, "height": 900})
@@ -360,7 +372,7 @@ def print_pdf(
                 header_template="<span></span>",
                 footer_template=(
                     '<div style="font-size:8px;width:100%;text-align:center;color:#666">'
-                    f'{TITLE} · <span class="pageNumber"></span> / <span class="totalPages"></span></div>'
+                    f'{html.escape(title)} · <span class="pageNumber"></span> / <span class="totalPages"></span></div>'
                 ),
             )
 
@@ -382,7 +394,7 @@ def print_pdf(
             raise RuntimeError(f"pdf: no destination in the PDF for contents entries {missing}")
         done.contents = [(i, title, level, pages[i]) for i, title, level in book["contents"]]
         done.pages = len(reader.pages)
-        done.bookmarks = _with_outline(reader, book["outline"], out)
+        done.bookmarks = _with_outline(reader, book["outline"], out, title)
     finally:
         page.close()
         server.shutdown()
@@ -396,14 +408,33 @@ def main(argv: list[str], browser=None) -> int:
     ap.add_argument("--toc", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=None, help=f"default: <path-output>/_build/html/{PDF_NAME}")
     ap.add_argument("--tagged", action="store_true", help="a tagged (accessible) PDF, about 2.5 times larger")
+    ap.add_argument(
+        "--language", choices=("en", "zh_CN"), default="en", help="zh_CN: the Chinese edition (tools/i18n.py)"
+    )
     args = ap.parse_args(argv)
     if browser is None and not Path(CHROMIUM).exists():
         sys.exit(f"pdf: no Chromium at {CHROMIUM} (set CHROMIUM=...; apt-get install chromium)")
     start = time.time()
-    folder = build_singlehtml(args.path_output.resolve(), args.toc)
+    title, captions, config, path_output = TITLE, None, None, args.path_output.resolve()
+    out = args.out or path_output / "_build" / "html" / PDF_NAME
+    if args.language != "en":
+        import i18n  # tools/, beside this file
+
+        path_output = path_output / "_build" / "zh-pdf"
+        config = i18n.zh_config(path_output)
+        title, captions = i18n.TITLE, i18n.translations("intro")
+        out = args.out or args.path_output.resolve() / "_build" / "html" / "zh" / PDF_NAME
+    folder = build_singlehtml(path_output, args.toc, config)
     built = time.time()
-    out = args.out or args.path_output.resolve() / "_build" / "html" / PDF_NAME
-    done = print_pdf(folder, out, browser, tagged=args.tagged, toc=args.toc or ROOT / "_toc.yml")
+    done = print_pdf(
+        folder,
+        out,
+        browser,
+        tagged=args.tagged,
+        toc=args.toc or ROOT / "_toc.yml",
+        title=title,
+        captions=captions,
+    )
     size = out.stat().st_size / 1e6
     print(
         f"pdf: {out} ({size:.1f} MB, {done.pages} pages): {done.formulas} formulas, {done.images} images, "
