@@ -20,12 +20,21 @@ prints exactly one line and never a traceback:
   exercise's declared ``mistakes`` (a known wrong answer, computed from the reference)
 * ``✗ name: grad_h is wrong only where h = 0 (1 of 4 entries): relu'(0) is 0`` - the wrong
   entries all lie in one of the exercise's declared ``regions``; undeclared, ``… is wrong only
-  at indices 8–10 of dim 2 (of 11)`` when they fill one contiguous range of one dimension
+  at indices 8–10 of dim 2 (of 11)`` when they fill one contiguous range of at most half of one
+  dimension
+* ``✗ name: grad_Q is wrong by a factor that differs along dim 1 (of 2): 5, 1.67 × the expected
+  value`` - one ratio per index of one dim (a per-head scale), checked before any index range;
+  ``grad_Q is 1/scale × the expected value (scale = 0.2, 0.6 along dim 1)`` when it is a declared
+  factor with one value per index (``factors={"scale": scale}``, ``scale`` of shape (H, 1, 1))
 * ``✗ name: grad_b2 is 1 everywhere (the expected value is not constant)``
 * ``✗ name: missing from the returned dict: b1, W2 (it has bias1 instead?) [also wrong: W1]``
 * ``✗ name: error in your code: ZeroDivisionError: division by zero (in f, line 3)``; an error
   raised inside course code or torch is placed at the learner's call: ``… (in my_fn, line 7,
-  in the call to linear_backward)``
+  in the call to linear_backward)``; one torch raised on what a self-check helper handed it
+  (the learner's Function's output) is ``… (raised in torch's grad, called by the
+  self-check)``, never placed at the helper's line; one the helper's own code raised is
+  ``✗ name: the self-check could not use what your code returned: …``; a helper that finds
+  the cause raises ``Mistake("no gradient reached W1 …")``, which is the ✗ line as it stands
 * ``✗ name: changed its argument grad_P in place`` - the learner's function wrote into one of
   its inputs (the check hands it copies and compares them afterwards, bit for bit)
 
@@ -46,6 +55,9 @@ args). A ratio 1e-3 off a factor is not named as it. Known wrong answers go in
 regions in ``regions={"grad_h": {"h = 0: relu'(0) is 0": h == 0}}`` (tensors, or callables
 taking the answer's args; a str output's mistakes are str values). Compute them from the
 reference where you can (``ref * a``), so the check's code does not print the formula.
+Self-check helpers a notebook defines (wrappers that run the learner's code, watchers, a
+``TorchDispatchMode``) are decorated with ``@checker``, so that their frames are the check's, not
+the learner's, when an error is placed.
 
 The reference is autograd, ``gradcheck`` or the course's tested helpers; the
 ``max|Δ| <number>`` on a ✓ line is round-off and nbval's sanitizer replaces it.
@@ -58,6 +70,7 @@ import inspect
 import math
 import os
 import traceback
+import types
 from dataclasses import dataclass
 
 import torch
@@ -66,7 +79,7 @@ from torch.autograd.gradcheck import GradcheckError
 from helpers.checks import close, tolerance
 from helpers.show import fmt_sig
 
-__all__ = ["check", "evaluate", "check_gradcheck", "autograd_grads", "CheckResult"]
+__all__ = ["check", "evaluate", "check_gradcheck", "autograd_grads", "checker", "CheckResult", "Mistake"]
 
 TODO = "not implemented yet"
 _MAX_MESSAGE = 160
@@ -121,26 +134,101 @@ def _is_library_frame(filename: str) -> bool:
 
 _WRAPPERS = {"wrapped", "wrapper", "inner", "decorate_context", "fn", "f", "apply"}  # not worth naming
 
+_OWN_FILES = ("labcheck.py", "labkit.py")  # the check's own modules: their frames are the checker's
+_CHECKER_CODE: dict[int, types.CodeType] = {}  # id -> code of the notebook's self-check helpers
+
+
+class Mistake(RuntimeError):
+    """Raised by a self-check helper that found what is wrong with the learner's code: its
+    message is the ✗ line's cause, as it stands (no "error in your code", no place)."""
+
+
+def checker(obj):
+    """Mark a self-check helper a notebook defines (a function or a class) as the check's own code.
+
+    An error raised in it, or in torch called from it, is then not placed "in your code" at one of
+    its lines: the learner's innermost frame is named instead, or the error is said to be raised
+    in the self-check. Functions nested in it (and a class's methods) are marked too. Returns obj.
+    """
+
+    def add(code):
+        if id(code) in _CHECKER_CODE:
+            return
+        _CHECKER_CODE[id(code)] = code  # kept alive, so the id stays its own
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                add(const)
+
+    members = vars(obj).values() if isinstance(obj, type) else (obj,)
+    for m in members:
+        for f in (getattr(m, "__func__", m), getattr(m, "fget", None)):
+            f = inspect.unwrap(f) if callable(f) else f
+            if hasattr(f, "__code__"):
+                add(f.__code__)
+    return obj
+
+
+def _frame_kind(frame) -> str:
+    """'checker' (labcheck, labkit, a marked helper), 'library' (helpers/, torch, packages) or 'learner'."""
+    code = frame.f_code
+    if id(code) in _CHECKER_CODE or (
+        os.path.dirname(os.path.abspath(code.co_filename)) + os.sep == _HELPERS_DIR
+        and os.path.basename(code.co_filename) in _OWN_FILES
+    ):
+        return "checker"
+    return "library" if _is_library_frame(code.co_filename) else "learner"
+
 
 def _where(e: BaseException) -> str:
     """' (in fn, line n)' at the learner's innermost frame, plus the course/torch function it was calling.
 
     Frames in ``helpers/``, torch or site-packages are not the learner's: an error raised inside
     ``linear_backward`` is reported at the learner's call, ``(in my_fn, line 7, in the call to
-    linear_backward)``.
+    linear_backward)``. Nor are the self-check's own frames (``checker``): with no learner frame
+    left, an error torch raised on what the check handed it is ``(raised in torch's grad, called
+    by the self-check)``; '' when the learner's frames are all there is to say.
     """
-    frames = traceback.extract_tb(e.__traceback__)
-    mine = [i for i, f in enumerate(frames) if not _is_library_frame(f.filename)]
-    if not mine:
-        return ""
-    i = mine[-1]
-    f = frames[i]
-    callee = ""
-    if i + 1 < len(frames):
-        nxt = frames[i + 1].name
-        if nxt.isidentifier() and not nxt.startswith("_") and nxt not in _WRAPPERS:
-            callee = f", in the call to {nxt}"
-    return f" (in {f.name}, line {f.lineno}{callee})"
+    frames = [(f, f.f_code.co_name, n) for f, n in traceback.walk_tb(e.__traceback__)][1:]  # not evaluate
+    kinds = [_frame_kind(f) for f, _, _ in frames]
+    mine = [i for i, k in enumerate(kinds) if k == "learner"]
+    if mine:
+        i = mine[-1]
+        _, fname, line = frames[i]
+        callee = ""
+        if i + 1 < len(frames) and kinds[i + 1] != "checker":
+            nxt = frames[i + 1][1]
+            if nxt.isidentifier() and not nxt.startswith("_") and nxt not in _WRAPPERS:
+                callee = f", in the call to {nxt}"
+        return f" (in {fname}, line {line}{callee})"
+    ours = [i for i, k in enumerate(kinds) if k == "checker"]
+    if ours and ours[-1] + 1 < len(frames):
+        frame, callee, _ = frames[ours[-1] + 1]
+        torch_s = "torch's " if "/torch/" in frame.f_code.co_filename.replace(os.sep, "/") else ""
+        if callee.isidentifier() and not callee.startswith("_"):
+            return f" (raised in {torch_s}{callee}, called by the self-check)"
+        return " (raised in torch, called by the self-check)"
+    return ""
+
+
+def _failure(name: str, e: BaseException) -> CheckResult:
+    """The ✗ line for an exception the learner's answer raised (or a self-check helper raised on it)."""
+    msg = _first_line(e)
+    if isinstance(e, Mistake):
+        return CheckResult("fail", f"✗ {name}: {msg}")
+    text = f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+    frames = [f for f, _ in traceback.walk_tb(e.__traceback__)][1:]
+    if frames and _frame_kind(frames[-1]) == "checker" and "learner" not in map(_frame_kind, frames):
+        # raised by the check's own code, on what the learner's code returned: not the learner's line
+        named = [  # the innermost of its functions with a name (not <listcomp>)
+            f.f_code.co_name
+            for f in frames
+            if _frame_kind(f) == "checker" and f.f_code.co_name.isidentifier()
+        ]
+        where = f" (in the self-check's {named[-1]})" if named else ""
+        return CheckResult(
+            "error", f"✗ {name}: the self-check could not use what your code returned: {text}{where}"
+        )
+    return CheckResult("error", f"✗ {name}: error in your code: {text}{_where(e)}")
 
 
 def _clone(x):
@@ -302,7 +390,7 @@ def _compare_one(
         return None, diff
     cause = _diagnose(
         name, a, b, atol, rtol, factors, terms, boolean=exp_t.dtype == torch.bool, mistakes=mistakes
-    ) or _locate(name, a, b, bad, regions)
+    ) or _locate(name, a, b, bad, regions, atol, rtol)
     if cause:
         return cause, diff
     excess = torch.where(bad, err, torch.full_like(err, -1.0))
@@ -331,19 +419,109 @@ def _fmt_ratio(c: float, near: float | None) -> str:
     return fmt_sig(c, 10)
 
 
+def _as_factor(key, f):
+    """A declared factor as a float, or as a float64 CPU tensor when its entries differ (one per head)."""
+    if isinstance(f, torch.Tensor):
+        t = f.detach().to("cpu", torch.float64)
+        if t.numel() == 0 or not torch.isfinite(t).all() or (t == 0).any():
+            raise ValueError(f"factors: {key} has entries that are not finite and nonzero")
+        if not (t == t.reshape(-1)[0]).all():
+            return t
+        f = t.reshape(-1)[0].item()
+    f = float(f)
+    if not math.isfinite(f) or f == 0:
+        raise ValueError(f"factors: {key} = {f!r} is not a finite nonzero number")
+    return f
+
+
+def _inverse_label(key) -> str:
+    return f"1/({key})" if any(ch in str(key) for ch in "/+-−*·× ") else f"1/{key}"
+
+
 def _factor_candidates(factors) -> list[tuple[float, str, str]]:
     """(value, label, note) to try as the ratio got/expected: each named f, 1/f, −f, −1/f, then −1, 2, 1/2."""
     out = []
     for key, f in (factors or {}).items():
-        f = float(f)
-        if not math.isfinite(f) or f == 0:
-            raise ValueError(f"factors: {key} = {f!r} is not a finite nonzero number")
-        inv = f"1/({key})" if any(ch in str(key) for ch in "/+-−*·× ") else f"1/{key}"
+        f = _as_factor(key, f)
+        if isinstance(f, torch.Tensor):  # one value per index: _per_index_factor tries it
+            continue
+        inv = _inverse_label(key)
         note = f" ({key} = {fmt_sig(f, 4)})"
         for value, label in ((f, str(key)), (1 / f, inv), (-f, f"−{key}"), (-1 / f, f"−{inv}")):
             if value != 1:
                 out.append((value, label, note))
     return out + [(v, label, "") for v, label in _BUILTIN_FACTORS]
+
+
+def _listed(values, most: int = 4) -> str:
+    """'0.2, 0.6' (3 significant digits), the first ``most`` of them and '…' after."""
+    text = [fmt_sig(float(v), 3) for v in values[:most]]
+    return ", ".join(text + (["…"] if len(values) > most else []))
+
+
+def _per_index_factor(name: str, a, b, atol: float, rtol: float, factors) -> str | None:
+    """A declared factor with one value per index (a temperature per head, shape (H, 1, 1)),
+    applied where it should not be or left out: a = f·b, b/f, −f·b or −b/f."""
+    for key, f in (factors or {}).items():
+        f = _as_factor(key, f)
+        if not isinstance(f, torch.Tensor):
+            continue
+        try:
+            if torch.broadcast_shapes(f.shape, b.shape) != b.shape:
+                continue
+        except RuntimeError:  # a factor that cannot broadcast to this output is not in it
+            continue
+        offset = b.dim() - f.dim()
+        along = [offset + i for i, n in enumerate(f.shape) if n > 1]
+        if len(along) == 1:
+            note = f" ({key} = {_listed(f.reshape(-1).tolist())} along dim {along[0]})"
+        else:
+            note = f" ({key} of shape {tuple(f.shape)})"
+        inv = _inverse_label(key)
+        for value, label in ((f, str(key)), (1 / f, inv), (-f, f"−{key}"), (-1 / f, f"−{inv}")):
+            if close(a, b * value, atol * max(1.0, value.abs().max().item()), rtol).all():
+                return f"{name} is {label} × the expected value{note}"
+    return None
+
+
+def _slice_ratio(name: str, a, b, atol: float, rtol: float) -> str | None:
+    """One constant ratio to the expected value per index of one dim, not the same for all: a
+    factor that differs per head (or row), e.g. a per-head scale left out. None if no dim fits.
+
+    A slice with fewer than 2 entries where the expected value is not negligible must be right
+    (any one number has a ratio); the ratios must not all be equal (that is one constant ratio).
+    """
+    if a.dim() < 2 or not (torch.isfinite(a).all() and torch.isfinite(b).all()):
+        return None
+    scale = b.abs().max().item()
+    if scale == 0:
+        return None
+    sig = (b.abs() > max(atol, 1e-6 * scale)).to(b.dtype)
+    match_tol = max(1e-6, min(rtol, 1e-4))
+    for d in range(a.dim()):
+        size = a.shape[d]
+        if size < 2:
+            continue
+        other = [k for k in range(a.dim()) if k != d]
+        den = (b * b * sig).sum(dim=other)
+        num = (a * b * sig).sum(dim=other)
+        enough = sig.sum(dim=other) >= 2
+        c = torch.where(enough, num / torch.where(enough, den, torch.ones_like(den)), torch.ones_like(den))
+        shape = [1] * a.dim()
+        shape[d] = size
+        if not close(a, c.reshape(shape) * b, atol * max(1.0, c.abs().max().item()), rtol).all():
+            continue
+        if ((c - c[0]).abs() <= match_tol * c.abs().clamp_min(1e-300)).all():
+            continue  # one ratio for every index: not this
+        off = [k for k in range(size) if abs(c[k].item() - 1) > match_tol]
+        if all(c[k].item() == 0 for k in off):
+            return None  # entries left out (zero), not scaled: where they are is what to say
+        ratios = _listed([c[k].item() for k in off])
+        if len(off) == size:
+            return f"{name} is wrong by a factor that differs along dim {d} (of {size}): {ratios} × the expected value"
+        at = f"index {off[0]}" if len(off) == 1 else f"indices {_listed(off)}"
+        return f"{name} is {ratios} × the expected value at {at} of dim {d} (of {size}) and right elsewhere"
+    return None
 
 
 def _diagnose(
@@ -352,7 +530,8 @@ def _diagnose(
     """The cause a wrong value reveals (a = got, b = expected: float64, same shape, not close), or None.
 
     In order: a declared mistake, a declared term missing or counted twice, the transpose, all
-    zeros (all False for a bool mask), one constant ratio (not for a bool mask), one constant.
+    zeros (all False for a bool mask), a declared factor with one value per index, one constant
+    ratio (not for a bool mask), one constant.
     """
     for label, m in mistakes:
         if (
@@ -385,6 +564,9 @@ def _diagnose(
         return f"{name} is True everywhere" if (a != 0).all() else None
     if (a.abs() <= atol).all():
         return f"{name} is zero everywhere (up to round-off)"
+    per_index = _per_index_factor(name, a, b, atol, rtol, factors)
+    if per_index:
+        return per_index
     sig = b.abs() > max(atol, 1e-6 * scale)  # entries where the expected value is not negligible
     n_sig = int(sig.sum().item())
     if n_sig == 0:
@@ -409,8 +591,13 @@ def _diagnose(
     return f"{name} is {label} × the expected value{note or ' everywhere'}"
 
 
-def _locate(name: str, a, b, bad, regions) -> str | None:
-    """Where the wrong entries are: inside one declared region, else one index range of one dim."""
+def _locate(name: str, a, b, bad, regions, atol: float = 0.0, rtol: float = 0.0) -> str | None:
+    """How or where the entries are wrong: by a factor that differs per index of one dim (a
+    per-head scale), checked first; else inside one declared region; else in one index range of
+    one dim that covers at most half of it (a range over nearly everything locates nothing)."""
+    per_slice = _slice_ratio(name, a, b, atol, rtol)  # every entry may be off by its slice's factor
+    if per_slice:
+        return per_slice
     n_bad, n = int(bad.sum().item()), bad.numel()
     if n_bad == n:
         return None
@@ -430,7 +617,8 @@ def _locate(name: str, a, b, bad, regions) -> str | None:
         hit = bad.any(dim=other) if other else bad
         idx = torch.nonzero(hit).reshape(-1).tolist()
         lo, hi, size = idx[0], idx[-1], bad.shape[d]
-        if hi - lo + 1 == len(idx) < size and (best is None or len(idx) / size < best[0]):
+        contiguous = hi - lo + 1 == len(idx)
+        if contiguous and 2 * len(idx) <= size and (best is None or len(idx) / size < best[0]):
             best = (len(idx) / size, d, lo, hi, size)
     if best is None or bad.dim() < 1 or n_bad < 2:
         return None
@@ -518,9 +706,7 @@ def evaluate(
         except Exception as e:  # noqa: BLE001 - any learner error becomes one line
             if _is_todo_error(e):
                 return CheckResult("todo", f"· {name}: {TODO}")
-            msg = _first_line(e)
-            text = f"{type(e).__name__}: {msg}" if msg else type(e).__name__
-            return CheckResult("error", f"✗ {name}: error in your code: {text}{_where(e)}")
+            return _failure(name, e)
     else:
         got = answer
     # 2. the reference (course code: its errors are ours and propagate)
@@ -701,12 +887,7 @@ def check_gradcheck(
         else:  # another of gradcheck's checks, e.g. "backward not multiplied by grad_output"
             res = CheckResult("fail", f"✗ {name}: gradcheck fails: {_first_line(text).rstrip(',.')}")
     except Exception as e:  # noqa: BLE001
-        if _is_todo_error(e):
-            res = CheckResult("todo", f"· {name}: {TODO}")
-        else:
-            res = CheckResult(
-                "error", f"✗ {name}: error in your code: {type(e).__name__}: {_first_line(e)}{_where(e)}"
-            )
+        res = CheckResult("todo", f"· {name}: {TODO}") if _is_todo_error(e) else _failure(name, e)
     if not quiet:
         print(res.line)
     return res

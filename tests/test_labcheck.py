@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from helpers.labcheck import autograd_grads, check, check_gradcheck, evaluate
+from helpers.labcheck import Mistake, autograd_grads, check, check_gradcheck, checker, evaluate
 
 X = torch.arange(6.0, dtype=torch.float64).reshape(2, 3)
 
@@ -555,3 +555,206 @@ def test_a_known_mistake_that_makes_nans_is_named():
         naive, Z.softmax(-1), outputs=("P",), mistakes={"P": {"e^Z without the max shift": naive}}
     ).line
     assert line.startswith("✗ check: P matches e^Z without the max shift (NaN at [0, 0]")
+
+
+# ----------------------------------------------------------- a factor per index, not an index range
+
+HEADS = torch.tensor([0.2, 0.6], dtype=torch.float64)[:, None, None]  # one temperature per head (H, 1, 1)
+
+
+def _per_head_reference():
+    ref = torch.randn(2, 2, 4, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    ref[:, :, 0] = 0  # query 0 sees one key: its gradient is 0, right or wrong (lab 6, window 3)
+    return ref
+
+
+def test_a_factor_that_differs_per_head_is_named_as_such_not_as_an_index_range():
+    ref = _per_head_reference()
+    got = ref / HEADS  # the per-head scale left out: wrong in every row but the zero one
+    line = evaluate(got, ref, outputs=("grad_Q",)).line
+    assert line == (
+        "✗ check: grad_Q is wrong by a factor that differs along dim 1 (of 2): 5, 1.67 × the expected value"
+    )
+    assert "only at" not in line  # it was "wrong only at indices 1–3 of dim 2 (of 4)"
+    named = evaluate(got, ref, outputs=("grad_Q",), factors={"scale": HEADS, "B": 2}).line
+    assert named == "✗ check: grad_Q is 1/scale × the expected value (scale = 0.2, 0.6 along dim 1)"
+    twice = evaluate(ref * HEADS, ref, outputs=("grad_Q",), factors={"scale": HEADS}).line
+    assert twice == "✗ check: grad_Q is scale × the expected value (scale = 0.2, 0.6 along dim 1)"
+    # a 0-d tensor factor is a plain number; a constant tensor too
+    assert evaluate(ref / 0.5, ref, factors={"scale": torch.tensor(0.5)}).line.endswith(
+        "is 1/scale × the expected value (scale = 0.5)"
+    )
+    assert evaluate(ref * 3, ref, factors={"s": torch.full((2, 1, 1), 3.0)}).line.endswith(
+        "is s × the expected value (s = 3)"
+    )
+    assert evaluate(ref, ref, factors={"scale": HEADS}).status == "pass"
+
+
+def test_one_head_off_by_a_factor_says_which_and_that_the_rest_is_right():
+    ref = _per_head_reference()
+    one = ref.clone()
+    one[:, 1] *= 2
+    line = evaluate(one, ref, outputs=("grad_K",)).line
+    assert line == "✗ check: grad_K is 2 × the expected value at index 1 of dim 1 (of 2) and right elsewhere"
+    three = torch.randn(8, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    got = three.clone()
+    got[5:] *= torch.tensor([2.0, 3.0, -1.0], dtype=torch.float64)[:, None]
+    line = evaluate(got, three, outputs=("grad_K",)).line
+    assert line == (
+        "✗ check: grad_K is 2, 3, -1 × the expected value at indices 5, 6, 7 of dim 0 (of 8) and right elsewhere"
+    )
+    zero = ref.clone()
+    zero[1] = 0  # left out, not scaled: located as before
+    line = evaluate(zero, ref, outputs=("grad_K",)).line
+    assert line == "✗ check: grad_K is wrong only at index 1 of dim 0 (of 2) (48 of 128 entries)"
+
+
+def test_many_per_index_factors_are_listed_shortly_and_a_1d_answer_has_none():
+    ref = torch.randn(8, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    c = torch.arange(1.0, 9.0, dtype=torch.float64)[:, None] + 1  # 2..9 per row
+    line = evaluate(ref * c, ref, outputs=("g",)).line
+    assert (
+        line
+        == "✗ check: g is wrong by a factor that differs along dim 0 (of 8): 2, 3, 4, 5, … × the expected value"
+    )
+    v = torch.randn(6, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    assert "is wrong: largest error" in evaluate(v * torch.arange(1.0, 7.0), v).line  # one entry per "slice"
+
+
+def test_random_wrong_answers_are_not_read_as_a_factor_per_index():
+    gen = torch.Generator().manual_seed(6)
+    for shape in ((5, 5), (3, 2), (2, 3, 4)):
+        for _ in range(10):
+            ref = torch.randn(*shape, dtype=torch.float64, generator=gen)
+            wrong = torch.randn(*shape, dtype=torch.float64, generator=gen)
+            line = evaluate(wrong, ref, outputs=("g",)).line
+            assert "factor" not in line and "×" not in line, line
+    ref = torch.randn(4, 6, dtype=torch.float64, generator=gen)
+    near = ref.clone()
+    near[0] *= 2
+    near[0, 3] += 0.5  # row 0 is not one multiple of the expected row
+    assert "factor" not in evaluate(near, ref).line and "× the expected" not in evaluate(near, ref).line
+
+
+def test_an_index_range_is_located_only_when_it_covers_at_most_half_of_its_dim():
+    v = torch.randn(520, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    nearly_all = v.clone()
+    nearly_all[:515] += 1  # it was "wrong only at indices 0–514 (of 520)"
+    line = evaluate(nearly_all, v, outputs=("grad_params",)).line
+    assert "only at" not in line and line.startswith("✗ check: grad_params is wrong: largest error")
+    half = v.clone()
+    half[:260] += 1
+    assert evaluate(half, v, outputs=("grad_params",)).line == (
+        "✗ check: grad_params is wrong only at indices 0–259 (of 520) (260 of 520 entries)"
+    )
+    more = v.clone()
+    more[:261] += 1
+    assert "only at" not in evaluate(more, v, outputs=("grad_params",)).line
+    O = torch.randn(2, 4, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+    rows = O.clone()
+    rows[:, 1:] += 1  # 3 of 4 rows: not a small part
+    assert "only at" not in evaluate(rows, O, outputs=("O",)).line
+
+
+# ------------------------------------------------- errors inside the self-check's own helpers
+
+
+class _Short(torch.autograd.Function):
+    """A learner's Function whose backward returns one gradient for two inputs."""
+
+    @staticmethod
+    def forward(x, s):
+        return x * s
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.s = inputs[1]
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.s  # one gradient, for (x, s)
+
+
+@checker
+def _grads_of_apply(x):
+    """A self-check helper: runs the learner's Function, then backward (as lab 8's products_of_fn)."""
+    x = x.detach().clone().requires_grad_()
+    y = _Short.apply(x, 2.0)
+    return torch.autograd.grad(y.sum(), x)[0]
+
+
+def _unmarked_grads_of_apply(x):
+    x = x.detach().clone().requires_grad_()
+    return torch.autograd.grad(_Short.apply(x, 2.0).sum(), x)[0]
+
+
+def test_an_error_torch_raises_in_a_self_check_helper_is_not_placed_at_the_helpers_line():
+    line = evaluate(_grads_of_apply, lambda x: 2 * x, args=(X,), name="ex5").line
+    assert line == (
+        "✗ ex5: error in your code: RuntimeError: function _ShortBackward returned an incorrect number "
+        "of gradients (expected 2, got 1) (raised in torch's grad, called by the self-check)"
+    )
+    # unmarked, the helper reads as the learner's code: what lab 8 printed before
+    line = evaluate(_unmarked_grads_of_apply, lambda x: 2 * x, args=(X,), name="ex5").line
+    assert "(in _unmarked_grads_of_apply, line" in line and "in the call to grad)" in line
+
+
+@checker
+def _gradients_reached(grads, names):
+    missing = [n for n, g in zip(names, grads) if g is None]
+    if missing:
+        raise Mistake(f"no gradient reached {', '.join(missing)}: does backward return it?")
+    return grads[0]
+
+
+def test_a_mistake_a_self_check_helper_finds_is_the_line_itself():
+    line = evaluate(lambda: _gradients_reached((X, None), ("x", "W1")), X, name="ex2").line
+    assert line == "✗ ex2: no gradient reached W1: does backward return it?"
+    r = evaluate(lambda: _gradients_reached((X, None), ("x", "W1")), X)
+    assert r.status == "fail" and "error in your code" not in r.line
+
+
+@checker
+def _shapes_of(fn, x):
+    """A self-check helper that reads what the learner's function returned."""
+    return torch.tensor([float(t.shape[0]) for t in fn(x)])
+
+
+def test_a_self_check_helper_that_cannot_use_the_answer_says_so_and_blames_no_learner_line():
+    line = evaluate(_shapes_of, torch.tensor([2.0, 2.0]), args=(lambda x: (x, 3), X)).line
+    assert line == (
+        "✗ check: the self-check could not use what your code returned: AttributeError: 'int' object "
+        "has no attribute 'shape' (in the self-check's _shapes_of)"
+    )
+
+
+class _Watch:
+    """A marked watcher (lab 9's StackWatch): the learner's code calls its method."""
+
+    def block(self, h):
+        return torch.mm(h, h)  # (2, 3) @ (2, 3): the learner handed it the wrong shape
+
+
+checker(_Watch)
+
+
+def test_an_error_in_the_learners_code_through_a_marked_watcher_is_placed_at_the_learner():
+    watch = _Watch()
+
+    def my_backward(x):
+        return watch.block(x) * 2
+
+    line = evaluate(lambda x: my_backward(x), X, args=(X,), name="ex2").line
+    line_no = my_backward.__code__.co_firstlineno + 1
+    assert "error in your code: RuntimeError: mat1 and mat2 shapes cannot be multiplied" in line
+    assert line.endswith(f"(in my_backward, line {line_no})")  # not "in block", not "in the call to block"
+
+
+def test_check_gradcheck_reports_a_self_check_mistake_and_a_learner_error_alike():
+    @checker
+    def run(x):
+        raise Mistake("backward must return one gradient per input")
+
+    assert check_gradcheck(run, (X,), name="g", quiet=True).line == (
+        "✗ g: backward must return one gradient per input"
+    )
