@@ -60,7 +60,7 @@ import torch.nn.functional as F
 
 from helpers import attention as ref
 from helpers.device import get_device, no_tf32, randn
-from helpers.labcheck import autograd_grads, check
+from helpers.labcheck import autograd_grads, check, checker
 from helpers.numgrad import unbroadcast
 
 dev = get_device()
@@ -202,6 +202,7 @@ def banded_mask(Nq, Nk, align="top_left", device=None, window=None):
     return mask
 
 
+@checker  # the check's own code: an error in it is not placed in yours
 def masks(fn):
     """fn's masks for (4, 4), (3, 6) and (6, 3), both alignments, windows None and 2."""
     out = {}
@@ -248,7 +249,7 @@ def slipped_masks(Nq, Nk, align="top_left", device=None, window=None):
 
 
 check(
-    lambda: masks(causal_mask),
+    checker(lambda: masks(causal_mask)),
     masks(banded_mask),
     name="Exercise 1 · causal_mask",
     against="the reference masks",
@@ -458,6 +459,7 @@ NAN2 = "NaN entries in P (0/0 where a query sees no key?)"
 MASKED2 = "masked entries of P not exactly 0"
 
 
+@checker
 def masked_P_counts(Q, K, V, mask, Bias, scale):
     """How many entries of P are NaN, and how many are not exactly 0 where the mask
     says 'may not attend'."""
@@ -640,6 +642,7 @@ cases3 = {
 }
 
 
+@checker
 def grad_S_of(*args):
     """Your grad_Bias for a full-size Bias: dS itself, the softmax VJP's output."""
     out = attention_backward(*args)
@@ -680,7 +683,8 @@ for label, (scale3, Bias3) in cases3.items():
         expected,
         args=(Q3, K3, V3, P3, grad_O3, scale3, Bias3),
         outputs=("grad_Q", "grad_K", "grad_V", "grad_scale", "grad_Bias"),
-        factors={"scale": 1 / math.sqrt(8), "B": 2},
+        # scale3 is one number, then one per head (H, 1, 1): a ✗ names either
+        factors={"scale": scale3, "scale²": scale3**2, "B": 2},
         name=f"Exercise 3 · attention_backward, {label}",
         against="autograd",
         mistakes={
@@ -843,6 +847,7 @@ Bias4 = randn(2, 4, 6, seed=45, dtype=dtype, device=dev)  # (H, Nq, Nk)
 pad4 = torch.tensor([[False] * 6, [False] * 4 + [True] * 2], device=dev)
 
 
+@checker
 def with_padded_check(grads):
     """The five gradients, and the padded keys' grad_K, grad_V entries not 0."""
     if grads is None:
@@ -905,7 +910,7 @@ def slipped_grads(
 for align in ("top_left", "bottom_right"):
     args4 = (Q4, K4, V4, Bias4, scale4, grad_O4, True, pad4, align, 3)
     check(
-        lambda *a: with_padded_check(attention_grads(*a)),
+        checker(lambda *a: with_padded_check(attention_grads(*a))),
         lambda *a: with_padded_check(sdpa_grads(*a)),
         args=args4,
         outputs=(
