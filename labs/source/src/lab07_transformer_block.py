@@ -72,6 +72,7 @@ from helpers.device import get_device, no_tf32, randn
 from helpers.functions import gelu_backward, layernorm_forward
 from helpers.labcheck import autograd_grads, check
 from helpers.numgrad import linear_backward
+from helpers.show import fmt_scalar
 
 dev = get_device()
 no_tf32()
@@ -95,7 +96,9 @@ dtype = torch.float64  # tight comparisons: the two sides only round differently
 # `weight` $\gamma$ of shape `(D,)` and `grad_y` $= \partial L/\partial y$ like `x`. Return
 # `(grad_x, grad_weight, grad_bias)`. Derive $\partial L/\partial x$ yourself, one path at a
 # time: the direct path ($\mu$ and $\sigma$ held fixed), the path through $\mu$, the path through $\sigma$
-# (chapter 7 did it for one row; $\sum_i \hat x_i = 0$ and $\sum_i \hat x_i^2 = D$ simplify it).
+# (chapter 7 did it for one row; $\sum_i \hat x_i = 0$, true for any `eps`, simplifies it; do not
+# use $\sum_i \hat x_i^2 = D$, which holds only at `eps` = 0: the self-check also runs `eps` = 0.5,
+# and the cell after it measures both sums).
 # The parameter gradients sum over every row ("rows" = every leading dim, so `x` may be
 # `(B, N, D)` and the parameter gradients are `(D,)`). When `grad_x` is wrong, the
 # self-check says which path is missing.
@@ -298,6 +301,24 @@ check(
     terms={"grad_x": grad_x_paths(0.5)},
     mistakes=slipped_grads1(0.5, rstd1b),
 )
+
+# %% [markdown]
+# The two sums the prompt mentions, on each row of the self-check's `x1` ($D = 6$ entries a row),
+# with the saved $\mu$ and $1/\sigma$ of each `eps`:
+
+# %%
+for eps, mu, rstd in ((1e-5, mu1, rstd1), (0.5, mu1b, rstd1b)):
+    xh = (x1 - mu) * rstd  # (2, 4, 6): x̂ of each row
+    sums, squares = xh.sum(-1), (xh**2).sum(-1)  # (2, 4) each
+    print(
+        f"eps {eps:g}: |Σ x̂| < 1e-12 in every row: {bool((sums.abs() < 1e-12).all())}; "
+        f"Σ x̂² from {fmt_scalar(squares.min().item())} to {fmt_scalar(squares.max().item())}"
+    )
+
+# %% [markdown]
+# $\sum_i \hat x_i = 0$ whatever `eps` is, but $\sum_i \hat x_i^2$ equals $D$ only in the limit
+# `eps` → 0, since $1/\sigma$ includes `eps`: here it is 5.9996 to 6.0000 with `eps` 1e-5, and
+# only 1.4350 to 5.7914 with `eps` 0.5. The backward needs the first identity, not the second.
 
 # %% [raw]
 # # BEGIN QUESTION
