@@ -59,7 +59,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from helpers.device import get_device, no_tf32, rand, randn
-from helpers.labcheck import autograd_grads, check, evaluate
+from helpers.labcheck import Mistake, autograd_grads, check, checker, evaluate
 from helpers.lora import LoRALinear, delta_weight, lora_linear
 
 dev = get_device()
@@ -175,9 +175,10 @@ assert torch.allclose(_gA3, 3 * _gA1, atol=1e-14) and torch.allclose(
 
 
 # %%
+@checker  # the check's own code: an error in it is not placed in yours
 def in_order(fn):
-    """fn, returning first which gradient came first, told by the shapes (A and B
-    differ)."""
+    """fn, returning first which gradient came first, told by the shapes (A, B, Aᵀ and
+    Bᵀ all differ): a swapped pair is named with what each one is, transposed or not."""
 
     def run(grad_Wp, A, B, s):
         grads = fn(grad_Wp, A, B, s)
@@ -185,9 +186,11 @@ def in_order(fn):
             return grads
         if not isinstance(grads, (tuple, list)) or len(grads) != 2:
             return (f"a {type(grads).__name__}, not a pair", None, None)
-        shapes = [tuple(getattr(t, "shape", ())) for t in grads]
-        swapped = shapes == [tuple(B.shape), tuple(A.shape)]
-        return ("(grad_B, grad_A)" if swapped else "(grad_A, grad_B)", *grads)
+        names = {A.shape: "grad_A", A.T.shape: "grad_Aᵀ"}
+        names |= {B.shape: "grad_B", B.T.shape: "grad_Bᵀ"}
+        seen = [names.get(getattr(t, "shape", None), "?") for t in grads]
+        swapped = seen[0].startswith("grad_B") and seen[1].startswith("grad_A")
+        return (f"({seen[0]}, {seen[1]})" if swapped else "(grad_A, grad_B)", *grads)
 
     return run
 
@@ -202,6 +205,12 @@ check(
     name="Exercise 1 · grads_from_W_prime",
     against="autograd",
     factors={"s": s, "s²": s * s},
+    mistakes={
+        "order returned": {
+            "the pair swapped": "(grad_B, grad_A)",
+            "the pair swapped, each one transposed": "(grad_Bᵀ, grad_Aᵀ)",
+        }
+    },
 )
 
 # %% [raw]
@@ -384,6 +393,7 @@ PRODUCT_OPS = {aten.mm, aten.bmm, aten.addmm, aten.baddbmm, aten.addbmm}
 PRODUCT_OPS |= {aten.mv, aten.addmv, aten.dot, aten.vdot, aten._addmm_activation}
 
 
+@checker  # the check's own code: its frames are not yours
 class Products(TorchDispatchMode):
     """Records the shape of every matrix product computed inside the with-block
     (backward too).
@@ -415,6 +425,7 @@ class Products(TorchDispatchMode):
         return out
 
 
+@checker
 def formed(shapes, shape):
     """How many of the recorded products have this shape or its transpose."""
     return sum(sh in (tuple(shape), tuple(shape)[::-1]) for sh in shapes)
@@ -423,6 +434,7 @@ def formed(shapes, shape):
 GRAD_NAMES = ("grad_x", "grad_A", "grad_B")
 
 
+@checker
 def lora_backward_watched(g, x, W, A, B, s):
     """(grad_x, grad_A, grad_B, out × in products formed, then one report per needs)."""
     with Products() as products:
@@ -583,6 +595,7 @@ assert torch.equal(_gA, torch.zeros_like(_gA)) and _gB.abs().max() > 1e-3
 
 
 # %%
+@checker
 def check_init(fn, W, r, seed, x, g, name="Exercise 3 · init_adapter"):
     """Your (A, B) vs LoRALinear's init; if they match, what step 0 looks like with
     them."""
@@ -748,6 +761,7 @@ assert torch.allclose(_layer.weight, _W0, atol=1e-12)
 
 
 # %%
+@checker
 def merge_round_trip(layer, A, B, s, x):
     """(merged output, weight after unmerge_, how many times weight stopped being the
     same Parameter), on a copy."""
@@ -1051,6 +1065,7 @@ from helpers.labkit import (
 )
 
 
+@checker
 def check_frozen_W(name, W, inputs):
     """One line: a frozen W gets no gradient (W.grad stays None); a trainable W gets
     gᵀx."""
@@ -1061,10 +1076,10 @@ def check_frozen_W(name, W, inputs):
     def grad_W_of_trainable():
         applied(LoRALinearFn.apply)(x_, W_frozen, A_, B_, s).sum().backward()
         if W_frozen.grad is not None:
-            raise RuntimeError("a frozen W (requires_grad=False) got a gradient")
+            raise Mistake("a frozen W (requires_grad=False) got a gradient")
         applied(LoRALinearFn.apply)(x_, W_train, A_, B_, s).sum().backward()
         if W_train.grad is None:
-            raise RuntimeError(
+            raise Mistake(
                 "a trainable W got None: compute g2ᵀ x2 when ctx.needs_input_grad[1]"
             )
         return W_train.grad
@@ -1099,7 +1114,7 @@ def no_grad_for(i):
 none_label = "what {} gets when backward returns None for it (needs mixed up?)"
 check_function(
     "Exercise 5 · LoRALinearFn",
-    lambda x_, A_, B_: LoRALinearFn.apply(x_, W, A_, B_, s),
+    checker(lambda x_, A_, B_: LoRALinearFn.apply(x_, W, A_, B_, s)),
     reference5,
     (x5, A, B),
     g5,
@@ -1119,6 +1134,7 @@ check_function(
 check_frozen_W("Exercise 5 · W frozen / trainable", W, (x5, A, B))
 
 
+@checker
 def products_of_fn(x, A, B):
     """(out × in products, ∂L/∂x-shaped products) in forward + backward, W frozen, x
     data."""
