@@ -53,7 +53,7 @@ from torch.autograd.function import once_differentiable
 
 from helpers.checkpoint import get_rng_state, set_rng_state
 from helpers.device import get_device, no_tf32, randn
-from helpers.labcheck import check
+from helpers.labcheck import Mistake, check, checker
 from helpers.labkit import applied
 from helpers.memory import SavedTensors, fmt_bytes
 from helpers.precision import ScalerState, loss_scale_step
@@ -65,21 +65,22 @@ cpu = torch.device("cpu")
 F64 = torch.float64
 
 
+@checker  # the self-checks' own code: an error in it is not placed in yours
 def grads_of(y, inputs, names, grad_y):
-    """torch.autograd.grad(y, inputs, grad_y), with one readable error when an input got
-    no gradient."""
+    """torch.autograd.grad(y, inputs, grad_y); a Mistake (the ✗ line's cause, as it
+    stands) when backward returned too few gradients or an input got none."""
     try:
         grads = torch.autograd.grad(y, inputs, grad_y, allow_unused=True)
     except RuntimeError as e:
         if "incorrect number of gradients" not in str(e):
             raise
-        raise RuntimeError(
+        raise Mistake(
             "backward must return one gradient per input of forward "
             "(None for non-tensors): " + str(e).split("returned ")[-1]
         ) from None
     missing = [n for n, g in zip(names, grads) if g is None]
     if missing:
-        raise RuntimeError(
+        raise Mistake(
             f"no gradient reached {', '.join(missing)}: "
             "is it an input of the Function, and does backward return its gradient?"
         )
@@ -559,6 +560,7 @@ assert all(torch.allclose(_a, _b, atol=1e-12) for _a, _b in zip(_gs3, _ref3))
 
 
 # %%
+@checker  # the check's own code: its frames are not yours
 class StackWatch:
     """The blocks of a stack, watched: each run with a graph (which block, from what
     input) and the gradient that reaches each block's output, in the order they
@@ -605,6 +607,7 @@ class StackWatch:
         return got[-1] if got else torch.zeros_like(like)
 
 
+@checker
 def stack_run2(run, every, ends=(1, 3, 4)):
     """(y, the order the segments are re-run in, what each re-run starts from, the
     gradient into each segment's last block, grad_x, all parameter gradients in one
@@ -651,6 +654,7 @@ def stack_run2(run, every, ends=(1, 3, 4)):
     return go
 
 
+@checker
 def stack_run2_data_x(run, every):
     """On a data x: (later segments re-run from an input without requires_grad,
     re-runs of block 0 whose input required grad, all parameter gradients)."""
@@ -697,7 +701,7 @@ y_ref2, _, _, into_ref2, gx_ref2, gp_ref2, _, _ = stack_run2(plain_stack_run, 2)
     x2, *params2
 )
 check(
-    stack_run2(lambda *a: applied(StackCheckpoint.apply)(*a), 2),
+    stack_run2(applied(StackCheckpoint.apply), 2),
     (y_ref2, "last to first", "the segment's own input", into_ref2, gx_ref2, gp_ref2)
     + (x2.numel() * x2.element_size(), 2),
     args=(x2, *params2),
@@ -726,7 +730,7 @@ check(
 )
 x_data = x2.detach()
 check(
-    stack_run2_data_x(lambda *a: applied(StackCheckpoint.apply)(*a), 2),
+    stack_run2_data_x(applied(StackCheckpoint.apply), 2),
     (0, 0, stack_run2_data_x(plain_stack_run, 2)(x_data, *params2)[2]),
     args=(x_data, *params2),
     outputs=(
@@ -937,12 +941,14 @@ assert _seen == [False, False]
 
 
 # %%
+@checker
 def same_state(a, b):
     """Two RNGStates (helpers.checkpoint) hold the same generator states."""
     same_cuda = all(torch.equal(s, u) for (_, s), (_, u) in zip(a.cuda, b.cuda))
     return torch.equal(a.cpu, b.cpu) and same_cuda
 
 
+@checker
 def dropout_run(run, seed=5):
     """(how fn is re-run in backward, y, grads..., next draw) for y = run(fn, x,
     *params) with fn = ffn_dropout, seeded; a draw in between."""
@@ -1001,7 +1007,7 @@ with torch.no_grad():  # what is drawn after the forward
     ffn_dropout(x3, *params3)
     after_forward = torch.rand(4, device=dev)
 check(
-    dropout_run(lambda fn, x, *p: applied(checkpoint_rng)(fn, x, *p)),
+    dropout_run(applied(checkpoint_rng)),
     (rerun_ok, *expected),
     args=(x3, *params3),
     outputs=(
@@ -1152,6 +1158,7 @@ for _seg in (1, 4, 6):
 
 
 # %%
+@checker  # the check's own code: its frames are not yours
 class SegmentWatch:
     """Stands in for checkpoint_rng and ffn_dropout while checkpoint_stack runs: which
     blocks each checkpoint_rng call runs, what it starts from, which weights it gets."""
@@ -1212,6 +1219,7 @@ class SegmentWatch:
         return ", ".join(self.starts)
 
 
+@checker
 def stack_run(run, seed=9):
     """(blocks per segment, what each starts from, weights passed to checkpoint_rng, y,
     grad_x, all parameter gradients in one vector, bytes kept), seeded."""
@@ -1259,7 +1267,7 @@ grad_y4 = randn(6, 5, seed=50, dtype=F64, device=dev)
 _, _, _, y_ref, gx_ref, gp_ref, _ = stack_run(plain_stack)(x4, *flat4)
 expected = (*how_ok, y_ref, gx_ref, gp_ref, 3 * x4.numel() * x4.element_size())
 check(
-    stack_run(lambda x, layers: applied(checkpoint_stack)(x, layers, 2)),
+    stack_run(checker(lambda x, layers: applied(checkpoint_stack)(x, layers, 2))),
     expected,
     args=(x4, *flat4),
     outputs=(
@@ -1301,6 +1309,42 @@ for seg in (1, 2, 5):
 # its full activations, so the peak is the kept inputs **plus one segment's activations**.
 # With $L$ blocks, segments of about $\sqrt{L}$ blocks balance the two.
 
+# %% [markdown]
+# Exercise 5 is about where float16 ends. Its smallest positive number is $2^{-24}$ and its
+# largest 65504, but a value is **rounded** to the nearest float16, so neither end is a sharp
+# cut. The cell converts a few float32 values around them:
+
+
+# %%
+def in_float16(v):
+    """v (a float) rounded to float16: 0, inf, k · 2⁻²⁴ (below 2⁻¹⁴) or a whole number."""
+    h = torch.tensor(v, dtype=torch.float32).half().item()
+    if h == 0 or math.isinf(h):
+        return "0" if h == 0 else "inf"
+    if h < 2.0**-14:  # float16's subnormals are the multiples of 2⁻²⁴
+        k = round(h / 2.0**-24)
+        return "2⁻²⁴" if k == 1 else f"{k} · 2⁻²⁴"
+    return f"{h:.0f}"
+
+
+near_edges = {
+    "2⁻²⁶": 2.0**-26,
+    "2⁻²⁵": 2.0**-25,
+    "1.01 · 2⁻²⁵": 1.01 * 2.0**-25,
+    "0.75 · 2⁻²⁴": 0.75 * 2.0**-24,
+    "2⁻²⁴": 2.0**-24,
+    "65519": 65519.0,
+    "65520": 65520.0,
+}
+for label, v in near_edges.items():
+    print(f"{label:>11} → {in_float16(v)} in float16")
+
+# %% [markdown]
+# So a float16 gradient is 0 only when its magnitude is at most $2^{-25}$ ($2^{-25}$ itself lies
+# halfway between 0 and $2^{-24}$ and rounds to the even one, 0); anything between $2^{-25}$ and
+# $2^{-24}$ rounds **up** to $2^{-24}$. At the top, 65519 still rounds to 65504 and 65520
+# becomes `inf`.
+
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex5
@@ -1311,9 +1355,9 @@ for seg in (1, 2, 5):
 # %% [markdown]
 # ## Exercise 5 · Loss scaling by hand (3 points)
 #
-# **Goal:** float16 gradients below $2^{-24}$ become 0 and above 65504 become `inf`; scaling
-# the loss moves them into range, and a scale that adapts handles both, which is what
-# `torch.amp.GradScaler` does.
+# **Goal:** float16 gradients of magnitude up to $2^{-25}$ become 0 and from 65520 up `inf`
+# (the cell above); scaling the loss moves them into range, and a scale that adapts handles
+# both, which is what `torch.amp.GradScaler` does.
 #
 # `loss_fn(*params)` computes a loss whose forward runs in float16 from float32 parameters
 # (like chapter 9's `fp16_forward_loss`). Write `scaled_step(params, loss_fn, scale, tracker,
@@ -1496,6 +1540,7 @@ def batches(n_steps=8):
     ]
 
 
+@checker
 def run_ours(W, b):
     """(scales, trackers, stepped, W, b) after 8 steps of your scaled_step."""
     W, b = W.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
@@ -1546,6 +1591,7 @@ def run_reference(W, b):
     )
 
 
+@checker
 def one_step(ours, scale, tracker, k, W, b):
     """(stepped, scale, tracker, step on W, step on b) after one step from (scale,
     tracker) on batch k, growth_interval=3: yours (ours=True) or loss_scale_step's."""
@@ -1577,7 +1623,7 @@ W5, b5 = randn(3, 4, seed=30, device=dev), randn(3, seed=31, device=dev)
 step_outputs = ("stepped", "scale", "tracker", "step on W", "step on b")
 # batch 4 at scale 2¹⁴: some gradient entries overflow, not all; tracker 2 before
 check(
-    lambda: one_step(True, 2.0**14, 2, 4, W5, b5),
+    checker(lambda: one_step(True, 2.0**14, 2, 4, W5, b5)),
     one_step(False, 2.0**14, 2, 4, W5, b5),
     outputs=step_outputs,
     name="Exercise 5 · scaled_step on an overflow",
@@ -1592,7 +1638,7 @@ check(
 )
 # batch 0 at scale 2⁴: no overflow; the third clean step in a row, so the scale grows
 check(
-    lambda: one_step(True, 2.0**4, 2, 0, W5, b5),
+    checker(lambda: one_step(True, 2.0**4, 2, 0, W5, b5)),
     one_step(False, 2.0**4, 2, 0, W5, b5),
     outputs=step_outputs,
     name="Exercise 5 · scaled_step on a clean step",
