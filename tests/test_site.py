@@ -92,6 +92,8 @@ def _toc_docnames(toc_path: Path) -> list[str]:
 
 
 DOCNAMES = _toc_docnames(TOC)
+# the Chinese edition's pages of the reading part (tools/i18n.py), served under zh/
+ZH_DOCNAMES = ["zh/" + d for d in DOCNAMES if not d.startswith("labs/") and d != "pages/testing"]
 
 
 def _config() -> dict:
@@ -151,12 +153,22 @@ def site(tmp_path_factory) -> Path:
                 + (proc.stdout + proc.stderr)[-6000:],
                 pytrace=False,
             )
-    return out / "_build" / "html"
+    html = out / "_build" / "html"
+    if SOURCE == ROOT:  # the Chinese edition beside it, as tools/book.sh builds it (tools/i18n.py)
+        import i18n
+
+        extra = ["--toc", str(TOC)] if TOC != SOURCE / "_toc.yml" else []
+        i18n.build(extra, out=out / "zh", site=html / "zh")
+    return html
 
 
 def _pages(site: Path) -> list[Path]:
-    """Every HTML page of the site (not the assets under _static/, _vendor/, _sources/)."""
-    return sorted(p for p in site.rglob("*.html") if not p.relative_to(site).parts[0].startswith("_"))
+    """Every HTML page of both editions (not the assets under _static/, _vendor/, _sources/, zh/_static/ …)."""
+    return sorted(
+        p
+        for p in site.rglob("*.html")
+        if not any(part.startswith("_") for part in p.relative_to(site).parts[:-1])
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -453,9 +465,10 @@ def _check_widgets(page) -> list[str]:
 
 
 @pytest.mark.browser
-@pytest.mark.parametrize("docname", DOCNAMES)
+@pytest.mark.parametrize("docname", DOCNAMES + ZH_DOCNAMES)
 def test_page_in_browser(browser, server, site, docname):
     visit = _Visit(browser, server + docname + ".html")
+    source = docname.removeprefix("zh/")  # a Chinese page shows the same notebook
     try:
         page = visit.page
         problems = _check_math(page)
@@ -471,12 +484,14 @@ def test_page_in_browser(browser, server, site, docname):
         broken = page.evaluate(JS_IMAGES)
         if broken:
             problems.append(f"images that did not load: {broken}")
-        if _is_notebook(docname):
+        if _is_notebook(source):
             hrefs = page.eval_on_selector_all(
                 "a[href*='colab.research.google.com']", "els => els.map(e => e.href)"
             )
-            if _colab_url(docname) not in hrefs:
-                problems.append(f"Colab button {hrefs} should point at {_colab_url(docname)}")
+            if _colab_url(source) not in hrefs:
+                problems.append(f"Colab button {hrefs} should point at {_colab_url(source)}")
+        if docname.startswith("zh/"):
+            problems += page.evaluate(JS_CHINESE_PAGE)
         problems += _check_animations(page)
         problems += _check_widgets(page)
         problems += visit.errors
@@ -485,6 +500,28 @@ def test_page_in_browser(browser, server, site, docname):
     finally:
         visit.close()
     assert not problems, f"{docname}:\n  " + "\n  ".join(problems)
+
+
+# A Chinese page: lang zh-CN, its prose in Chinese (no paragraph left in English), shown in a
+# font that has the glyphs (a CJK character as wide as a Latin em, not a missing-glyph box).
+JS_CHINESE_PAGE = r"""() => {
+  const problems = [];
+  if (document.documentElement.lang !== 'zh-CN') problems.push(`lang is ${document.documentElement.lang}`);
+  const english = [...document.querySelectorAll('main article p, main article li > p, main article h1, main article h2')]
+    .filter(p => !p.closest('.cell_output, .output, pre, table, .bbh-english-only, dl.glossary dt'))
+    .map(p => { const c = p.cloneNode(true); c.querySelectorAll('mjx-container, code, .headerlink').forEach(e => e.remove());
+                return c.textContent.trim(); })
+    .filter(t => /[A-Za-z]{3,}(\s+[A-Za-z]{3,}){3,}/.test(t) && !/[\u4e00-\u9fff]/.test(t));
+  if (english.length) problems.push(`${english.length} paragraphs in English only: ${english[0].slice(0, 80)}`);
+  const probe = document.createElement('span');
+  probe.textContent = '反向传播链式法则梯度';
+  probe.style.cssText = 'position:absolute;visibility:hidden;white-space:nowrap';
+  document.querySelector('main article').appendChild(probe);
+  const perChar = probe.getBoundingClientRect().width / 10, em = parseFloat(getComputedStyle(probe).fontSize);
+  probe.remove();
+  if (!(perChar > 0.8 * em && perChar < 1.2 * em)) problems.push(`a CJK character is ${perChar} px wide at ${em} px: no CJK font?`);
+  return problems;
+}"""
 
 
 # The pages committed under screenshots/ for review, at 1280 and 390 px.  The test command takes
@@ -626,7 +663,8 @@ def test_only_the_search_page_loads_the_search_index(site, capsys):
         for p in _pages(site)
     }
     assert len(loading.get("search.html", [])) == 3, f"search.html loads {loading.get('search.html')}"
-    elsewhere = {page: urls for page, urls in loading.items() if urls and page != "search.html"}
+    search_pages = ("search.html", "zh/search.html")
+    elsewhere = {page: urls for page, urls in loading.items() if urls and page not in search_pages}
     assert not elsewhere, f"{len(elsewhere)} pages besides search.html load the search scripts: " + ", ".join(
         list(elsewhere)[:5]
     )
@@ -713,7 +751,7 @@ def test_no_page_scrolls_sideways_on_a_phone_or_tablet(browser, server, site, wi
     problems = []
     try:
         page = context.new_page()
-        for docname in DOCNAMES:
+        for docname in DOCNAMES + ZH_DOCNAMES:
             page.goto(server + docname + ".html", wait_until="load")
             extra, wide = page.evaluate(JS_PAGE_OVERFLOW)
             if extra > 1:
@@ -994,3 +1032,81 @@ def test_the_whole_book_pdf_has_a_contents_page_and_an_outline(browser, tmp_path
             )
     assert "Chapters and labs" in contents and "Reference" in contents, contents
     assert reader.page_mode == "/UseOutlines"
+
+
+# ---------------------------------------------------------------------------------------------
+# the Chinese edition (tools/i18n.py): beside the English site, under zh/
+# ---------------------------------------------------------------------------------------------
+
+
+def test_every_page_has_a_language_switch_to_the_same_page_of_the_other_edition(site):
+    """English → zh/<page>, zh/<page> → English <page>; the link checker above resolves them."""
+    missing = []
+    for p in _pages(site):
+        rel = p.relative_to(site).as_posix()
+        if rel in ("index.html", "zh/index.html") or rel.endswith(("genindex.html", "search.html")):
+            continue
+        m = re.search(
+            r'<a class="[^"]*bbh-language-switch[^"]*" href="([^"]+)"', p.read_text(encoding="utf-8")
+        )
+        page = rel.removeprefix("zh/")
+        want = ("zh/" + page) if not rel.startswith("zh/") else page
+        if not m or posixpath.normpath(posixpath.join(posixpath.dirname(rel), m.group(1))) != want:
+            missing.append(f"{rel}: {m and m.group(1)}")
+    assert not missing, f"{len(missing)} pages without a switch to the same page: {missing[:5]}"
+
+
+@pytest.mark.browser
+def test_the_language_switch_lands_on_the_same_section(browser, server, site):
+    """A reader in a section of chapter 1 switches language and is at the same section, both ways."""
+    html = (site / "chapters" / "01_cat_mlp.html").read_text(encoding="utf-8")
+    section = re.findall(r'<section id="([^"]+)"', html)[2]
+    visit = _Visit(browser, f"{server}chapters/01_cat_mlp.html#{section}")
+    try:
+        for want in (f"zh/chapters/01_cat_mlp.html#{section}", f"chapters/01_cat_mlp.html#{section}"):
+            visit.page.click("a[data-bbh-language-switch]")
+            visit.page.wait_for_load_state("load")
+            assert visit.page.url == server + want, visit.page.url
+            top = visit.page.evaluate(
+                f"() => document.getElementById({section!r}).getBoundingClientRect().top"
+            )
+            assert -5 < top < 300, f"{want}: the section is at {top} px, not in view"
+        assert not visit.errors, visit.errors
+    finally:
+        visit.close()
+
+
+def test_a_lab_page_of_the_chinese_edition_says_in_one_line_that_it_stays_english(site):
+    for lab in [d for d in DOCNAMES if d.startswith("labs/lab")]:
+        zh = (site / "zh" / f"{lab}.html").read_text(encoding="utf-8")
+        assert zh.count('class="bbh-english-only"') == 1, lab
+        assert 'class="bbh-english-only"' not in (site / f"{lab}.html").read_text(encoding="utf-8")
+
+
+def test_chinese_search_indexes_words_not_single_characters(site):
+    """Sphinx's Chinese splitter (with jieba) indexes words (链式法则, 梯度), not single characters."""
+    import json
+
+    index = (site / "zh" / "searchindex.js").read_text(encoding="utf-8")
+    words = json.loads(index[index.index("(") + 1 : index.rindex(")")])["terms"]
+    chinese = [w for w in words if re.fullmatch(r"[\u4e00-\u9fff]+", w)]
+    assert {"链式法则", "梯度"} <= set(words), sorted(chinese)[:20]
+    assert sum(len(w) > 1 for w in chinese) > 0.5 * len(chinese), (
+        f"mostly single characters: {sorted(chinese)[:20]}"
+    )
+
+
+@pytest.mark.browser
+def test_chinese_search_finds_a_word(browser, server, site):
+    visit = _Visit(browser, server + "zh/search.html?q=" + urllib.parse.quote("链式法则"))
+    try:
+        visit.page.wait_for_function(
+            "() => (document.querySelector('#search-results .search-summary') || {}).textContent",
+            timeout=20000,
+        )
+        results = visit.page.evaluate(
+            "() => document.querySelectorAll('#search-results ul.search li').length"
+        )
+        assert results > 0 and not visit.errors, (results, visit.errors)
+    finally:
+        visit.close()

@@ -45,9 +45,14 @@ TITLE = "手推反向传播 · Backprop by Hand"
 
 
 def jupyter_book(*args: str) -> None:
-    """``jupyter-book ARGS`` with this Python (no reliance on a console script on PATH)."""
+    """``jupyter-book ARGS`` with this Python (no reliance on a console script on PATH); its
+    output is shown only when it fails (a one-line error, then the build's last lines)."""
     code = "import sys; from jupyter_book.cli.main import main; sys.argv[0] = 'jupyter-book'; main()"
-    subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, check=True)
+    proc = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(
+            f"i18n: jupyter-book {args[0]} failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-4000:]}"
+        )
 
 
 def extract(out: Path = ROOT / "_build" / "i18n") -> Path:
@@ -242,15 +247,16 @@ def zh_config(out: Path) -> Path:
     return path
 
 
-def build(extra: list[str] = ()) -> Path:
-    """The Chinese site, built like the English one, copied to _build/html/zh/; returns that folder."""
-    out = ROOT / "_build" / "zh"
+def build(extra: list[str] = (), out: Path | None = None, site: Path | None = None) -> Path:
+    """The Chinese site, built like the English one into ``out`` (default _build/zh), copied to
+    ``site`` (default _build/html/zh, beside the English site); returns ``site``."""
+    out = out or ROOT / "_build" / "zh"
+    site = site or ROOT / "_build" / "html" / "zh"
     config = zh_config(out)
     shutil.rmtree(out / "_build" / "html", ignore_errors=True)
     jupyter_book(
         "build", "-W", "-n", "--keep-going", "--config", str(config), "--path-output", str(out), *extra, "."
     )
-    site = ROOT / "_build" / "html" / "zh"
     shutil.rmtree(site, ignore_errors=True)
     shutil.copytree(out / "_build" / "html", site)
     return site
