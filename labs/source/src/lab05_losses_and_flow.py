@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from helpers.device import get_device, no_tf32, randn
 from helpers.gradflow import deep_mlp, fixed_batch, record_grad_flow
 from helpers.labcheck import CheckResult, autograd_grads, check, evaluate
+from helpers.show import fmt
 
 dev = get_device()
 no_tf32()
@@ -434,9 +435,6 @@ if result.status in ("pass", "fail") and hooks_left(model):
         counts=("hooks left on the model",),
         name="Exercise 2 · record_output_grad_norms",
     )
-    for m in model.modules():  # so that the cells below run on a clean model
-        m._forward_hooks.clear()
-        m._backward_hooks.clear()
 elif result.status == "fail":  # a known mistake, seen in the whole profile, says why
     result = known_norms_mistake(
         fresh_norms(record_output_grad_norms)(model, X, y),
@@ -444,7 +442,56 @@ elif result.status == "fail":  # a known mistake, seen in the whole profile, say
         layer_names(model),
         result,
     )
+for m in model.modules():  # so that the cells below run on a clean model
+    m._forward_hooks.clear()
+    m._backward_hooks.clear()
 print(result.line)
+
+# %% [markdown]
+# ## What a healthy ReLU does to the gradient
+#
+# Before you look for the broken layer, measure what a healthy layer does. A ReLU passes the
+# gradient only where its input was positive and zeroes it elsewhere. For each ReLU of the
+# colleague's model, the cell below counts the fraction of entries it passes and compares the
+# norm of the gradient that leaves it (backward) with the norm that enters it (chapter 5's
+# recorder, so it does not depend on your exercise 2):
+
+# %%
+relu_names = [name for name in layer_names(model) if name.endswith(".act")]
+passed = {}  # ReLU name -> the fraction of its outputs that are positive
+
+
+def count_passed(name):
+    """A forward hook storing the fraction of the module's outputs that are > 0."""
+
+    def hook(module, inputs, output):
+        passed[name] = (output > 0).double().mean().item()
+
+    return hook
+
+
+handles = [
+    model.get_submodule(n).register_forward_hook(count_passed(n)) for n in relu_names
+]
+try:
+    relu_norms = reference_norms(model, X, y)
+finally:
+    for h in handles:
+        h.remove()
+for name in relu_names:
+    before = layer_names(model)[layer_names(model).index(name) - 1]
+    ratio = relu_norms[before] / relu_norms[name]
+    print(
+        f"{name}: passes {fmt(passed[name], 2)} of the entries; ‖g‖ leaves/enters "
+        f"{fmt(ratio, 2)}, squared {fmt(ratio**2, 2)}"
+    )
+
+# %% [markdown]
+# Across each ReLU the norm falls to 0.65–0.80 of what entered, not to a half. A ReLU passes
+# the gradient of 0.46–0.61 of the entries here and zeroes the rest, so what it cuts in about
+# that proportion is the **squared** norm, a sum over the entries (0.42–0.64 of it is left);
+# the norm keeps about the square root of that. A well-initialised linear layer keeps the norm
+# about the same.
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -455,10 +502,11 @@ print(result.line)
 # ## Exercise 3 · Find the broken layer (2 points)
 #
 # **Goal:** in a healthy network the output-gradient norm changes by a factor of order 1 from
-# one layer to the previous one (a ReLU roughly halves it, a well-initialised linear layer keeps
-# it); a broken layer that kills the signal shows up as a collapse **across it**: the gradient
-# leaves it far smaller than it entered. (A layer that blows the gradient up would show the
-# opposite, a ratio far above 1; here you look for the collapse.)
+# one layer to the previous one (across each ReLU above it fell to 0.65–0.80 of what entered;
+# a well-initialised linear layer keeps it); a broken layer that kills the signal shows up as
+# a collapse **across it**: the gradient leaves it far smaller than it entered. (A layer that
+# blows the gradient up would show the opposite, a ratio far above 1; here you look for the
+# collapse.)
 #
 # Write `steepest_drop(norms, names)`: `names` lists the layers in forward order and `norms`
 # maps each to its $\lVert \partial L/\partial\,\text{output} \rVert$. For every layer `names[i]` with $i \ge 1$, the gradient enters
