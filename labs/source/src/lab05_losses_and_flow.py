@@ -509,10 +509,12 @@ for name in relu_names:
 # collapse.)
 #
 # Write `steepest_drop(norms, names)`: `names` lists the layers in forward order and `norms`
-# maps each to its $\lVert \partial L/\partial\,\text{output} \rVert$. For every layer `names[i]` with $i \ge 1$, the gradient enters
-# it (backward) with norm `norms[names[i]]` and leaves it with norm `norms[names[i - 1]]` (the
-# previous layer's output is this layer's input). Return the name with the smallest ratio
-# leaves / enters. Then run it on the colleague's model (the cell below the self-check does).
+# maps each to its $\lVert \partial L/\partial\,\text{output} \rVert$, in any order (a
+# recorder fills it during backward, head first): the order to follow is that of `names`. For
+# every layer `names[i]` with $i \ge 1$, the gradient enters it (backward) with norm
+# `norms[names[i]]` and leaves it with norm `norms[names[i - 1]]` (the previous layer's output
+# is this layer's input). Return the name with the smallest ratio leaves / enters. Then run it
+# on the colleague's model (the cell below the self-check does).
 
 # %% [raw]
 # # BEGIN SOLUTION
@@ -568,9 +570,10 @@ assert (
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 3** (on three made-up profiles; reference: the layer each was built to
+# **Self-check 3** (on four made-up profiles; reference: the layer each was built to
 # collapse at, or, in the third, the layer with the smallest ratio of a profile with no
-# collapse at all; a wrong name that a known mistake gives is named):
+# collapse at all; the fourth comes in the order a recorder fills it, backward, with `names`
+# in forward order; a wrong name that a known mistake gives is named):
 
 # %%
 profiles = {
@@ -587,6 +590,17 @@ profiles = {
     # the gradient shrinks towards the output: still, only i ≥ 1 has a ratio
     "no collapse": {"a": 8.0, "b": 2.0, "c": 1.5, "d": 0.1},
 }
+names3 = {k: list(p) for k, p in profiles.items()}  # each in forward order
+# as a recorder fills it: during backward, the last layer first; names in forward order
+profiles["recorded in backward order"] = {
+    "act3": 20.0,
+    "fc3": 25.0,
+    "act2": 30.0,
+    "fc2": 0.3,
+    "act1": 0.4,
+    "fc1": 0.5,
+}
+names3["recorded in backward order"] = ["fc1", "act1", "fc2", "act2", "fc3", "act3"]
 known3 = {  # what known mistakes return on each profile
     "a collapse": {
         "the steepest rise: the largest leaves/enters, or enters/leaves": "out.act",
@@ -597,10 +611,19 @@ known3 = {  # what known mistakes return on each profile
     "no collapse": {
         "names[0] given a ratio: i from 0, names[-1] taken as before it": "a"
     },
+    "recorded in backward order": {
+        "the order of norms followed, not that of names": "act1",
+        "the names sorted, not in the forward order given": "fc3",
+    },
 }
 check(
-    lambda: {k: steepest_drop(p, list(p)) for k, p in profiles.items()},
-    {"a collapse": "mid.act", "large norms": "c", "no collapse": "c"},
+    lambda: {k: steepest_drop(p, names3[k]) for k, p in profiles.items()},
+    {
+        "a collapse": "mid.act",
+        "large norms": "c",
+        "no collapse": "c",
+        "recorded in backward order": "act2",
+    },
     mistakes=known3,
     name="Exercise 3 · steepest_drop",
     against="the profiles' collapse",
@@ -611,8 +634,16 @@ check(
 # it with the norms of exercise 2, then explain to yourself what must be wrong with it).
 
 # %%
-broken = steepest_drop(reference_norms(model, X, y), layer_names(model))
-print("broken layer:", broken)
+recorded = reference_norms(model, X, y)  # filled during backward: the head first
+broken = steepest_drop(recorded, layer_names(model))
+in_forward_order = {name: recorded[name] for name in layer_names(model)}
+if broken != steepest_drop(in_forward_order, layer_names(model)):
+    print(
+        "✗ Exercise 3 · steepest_drop: names another layer when the same norms come in "
+        "forward order: follow names, not the order of norms"
+    )
+else:
+    print("broken layer:", broken)
 
 # %% [raw]
 # # BEGIN QUESTION
