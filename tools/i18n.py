@@ -11,7 +11,7 @@ and table cell of every page (one ``.pot`` per page: ``gettext_compact: false`` 
 and ``sphinx-intl`` keeps one ``.po`` per page in ``locales/zh_CN/LC_MESSAGES/``. Code cells, their
 outputs and the figures are not in the catalogs (Sphinx leaves literal blocks out by default),
 so the Chinese pages show the same notebooks' code and outputs: nbval and the helpers keep one
-owner. myst-nb (>= 1.1) parses a translated paragraph of a notebook as Markdown, not as notebook
+owner. myst-nb (1.4.0, since MyST-NB#600) parses a translated paragraph of a notebook as Markdown, not as notebook
 JSON (the gettext problem other projects met with ``.ipynb`` sources), so the notebooks
 themselves are the sources and no copy of them exists.
 
