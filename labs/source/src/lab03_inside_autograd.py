@@ -48,7 +48,7 @@ import torch
 
 from helpers import micrograd
 from helpers.device import get_device, no_tf32, randn
-from helpers.labcheck import autograd_grads, check, evaluate
+from helpers.labcheck import autograd_grads, check, checker, evaluate
 from helpers.memory import SavedTensors, tensor_bytes
 
 dev = get_device()
@@ -785,6 +785,7 @@ def graph3(xs):
     return (a, b, c), out, side
 
 
+@checker
 def in_words(v):
     """Node v as graph3's code writes it: a, b, c, s, out by name, the rest as expressions."""
     if v.name:
@@ -806,6 +807,7 @@ def in_words(v):
     return f"{v._op}({words[0]})"  # relu, tanh, exp
 
 
+@checker
 def node_label(v):
     """How a ✗ line names node v: its name or expression; a constant by the node using it."""
     if v.name == "s":
@@ -817,6 +819,7 @@ def node_label(v):
     return in_words(v)
 
 
+@checker
 def said_by_node(line, output, got, expected, labels, unit):
     """line with a generic '<output> is wrong…' message (entries by index) said by node."""
     head, colon, rest = line.partition(": ")
