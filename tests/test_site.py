@@ -1034,6 +1034,31 @@ def test_the_whole_book_pdf_has_a_contents_page_and_an_outline(browser, tmp_path
     assert reader.page_mode == "/UseOutlines"
 
 
+@pytest.mark.browser
+def test_the_chinese_pdf_has_its_own_title_contents_and_captions(browser, tmp_path, capsys):
+    """pdf.py --language zh_CN on the small book: the Chinese title, 目录, the parts' captions and
+    the chapter's title from the catalogs, page numbers that point at those pages."""
+    import i18n
+    import pypdf
+
+    toc = tmp_path / "toc.yml"
+    toc.write_text(PDF_TOC, encoding="utf-8")
+    out = tmp_path / PDF_NAME
+    argv = ["--path-output", str(tmp_path), "--toc", str(toc), "--out", str(out), "--language", "zh_CN"]
+    rc = _pdf.main(argv, browser=browser)
+    printed = capsys.readouterr().out
+    assert rc == 0 and PDF_SUMMARY.search(printed), printed
+    reader = pypdf.PdfReader(out)
+    contents = re.sub(r"\s+", " ", reader.pages[0].extract_text())
+    assert contents.startswith(f"{i18n.TITLE} {i18n.PDF_LABELS['contents']}"), contents[:200]
+    captions = i18n.translations("intro")
+    assert captions.get("Chapters and labs", "?") in contents and captions.get("Reference", "?") in contents
+    top = [item.title for item in reader.outline if not isinstance(item, list)]
+    assert top[0] == i18n.PDF_LABELS["introduction"] and len(top) == 4, top
+    chapter = i18n.translations("chapters/01_cat_mlp").get("1. The cat MLP by hand", "1. The cat MLP by hand")
+    assert top[1].replace(" ", "") == chapter.replace("\\", "").replace(" ", ""), (top[1], chapter)
+
+
 # ---------------------------------------------------------------------------------------------
 # the Chinese edition (tools/i18n.py): beside the English site, under zh/
 # ---------------------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ CATALOGS = LOCALES / LANGUAGE / "LC_MESSAGES"
 # Labs stay English for now (their prompts are being rewritten) and say so on the Chinese site.
 REQUIRED = ("intro", "chapters/", "pages/notation", "pages/glossary")
 TITLE = "手推反向传播 · Backprop by Hand"
+PDF_LABELS = {"contents": "目录", "introduction": "简介"}  # tools/pdf.py's contents page
 
 
 def jupyter_book(*args: str) -> None:

@@ -47,6 +47,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 PDF_NAME = "backprop-by-hand.pdf"
 TITLE = "Backprop by Hand"
+# the contents page's own words (tools/i18n.py has the Chinese edition's)
+LABELS = {"contents": "Contents", "introduction": "Introduction"}
 
 
 def build_singlehtml(path_output: Path, toc: Path | None = None, config: Path | None = None) -> Path:
@@ -150,7 +152,7 @@ BOOK_CSS = """
 # the table of contents' parts (read_toc: the captions, the chapters, their labs under them), each
 # entry titled as its page's first heading; lists the headings for the outline.
 # Returns {contents: [[id, title, level]], outline: [[level, title, id]]}; ids are headings' ids.
-PREPARE_BOOK = r"""([placeholder, parts]) => {
+PREPARE_BOOK = r"""([placeholder, parts, labels]) => {
   const text = (el) => {
     const c = el.cloneNode(true);
     c.querySelectorAll('.headerlink, mjx-assistive-mml').forEach(e => e.remove());
@@ -189,8 +191,9 @@ PREPARE_BOOK = r"""([placeholder, parts]) => {
   if (toc && root && parts) {
     const nav = document.createElement('nav');
     nav.id = 'bbh-contents';
-    nav.setAttribute('aria-label', 'Contents');
-    nav.innerHTML = '<h2>Contents</h2>';
+    nav.setAttribute('aria-label', labels.contents);
+    nav.innerHTML = '<h2></h2>';
+    nav.querySelector('h2').textContent = labels.contents;
     const row = (id, label, level) => {
       const a = document.createElement('a');
       a.href = '#' + id;
@@ -202,7 +205,7 @@ PREPARE_BOOK = r"""([placeholder, parts]) => {
       nav.appendChild(a);
       contents.push([id, label, level]);
     };
-    row(root.id || (root.id = 'bbh-introduction'), 'Introduction', 1);
+    row(root.id || (root.id = 'bbh-introduction'), labels.introduction, 1);
     for (const [caption, docnames] of parts) {
       if (caption) {
         const part = document.createElement('div');
@@ -219,7 +222,7 @@ PREPARE_BOOK = r"""([placeholder, parts]) => {
   }
   // The outline: each document's title at level 1, its own headings under it by their depth in it.
   if (root && !root.id) root.id = 'bbh-introduction';
-  const documents = root ? [[root, 'Introduction']] : [];
+  const documents = root ? [[root, labels.introduction]] : [];
   for (const span of document.querySelectorAll('span[id^="document-"]')) {
     const sec = span.nextElementSibling;
     if (sec && sec.tagName === 'SECTION') documents.push([sec, null]);
@@ -328,6 +331,7 @@ def print_pdf(
     toc: Path | None = None,
     title: str = TITLE,
     captions: dict | None = None,
+    labels: dict | None = None,
 ) -> Printed:
     """Print ``folder``'s single page to ``out`` with an outline, and a contents page from ``toc``.
 
@@ -340,7 +344,7 @@ def print_pdf(
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
             try:
-                return print_pdf(folder, out, browser, tagged, toc, title, captions)
+                return print_pdf(folder, out, browser, tagged, toc, title, captions, labels)
             finally:
                 browser.close()
     page_name = next(p.name for p in sorted(folder.glob("*.html")) if p.name != "index.html")
@@ -354,7 +358,7 @@ def print_pdf(
         page.set_default_timeout(300_000)
         done.formulas, done.images = page.evaluate(WAIT_FOR_PAGE)
         parts = [[(captions or {}).get(c, c), docs] for c, docs in read_toc(toc)] if toc else None
-        book = page.evaluate(PREPARE_BOOK, [PLACEHOLDER, parts])
+        book = page.evaluate(PREPARE_BOOK, [PLACEHOLDER, parts, labels or LABELS])
         page.add_style_tag(content=BOOK_CSS)
         page.emulate_media(media="print")
         page.set_viewport_size({"width": A4_COLUMN_PX, "height": 900})
@@ -415,14 +419,14 @@ def main(argv: list[str], browser=None) -> int:
     if browser is None and not Path(CHROMIUM).exists():
         sys.exit(f"pdf: no Chromium at {CHROMIUM} (set CHROMIUM=...; apt-get install chromium)")
     start = time.time()
-    title, captions, config, path_output = TITLE, None, None, args.path_output.resolve()
+    title, captions, labels, config, path_output = TITLE, None, LABELS, None, args.path_output.resolve()
     out = args.out or path_output / "_build" / "html" / PDF_NAME
     if args.language != "en":
         import i18n  # tools/, beside this file
 
         path_output = path_output / "_build" / "zh-pdf"
         config = i18n.zh_config(path_output)
-        title, captions = i18n.TITLE, i18n.translations("intro")
+        title, captions, labels = i18n.TITLE, i18n.translations("intro"), i18n.PDF_LABELS
         out = args.out or args.path_output.resolve() / "_build" / "html" / "zh" / PDF_NAME
     folder = build_singlehtml(path_output, args.toc, config)
     built = time.time()
@@ -434,6 +438,7 @@ def main(argv: list[str], browser=None) -> int:
         toc=args.toc or ROOT / "_toc.yml",
         title=title,
         captions=captions,
+        labels=labels,
     )
     size = out.stat().st_size / 1e6
     print(
