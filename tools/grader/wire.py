@@ -199,7 +199,9 @@ class Peer:
                     return {"same": blobs.sent[id(obj)]}
                 blobs.sent[id(obj)] = len(blobs.sent)
                 blobs.keep.append(obj)
-            t = obj.detach().to("cpu").contiguous()
+            t = obj.detach().to("cpu")
+            order = _memory_order(t)  # a transposed view crosses as one (lab 2: X may be non-contiguous)
+            t = (t.permute(*order) if order else t).contiguous()
             dtype = str(t.dtype).removeprefix("torch.")
             if dtype not in DTYPES:
                 raise WireError(f"tensor dtype {dtype} cannot cross")
@@ -211,6 +213,8 @@ class Peer:
                 "grad": bool(obj.requires_grad),
                 "param": isinstance(obj, torch.nn.Parameter),
             }
+            if order:
+                node["order"] = order
             if obj.is_leaf and obj.grad is not None:  # a leaf's .grad travels with it (clipping edits it)
                 node["dot_grad"] = self.encode(obj.grad, blobs, depth + 1)
             if isinstance(blobs, Blobs):
@@ -268,6 +272,11 @@ class Peer:
             t = (torch.frombuffer(bytearray(raw), dtype=dtype) if n else torch.empty(0, dtype=dtype)).reshape(
                 shape
             )
+            order = node.get("order")
+            if order is not None:  # the dims in memory order: permute back to the sender's view
+                if not isinstance(order, list) or sorted(order) != list(range(len(shape))):
+                    raise WireError("bad tensor order")
+                t = t.permute(*[order.index(d) for d in range(len(order))])
             if node.get("param"):
                 t = torch.nn.Parameter(t, requires_grad=bool(node.get("grad")))
             elif node.get("grad") and (t.is_floating_point() or t.is_complex()):
@@ -682,6 +691,14 @@ _ALLOWED = ("torch.", "helpers.")
 
 def _path(cls) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _memory_order(t) -> list | None:
+    """The dims of a non-contiguous but dense view (a transpose) from outermost to innermost, else None."""
+    if t.dim() < 2 or t.is_contiguous():
+        return None
+    order = sorted(range(t.dim()), key=lambda d: (-t.stride(d), d))
+    return order if t.permute(*order).is_contiguous() else None
 
 
 def _importable(cls, prefixes=_ALLOWED) -> bool:
