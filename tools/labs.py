@@ -221,10 +221,24 @@ def _keep_autograder(lab: str, out: Path) -> Path:
     return dest / "autograder.zip"
 
 
+def contract_path(lab: str) -> Path:
+    """The lab's contract module (labs/source/contracts/LAB.py; labs/README.md "Contracts"), if it has one."""
+    return SOURCES / "contracts" / f"{lab}.py"
+
+
+def record_contract(lab: str) -> None:
+    """Write helpers/data/LAB.contract.json (the self-check's cases and reference outputs) from the contract."""
+    if contract_path(lab).exists():
+        subprocess.run(
+            [sys.executable, str(SOURCES / "contracts" / "contract.py"), "record", lab], check=True, cwd=ROOT
+        )
+
+
 def release(lab: str, execute: bool = True) -> None:
     """Source -> executed source, otter autograder in labs/dist/LAB/, executed labs/LAB.ipynb."""
     use_this_python()
     src = source_path(lab)
+    record_contract(lab)  # before the source runs: its self-checks read the recorded outputs
     if execute:
         nbtool.execute(src)  # fresh outputs; its self-checks and hidden tests must pass
     with tempfile.TemporaryDirectory(prefix="labs-assign-") as d:

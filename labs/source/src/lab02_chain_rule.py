@@ -44,13 +44,7 @@ if "google.colab" in sys.modules:
 # %%
 import torch
 
-from helpers.device import get_device, no_tf32, randn
-from helpers.labcheck import autograd_grads, check
-
-dev = get_device()
-no_tf32()
-# finite differences need float64: in float32 round-off swamps them
-dtype = torch.float64
+from helpers.labcontract import check_contract
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -74,12 +68,13 @@ dtype = torch.float64
 # checks this way.
 #
 # Write `directional_derivatives(f, x, U, eps)` for a function `f` that maps a tensor to a
-# scalar tensor: `U` stacks $k$ directions, `U[j]` of the shape of `x`. Return a tensor of
+# scalar tensor: `x` of any shape, in float32 or float64; `U` stacks $k \ge 1$ directions,
+# `U[j]` of the shape of `x` and of any length (not only unit vectors). Return a tensor of
 # shape `(k,)` and the dtype of `x` whose entry $j$ estimates $U_j^\top \nabla f(x)$ with a
-# **central** difference of step $\varepsilon$ along $U_j$. Work out from the Taylor expansion
-# of $g(\pm\varepsilon)$ what to divide by, and why the error is $O(\varepsilon^2)$ where a
-# one-sided difference's is $O(\varepsilon)$. Leave `x` unchanged. A loop over the directions
-# is fine.
+# **central** difference of step $\varepsilon$ along $U_j$: the `eps` given, or its default
+# $10^{-6}$ when none is. Work out from the Taylor expansion of $g(\pm\varepsilon)$ what to
+# divide by, and why the error is $O(\varepsilon^2)$ where a one-sided difference's is
+# $O(\varepsilon)$. Leave `x` unchanged. A loop over the directions is fine.
 #
 # <details><summary>Hint: the formula (check yours against it)</summary>
 #
@@ -117,35 +112,55 @@ def directional_derivatives(f, x, U, eps=1e-6):
 """ # BEGIN TEST CONFIG
 hidden: true
 """  # END TEST CONFIG
-import torch
+from helpers.labcontract import hidden_check
 
-from helpers.device import randn
-
-_x = randn(3, 2, seed=101, dtype=torch.float64)
-_U = randn(4, 3, 2, seed=102, dtype=torch.float64)
-_x0, _U0 = _x.clone(), _U.clone()
-_d = directional_derivatives(lambda t: (t.exp() * t[:, :1]).sum(), _x, _U)
-_leaf = _x.clone().requires_grad_()
-(_g,) = torch.autograd.grad((_leaf.exp() * _leaf[:, :1]).sum(), _leaf)
-assert _d.shape == (4,) and _d.dtype == torch.float64
-assert torch.equal(_x, _x0) and torch.equal(_U, _U0)
-assert torch.allclose(_d, _U.reshape(4, -1) @ _g.reshape(-1), atol=1e-6, rtol=1e-6)
+hidden_check("lab02", "ex1", directional_derivatives, "there is one direction (k = 1)")
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
 """  # END TEST CONFIG
-import torch
+from helpers.labcontract import hidden_check
 
-# Σ t³ at (1, 2) with ε = 1e-2: central gives uᵀ∇f + ε² Σ uᵢ³ exactly,
-# 11.4 + 0.0000728 along (0.6, 0.8) and 12 + 0.0001 along (0, 1)
-_d = directional_derivatives(
-    lambda t: (t**3).sum(),
-    torch.tensor([1.0, 2.0], dtype=torch.float64),
-    torch.tensor([[0.6, 0.8], [0.0, 1.0]], dtype=torch.float64),
-    eps=1e-2,
+hidden_check(
+    "lab02", "ex1", directional_derivatives, "there are several directions (k = 2–5)"
 )
-assert abs(float(_d[0]) - 11.4000728) < 1e-9 and abs(float(_d[1]) - 12.0001) < 1e-9
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+from helpers.labcontract import hidden_check
+
+hidden_check(
+    "lab02", "ex1", directional_derivatives, "x has 2 or more dims (U is (k, *x.shape))"
+)
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+from helpers.labcontract import hidden_check
+
+hidden_check(
+    "lab02", "ex1", directional_derivatives, "eps is left at its default (1e-6)"
+)
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+from helpers.labcontract import hidden_check
+
+hidden_check("lab02", "ex1", directional_derivatives, "eps is large (0.05–0.5)")
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+from helpers.labcontract import hidden_check
+
+hidden_check("lab02", "ex1", directional_derivatives, "x is float32 (eps = 0.01–0.1)")
 
 # %% [raw]
 # # END TESTS
@@ -154,59 +169,17 @@ assert abs(float(_d[0]) - 11.4000728) < 1e-9 and abs(float(_d[1]) - 12.0001) < 1
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 1** (reference: autograd's gradient, dotted with each of 5 random unit
-# directions, on $f(x) = \sum x \sin x + \prod x$, with $\varepsilon = 10^{-3}$; it also checks
-# that `x` and `U` are unchanged):
-
+# **Self-check 1** compares your function with reference outputs recorded from the course's
+# own solution, on one case of each promise above: one direction and several, an `x` with 2
+# or more dims, `eps` left at its default and given large, an `x` in float32. A `✗` names the
+# kind of case that fails before any number. With $\varepsilon = 10^{-2}$ a central difference
+# is off the true slope by about $\varepsilon^2 = 10^{-4}$ (times $g'''(0)/6$) and a one-sided
+# one by about $\varepsilon = 10^{-2}$: both far outside the check's tolerance, $10^{-9}$
+# against the same central difference, so the check tells them apart (at the default
+# $10^{-6}$ it cannot, and it allows $10^{-4}$ there).
 
 # %%
-def f_test(x):
-    """Σ x·sin(x) + Π x: every entry of the gradient depends on the others."""
-    return (x * x.sin()).sum() + x.prod()
-
-
-x_test = randn(2, 3, seed=20, dtype=dtype, device=dev)
-U_test = randn(5, 2, 3, seed=21, dtype=dtype, device=dev)
-U_test = U_test / U_test.reshape(5, -1).norm(dim=1).reshape(5, 1, 1)  # unit directions
-(grad_test,) = autograd_grads(f_test, (x_test,))
-expected = U_test.reshape(5, -1) @ grad_test.reshape(-1)  # (5, 6) @ (6,) -> (5,)
-# known wrong answers, built from autograd's first and second derivatives
-eps = 1e-3
-hess = torch.autograd.functional.hessian(f_test, x_test).reshape(6, 6)
-# a one-sided difference's error, ε/2 · uᵀ H u for each direction u
-bias = eps / 2 * ((U_test.reshape(5, -1) @ hess) * U_test.reshape(5, -1)).sum(1)
-first = torch.arange(5, device=dev) == 0
-check(
-    directional_derivatives,
-    expected,
-    args=(f_test, x_test, U_test, eps),
-    outputs=("slopes",),
-    mistakes={
-        "slopes": {
-            "a one-sided difference at x + εu (error +ε/2·uᵀHu)": expected + bias,
-            "a one-sided difference at x − εu (error −ε/2·uᵀHu)": expected - bias,
-            "0 everywhere (both evaluations of f at the same point?)": 0 * expected,
-            "the slope along all ones for every u (stepped x + ε, not x + εu)": (
-                grad_test.sum() * torch.ones_like(expected)
-            ),
-            "the first direction's slope, 0 for the others (one direction done)": (
-                expected * first
-            ),
-        }
-    },
-    name="Exercise 1 · directional_derivatives",
-    against="autograd",
-    atol=1e-5,
-    rtol=1e-5,
-)
-
-# %% [markdown]
-# The tolerance is $10^{-5}$, not $10^{-10}$: with $\varepsilon = 10^{-3}$ the central
-# difference's truncation error is of order $\varepsilon^2 = 10^{-6}$ (times $g'''/6$), and
-# the round-off in $f(x \pm \varepsilon u)$ divided by $2\varepsilon$ is about $10^{-13}$. A
-# one-sided difference's error is of order $\varepsilon = 10^{-3}$: it fails this check.
-# Five directions cost 10 evaluations of $f$ here, `numerical_grad` 12; for a (768, 768)
-# weight it would be 1,179,648.
+check_contract("lab02", "ex1", directional_derivatives)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -225,7 +198,9 @@ check(
 # way round: $Y = X W + b$ with `W` (in, out), `b` (out,). And a layer inside a transformer
 # sees `X` of shape (B, T, in), or any `(..., in)`: every leading index is one more row, and
 # `Y` is `(..., out)`. Given `grad_Y` $= \partial L/\partial Y$ `(..., out)`, return
-# `(grad_X, grad_W, grad_b)` with the shapes of `X`, `W`, `b`. The arguments come in the
+# `(grad_X, grad_W, grad_b)` with the shapes of `X`, `W`, `b` and the dtype of `X` (float32 or
+# float64). `X` may be a non-contiguous view (a transpose of another tensor, as the layer
+# after an attention head often gets). The arguments come in the
 # course's order, `(X, W, grad_Y)`, as in `helpers.numgrad.linear_backward` (which you may
 # not call here).
 # Derive each from one entry, $Y_{ro} = \sum_i X_{ri} W_{io} + b_o$ for a row $r$, then write
@@ -270,64 +245,65 @@ def dense_backward(X, W, grad_Y):
 """ # BEGIN TEST CONFIG
 hidden: true
 """  # END TEST CONFIG
-import torch
+from helpers.labcontract import hidden_check
 
-from helpers.device import randn
-
-_X, _W, _b = (
-    randn(6, 5, seed=201, dtype=torch.float64),
-    randn(5, 3, seed=202, dtype=torch.float64),
-    randn(3, seed=203, dtype=torch.float64),
-)
-_gY = randn(6, 3, seed=204, dtype=torch.float64)
-_leaves = [t.clone().requires_grad_() for t in (_X, _W, _b)]
-_ref = torch.autograd.grad(_leaves[0] @ _leaves[1] + _leaves[2], _leaves, _gY)
-_out = dense_backward(_X, _W, _gY)
-assert all(
-    o.shape == r.shape and torch.allclose(o, r, atol=1e-12) for o, r in zip(_out, _ref)
-)
+hidden_check("lab02", "ex2", dense_backward, "X is 1-D (in,)")
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
 """  # END TEST CONFIG
-import torch
+from helpers.labcontract import hidden_check
 
-from helpers.device import randn
-
-# four leading dims: 2·3·1·4 = 24 rows share W and b
-_X, _W, _b = (
-    randn(2, 3, 1, 4, 5, seed=205, dtype=torch.float64),
-    randn(5, 7, seed=206, dtype=torch.float64),
-    randn(7, seed=207, dtype=torch.float64),
-)
-_gY = randn(2, 3, 1, 4, 7, seed=208, dtype=torch.float64)
-_leaves = [t.clone().requires_grad_() for t in (_X, _W, _b)]
-_ref = torch.autograd.grad(_leaves[0] @ _leaves[1] + _leaves[2], _leaves, _gY)
-_out = dense_backward(_X, _W, _gY)
-assert all(
-    o.shape == r.shape and torch.allclose(o, r, atol=1e-12) for o, r in zip(_out, _ref)
-)
+hidden_check("lab02", "ex2", dense_backward, "X is 2-D (R, in)")
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
 """  # END TEST CONFIG
-import torch
+from helpers.labcontract import hidden_check
 
-from helpers.device import randn
+hidden_check("lab02", "ex2", dense_backward, "X is 3-D (B, T, in)")
 
-# one row, and no leading dim at all: grad_W is the outer product x ⊗ grad_y (in, out)
-_x, _W = (
-    randn(4, seed=209, dtype=torch.float64),
-    randn(4, 6, seed=210, dtype=torch.float64),
-)
-_gy = randn(6, seed=211, dtype=torch.float64)
-for _lead in ((1,), ()):
-    _gX, _gW, _gb = dense_backward(_x.reshape(*_lead, 4), _W, _gy.reshape(*_lead, 6))
-    assert _gX.shape == (*_lead, 4) and _gW.shape == (4, 6) and _gb.shape == (6,)
-    assert torch.allclose(_gW, torch.outer(_x, _gy), atol=1e-12)
-    assert torch.allclose(_gb, _gy, atol=1e-12)
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+from helpers.labcontract import hidden_check
+
+hidden_check("lab02", "ex2", dense_backward, "X has 4 or more dims (…, in)")
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+from helpers.labcontract import hidden_check
+
+hidden_check("lab02", "ex2", dense_backward, "a leading dim of X has size 1")
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+from helpers.labcontract import hidden_check
+
+hidden_check("lab02", "ex2", dense_backward, "W is square (out = in)")
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+from helpers.labcontract import hidden_check
+
+hidden_check("lab02", "ex2", dense_backward, "X is float32")
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+from helpers.labcontract import hidden_check
+
+hidden_check("lab02", "ex2", dense_backward, "X is a non-contiguous view (a transpose)")
 
 # %% [raw]
 # # END TESTS
@@ -336,26 +312,12 @@ for _lead in ((1,), ()):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 2** (reference: autograd through `X @ W + b` with `X` (B, T, in) = (3, 5, 6),
-# `W` (6, 4) and upstream gradient `grad_Y` (3, 5, 4)):
+# **Self-check 2** (recorded reference outputs, one case of each promise: `X` 1-D, 2-D, 3-D,
+# with 4 or more dims, with a leading dim of size 1; a square `W`; float32; a
+# non-contiguous `X`):
 
 # %%
-X = randn(3, 5, 6, seed=2, dtype=dtype, device=dev)
-W = randn(6, 4, seed=3, dtype=dtype, device=dev)
-b = randn(4, seed=4, dtype=dtype, device=dev)
-grad_Y = randn(3, 5, 4, seed=5, dtype=dtype, device=dev)
-# (3, 5, 6) @ (6, 4) -> (3, 5, 4)
-expected = autograd_grads(lambda X, W, b: X @ W + b, (X, W, b), grad_Y)
-check(
-    dense_backward,
-    expected,
-    args=(X, W, grad_Y),
-    outputs=("grad_X", "grad_W", "grad_b"),
-    # a mean over the batch, or over all B·T rows, instead of the sum
-    factors={"B": 3, "B·T": 15},
-    name="Exercise 2 · dense_backward",
-    against="autograd",
-)
+check_contract("lab02", "ex2", dense_backward)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -369,7 +331,8 @@ check(
 # **Goal:** when a value feeds two branches, its gradient is the **sum** of what each branch
 # sends back: accumulate with `+=`, never overwrite.
 #
-# A residual block: $Y = \tanh(X W^\top) + X$ with `X` (B, D) and a square `W` (D, D). `X` is
+# A residual block: $Y = \tanh(X W^\top) + X$ with `X` (B, D) for any $B \ge 1$ and a square
+# `W` (D, D), any values (0 included). `X` is
 # used twice, inside the layer and on the skip connection. Given `grad_Y` (B, D), return
 # `(grad_X, grad_W)`. You may write the linear part inline (do not call your Exercise 2).
 
@@ -400,38 +363,38 @@ def residual_backward(grad_Y, X, W):
 """ # BEGIN TEST CONFIG
 hidden: true
 """  # END TEST CONFIG
-import torch
+from helpers.labcontract import hidden_check
 
-from helpers.device import randn
+hidden_check("lab02", "ex3", residual_backward, "there is one row (B = 1)")
 
-_X, _W, _gY = (
-    randn(4, 3, seed=301, dtype=torch.float64),
-    randn(3, 3, seed=302, dtype=torch.float64),
-    randn(4, 3, seed=303, dtype=torch.float64),
-)
-_leaves = [t.clone().requires_grad_() for t in (_X, _W)]
-_ref = torch.autograd.grad(
-    torch.tanh(_leaves[0] @ _leaves[1].T) + _leaves[0], _leaves, _gY
-)
-_out = residual_backward(_gY, _X, _W)
-assert all(
-    o.shape == r.shape and torch.allclose(o, r, atol=1e-12) for o, r in zip(_out, _ref)
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+from helpers.labcontract import hidden_check
+
+hidden_check(
+    "lab02", "ex3", residual_backward, "there are more rows than features (B > D)"
 )
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
 """  # END TEST CONFIG
-import torch
+from helpers.labcontract import hidden_check
 
-# W = 0: the layer's branch sends back grad_Y ⊙ 1 @ 0 = 0,
-# so grad_X is the skip's grad_Y alone
-_gY = torch.arange(6.0, dtype=torch.float64).reshape(2, 3)
-_gX, _gW = residual_backward(
-    _gY, torch.ones(2, 3, dtype=torch.float64), torch.zeros(3, 3, dtype=torch.float64)
+hidden_check(
+    "lab02", "ex3", residual_backward, "there are fewer rows than features (2 ≤ B < D)"
 )
-assert torch.allclose(_gX, _gY, atol=1e-12) and torch.allclose(
-    _gW, _gY.T @ torch.ones(2, 3, dtype=torch.float64), atol=1e-12
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+from helpers.labcontract import hidden_check
+
+hidden_check(
+    "lab02", "ex3", residual_backward, "W is 0 (only the skip path sends X a gradient)"
 )
 
 # %% [raw]
@@ -441,40 +404,11 @@ assert torch.allclose(_gX, _gY, atol=1e-12) and torch.allclose(
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 3** (reference: autograd through the residual block):
+# **Self-check 3** (recorded reference outputs: one row, more rows than features, fewer rows
+# than features, and `W = 0`):
 
 # %%
-X_res = randn(5, 4, seed=6, dtype=dtype, device=dev)
-W_res = randn(4, 4, seed=7, dtype=dtype, device=dev)
-grad_Y_res = randn(5, 4, seed=8, dtype=dtype, device=dev)
-expected = autograd_grads(
-    lambda X, W: torch.tanh(X @ W.T) + X, (X_res, W_res), grad_Y_res
-)
-# known wrong answers: autograd through an activation whose slope is a wrong tanh'
-wrong_slope = {
-    "tanh' taken as 1 − tanh": lambda H: H - H.cosh().log(),  # slope 1 - tanh(H)
-    "tanh' left out (the layer treated as linear)": lambda H: H,  # slope 1
-    "tanh' from X Wᵀ, not from tanh's output": lambda H: H - H**3 / 3,  # slope 1 - H²
-}
-wrong = {
-    f"the gradient with {label}": autograd_grads(
-        lambda X, W, act=act: act(X @ W.T) + X, (X_res, W_res), grad_Y_res
-    )
-    for label, act in wrong_slope.items()
-}
-check(
-    residual_backward,
-    expected,
-    args=(grad_Y_res, X_res, W_res),
-    terms={"grad_X": {"the skip path": grad_Y_res}},
-    outputs=("grad_X", "grad_W"),
-    mistakes={
-        "grad_X": {label: g[0] for label, g in wrong.items()},
-        "grad_W": {label: g[1] for label, g in wrong.items()},
-    },
-    name="Exercise 3 · residual_backward",
-    against="autograd",
-)
+check_contract("lab02", "ex3", residual_backward)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -497,7 +431,8 @@ check(
 #
 # Write `unrepeat(grad, shape, reps)`: given `grad` $= \partial L/\partial y$ for
 # `y = x.repeat(*reps)`, return $\partial L/\partial x$, with exactly the shape `shape` of
-# `x`. Chapter 2 showed the rule for broadcasting (a value used many times: sum what each use
+# `x` (`shape` is a tuple or a `torch.Size`, `()` for a 0-dim `x`; `reps` a tuple of ints
+# ≥ 1). Chapter 2 showed the rule for broadcasting (a value used many times: sum what each use
 # sends back); work out which entries of `grad` are copies of the same entry of `x`.
 #
 # <details><summary>Hint: the recipe</summary>
@@ -536,44 +471,46 @@ def unrepeat(grad, shape, reps):
 """ # BEGIN TEST CONFIG
 hidden: true
 """  # END TEST CONFIG
-import torch
+from helpers.labcontract import hidden_check
 
-from helpers.device import randn
-
-_x = randn(2, 3, seed=401, dtype=torch.float64)
-_gy = randn(4, 6, seed=402, dtype=torch.float64)
-_leaf = _x.clone().requires_grad_()
-(_ref,) = torch.autograd.grad(_leaf.repeat(2, 2), _leaf, _gy)
-_gx = unrepeat(_gy, _x.shape, (2, 2))
-assert _gx.shape == (2, 3) and torch.allclose(_gx, _ref, atol=1e-12)
+hidden_check("lab02", "ex4", unrepeat, "reps is as long as x.dim() and every rep > 1")
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
 """  # END TEST CONFIG
-import torch
+from helpers.labcontract import hidden_check
 
-from helpers.device import randn
-
-# reps longer than x.dim(), some reps of 1, and a dim of size 1 repeated
-for _shape, _reps, _seed in (((3,), (2, 1, 4), 403), ((2, 1, 3), (1, 4, 1), 405)):
-    _x = randn(*_shape, seed=_seed, dtype=torch.float64)
-    _leaf = _x.clone().requires_grad_()
-    _y = _leaf.repeat(*_reps)
-    _gy = randn(*_y.shape, seed=_seed + 1, dtype=torch.float64)
-    (_ref,) = torch.autograd.grad(_y, _leaf, _gy)
-    _gx = unrepeat(_gy, _shape, _reps)
-    assert _gx.shape == _shape and torch.allclose(_gx, _ref, atol=1e-12)
+hidden_check("lab02", "ex4", unrepeat, "some reps are 1")
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
 """  # END TEST CONFIG
-import torch
+from helpers.labcontract import hidden_check
 
-# a 0-dim x repeated 3 times: its gradient is the sum of the three
-_gx = unrepeat(torch.tensor([1.0, 2.0, 4.0], dtype=torch.float64), (), (3,))
-assert _gx.shape == () and float(_gx) == 7.0
+hidden_check(
+    "lab02",
+    "ex4",
+    unrepeat,
+    "reps is longer than x.dim() (x gets leading dims of size 1)",
+)
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+from helpers.labcontract import hidden_check
+
+hidden_check("lab02", "ex4", unrepeat, "x has a dim of size 1 that is repeated")
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+from helpers.labcontract import hidden_check
+
+hidden_check("lab02", "ex4", unrepeat, "x is 0-dim (shape ())")
 
 # %% [raw]
 # # END TESTS
@@ -582,52 +519,11 @@ assert _gx.shape == () and float(_gx) == 7.0
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 4** (reference: autograd through `y = x.repeat(2, 3, 2, 2)` with `x` (3, 2),
-# so `y` is (2, 3, 6, 4), 24 copies of `x`, and upstream gradient `grad_y` (2, 3, 6, 4)):
+# **Self-check 4** (recorded reference outputs: `reps` as long as `x.dim()`, some reps of 1,
+# `reps` longer than `x.dim()`, a dim of size 1 repeated, a 0-dim `x`):
 
 # %%
-x_tile = randn(3, 2, seed=9, dtype=dtype, device=dev)
-grad_y = randn(2, 3, 6, 4, seed=10, dtype=dtype, device=dev)
-reps = (2, 3, 2, 2)
-(expected,) = autograd_grads(lambda x: x.repeat(*reps), (x_tile,), grad_y)
-
-first = torch.zeros_like(grad_y)
-first[:1, :1, :3, :2] = 1  # 1 on the first tile of y, 0 on the other 23
-# known wrong answers: autograd of the forwards that the mistakes undo
-wrong_forward = {
-    # each entry's copies side by side: (1, 1, 3, 2) -> (2, 3, 6, 4)
-    "repeat_interleave's backward (each entry copied in place, not whole tiles)": (
-        lambda x: (
-            x.reshape(1, 1, 3, 2)
-            .repeat_interleave(2, 0)
-            .repeat_interleave(3, 1)
-            .repeat_interleave(2, 2)
-            .repeat_interleave(2, 3)
-        )
-    ),
-    # x's dims lined up with reps on the left: (3, 2, 1, 1) -> (6, 6, 2, 2)
-    "a tiling with x's dims lined up with reps on the left, not the right": (
-        lambda x: x.reshape(3, 2, 1, 1).repeat(*reps).reshape(2, 3, 6, 4)
-    ),
-    # only the first tile depends on x
-    "the first tile's gradient alone (the other 23 copies dropped)": (
-        lambda x: x.repeat(*reps) * first
-    ),
-}
-mistakes = {
-    label: autograd_grads(fwd, (x_tile,), grad_y)[0]
-    for label, fwd in wrong_forward.items()
-}
-mistakes["the mean over the 2·3·2·2 = 24 tiles, not the sum"] = expected / 24
-check(
-    unrepeat,
-    expected,
-    args=(grad_y, x_tile.shape, reps),
-    outputs=("grad_x",),
-    mistakes={"grad_x": mistakes},
-    name="Exercise 4 · unrepeat",
-    against="autograd",
-)
+check_contract("lab02", "ex4", unrepeat)
 
 # %% [markdown]
 # ## Before you hand in

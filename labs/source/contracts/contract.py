@@ -1,0 +1,312 @@
+"""One contract per exercise: what a lab's self-check and its hidden tests both check, declared once.
+
+A lab's contract module (``labs/source/contracts/labNN_name.py``, instructor side: not released,
+not on the site) declares, per exercise, the function's name and signature, the reference
+solution and the **case classes**: one per promise of the prompt (a shape, a flag value, a
+default, an edge value), each named in words that read after "fails when". A class draws its
+free parameters (shapes, reps, eps, …) from a ``hypothesis`` strategy, run from a fixed seed
+(``@seed``, no example database), so the cases are the same on every run; the values in its
+tensors come from ``helpers.device.randn`` with a seed per case.
+
+* The first ``public`` cases of every class are the self-check's: ``record`` writes them, with
+  the reference's outputs, to ``helpers/data/labNN_name.contract.json`` (values only), which
+  ``helpers.labcontract.check_contract`` reads in the student's notebook.
+* The next ``hidden`` cases of the same class are the hidden tests': a hidden-test cell is
+  ``hidden_check(lab, exercise, fn, class name)``, which runs them against the reference
+  computed here, in the grader's harness process.
+* Known mistakes: a mutant of the lab's catalog (``labs/source/labNN_name.mutants.yml``) with a
+  ``known:`` label is run on the public cases at record time; its outputs are recorded beside
+  the reference's, and the self-check's ✗ says "grad_x matches <label>" when an answer equals one.
+
+    python labs/source/contracts/contract.py record lab02_chain_rule   # what `tools/labs.py release` runs
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT))
+from helpers.labcontract import DATA, disagreement, encode  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+SOURCES = ROOT / "labs" / "source"
+
+
+@dataclass
+class Case:
+    """One call: the arguments, and what a ✗ may use to name the cause (factors, terms)."""
+
+    args: tuple
+    kwargs: dict = field(default_factory=dict)
+    factors: dict = field(default_factory=dict)  # {"R": 15}: labcheck names "1/R × the expected value"
+    terms: dict = field(default_factory=dict)  # {"grad_X": {"the skip path": tensor}}
+
+
+@dataclass
+class CaseClass:
+    """A promise of the prompt: its name in words, a strategy for its free parameters, a case maker."""
+
+    name: str  # reads after "fails when": "X is 1-D (in,)"
+    strategy: Any  # a hypothesis strategy
+    make: Callable[[Any, int], Case]  # (drawn parameters, seed) -> Case
+    public: int = 1
+    hidden: int = 2
+    atol: float = 1e-10
+    rtol: float = 1e-8
+
+
+@dataclass
+class Exercise:
+    name: str  # "ex2": the question's name in the source
+    function: str  # the name the notebook defines and the grader calls
+    signature: str  # "(X, W, grad_Y)": checked against the notebook's def
+    title: str  # "Exercise 2 · dense_backward"
+    reference: Callable
+    outputs: tuple
+    classes: list
+
+
+def draw(strategy, n: int, key: int) -> list:
+    """The first n distinct examples of a hypothesis strategy, the same on every run (seeded, no database)."""
+    from hypothesis import HealthCheck, Phase, given, seed, settings
+
+    seen: list = []
+
+    @seed(key)
+    @settings(
+        database=None,
+        max_examples=max(50, 20 * n),
+        phases=[Phase.generate],
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        print_blob=False,
+    )
+    @given(strategy)
+    def collect(value):
+        if value not in seen:
+            seen.append(value)
+
+    collect()
+    if len(seen) < n:
+        raise ValueError(f"the strategy gave {len(seen)} distinct examples, {n} needed")
+    return seen[:n]
+
+
+def _clone(v):
+    if isinstance(v, torch.Tensor):
+        return v.clone()
+    if isinstance(v, tuple) and not isinstance(v, torch.Size):
+        return tuple(_clone(x) for x in v)
+    if isinstance(v, list):
+        return [_clone(x) for x in v]
+    return v
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return True
+
+
+class Contract:
+    """A lab's exercises and their case classes."""
+
+    def __init__(self, lab: str, exercises: list[Exercise], base_seed: int):
+        self.lab = lab
+        self.exercises = {e.name: e for e in exercises}
+        self.base_seed = base_seed
+
+    def case_class(self, exercise: str, name: str) -> CaseClass:
+        ex = self.exercises[exercise]
+        hit = [c for c in ex.classes if c.name == name]
+        if not hit:
+            raise KeyError(
+                f"{self.lab} {exercise}: no case class {name!r}; has {[c.name for c in ex.classes]}"
+            )
+        return hit[0]
+
+    def cases(self, exercise: str, name: str) -> tuple[list[Case], list[Case]]:
+        """(public, hidden) cases of one class, from one seeded draw."""
+        ex = self.exercises[exercise]
+        cls = self.case_class(exercise, name)
+        k = [c.name for c in ex.classes].index(name)
+        q = list(self.exercises).index(exercise)
+        key = self.base_seed + 1000 * q + 50 * k
+        params = draw(cls.strategy, cls.public + cls.hidden, key)
+        made = [cls.make(p, key + 1 + 5 * i) for i, p in enumerate(params)]
+        # hypothesis draws the simplest example first (all sides 1 or 2): a hidden case, not the public one
+        return made[1 : 1 + cls.public], made[:1] + made[1 + cls.public :]
+
+    # ------------------------------------------------------------ hidden tests
+
+    def hidden_check(self, exercise: str, fn, name: str) -> None:
+        """Every hidden case of one class: fn's outputs against the reference; AssertionError naming the class."""
+        ex = self.exercises[exercise]
+        cls = self.case_class(exercise, name)
+        for case in self.cases(exercise, name)[1]:
+            given, given_kw = _clone(case.args), _clone(case.kwargs)
+            got = fn(*given, **given_kw)
+            assert _same(given, case.args) and _same(list(given_kw.values()), list(case.kwargs.values())), (
+                f"{ex.title} changed its arguments in place when {name}"
+            )
+            expected = ex.reference(*_clone(case.args), **_clone(case.kwargs))
+            why = disagreement(got, expected, ex.outputs, cls.atol, cls.rtol)
+            assert why is None, f"{ex.title} fails when {name}: {why}"
+
+    # ------------------------------------------------------------------ record
+
+    def record(self, known: dict | None = None) -> dict:
+        """The public cases with the reference's outputs (and the known mistakes' outputs), as JSON data."""
+        known = known if known is not None else known_mistakes(self)
+        out = {
+            "lab": self.lab,
+            "recorded_from": f"labs/source/contracts/{self.lab}.py (python tools/labs.py release {self.lab[:5]})",
+            "exercises": {},
+        }
+        for ex in self.exercises.values():
+            classes = []
+            for cls in ex.classes:
+                cases = []
+                for case in self.cases(ex.name, cls.name)[0]:
+                    expected = ex.reference(*_clone(case.args), **_clone(case.kwargs))
+                    node = {
+                        "args": encode(tuple(case.args)),
+                        "kwargs": encode(dict(case.kwargs)),
+                        "expected": encode(expected),
+                        "atol": cls.atol,
+                        "rtol": cls.rtol,
+                    }
+                    if case.factors:
+                        node["factors"] = encode(dict(case.factors))
+                    if case.terms:
+                        node["terms"] = {o: encode(dict(t)) for o, t in case.terms.items()}
+                    wrong = _wrong_outputs(ex, cls, case, expected, known.get(ex.name, {}))
+                    if wrong:
+                        node["mistakes"] = wrong
+                    cases.append(node)
+                classes.append({"name": cls.name, "cases": cases})
+            out["exercises"][ex.name] = {
+                "function": ex.function,
+                "title": ex.title,
+                "outputs": list(ex.outputs),
+                "classes": classes,
+            }
+        return out
+
+    def write(self) -> Path:
+        path = DATA / f"{self.lab}.contract.json"
+        path.write_text(json.dumps(self.record(), ensure_ascii=False, indent=None) + "\n", encoding="utf-8")
+        return path
+
+
+def _wrong_outputs(ex: Exercise, cls: CaseClass, case: Case, expected, known: dict) -> dict:
+    """{output: {label: value}} of the known mistakes that give a wrong output of the right shape here."""
+    from helpers.labcontract import _parts
+
+    out: dict = {}
+    exp_parts = _parts(expected, len(ex.outputs))
+    for label, fn in known.items():
+        try:
+            got = fn(*_clone(case.args), **_clone(case.kwargs))
+        except Exception:  # noqa: BLE001 - a mistake that crashes here needs no recorded value
+            continue
+        parts = _parts(got, len(ex.outputs))
+        if parts is None or disagreement(got, expected, ex.outputs, cls.atol, cls.rtol) is None:
+            continue
+        for name, g, e in zip(ex.outputs, parts, exp_parts):
+            if isinstance(g, torch.Tensor) and g.shape == e.shape and g.dtype == e.dtype:
+                if disagreement(g, e, (name,), cls.atol, cls.rtol) is not None:
+                    out.setdefault(name, {})[label] = encode(g.detach())
+    return out
+
+
+# ------------------------------------------------------- the source's solutions
+
+
+def _solutions(lab: str) -> tuple[list[str], dict[str, list[str]]]:
+    """(setup code before the first question, {exercise: its solution cells' code}) of the source."""
+    import nbformat
+    import yaml
+
+    nb = nbformat.read(SOURCES / f"{lab}.ipynb", as_version=4)
+    setup, sols, q, inside = [], {}, None, False
+    for cell in nb.cells:
+        text = cell.source.strip()
+        if cell.cell_type == "raw":
+            if text.startswith("# BEGIN QUESTION"):
+                q = str((yaml.safe_load(cell.source.split("\n", 1)[1]) or {})["name"])
+                sols[q] = []
+            elif text.startswith("# BEGIN SOLUTION"):
+                inside = True
+            elif text.startswith("# END SOLUTION"):
+                inside = False
+            continue
+        if cell.cell_type != "code":
+            continue
+        if q is None:
+            setup.append(cell.source)
+        elif inside:
+            sols[q].append(cell.source)
+    return setup, sols
+
+
+def solution_function(lab: str, exercise: Exercise, edits=()):
+    """The source's solution of one exercise as a function, with a catalog mutant's edits applied."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import mutants
+
+    setup, sols = _solutions(lab)
+    code = mutants._mutate(sols[exercise.name], edits, f"{lab} {exercise.name}")
+    ns: dict = {"__name__": "__contract__"}
+    for c in [*setup, *code]:
+        mutants._run(c, ns)
+    return ns[exercise.function]
+
+
+def known_mistakes(contract: Contract) -> dict:
+    """{exercise: {label: mutant function}} for the catalog entries with a ``known:`` label."""
+    import yaml
+
+    path = SOURCES / f"{contract.lab}.mutants.yml"
+    entries = yaml.safe_load(path.read_text()) if path.exists() else []
+    out: dict = {}
+    for e in entries or []:
+        if e.get("known") and e["exercise"] in contract.exercises:
+            ex = contract.exercises[e["exercise"]]
+            out.setdefault(ex.name, {})[str(e["known"])] = solution_function(contract.lab, ex, e["replace"])
+    return out
+
+
+def load(lab: str) -> Contract:
+    """The CONTRACT of labs/source/contracts/<lab>.py."""
+    import importlib
+
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
+    return importlib.import_module(lab).CONTRACT
+
+
+def labs_with_contracts() -> list[str]:
+    return sorted(p.stem for p in HERE.glob("lab*.py"))
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] != "record":
+        print("usage: contract.py record LAB", file=sys.stderr)
+        return 2
+    path = load(argv[1]).write()
+    print(f"recorded {path.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

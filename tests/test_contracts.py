@@ -1,0 +1,204 @@
+"""One contract per exercise (labs/README.md "Contracts"): the self-check and the hidden tests draw on the
+same case classes, the self-check reads recorded values only, and the mistake catalog is judged on them.
+
+Covers every lab with a contract module in labs/source/contracts/ (lab 2, the pilot).
+"""
+
+import ast
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+CONTRACTS = ROOT / "labs" / "source" / "contracts"
+sys.path.insert(0, str(CONTRACTS))
+sys.path.insert(0, str(ROOT / "tools"))
+import contract  # noqa: E402
+import nbtool  # noqa: E402
+
+import labs  # noqa: E402
+from helpers import labcontract  # noqa: E402
+
+LABS = contract.labs_with_contracts()
+CALL = re.compile(r"^(check_contract|hidden_check)\((.*)\)$")
+
+
+def _calls(lab: str) -> tuple[dict, dict]:
+    """({exercise: [self-check call args]}, {exercise: [hidden-test call args]}) from the source's cells."""
+    import yaml
+
+    checks, hidden, q, where = {}, {}, None, None
+    for cell in labs.read_nb(labs.source_path(lab)).cells:
+        text = cell.source.strip()
+        if cell.cell_type == "raw":
+            if text.startswith("# BEGIN QUESTION"):
+                q = str((yaml.safe_load(cell.source.split("\n", 1)[1]) or {})["name"])
+                where = "prompt"
+            elif text.startswith("# BEGIN TESTS"):
+                where = "tests"
+            elif text.startswith("# END TESTS"):
+                where = "prompt"
+            elif text.startswith("# END QUESTION"):
+                where = "selfcheck"
+            continue
+        if cell.cell_type != "code" or q is None:
+            continue
+        tree = ast.parse(cell.source)
+        calls = [
+            n.value
+            for n in tree.body
+            if isinstance(n, ast.Expr)
+            and isinstance(n.value, ast.Call)
+            and isinstance(n.value.func, ast.Name)
+        ]
+        for c in calls:
+            args = [ast.literal_eval(a) if isinstance(a, ast.Constant) else ast.unparse(a) for a in c.args]
+            if where == "tests" and c.func.id == "hidden_check":
+                hidden.setdefault(q, []).append(args)
+            elif where == "selfcheck" and c.func.id == "check_contract":
+                checks.setdefault(q, []).append(args)
+    return checks, hidden
+
+
+def test_there_is_a_contract_and_its_lab_is_a_lab():
+    assert "lab02_chain_rule" in LABS
+    assert set(LABS) <= set(labs.labs())
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_one_declaration_per_exercise_with_the_notebooks_name_and_signature(lab):
+    c = contract.load(lab)
+    questions = [q for q, _ in labs.questions(labs.read_nb(labs.source_path(lab)))]
+    assert list(c.exercises) == questions
+    text = (ROOT / "labs" / "source" / "src" / f"{lab}.py").read_text()
+    for ex in c.exercises.values():
+        assert f"def {ex.function}{ex.signature}:" in text, (lab, ex.name, ex.function, ex.signature)
+        assert ex.title.startswith(f"Exercise {ex.name[2:]} · {ex.function}")
+        assert len(ex.classes) >= 3 and len({k.name for k in ex.classes}) == len(ex.classes)
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_self_check_and_hidden_tests_draw_on_the_same_case_classes(lab):
+    """Every class has public cases (recorded, the self-check's) and hidden ones (other values), and a
+    hidden-test cell; no class is hidden-only; each self-check is one call."""
+    c = contract.load(lab)
+    data = labcontract.load(lab)
+    checks, hidden = _calls(lab)
+    rows = []
+    for ex in c.exercises.values():
+        names = [k.name for k in ex.classes]
+        recorded = data["exercises"][ex.name]
+        assert [k["name"] for k in recorded["classes"]] == names, ex.name
+        assert all(k["cases"] for k in recorded["classes"]), ex.name
+        assert checks.get(ex.name) == [[lab[:5], ex.name, ex.function]], (ex.name, checks.get(ex.name))
+        tested = [a[3] for a in hidden.get(ex.name, [])]
+        assert sorted(tested) == sorted(names), (ex.name, tested, names)
+        assert all(a[:3] == [lab[:5], ex.name, ex.function] for a in hidden[ex.name])
+        for k in ex.classes:
+            public, secret = c.cases(ex.name, k.name)
+            assert public and secret, (ex.name, k.name)
+            enc = [json.dumps(labcontract.encode(tuple(x.args))) for x in public + secret]
+            assert len(set(enc)) == len(enc), f"{ex.name} {k.name}: a hidden case repeats a public one"
+            rows.append(f"{ex.name} {k.name}: {len(public)} public, {len(secret)} hidden")
+    print("\n" + "\n".join(rows))
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_the_recorded_data_is_what_the_contract_records_now(lab):
+    """helpers/data/LAB.contract.json is fresh: the same cases, reference outputs equal up to round-off."""
+    fresh = json.loads(json.dumps(contract.load(lab).record()))
+    have = labcontract.load(lab)
+
+    def same(a, b, path="") -> None:
+        if isinstance(a, dict) and "tensor" in a:
+            ta, tb = labcontract.decode(a), labcontract.decode(b)
+            assert ta.shape == tb.shape and ta.dtype == tb.dtype, path
+            assert torch.allclose(ta, tb, atol=1e-12, rtol=1e-9), path
+        elif isinstance(a, dict):
+            assert sorted(a) == sorted(b), (path, sorted(a), sorted(b))
+            for k in a:
+                same(a[k], b[k], f"{path}/{k}")
+        elif isinstance(a, list):
+            assert len(a) == len(b), path
+            for i, (x, y) in enumerate(zip(a, b)):
+                same(x, y, f"{path}/{i}")
+        else:
+            assert a == b, (path, a, b)
+
+    same(fresh, have)
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_the_student_side_holds_no_reference(lab):
+    """helpers/labcontract.py and the student notebook define none of the answers; the notebook's code
+    outside the answer cells is the setup and one call per self-check."""
+    c = contract.load(lab)
+    tree = ast.parse((ROOT / "helpers" / "labcontract.py").read_text())
+    defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    assert not defined & {ex.function for ex in c.exercises.values()}
+    nb = labs.read_nb(labs.student_path(lab))
+    answers = {ex.function for ex in c.exercises.values()}
+    for cell in nb.cells:
+        if cell.cell_type != "code" or "google.colab" in cell.source:
+            continue
+        defs = {n.name for n in ast.walk(ast.parse(cell.source)) if isinstance(n, ast.FunctionDef)}
+        assert defs <= answers, defs
+        if not defs:
+            lines = [ln for ln in cell.source.splitlines() if ln.strip()]
+            assert all(ln.startswith(("import ", "from ", "check_contract(")) for ln in lines), lines
+    assert "contracts" not in json.dumps(nb)
+
+
+def test_a_cross_names_the_failing_case_class_before_any_number():
+    def only_3d(X, W, grad_Y):  # a learner's dense_backward that works for (B, T, in) only
+        return grad_Y @ W.T, (X.mT @ grad_Y).sum(0), grad_Y.sum((0, 1))
+
+    line = labcontract.evaluate_contract("lab02", "ex2", only_3d).line
+    assert line.startswith("✗ Exercise 2 · dense_backward fails when X is 1-D (in,)"), line
+    assert "— works when X is 3-D (B, T, in)" in line, line
+    with pytest.raises(AssertionError, match=r"fails when X is 2-D \(R, in\): grad_W has shape"):
+        labcontract.hidden_check("lab02", "ex2", only_3d, "X is 2-D (R, in)")
+    with pytest.raises(RuntimeError):  # a learner's error reaches the harness as itself (its notes name it)
+        labcontract.hidden_check("lab02", "ex2", only_3d, "X is 1-D (in,)")
+    labcontract.hidden_check("lab02", "ex2", only_3d, "X is 3-D (B, T, in)")  # right where it works
+
+
+def test_a_transposed_view_crosses_the_grading_boundary_as_one():
+    """The non-contiguous class means something in the harness: wire keeps a transpose's layout."""
+    sys.path.insert(0, str(ROOT / "tools" / "grader"))
+    import wire
+
+    a, b = wire.Peer(None, None), wire.Peer(None, None)
+    for t in (torch.randn(2, 4, 3).transpose(-1, -2), torch.randn(3, 5).T):
+        blobs = []
+        back = b.decode(a.encode(t, blobs), blobs)
+        assert torch.equal(back, t) and back.stride() == t.stride() and not back.is_contiguous()
+    t = torch.randn(4, 6)[:, ::2]  # not a permutation of a dense layout: crosses contiguous, as before
+    blobs = []
+    back = b.decode(a.encode(t, blobs), blobs)
+    assert torch.equal(back, t) and back.is_contiguous()
+
+
+def test_contract_modules_are_linted_and_formatted():
+    """labs/source/contracts/ is not under tests/test_lint.py's paths: ruff runs on it here."""
+    import os
+
+    env = dict(os.environ, RUFF_NO_CACHE="true")
+    for args in (["check"], ["format", "--check"]):
+        run = subprocess.run(
+            [sys.executable, "-m", "ruff", *args, str(CONTRACTS)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+        assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_the_text_source_of_the_contract_lab_is_its_notebook():
+    assert all(lab not in p for p in nbtool.check() for lab in LABS)
