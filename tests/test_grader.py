@@ -710,6 +710,27 @@ MUTANTS = {
             )
         ],
     ),
+    # lab 2's contract (labs/source/contracts/): a transposed X crosses as a transposed view, an argument
+    # written into is seen, and a function from helpers.labcontract.FUNCTIONS is called across
+    "X.view on a non-contiguous X (lab 2)": (
+        "lab02_chain_rule",
+        "ex2",
+        [("X_rows = X.reshape(-1, X.shape[-1])", "X_rows = X.view(-1, X.shape[-1])")],
+    ),
+    "grad_X aliased to grad_Y, written into (lab 2)": (
+        "lab02_chain_rule",
+        "ex3",
+        [("grad_X = grad_H @ W ", "grad_X = grad_Y "), ("grad_X += grad_Y ", "grad_X += grad_H @ W ")],
+    ),
+    "eps ignored (lab 2)": (
+        "lab02_chain_rule",
+        "ex1",
+        [
+            ("/ (2 * eps)", "/ (2 * 1e-6)"),
+            ("f(x + eps * U[j])", "f(x + 1e-6 * U[j])"),
+            ("f(x - eps * U[j])", "f(x - 1e-6 * U[j])"),
+        ],
+    ),
     "micro-batch losses summed (lab 11)": (
         "lab11_training_by_hand",
         "ex5",

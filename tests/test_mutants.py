@@ -66,3 +66,50 @@ def test_a_mutant_that_slips_through_is_reported(tmp_path, monkeypatch):
     ex = next(iter(first.values()))
     v = mutants.run_one(lab, ex, ex.solution, "no change at all", None)
     assert not v.caught_by_selfcheck and not v.caught_by_tests
+
+
+# ---------------------------------------------------------------------------------------------
+# Labs with a contract (labs/source/contracts/, labs/README.md "Contracts"): the self-check and the
+# hidden tests draw on the same case classes, so a mutant gets ✗ if and only if it loses points.
+# ---------------------------------------------------------------------------------------------
+
+CONTRACT_LABS = [lab for lab in LABS if (ROOT / "labs" / "source" / "contracts" / f"{lab}.py").exists()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lab", CONTRACT_LABS)
+def test_with_a_contract_the_self_check_says_x_if_and_only_if_the_hidden_tests_take_points(lab, capsys):
+    """Each catalogued mistake, run through the notebook's self-check cell and hidden-test cells
+    (tools/mutants.py), and class by class: which classes the self-check fails, which hidden tests fail."""
+    import yaml
+
+    sys.path.insert(0, str(ROOT / "labs" / "source" / "contracts"))
+    import contract
+
+    from helpers import labcontract
+
+    controls, verdicts = mutants.run_lab(lab)
+    assert all(not v.caught_by_selfcheck and not v.caught_by_tests for v in controls)
+    off = [v for v in verdicts if v.caught_by_selfcheck != v.caught_by_tests]
+    assert not off, "\n".join(f"{v.exercise} {v.mistake}: {v.selfcheck} [{v.tests_failed}]" for v in off)
+
+    c, data = contract.load(lab), labcontract.load(lab)
+    pairs = same = 0
+    for entry in yaml.safe_load(mutants.catalog_path(lab).read_text()):
+        ex = c.exercises[entry["exercise"]]
+        fn = contract.solution_function(lab, ex, entry["replace"])
+        for k in data["exercises"][ex.name]["classes"]:
+            public = any(labcontract._run_case(fn, case, ex.outputs)[0] != "pass" for case in k["cases"])
+            try:
+                c.hidden_check(ex.name, fn, k["name"])
+                hidden = False
+            except Exception:  # noqa: BLE001 - any failure of a hidden test takes points
+                hidden = True
+            pairs, same = pairs + 1, same + (public == hidden)
+    classes = {e: len(x.classes) for e, x in c.exercises.items()}
+    with capsys.disabled():
+        print(
+            f"\n[{lab}] {len(verdicts)} mutants: self-check ✗ if and only if the hidden tests take points on "
+            f"{len(verdicts) - len(off)} of {len(verdicts)}; case classes per exercise {classes}; "
+            f"class by class, self-check and hidden tests agree on {same} of {pairs} (mutant, class) pairs"
+        )
