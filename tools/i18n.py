@@ -161,6 +161,16 @@ def _roles(text: str) -> list[tuple[str, str]]:
     return sorted((kind, target.strip().lower()) for kind, target in ROLE.findall(text))
 
 
+def has_prose(msgid: str, terms: dict[str, str]) -> bool:
+    """Whether a message holds English words to translate: not a display formula (LaTeX only,
+    kept as it is), not a glossary term's own name (its entry's English line; the Chinese line
+    under it is the term's rendering, and translating the name would define the term twice)."""
+    if msgid.strip() in terms:
+        return False
+    words = re.sub(r"\\[A-Za-z]+", " ", MATH.sub(" ", CODE.sub(" ", ROLE.sub(" ", msgid))))
+    return re.search(r"[A-Za-z]{4,}", words) is not None and not msgid.lstrip().startswith("\\")
+
+
 def problems(msgid: str, msgstr: str, terms: dict[str, str]) -> list[str]:
     """What a translation changed that it must keep: [] when it is faithful in form."""
     out = []
@@ -182,9 +192,7 @@ def problems(msgid: str, msgstr: str, terms: dict[str, str]) -> list[str]:
         out.append(
             "starts like a Markdown list or heading: escape it ('1\\. …'), or the paragraph is not translated"
         )
-    if re.search(r"[\u4e00-\u9fff]", msgstr) is None and re.search(
-        r"[A-Za-z]{4,}", MATH.sub("", CODE.sub("", msgid))
-    ):
+    if re.search(r"[\u4e00-\u9fff]", msgstr) is None and has_prose(msgid, terms):
         out.append("no Chinese in the translation")
     return out
 
