@@ -787,7 +787,8 @@ def graph3(xs):
 
 @checker
 def in_words(v):
-    """Node v as graph3's code writes it: a, b, c, s, out by name, the rest as expressions."""
+    """Node v as graph3's code writes it: a, b, c, s, out by name, the rest as
+    expressions."""
     if v.name:
         return v.name
     if not v._parents:
@@ -809,7 +810,8 @@ def in_words(v):
 
 @checker
 def node_label(v):
-    """How a ✗ line names node v: its name or expression; a constant by the node using it."""
+    """How a ✗ line names node v: its name or expression; a constant by the node
+    using it."""
     if v.name == "s":
         return "s = a·b + c"
     if v.name == "out":
@@ -821,7 +823,8 @@ def node_label(v):
 
 @checker
 def said_by_node(line, output, got, expected, labels, unit):
-    """line with a generic '<output> is wrong…' message (entries by index) said by node."""
+    """line with a generic '<output> is wrong…' message (entries by index) said by
+    node."""
     head, colon, rest = line.partition(": ")
     message, also, tail = rest.partition(" [also wrong: ")
     if not message.startswith(f"{output} is wrong") or got is None:

@@ -326,7 +326,8 @@ result = check_function(
 
 
 def agrees_with_exercise_1():
-    """Whether your Softmax's grad_Z for grad_P2 is what your softmax_backward returns."""
+    """Whether your Softmax's grad_Z for grad_P2 is what your softmax_backward
+    returns."""
     Z = Z2.detach().clone().requires_grad_()
     try:
         (grad_Z,) = torch.autograd.grad(

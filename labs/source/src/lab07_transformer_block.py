@@ -311,8 +311,10 @@ for eps, mu, rstd in ((1e-5, mu1, rstd1), (0.5, mu1b, rstd1b)):
     xh = (x1 - mu) * rstd  # (2, 4, 6): x̂ of each row
     sums, squares = xh.sum(-1), (xh**2).sum(-1)  # (2, 4) each
     print(
-        f"eps {eps:g}: |Σ x̂| < 1e-12 in every row: {bool((sums.abs() < 1e-12).all())}; "
-        f"Σ x̂² from {fmt_scalar(squares.min().item())} to {fmt_scalar(squares.max().item())}"
+        f"eps {eps:g}: |Σ x̂| < 1e-12 in every row: "
+        f"{bool((sums.abs() < 1e-12).all())}; "
+        f"Σ x̂² from {fmt_scalar(squares.min().item())} "
+        f"to {fmt_scalar(squares.max().item())}"
     )
 
 # %% [markdown]

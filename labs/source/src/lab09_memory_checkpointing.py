@@ -1317,7 +1317,8 @@ for seg in (1, 2, 5):
 
 # %%
 def in_float16(v):
-    """v (a float) rounded to float16: 0, inf, k · 2⁻²⁴ (below 2⁻¹⁴) or a whole number."""
+    """v (a float) rounded to float16: 0, inf, k · 2⁻²⁴ (below 2⁻¹⁴) or a whole
+    number."""
     h = torch.tensor(v, dtype=torch.float32).half().item()
     if h == 0 or math.isinf(h):
         return "0" if h == 0 else "inf"
