@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -33,8 +34,14 @@ def timed(args: list[str]) -> dict:
     t0 = time.monotonic()
     out = subprocess.run(PYTEST + args, cwd=ROOT, env=env, capture_output=True, text=True)
     seconds = time.monotonic() - t0
-    last = [ln for ln in out.stdout.splitlines() if ln.startswith("=")][-1:] or [""]
-    return {"seconds": round(seconds, 1), "exit": out.returncode, "summary": last[0].strip("= ")}
+    counts = [
+        ln for ln in out.stdout.splitlines() if re.search(r"\d+ (passed|failed|deselected|skipped)", ln)
+    ]
+    return {
+        "seconds": round(seconds, 1),
+        "exit": out.returncode,
+        "summary": (counts[-1:] or [""])[0].strip("= "),
+    }
 
 
 def main() -> int:
