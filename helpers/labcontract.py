@@ -1,4 +1,4 @@
-"""Contract self-checks for the labs: the learner's function against recorded reference outputs.
+"""Contract self-checks for the labs (chapter 1 on, like labcheck): a function against recorded reference outputs.
 
     check_contract("lab02", "ex2", dense_backward)
 
