@@ -168,7 +168,8 @@ def has_prose(msgid: str, terms: dict[str, str]) -> bool:
     if msgid.strip() in terms:
         return False
     words = re.sub(r"\\[A-Za-z]+", " ", MATH.sub(" ", CODE.sub(" ", ROLE.sub(" ", msgid))))
-    return re.search(r"[A-Za-z]{4,}", words) is not None and not msgid.lstrip().startswith("\\")
+    formula = "\\" in msgid and "$" not in msgid  # a display formula: LaTeX, no inline $ as prose has
+    return re.search(r"[A-Za-z]{4,}", words) is not None and not formula
 
 
 def problems(msgid: str, msgstr: str, terms: dict[str, str]) -> list[str]:
