@@ -179,8 +179,10 @@ def problems(msgid: str, msgstr: str, terms: dict[str, str]) -> list[str]:
     for name, pattern in (("math", MATH), ("code", CODE)):
         a, b = sorted(pattern.findall(without_roles(msgid))), sorted(pattern.findall(without_roles(msgstr)))
         if a != b:
-            missing = [x for x in a if x not in b] or [x for x in b if x not in a]
-            out.append(f"{name} changed: {missing[0][:60]!r}")
+            from collections import Counter
+
+            differ = list((Counter(a) - Counter(b)) + (Counter(b) - Counter(a)))
+            out.append(f"{name} changed: {differ[0][:60]!r}")
     if sorted(LINK.findall(msgid)) != sorted(LINK.findall(msgstr)):
         out.append("a link target changed")
     if _roles(msgid) != _roles(msgstr):
