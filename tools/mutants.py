@@ -11,6 +11,8 @@ solutions), one entry per typical mistake::
         - ['shift = Nk - Nq if align == "bottom_right" else 0', 'shift = Nk - Nq']
       says: "top_left mask (3, 6)"                             # optional: the ✗ line names the cause
       checked_by: ex5      # optional: edit this exercise's solution, judge by another's checks
+      known: "the KV-cache alignment"  # optional, labs with a contract (labs/source/contracts/): its outputs
+                                       # on the public cases are recorded, and its ✗ says "… matches <known>"
 
 Each ``old`` must occur exactly once in the exercise's solution cells.  A mutant is *caught by
 the self-check* when the exercise's self-check prints a ✗ line (a crash of the self-check cell
