@@ -75,6 +75,8 @@ def _tree_hashes(
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = [d for d in dirnames if d not in skip]
         for f in filenames:
+            if f.endswith(".mo"):  # compiled catalogs: a Chinese build beside the red team writes them
+                continue
             p = Path(dirpath) / f
             try:
                 out[str(p.relative_to(root))] = hashlib.sha256(p.read_bytes()).hexdigest()
