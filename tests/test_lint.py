@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT_DIRS = [f"{d}/{nbtool.TEXT_DIR}" for d in nbtool.PAIRED_DIRS]
-PATHS = ["helpers", "tests", "tools", "benchmarks", *TEXT_DIRS]
+PATHS = ["helpers", "tests", "tools", "benchmarks", "labs/source/contracts", *TEXT_DIRS]
 
 
 def _ruff_argv() -> list[str]:
