@@ -246,6 +246,9 @@ def zh_config(out: Path) -> Path:
     sphinx_config = config.setdefault("sphinx", {}).setdefault("config", {})
     sphinx_config["language"] = LANGUAGE
     sphinx_config["html_title"] = TITLE
+    # myst-nb's toggle of a hidden cell (its default, "Show code cell {type}", is English)
+    sphinx_config["nb_code_prompt_show"] = "显示代码单元"
+    sphinx_config["nb_code_prompt_hide"] = "隐藏代码单元"
     # paths in _config.yml are relative to the book's root; this file lives elsewhere
     sphinx_config["locale_dirs"] = [str(LOCALES)]
     sphinx_config["html_extra_path"] = [str(ROOT / p) for p in sphinx_config.get("html_extra_path", [])]
