@@ -384,8 +384,8 @@ def tiled_forward(Q, K, V, slopes, block_q=16, block_k=16, causal=False, window=
     Nq, d = Q.shape[-2:]
     Nk = K.shape[-2]
     scale = 1 / math.sqrt(d)
-    O = torch.empty_like(Q)  # (B, H, Nq, d)
-    L = torch.empty(Q.shape[:-1], dtype=Q.dtype, device=Q.device)  # (B, H, Nq)
+    O = torch.zeros_like(Q)  # (B, H, Nq, d)
+    L = torch.zeros(Q.shape[:-1], dtype=Q.dtype, device=Q.device)  # (B, H, Nq)
     for q0 in range(0, Nq, block_q):
         Qi = Q[..., q0 : q0 + block_q, :]  # (B, H, bq, d)
         bq = Qi.shape[-2]
