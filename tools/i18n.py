@@ -262,16 +262,33 @@ def zh_config(out: Path) -> Path:
     return path
 
 
-def build(extra: list[str] = (), out: Path | None = None, site: Path | None = None) -> Path:
-    """The Chinese site, built like the English one into ``out`` (default _build/zh), copied to
-    ``site`` (default _build/html/zh, beside the English site); returns ``site``."""
+def zh_toc(out: Path, toc: Path = ROOT / "_toc.yml") -> Path:
+    """The table of contents with its parts' captions in Chinese (from the landing page's catalog).
+
+    sphinx-external-toc inserts the toctrees after Sphinx has translated the page, so the
+    sidebar's captions would stay English; the Chinese build reads this copy instead."""
+    data = yaml.safe_load(toc.read_text(encoding="utf-8"))
+    captions = translations("intro")
+    for part in data.get("parts", []):
+        if part.get("caption") in captions:
+            part["caption"] = captions[part["caption"]]
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "_toc.yml"
+    path.write_text(yaml.safe_dump(data, allow_unicode=True, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def build(
+    extra: list[str] = (), out: Path | None = None, site: Path | None = None, toc: Path = ROOT / "_toc.yml"
+) -> Path:
+    """The Chinese site, built like the English one (from ``toc``) into ``out`` (default
+    _build/zh), copied to ``site`` (default _build/html/zh, beside the English site); returns ``site``."""
     out = out or ROOT / "_build" / "zh"
     site = site or ROOT / "_build" / "html" / "zh"
     config = zh_config(out)
+    args = ["--config", str(config), "--toc", str(zh_toc(out, toc)), "--path-output", str(out)]
     shutil.rmtree(out / "_build" / "html", ignore_errors=True)
-    jupyter_book(
-        "build", "-W", "-n", "--keep-going", "--config", str(config), "--path-output", str(out), *extra, "."
-    )
+    jupyter_book("build", "-W", "-n", "--keep-going", *args, *extra, ".")
     shutil.rmtree(site, ignore_errors=True)
     shutil.copytree(out / "_build" / "html", site)
     return site
