@@ -1086,11 +1086,25 @@ def test_every_page_has_a_language_switch_to_the_same_page_of_the_other_edition(
     assert not missing, f"{len(missing)} pages without a switch to the same page: {missing[:5]}"
 
 
+JS_SWITCH_IN_ROW = """() => {
+  const mid = (el) => { const r = el.getBoundingClientRect(); return (r.top + r.bottom) / 2; };
+  return {switch: mid(document.querySelector('a[data-bbh-language-switch]')),
+          buttons: mid(document.querySelector('.article-header-buttons .theme-switch-button, .article-header-buttons button'))};
+}"""
+
+
 @pytest.mark.browser
 def test_the_language_switch_lands_on_the_same_section(browser, server, site):
     """A reader in a section of chapter 1 switches language and is at the same section, both ways."""
     html = (site / "chapters" / "01_cat_mlp.html").read_text(encoding="utf-8")
     section = re.findall(r'<section id="([^"]+)"', html)[2]
+    for viewport, phone in ((PHONE, True), (DESKTOP, False)):  # in the header's row of buttons
+        v = _Visit(browser, f"{server}zh/chapters/01_cat_mlp.html", viewport, phone)
+        try:
+            row = v.page.evaluate(JS_SWITCH_IN_ROW)
+            assert abs(row["switch"] - row["buttons"]) < 8, f"at {viewport['width']} px: {row}"
+        finally:
+            v.close()
     visit = _Visit(browser, f"{server}chapters/01_cat_mlp.html#{section}")
     try:
         for want in (f"zh/chapters/01_cat_mlp.html#{section}", f"chapters/01_cat_mlp.html#{section}"):
