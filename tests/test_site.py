@@ -968,7 +968,7 @@ def test_the_pdf_command_fails_when_a_code_box_would_be_cut(tmp_path, monkeypatc
         out.write_bytes(b"%PDF-1.4")
         return _pdf.Printed(formulas=3, images=1, cut=["x = torch.ones(1)  # a very long line"], pages=1)
 
-    monkeypatch.setattr(_pdf, "build_singlehtml", lambda path_output, toc=None: tmp_path)
+    monkeypatch.setattr(_pdf, "build_singlehtml", lambda path_output, toc=None, config=None: tmp_path)
     monkeypatch.setattr(_pdf, "print_pdf", fake_print)
     assert _pdf.main(["--out", str(out)], browser=object()) == 1
     printed = capsys.readouterr()
