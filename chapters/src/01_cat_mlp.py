@@ -370,7 +370,7 @@ for label, (name, idx) in {
 #
 # The figure puts all of it on one picture, the {term}`computational graph`: forward values travel left to right (blue),
 # gradients travel right to left (red). The dead unit shows up as the zeros in $\partial L/\partial h$
-# and in $W_1$'s second row.
+# and in the second row of $\partial L/\partial W_1$.
 
 # %%
 import matplotlib.pyplot as plt

@@ -297,7 +297,7 @@ print("without         " + " ".join(f"{fmt(v):>7s}" for v in without_zero[::5]))
 # %% [markdown]
 # With `zero_grad` the loss is 0.0000 (to four decimals) after 5 steps; without it the
 # parameters overshoot and swing back: 0.1103 after 5 steps, 0.1453 after 10, 0.0000 after
-# 15, then back up to 0.0027 and 0.0019. With a
+# 15, then back up to 0.0027 at step 20 and 0.0019 at step 25. With a
 # larger learning rate or a deeper network the snowball ends in `inf`/`nan`.
 #
 # ### When accumulation is what you want: micro-batches

@@ -388,8 +388,7 @@ print(
 # Inside attention the mistake changes every gradient upstream of the softmax. Here is seed 000's
 # Function in the modern form, next to the same Function with the correct softmax backward,
 # both against autograd of the plain formula $\operatorname{softmax}(Q K^\top) V$. That formula
-# is the seed's (see the aside below); the scale changes nothing about the softmax mistake. Chapter 6 derives the
-# scaled version and checks it against `F.scaled_dot_product_attention`.
+# is the seed's (see the aside below); the scale changes nothing about the softmax mistake.
 
 
 # %%

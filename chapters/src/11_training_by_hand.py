@@ -139,8 +139,9 @@ _ = compare(
 # $\theta \leftarrow \theta - \eta b$. `torch.optim.SGD` has three details that a textbook
 # formula does not fix, and each changes the numbers:
 #
-# * the buffer starts at the first gradient ($b_1 = g_1$), not at $\mu \cdot 0 + g_1$ with
-#   dampening — with `dampening=0` the two coincide, with dampening they would not;
+# * the buffer starts at the first gradient ($b_1 = g_1$), not at
+#   $\mu \cdot 0 + (1 - \text{dampening})\, g_1$ — with `dampening=0` the two coincide, with
+#   dampening they would not;
 # * weight decay $\lambda$ is added to the gradient first, $g \leftarrow g + \lambda\theta$ (L2);
 # * Nesterov steps along $g + \mu b$, a look-ahead, instead of $b$.
 #
