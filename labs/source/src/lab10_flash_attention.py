@@ -71,7 +71,7 @@ from torch.autograd.function import once_differentiable
 
 from helpers.device import get_device, no_tf32, randn
 from helpers.flash import naive_attention
-from helpers.labcheck import autograd_grads, check, check_gradcheck, evaluate
+from helpers.labcheck import autograd_grads, check, check_gradcheck, checker, evaluate
 
 dev = get_device()
 no_tf32()
@@ -277,6 +277,7 @@ def two_pass(x):
     return m, torch.exp(x - m[..., None]).sum(-1)
 
 
+@checker
 def exercise_1(x_a, x_b, x_test):
     """Your merge of the two parts' statistics, then your one-pass ones, by name."""
     return {
@@ -526,6 +527,7 @@ expected = dict(
 )
 
 
+@checker
 def exercise_2(Q, K, V, slopes):
     """Your bias tile, then your O and L without and with the bias, by name."""
     return {
@@ -816,6 +818,7 @@ mistakes = {  # known wrong answers, computed from the references
 }
 
 
+@checker
 def exercise_3(Q, K, V, O, L, grad_O, slopes):
     """Your D and your four gradients, by name."""
     return {
@@ -1095,6 +1098,7 @@ expected.update(
 )
 
 
+@checker
 def exercise_4(Q, K, V, grad_O, slopes):
     """Your four gradients without and with the bias, by name."""
     return {
@@ -1361,6 +1365,7 @@ for tag, (Nq, window) in cases.items():
     expected.update({n + tag: t for n, t in zip(names, (Oc, Lc, *grads))})
 
 
+@checker
 def exercise_5(K, V, slopes):
     """Your tile masks, causal O and L, and causal gradients (from reference O, L)."""
     out = {
@@ -1601,6 +1606,7 @@ def in_words(t):
     return f"a {tuple(t.shape)} tensor"
 
 
+@checker
 def forward_and_saved(Q, K, V, slopes):
     """What forward returns and what setup_context saves, in words."""
     out = FlashAttentionFn.forward(Q, K, V, slopes, True, 3, 3, 2)
@@ -1621,6 +1627,7 @@ def forward_and_saved(Q, K, V, slopes):
     }
 
 
+@checker
 def its_gradients(Q, K, V, slopes):
     """The gradients flash_attn's backward gives (a None counts as zeros)."""
     leaves = [t.detach().clone().requires_grad_() for t in (Q, K, V, slopes)]
@@ -1629,6 +1636,7 @@ def its_gradients(Q, K, V, slopes):
     return [torch.zeros_like(x) if g is None else g for x, g in zip(leaves, grads)]
 
 
+@checker
 def your_grad_Q(causal, window):
     """grad_Q by your tiled_backward here, with other flags (empty if that fails)."""
     try:
