@@ -223,28 +223,43 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+def stage_table() -> list[str]:
+    """The time-per-stage lines: each stage's tests and summed seconds, then the total and the wall time."""
+    width = max(len(n) for n in STAGE_NAMES)
+    lines = [
+        f"{name:<{width}}  {_TIMES[name][0]:5d} tests  {_TIMES[name][1]:7.1f} s"
+        for name in STAGE_NAMES
+        if name in _TIMES
+    ]
+    total = sum(s for _, s in _TIMES.values())
+    wall = time.monotonic() - _START["wall"]
+    count = sum(n for n, _ in _TIMES.values())
+    return lines + [
+        f"{'all stages':<{width}}  {count:5d} tests  {total:7.1f} s of test time, {wall:.0f} s wall"
+    ]
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """The time per stage, and the tracked files a run changed. With BBH_STAGES_FILE set (tools/test.sh
+    sets it), the table goes to that file instead, which test.sh prints last, after pytest's summary."""
     if _is_worker(config) or not _TIMES:
         return
     tr = terminalreporter
-    tr.section("time per stage")
-    width = max(len(n) for n in STAGE_NAMES)
-    for name in STAGE_NAMES:
-        if name in _TIMES:
-            n, seconds = _TIMES[name]
-            tr.write_line(f"{name:<{width}}  {n:5d} tests  {seconds:7.1f} s")
-    total = sum(s for _, s in _TIMES.values())
-    wall = time.monotonic() - _START["wall"]
-    tr.write_line(
-        f"{'all stages':<{width}}  {sum(n for n, _ in _TIMES.values()):5d} tests  {total:7.1f} s of test time, {wall:.0f} s wall"
-    )
     changed = getattr(config, "_bbh_changed", [])
+    lines = stage_table()
     if changed:
-        tr.write_line(
+        lines.append(
             f"FAILED: the run changed {len(changed)} tracked file(s): {', '.join(changed[:10])} "
-            "(a test must write only to a temporary or build folder)",
-            red=True,
+            "(a test must write only to a temporary or build folder)"
         )
+    out = os.environ.get("BBH_STAGES_FILE")
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text("\n".join(lines) + "\n", encoding="utf-8")
+        return
+    tr.section("time per stage")
+    for line in lines:
+        tr.write_line(line, red=line.startswith("FAILED"))
 
 
 # ------------------------------------------------------------------ shared fixtures

@@ -21,7 +21,14 @@ export TRITON_INTERPRET=${TRITON_INTERPRET:-1}
 cores=$("$PY" -c "import os; print(len(os.sched_getaffinity(0)))")
 JOBS=${TEST_JOBS:-$(( cores < 4 ? cores : 4 ))}
 status=0
+# the time per stage is written here by tests/conftest.py and printed last, below pytest's summary
+export BBH_STAGES_FILE=${BBH_STAGES_FILE:-_build/test-stages.txt}
+rm -f "$BBH_STAGES_FILE"
 # loadscope: a notebook's cells (and a test file's module fixtures) stay on one worker, in order
 "$PY" -m pytest -n "$JOBS" --dist loadscope "$@" || status=$?
+if [ -s "$BBH_STAGES_FILE" ]; then
+  echo "================================ time per stage ================================"
+  cat "$BBH_STAGES_FILE"
+fi
 echo "[test] install $(( installed - start )) s, tests $(( $(date +%s) - installed )) s on $JOBS workers ($cores cores), exit $status"
 exit $status
