@@ -644,22 +644,62 @@ def test_a_grading_stopped_with_sigterm_leaves_no_folder_and_no_process(tmp_path
     assert not _leftovers()
 
 
-def _grade_in_harness(lab, replace=()):
-    """The solutions (with `replace` applied) graded by the harness against a sandboxed worker: {ex: (passed, cases)}."""
+def _harness_grade(lab, nb) -> dict:
+    """The harness's result for notebook `nb` (a notebook or its JSON text), its worker sandboxed."""
     import harness
 
+    with tempfile.TemporaryDirectory() as d:
+        home = Path(d) / "home"
+        home.mkdir()
+        if isinstance(nb, str):
+            (home / "submission.ipynb").write_text(nb)
+        else:
+            nbformat.write(nb, home / "submission.ipynb")
+        cmd = sandbox.command(home, sandbox.worker_argv(), helpers_dir=ROOT / "helpers")
+        return harness.grade({"source": str(labs.source_path(lab)), "worker": cmd, "timeout": TIMEOUT})
+
+
+def _grade_in_harness(lab, replace=()):
+    """The solutions (with `replace` applied) graded by the harness against a sandboxed worker: {ex: (passed, cases)}."""
     nb = labs.solution_notebook(lab)
     for old, new in replace:
         assert any(old in c.source for c in nb.cells), old
         for c in nb.cells:
             c.source = c.source.replace(old, new)
-    with tempfile.TemporaryDirectory() as d:
-        home = Path(d) / "home"
-        home.mkdir()
-        nbformat.write(nb, home / "submission.ipynb")
-        cmd = sandbox.command(home, sandbox.worker_argv(), helpers_dir=ROOT / "helpers")
-        out = harness.grade({"source": str(labs.source_path(lab)), "worker": cmd, "timeout": TIMEOUT})
+    out = _harness_grade(lab, nb)
     return {q: (v["passed"], v["cases"]) for q, v in out["questions"].items()}, out["notes"]
+
+
+# every function of lab 1 answering with tensors that have no elements, shaped to broadcast against
+# anything (torch.allclose said True to each), or the right values in a (1, n) row where (n,) is asked
+ZERO_SIZE = (
+    "import torch\n_Z = lambda t: torch.zeros((0,) + (1,) * 8, dtype=t.dtype)\n"
+    "def forward_pass(x, W1, b1, W2, b2, y_true):\n    return {'h': _Z(x), 'a': _Z(x), 'y_hat': _Z(x), 'L': _Z(x)}\n"
+    "def grad_loss(y_hat, y_true):\n    return _Z(y_hat)\n"
+    "def layer2_backward(grad_y_hat, a, W2):\n    return _Z(a), _Z(a), _Z(a)\n"
+    "def relu_backward(grad_a, h):\n    return _Z(h)\n"
+    "def layer1_backward(grad_h, x):\n    return _Z(x), _Z(x)\n"
+    "def cat_backward_batch(X, W1, b1, W2, b2, Y):\n    return {k: _Z(X) for k in ('W1', 'b1', 'W2', 'b2')}\n"
+)
+A_ROW = "def grad_loss(y_hat, y_true):\n    return (2 * (y_hat - y_true))[None]\n"
+
+
+@pytest.mark.sandbox
+@pytest.mark.slow
+def test_a_result_of_the_wrong_shape_or_with_no_elements_is_not_close_to_the_reference():
+    """torch.allclose broadcasts: an empty lab 1 answering (0, 1, ..., 1) tensors scored 1.5 of 11, a
+    (1, n) row for an (n,) gradient passed; in the harness, the hidden tests' allclose compares shapes."""
+    out = _harness_grade(LAB, _submission(LAB, insert=[(5, ZERO_SIZE)]))
+    assert {q: v["score"] for q, v in out["questions"].items()} == dict.fromkeys(
+        ("ex1", "ex2", "ex3", "ex4", "ex5", "ex6"), 0
+    ), out
+    assert any(n.startswith("ex6: tensors with no elements (shape (0, 1,") for n in out["notes"]), out
+    out = _harness_grade(LAB, _submission(LAB, _solutions(LAB)[:1] + [A_ROW] + _solutions(LAB)[2:]))
+    scores = {q: v["score"] for q, v in out["questions"].items()}
+    assert scores == {"ex1": 1, "ex2": 0, "ex3": 2, "ex4": 2, "ex5": 2, "ex6": 3}, scores
+    assert "ex2: a tensor of shape (1, 3) was compared with one of shape (3,) in hidden test 2" in " ".join(
+        out["notes"]
+    )
 
 
 @pytest.mark.sandbox

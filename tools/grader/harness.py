@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
 import functools
 import json
 import subprocess
@@ -321,6 +322,49 @@ class Student:
         self.proc.wait()
 
 
+# ------------------------------------------------------------- comparisons
+
+
+def _strict(real, mismatched: list):
+    """``allclose`` that is False for tensors of different shapes (torch's broadcasts them: a zero-size
+    tensor shaped (0, 1, 1, ...) was "close" to every reference, and a (1, n) row to an (m, n) matrix)
+    and for tensors with no elements (two empty results are "close" to each other)."""
+
+    def allclose(input, other, *args, **kwargs):
+        if isinstance(input, torch.Tensor) and isinstance(other, torch.Tensor):
+            # different shapes, or no element at all: nothing was shown to be close
+            if input.shape != other.shape or input.numel() == 0:
+                mismatched.append((tuple(input.shape), tuple(other.shape)))
+                return False
+        return real(input, other, *args, **kwargs)
+
+    return allclose
+
+
+@contextlib.contextmanager
+def strict_comparisons(mismatched: list):
+    """While a hidden test runs here: ``torch.allclose`` and ``Tensor.allclose`` compare shapes first.
+
+    Only in this process (no student code runs in it), only for the test's duration; the shapes of
+    each refused comparison go to ``mismatched``."""
+    fn, had = torch.allclose, "allclose" in vars(torch.Tensor)
+    method = torch.Tensor.allclose
+    torch.allclose = _strict(fn, mismatched)
+    torch.Tensor.allclose = _strict(method, mismatched)
+    try:
+        yield
+    finally:
+        torch.allclose = fn
+        if had:
+            torch.Tensor.allclose = method
+        else:
+            del torch.Tensor.allclose
+
+
+def _shape(s: tuple) -> str:
+    return "(" + ", ".join(map(str, s)) + ("," if len(s) == 1 else "") + ")"
+
+
 def kind(exc: BaseException) -> str:
     """An exception's type name fit for feedback: the student's own class names are not repeated."""
     k = exc.kind if isinstance(exc, wire.RemoteError) else type(exc).__name__
@@ -354,10 +398,10 @@ def grade(spec: dict) -> dict:
     for q in qs:
         if q.name in skip:
             continue
-        passed, raised, edited = [], {}, []
+        passed, raised, edited, shapes = [], {}, [], {}
         student.peer.exercise, student.peer.in_place = q.name, q.in_place
         for k, case in enumerate(q.cases, 1):
-            ok = False
+            ok, mismatched = False, []
             try:
                 student.peer.deadline = time.monotonic() + min(
                     case_timeout, spec["timeout"] - (time.monotonic() - started)
@@ -373,7 +417,7 @@ def grade(spec: dict) -> dict:
                         raised.setdefault(kind(wire.RemoteError(str(reply["raised"]), "")), []).append(k)
                 else:
                     ns = student.bind(case.code)
-                    with torch.random.fork_rng():
+                    with torch.random.fork_rng(), strict_comparisons(mismatched):
                         torch.manual_seed(0)
                         exec(compile_test(case.code, f"<{q.name} test {k}>"), ns)
                     ok = True
@@ -399,6 +443,8 @@ def grade(spec: dict) -> dict:
                 pass
             finally:
                 student.peer.deadline = None
+            if not ok and mismatched:
+                shapes.setdefault(mismatched[0], []).append(k)
             passed.append(ok)
         student.peer.exercise = None
         used = student.violations().get(q.name)
@@ -412,6 +458,14 @@ def grade(spec: dict) -> dict:
             result["notes"].append(
                 f"{q.name}: your function changed its input tensors in place in {tests} "
                 "(it must leave them as they were)"
+            )
+        for (a, b), ks in shapes.items():
+            tests = f"hidden test {ks[0]}" if len(ks) == 1 else f"hidden tests {', '.join(map(str, ks))}"
+            result["notes"].append(
+                f"{q.name}: a tensor of shape {_shape(a)} was compared with one of shape {_shape(b)} "
+                f"in {tests} (shapes must match)"
+                if a != b
+                else f"{q.name}: tensors with no elements (shape {_shape(a)}) were compared in {tests}"
             )
         for what, ks in sorted(raised.items()):
             tests = f"hidden test {ks[0]}" if len(ks) == 1 else f"hidden tests {', '.join(map(str, ks))}"
