@@ -539,7 +539,7 @@ plt.show()
 # ranks 1 to 64, so a learning rate tuned at one rank carries over. Neither is "right"; the
 # point is that $\alpha$, $r$ and the learning rate are not independent knobs: keep two fixed
 # when you tune the third. (Seed 003's tip that LoRA parameters usually want a larger learning
-# rate than full fine-tuning is right, and section 8 uses 1e-2 against 1e-3.)
+# rate than full fine-tuning is right, and section 9 uses 1e-2 against 1e-3.)
 #
 # ## 7. Merge and unmerge
 #
