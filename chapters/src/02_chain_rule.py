@@ -667,9 +667,11 @@ _ = compare("sum forwards vs backwards, allclose", s_fwd, s_bwd, atol=1e-5, rtol
 #
 # * **exact** (`exact=True`) only when both sides do the same float operations in the same order
 #   — as in chapter 1, where every gradient entry was a single product;
-# * otherwise **allclose** with a tolerance you can justify: a few hundred units of round-off of the
-#   dtype (float32 atol $10^{-5}$, rtol $10^{-4}$; float64 atol $10^{-10}$, rtol $10^{-8}$), and wider for
-#   approximations like finite differences ($10^{-8}$ with $h = 10^{-6}$ in float64);
+# * otherwise **allclose** with a tolerance you can justify: in float32 atol $10^{-5}$, rtol
+#   $10^{-4}$, some hundreds of units of round-off at 1.0 (chapter 6 prints the count); in float64
+#   atol $10^{-10}$, rtol $10^{-8}$, far more units of its much smaller round-off, yet far below any
+#   real mistake; and wider for approximations like finite differences ($10^{-8}$ with
+#   $h = 10^{-6}$ in float64);
 # * always print the largest difference, so that "passes" has a number behind it.
 #
 # ## Summary
