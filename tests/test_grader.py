@@ -143,6 +143,10 @@ HOSTILE = {
     "        secret.append(open(p).read())\n    except Exception as e:\n        secret.append(repr(e))\n"
     "raise RuntimeError('LEAK ' + ' '.join(secret) + {snippet!r})",
     "memory_bomb": "import torch\nx = bytearray(64 * 2 ** 30)",
+    # where the sandbox's home and the course live on the grading machine, in the error's message
+    "host_paths": "import sys, helpers\n"
+    "_m = [ln.split()[3] for ln in open('/proc/self/mountinfo') if ' /home/student ' in ln]\n"
+    "raise FileNotFoundError(' '.join(_m + [helpers.__file__, sys.prefix]))",
     "fork_bomb": "import os\nif os.fork() == 0:\n    while True:\n        try:\n            os.fork()\n        except Exception:\n            pass",
     "protocol_forgery": "import os, json, struct\nfor fd in range(3, 64):\n    for reply in ({{'kind': 'reply', 'value': {{'result': 1}}}}, {{'kind': 'request', 'op': 'x'}}):\n"
     "        head = json.dumps(reply).encode()\n        try:\n"
@@ -409,6 +413,11 @@ def test_notes_and_feedback_name_the_cause_and_never_quote_hidden_material(redte
         and "until your instructor has looked at it" in rows["guards_off"]["notes"]
     )
     assert "changed its input tensors in place" in rows["zero_inputs"]["notes"]
+    # no path of the grading machine in a note: the sandbox's home as the student sees it, the course as <course>
+    assert "FileNotFoundError: /home/student <course>/helpers/__init__.py" in rows["host_paths"]["notes"]
+    texts = [r["notes"] for r in rows.values()] + [p.read_text() for p in fb.iterdir()]
+    for path in (str(ROOT), labs.RUN_PREFIX, str(redteam["subs"]), str(redteam["out"].parent)):
+        assert not [t for t in texts if path in t], path
     assert rows['=HYPERLINK("x")']["submission"].startswith("'=")
     assert all(ch.isprintable() for r in rows.values() for v in r.values() for ch in v)
     files = sorted(p.name for p in fb.iterdir())
@@ -498,6 +507,18 @@ def test_grade_refuses_in_one_line_without_a_sandbox_unless_told_unsafe(tmp_path
     assert str(e.value).startswith(
         "refusing to grade: bubblewrap (bwrap) is not installed"
     ) and "\n" not in str(e.value)
+
+
+def test_notes_name_no_path_of_the_grading_machine():
+    run = f"{tempfile.gettempdir()}/{labs.RUN_PREFIX}ab_c1/sub-x1"
+    text = (
+        f"{run}/home/a.py {run}/tmp/f /{labs.RUN_PREFIX}q/sub-2/home {run}/ctl/spec.json "
+        f"{ROOT}/helpers/x.py {sys.prefix}/lib /data/subs/a.ipynb /data/subsx"
+    )
+    assert labs.scrub(text, ((Path("/data/subs"), "<submissions>"),)) == (
+        "/home/student/a.py /tmp/f /home/student <grading folder>/ctl/spec.json "
+        "<course>/helpers/x.py <python>/lib <submissions>/a.ipynb /data/subsx"
+    )
 
 
 def test_a_missing_folder_is_a_one_line_error(tmp_path):

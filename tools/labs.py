@@ -591,6 +591,42 @@ def _no_result(err: bytes) -> dict:
     return {"status": "crashed", "message": f"the harness stopped without a result ({last})"}
 
 
+# a path under a grading run's folder, wherever it shows (also as /proc/self/mountinfo shows a bind
+# mount's source: relative to its filesystem, e.g. /labs-grade-x/sub-y/home when /tmp is a tmpfs)
+_RUN_PATH = re.compile(
+    r"(?:/[^\s/'\"]+)*/" + re.escape(RUN_PREFIX) + r"[^\s/'\"]*(?:/sub-[^\s/'\"]*)?(?P<rest>(?:/[^\s'\"]*)?)"
+)
+
+
+def _neutral_run_path(m: re.Match) -> str:
+    rest = m.group("rest")
+    for host, inside in (("/home", sandbox.HOME), ("/tmp", "/tmp")):
+        if rest == host or rest.startswith(host + "/"):
+            return inside + rest[len(host) :]
+    return "<grading folder>" + rest
+
+
+def scrub(text: str, more=()) -> str:
+    """``text`` with the grading machine's paths in neutral names: a run's folders as the sandbox shows
+    them (/home/student, /tmp), the course as <course>, its Python as <python>, ``more`` (the
+    submissions and gradebook folders) as <submissions> and <grades>, the home folder as ~."""
+    text = _RUN_PATH.sub(_neutral_run_path, text)
+    names = {}
+    for path, name in [
+        (Path.home(), "~"),
+        (ROOT, "<course>"),
+        (Path(sys.base_prefix), "<python>"),
+        (Path(sys.prefix), "<python>"),
+        *more,
+    ]:
+        for p in {str(path), str(Path(path).resolve())}:
+            if len(p) > 1:
+                names[p] = name
+    for p in sorted(names, key=len, reverse=True):
+        text = re.sub(re.escape(p) + r"(?![^/\s'\":,;)\]])", lambda _m, n=names[p]: n, text)
+    return text
+
+
 def _clean(note: str, secrets: list[str]) -> str:
     """A note as feedback may show it: one line of printable text, never quoting a hidden test or a solution."""
     note = " ".join("".join(ch if ch.isprintable() else " " for ch in str(note)).split())[:240]
@@ -795,6 +831,9 @@ def grade(
         for a, b in ((p["a"], p["b"]), (p["b"], p["a"])):
             flagged.setdefault(a, []).append(f"near-identical to {b} ({p['similarity']:.2f})")
     rows = [r for r, _ in results]
+    where = ((subs_dir, "<submissions>"), (out_csv.parent, "<grades>"), (fb, "<grades>"))
+    for r in rows:  # notes are feedback: no path of the grading machine in them
+        r["notes"] = [scrub(n, where) for n in r["notes"]]
     for r in rows:
         similar = flagged.get(r["submission"], [])
         if len(similar) > 3:
