@@ -509,6 +509,27 @@ def test_grade_refuses_in_one_line_without_a_sandbox_unless_told_unsafe(tmp_path
     ) and "\n" not in str(e.value)
 
 
+@pytest.mark.sandbox
+@pytest.mark.slow
+def test_grade_refuses_in_one_line_when_the_sandbox_cannot_import_the_courses_helpers(tmp_path, monkeypatch):
+    """A venv whose editable helpers is another checkout's: the sandbox (which binds only this
+    checkout's) cannot import it, and every student was graded "crashed", 0, with a note blaming them."""
+    elsewhere = tmp_path / "other-checkout" / "helpers"
+    elsewhere.mkdir(parents=True)
+    real = sandbox.command
+    monkeypatch.setattr(
+        sandbox, "command", lambda home, argv, **kw: real(home, argv, **{**kw, "helpers_dir": elsewhere})
+    )
+    (tmp_path / "subs").mkdir()
+    (tmp_path / "subs" / "a.ipynb").write_text(_submission(LAB, _solutions(LAB)))
+    with pytest.raises(SystemExit) as e:
+        labs.grade(LAB, tmp_path / "subs", tmp_path / "grades" / "g.csv", timeout=TIMEOUT)
+    msg = str(e.value)
+    assert msg.startswith("refusing to grade: the sandbox cannot import") and "\n" not in msg, msg
+    assert "No module named 'helpers'" in msg and "pip install -e" in msg, msg
+    assert not (tmp_path / "grades").exists()  # nobody graded
+
+
 def test_notes_name_no_path_of_the_grading_machine():
     run = f"{tempfile.gettempdir()}/{labs.RUN_PREFIX}ab_c1/sub-x1"
     text = (

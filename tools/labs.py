@@ -537,6 +537,58 @@ def remove_stale_runs() -> None:
             remove_tree(d)
 
 
+# what the worker needs before any submission can be graded: torch, IPython and the course's helpers
+PROBE = """import json
+try:
+    import torch, IPython, helpers
+    print(json.dumps({"helpers": getattr(helpers, "__file__", None) or str(list(helpers.__path__))}))
+except BaseException as e:
+    print(json.dumps({"error": f"{type(e).__name__}: {str(e)[:160]}"}))
+"""
+
+
+def setup_problem(run: Run, unsafe: bool) -> str | None:
+    """Why this machine cannot grade anyone (one line, for the instructor), or None.
+
+    The submission's process (in the sandbox, or plain with ``--unsafe``) must import torch, IPython
+    and this checkout's ``helpers``: a venv whose editable ``helpers`` points at another checkout
+    (not bound into the sandbox) made every student's notebook "crash" with a note blaming them.
+    """
+    import importlib.util
+
+    home = Path(tempfile.mkdtemp(prefix="probe-", dir=run.dir)) / "home"
+    home.mkdir()
+    argv = [sys.executable, "-I", "-c", PROBE]
+    if unsafe:
+        cmd = sandbox.unsafe_command(argv)
+    else:
+        cmd = sandbox.command(home, argv, helpers_dir=ROOT / "helpers", uid=run.next_uid())
+    ours = ROOT / "helpers" / "__init__.py"
+    spec = importlib.util.find_spec("helpers")
+    host = Path(spec.origin) if spec is not None and spec.origin else None
+    hint = (
+        f"this Python ({sys.executable}) imports helpers from {host.parent}, not from this checkout: "
+        f"run `pip install -e {ROOT}` with it"
+        if host is not None and host.resolve() != ours.resolve()
+        else f"check that {sys.executable} has this checkout's helpers installed (`pip install -e {ROOT}`)"
+    )
+    where = "the submissions' process" if unsafe else "the sandbox"
+    try:
+        p = subprocess.run(cmd, cwd=home, capture_output=True, text=True, timeout=180)
+    except subprocess.TimeoutExpired:
+        return f"{where} did not import torch and the course's helpers within 180 s"
+    try:
+        got = json.loads(p.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        last = (p.stderr.strip().splitlines() or ["no output"])[-1][:160]
+        return f"{where} could not start Python ({last})"
+    if "error" in got:
+        return f"{where} cannot import torch, IPython and the course's helpers ({got['error']}): {hint}"
+    if Path(str(got["helpers"])).resolve() != ours.resolve():
+        return f"{where} imports helpers from {got['helpers']}, not {ours}: {hint}"
+    return None
+
+
 def run_harness(run: Run, lab: str, name: str, nb, timeout: float, skip, unsafe: bool, distrust=()) -> dict:
     """Grade one notebook: the worker in the sandbox, the hidden tests in a harness process; its result."""
     work = Path(tempfile.mkdtemp(prefix="sub-", dir=run.dir))
@@ -801,6 +853,9 @@ def grade(
     run = Run()
     pool = cf.ThreadPoolExecutor(max_workers=max(1, jobs))
     try:
+        problem = setup_problem(run, unsafe)  # the grader's own setup first: nobody is graded on a broken one
+        if problem:
+            raise SystemExit(f"refusing to grade: {problem}")
         results = list(
             pool.map(lambda s: grade_submission(run, lab, s, qs, timeout, skip, unsafe, secrets), subs)
         )
