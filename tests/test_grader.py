@@ -31,7 +31,11 @@ import labs  # noqa: E402
 
 LAB = "lab01_cat_mlp"
 TIMEOUT = 150  # seconds per notebook; a real one takes 4-10 s
-LOOP_TIMEOUT = 20  # the infinite loop is graded on its own, so the suite need not wait 150 s
+LOOP_TIMEOUT = 30  # the infinite loops are graded on their own, so the suite need not wait 150 s
+# a loop that catches what stops its cell: only the notebook's time limit ends it
+STUBBORN_LOOP = (
+    "while True:\n    try:\n        while True:\n            pass\n    except BaseException:\n        pass"
+)
 
 
 def _solutions(lab):
@@ -278,8 +282,14 @@ def redteam(tmp_path_factory):
     time.sleep(4)  # the daemon would have struck by now
     d_loop = tmp_path_factory.mktemp("hanging")
     (d_loop / "infinite_loop.ipynb").write_text(_submission(LAB, sol, insert=[(0, "while True:\n    pass")]))
+    (d_loop / "stubborn_loop.ipynb").write_text(_submission(LAB, sol, insert=[(0, STUBBORN_LOOP)]))
     labs.grade(
-        LAB, d_loop, out_dir / "loop.csv", timeout=LOOP_TIMEOUT, feedback_dir=out_dir / "gradebook_feedback"
+        LAB,
+        d_loop,
+        out_dir / "loop.csv",
+        timeout=LOOP_TIMEOUT,
+        jobs=2,
+        feedback_dir=out_dir / "gradebook_feedback",
     )
     rows = {}
     for path in (out, out_dir / "loop.csv"):
@@ -290,6 +300,7 @@ def redteam(tmp_path_factory):
         "out": out,
         "fb": out_dir / "gradebook_feedback",
         "subs": d,
+        "loops": d_loop,
         "seconds": seconds,
         "gradebook": gradebook,
         "before_subs": before_subs,
@@ -306,7 +317,8 @@ EXPECTED = {
     "syntax_error": ("errors", "1 1 2 2 0 3", "9"),
     "exits_midway": ("errors", "1 1 2 2 2 3", "11"),  # sys.exit / os._exit end a cell, not the grading
     "kills_itself": ("crashed", "0 0 0 0 0 0", "0"),  # a process that is gone has no answers
-    "infinite_loop": ("timeout", "0 0 0 0 0 0", "0"),
+    "infinite_loop": ("errors", "1 1 2 2 2 3", "11"),  # the looping cell is stopped, the others run
+    "stubborn_loop": ("timeout", "0 0 0 0 0 0", "0"),  # catches what stops its cell: the notebook times out
     "corrupt": ("corrupt", "0 0 0 0 0 0", "0"),
     "wrong_lab": ("wrong-lab", "0 0 0 0 0 0", "0"),
     "autograd_in_ex3": ("ok", "1 1 0 2 2 3", "9"),
@@ -402,7 +414,20 @@ def test_notes_and_feedback_name_the_cause_and_never_quote_hidden_material(redte
     ]
     assert "def layer1_backward(grad_h, x)\n" in cell.source
     assert "died" in rows["kills_itself"]["notes"]
-    assert "still running after the time limit" in rows["infinite_loop"]["notes"]
+    # the looping cell is named (its number in the notebook and its first line)
+    loop_cell = 1 + next(
+        i
+        for i, c in enumerate(labs.read_nb(redteam["loops"] / "infinite_loop.ipynb").cells)
+        if c.source.startswith("while True:")
+    )
+    assert (
+        f"cell {loop_cell}: TimeoutError: still running after {LOOP_TIMEOUT / 4:g} s, stopped there "
+        "(the cells after it ran): `while True:`" in rows["infinite_loop"]["notes"]
+    ), rows["infinite_loop"]["notes"]
+    assert (
+        f"still running after the time limit in cell {loop_cell} (`while True:`)"
+        in rows["stubborn_loop"]["notes"]
+    ), rows["stubborn_loop"]["notes"]
     assert "not a notebook" in rows["corrupt"]["notes"]
     assert "lab02_chain_rule" in rows["wrong_lab"]["notes"]
     assert "MemoryError" in rows["memory_bomb"]["notes"]

@@ -715,8 +715,17 @@ def grade_submission(
     out = run_harness(run, lab, sub.student, nb, timeout, skip, unsafe, distrust=flags)
     detail = {"questions": out.get("questions", {}), "answer": answer}
     if out.get("status") in ("timeout", "crashed"):
+        cell = out.get("cell")
+        where = (
+            f" in cell {cell[0]} (`{cell[1]}`), which did not stop at its own limit"
+            if isinstance(cell, list)
+            and len(cell) == 2
+            and isinstance(cell[0], int)
+            and isinstance(cell[1], str)
+            else ""
+        )
         msg = (
-            "still running after the time limit: an infinite loop or a very slow cell?"
+            f"still running after the time limit{where}: an infinite loop or a very slow cell?"
             if out["status"] == "timeout"
             else "the notebook's process died before it could be graded (os._exit, a segfault, out of memory?)"
         )

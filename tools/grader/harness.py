@@ -281,22 +281,51 @@ class HarnessPeer(wire.Peer):
         return _replace(result, iter([o if i in diff else o.detach() for i, o in enumerate(outs)]))
 
 
+class NotebookTimeout(TimeoutError):
+    """The notebook was still running at the time limit; ``cell``: (number, first line) of the cell it ran."""
+
+    def __init__(self, cell: tuple | None):
+        super().__init__("the notebook was still running at the time limit")
+        self.cell = cell
+
+
 class Student:
     """The submission's worker process, reached through a ``HarnessPeer``."""
 
-    def __init__(self, argv: list[str], forbidden: dict, start_timeout: float):
+    def __init__(
+        self, argv: list[str], forbidden: dict, start_timeout: float, cell_timeout: float | None = None
+    ):
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
         )
         self.peer = HarnessPeer(self.proc.stdout, self.proc.stdin)
         self.peer.returned_nothing = set()
         self.peer.send_code = True
+        self.running = None  # (cell number, its first line): the cell the worker said it was starting
+        self.peer.handlers = {"progress": self._progress}
         self.peer.deadline = time.monotonic() + start_timeout
-        reply = self.peer.request({"op": "start"}, {"forbidden": forbidden}, True)
+        try:
+            reply = self.peer.request(
+                {"op": "start"}, {"forbidden": forbidden, "cell_timeout": cell_timeout}, True
+            )
+        except TimeoutError:
+            self.close()
+            raise NotebookTimeout(self.running) from None
+        self.peer.handlers = {}
         self.errors = reply.get("errors") if isinstance(reply, dict) else []
         names = self.peer.request({"op": "names"})
         self.names = {n for n in names if isinstance(n, str)} if isinstance(names, list) else set()
         self.peer.deadline = None
+
+    def _progress(self, msg, value) -> None:
+        """The worker starts a cell (what it says: the student's process could say otherwise, in its own feedback)."""
+        if (
+            isinstance(value, dict)
+            and isinstance(value.get("cell"), int)
+            and isinstance(value.get("line"), str)
+        ):
+            line = "".join(ch if ch.isprintable() else " " for ch in value["line"][:60])
+            self.running = (value["cell"], line)
 
     def bind(self, code: str) -> dict:
         """A fresh namespace for one test: builtins, plus handles on the student's names it uses."""
@@ -377,19 +406,23 @@ def grade(spec: dict) -> dict:
     skip = set(spec.get("skip", ()))
     forbidden = {q.name: q.by_hand for q in qs if q.by_hand}
     case_timeout = float(spec.get("case_timeout", 60))
+    # a cell may take a quarter of the notebook's time (at most a minute): a stray loop costs that cell
+    cell_timeout = float(spec.get("cell_timeout") or min(60.0, spec["timeout"] / 4))
     started = time.monotonic()
 
     def start():
         left = spec["timeout"] - (time.monotonic() - started)
         if left <= 1:
             raise TimeoutError("no time left")
-        return Student(spec["worker"], forbidden, left)
+        return Student(spec["worker"], forbidden, left, cell_timeout)
 
     result = {"questions": {}, "errors": [], "notes": [], "restarts": 0}
     # code that can reach around the worker's guards: what only the worker can vouch for counts for nothing
     distrust = ", ".join(spec.get("distrust", ()))
     try:
         student = start()
+    except NotebookTimeout as e:
+        return {"status": "timeout", **({"cell": list(e.cell)} if e.cell else {})}
     except TimeoutError:
         return {"status": "timeout"}
     except (EOFError, wire.WireError, wire.RemoteError, OSError) as e:

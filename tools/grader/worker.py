@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -217,8 +218,22 @@ def run_test(msg, value) -> dict:
         restore_pristine()
 
 
-def run_notebook(path: str) -> list[dict]:
-    """Execute the code cells in order, in one namespace; [{cell, ename, evalue}] for each that raised."""
+class CellTimeout(BaseException):
+    """A cell ran past its time limit: it stops there, and the notebook goes on with the next cell."""
+
+
+def _first_line(src: str) -> str:
+    return next((ln.strip() for ln in src.splitlines() if ln.strip()), "")[:60]
+
+
+def run_notebook(path: str, cell_timeout: float | None = None) -> list[dict]:
+    """Execute the code cells in order, in one namespace; [{cell, ename, evalue}] for each that raised.
+
+    Each cell may run ``cell_timeout`` seconds (wall clock): then a ``CellTimeout`` is raised in it
+    (again every second, should it catch it), it is reported, and the next cell runs, so one stray
+    loop costs that cell, not the notebook. Before each cell the harness is told which one runs,
+    so a loop that cannot be stopped is still named when the whole notebook times out.
+    """
     from IPython.core.interactiveshell import InteractiveShell
 
     nb = json.loads(open(path, encoding="utf-8").read())
@@ -234,17 +249,42 @@ def run_notebook(path: str) -> list[dict]:
     shell = InteractiveShell.instance()
     shell.showtraceback = lambda *a, **k: None
     errors = []
+    running = [False]
+
+    def on_alarm(signum, frame):
+        if running[0]:
+            raise CellTimeout()
+
+    before = signal.signal(signal.SIGALRM, on_alarm) if cell_timeout else None
     for number, cell in enumerate(nb.get("cells", []), 1):
         if cell.get("cell_type") != "code":
             continue
         src = cell.get("source", "")
         src = "".join(src) if isinstance(src, list) else str(src)
+        if PEER is not None:
+            PEER.request({"op": "progress"}, {"cell": number, "line": _first_line(src)}, True)
         try:
+            running[0] = True
+            if cell_timeout:
+                signal.setitimer(signal.ITIMER_REAL, cell_timeout, 1.0)
             result = shell.run_cell(src, store_history=False, silent=True)
             exc = result.error_before_exec or result.error_in_exec
         except BaseException as e:  # noqa: BLE001 - SystemExit and friends end one cell, not grading
             exc = e
-        if exc is not None:
+        finally:
+            running[0] = False
+            if cell_timeout:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        if isinstance(exc, CellTimeout):
+            errors.append(
+                {
+                    "cell": number,
+                    "ename": "TimeoutError",
+                    "evalue": f"still running after {cell_timeout:g} s, stopped there (the cells after it ran): "
+                    f"`{_first_line(src)}`",
+                }
+            )
+        elif exc is not None:
             text = f"{exc.msg} (line {exc.lineno})" if isinstance(exc, SyntaxError) else str(exc)
             errors.append(
                 {
@@ -253,6 +293,8 @@ def run_notebook(path: str) -> list[dict]:
                     "evalue": (text.strip().splitlines() or [""])[0][:160],
                 }
             )
+    if cell_timeout:
+        signal.signal(signal.SIGALRM, before)
     STATE["ns"] = shell.user_ns
     return errors
 
@@ -415,7 +457,8 @@ def start(msg, value) -> dict:
     """Guards, then a snapshot of the pristine modules, then the student's notebook."""
     install_guards(value.get("forbidden", {}))
     snapshot_pristine()
-    return {"errors": run_notebook(sys.argv[1])}
+    limit = value.get("cell_timeout")
+    return {"errors": run_notebook(sys.argv[1], float(limit) if isinstance(limit, (int, float)) else None)}
 
 
 PEER: wire.Peer = None  # set by main()
