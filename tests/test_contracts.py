@@ -30,23 +30,9 @@ CALL = re.compile(r"^(check_contract|hidden_check)\((.*)\)$")
 
 def _calls(lab: str) -> tuple[dict, dict]:
     """({exercise: [self-check call args]}, {exercise: [hidden-test call args]}) from the source's cells."""
-    import yaml
-
-    checks, hidden, q, where = {}, {}, None, None
-    for cell in labs.read_nb(labs.source_path(lab)).cells:
-        text = cell.source.strip()
-        if cell.cell_type == "raw":
-            if text.startswith("# BEGIN QUESTION"):
-                q = str((yaml.safe_load(cell.source.split("\n", 1)[1]) or {})["name"])
-                where = "prompt"
-            elif text.startswith("# BEGIN TESTS"):
-                where = "tests"
-            elif text.startswith("# END TESTS"):
-                where = "prompt"
-            elif text.startswith("# END QUESTION"):
-                where = "selfcheck"
-            continue
-        if cell.cell_type != "code" or q is None:
+    checks, hidden = {}, {}
+    for q, where, cell in labs.regions(labs.read_nb(labs.source_path(lab))):
+        if q is None or where.startswith("marker:"):
             continue
         tree = ast.parse(cell.source)
         calls = [

@@ -187,3 +187,21 @@ def test_no_graded_exercise_is_printed_in_the_chapters_or_helpers(lab):
             f"{lab} {q}: {len(copied)} of {len(lines)} solution lines are printed in chapters/ or "
             f"helpers/, e.g. {copied[0]!r}: ask for a variant the chapter did not print"
         )
+
+
+def test_regions_reads_every_question_and_region_of_a_source():
+    """labs.regions, the one reader of the markers that tools/mutants.py and tests/test_contracts.py use."""
+    for lab in LABS:
+        nb = labs.read_nb(labs.source_path(lab))
+        seen = list(labs.regions(nb))
+        names = [q for q, _ in labs.questions(nb)]
+        assert [q for q, w, _ in seen if w == "marker:prompt" and q not in (None,)][:1] == names[:1], lab
+        assert {q for q, w, _ in seen if w == "solution"} == set(names), lab  # each question has a solution
+        assert all(w == "setup" for q, w, _ in seen if q is None), lab
+        assert {w for _, w, c in seen if c.cell_type == "code"} <= {
+            "setup",
+            "prompt",
+            "solution",
+            "tests",
+            "selfcheck",
+        }

@@ -94,6 +94,42 @@ def questions(src_nb) -> list[tuple[str, float]]:
     return out
 
 
+# what an otter marker cell starts: the region every later code cell belongs to
+REGION_MARKERS = (
+    ("# BEGIN QUESTION", "prompt"),
+    ("# BEGIN SOLUTION", "solution"),
+    ("# END SOLUTION", "prompt"),
+    ("# BEGIN TESTS", "tests"),
+    ("# END TESTS", "prompt"),
+    ("# END QUESTION", "selfcheck"),
+)
+
+
+def regions(src_nb):
+    """Each code cell of a lab source with its question and region: (question, where, cell).
+
+    ``where`` is 'setup' before the first question, then 'prompt', 'solution', 'tests' (hidden
+    and public test cells) or 'selfcheck' (after ``# END QUESTION``, up to the next question);
+    ``question`` is the name of the current question (None in the setup). A raw marker cell
+    yields (question, marker, cell) with ``where`` the region it starts, so a reader can act
+    on entering a region. One reader of the lab format's markers for the tools and the tests.
+    """
+    question, where = None, "setup"
+    for cell in src_nb.cells:
+        if cell.cell_type == "raw":
+            text = cell.source.strip()
+            for marker, region in REGION_MARKERS:
+                if text.startswith(marker):
+                    if marker == "# BEGIN QUESTION":
+                        question = str((yaml.safe_load(cell.source.split("\n", 1)[1]) or {})["name"])
+                    where = region
+                    yield question, "marker:" + region, cell
+                    break
+            continue
+        if cell.cell_type == "code":
+            yield question, where, cell
+
+
 def title(nb) -> str:
     """The first Markdown heading ('# Lab 1 · ...'), used to recognise a lab without metadata."""
     for cell in nb.get("cells", []):

@@ -34,6 +34,9 @@ from pathlib import Path
 import nbformat
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # labs.py, beside this file
+import labs as labtools  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ROOT / "labs" / "source"
 
@@ -99,29 +102,14 @@ def exercises(lab: str) -> dict[str, Exercise]:
     nb = nbformat.read(SOURCES / f"{lab}.ipynb", as_version=4)
     ns: dict = {"__name__": "__lab__"}
     out: dict[str, Exercise] = {}
-    current, where = None, "setup"
-    for cell in nb.cells:
-        text = cell.source.strip()
-        if cell.cell_type == "raw":
-            if text.startswith("# BEGIN QUESTION"):
-                conf = yaml.safe_load(cell.source.split("\n", 1)[1]) or {}
-                current = out[str(conf["name"])] = Exercise(str(conf["name"]))
-                where = "prompt"
-            elif text.startswith("# BEGIN SOLUTION") and current is not None:
-                where = "solution"
-                if not current.before:
-                    current.before = _copy(ns)
-            elif text.startswith("# END SOLUTION"):
-                where = "prompt"
-            elif text.startswith("# BEGIN TESTS"):
-                where = "tests"
-            elif text.startswith("# END TESTS"):
-                where = "prompt"
-            elif text.startswith("# END QUESTION"):
-                where = "selfcheck"
+    for question, where, cell in labtools.regions(nb):
+        if where.startswith("marker:"):
+            if where == "marker:prompt" and question not in out:  # the question starts
+                out[question] = Exercise(question)
+            elif where == "marker:solution" and not out[question].before:
+                out[question].before = _copy(ns)
             continue
-        if cell.cell_type != "code":
-            continue
+        current = out.get(question)
         if where == "tests":
             if "hidden: true" in cell.source:
                 current.tests.append(cell.source)
