@@ -39,6 +39,10 @@ __all__ = [
     "encode",
     "decode",
     "hidden_check",
+    "Made",
+    "PROBES",
+    "probe",
+    "run_probe",
 ]
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -66,9 +70,106 @@ def log_sum_exp(x):
 
 FUNCTIONS = {f.__name__: f for f in (x_sin_x_plus_prod, sum_of_cubes, log_sum_exp)}
 
+
+# ------------------------------------------------------------------------ probes
+# How a case calls an answer that is not "a function returning its outputs": an autograd.Function
+# tested through autograd, a step that updates its arguments in place. A probe is course code
+# (it runs in the learner's process for the self-check and in the grader's harness for the hidden
+# tests, where the answer is a handle on the learner's object); the outputs it returns are judged.
+
+PROBES: dict = {}
+
+
+def probe(fn):
+    """Register ``fn(answer, args, kwargs, **options) -> outputs`` as a probe a contract may name."""
+    PROBES[fn.__name__] = fn
+    return fn
+
+
+def _given(value):
+    """The answer's return value; NotImplementedError for a stub's None or `...` (the check says "not yet")."""
+    if value is None or value is Ellipsis:
+        raise NotImplementedError("returned None")
+    return value
+
+
+@probe
+def returns_and_changes(answer, args, kwargs, changed=(), result=True):
+    """(result, args[i] after the call for i in changed): a step that updates its arguments in place."""
+    out = answer(*args, **kwargs)
+    after = tuple(args[i] for i in changed)
+    if not result:
+        return after[0] if len(after) == 1 else after
+    return (_given(out), *after) if after else _given(out)
+
+
+@probe
+def backward_through(answer, args, kwargs, wrt=(0,), grad_output=None, method="apply"):
+    """(outputs…, ∂L/∂args[i] for i in wrt) with L = Σ ⟨grad_output, output⟩: an autograd.Function
+    (``answer.apply``, or ``method=None`` for a function) judged by what autograd gets from it."""
+    f = getattr(answer, method) if method else answer
+    args = list(args)
+    for i in wrt:
+        args[i] = args[i].detach().clone().requires_grad_()
+    out = _given(f(*args, **kwargs))
+    outs = out if isinstance(out, tuple) else (out,)
+    grads = grad_output if isinstance(grad_output, tuple) else (grad_output,)
+    pairs = [(o, g) for o, g in zip(outs, grads) if g is not None]
+    torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+    return (*[o.detach() if isinstance(o, torch.Tensor) else o for o in outs], *(args[i].grad for i in wrt))
+
+
+def run_probe(name: str | None, answer, args, kwargs, options: dict | None = None):
+    """The outputs of one case: ``answer(*args, **kwargs)``, or through the named probe."""
+    if not name:
+        return answer(*args, **kwargs)
+    return PROBES[name](answer, args, kwargs, **(options or {}))
+
+
 _DTYPES = {
-    str(d).removeprefix("torch."): d for d in (torch.float16, torch.float32, torch.float64, torch.int64)
+    str(d).removeprefix("torch."): d
+    for d in (
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+        torch.int64,
+        torch.int32,
+        torch.bool,
+    )
 }
+
+
+class Made:
+    """An object a case hands the learner's function, recorded as how to build it (no pickle):
+    ``Made("torch.nn.Linear", 3, 2, state={"weight": W, "bias": b})`` is ``nn.Linear(3, 2)`` with
+    those parameters. ``path`` is a class or function under ``torch.nn.``, ``torch.optim.`` or ``helpers.``."""
+
+    def __init__(self, path: str, *args, state: dict | None = None, **kwargs):
+        if not path.startswith(_MAKERS):
+            raise ValueError(f"path: expected a name under {', '.join(_MAKERS)}, got {path!r}")
+        self.path, self.args, self.kwargs, self.state = path, args, kwargs, state
+
+    def __repr__(self) -> str:
+        return f"Made({self.path!r})"
+
+
+_MAKERS = ("torch.nn.", "torch.optim.", "helpers.")
+
+
+def _build(node: dict):
+    """The object a {"make": ...} node describes: the named class called with its args, then its state."""
+    path = str(node["make"])
+    if not path.startswith(_MAKERS):
+        raise ValueError(f"cannot build {path!r}")
+    module, _, name = path.rpartition(".")
+    obj = getattr(importlib.import_module(module), name)(
+        *decode(node.get("args", {"tuple": []})), **decode(node.get("kwargs", {"dict": {}}))
+    )
+    if "state" in node:
+        with torch.no_grad():
+            obj.load_state_dict(decode(node["state"]))
+    return obj
 
 
 # ------------------------------------------------------------------- the format
@@ -84,6 +185,13 @@ def encode(value):
         return node
     if isinstance(value, torch.Size):
         return {"size": list(value)}
+    if isinstance(value, Made):
+        node = {"make": value.path, "args": encode(tuple(value.args)), "kwargs": encode(dict(value.kwargs))}
+        if value.state is not None:
+            node["state"] = encode(dict(value.state))
+        return node
+    if isinstance(value, torch.dtype):
+        return {"dtype_of": str(value).removeprefix("torch.")}
     if isinstance(value, tuple):
         return {"tuple": [encode(v) for v in value]}
     if isinstance(value, list):
@@ -119,6 +227,10 @@ def decode(node):
         return {k: decode(v) for k, v in node["dict"].items()}
     if "function" in node:
         return FUNCTIONS[node["function"]]
+    if "make" in node:
+        return _build(node)
+    if "dtype_of" in node:
+        return _DTYPES[node["dtype_of"]]
     raise ValueError(f"unknown recorded value {sorted(node)}")
 
 
@@ -146,21 +258,64 @@ def _parts(value, n: int):
 
 
 def disagreement(got, expected, outputs, atol: float, rtol: float) -> str | None:
-    """None if ``got`` is ``expected`` (same structure, shapes, dtypes; values within atol + rtol·|ref|),
-    else why not, in a few words. The self-check and the hidden tests both judge with this."""
+    """None if ``got`` is ``expected`` (same structure, types, shapes, dtypes; values within atol +
+    rtol·|ref|), else why not, in a few words. The self-check and the hidden tests both judge with this."""
     got_parts, exp_parts = _parts(got, len(outputs)), _parts(expected, len(outputs))
     if got_parts is None:
         return f"returned {type(got).__name__}, expected {len(outputs)} outputs ({', '.join(outputs)})"
     for name, g, e in zip(outputs, got_parts, exp_parts):
+        why = _differs(name, g, e, atol, rtol)
+        if why:
+            return why
+    return None
+
+
+def _differs(name: str, g, e, atol: float, rtol: float) -> str | None:
+    """Why one output ``g`` is not ``e``: a tensor, a number (an int stays an int), None, a str, or a
+    list/tuple/dict of those."""
+    if isinstance(e, torch.Tensor):
         if not isinstance(g, torch.Tensor):
             return f"{name} is a {type(g).__name__}, expected a tensor"
         if tuple(g.shape) != tuple(e.shape):
             return f"{name} has shape {tuple(g.shape)}, expected {tuple(e.shape)}"
         if g.dtype != e.dtype:
             return f"{name} has dtype {g.dtype}, expected {e.dtype}"
-        if not bool(close(g, e, atol, rtol).all()):
-            return f"{name} differs from the reference"
-    return None
+        if e.dtype == torch.bool or not (e.is_floating_point() or e.is_complex()):
+            return None if torch.equal(g.cpu(), e.cpu()) else f"{name} differs from the reference"
+        return None if bool(close(g, e, atol, rtol).all()) else f"{name} differs from the reference"
+    if e is None or isinstance(e, (bool, str)):
+        return None if type(g) is type(e) and g == e else f"{name} is {_short(g)}, expected {_short(e)}"
+    if isinstance(e, int):
+        if type(g) is not int:
+            return f"{name} is a {type(g).__name__}, expected an int"
+        return None if g == e else f"{name} is {g}, expected {e}"
+    if isinstance(e, float):
+        if type(g) not in (float, int):
+            return f"{name} is a {type(g).__name__}, expected a float"
+        return None if bool(close(float(g), e, atol, rtol)) else f"{name} is {g:.6g}, expected {e:.6g}"
+    if isinstance(e, (list, tuple)):
+        if type(g) is not type(e) or len(g) != len(e):
+            return f"{name} is {_short(g)}, expected a {type(e).__name__} of {len(e)}"
+        for i, (a, b) in enumerate(zip(g, e)):
+            why = _differs(f"{name}[{i}]", a, b, atol, rtol)
+            if why:
+                return why
+        return None
+    if isinstance(e, dict):
+        if not isinstance(g, dict) or set(g) != set(e):
+            keys = list(g) if isinstance(g, dict) else type(g).__name__
+            return f"{name} has keys {keys}, expected {list(e)}"
+        for k in e:
+            why = _differs(f"{name}[{k!r}]", g[k], e[k], atol, rtol)
+            if why:
+                return why
+        return None
+    raise TypeError(f"cannot compare a {type(e).__name__}")
+
+
+def _short(v) -> str:
+    text = repr(v) if v is None or isinstance(v, (bool, int, float, str)) else f"a {type(v).__name__}"
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _same(a, b) -> bool:
@@ -185,12 +340,12 @@ def _todo(e: BaseException) -> bool:
     return isinstance(e, NotImplementedError) or (isinstance(e, TypeError) and "ellipsis" in str(e).lower())
 
 
-def _run_case(fn, case: dict, outputs) -> tuple[str, str | None]:
-    """('pass' | 'fail' | 'todo' | 'error', reason) of one recorded case."""
+def _run_case(fn, case: dict, spec: dict) -> tuple[str, str | None]:
+    """('pass' | 'fail' | 'todo' | 'partial' | 'error', reason) of one recorded case of an exercise ``spec``."""
     args, kwargs = decode(case["args"]), decode(case.get("kwargs", {"dict": {}}))
     given, given_kw = _clone(args), _clone(kwargs)
     try:
-        got = fn(*given, **given_kw)
+        got = run_probe(spec.get("probe"), fn, given, given_kw, decode(case.get("options", {"dict": {}})))
     except Exception as e:  # noqa: BLE001 - a learner's error is a verdict
         return ("todo", None) if _todo(e) else ("error", f"{type(e).__name__}: {e}")
     if (
@@ -199,34 +354,42 @@ def _run_case(fn, case: dict, outputs) -> tuple[str, str | None]:
         or (isinstance(got, (tuple, list)) and got and all(v is None or v is Ellipsis for v in got))
     ):
         return "todo", None
-    if isinstance(got, (tuple, list)) and any(v is None or v is Ellipsis for v in got):
+    outputs = spec["outputs"]
+    if len(outputs) > 1 and isinstance(got, (tuple, list)) and any(v is Ellipsis for v in got):
         return "partial", None  # some outputs still `...`: labcheck says which
-    if not (_same(given, args) and _same(list(given_kw.values()), list(kwargs.values()))):
+    if not spec.get("in_place") and not (
+        _same(given, args) and _same(list(given_kw.values()), list(kwargs.values()))
+    ):
         return "fail", "changed its arguments in place"
     why = disagreement(got, decode(case["expected"]), outputs, case["atol"], case["rtol"])
     return ("fail", why) if why else ("pass", None)
 
 
-def _diagnosis(fn, case: dict, outputs, title: str, why: str) -> str:
+def _diagnosis(fn, case: dict, spec: dict, why: str) -> str:
     """labcheck's one-line diagnosis of the failing case (factors, transpose, terms, recorded mistakes)."""
     mistakes = {
         out: {label: decode(v) for label, v in by_label.items()}
         for out, by_label in case.get("mistakes", {}).items()
     }
+    args, kwargs = decode(case["args"]), decode(case.get("kwargs", {"dict": {}}))
+    try:
+        got = run_probe(spec.get("probe"), fn, args, kwargs, decode(case.get("options", {"dict": {}})))
+    except Exception as e:  # noqa: BLE001 - a learner's error is a verdict
+        return f"error in your code: {type(e).__name__}: {e}"
     result = evaluate(
-        fn,
+        got,
         decode(case["expected"]),
         args=decode(case["args"]),
         kwargs=decode(case.get("kwargs", {"dict": {}})),
-        outputs=tuple(outputs),
-        name=title,
+        outputs=tuple(spec["outputs"]),
+        name=spec["title"],
         atol=case["atol"],
         rtol=case["rtol"],
         factors=decode(case.get("factors", {"dict": {}})) or None,
         terms={out: decode(t) for out, t in case.get("terms", {}).items()} or None,
         mistakes=mistakes or None,
     )
-    prefix = f"✗ {title}: "
+    prefix = f"✗ {spec['title']}: "
     if result.status in ("fail", "error") and result.line.startswith(prefix):
         return result.line[len(prefix) :]
     return why
@@ -244,7 +407,7 @@ def evaluate_contract(lab: str, exercise: str, fn) -> CheckResult:
     for cls in spec["classes"]:
         status, why, bad = "pass", None, None
         for case in cls["cases"]:
-            status, why = _run_case(fn, case, outputs)
+            status, why = _run_case(fn, case, spec)
             if status != "pass":
                 bad = case
                 break
@@ -267,7 +430,11 @@ def evaluate_contract(lab: str, exercise: str, fn) -> CheckResult:
     detail = (
         "returned None (not implemented for this case?)"
         if status == "todo"
-        else _diagnosis(fn, case, outputs, title, why)
+        else f"error in your code: {why}"
+        if status == "error"
+        else why
+        if why == "changed its arguments in place"
+        else _diagnosis(fn, case, spec, why)
     )
     fails = [v[0] for v in failing]
     if working:

@@ -60,11 +60,12 @@ def test_there_is_a_contract_and_its_lab_is_a_lab():
 def test_one_declaration_per_exercise_with_the_notebooks_name_and_signature(lab):
     c = contract.load(lab)
     questions = [q for q, _ in labs.questions(labs.read_nb(labs.source_path(lab)))]
-    assert list(c.exercises) == questions
+    assert list(dict.fromkeys(ex.question for ex in c.exercises.values())) == questions
     text = (ROOT / "labs" / "source" / "src" / f"{lab}.py").read_text()
     for ex in c.exercises.values():
-        assert f"def {ex.function}{ex.signature}:" in text, (lab, ex.name, ex.function, ex.signature)
-        assert ex.title.startswith(f"Exercise {ex.name[2:]} · {ex.function}")
+        kind = "class" if ex.signature.startswith("(torch.") else "def"
+        assert f"{kind} {ex.function}{ex.signature}:" in text, (lab, ex.name, ex.function, ex.signature)
+        assert ex.title.startswith(f"Exercise {ex.question[2:]} · {ex.function}")
         assert len(ex.classes) >= 3 and len({k.name for k in ex.classes}) == len(ex.classes)
 
 
@@ -76,15 +77,19 @@ def test_self_check_and_hidden_tests_draw_on_the_same_case_classes(lab):
     data = labcontract.load(lab)
     checks, hidden = _calls(lab)
     rows = []
+    for q in checks:  # one call per graded function, nothing else
+        assert len(checks[q]) == len(c.of_question(q)), (q, checks[q])
     for ex in c.exercises.values():
         names = [k.name for k in ex.classes]
         recorded = data["exercises"][ex.name]
         assert [k["name"] for k in recorded["classes"]] == names, ex.name
         assert all(k["cases"] for k in recorded["classes"]), ex.name
-        assert checks.get(ex.name) == [[lab[:5], ex.name, ex.function]], (ex.name, checks.get(ex.name))
-        tested = [a[3] for a in hidden.get(ex.name, [])]
+        assert [lab[:5], ex.name, ex.function] in checks.get(ex.question, []), (
+            ex.name,
+            checks.get(ex.question),
+        )
+        tested = [a[3] for a in hidden.get(ex.question, []) if a[:3] == [lab[:5], ex.name, ex.function]]
         assert sorted(tested) == sorted(names), (ex.name, tested, names)
-        assert all(a[:3] == [lab[:5], ex.name, ex.function] for a in hidden[ex.name])
         for k in ex.classes:
             public, secret = c.cases(ex.name, k.name)
             assert public and secret, (ex.name, k.name)
@@ -188,3 +193,82 @@ def test_contract_modules_are_linted_and_formatted():
 
 def test_the_text_source_of_the_contract_lab_is_its_notebook():
     assert all(lab not in p for p in nbtool.check() for lab in LABS)
+
+
+# ------------------------------------------------------------- the format's other kinds of answer
+
+
+class _Square(torch.autograd.Function):
+    """x² with its backward 2x·g (a learner's Function; `wrong` doubles the gradient)."""
+
+    wrong = False
+
+    @staticmethod
+    def forward(x):
+        return x * x
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return (4 if _Square.wrong else 2) * x * g
+
+
+def test_backward_through_judges_a_function_by_what_autograd_gets_from_it():
+    x, g = torch.randn(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+    out, grad_x = labcontract.run_probe("backward_through", _Square, (x,), {}, {"grad_output": g})
+    assert torch.equal(out, x * x) and torch.allclose(grad_x, 2 * x * g) and not x.requires_grad
+    _Square.wrong = True
+    try:
+        _, bad = labcontract.run_probe("backward_through", _Square, (x,), {}, {"grad_output": g})
+    finally:
+        _Square.wrong = False
+    why = labcontract.disagreement((out, bad), (out, grad_x), ("out", "grad_x"), 1e-12, 0)
+    assert why == "grad_x differs from the reference"
+    with pytest.raises(NotImplementedError):  # a stub's forward returns None: "not implemented yet"
+        labcontract.run_probe("backward_through", type("Stub", (), {"apply": lambda *a: None}), (x,), {}, {})
+
+
+def test_returns_and_changes_reads_the_arguments_after_an_in_place_step():
+    def step(theta, g, lr):
+        theta.sub_(lr * g)
+        return theta
+
+    theta, g = torch.ones(2), torch.full((2,), 2.0)
+    out = labcontract.run_probe("returns_and_changes", step, (theta, g, 0.5), {}, {"changed": (0,)})
+    assert torch.equal(out[0], torch.zeros(2)) and torch.equal(out[1], torch.zeros(2))
+
+
+def test_a_made_object_is_recorded_as_how_to_build_it():
+    W, b = torch.randn(2, 3, dtype=torch.float64), torch.randn(2, dtype=torch.float64)
+    made = labcontract.Made("torch.nn.Linear", 3, 2, dtype=torch.float64, state={"weight": W, "bias": b})
+    node = json.loads(json.dumps(labcontract.encode((made,))))
+    (layer,) = labcontract.decode(node)
+    assert isinstance(layer, torch.nn.Linear) and torch.equal(layer.weight, W) and torch.equal(layer.bias, b)
+    with pytest.raises(ValueError, match="path: expected a name under"):
+        labcontract.Made("os.system", "true")
+    with pytest.raises(ValueError, match="cannot build"):
+        labcontract.decode({"make": "builtins.eval", "args": {"tuple": ["1"]}})
+
+
+@pytest.mark.parametrize(
+    "got, expected, why",
+    [
+        (3, 3, None),
+        (3.0, 3, "n is a float, expected an int"),
+        (True, 1, "n is a bool, expected an int"),
+        (4, 3, "n is 4, expected 3"),
+        (0.5 + 1e-12, 0.5, None),
+        (None, None, None),
+        ([torch.ones(2)], [torch.ones(2)], None),
+        ([torch.ones(2)], [torch.ones(2), torch.ones(2)], "n is a list, expected a list of 2"),
+        ({"a": 1}, {"a": 2}, "n['a'] is 1, expected 2"),
+        (torch.tensor([True, False]), torch.tensor([True, True]), "n differs from the reference"),
+        (torch.tensor([1, 2]), torch.tensor([1.0, 2.0]), "n has dtype torch.int64, expected torch.float32"),
+    ],
+)
+def test_the_comparison_rule_keeps_types_and_structure(got, expected, why):
+    assert labcontract.disagreement(got, expected, ("n",), 1e-9, 1e-9) == why

@@ -96,20 +96,21 @@ def test_with_a_contract_the_self_check_says_x_if_and_only_if_the_hidden_tests_t
     c, data = contract.load(lab), labcontract.load(lab)
     pairs, apart = 0, []
     for entry in yaml.safe_load(mutants.catalog_path(lab).read_text()):
-        ex = c.exercises[entry["exercise"]]
-        fn = contract.solution_function(lab, ex, entry["replace"])
-        for k in data["exercises"][ex.name]["classes"]:
-            public = any(labcontract._run_case(fn, case, ex.outputs)[0] != "pass" for case in k["cases"])
-            try:
-                c.hidden_check(ex.name, fn, k["name"])
-                hidden = False
-            except Exception:  # noqa: BLE001 - any failure of a hidden test takes points
-                hidden = True
-            pairs += 1
-            if public != hidden:
-                apart.append(
-                    f"{ex.name} {entry['mistake']}: self-check ✗ {public}, hidden ✗ {hidden} when {k['name']}"
-                )
+        for ex in c.of_question(entry["exercise"]):
+            fn = contract.solution_function(lab, ex, entry["replace"])
+            spec = data["exercises"][ex.name]
+            for k in spec["classes"]:
+                public = any(labcontract._run_case(fn, case, spec)[0] != "pass" for case in k["cases"])
+                try:
+                    c.hidden_check(ex.name, fn, k["name"])
+                    hidden = False
+                except Exception:  # noqa: BLE001 - any failure of a hidden test takes points
+                    hidden = True
+                pairs += 1
+                if public != hidden:
+                    apart.append(
+                        f"{ex.name} {entry['mistake']}: self-check ✗ {public}, hidden ✗ {hidden} when {k['name']}"
+                    )
     classes = {e: len(x.classes) for e, x in c.exercises.items()}
     with capsys.disabled():
         print(

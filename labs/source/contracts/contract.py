@@ -33,7 +33,15 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
-from helpers.labcontract import DATA, _clone, _same, disagreement, encode  # noqa: E402  (one owner: the student side's)
+from helpers.labcontract import (  # noqa: E402  (one owner: the student side's)
+    DATA,
+    _clone,
+    _same,
+    decode,
+    disagreement,
+    encode,
+    run_probe,
+)
 
 HERE = Path(__file__).resolve().parent
 SOURCES = ROOT / "labs" / "source"
@@ -47,6 +55,7 @@ class Case:
     kwargs: dict = field(default_factory=dict)
     factors: dict = field(default_factory=dict)  # {"R": 15}: labcheck names "1/R × the expected value"
     terms: dict = field(default_factory=dict)  # {"grad_X": {"the skip path": tensor}}
+    options: dict = field(default_factory=dict)  # the probe's options: {"grad_output": tensor, "wrt": (0, 1)}
 
 
 @dataclass
@@ -64,13 +73,31 @@ class CaseClass:
 
 @dataclass
 class Exercise:
-    name: str  # "ex2": the question's name in the source
+    name: str  # "ex2": the question's name in the source ("ex1b" for a question's second function)
     function: str  # the name the notebook defines and the grader calls
-    signature: str  # "(X, W, grad_Y)": checked against the notebook's def
+    signature: (
+        str  # "(X, W, grad_Y)": checked against the notebook's def ("(torch.autograd.Function)" for a class)
+    )
     title: str  # "Exercise 2 · dense_backward"
     reference: Callable
     outputs: tuple
     classes: list
+    question: str = ""  # the source's question, if not `name` (a question with two graded functions)
+    probe: str | None = None  # a helpers.labcontract.PROBES name: how a case calls the answer
+    in_place: bool = False  # the prompt lets the answer change its arguments (a step, a merge)
+
+    def __post_init__(self):
+        self.question = self.question or self.name
+
+    def outputs_of(self, fn, case: "Case"):
+        """fn's outputs on the case (through the probe), on values rebuilt as the learner gets them."""
+        args, kwargs, options = materialize(case.args), materialize(case.kwargs), materialize(case.options)
+        return run_probe(self.probe, fn, args, kwargs, options)
+
+
+def materialize(value):
+    """The value as the learner's function gets it: encoded and decoded (a Made becomes its object)."""
+    return decode(encode(value))
 
 
 def draw(strategy, n: int, key: int) -> list:
@@ -107,6 +134,10 @@ class Contract:
         self.exercises = {e.name: e for e in exercises}
         self.base_seed = base_seed
 
+    def of_question(self, question: str) -> list[Exercise]:
+        """The exercises (graded functions) of one question of the source."""
+        return [e for e in self.exercises.values() if e.question == question]
+
     def case_class(self, exercise: str, name: str) -> CaseClass:
         ex = self.exercises[exercise]
         hit = [c for c in ex.classes if c.name == name]
@@ -135,12 +166,13 @@ class Contract:
         ex = self.exercises[exercise]
         cls = self.case_class(exercise, name)
         for case in self.cases(exercise, name)[1]:
-            given, given_kw = _clone(case.args), _clone(case.kwargs)
-            got = fn(*given, **given_kw)
-            assert _same(given, case.args) and _same(list(given_kw.values()), list(case.kwargs.values())), (
-                f"{ex.title} changed its arguments in place when {name}"
-            )
-            expected = ex.reference(*_clone(case.args), **_clone(case.kwargs))
+            args, kwargs = materialize(case.args), materialize(case.kwargs)
+            given, given_kw = _clone(args), _clone(kwargs)
+            got = run_probe(ex.probe, fn, given, given_kw, materialize(case.options))
+            assert ex.in_place or (
+                _same(given, args) and _same(list(given_kw.values()), list(kwargs.values()))
+            ), f"{ex.title} changed its arguments in place when {name}"
+            expected = ex.outputs_of(ex.reference, case)
             why = disagreement(got, expected, ex.outputs, cls.atol, cls.rtol)
             assert why is None, f"{ex.title} fails when {name}: {why}"
 
@@ -159,7 +191,7 @@ class Contract:
             for cls in ex.classes:
                 cases = []
                 for case in self.cases(ex.name, cls.name)[0]:
-                    expected = ex.reference(*_clone(case.args), **_clone(case.kwargs))
+                    expected = ex.outputs_of(ex.reference, case)
                     node = {
                         "args": encode(tuple(case.args)),
                         "kwargs": encode(dict(case.kwargs)),
@@ -167,6 +199,8 @@ class Contract:
                         "atol": cls.atol,
                         "rtol": cls.rtol,
                     }
+                    if case.options:
+                        node["options"] = encode(dict(case.options))
                     if case.factors:
                         node["factors"] = encode(dict(case.factors))
                     if case.terms:
@@ -182,6 +216,12 @@ class Contract:
                 "outputs": list(ex.outputs),
                 "classes": classes,
             }
+            if ex.question != ex.name:
+                out["exercises"][ex.name]["question"] = ex.question
+            if ex.probe:
+                out["exercises"][ex.name]["probe"] = ex.probe
+            if ex.in_place:
+                out["exercises"][ex.name]["in_place"] = True
         return out
 
     def write(self) -> Path:
@@ -198,7 +238,7 @@ def _wrong_outputs(ex: Exercise, cls: CaseClass, case: Case, expected, known: di
     exp_parts = _parts(expected, len(ex.outputs))
     for label, fn in known.items():
         try:
-            got = fn(*_clone(case.args), **_clone(case.kwargs))
+            got = ex.outputs_of(fn, case)
         except Exception:  # noqa: BLE001 - a mistake that crashes here needs no recorded value
             continue
         parts = _parts(got, len(ex.outputs))
@@ -247,7 +287,7 @@ def solution_function(lab: str, exercise: Exercise, edits=()):
     import mutants
 
     setup, sols = _solutions(lab)
-    code = mutants._mutate(sols[exercise.name], edits, f"{lab} {exercise.name}")
+    code = mutants._mutate(sols[exercise.question], edits, f"{lab} {exercise.question}")
     ns: dict = {"__name__": "__contract__"}
     for c in [*setup, *code]:
         mutants._run(c, ns)
@@ -262,8 +302,7 @@ def known_mistakes(contract: Contract) -> dict:
     entries = yaml.safe_load(path.read_text()) if path.exists() else []
     out: dict = {}
     for e in entries or []:
-        if e.get("known") and e["exercise"] in contract.exercises:
-            ex = contract.exercises[e["exercise"]]
+        for ex in contract.of_question(e["exercise"]) if e.get("known") else ():
             out.setdefault(ex.name, {})[str(e["known"])] = solution_function(contract.lab, ex, e["replace"])
     return out
 
