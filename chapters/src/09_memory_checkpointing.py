@@ -791,8 +791,8 @@ _ = compare("unscaled float16 grad_W vs float32", g16[0], g32[0], atol=0, rtol=2
 # subnormal and becomes 0: the float16 gradients are exactly zero, every entry, and the
 # weights would never move. Multiplying the loss by $S = 2^{16}$ moves every gradient into
 # float16's range; dividing by $S$ afterwards, in float32, gives back the float32 gradient to
-# within float16's precision (the `rtol 2e-2` is a few float16 steps, $2^{-10}$ each, gathered
-# over 16 rows).
+# within float16's precision (the `rtol 2e-2` is about 20 float16 steps of $2^{-10}$: room for
+# the rounding gathered over 16 rows).
 #
 # Too large a scale overflows instead: gradients become `inf`. The rule `torch.amp.GradScaler`
 # follows, written out in `helpers.precision`:

@@ -7,7 +7,7 @@
 # it in plain PyTorch first, check it against `F.scaled_dot_product_attention` (SDPA), then write
 # the same thing as Triton kernels, and finally **measure** the memory instead of quoting it.
 #
-# **Learning goals**
+# **Learning goals.** After this chapter you can
 #
 # * compute a {term}`softmax` in one pass with a running max $m$ and normaliser $\ell$ (an
 #   {term}`online softmax`), and say why the
