@@ -202,6 +202,27 @@ def pytest_sessionstart(session):
     if not _is_worker(session.config):
         _START["wall"] = time.monotonic()
         _START["tree"] = _tracked_state()
+        FIGURES_FILE.unlink(missing_ok=True)
+
+
+# Figures a test measures and the run should show (the catalogs' if-and-only-if counts, case classes
+# per exercise): pytest-xdist hides a worker's prints, so each goes to a file that the controller
+# prints after pytest's summary.
+FIGURES_FILE = Path(os.environ.get("BBH_FIGURES_FILE", ROOT / "_build" / "test-figures.txt"))
+
+
+@pytest.fixture
+def figure():
+    """figure("…"): one line for the run's "figures" section (printed last, whatever the worker)."""
+
+    def put(line: str) -> None:
+        FIGURES_FILE.parent.mkdir(parents=True, exist_ok=True)
+        with FIGURES_FILE.open(
+            "a", encoding="utf-8"
+        ) as f:  # one short append per line: workers do not interleave
+            f.write(line.replace("\n", " ") + "\n")
+
+    return put
 
 
 def pytest_runtest_logreport(report):
@@ -246,7 +267,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         return
     tr = terminalreporter
     changed = getattr(config, "_bbh_changed", [])
-    lines = stage_table()
+    figures = sorted(FIGURES_FILE.read_text(encoding="utf-8").splitlines()) if FIGURES_FILE.exists() else []
+    lines = (["figures:", *[f"  {f}" for f in figures], ""] if figures else []) + stage_table()
     if changed:
         lines.append(
             f"FAILED: the run changed {len(changed)} tracked file(s): {', '.join(changed[:10])} "

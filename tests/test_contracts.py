@@ -70,7 +70,7 @@ def test_one_declaration_per_exercise_with_the_notebooks_name_and_signature(lab)
 
 
 @pytest.mark.parametrize("lab", LABS)
-def test_self_check_and_hidden_tests_draw_on_the_same_case_classes(lab):
+def test_self_check_and_hidden_tests_draw_on_the_same_case_classes(lab, figure):
     """Every class has public cases (recorded, the self-check's) and hidden ones (other values), and a
     hidden-test cell; no class is hidden-only; each self-check is one call."""
     c = contract.load(lab)
@@ -95,8 +95,12 @@ def test_self_check_and_hidden_tests_draw_on_the_same_case_classes(lab):
             assert public and secret, (ex.name, k.name)
             enc = [json.dumps(labcontract.encode(tuple(x.args))) for x in public + secret]
             assert len(set(enc)) == len(enc), f"{ex.name} {k.name}: a hidden case repeats a public one"
-            rows.append(f"{ex.name} {k.name}: {len(public)} public, {len(secret)} hidden")
-    print("\n" + "\n".join(rows))
+            rows.append((len(public), len(secret)))
+    figure(
+        f"[{lab}] same generators: {len(rows)} case classes over {len(c.exercises)} exercises "
+        f"({', '.join(f'{e}: {len(x.classes)}' for e, x in c.exercises.items())}); "
+        f"{sum(p for p, _ in rows)} public and {sum(h for _, h in rows)} hidden cases in all; none hidden-only"
+    )
 
 
 @pytest.mark.parametrize("lab", LABS)

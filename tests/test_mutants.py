@@ -78,7 +78,7 @@ CONTRACT_LABS = [lab for lab in LABS if (ROOT / "labs" / "source" / "contracts" 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("lab", CONTRACT_LABS)
-def test_with_a_contract_the_self_check_says_x_if_and_only_if_the_hidden_tests_take_points(lab, capsys):
+def test_with_a_contract_the_self_check_says_x_if_and_only_if_the_hidden_tests_take_points(lab, figure):
     """Each catalogued mistake, run through the notebook's self-check cell and hidden-test cells
     (tools/mutants.py), and class by class: the self-check fails a class if and only if its hidden test fails."""
     import yaml
@@ -112,12 +112,11 @@ def test_with_a_contract_the_self_check_says_x_if_and_only_if_the_hidden_tests_t
                         f"{ex.name} {entry['mistake']}: self-check ✗ {public}, hidden ✗ {hidden} when {k['name']}"
                     )
     classes = {e: len(x.classes) for e, x in c.exercises.items()}
-    with capsys.disabled():
-        print(
-            f"\n[{lab}] {len(verdicts)} mutants: self-check ✗ if and only if the hidden tests take points on "
-            f"{len(verdicts) - len(off)} of {len(verdicts)}; case classes per exercise {classes}; "
-            f"class by class, self-check and hidden tests agree on {pairs - len(apart)} of {pairs} (mutant, class) pairs"
-        )
+    figure(
+        f"[{lab}] {len(verdicts)} mutants: self-check ✗ if and only if the hidden tests take points on "
+        f"{len(verdicts) - len(off)} of {len(verdicts)}; case classes per exercise {classes}; "
+        f"class by class, self-check and hidden tests agree on {pairs - len(apart)} of {pairs} (mutant, class) pairs"
+    )
     # a class whose public case cannot see what its hidden cases see is a gap in the self-check:
     # give the class a public case that shows it, or split the class
     assert not apart, "\n".join(apart)

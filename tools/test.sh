@@ -27,7 +27,7 @@ rm -f "$BBH_STAGES_FILE"
 # loadscope: a notebook's cells (and a test file's module fixtures) stay on one worker, in order
 "$PY" -m pytest -n "$JOBS" --dist loadscope "$@" || status=$?
 if [ -s "$BBH_STAGES_FILE" ]; then
-  echo "================================ time per stage ================================"
+  echo "========================== figures and time per stage =========================="
   cat "$BBH_STAGES_FILE"
 fi
 echo "[test] install $(( installed - start )) s, tests $(( $(date +%s) - installed )) s on $JOBS workers ($cores cores), exit $status"
