@@ -10,11 +10,17 @@ submission. Limits: address space, CPU seconds, processes of the sandbox user, f
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
+import select
 import shutil
+import signal
 import site
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -96,6 +102,341 @@ def _readonly_paths(helpers_dir: Path) -> list[Path]:
     return out
 
 
+# ------------------------------------------------------------------ whole-submission limits
+# A submission is every process it starts: a per-process cap (RLIMIT_AS) let four children at 1.75 GiB
+# each hold 7 GiB under a "6 GiB" limit. Where the machine lets us, each submission gets a cgroup of
+# its own (memory and process count of all its processes together); where not, the per-process
+# limits are all there is, and the notice says so.
+
+CGROUP_PREFIX = "backprop-grader-"  # each submission's cgroup: CGROUP_PREFIX + its launcher's pid
+LEASES = Path("/tmp/backprop-grader-uids")  # one file per sandbox user id in use, for every grade run here
+MiB = 1 << 20
+
+_WHOLE: dict = {}
+_WHOLE_LOCK = threading.Lock()
+_NOTICED: set = set()
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def _write(path: Path, text: str) -> bool:
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+        return True
+    except OSError:
+        return False
+
+
+def _mounts() -> list[tuple[str, Path, list[str]]]:
+    """(filesystem type, mount point, (root in its filesystem, super options)) of every mount."""
+    out = []
+    for line in _read(Path("/proc/self/mountinfo")).splitlines():
+        left, _, right = line.partition(" - ")
+        f, r = left.split(), right.split()
+        if len(f) >= 5 and len(r) >= 3:
+            out.append((r[0], Path(f[4]), [f[3], r[2]]))
+    return out
+
+
+def _own_cgroup(mount: Path, root: str, hier_path: str) -> Path:
+    """Where this process's cgroup ``hier_path`` (as /proc/self/cgroup says it) is under ``mount``."""
+    rel = os.path.relpath(hier_path, root) if hier_path.startswith(root) else hier_path.lstrip("/")
+    return (mount / rel).resolve() if rel != "." else mount
+
+
+def _can_make(base: Path, files: tuple[str, ...], test: tuple[str, str]) -> bool:
+    """Whether a child cgroup of ``base`` can be made here with these files, ``test`` written, and removed."""
+    probe = base / f"{CGROUP_PREFIX}{os.getpid()}-probe"
+    try:
+        probe.mkdir()
+    except OSError:
+        return False
+    try:
+        return all((probe / f).exists() for f in files) and _write(probe / test[0], test[1])
+    finally:
+        with _suppress():
+            probe.rmdir()
+
+
+class _suppress:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return exc[0] is not None and issubclass(exc[0], OSError)
+
+
+def _cgroup2() -> tuple[list[str], str]:
+    """The cgroup v2 folder under which each submission gets its own (with memory.max, pids.max), or why none."""
+    mount = next(((m, o[0]) for t, m, o in _mounts() if t == "cgroup2"), None)
+    if mount is None:
+        return [], "no cgroup v2 mounted"
+    want = {"memory", "pids"}
+    if not want <= set(_read(mount[0] / "cgroup.controllers").split()):
+        return [], "cgroup v2 has no memory and pids controllers here"
+    line = next((ln for ln in _read(Path("/proc/self/cgroup")).splitlines() if ln.startswith("0::")), None)
+    if line is None:
+        return [], "this process is in no cgroup v2"
+    own = _own_cgroup(mount[0], mount[1], line[3:])
+    candidates = [own]
+    if not Path("/run/systemd/system").exists():  # under systemd, its scopes (below), not our own siblings
+        candidates += [p for p in own.parents if p.is_relative_to(mount[0])]
+    for base in candidates:
+        if not want <= set(_read(base / "cgroup.subtree_control").split()):
+            # only our own cgroup may be switched on (it fails while it holds processes, but for the root)
+            if base != own or not _write(base / "cgroup.subtree_control", "+memory +pids"):
+                continue
+        if _can_make(base, ("memory.max", "pids.max", "cgroup.procs"), ("pids.max", "max")):
+            return [str(base)], ""
+    return [], "cgroup v2 is not delegated to this user (no cgroup with memory and pids it may create)"
+
+
+def _cgroup1() -> tuple[list[str], str]:
+    """The cgroup v1 memory and pids folders under which each submission gets its own, or why none."""
+    own = {}
+    for ln in _read(Path("/proc/self/cgroup")).splitlines():
+        parts = ln.split(":", 2)
+        if len(parts) == 3:
+            for c in parts[1].split(","):
+                own[c] = parts[2]
+    bases = []
+    for ctrl, test in (("memory", ("memory.limit_in_bytes", "-1")), ("pids", ("pids.max", "max"))):
+        mount = next((m for t, m, o in _mounts() if t == "cgroup" and ctrl in o[1].split(",")), None)
+        if mount is None or ctrl not in own:
+            return [], f"no cgroup v1 {ctrl} controller"
+        root = next(o[0] for t, m, o in _mounts() if m == mount)
+        base = _own_cgroup(mount, root, own[ctrl])
+        if not _can_make(base, (test[0], "cgroup.procs"), test):
+            return [], f"cannot create a cgroup v1 {ctrl} group here"
+        bases.append(str(base))
+    return bases, ""
+
+
+def _systemd() -> str:
+    """Why systemd-run cannot give each submission a scope with MemoryMax and TasksMax, or ''."""
+    if not Path("/run/systemd/system").exists() or shutil.which("systemd-run") is None:
+        return "no systemd"
+    user = [] if os.geteuid() == 0 else ["--user"]
+    try:
+        p = subprocess.run(
+            [
+                "systemd-run",
+                *user,
+                "--scope",
+                "--quiet",
+                "--collect",
+                "-p",
+                "MemoryMax=64M",
+                "-p",
+                "TasksMax=16",
+                "true",
+            ],
+            capture_output=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "systemd-run did not answer"
+    return "" if p.returncode == 0 else "systemd-run --scope refused"
+
+
+def whole_limits() -> dict:
+    """How a whole submission is limited here (worked out once): ``kind`` is "cgroup2", "cgroup1",
+    "systemd" (a transient scope) or "process" (per-process limits only); ``bases``: the cgroup
+    folders under which each submission gets its own; ``why``: why nothing better (one phrase)."""
+    with _WHOLE_LOCK:
+        if not _WHOLE:
+            why = []
+            if sys.platform != "linux":
+                why.append(f"no cgroups on {sys.platform}")
+            else:
+                for kind, find in (("cgroup2", _cgroup2), ("cgroup1", _cgroup1)):
+                    bases, reason = find()
+                    if bases:
+                        _WHOLE.update(kind=kind, bases=bases, why="")
+                        break
+                    why.append(reason)
+                else:
+                    reason = _systemd()
+                    if not reason:
+                        _WHOLE.update(kind="systemd", bases=[], why="")
+                    why.append(reason)
+            if not _WHOLE:
+                _WHOLE.update(kind="process", bases=[], why="; ".join(why[:2]))
+        return dict(_WHOLE)
+
+
+def _size(mb: int) -> str:
+    return f"{mb >> 10} GiB" if mb % 1024 == 0 else f"{mb} MiB"
+
+
+def size_option_works() -> bool:
+    """Whether this bubblewrap sizes a tmpfs (``--size``, bubblewrap 0.5 and later)."""
+    b = bwrap()
+    if b is None:
+        return False
+    if b not in _SIZE:
+        p = subprocess.run([b, "--help"], capture_output=True, text=True)
+        _SIZE[b] = "--size" in p.stdout + p.stderr
+    return _SIZE[b]
+
+
+_SIZE: dict = {}
+
+
+def limits_notice(
+    *, memory_mb: int = 6144, nproc: int = 256, disk_mb: int = 512, process_memory_mb: int | None = None
+) -> str:
+    """One line: what limits each submission here, as ``command`` applies them."""
+    w = whole_limits()
+    mem, pmem = _size(memory_mb), _size(process_memory_mb or memory_mb)
+    head = {
+        "cgroup2": f"cgroup v2 memory.max {mem}, pids.max {nproc} per submission (all its processes together)",
+        "cgroup1": f"cgroup v1 memory.limit_in_bytes {mem}, pids.max {nproc} per submission (all its processes together)",
+        "systemd": f"systemd scope MemoryMax {mem}, TasksMax {nproc} per submission (all its processes together)",
+    }.get(w["kind"], f"per process only ({w['why']}): {pmem} address space a process, {nproc} processes")
+    disk = (
+        f"tmpfs of {_size(disk_mb)} each"
+        if size_option_works()
+        else "tmpfs without a size (bubblewrap too old for --size)"
+    )
+    users = (
+        f"a sandbox user of its own, leased from {UID_BASE}-{UID_BASE + UID_COUNT - 1} across concurrent grade runs"
+        if os.geteuid() == 0
+        else "runs as you (not root: no user of its own)"
+    )
+    return f"limits: {head}; each process {pmem} address space; home and /tmp: {disk}; {users}"
+
+
+# ------------------------------------------------------------------ sandbox user ids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def uids_in_use() -> set[int]:
+    """The real user ids of every running process."""
+    out = set()
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            for ln in _read(Path("/proc", d, "status")).splitlines():
+                if ln.startswith("Uid:"):
+                    out.add(int(ln.split()[1]))
+                    break
+    return out
+
+
+def lease_uid(want: int, holder: int) -> int:
+    """A sandbox user id from UID_BASE.. that no running grading holds and no process runs as (``want``
+    first when it is free): two concurrent grade runs handed out the same ids. The lease is a file
+    under LEASES naming ``holder``, the process that runs the sandbox; ``release_uid`` ends it, and a
+    lease whose holder is gone is free."""
+    LEASES.mkdir(mode=0o755, exist_ok=True)
+    busy = uids_in_use()
+    start = want - UID_BASE if UID_BASE <= want < UID_BASE + UID_COUNT else os.getpid() % UID_COUNT
+    with open(LEASES / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for k in range(UID_COUNT):
+            uid = UID_BASE + (start + k) % UID_COUNT
+            f = LEASES / str(uid)
+            held = _read(f).strip()
+            if uid in busy or (held.isdigit() and _alive(int(held))):
+                continue
+            f.write_text(str(holder))
+            return uid
+    raise RuntimeError(f"no free sandbox user id in {UID_BASE}-{UID_BASE + UID_COUNT - 1}")
+
+
+def release_uid(uid: int, holder: int) -> None:
+    """End ``holder``'s lease on ``uid`` (nothing when it holds none)."""
+    f = LEASES / str(uid)
+    with open(LEASES / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _read(f).strip() == str(holder):
+            with _suppress():
+                f.unlink()
+
+
+# ------------------------------------------------------------------ a submission's cgroup
+
+
+def _holder(d: Path) -> int | None:
+    rest = d.name[len(CGROUP_PREFIX) :].split("-")[0]
+    return int(rest) if rest.isdigit() else None
+
+
+def remove_cgroup(d: Path) -> None:
+    """Stop every process in cgroup ``d``, then remove it."""
+    for _ in range(250):
+        procs = _read(d / "cgroup.procs").split()
+        if not procs:
+            break
+        if not _write(d / "cgroup.kill", "1"):
+            for p in procs:
+                with _suppress():
+                    os.kill(int(p), signal.SIGKILL)
+        time.sleep(0.02)
+    for _ in range(50):
+        try:
+            d.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.02)
+
+
+def make_cgroups(bases: list[str], holder: int, memory_mb: int, nproc: int) -> list[Path]:
+    """A cgroup under each of ``bases`` for the submission run by ``holder``, limited; [] when that fails.
+    Those of earlier runs whose process is gone (killed before it cleaned up) are removed first."""
+    made = []
+    try:
+        for base in map(Path, bases):
+            for old in base.glob(CGROUP_PREFIX + "*"):
+                h = _holder(old)
+                if h is not None and h != holder and not old.name.endswith("-probe") and not _alive(h):
+                    remove_cgroup(old)
+            d = base / f"{CGROUP_PREFIX}{holder}"
+            if d.exists():
+                remove_cgroup(d)
+            d.mkdir()
+            made.append(d)
+            limit = {
+                "memory.max": str(memory_mb * MiB),
+                "memory.swap.max": "0",
+                "memory.limit_in_bytes": str(memory_mb * MiB),
+                "memory.memsw.limit_in_bytes": str(memory_mb * MiB),
+                "pids.max": str(nproc),
+            }
+            for name, value in limit.items():
+                if (
+                    (d / name).exists()
+                    and not _write(d / name, value)
+                    and name in ("memory.max", "memory.limit_in_bytes", "pids.max")
+                ):
+                    raise OSError(f"cannot set {d / name}")
+        return made
+    except OSError:
+        for d in made:
+            remove_cgroup(d)
+        return []
+
+
+# ------------------------------------------------------------------ the sandbox's command line
+
+
 def command(
     home: Path,
     argv: list[str],
@@ -107,15 +448,67 @@ def command(
     nproc: int = 256,
     fsize_mb: int = 256,
     env: dict | None = None,
+    disk_mb: int = 512,
+    process_memory_mb: int | None = None,
+    notice: bool = True,
 ) -> list[str]:
-    """The bwrap command line that runs ``argv`` (paths as seen inside) with ``home`` as its only writable folder.
+    """The command line that runs ``argv`` (paths as seen inside) in a sandbox whose home starts with the files of ``home``.
 
-    ``uid``: the unprivileged user it runs as (when started as root); give each submission its own,
-    so one submission's fork bomb (RLIMIT_NPROC counts a user's processes) cannot starve another's.
+    It starts a small launcher (this file), which at each start: leases a sandbox user id (``uid``
+    first when free; unique across concurrent grade runs, released afterwards), gives the
+    submission a cgroup of its own where the machine allows it (``memory_mb`` and ``nproc`` for all
+    its processes together; ``whole_limits``), then becomes bubblewrap. Home and /tmp are tmpfs of
+    ``disk_mb`` each (a submission that writes more gets ENOSPC); ``home``'s files are copied into
+    the home at each start, so what one run writes is gone at the next, and nothing is written back.
+    Each process also has ``process_memory_mb`` (default ``memory_mb``) of address space, ``cpu_s``
+    CPU seconds and ``fsize_mb`` per file. A guardian process outside the sandbox removes the cgroup
+    and ends the lease when the sandbox ends, however it ends (the harness kills it with SIGKILL).
+    ``notice``: print ``limits_notice`` once per process (so once per grade run).
     """
-    b = bwrap()
+    spec = {
+        "bwrap": bwrap(),
+        "home": str(Path(home).resolve()),
+        "argv": list(argv),
+        "readonly": [str(p) for p in _readonly_paths(helpers_dir)],
+        "grader": str(HERE),
+        "uid": int(uid),
+        "memory_mb": int(memory_mb),
+        "process_memory_mb": int(process_memory_mb or memory_mb),
+        "cpu_s": int(cpu_s),
+        "nproc": int(nproc),
+        "fsize_mb": int(fsize_mb),
+        "disk_mb": int(disk_mb),
+        "sized": size_option_works(),
+        "env": {
+            "PATH": "/usr/bin:/bin",
+            "HOME": HOME,
+            "MPLCONFIGDIR": "/tmp",
+            "TMPDIR": "/tmp",
+            "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "LANG": "C.UTF-8",
+            **(env or {}),
+        },
+        "whole": whole_limits(),
+    }
+    if notice:
+        line = limits_notice(
+            memory_mb=memory_mb, nproc=nproc, disk_mb=disk_mb, process_memory_mb=process_memory_mb
+        )
+        with _WHOLE_LOCK:
+            new = line not in _NOTICED
+            _NOTICED.add(line)
+        if new:
+            print(line, flush=True)
+    return [sys.executable, "-I", "-S", str(HERE / "sandbox.py"), "launch", json.dumps(spec)]
+
+
+def _bwrap_argv(spec: dict, uid: int, files: list[tuple[str, int | None]]) -> list[str]:
+    """bubblewrap's command line for ``spec`` (see ``command``), running as ``uid`` (when root), with
+    ``files`` (path inside the home, an open descriptor of its content or None for a folder)."""
     cmd = [
-        b,
+        spec["bwrap"],
         "--unshare-pid",
         "--unshare-net",
         "--unshare-ipc",
@@ -143,36 +536,27 @@ def command(
     for f in ("/etc/ld.so.cache", "/etc/localtime", "/etc/nsswitch.conf", "/etc/passwd", "/etc/group"):
         if Path(f).exists():
             cmd += ["--ro-bind", f, f]
+    size = ["--size", str(spec["disk_mb"] * MiB)] if spec["sized"] else []
     # the private /tmp first: a course or a Python that lives under the host's /tmp is bound over it
-    tmp = home.parent / "tmp"
-    tmp.mkdir(exist_ok=True)
-    for d in (home, tmp):
-        if os.geteuid() == 0:
-            os.chown(d, uid, uid)
-            for f in d.iterdir():
-                os.chown(f, uid, uid)
-    cmd += ["--bind", str(tmp), "/tmp"]
+    cmd += ["--perms", "1777", *size, "--tmpfs", "/tmp"]
     made = set()
-    for p in _readonly_paths(helpers_dir) + [Path(GRADER)]:
+    for p in [Path(x) for x in spec["readonly"]] + [Path(GRADER)]:
         for parent in reversed(p.parents[:-1]):  # parents bwrap would otherwise make 0700
             if parent not in made and str(parent) != "/":
                 cmd += ["--perms", "0755", "--dir", str(parent)]
                 made.add(parent)
         if p != Path(GRADER):
             cmd += ["--ro-bind", str(p), str(p)]
-    cmd += ["--ro-bind", str(HERE), GRADER]
-    cmd += ["--perms", "0755", "--dir", "/home", "--bind", str(home), HOME, "--chdir", HOME]
-    base_env = {
-        "PATH": "/usr/bin:/bin",
-        "HOME": HOME,
-        "MPLCONFIGDIR": "/tmp",
-        "TMPDIR": "/tmp",
-        "OMP_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "LANG": "C.UTF-8",
-    }
-    for k, v in {**base_env, **(env or {})}.items():
+    cmd += ["--ro-bind", spec["grader"], GRADER]
+    # the home: a tmpfs of its own size (the sandbox's user is the only one in its mount namespace)
+    cmd += ["--perms", "0755", "--dir", "/home", "--perms", "0777", *size, "--tmpfs", HOME]
+    for rel, fd in files:
+        if fd is None:
+            cmd += ["--perms", "0777", "--dir", f"{HOME}/{rel}"]
+        else:
+            cmd += ["--perms", "0666", "--file", str(fd), f"{HOME}/{rel}"]
+    cmd += ["--chdir", HOME]
+    for k, v in spec["env"].items():
         cmd += ["--setenv", k, v]
     cmd.append("--")
     if os.geteuid() == 0:  # drop to an unprivileged user with no capabilities
@@ -187,14 +571,108 @@ def command(
         ]
     cmd += [
         "prlimit",
-        f"--as={memory_mb << 20}",
-        f"--cpu={cpu_s}",
-        f"--nproc={nproc}",
-        f"--fsize={fsize_mb << 20}",
+        f"--as={spec['process_memory_mb'] * MiB}",
+        f"--cpu={spec['cpu_s']}",
+        f"--nproc={spec['nproc']}",
+        f"--fsize={spec['fsize_mb'] * MiB}",
         "--core=0",
         "--",
     ]
-    return cmd + argv
+    return cmd + spec["argv"]
+
+
+def _home_files(home: Path) -> list[tuple[str, int | None]]:
+    """``home``'s folders and regular files (no links), each file open for bubblewrap to copy."""
+    out = []
+    for top, dirs, names in os.walk(home):
+        rel = os.path.relpath(top, home)
+        for d in sorted(dirs):
+            if not os.path.islink(os.path.join(top, d)):
+                out.append((os.path.normpath(os.path.join(rel, d)), None))
+        for n in sorted(names):
+            p = os.path.join(top, n)
+            if os.path.isfile(p) and not os.path.islink(p):
+                fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
+                os.set_inheritable(fd, True)
+                out.append((os.path.normpath(os.path.join(rel, n)), fd))
+    return out
+
+
+def _launch(spec: dict) -> None:
+    """The launcher: lease a user, make the cgroup, start the guardian, become bubblewrap."""
+    holder = os.getpid()
+    root = os.geteuid() == 0
+    uid = lease_uid(spec["uid"], holder) if root else spec["uid"]
+    whole = spec["whole"]
+    groups = (
+        make_cgroups(whole["bases"], holder, spec["memory_mb"], spec["nproc"])
+        if whole["kind"] in ("cgroup1", "cgroup2")
+        else []
+    )
+    try:
+        pidfd = os.pidfd_open(holder)
+    except (AttributeError, OSError):
+        pidfd = None
+    if os.fork() == 0:  # the guardian: its own session (the harness kills the sandbox's group), no pipes
+        try:
+            os.setsid()
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            if pidfd is not None:
+                os.set_inheritable(pidfd, True)
+            guard = {
+                "holder": holder,
+                "pidfd": pidfd,
+                "cgroups": [str(d) for d in groups],
+                "uid": uid if root else None,
+            }
+            os.execv(
+                sys.executable,
+                [sys.executable, "-I", "-S", str(HERE / "sandbox.py"), "guard", json.dumps(guard)],
+            )
+        finally:
+            os._exit(1)
+    if pidfd is not None:
+        os.close(pidfd)
+    for d in groups:  # from here on, everything this submission starts is in its cgroup
+        _write(d / "cgroup.procs", str(holder))
+    cmd = _bwrap_argv(spec, uid, _home_files(Path(spec["home"])))
+    if whole["kind"] == "systemd":
+        cmd = [
+            "systemd-run",
+            *([] if root else ["--user"]),
+            "--scope",
+            "--quiet",
+            "--collect",
+            "-p",
+            f"MemoryMax={spec['memory_mb']}M",
+            "-p",
+            f"TasksMax={spec['nproc']}",
+            "--",
+            *cmd,
+        ]
+    os.execvp(cmd[0], cmd)
+
+
+def _guard(g: dict) -> None:
+    """The guardian: once the sandbox's process is gone, remove its cgroup and end its user's lease."""
+    holder = g["holder"]
+    if g["pidfd"] is not None:
+        poll = select.poll()
+        poll.register(g["pidfd"], select.POLLIN)
+        while not poll.poll(1000):
+            pass
+    else:
+        while os.getppid() == holder:
+            time.sleep(0.05)
+    for d in g["cgroups"]:
+        remove_cgroup(Path(d))
+    if g["uid"] is not None:
+        deadline = time.monotonic() + 10
+        while g["uid"] in uids_in_use() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        release_uid(g["uid"], holder)
 
 
 def unsafe_command(argv: list[str], *, memory_mb: int = 6144, cpu_s: int = 600) -> list[str]:
@@ -207,3 +685,16 @@ def worker_argv(home: Path | None = None) -> list[str]:
     if home is not None:
         return [sys.executable, "-I", str(HERE / "worker.py"), str(home / "submission.ipynb")]
     return [sys.executable, "-I", f"{GRADER}/worker.py", f"{HOME}/submission.ipynb"]
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "launch":
+        try:
+            _launch(json.loads(sys.argv[2]))
+        except Exception as e:  # noqa: BLE001 - one line for whoever reads the worker's stderr
+            print(f"sandbox: cannot start: {type(e).__name__}: {e}", file=sys.stderr)
+        sys.exit(125)
+    if len(sys.argv) == 3 and sys.argv[1] == "guard":
+        _guard(json.loads(sys.argv[2]))
+        sys.exit(0)
+    sys.exit("usage: sandbox.py launch SPEC | guard SPEC (started by command(), not by hand)")

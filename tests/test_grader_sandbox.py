@@ -1,0 +1,245 @@
+"""Whole-submission limits of the grader's sandbox (``tools/grader/sandbox.py``), red-team style.
+
+Limits were per process: four children at 1.75 GiB each held 7 GiB under the "6 GiB" cap, 3 GiB
+were written to the sandbox's home and /tmp (no quota), and two concurrent ``grade`` runs handed
+out the same sandbox user ids. Here each hostile program runs in the real sandbox, with small
+limits passed in so that every case takes seconds and little of the machine's memory.
+"""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "grader"))
+import sandbox  # noqa: E402
+
+PY = [sys.executable, "-I", "-c"]
+SMALL = {"memory_mb": 512, "process_memory_mb": 2048, "disk_mb": 16, "nproc": 64, "notice": False}
+
+# four children that each fill 200 MiB and hold it: 800 MiB together, under a 512 MiB submission
+FOUR_CHILDREN = """
+import os, time
+kids = []
+for i in range(4):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            b = bytearray(200 << 20)
+            for j in range(0, len(b), 4096):
+                b[j] = 1
+        except MemoryError:
+            os._exit(3)
+        time.sleep(1.5)
+        os._exit(0)
+    kids.append(pid)
+print(*[os.waitpid(k, 0)[1] for k in kids])
+"""
+
+# a submission that writes 64 MiB to its home and to /tmp (16 MiB each here), then what it can still do
+FILL_DISK = """
+import errno, os
+for where in (os.path.expanduser("~"), "/tmp"):
+    try:
+        with open(os.path.join(where, "big"), "wb") as f:
+            for _ in range(64):
+                f.write(b"x" * (1 << 20))
+                f.flush()
+        print(where, "wrote 64 MiB")
+    except OSError as e:
+        print(where, errno.errorcode[e.errno], os.path.getsize(os.path.join(where, "big")) >> 20)
+print(open("submission.ipynb").read())
+"""
+
+
+def _home(tmp_path, text="the notebook") -> Path:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "submission.ipynb").write_text(text)
+    return home
+
+
+def _run(tmp_path, code, timeout=60, **kw) -> subprocess.CompletedProcess:
+    cmd = sandbox.command(_home(tmp_path), PY + [code], helpers_dir=ROOT / "helpers", **{**SMALL, **kw})
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def _whole() -> dict:
+    return sandbox.whole_limits()
+
+
+def _cgroups(holder: int) -> list[Path]:
+    return [Path(b) / f"{sandbox.CGROUP_PREFIX}{holder}" for b in _whole()["bases"]]
+
+
+def _gone(paths, timeout=10.0) -> bool:
+    end = time.monotonic() + timeout
+    while any(p.exists() for p in paths):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_the_limits_notice_is_one_line_naming_what_applies():
+    line = sandbox.limits_notice(memory_mb=6144, nproc=256, disk_mb=512)
+    assert line.startswith("limits: ") and "\n" not in line, line
+    kind = _whole()["kind"]
+    expect = {
+        "cgroup2": "cgroup v2 memory.max 6 GiB, pids.max 256 per submission",
+        "cgroup1": "cgroup v1 memory.limit_in_bytes 6 GiB, pids.max 256 per submission",
+        "systemd": "systemd scope MemoryMax 6 GiB, TasksMax 256 per submission",
+        "process": "per process only (",
+    }[kind]
+    assert expect in line, line
+    assert "home and /tmp: tmpfs of 512 MiB each" in line or "bubblewrap too old" in line, line
+
+
+def test_the_notice_is_printed_once_per_process(tmp_path, capsys):
+    home = _home(tmp_path)
+    sandbox._NOTICED.discard(sandbox.limits_notice(memory_mb=300, nproc=7))
+    for _ in range(3):
+        sandbox.command(home, ["true"], helpers_dir=ROOT / "helpers", memory_mb=300, nproc=7)
+    out = capsys.readouterr().out.splitlines()
+    assert out == [sandbox.limits_notice(memory_mb=300, nproc=7)], out
+
+
+@pytest.mark.sandbox
+def test_four_children_cannot_hold_more_than_the_whole_submissions_memory(tmp_path):
+    """Each child stays far under the per-process cap (2 GiB here); together they pass the
+    submission's 512 MiB, so the kernel stops some of them (SIGKILL, or MemoryError)."""
+    if _whole()["kind"] == "process":
+        pytest.skip(f"no whole-submission limit on this machine: {_whole()['why']}")
+    p = _run(tmp_path, FOUR_CHILDREN)
+    statuses = [int(s) for s in p.stdout.split()]
+    assert len(statuses) == 4, (p.stdout, p.stderr)
+    assert statuses.count(0) < 4, statuses  # not all four held their 200 MiB at once
+    assert all(s in (0, 9, 3 << 8) for s in statuses), statuses  # 9: SIGKILL (OOM), 3: MemoryError
+
+
+@pytest.mark.sandbox
+def test_the_same_children_run_when_the_submission_may_hold_them(tmp_path):
+    """The control: with 1.5 GiB for the submission the same four children all finish."""
+    if _whole()["kind"] == "process":
+        pytest.skip(f"no whole-submission limit on this machine: {_whole()['why']}")
+    p = _run(tmp_path, FOUR_CHILDREN, memory_mb=1536)
+    assert [int(s) for s in p.stdout.split()] == [0, 0, 0, 0], (p.stdout, p.stderr)
+
+
+@pytest.mark.sandbox
+def test_a_fork_bomb_stops_at_the_submissions_process_count(tmp_path):
+    """pids.max (or RLIMIT_NPROC of its own user) counts all the submission's processes."""
+    code = (
+        "import os, time\nn = 0\nwhile True:\n    try:\n        pid = os.fork()\n"
+        "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(5)\n        os._exit(0)\n"
+        "    n += 1\nprint(n, flush=True)\nos._exit(0)"
+    )
+    p = _run(tmp_path, code, nproc=20)
+    assert p.stdout.strip() and int(p.stdout) < 20, (p.stdout, p.stderr)
+
+
+@pytest.mark.sandbox
+def test_writing_past_the_tmpfs_size_is_enospc_in_the_submissions_own_space(tmp_path):
+    """Home and /tmp are tmpfs of ``disk_mb`` each: 64 MiB into 16 MiB stops at 16 with ENOSPC;
+    the notebook is in the home, and nothing is written to the grading machine's folder."""
+    if not sandbox.size_option_works():
+        pytest.skip("this bubblewrap has no --size")
+    p = _run(tmp_path, FILL_DISK)
+    lines = p.stdout.splitlines()
+    assert len(lines) == 3, p.stdout + p.stderr
+    assert lines[0].split()[:2] == ["/home/student", "ENOSPC"], lines
+    assert lines[1].split()[:2] == ["/tmp", "ENOSPC"], lines
+    assert int(lines[0].split()[2]) <= 16 and int(lines[1].split()[2]) <= 16, lines
+    assert lines[2] == "the notebook", lines
+    assert sorted(os.listdir(tmp_path / "home")) == [
+        "submission.ipynb"
+    ]  # what the sandbox wrote stayed in its tmpfs
+    assert (tmp_path / "home" / "submission.ipynb").read_text() == "the notebook"
+
+
+@pytest.mark.sandbox
+def test_the_notebook_is_in_a_writable_home_and_each_start_gets_it_afresh(tmp_path):
+    home = _home(tmp_path, "v1")
+    code = (
+        "import os\nprint(os.getcwd(), sorted(os.listdir('.')), open('submission.ipynb').read())\n"
+        "open('submission.ipynb', 'w').write('rewritten'); os.mkdir('d'); print(open('submission.ipynb').read())"
+    )
+    cmd = sandbox.command(home, PY + [code], helpers_dir=ROOT / "helpers", **SMALL)
+    for _ in range(2):  # a restarted worker sees the notebook as handed in, not as the last run left it
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        assert p.stdout.splitlines() == ["/home/student ['submission.ipynb'] v1", "rewritten"], (
+            p.stdout + p.stderr
+        )
+    assert (home / "submission.ipynb").read_text() == "v1" and sorted(os.listdir(home)) == [
+        "submission.ipynb"
+    ]
+
+
+@pytest.mark.sandbox
+def test_two_concurrent_sandboxes_get_different_users_released_afterwards(tmp_path):
+    """Two grade runs both ask for UID_BASE (each counts from there): each sandbox gets its own."""
+    if os.geteuid() != 0:
+        pytest.skip("sandbox users exist only when grading as root")
+    procs = []
+    for k in range(2):
+        home = tmp_path / f"h{k}"
+        home.mkdir()
+        cmd = sandbox.command(
+            home,
+            PY + ["import os, sys, time; print(os.getuid(), flush=True); sys.stdin.read()"],
+            helpers_dir=ROOT / "helpers",
+            uid=sandbox.UID_BASE,
+            **SMALL,
+        )
+        procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+    uids = [int(p.stdout.readline()) for p in procs]
+    assert uids[0] != uids[1] and all(
+        sandbox.UID_BASE <= u < sandbox.UID_BASE + sandbox.UID_COUNT for u in uids
+    )
+    leases = [sandbox.LEASES / str(u) for u in uids]
+    assert [f.read_text() for f in leases] == [str(p.pid) for p in procs]
+    for p in procs:
+        p.communicate("", timeout=30)
+    assert _gone(leases), "the leases outlived their sandboxes"
+
+
+@pytest.mark.sandbox
+def test_a_killed_sandbox_leaves_no_cgroup_and_no_lease(tmp_path):
+    """The harness ends a worker with SIGKILL: the guardian still removes its cgroup and lease."""
+    cmd = sandbox.command(
+        _home(tmp_path),
+        PY + ["import os, time; print(os.getuid(), flush=True); time.sleep(60)"],
+        helpers_dir=ROOT / "helpers",
+        **SMALL,
+    )
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    uid = int(p.stdout.readline())
+    groups = _cgroups(p.pid)
+    assert all(g.is_dir() for g in groups) and len(groups) == {"cgroup1": 2, "cgroup2": 1}.get(
+        _whole()["kind"], 0
+    )
+    for g in groups:
+        assert str(p.pid) in (g / "cgroup.procs").read_text().split()
+    p.kill()
+    p.wait()
+    lease = [sandbox.LEASES / str(uid)] if os.geteuid() == 0 else []
+    assert _gone(groups + lease), "a cgroup or the lease outlived its sandbox"
+
+
+@pytest.mark.sandbox
+def test_a_cgroup_left_by_a_killed_grading_is_removed_by_the_next(tmp_path):
+    """The guardian can be killed too (SIGKILL of everything): the next submission sweeps its cgroup."""
+    if _whole()["kind"] not in ("cgroup1", "cgroup2"):
+        pytest.skip("no cgroups here")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = sandbox.make_cgroups(_whole()["bases"], dead.pid, 64, 8)
+    assert stale and all(d.is_dir() for d in stale)
+    p = _run(tmp_path, "print('ok')")
+    assert p.stdout.strip() == "ok", p.stderr
+    assert _gone(stale, 2)
