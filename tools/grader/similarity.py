@@ -1,101 +1,488 @@
 """Near-identical lab answers: pairs of submissions (or a submission and the published solutions).
 
-The comparison is copydetect's (MOSS-style winnowing over tokenised code), not ours: each answer
-is run through ``copydetect.CodeFingerprint`` (pygments tokenises it as Python and filters it:
-comments and whitespace dropped, every variable, attribute and call name becomes ``V``, every
-defined function name ``F``, class name ``O``, string ``S``; keywords, operators, numbers and
-builtins such as ``range``/``len`` stay), and each pair goes through ``copydetect.compare_files``.
+Calibrated on honest work (``tests/data/similarity/``: answers written independently from the
+prompts, and disguised copies generated from them); a flag means "this pair stands out from the
+rest of the class on an exercise with enough code to tell", never "these two wrote the same
+obvious three lines".
 
-Parameters, chosen for answer cells of a few short functions rather than whole files:
+**What is compared.** Each exercise separately (``exercise_answers`` splits a notebook at its
+"Exercise N" headings; cells equal to a released cell are not the student's). The code is
+normalised so that what a copier changes cheaply does not count:
 
-* ``K = 20`` (copydetect's noise threshold = guarantee threshold): k-grams of 20 characters of
-  *filtered* code, about 8-12 tokens. Renaming locals and rewording comments leaves the filtered
-  code unchanged, so such a copy scores 1.0 at any k; but the filtering is so coarse
-  (``torch.einsum`` and ``x.sum`` are both ``V.V``) that two different two-line softmax
-  backwards that both call ``einsum`` (Jacobian vs row dot product) score 0.81 at k = 10-12,
-  0.70 at k = 14-16, 0.41 at k = 18 and 0.0 at k = 20. Measured at k = 20: different
-  implementations of one small function 0.0-0.2, a renamed copy 1.0, a copy with one statement
-  rewritten 0.98 (each edit costs at most about k characters of the match).
-* window size 1 (guarantee - noise + 1, as copydetect's defaults 25/25 also give): every k-gram
-  is a fingerprint, nothing is winnowed away. Short answers have few k-grams to spare, and it
-  makes the result independent of the values of Python's ``hash`` (salted per process by
-  PYTHONHASHSEED; copydetect hashes k-grams with it), which winnowing would otherwise depend on
-  (with a window of 4 the rows differ between hash seeds).
+* parsed (``ast``) and printed back one statement at a time: comments, docstrings, spacing,
+  line breaks and redundant parentheses are gone; a compound statement (``def``, ``for``,
+  ``if`` ...) is its header, its body statements are units of their own;
+* every name the answer binds (parameters, assignments, loop variables, its own functions) is
+  numbered by its first occurrence *within the statement* (``grad_h = grad_a * (h > 0)`` and
+  ``g = up * (z > 0)`` are both ``v1 = v2 * (v3 > 0)``), so renaming does not count and
+  reordering independent statements or functions does not renumber anything; names the answer
+  does not bind (``torch``, ``math``, the lab's given variables), attributes and keyword
+  names are kept, they are what differs between honest answers (``torch.outer`` vs ``[:, None]``);
+  string literals become ``S`` (einsum letters are a free choice);
+* code that fails to parse goes through a line tokenizer with the same rules (less exact).
 
-copydetect's two similarities of a pair are "share of A's filtered code found in B" and the
-reverse; the figure here is their **mean**, symmetric and meaning "near-identical" (most of each
-answer is shared). The max would also flag an answer *contained* in a larger one (a part
-copied), but a short canonical answer is contained in the full published solutions whoever wrote
-it, so the mean is the safer default for a flag an instructor acts on.
+**The figure.** Each statement gives its k-grams of K tokens (a statement shorter than K is one
+gram); grams that occur anywhere in the released notebook (the stub's ``def`` line, its
+``return``, the self-check cells) are dropped, they are nobody's work. The pair's similarity is
+the mean of the two containments (share of a's grams found in b, and of b's in a), in [0, 1].
+A renamed, reordered, reformatted copy scores 1.0.
+
+**The flag.** For each exercise the class's own pairwise figures give the scale: the median and
+the MAD (scaled by 1.4826 to a standard deviation). A pair is flagged on an exercise when
+
+* both answers have at least ``MIN_TOKENS`` tokens of their own (one-liners and short canonical
+  answers are never flagged: everyone who gets them right writes the same thing), and
+* its figure is at least ``max(FLOOR, min(CEILING, median + K_MAD * max(spread, MIN_SPREAD)))``
+  (spread = 1.4826 MAD). With fewer than ``MIN_PAIRS`` pairs of tellable answers the class is
+  too small to have a distribution and the threshold is ``SMALL_CLASS_FLOOR``; a class whose
+  median is ``UNIFORM`` or more writes one answer, and nothing is flagged on that exercise.
+
+A submission against the published solutions is judged on the same exercise threshold (the
+solutions are not part of the distribution). The measured numbers behind the constants are
+printed by ``tests/test_grader_similarity.py`` (honest maximum per exercise, copies' minimum).
 """
 
 from __future__ import annotations
 
+import ast
+import copy
 import csv
+import html
 import io
 import itertools
+import keyword
+import re
+import statistics
+import tokenize
+from collections import Counter
 from os import PathLike
 
-import copydetect
-
 SOLUTIONS = "(published solutions)"
-K = 20  # copydetect noise threshold = guarantee threshold, in filtered characters
-WIN_SIZE = 1  # guarantee - noise + 1: keep every k-gram
-FIELDS = ("a", "b", "similarity", "tokens_overlap")
+K = 4  # tokens per gram
+MIN_TOKENS = 40  # an answer shorter than this (own tokens) cannot tell a copy from the obvious answer
+FLOOR = 0.75  # never flag below this, whatever the class does
+CEILING = 0.9  # at or above this a tellable pair is flagged, however wide the class's spread
+K_MAD = 3.0  # how far above the class's median, in robust standard deviations
+MIN_SPREAD = 0.05  # a class whose answers all score alike still needs a clear margin
+UNIFORM = 0.6  # a class median at or above this: everyone writes the same, nothing can be told
+MIN_PAIRS = 6  # fewer tellable pairs than this: no distribution, SMALL_CLASS_FLOOR instead
+SMALL_CLASS_FLOOR = 0.9
+NEVER = 2.0  # the threshold of an exercise that cannot tell
+WHOLE = "all"  # the exercise name of an answer handed in as one text
+FIELDS = ("a", "b", "similarity", "threshold", "exercises", "tokens_overlap", "matched_lines")
+
+_EXERCISE = re.compile(r"^\s*#{1,6}\s*Exercise\s+(\d+)", re.IGNORECASE | re.MULTILINE)
+_TOKEN = re.compile(r"[A-Za-z_]\w*|\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+|\*\*|//|->|[=!<>]=|\S")
 
 
-def _fingerprint(code: str) -> copydetect.CodeFingerprint:
-    # fp= gives the text directly (no temporary files); the name is only a label, the lexer is
-    # fixed to Python so no file extension is needed either.
-    return copydetect.CodeFingerprint("answer.py", K, WIN_SIZE, fp=io.StringIO(code), language="python")
+# ----------------------------------------------------------------- notebooks -> exercises
 
 
-def similarity_pairs(
-    answers: dict[str, str], solutions: str | None = None, threshold: float = 0.8, min_chars: int = 40
+def _source(cell) -> str:
+    src = cell.get("source", "")
+    return "".join(src) if isinstance(src, list) else str(src)
+
+
+def _cells(nb):
+    return nb.get("cells", []) if isinstance(nb, dict) else nb.cells
+
+
+def exercise_answers(nb, released) -> dict[str, str]:
+    """{"ex1": code, ...}: the code cells of each exercise that are not cells of the released notebook.
+
+    A cell belongs to the exercise whose "Exercise N" heading comes last before it; code before
+    the first exercise is not an answer. A cell equal (stripped) to a released cell is given code
+    (a self-check), not the student's.
+    """
+    given = {_source(c).strip() for c in _cells(released) if c.get("cell_type") == "code"}
+    out: dict[str, list[str]] = {}
+    current = None
+    for c in _cells(nb):
+        src = _source(c)
+        if c.get("cell_type") == "markdown":
+            m = _EXERCISE.search(src)
+            if m:
+                current = f"ex{int(m.group(1))}"
+        elif c.get("cell_type") == "code" and current and src.strip() and src.strip() not in given:
+            out.setdefault(current, []).append(src)
+    return {ex: "\n\n".join(srcs) for ex, srcs in out.items()}
+
+
+def given_code(released) -> str:
+    """Every code cell of the released notebook: its grams are nobody's own work."""
+    return "\n\n".join(_source(c) for c in _cells(released) if c.get("cell_type") == "code")
+
+
+# ----------------------------------------------------------------- normalisation
+
+
+def _bound_names(tree: ast.AST) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            names.add(node.id)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.alias):
+            names.add((node.asname or node.name).split(".")[0])
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            names.add(node.name)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            names.update(node.names)
+    return names
+
+
+def _parse(code: str):
+    for text in (code, _dedent_lines(code)):
+        try:
+            return ast.parse(text)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            continue
+    return None
+
+
+def _dedent_lines(code: str) -> str:
+    return "\n".join(ln.strip() for ln in code.splitlines())
+
+
+def bound_names(code: str) -> set[str]:
+    """The names an answer binds (AST when it parses, else 'name =' / 'def name' / 'for name' lines)."""
+    tree = _parse(code)
+    if tree is not None:
+        return _bound_names(tree)
+    found = set()
+    for ln in code.splitlines():
+        for m in re.finditer(r"(?:^|[\s,(])([A-Za-z_]\w*)\s*(?:,|\)|=(?!=)|\bin\b|:)", ln):
+            found.add(m.group(1))
+        for m in re.finditer(r"\b(?:def|class|for|as|lambda)\s+([A-Za-z_]\w*)", ln):
+            found.add(m.group(1))
+    return found - set(keyword.kwlist)
+
+
+def _strip_docstring(body: list[ast.stmt]) -> list[ast.stmt]:
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        if isinstance(body[0].value.value, str):
+            return body[1:]
+    return body
+
+
+_BODIES = ("body", "orelse", "finalbody", "handlers")
+
+
+def _units(stmts: list[ast.stmt]):
+    """(statement text, first line, last line) for each simple statement and compound header."""
+    for s in _strip_docstring(list(stmts)):
+        bodies = {f: getattr(s, f) for f in _BODIES if isinstance(getattr(s, f, None), list)}
+        if isinstance(s, ast.Match):
+            bodies = {}
+        if not bodies:
+            yield ast.unparse(s), s.lineno, getattr(s, "end_lineno", s.lineno) or s.lineno
+            continue
+        head = copy.copy(s)
+        for f in bodies:
+            setattr(head, f, [ast.Pass()] if f == "body" else [])
+        if isinstance(s, ast.Try) or (hasattr(ast, "TryStar") and isinstance(s, ast.TryStar)):
+            head.handlers = []
+            head.finalbody = [ast.Pass()] if s.finalbody and not s.handlers else []
+        first = s.body[0].lineno if s.body else s.lineno
+        end = max(s.lineno, first - 1)
+        yield ast.unparse(head), s.lineno, end
+        yield from _units(s.body)
+        for h in bodies.get("handlers", []):
+            hname = ast.unparse(h.type) if h.type is not None else ""
+            yield f"except {hname} as {h.name}:" if h.name else f"except {hname}:", h.lineno, h.lineno
+            yield from _units(h.body)
+        if bodies.get("orelse"):
+            yield "else:", s.orelse[0].lineno, s.orelse[0].lineno
+            yield from _units(s.orelse)
+        if bodies.get("finalbody"):
+            yield "finally:", s.finalbody[0].lineno, s.finalbody[0].lineno
+            yield from _units(s.finalbody)
+
+
+def _tokens(text: str) -> list[str]:
+    try:
+        toks = [
+            t.string
+            for t in tokenize.generate_tokens(io.StringIO(text).readline)
+            if t.type in (tokenize.NAME, tokenize.OP, tokenize.NUMBER, tokenize.STRING)
+            or (hasattr(tokenize, "FSTRING_START") and t.type == tokenize.FSTRING_START)
+        ]
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        text = re.sub(r"#.*", "", text)
+        toks = _TOKEN.findall(text)
+    return [t for t in toks if t != "pass"]
+
+
+def _canonical(toks: list[str], bound: set[str]) -> list[str]:
+    """Bound names numbered by first occurrence in the statement; strings -> S; the rest kept."""
+    out, numbers, depth = [], {}, 0
+    for i, t in enumerate(toks):
+        if t in "([{":
+            depth += 1
+        elif t in ")]}":
+            depth = max(0, depth - 1)
+        after_dot = i > 0 and toks[i - 1] == "."
+        kwarg = depth > 0 and i + 1 < len(toks) and toks[i + 1] == "="
+        if t[:1] in "\"'" or re.match(r"^[rbfuRBFU]{1,2}['\"]", t):
+            out.append("S")
+        elif t in bound and not after_dot and not kwarg and not keyword.iskeyword(t):
+            numbers.setdefault(t, f"v{len(numbers) + 1}")
+            out.append(numbers[t])
+        else:
+            out.append(t)
+    return out
+
+
+def statements(code: str, bound: set[str] | None = None) -> list[tuple[list[str], int, int]]:
+    """The answer as (canonical tokens, first line, last line) per statement (see the module docstring)."""
+    tree = _parse(code)
+    if bound is None:
+        bound = bound_names(code)
+    units = []
+    if tree is not None and (tree.body or not code.strip()):
+        for text, first, last in _units(tree.body):
+            toks = _canonical(_tokens(text), bound)
+            if toks:
+                units.append((toks, first, last))
+        return units
+    for n, ln in enumerate(code.splitlines(), 1):  # does not parse: one line, one statement
+        toks = _canonical(_tokens(re.sub(r"#.*", "", ln.strip())), bound)
+        if toks:
+            units.append((toks, n, n))
+    return units
+
+
+def _grams(toks: list[str]) -> list[tuple[str, ...]]:
+    if len(toks) <= K:
+        return [tuple(toks)]
+    return [tuple(toks[i : i + K]) for i in range(len(toks) - K + 1)]
+
+
+class Answer:
+    """One exercise answer, normalised: its statements, their grams (given grams removed), its size."""
+
+    def __init__(self, code: str, bound: set[str], base: set):
+        self.code = code
+        self.units = []  # (grams, first line, last line), statements with at least one own gram
+        for toks, first, last in statements(code, bound):
+            grams = [g for g in _grams(toks) if g not in base]
+            if grams:
+                self.units.append((grams, first, last, len(toks)))
+        self.grams = Counter(g for u in self.units for g in u[0])
+        self.tokens = sum(u[3] for u in self.units)
+
+    def lines(self, first: int, last: int) -> str:
+        return "\n".join(self.code.splitlines()[first - 1 : last])
+
+
+def _base(given: str) -> set:
+    if not given.strip():
+        return set()
+    grams: set = set()
+    for cell in re.split(r"\n\s*\n(?=\S)", given):  # cells were joined by blank lines
+        grams.update(g for toks, _, _ in statements(cell, bound_names(cell)) for g in _grams(toks))
+    grams.update(g for toks, _, _ in statements(given) for g in _grams(toks))
+    return grams
+
+
+def score(a: Answer, b: Answer) -> tuple[float, int]:
+    """(mean of the two containments, grams shared)."""
+    if not a.grams or not b.grams:
+        return 0.0, 0
+    shared = sum((a.grams & b.grams).values())
+    return (shared / sum(a.grams.values()) + shared / sum(b.grams.values())) / 2, shared
+
+
+def matched_lines(a: Answer, b: Answer) -> list[tuple[str, str, str]]:
+    """(a's lines, b's lines, "La-b ~ Lc-d") for each statement of a mostly found in one of b's."""
+    out = []
+    for grams, first, last, _ in a.units:
+        best, best_n = None, 0
+        for bu in b.units:
+            n = sum((Counter(grams) & Counter(bu[0])).values())
+            if n > best_n:
+                best, best_n = bu, n
+        if best is not None and best_n * 2 >= len(grams):
+            where = f"L{first}-{last} ~ L{best[1]}-{best[2]}"
+            out.append((a.lines(first, last), b.lines(best[1], best[2]), where))
+    return out
+
+
+# ----------------------------------------------------------------- the class
+
+
+def _as_exercises(answer) -> dict[str, str]:
+    if isinstance(answer, dict):
+        return {str(k): v or "" for k, v in answer.items()}
+    return {WHOLE: answer or ""}
+
+
+def exercise_scores(
+    answers: dict, solutions=None, *, given: str = "", min_tokens: int = MIN_TOKENS
 ) -> list[dict]:
-    """Pairs of submissions (and submission vs the published solutions) whose answer code is near-identical.
+    """Every pair's figure on every exercise, with the exercise's threshold and whether it is flagged.
 
-    answers: {submission name: the text of its answer code (already extracted, plain Python)}.
-    solutions: the solutions' code as one text, compared as a pseudo-submission named
-    "(published solutions)" (always in column "b" of its rows).
-    Returns rows {"a": name, "b": name, "similarity": float in [0, 1], "tokens_overlap": int}
-    sorted by similarity descending then names, only for pairs with similarity >= threshold.
-    Between two submissions "a" is the name that sorts first.
-
-    similarity: the mean of copydetect's two similarities of the pair (the share of a's filtered
-    code matched in b and the share of b's matched in a), with k = 20 and window 1 (see the
-    module docstring). tokens_overlap: copydetect's token overlap, the number of characters of
-    a's filtered code (one character per identifier) covered by matches with b.
-    Answers shorter than min_chars (stripped) are ignored (an empty notebook is not copying);
-    so is a solutions text that short. The rows depend only on the texts and names, not on the
-    order of ``answers`` or on the process (hash seed).
+    answers: {submission name: {exercise: code}} (``exercise_answers``) or {name: one text}.
+    solutions: the same for the published solutions (a dict or one text), or None.
+    given: the released notebook's code (``given_code``); its grams are no one's work.
+    Rows {"exercise", "a", "b", "similarity", "shared", "tokens" (the smaller answer's own
+    tokens), "tellable", "threshold", "flagged"}, b = SOLUTIONS for rows against the solutions.
     """
     if solutions is not None and SOLUTIONS in answers:
         raise ValueError(f"a submission may not be named {SOLUTIONS!r}")
-    names = sorted(n for n, code in answers.items() if len(code.strip()) >= min_chars)
-    prints = {n: _fingerprint(answers[n]) for n in names}
-    pairs = list(itertools.combinations(names, 2))
-    if solutions is not None and len(solutions.strip()) >= min_chars:
-        prints[SOLUTIONS] = _fingerprint(solutions)
-        pairs += [(n, SOLUTIONS) for n in names]
-
+    subs = {name: _as_exercises(a) for name, a in answers.items()}
+    if solutions is not None:
+        subs_sol = _as_exercises(solutions)
+    base = _base(given)
+    norm: dict[str, dict[str, Answer]] = {}
+    for name, exs in list(subs.items()) + ([(SOLUTIONS, subs_sol)] if solutions is not None else []):
+        bound = set().union(*(bound_names(code) for code in exs.values())) if exs else set()
+        norm[name] = {ex: Answer(code, bound, base) for ex, code in exs.items() if code.strip()}
+    names = sorted(n for n in norm if n != SOLUTIONS)
+    exercises = sorted({ex for n in norm for ex in norm[n]}, key=lambda e: (len(e), e))
     rows = []
-    for a, b in pairs:
-        overlap, (sim_a, sim_b), _ = copydetect.compare_files(prints[a], prints[b])
-        similarity = min(1.0, (float(sim_a) + float(sim_b)) / 2)
-        if similarity >= threshold:
-            rows.append({"a": a, "b": b, "similarity": similarity, "tokens_overlap": int(overlap)})
+    for ex in exercises:
+        have = [n for n in names if ex in norm[n]]
+        ex_rows = []
+        for a, b in itertools.combinations(have, 2):
+            ex_rows.append(_row(ex, a, b, norm[a][ex], norm[b][ex], min_tokens))
+        tellable = [r["similarity"] for r in ex_rows if r["tellable"]]
+        threshold = _threshold(tellable)
+        if SOLUTIONS in norm and ex in norm[SOLUTIONS]:
+            ex_rows += [_row(ex, n, SOLUTIONS, norm[n][ex], norm[SOLUTIONS][ex], min_tokens) for n in have]
+        for r in ex_rows:
+            r["threshold"] = threshold
+            r["flagged"] = r["tellable"] and r["similarity"] >= threshold
+        rows += ex_rows
+    return rows
+
+
+def _row(ex, a, b, ans_a, ans_b, min_tokens):
+    sim, shared = score(ans_a, ans_b)
+    tokens = min(ans_a.tokens, ans_b.tokens)
+    return {
+        "exercise": ex,
+        "a": a,
+        "b": b,
+        "similarity": min(1.0, sim),
+        "shared": shared,
+        "tokens": tokens,
+        "tellable": tokens >= min_tokens,
+        "_answers": (ans_a, ans_b),
+    }
+
+
+def _threshold(scores: list[float]) -> float:
+    """The exercise's threshold from its tellable pairs' figures (see the module docstring)."""
+    if len(scores) < MIN_PAIRS:
+        return SMALL_CLASS_FLOOR
+    med = statistics.median(scores)
+    if med >= UNIFORM:
+        return NEVER
+    spread = 1.4826 * statistics.median(abs(s - med) for s in scores)
+    return max(FLOOR, min(CEILING, med + K_MAD * max(spread, MIN_SPREAD)))
+
+
+def similarity_pairs(
+    answers: dict, solutions=None, *, given: str = "", min_tokens: int = MIN_TOKENS
+) -> list[dict]:
+    """The flagged pairs: one row per pair with at least one flagged exercise.
+
+    Rows {"a", "b", "similarity" (the highest flagged figure), "threshold" (that exercise's),
+    "exercises" (the flagged ones, e.g. "ex3 0.97; ex6 0.91"), "tokens_overlap" (grams shared on
+    the flagged exercises), "matches" [(exercise, a's lines, b's lines, "La-b ~ Lc-d")]}, sorted
+    by similarity descending then names; "a" sorts first, b is SOLUTIONS against the solutions.
+    The rows depend only on the texts and names.
+    """
+    by_pair: dict[tuple[str, str], list[dict]] = {}
+    for r in exercise_scores(answers, solutions, given=given, min_tokens=min_tokens):
+        if r["flagged"]:
+            by_pair.setdefault((r["a"], r["b"]), []).append(r)
+    rows = []
+    for (a, b), rs in by_pair.items():
+        top = max(rs, key=lambda r: (r["similarity"], -r["threshold"]))
+        matches = [
+            (r["exercise"], la, lb, where) for r in rs for la, lb, where in matched_lines(*r["_answers"])
+        ]
+        rows.append(
+            {
+                "a": a,
+                "b": b,
+                "similarity": top["similarity"],
+                "threshold": top["threshold"],
+                "exercises": "; ".join(f"{r['exercise']} {r['similarity']:.2f}" for r in rs),
+                "tokens_overlap": sum(r["shared"] for r in rs),
+                "matches": matches,
+            }
+        )
     rows.sort(key=lambda r: (-r["similarity"], r["a"], r["b"]))
     return rows
 
 
-def write_report(rows: list[dict], path: str | PathLike, *, cell) -> None:
-    """CSV with columns a, b, similarity (3 decimals), tokens_overlap; a header even when empty.
+# ----------------------------------------------------------------- the report
 
-    ``cell`` makes a name safe as spreadsheet text (the gradebook's own, ``labs._cell``): the
-    names are student folder names, so ``=HYPERLINK(...)`` must not become a formula."""
+
+def csv_cell(value) -> str:
+    """A CSV field a spreadsheet shows as text: no control characters, no leading = + - @ tab CR."""
+    value = str(value)
+    risky = value[:1] in ("=", "+", "-", "@", "\t", "\r", "\n")
+    value = "".join(ch if ch.isprintable() else " " for ch in value)
+    return "'" + value if risky or value[:1] in ("=", "+", "-", "@") else value
+
+
+def write_report(rows: list[dict], path: str | PathLike, *, cell=None) -> None:
+    """CSV (FIELDS, a header even when empty, every cell escaped) and, beside it, an HTML page
+    (same name, ``.html``) with each flagged pair's matched lines side by side.
+
+    ``cell`` (the gradebook's own escaping, ``labs._cell``) is applied on top of ``csv_cell``."""
+    esc = (lambda v: cell(csv_cell(v))) if cell else csv_cell
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
-        w.writerow(FIELDS)
+        w.writerow([esc(x) for x in FIELDS])
         for r in rows:
-            w.writerow([cell(r["a"]), cell(r["b"]), f"{r['similarity']:.3f}", int(r["tokens_overlap"])])
+            where = "; ".join(f"{ex} {loc}" for ex, _, _, loc in r.get("matches", []))
+            w.writerow(
+                [
+                    esc(r["a"]),
+                    esc(r["b"]),
+                    esc(f"{r['similarity']:.3f}"),
+                    esc(f"{r.get('threshold', 0.0):.3f}"),
+                    esc(r.get("exercises", "")),
+                    esc(int(r.get("tokens_overlap", 0))),
+                    esc(where),
+                ]
+            )
+    page = str(path)
+    page = (page[: -len(".csv")] if page.endswith(".csv") else page) + ".html"
+    with open(page, "w", encoding="utf-8") as f:
+        f.write(side_by_side(rows))
+
+
+def side_by_side(rows: list[dict]) -> str:
+    """An HTML page: per flagged pair, each matched statement of a beside the one of b (escaped)."""
+    e = html.escape
+    out = [
+        "<!doctype html><meta charset='utf-8'><title>Similar answers</title>",
+        "<style>td{vertical-align:top}pre{margin:0}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:2px 6px}</style>",
+        "<h1>Similar answers</h1>",
+        "<p>Code normalised (names, comments, spacing, order do not count); a pair is listed when it"
+        " stands out from the class on an exercise with enough code. A reason to look, not a verdict.</p>",
+    ]
+    if not rows:
+        out.append("<p>No pair stands out.</p>")
+    for r in rows:
+        out.append(
+            f"<h2>{e(r['a'])} &harr; {e(r['b'])}: {r['similarity']:.2f}"
+            f" (threshold {r.get('threshold', 0.0):.2f}; {e(r.get('exercises', ''))})</h2>"
+        )
+        out.append(f"<table><tr><th>exercise</th><th>{e(r['a'])}</th><th>{e(r['b'])}</th></tr>")
+        for ex, la, lb, where in r.get("matches", []):
+            out.append(
+                f"<tr><td>{e(ex)}<br>{e(where)}</td><td><pre>{e(la)}</pre></td><td><pre>{e(lb)}</pre></td></tr>"
+            )
+        out.append("</table>")
+    return "\n".join(out) + "\n"
