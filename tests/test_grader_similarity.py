@@ -87,17 +87,20 @@ def api_names(lab: str) -> set[str]:
     }
 
 
-def rename(code: str, keep: set[str], rng: random.Random) -> str:
-    """Every name the code binds, except those in keep, renamed consistently (text otherwise as is)."""
-    bound = sorted(similarity.bound_names(code) - keep)
+def rename(code: str, keep: set[str], rng: random.Random, bound: set[str] | None = None) -> str:
+    """Every name bound (default: the names the code binds), except those in keep, renamed
+    consistently (text otherwise as is)."""
+    keywords = set(re.findall(r"[(,]\s*([A-Za-z_]\w*)\s*=(?!=)", code))  # f(x, dim=1), def f(x, w=None)
+    bound = sorted((similarity.bound_names(code) if bound is None else bound) - keep - keywords)
     words = WORDS.split()
-    new = {n: f"{rng.choice(words)}_{i}" for i, n in enumerate(bound)}
+    new = {n: f"{random.Random(n).choice(words)}_{i}" for i, n in enumerate(bound)}  # same in every exercise
     out = []
-    for m in re.finditer(r"#[^\n]*|\"(?:\\.|[^\"\\\n])*\"|'(?:\\.|[^'\\\n])*'|[A-Za-z_]\w*|\s+|.", code):
+    for m in re.finditer(
+        r"#[^\n]*|\"(?:\\.|[^\"\\\n])*\"|'(?:\\.|[^'\\\n])*'|\d[\w.]*|[A-Za-z_]\w*|\s+|.", code
+    ):
         t = m.group(0)
         prev = code[: m.start()].rstrip()
-        kwarg = re.match(r"\s*=(?!=)", code[m.end() :]) and prev.endswith(("(", ","))
-        if t in new and not prev.endswith(".") and not kwarg:
+        if t in new and not prev.endswith("."):
             t = new[t]
         elif t.startswith("#"):
             t = "# " + " ".join(reversed(t[1:].split()))  # comments reworded
@@ -152,13 +155,8 @@ def reformat(code: str, rng: random.Random) -> str:
     """Parentheses around right-hand sides, comments and blank lines added, spacing changed."""
     out = []
     for ln in code.splitlines():
-        m = re.match(r"^(\s*)([\w\[\], .:]+?)\s*(=|\+=|-=|\*=)\s*(.+?)\s*$", ln)
-        if (
-            m
-            and not ln.rstrip().endswith((":", "(", "[", "{", ",", "\\"))
-            and "#" not in ln
-            and "==" not in m.group(3)
-        ):
+        m = re.match(r"^(\s*)([\w\[\], .:]+?)\s*(=|\+=|-=|\*=)(?!=)\s*(.+?)\s*$", ln)
+        if m and not ln.rstrip().endswith((":", "(", "[", "{", ",", "\\")) and "#" not in ln:
             ind, lhs, op, rhs = m.groups()
             ln = f"{ind}{lhs}  {op}  ({rhs})"
             if rng.random() < 0.5:
@@ -174,15 +172,16 @@ def reformat(code: str, rng: random.Random) -> str:
 KINDS = ("renamed", "reordered", "reformatted", "all three")
 
 
-def disguise(code: str, kind: str, keep: set[str], seed: int) -> str:
-    """A copy of code disguised as kind (one of KINDS)."""
+def disguise(code: str, kind: str, keep: set[str], seed: int, bound: set[str] | None = None) -> str:
+    """A copy of code disguised as kind (one of KINDS); bound: the names to rename (all the copied
+    submission binds, so that a helper defined in one exercise is renamed where another calls it)."""
     rng = random.Random(seed)
     if kind in ("reordered", "all three"):
         code = reorder(code, rng)
     if kind in ("reformatted", "all three"):
         code = reformat(code, rng)
     if kind in ("renamed", "all three"):
-        code = rename(code, keep, rng)
+        code = rename(code, keep, rng, bound)
     return code
 
 
@@ -192,8 +191,9 @@ def copies_of(lab: str, sources: dict[str, dict[str, str]]) -> dict[str, dict[st
     out = {}
     for i, (name, exs) in enumerate(sorted(sources.items())):
         kind = KINDS[i % len(KINDS)]
+        bound = set().union(*map(similarity.bound_names, exs.values()))
         out[f"copy-{kind.replace(' ', '-')}-of-{name}"] = {
-            ex: disguise(code, kind, keep, seed=1000 * i + j)
+            ex: disguise(code, kind, keep, seed=1000 * i + j, bound=bound)
             for j, (ex, code) in enumerate(sorted(exs.items()))
         }
     return out
