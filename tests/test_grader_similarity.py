@@ -151,20 +151,33 @@ def reorder(code: str, rng: random.Random) -> str:
     return ast.unparse(tree) + "\n"
 
 
+def _parses(lines: list[str]) -> bool:
+    try:
+        ast.parse("\n".join(lines))
+    except SyntaxError:
+        return False
+    return True
+
+
 def reformat(code: str, rng: random.Random) -> str:
-    """Parentheses around right-hand sides, comments and blank lines added, spacing changed."""
-    out = []
-    for ln in code.splitlines():
+    """Parentheses around right-hand sides, comments and blank lines added, spacing changed
+    (each change kept only if the code still parses: a copier hands in code that runs)."""
+    lines = code.splitlines()
+    for i, ln in enumerate(list(lines)):
         m = re.match(r"^(\s*)([\w\[\], .:]+?)\s*(=|\+=|-=|\*=)(?!=)\s*(.+?)\s*$", ln)
-        if m and not ln.rstrip().endswith((":", "(", "[", "{", ",", "\\")) and "#" not in ln:
+        if m and "#" not in ln:
             ind, lhs, op, rhs = m.groups()
-            ln = f"{ind}{lhs}  {op}  ({rhs})"
-            if rng.random() < 0.5:
-                ln += "   # step"
-        elif m is None and ln.strip().startswith("return ") and rng.random() < 0.5:
-            ln = ln.replace("return ", "return  ", 1)
+            new = f"{ind}{lhs}  {op}  ({rhs})" + ("   # step" if rng.random() < 0.5 else "")
+        elif ln.strip().startswith("return "):
+            new = ln.replace("return ", "return  ", 1) + "  # done"
+        else:
+            continue
+        if _parses(lines[:i] + [new] + lines[i + 1 :]):
+            lines[i] = new
+    out = []
+    for i, ln in enumerate(lines):
         out.append(ln)
-        if ln.strip() and rng.random() < 0.3 and not ln.rstrip().endswith((",", "(", "[", "{", "\\")):
+        if ln.strip() and rng.random() < 0.3 and _parses(out + [""] + lines[i + 1 :]):
             out.append("")
     return "\n".join(out) + "\n"
 
