@@ -165,7 +165,7 @@ def reformat(code: str, rng: random.Random) -> str:
     lines = code.splitlines()
     for i, ln in enumerate(list(lines)):
         m = re.match(r"^(\s*)([\w\[\], .:]+?)\s*(=|\+=|-=|\*=)(?!=)\s*(.+?)\s*$", ln)
-        if m and "#" not in ln:
+        if m and "#" not in ln and _parses([ln.strip()]):  # a whole assignment on one line
             ind, lhs, op, rhs = m.groups()
             new = f"{ind}{lhs}  {op}  ({rhs})" + ("   # step" if rng.random() < 0.5 else "")
         elif ln.strip().startswith("return "):
