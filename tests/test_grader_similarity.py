@@ -151,33 +151,33 @@ def reorder(code: str, rng: random.Random) -> str:
     return ast.unparse(tree) + "\n"
 
 
-def _parses(lines: list[str]) -> bool:
+def _same_program(lines: list[str], dump: str) -> bool:
     try:
-        ast.parse("\n".join(lines))
+        return ast.dump(ast.parse("\n".join(lines))) == dump
     except SyntaxError:
         return False
-    return True
 
 
 def reformat(code: str, rng: random.Random) -> str:
     """Parentheses around right-hand sides, comments and blank lines added, spacing changed
-    (each change kept only if the code still parses: a copier hands in code that runs)."""
+    (each change kept only if the program is the same: a copier hands in code that runs)."""
     lines = code.splitlines()
+    dump = ast.dump(ast.parse(code))
     for i, ln in enumerate(list(lines)):
         m = re.match(r"^(\s*)([\w\[\], .:]+?)\s*(=|\+=|-=|\*=)(?!=)\s*(.+?)\s*$", ln)
-        if m and "#" not in ln and _parses([ln.strip()]):  # a whole assignment on one line
+        if m and "#" not in ln:
             ind, lhs, op, rhs = m.groups()
             new = f"{ind}{lhs}  {op}  ({rhs})" + ("   # step" if rng.random() < 0.5 else "")
         elif ln.strip().startswith("return "):
             new = ln.replace("return ", "return  ", 1) + "  # done"
         else:
             continue
-        if _parses(lines[:i] + [new] + lines[i + 1 :]):
+        if _same_program(lines[:i] + [new] + lines[i + 1 :], dump):
             lines[i] = new
     out = []
     for i, ln in enumerate(lines):
         out.append(ln)
-        if ln.strip() and rng.random() < 0.3 and _parses(out + [""] + lines[i + 1 :]):
+        if ln.strip() and rng.random() < 0.3 and _same_program(out + [""] + lines[i + 1 :], dump):
             out.append("")
     return "\n".join(out) + "\n"
 
