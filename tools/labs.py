@@ -427,7 +427,6 @@ def leaks(lab: str, student_text: str | None = None) -> list[str]:
 
 sys.path.insert(0, str(ROOT / "tools" / "grader"))
 import collect  # noqa: E402
-import reach  # noqa: E402
 import sandbox  # noqa: E402
 
 STATUS_HELP = {
@@ -438,7 +437,9 @@ STATUS_HELP = {
     "corrupt": "not a readable notebook (invalid JSON or no cells): 0 points",
     "wrong-lab": "a notebook for another lab: 0 points",
     "not-a-notebook": "not an .ipynb file: 0 points",
+    "review": "graded, but some exercises wait for your instructor's review (see notes): their points are pending",
 }
+PENDING = "review"  # an exercise's gradebook cell while its points wait for the instructor
 RUN_PREFIX = "labs-grade-"
 
 
@@ -462,14 +463,26 @@ def identify(nb, lab: str) -> tuple[str, str]:
     return "unknown", "no lab metadata and an unfamiliar title: graded as " + lab
 
 
-def _row(name, status, qs, scores=None, notes=(), graded="", flags=""):
-    row = {"submission": name, "status": status, "graded_file": graded}
+def _row(name, status, qs, scores=None, notes=(), graded="", flags="", review=None):
+    """A gradebook row; questions in ``review`` ({question: constructs}) read "review", their points pending."""
+    review = review or {}
+    row = {
+        "submission": name,
+        "status": "review" if review and status == "ok" else status,
+        "graded_file": graded,
+    }
+    pending = {}
     for q, p in qs:
         row[q] = min(float((scores or {}).get(q, 0.0)), p)  # capped, whatever came back
-    row["total"] = sum(row[q] for q, _ in qs)
+        if q in review:
+            pending[q], row[q] = row[q], PENDING
+    row["total"] = sum(row[q] for q, _ in qs if q not in review)
     row["possible"] = sum(p for _, p in qs)
     row["notes"] = list(notes)
     row["flags"] = flags
+    row["review"] = "; ".join(
+        f"{q}: {pending[q]:g} of {p:g} pending, uses {', '.join(review[q])}" for q, p in qs if q in review
+    )
     return row
 
 
@@ -646,6 +659,10 @@ def run_harness(run: Run, lab: str, name: str, nb, timeout: float, skip, unsafe:
         "skip": list(skip),
         "result": str(ctl / "result.json"),
         "distrust": list(distrust),
+        # the harness reads it once, before any of the student's code runs, and hands the same cells
+        # to every start of the worker (a notebook that rewrites its file changes nothing)
+        "notebook": str(home / "submission.ipynb"),
+        "released": str(student_path(lab)),
     }
     (ctl / "spec.json").write_text(json.dumps(spec))
     if run.closing:
@@ -746,9 +763,9 @@ def grade_submission(
     notes += [note] if note else []
     nb.metadata.setdefault("otter", {})["assignment_name"] = lab
     answer = answer_text(nb, lab)
-    given = set(_code(read_nb(student_path(lab))))
-    flags = sorted({c for src in _code(nb) if src not in given for c in reach.reach_around(src)})
-    out = run_harness(run, lab, sub.student, nb, timeout, skip, unsafe, distrust=flags)
+    out = run_harness(run, lab, sub.student, nb, timeout, skip, unsafe)
+    # what the harness read in the student's own cells that could reach around the grader's checks
+    flags = [str(x) for x in out.get("reach", []) if isinstance(x, str)]
     detail = {"questions": out.get("questions", {}), "answer": answer}
     if out.get("status") in ("timeout", "crashed"):
         cell = out.get("cell")
@@ -777,21 +794,36 @@ def grade_submission(
         f"cell {e['cell']}: {e['ename']}" + (f": {e['evalue']}" if e.get("evalue") else "")
         for e in out["errors"]
     ]
+    edited = [n for n in out.get("edited", []) if isinstance(n, int)]
+    notes += [
+        f"cell {n}: a given cell you changed: it ran as you wrote it, and only your lines in it were "
+        "read as your code"
+        for n in edited
+    ]
     notes += out["notes"]
     scores = {q: v["score"] for q, v in out["questions"].items()}
+    review = {q: [str(x) for x in v] for q, v in (out.get("review") or {}).items() if q in dict(qs)}
     flag_text = "; ".join(
         (
             [
                 f"uses {', '.join(flags)} (can reach around the grader's checks: by-hand exercises "
-                "and in-process tests not counted; look at it)"
+                "and in-process tests wait for your review; look at it)"
             ]
             if flags
             else []
         )
+        + ([f"edited given cells {', '.join(map(str, edited))}"] if edited else [])
         + ([f"{len(sub.others) + 1} notebooks handed in"] if sub.others else [])
     )
     return _row(
-        sub.student, out["status"], qs, scores, [_clean(n, secrets) for n in notes], graded, flag_text
+        sub.student,
+        out["status"],
+        qs,
+        scores,
+        [_clean(n, secrets) for n in notes],
+        graded,
+        flag_text,
+        review,
     ), detail
 
 
@@ -807,7 +839,11 @@ def feedback_text(lab: str, row: dict, detail: dict, qs, skipped=()) -> str:
     for q, pts in qs:
         d = qd.get(q)
         tests = f"{d['passed']} of {d['cases']} hidden tests pass" if d else "not graded"
-        lines.append(f"  {q:<6} {row[q]:g} / {pts:g}   {tests}")
+        got = "review" if row[q] == PENDING else f"{row[q]:g}"
+        lines.append(
+            f"  {q:<6} {got} / {pts:g}   {tests}"
+            + ("   (points pending your instructor's review)" if row[q] == PENDING else "")
+        )
     for q in skipped:
         lines.append(f"  {q:<6} optional this time: not graded, not counted")
     if row["notes"]:
@@ -943,7 +979,9 @@ def grade(
         path.parent.mkdir(parents=True, exist_ok=True)
         _ensure_ignored(path)
     fields = (
-        ["submission", "status"] + [q for q, _ in qs] + ["total", "possible", "graded_file", "notes", "flags"]
+        ["submission", "status"]
+        + [q for q, _ in qs]
+        + ["total", "possible", "graded_file", "notes", "flags", "review"]
     )
     with out_csv.open("w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=fields)

@@ -30,10 +30,14 @@ import torch
 from torch.autograd.function import once_differentiable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import reach  # noqa: E402
 import wire  # noqa: E402
 
+# the exception names feedback may repeat: Python's own and a few of torch's. Any other name is the
+# student's choice (a class named after a hidden test's seed), so it reads as "an exception"
 SAFE_KINDS = {n for n, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException)}
 SAFE_KINDS |= {"ByHandError", "OutOfMemoryError"}
+MAX_NOTEBOOK = 64 << 20  # bytes: a lab notebook with outputs is well under 1 MiB
 
 
 @dataclass
@@ -293,7 +297,12 @@ class Student:
     """The submission's worker process, reached through a ``HarnessPeer``."""
 
     def __init__(
-        self, argv: list[str], forbidden: dict, start_timeout: float, cell_timeout: float | None = None
+        self,
+        argv: list[str],
+        forbidden: dict,
+        start_timeout: float,
+        cell_timeout: float | None = None,
+        cells: list[reach.Cell] = (),
     ):
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
@@ -302,11 +311,14 @@ class Student:
         self.peer.returned_nothing = set()
         self.peer.send_code = True
         self.running = None  # (cell number, its first line): the cell the worker said it was starting
+        # first lines from the harness's own copy: what the worker says is only a number
+        self.lines = {c.number: _first_line(c.source) for c in cells}
         self.peer.handlers = {"progress": self._progress}
         self.peer.deadline = time.monotonic() + start_timeout
+        todo = [[c.number, c.source] for c in cells]
         try:
             reply = self.peer.request(
-                {"op": "start"}, {"forbidden": forbidden, "cell_timeout": cell_timeout}, True
+                {"op": "start"}, {"forbidden": forbidden, "cell_timeout": cell_timeout, "cells": todo}, True
             )
         except TimeoutError:
             self.close()
@@ -318,14 +330,9 @@ class Student:
         self.peer.deadline = None
 
     def _progress(self, msg, value) -> None:
-        """The worker starts a cell (what it says: the student's process could say otherwise, in its own feedback)."""
-        if (
-            isinstance(value, dict)
-            and isinstance(value.get("cell"), int)
-            and isinstance(value.get("line"), str)
-        ):
-            line = "".join(ch if ch.isprintable() else " " for ch in value["line"][:60])
-            self.running = (value["cell"], line)
+        """The worker starts a cell: only its number is taken, and only one the harness sent."""
+        if isinstance(value, dict) and value.get("cell") in self.lines:
+            self.running = (value["cell"], self.lines[value["cell"]])
 
     def bind(self, code: str) -> dict:
         """A fresh namespace for one test: builtins, plus handles on the student's names it uses."""
@@ -410,15 +417,23 @@ def grade(spec: dict) -> dict:
     cell_timeout = float(spec.get("cell_timeout") or min(60.0, spec["timeout"] / 4))
     started = time.monotonic()
 
+    try:
+        cells = read_cells(spec["notebook"])
+    except (OSError, ValueError, RecursionError) as e:
+        return {"status": "crashed", "message": f"the notebook could not be read ({type(e).__name__})"}
+    # read once: what is checked here is what every start of the worker runs
+    checked = reach.plan(cells, released_cells(spec, qs), {q.name: q.by_hand for q in qs})
+    review = _review(checked, qs, spec.get("distrust", ()))
+
     def start():
         left = spec["timeout"] - (time.monotonic() - started)
         if left <= 1:
             raise TimeoutError("no time left")
-        return Student(spec["worker"], forbidden, left, cell_timeout)
+        return Student(spec["worker"], forbidden, left, cell_timeout, checked.cells)
 
-    result = {"questions": {}, "errors": [], "notes": [], "restarts": 0}
-    # code that can reach around the worker's guards: what only the worker can vouch for counts for nothing
-    distrust = ", ".join(spec.get("distrust", ()))
+    result = {"questions": {}, "errors": [], "notes": [], "restarts": 0, "review": {}}
+    result["edited"] = [c.number for c in checked.cells if c.kind == "edited"]
+    result["reach"] = checked.reach
     try:
         student = start()
     except NotebookTimeout as e:
@@ -439,9 +454,7 @@ def grade(spec: dict) -> dict:
                 student.peer.deadline = time.monotonic() + min(
                     case_timeout, spec["timeout"] - (time.monotonic() - started)
                 )
-                if case.where == "student" and distrust:
-                    ok = False
-                elif case.where == "student":
+                if case.where == "student":
                     reply = student.peer.request(
                         {"op": "run_test"}, {"code": case.code, "exercise": q.name}, True
                     )
@@ -508,16 +521,11 @@ def grade(spec: dict) -> dict:
         if used:
             asks = "for the gradient by hand" if used == "autograd" else "you to write it yourself"
             result["notes"].append(f"used {used} in {q.name}, which asks {asks}: 0 points for {q.name}")
-        elif distrust and q.by_hand:
-            used = distrust
+        elif q.name in review:
+            result["review"][q.name] = review[q.name]
             result["notes"].append(
-                f"{q.name}: your code uses {distrust}, which can switch off the checks this exercise "
-                f"needs: 0 points for {q.name} until your instructor has looked at it"
-            )
-        elif distrust and any(c.where == "student" for c in q.cases):
-            result["notes"].append(
-                f"{q.name}: your code uses {distrust}: the hidden tests that run beside your code "
-                "were not counted"
+                f"{q.name}: your code uses {', '.join(review[q.name])}, which this exercise's list of "
+                f"allowed operations does not hold: its points wait for your instructor's review"
             )
         if used:
             passed = [False] * len(passed)
@@ -527,13 +535,54 @@ def grade(spec: dict) -> dict:
     return _finish(result, qs, skip)
 
 
+def _first_line(src: str) -> str:
+    """A cell's first non-blank line, printable, at most 60 characters (how notes name a cell)."""
+    line = next((ln.strip() for ln in src.splitlines() if ln.strip()), "")[:60]
+    return "".join(ch if ch.isprintable() else " " for ch in line)
+
+
+def read_cells(path) -> list[tuple[int, str]]:
+    """The notebook's code cells as (number among all cells from 1, source): read once, for every start."""
+    with open(path, "rb") as f:
+        raw = f.read(MAX_NOTEBOOK + 1)
+    if len(raw) > MAX_NOTEBOOK:
+        raise ValueError("notebook too large")
+    nb = json.loads(raw.decode("utf-8"))
+    out = []
+    for n, c in enumerate(nb.get("cells", []) if isinstance(nb, dict) else [], 1):
+        if isinstance(c, dict) and c.get("cell_type") == "code":
+            src = c.get("source", "")
+            out.append((n, "".join(map(str, src)) if isinstance(src, list) else str(src)))
+    return out
+
+
+def released_cells(spec: dict, qs: list[Question]) -> list[tuple[str, str | None]]:
+    """The released student notebook's code cells as (source, question of an answer cell or None)."""
+    source = Path(spec["source"])
+    path = Path(spec.get("released") or source.parent.parent / source.name)
+    return reach.released_cells(json.loads(path.read_text(encoding="utf-8")), [q.name for q in qs])
+
+
+def _review(checked: reach.Plan, qs: list[Question], distrust=()) -> dict[str, list[str]]:
+    """{question: the constructs that send it to the instructor}: its own, and what could switch off
+    the guards anywhere (for every by-hand question and every one with tests in the student's process)."""
+    out = {q: set(v) for q, v in checked.review.items()}
+    anywhere = set(checked.reach) | set(distrust)
+    if anywhere:
+        for q in qs:
+            if q.by_hand or any(c.where == "student" for c in q.cases):
+                out.setdefault(q.name, set()).update(anywhere)
+    return {q: sorted(v) for q, v in out.items()}
+
+
 def _errors(reported) -> list[dict]:
     """The worker's list of cells that raised, as plain one-line records (it comes from the student's process)."""
     out = []
     for e in reported if isinstance(reported, list) else []:
         if isinstance(e, dict) and isinstance(e.get("cell"), int) and isinstance(e.get("ename"), str):
             evalue = e.get("evalue") if isinstance(e.get("evalue"), str) else ""
-            out.append({"cell": e["cell"], "ename": e["ename"][:60], "evalue": evalue[:160]})
+            ename = e["ename"] if e["ename"] in SAFE_KINDS else "an exception"
+            out.append({"cell": e["cell"], "ename": ename, "evalue": evalue[:160]})
         if len(out) >= 50:
             break
     return out

@@ -1,20 +1,31 @@
-"""What in a student's own code could reach around the grader's guards, found by reading it (no running).
+"""What a student's code uses, read without running it: an allow-list for by-hand answers.
 
-The worker's guards (autograd, the by-hand reference functions, the pristine modules a
-`runs_in: student` test relies on) live in the student's process, so they hold only against code
-that uses the public API. Getting around them takes introspection (`__globals__`, `__closure__`,
-`gc`, `sys.modules`, a computed `getattr`), executing text (`eval`, `exec`, `get_ipython`), or
-importing the grader's own modules. None of that belongs in a lab answer, so its presence is the
-signal: ``labs.py grade`` then gives the submission's by-hand exercises and in-process tests no
-points, with a note naming the construct, and flags it for the instructor.
+The worker's guards (autograd's engine, the by-hand reference functions, the pristine modules a
+`runs_in: student` test relies on) live in the student's process, so they hold only against what
+they were written for; public APIs around them (forward-mode AD, calling `grad_fn` nodes, `jacfwd`,
+`torch.ops` aliases) and ways to switch them off (`sys.modules`, `__globals__`) are many. So the
+code a student wrote is read against a list of what the labs' own solutions use (``ALLOWED``,
+derived by ``python reach.py derive`` from every lab's solutions): ordinary Python, a vetted set of
+tensor operations and attributes, the course's helpers the solutions call. Anything else sends the
+exercise to "instructor review" (its points pending, the construct named); nothing is zeroed for it.
 
-    reach_around(code) -> ["__globals__", "import sys", ...]   # sorted, empty for honest code
+Two tiers: code in a by-hand exercise's answer cell (or a cell the student added in its part of
+the notebook) may use only what the by-hand solutions use (``ALLOWED["by_hand"]``); any other code
+the student wrote may use what any solution uses (``ALLOWED["any"]``), and beyond that (`import sys`,
+`getattr`, a dunder) it could switch the guards off, so every by-hand exercise goes to review.
+
+    plan(cells, released, owners, by_hand) -> Plan   # what runs, who owns it, what goes to review
+    unlisted(code, scope, tier) -> [(construct, line)]   # what the allow-list does not hold
+    reach_around(code) -> ["__globals__", "import sys", ...]   # the older deny-list, kept for callers
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
+import difflib
 import re
+from dataclasses import dataclass, field
 
 # modules a lab answer may import (the course's own and what its labs use)
 ALLOWED_IMPORTS = (
@@ -166,3 +177,718 @@ def reach_around(code: str) -> list[str]:
             if named or ((text.startswith("__") or text.endswith("__")) and text not in HARMLESS_DUNDERS):
                 found.add("a string holding a __name__")
     return sorted(found)
+
+
+# ------------------------------------------------------------------ the allow-list
+
+# Never on the list, whatever a solution uses (`derive` refuses them): what reaches past the public
+# API into the grader's process, or switches its guards off. Dotted entries cover what is below them.
+NEVER_ANY = {
+    "dotted": (
+        "sys",
+        "os",
+        "ctypes",
+        "importlib",
+        "builtins",
+        "gc",
+        "inspect",
+        "types",
+        "subprocess",
+        "signal",
+        "threading",
+        "multiprocessing",
+        "pickle",
+        "marshal",
+        "code",
+        "codeop",
+        "runpy",
+        "pathlib",
+        "shutil",
+        "io",
+        "torch._C",
+        "torch._dynamo",
+        "torch.ops",
+        "torch.library",
+        "torch.utils.cpp_extension",
+        "worker",
+        "wire",
+        "harness",
+    ),
+    "attributes": ("_execution_engine", "_C", "f_globals", "f_locals", "f_back", "tb_frame", "gi_frame"),
+    "builtins": (
+        "eval",
+        "exec",
+        "compile",
+        "getattr",
+        "setattr",
+        "delattr",
+        "globals",
+        "vars",
+        "locals",
+        "__import__",
+        "open",
+        "breakpoint",
+        "memoryview",
+        "input",
+        "help",
+        "dir",
+        "__builtins__",
+    ),
+}
+# modules that other modules hand on as attributes (`torch.sys`, `os.sys`)
+REACHING_MODULES = {"sys", "os", "builtins", "gc", "importlib", "ctypes", "inspect", "subprocess"}
+# and, where an exercise asks for the gradient by hand ("autograd" in its by_hand list): what computes
+# one without autograd's engine, whose guard sees only backward passes (forward-mode AD, a node called
+# directly, functorch's transforms, the functional API, an aten alias of a fused kernel)
+NEVER_BY_HAND = {
+    "dotted": (
+        "torch.autograd.grad",
+        "torch.autograd.backward",
+        "torch.autograd.forward_ad",
+        "torch.autograd.functional",
+        "torch.autograd.graph",
+        "torch.autograd.gradcheck",
+        "torch.func",
+        "torch.vmap",
+        "torch.nn.functional.scaled_dot_product_attention",
+    ),
+    "attributes": ("grad_fn", "next_functions", "backward", "register_hook", "retain_grad"),
+    "builtins": (),
+}
+
+
+def _is_dunder(name: str) -> bool:
+    return len(name) > 4 and name.startswith("__") and name.endswith("__")
+
+
+def _never(kind: str, text: str, tier: str) -> bool:
+    """Whether ``text`` (of ``kind``) can never be on the ``tier`` list."""
+    sets = [NEVER_ANY] + ([NEVER_BY_HAND] if tier == "by_hand" else [])
+    if kind in ("import", "dotted"):
+        parts = text.split(".")
+        if any(p.startswith("_") and not _is_dunder(p) for p in parts[1:]) or any(
+            _is_dunder(p) for p in parts
+        ):
+            return True  # torch._functorch, collections._sys, a module's __dict__
+        # `torch.sys.modules`, `os.sys`: a module that imported one of these hands it on
+        return any(text == d or text.startswith(d + ".") for s in sets for d in s["dotted"]) or any(
+            p in s["attributes"] or p in REACHING_MODULES for s in sets for p in parts[1:]
+        )
+    if kind == "attr":
+        return any(text in s["attributes"] for s in sets) or (
+            _is_dunder(text) and text not in HARMLESS_DUNDERS
+        )
+    if kind in ("builtin", "given"):
+        return any(text in s["builtins"] for s in sets) or _is_dunder(text)
+    return kind == "string"
+
+
+def parse(code: str) -> ast.Module | None:
+    """The cell as IPython runs it (`%magic` and `!shell` lines become calls), or None if it does not parse."""
+    try:
+        from IPython.core.inputtransformer2 import TransformerManager
+
+        return ast.parse(TransformerManager().transform_cell(code))
+    except (SyntaxError, ValueError):
+        return None  # code that does not parse cannot have run either: the cells that raised are noted apart
+
+
+@dataclass
+class Scope:
+    """What the whole notebook binds: the reading of a name in one cell depends on the others."""
+
+    imports: dict = field(
+        default_factory=dict
+    )  # name -> dotted path, from imports and `F = torch.nn.functional`
+    given: set = field(default_factory=set)  # names the released cells define
+    own: set = field(default_factory=set)  # names the student's cells bind
+    own_attrs: set = field(default_factory=set)  # attributes the student's cells assign or define as methods
+
+    def path(self, node) -> str | None:
+        """The dotted path of an expression that names a module or an object in one (`F.softmax`), else None."""
+        attrs = []
+        while isinstance(node, ast.Attribute):
+            attrs.append(node.attr)
+            node = node.value
+        if isinstance(node, ast.Name) and node.id in self.imports:
+            return ".".join([self.imports[node.id]] + attrs[::-1])
+        return None
+
+
+def _bind(tree: ast.AST, scope: Scope, own: bool) -> None:
+    """Add what ``tree`` binds to ``scope`` (as the student's own when ``own``)."""
+    names = scope.own if own else scope.given
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                top = a.name.split(".")[0]
+                scope.imports[a.asname or top] = a.name if a.asname else top
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            for a in node.names:
+                if a.name != "*":
+                    scope.imports[a.asname or a.name] = f"{node.module}.{a.name}"
+        elif (
+            isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+        ):
+            path = scope.path(node.value)
+            if path:
+                scope.imports[node.targets[0].id] = path
+            names.add(node.targets[0].id)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            names.add(node.id)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+            if isinstance(node, ast.ClassDef) and own:
+                scope.own_attrs |= {
+                    n.name for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                }
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and own:
+            scope.own_attrs.add(node.attr)
+
+
+def scope(given: list[str], own: list[str]) -> Scope:
+    """The Scope of a notebook whose released cells are ``given`` and whose student cells are ``own``."""
+    s = Scope()
+    for codes, is_own in ((given, False), (own, True)):
+        for code in codes:
+            tree = parse(code)
+            if tree is not None:
+                _bind(tree, s, is_own)
+    return s
+
+
+class _Uses(ast.NodeVisitor):
+    """Every use in a tree as (kind, text, line): kinds import, dotted, attr, builtin, given, string."""
+
+    def __init__(self, scope: Scope):
+        self.scope, self.found = scope, []
+
+    def add(self, kind: str, text: str, node) -> None:
+        self.found.append((kind, text, getattr(node, "lineno", 0)))
+
+    def visit_Import(self, node):
+        for a in node.names:
+            self.add("import", a.name, node)
+
+    def visit_ImportFrom(self, node):
+        if node.level or not node.module:
+            self.add("import", "a relative import", node)
+        for a in node.names:
+            self.add("import", f"{node.module or ''}.{a.name}" if a.name != "*" else f"{node.module}.*", node)
+
+    def visit_Attribute(self, node):
+        path = self.scope.path(node)
+        if path is not None:
+            self.add("dotted", path, node)
+            return
+        self.add("attr", node.attr, node)
+        self.visit(node.value)
+
+    def visit_Name(self, node):
+        n = node.id
+        if not isinstance(node.ctx, ast.Load):
+            return
+        if n in self.scope.imports:
+            self.add("dotted", self.scope.imports[n], node)
+        elif n in self.scope.own and not _is_dunder(n):
+            return
+        elif n in self.scope.given and not _is_dunder(n):
+            self.add("given", n, node)
+        elif hasattr(builtins, n) or _is_dunder(n):
+            self.add("builtin", n, node)
+
+    def visit_Constant(self, node):
+        if isinstance(node.value, str):
+            for d in sorted(set(re.findall(r"__\w+?__", node.value))):
+                self.add("string", d, node)
+
+
+def uses(code: str, scope: Scope) -> list[tuple[str, str, int]]:
+    """(kind, text, line) of every import, module path, attribute, builtin and given name ``code`` uses."""
+    tree = parse(code)
+    if tree is None:
+        return []
+    v = _Uses(scope)
+    v.visit(tree)
+    return v.found
+
+
+def allowed(kind: str, text: str, tier: str) -> bool:
+    """Whether a use is on the ``tier`` list ("by_hand" or "any")."""
+    if _never(kind, text, tier):
+        return False
+    a = ALLOWED[tier]
+    if kind == "import":
+        return text in a["imports"]
+    if kind == "dotted":
+        parts = text.split(".")
+        for k in range(len(parts), 0, -1):
+            head = ".".join(parts[:k])
+            if head in a["dotted"] or head in a["imports"]:
+                return all(p in a["attributes"] for p in parts[k:])
+        return False
+    if kind == "attr":
+        return text in a["attributes"]
+    if kind == "builtin":
+        return text in a["builtins"]
+    if kind == "given":
+        return text in a["given"]
+    if kind == "string":
+        return text in HARMLESS_DUNDERS
+    return False
+
+
+def describe(kind: str, text: str) -> str:
+    """How a note names a use: `import sys`, `torch.autograd.forward_ad.make_dual`, `.grad_fn`, `getattr`."""
+    if kind == "import":
+        return text if text == "a relative import" else f"import {text}"
+    if kind == "attr":
+        return f".{text}"
+    if kind == "string":
+        return f"a string holding {text}"
+    return text
+
+
+def unlisted(code: str, scope: Scope, tier: str, released: str = "") -> list[tuple[str, int]]:
+    """What ``code`` uses that the ``tier`` list does not hold: [(construct, line)], lines of
+    ``released`` (the cell as handed out, for a given cell the student edited) excused."""
+    excused = {ln.strip() for ln in released.splitlines() if ln.strip()}
+    lines = code.splitlines()
+    out = []
+    for kind, text, line in uses(code, scope):
+        if kind == "attr" and text in scope.own_attrs and not _never(kind, text, tier):
+            continue  # the student's own attribute (self.cache, ctx.shape)
+        if allowed(kind, text, tier):
+            continue
+        if 0 < line <= len(lines) and lines[line - 1].strip() in excused:
+            continue  # the released cell's own line (a self-check's getattr), not the student's code
+        out.append((describe(kind, text), line))
+    return out
+
+
+# ordinary Python: every builtin but the few that reach into a running program
+ORDINARY_BUILTINS = frozenset(
+    n for n in dir(builtins) if not n.startswith("_") and n not in NEVER_ANY["builtins"]
+)
+
+# Ordinary tensor work, vetted by hand: what an honest answer may use beyond what the solutions use
+# (a student who writes `torch.matmul` where the solution has `@` did the exercise). Names here are
+# allowed as `torch.X`, `F.X` and `tensor.X`; nothing that computes a gradient or reaches a graph.
+VETTED_TENSOR = """
+T mT H abs absolute acos add add_ addcdiv_ addcmul_ addmm all allclose amax amin any arange argmax argmin
+argsort asin atan atan2 baddbmm bfloat16 bmm bool broadcast_to cat ceil chunk clamp clamp_ clamp_max
+clamp_min clip clone contiguous copy_ cos cosh count_nonzero cpu cross cumprod cumsum detach device diag
+diag_embed diagonal diff dim div div_ dot double dtype einsum empty empty_like eq equal erf exp exp_ expand
+expand_as eye fill_ flatten flip float float16 float32 float64 floor full full_like gather ge gelu gt half
+index_add index_add_ index_fill index_select inner int int32 int64 is_contiguous isclose isfinite isinf isnan
+item kron layer_norm le lerp lerp_ linear linspace log log1p log_softmax logical_and logical_not logical_or
+logsumexp long lt masked_fill masked_fill_ masked_select matmul max maximum mean min minimum mm movedim mse_loss
+mul mul_ multiply mv nan_to_num ndim ne neg neg_ new_empty new_full new_ones new_tensor new_zeros nonzero norm
+numel one_hot ones ones_like outer pad permute pow prod rand rand_like randn randn_like reciprocal relu
+repeat repeat_interleave requires_grad reshape reshape_as roll round rsqrt scatter scatter_add select shape
+sigmoid sign silu sin sinh size softmax sort split sqrt sqrt_ square squeeze stack std stride sub sub_
+subtract sum t tanh tensor tile to tolist topk trace transpose tril triu true_divide type_as unbind unflatten
+unique unsqueeze var view view_as where zero_ zeros zeros_like
+"""
+VETTED = {
+    "imports": ("math", "torch", "torch.nn", "torch.nn.functional", "functools", "itertools", "typing"),
+    "dotted": ("torch.Tensor", "torch.no_grad", "torch.finfo", "math.inf", "math.pi", "math.e"),
+    # plain Python on lists, dicts and strings
+    "attributes": tuple(VETTED_TENSOR.split())
+    + ("append", "extend", "items", "keys", "values", "get", "pop", "update", "insert", "format", "join"),
+}
+
+# BEGIN ALLOWED (written by `python tools/grader/reach.py derive --write` from the labs' solutions)
+ALLOWED: dict = {
+    "by_hand": {
+        "imports": (),
+        "dotted": (
+            "helpers.attention.attention_backward",
+            "helpers.attention.merge_heads",
+            "helpers.attention.split_heads",
+            "helpers.functions.gelu_backward",
+            "helpers.numgrad.linear_backward",
+            "helpers.numgrad.unbroadcast",
+            "math.sqrt",
+            "torch.arange",
+            "torch.autograd.Function",
+            "torch.autograd.function.once_differentiable",
+            "torch.cat",
+            "torch.exp",
+            "torch.logsumexp",
+            "torch.nn.functional.gelu",
+            "torch.nn.functional.one_hot",
+            "torch.ones_like",
+            "torch.outer",
+            "torch.relu",
+            "torch.rsqrt",
+            "torch.softmax",
+            "torch.tanh",
+            "torch.where",
+            "torch.zeros",
+            "torch.zeros_like",
+        ),
+        "attributes": (
+            "T",
+            "abs",
+            "amax",
+            "apply",
+            "clamp",
+            "clone",
+            "detach",
+            "device",
+            "dtype",
+            "flatten",
+            "gather",
+            "index_add_",
+            "mark_non_differentiable",
+            "masked_fill",
+            "mean",
+            "needs_input_grad",
+            "pop",
+            "pow",
+            "reshape",
+            "save_for_backward",
+            "saved_tensors",
+            "shape",
+            "sum",
+            "to",
+            "transpose",
+        ),
+        "given": (),
+    },
+    "any": {
+        "imports": ("math",),
+        "dotted": (
+            "helpers.attention.attention_backward",
+            "helpers.attention.merge_heads",
+            "helpers.attention.split_heads",
+            "helpers.checkpoint.get_rng_state",
+            "helpers.checkpoint.set_rng_state",
+            "helpers.device.rand",
+            "helpers.functions.gelu_backward",
+            "helpers.micrograd.Value",
+            "helpers.numgrad.linear_backward",
+            "helpers.numgrad.unbroadcast",
+            "math.cos",
+            "math.exp",
+            "math.inf",
+            "math.pi",
+            "math.sqrt",
+            "math.tanh",
+            "torch.arange",
+            "torch.autograd.Function",
+            "torch.autograd.function.once_differentiable",
+            "torch.autograd.grad",
+            "torch.autograd.graph.saved_tensors_hooks",
+            "torch.cat",
+            "torch.enable_grad",
+            "torch.exp",
+            "torch.float64",
+            "torch.full",
+            "torch.isfinite",
+            "torch.isinf",
+            "torch.log",
+            "torch.logsumexp",
+            "torch.maximum",
+            "torch.nn.functional.cross_entropy",
+            "torch.nn.functional.gelu",
+            "torch.nn.functional.mse_loss",
+            "torch.nn.functional.one_hot",
+            "torch.nn.utils.clip_grad_norm_",
+            "torch.no_grad",
+            "torch.ones_like",
+            "torch.outer",
+            "torch.random.fork_rng",
+            "torch.relu",
+            "torch.rsqrt",
+            "torch.softmax",
+            "torch.sqrt",
+            "torch.tanh",
+            "torch.where",
+            "torch.zeros",
+            "torch.zeros_like",
+        ),
+        "attributes": (
+            "T",
+            "__setitem__",
+            "_parents",
+            "abs",
+            "add",
+            "all",
+            "amax",
+            "append",
+            "apply",
+            "backward",
+            "clamp",
+            "clone",
+            "cuda",
+            "data",
+            "data_ptr",
+            "detach",
+            "device",
+            "double",
+            "dtype",
+            "flatten",
+            "gather",
+            "get",
+            "grad",
+            "index_add_",
+            "item",
+            "mark_non_differentiable",
+            "masked_fill",
+            "mean",
+            "mul_",
+            "named_modules",
+            "nbytes",
+            "needs_input_grad",
+            "norm",
+            "parameters",
+            "pop",
+            "pow",
+            "register_forward_hook",
+            "register_hook",
+            "remove",
+            "requires_grad",
+            "requires_grad_",
+            "reshape",
+            "save_for_backward",
+            "saved_tensors",
+            "shape",
+            "split",
+            "sqrt",
+            "step",
+            "sub_",
+            "sum",
+            "to",
+            "transpose",
+            "untyped_storage",
+            "zero_grad",
+        ),
+        "given": (
+            "Value",
+            "ffn_dropout",
+            "layer_names",
+        ),
+    },
+}
+# END ALLOWED
+for _tier in ALLOWED.values():
+    for _k in ("imports", "dotted", "attributes", "given"):
+        _tier[_k] = frozenset(_tier.get(_k, ())) | frozenset(VETTED.get(_k, ()))
+    _tier["builtins"] = ORDINARY_BUILTINS
+
+
+def _lab_cells(lab: str):
+    """(released code cells as [(source, owner)], solution cells as [(source, question)], {question: by_hand})."""
+    import yaml
+
+    import labs as L
+
+    src = L.read_nb(L.source_path(lab))
+    by_hand = {}
+    for q, where, cell in L.regions(src):
+        if where == "marker:prompt" and cell.source.strip().startswith("# BEGIN QUESTION"):
+            by_hand[q] = list((yaml.safe_load(cell.source.split("\n", 1)[1]) or {}).get("by_hand") or [])
+    solutions = [(c.source, q) for q, where, c in L.regions(src) if where == "solution"]
+    return released_cells(L.read_nb(L.student_path(lab)), list(by_hand)), solutions, by_hand
+
+
+def released_cells(nb, questions: list[str]) -> list[tuple[str, str | None]]:
+    """The released notebook's code cells as (source, question of the answer cell or None for a given cell).
+
+    The k-th answer cell (tagged `otter_answer_cell`) belongs to the k-th question: one answer cell
+    per question (``tests/test_grader.py`` checks it for every lab)."""
+    out, k = [], 0
+    for c in nb["cells"]:
+        if c.get("cell_type") != "code":
+            continue
+        src = "".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+        if "otter_answer_cell" in (c.get("metadata") or {}).get("tags", []) and k < len(questions):
+            out.append((src, questions[k]))
+            k += 1
+        else:
+            out.append((src, None))
+    return out
+
+
+def tier_of(by_hand: list[str] | None) -> str:
+    """The list a question's answer is read against: "by_hand" where it asks for the gradient by hand."""
+    return "by_hand" if by_hand and "autograd" in by_hand else "any"
+
+
+def derive(labs: list[str]) -> tuple[dict, list[str]]:
+    """(the ALLOWED lists from the solutions of ``labs``, what the solutions use that can never be on one)."""
+    got = {t: {k: set() for k in ("imports", "dotted", "attributes", "given")} for t in ("by_hand", "any")}
+    refused = []
+    key = {"import": "imports", "dotted": "dotted", "attr": "attributes", "given": "given"}
+    for lab in labs:
+        released, solutions, by_hand = _lab_cells(lab)
+        sc = scope([s for s, owner in released if owner is None], [s for s, _ in solutions])
+        for code, q in solutions:
+            tiers = ("by_hand", "any") if tier_of(by_hand.get(q)) == "by_hand" else ("any",)
+            for kind, text, line in uses(code, sc):
+                if kind not in key or (kind == "attr" and text in sc.own_attrs):
+                    continue
+                for t in tiers:
+                    if _never(kind, text, t):
+                        refused.append(f"{lab} {q} line {line}: {describe(kind, text)} ({t})")
+                    else:
+                        got[t][key[kind]].add(text)
+    return got, refused
+
+
+def _write(got: dict, path) -> None:
+    """Rewrite the ALLOWED block of this file with ``got``."""
+    from pathlib import Path
+
+    lines = ["ALLOWED: dict = {"]
+    for t, kinds in got.items():
+        lines.append(f"    {t!r}: {{")
+        for k, names in kinds.items():
+            lines.append(f"        {k!r}: (")
+            lines += [f"            {n!r}," for n in sorted(names)]
+            lines.append("        ),")
+        lines.append("    },")
+    lines.append("}")
+    text = Path(path).read_text()
+    start = text.index("# BEGIN ALLOWED")
+    start = text.index("\n", start) + 1
+    end = text.index("# END ALLOWED")
+    Path(path).write_text(text[:start] + "\n".join(lines) + "\n" + text[end:])
+
+
+def main(argv: list[str]) -> int:
+    """`derive [--write]`: the lists the labs' solutions need (printed, or written into this file)."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "tools"))
+    import labs as L
+
+    got, refused = derive(L.labs())
+    for r in refused:
+        print("never allowed, but a solution uses it:", r)
+    if "--write" in argv:
+        _write(got, __file__)
+    else:
+        for t, kinds in got.items():
+            for k, names in kinds.items():
+                print(t, k, len(names), sorted(names))
+    return 1 if refused else 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))
+
+
+# ------------------------------------------------------------------ a submission's cells
+
+
+@dataclass
+class Cell:
+    """One code cell of a submission, as the grader runs and reads it."""
+
+    number: int  # its place among all the notebook's cells, from 1 (as notes name cells)
+    source: str  # what runs: the student's bytes, exactly
+    kind: str  # "given" (as released), "edited" (a given cell the student changed), "answer", "added"
+    owner: str | None  # the question whose part of the notebook it is in (None: before the first)
+    released: str = ""  # the released cell it stands for ("" for a cell the student added)
+
+
+@dataclass
+class Plan:
+    """What a submission runs and what of it goes to the instructor."""
+
+    cells: list[Cell]
+    review: dict = field(default_factory=dict)  # question -> constructs off its list (sorted)
+    reach: list = field(default_factory=list)  # constructs off every list: all by-hand questions to review
+
+
+SIMILAR = 0.5  # a submitted cell this like a released given cell (difflib's ratio) is that cell, edited
+
+
+def _pairs(subs: list[str], rels: list[tuple[str, str | None]]) -> dict[int, int]:
+    """Within one changed stretch: which submitted cell stands for which released one (indices).
+
+    Most alike first; an answer cell takes any submitted cell (a finished answer may share little
+    with its stub), a given cell only one at least SIMILAR to it."""
+    scored = sorted(
+        (
+            (-difflib.SequenceMatcher(None, r, s, autojunk=False).ratio(), j, i)
+            for j, s in enumerate(subs)
+            for i, (r, _) in enumerate(rels)
+        )
+    )
+    out, taken = {}, set()
+    for neg, j, i in scored:
+        if j in out or i in taken or (rels[i][1] is None and -neg < SIMILAR):
+            continue
+        out[j] = i
+        taken.add(i)
+    return out
+
+
+def classify(cells: list[tuple[int, str]], released: list[tuple[str, str | None]]) -> list[Cell]:
+    """Each submitted code cell ((number, source)) as given, edited, answer or added, with its question.
+
+    Cells equal to released ones anchor the alignment (difflib over whole cells); between anchors a
+    cell stands for the released cell it is most like, or is one the student added, which belongs to
+    the question whose answer cell comes last before it."""
+    owners, region = [], None
+    for _, owner in released:
+        region = owner or region
+        owners.append(region)
+    subs = [s for _, s in cells]
+    sm = difflib.SequenceMatcher(None, [r for r, _ in released], subs, autojunk=False)
+    out = []
+    for op, i1, i2, j1, j2 in sm.get_opcodes():
+        if op == "equal":
+            for k in range(i2 - i1):
+                src, owner = released[i1 + k]
+                n = cells[j1 + k][0]
+                out.append(Cell(n, src, "answer" if owner else "given", owner or owners[i1 + k], src))
+            continue
+        pairs = _pairs(subs[j1:j2], released[i1:i2])
+        answer = next((o for _, o in released[i1:i2] if o), None)
+        before = owners[i1 - 1] if i1 > 0 else None
+        for j in range(j1, j2):
+            n, src = cells[j]
+            i = pairs.get(j - j1)
+            if i is None:
+                out.append(Cell(n, src, "added", answer or before))
+            else:
+                rsrc, owner = released[i1 + i]
+                out.append(Cell(n, src, "answer" if owner else "edited", owner or owners[i1 + i], rsrc))
+    return out
+
+
+def plan(cells: list[tuple[int, str]], released: list[tuple[str, str | None]], by_hand: dict) -> Plan:
+    """Read a submission's code cells against the released ones: what each is, what goes to review.
+
+    ``by_hand``: {question: its by_hand list}. A given cell as released is not read (it is the
+    course's code); of a given cell the student edited, only the lines they wrote count."""
+    out = Plan(classify(cells, released))
+    own = [c for c in out.cells if c.kind != "given"]
+    sc = scope([r for r, o in released if o is None], [c.source for c in own])
+    reach = set()
+    for c in own:
+        tier = tier_of(by_hand.get(c.owner))
+        excuse = c.released if c.kind == "edited" else ""
+        beyond = {x for x, _ in unlisted(c.source, sc, "any", excuse)}
+        for construct, _ in unlisted(c.source, sc, tier, excuse):
+            named = f"{construct} (cell {c.number})"
+            if construct in beyond:
+                reach.add(named)
+            else:
+                out.review.setdefault(c.owner, set()).add(named)
+    out.reach = sorted(reach)
+    out.review = {q: sorted(v) for q, v in out.review.items()}
+    return out

@@ -7,12 +7,12 @@ student's functions to be called on them; this process sends back what they retu
 the course's reference functions, so that an exercise asking for a gradient "by hand" can tell
 when it was answered with them instead.
 
-    python worker.py NOTEBOOK        # protocol on stdin/stdout; the student's prints go nowhere
+    python worker.py [NOTEBOOK]      # protocol on stdin/stdout; the student's prints go nowhere;
+                                     # the cells it runs come from the harness, not from NOTEBOOK
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -74,24 +74,81 @@ class _Engine:
         self.is_checkpoint_valid = engine.is_checkpoint_valid
 
 
-def install_guards(forbidden: dict) -> None:
-    """Guard autograd and the named reference functions ('helpers.cat_mlp.backward') before student code runs."""
+# what computes a gradient without autograd's engine (whose guard sees only backward passes):
+# forward-mode AD, the functional API (its forward-mode strategy), functorch's transforms; guarded
+# where they are defined, and every other name they are bound to (torch.func.jacfwd) with them
+NO_ENGINE = (
+    ("torch.autograd.forward_ad", ("make_dual", "unpack_dual")),
+    ("torch.autograd.functional", ("jacobian", "hessian", "jvp", "vjp", "hvp", "vhp")),
+    ("torch._functorch.eager_transforms", ("jacfwd", "jacrev", "jvp", "vjp", "hessian", "linearize")),
+    ("torch._functorch.apis", ("grad", "grad_and_value")),
+    ("torch.func", ("grad", "grad_and_value", "vjp", "jvp", "jacrev", "jacfwd", "hessian", "linearize")),
+)
+# fused kernels a forbidden function is one name of (`torch.ops.aten._scaled_dot_product_attention_math`)
+KERNELS = {"torch.nn.functional.scaled_dot_product_attention": "scaled_dot_product"}
+
+
+def _guard_in(module: str, attr: str, what: str, guarded: dict) -> None:
+    """Put ``module.attr`` behind the guard for ``what`` (``guarded``: id of the original -> its guard)."""
     import importlib
 
+    try:
+        mod = importlib.import_module(module)
+    except ImportError:
+        return
+    fn = getattr(mod, attr, None)
+    if fn is None:
+        return
+    if id(fn) not in guarded:
+        guarded[id(fn)] = _guard(what, fn)
+    setattr(mod, attr, guarded[id(fn)])
+
+
+def _guard_kernels(what: str, word: str) -> None:
+    """The aten operators behind a forbidden function, guarded under its name."""
+    aten = torch.ops.aten
+    for name in [n for n in dir(aten) if word in n and "backward" not in n]:
+        try:
+            setattr(aten, name, _guard(what, getattr(aten, name)))
+        except (AttributeError, RuntimeError, TypeError):
+            pass
+
+
+def _guard_aliases(guarded: dict) -> None:
+    """Every other name a guarded function is bound to in torch and helpers (`from x import f` made before)."""
+    for name, mod in list(sys.modules.items()):
+        if mod is None or not (name == "torch" or name.startswith(("torch.", "helpers"))):
+            continue
+        try:
+            items = list(vars(mod).items())
+        except TypeError:
+            continue
+        for k, v in items:
+            g = guarded.get(id(v))
+            if g is not None and v is not g:
+                try:
+                    setattr(mod, k, g)
+                except (AttributeError, TypeError):
+                    pass
+
+
+def install_guards(forbidden: dict) -> None:
+    """Guard autograd and the named reference functions ('helpers.cat_mlp.backward') before student code runs."""
     import torch.autograd.variable as variable
 
     STATE["forbidden"] = {ex: set(names) for ex, names in forbidden.items()}
     variable.Variable._execution_engine = _Engine(variable.Variable._execution_engine)
-    # a second, unguarded engine (`torch._C._ImperativeEngine()`) takes `_C`: reach.py flags it
-    import torch.func as func
-
-    for name in ("grad", "grad_and_value", "vjp", "jvp", "jacrev", "jacfwd", "hessian", "linearize"):
-        if hasattr(func, name):
-            setattr(func, name, _guard(AUTOGRAD, getattr(func, name)))
+    # a second, unguarded engine (`torch._C._ImperativeEngine()`) takes `_C`: reach.py refuses it
+    guarded: dict = {}
+    for module, names in NO_ENGINE:
+        for name in names:
+            _guard_in(module, name, AUTOGRAD, guarded)
     for what in sorted({n for names in forbidden.values() for n in names if n != AUTOGRAD}):
         module, _, attr = what.rpartition(".")
-        mod = importlib.import_module(module)
-        setattr(mod, attr, _guard(what, getattr(mod, attr)))
+        _guard_in(module, attr, what, guarded)
+        if what in KERNELS:
+            _guard_kernels(what, KERNELS[what])
+    _guard_aliases(guarded)
 
 
 PRISTINE: dict = {}
@@ -226,8 +283,12 @@ def _first_line(src: str) -> str:
     return next((ln.strip() for ln in src.splitlines() if ln.strip()), "")[:60]
 
 
-def run_notebook(path: str, cell_timeout: float | None = None) -> list[dict]:
-    """Execute the code cells in order, in one namespace; [{cell, ename, evalue}] for each that raised.
+def run_notebook(cells: list, cell_timeout: float | None = None) -> list[dict]:
+    """Execute the code cells ([number, source] each, as the harness read and checked them) in order,
+    in one namespace; [{cell, ename, evalue}] for each that raised.
+
+    The cells come from the harness, never from the notebook's file: a notebook that rewrites its
+    file runs, after a restart, the same code as before, the code the harness read.
 
     Each cell may run ``cell_timeout`` seconds (wall clock): then a ``CellTimeout`` is raised in it
     (again every second, should it catch it), it is reported, and the next cell runs, so one stray
@@ -235,8 +296,6 @@ def run_notebook(path: str, cell_timeout: float | None = None) -> list[dict]:
     so a loop that cannot be stopped is still named when the whole notebook times out.
     """
     from IPython.core.interactiveshell import InteractiveShell
-
-    nb = json.loads(open(path, encoding="utf-8").read())
 
     main, real_exit = os.getpid(), os._exit
 
@@ -256,13 +315,9 @@ def run_notebook(path: str, cell_timeout: float | None = None) -> list[dict]:
             raise CellTimeout()
 
     before = signal.signal(signal.SIGALRM, on_alarm) if cell_timeout else None
-    for number, cell in enumerate(nb.get("cells", []), 1):
-        if cell.get("cell_type") != "code":
-            continue
-        src = cell.get("source", "")
-        src = "".join(src) if isinstance(src, list) else str(src)
+    for number, src in cells:
         if PEER is not None:
-            PEER.request({"op": "progress"}, {"cell": number, "line": _first_line(src)}, True)
+            PEER.request({"op": "progress"}, {"cell": number}, True)
         try:
             running[0] = True
             if cell_timeout:
@@ -458,7 +513,12 @@ def start(msg, value) -> dict:
     install_guards(value.get("forbidden", {}))
     snapshot_pristine()
     limit = value.get("cell_timeout")
-    return {"errors": run_notebook(sys.argv[1], float(limit) if isinstance(limit, (int, float)) else None)}
+    cells = [
+        (c[0], c[1])
+        for c in value.get("cells") or []
+        if isinstance(c, list) and len(c) == 2 and isinstance(c[0], int) and isinstance(c[1], str)
+    ]
+    return {"errors": run_notebook(cells, float(limit) if isinstance(limit, (int, float)) else None)}
 
 
 PEER: wire.Peer = None  # set by main()
