@@ -87,11 +87,15 @@ def api_names(lab: str) -> set[str]:
     }
 
 
+def renamable(code: str) -> set[str]:
+    """The names code binds, less those also used as keyword names (f(x, dim=1), def f(x, w=None))."""
+    return similarity.bound_names(code) - set(re.findall(r"[(,]\s*([A-Za-z_]\w*)\s*=(?!=)", code))
+
+
 def rename(code: str, keep: set[str], rng: random.Random, bound: set[str] | None = None) -> str:
     """Every name bound (default: the names the code binds), except those in keep, renamed
     consistently (text otherwise as is)."""
-    keywords = set(re.findall(r"[(,]\s*([A-Za-z_]\w*)\s*=(?!=)", code))  # f(x, dim=1), def f(x, w=None)
-    bound = sorted((similarity.bound_names(code) if bound is None else bound) - keep - keywords)
+    bound = sorted((renamable(code) if bound is None else bound) - keep)
     words = WORDS.split()
     new = {n: f"{random.Random(n).choice(words)}_{i}" for i, n in enumerate(bound)}  # same in every exercise
     out = []
@@ -205,6 +209,7 @@ def copies_of(lab: str, sources: dict[str, dict[str, str]]) -> dict[str, dict[st
     for i, (name, exs) in enumerate(sorted(sources.items())):
         kind = KINDS[i % len(KINDS)]
         bound = set().union(*map(similarity.bound_names, exs.values()))
+        bound -= set().union(*(similarity.bound_names(c) - renamable(c) for c in exs.values()))
         out[f"copy-{kind.replace(' ', '-')}-of-{name}"] = {
             ex: disguise(code, kind, keep, seed=1000 * i + j, bound=bound)
             for j, (ex, code) in enumerate(sorted(exs.items()))
