@@ -24,7 +24,7 @@ SMALL = {"memory_mb": 512, "process_memory_mb": 2048, "disk_mb": 16, "nproc": 64
 
 # four children that each fill 200 MiB and hold it: 800 MiB together, under a 512 MiB submission
 FOUR_CHILDREN = """
-import os, time
+import os, signal, time
 kids = []
 for i in range(4):
     pid = os.fork()
@@ -33,8 +33,8 @@ for i in range(4):
             b = bytearray(200 << 20)
             for j in range(0, len(b), 4096):
                 b[j] = 1
-        except MemoryError:
-            os._exit(3)
+        except MemoryError:  # SIGTERM: the grader's worker makes a child's os._exit(n) exit 0
+            os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(1.5)
         os._exit(0)
     kids.append(pid)
@@ -119,7 +119,7 @@ def test_four_children_cannot_hold_more_than_the_whole_submissions_memory(tmp_pa
     statuses = [int(s) for s in p.stdout.split()]
     assert len(statuses) == 4, (p.stdout, p.stderr)
     assert statuses.count(0) < 4, statuses  # not all four held their 200 MiB at once
-    assert all(s in (0, 9, 3 << 8) for s in statuses), statuses  # 9: SIGKILL (OOM), 3: MemoryError
+    assert all(s in (0, 9, 15) for s in statuses), statuses  # 9: SIGKILL (OOM), 15: MemoryError
 
 
 @pytest.mark.sandbox
@@ -243,3 +243,71 @@ def test_a_cgroup_left_by_a_killed_grading_is_removed_by_the_next(tmp_path):
     p = _run(tmp_path, "print('ok')")
     assert p.stdout.strip() == "ok", p.stderr
     assert _gone(stale, 2)
+
+
+# ------------------------------------------------------------------ a class's run, through `grade`
+
+LAB = "lab01_cat_mlp"
+# in a notebook cell: four children of 300 MiB each under a 1 GiB submission; the cell raises only if
+# all four held their memory at once (what the per-process cap let through)
+HOG_CELL = FOUR_CHILDREN.replace("200 << 20", "300 << 20").replace(
+    "print(*[os.waitpid(k, 0)[1] for k in kids])",
+    "st = [os.waitpid(k, 0)[1] for k in kids]\nif st == [0, 0, 0, 0]:\n    raise RuntimeError('four children held 1.2 GiB')",
+)
+# in a notebook cell: 100 MiB into the home's 64 MiB
+FILL_CELL = "import pathlib\npathlib.Path('big').write_bytes(b'x' * (100 << 20))"
+
+
+def _notebook(answers, insert=None):
+    import nbformat
+
+    import labs
+
+    nb = labs.read_nb(labs.student_path(LAB))
+    slots = [c for c in nb.cells if "otter_answer_cell" in c.metadata.get("tags", [])]
+    for cell, ans in zip(slots, answers):
+        cell.source = ans
+    if insert is not None:
+        nb.cells.insert(nb.cells.index(slots[0]) + 1, nbformat.v4.new_code_cell(insert))
+    return nbformat.writes(nb)
+
+
+@pytest.mark.sandbox
+@pytest.mark.slow
+def test_a_memory_hog_and_a_disk_filler_are_each_their_own_row_and_the_run_completes(
+    tmp_path, monkeypatch, capsys
+):
+    """Graded by the real `grade`, each submission with 1 GiB for all its processes (4 GiB a process)
+    and a 64 MiB home: the hog's children are stopped (the cell would raise if all four held their
+    300 MiB) and its notebook is graded; the filler's cell gets ENOSPC, named in its notes, and the
+    rest of its notebook is graded; the honest classmate graded after them gets 11 of 11."""
+    import csv
+
+    import test_grader
+
+    import labs
+
+    if _whole()["kind"] == "process" or not sandbox.size_option_works():
+        pytest.skip(f"no whole-submission limits on this machine: {_whole()['why']}")
+    real = sandbox.command
+    small = {"memory_mb": 1024, "process_memory_mb": 4096, "disk_mb": 64}
+    monkeypatch.setattr(sandbox, "command", lambda home, argv, **kw: real(home, argv, **{**kw, **small}))
+    sol = test_grader._solutions(LAB)
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    (subs / "a_hog.ipynb").write_text(_notebook(sol, HOG_CELL))
+    (subs / "b_filler.ipynb").write_text(_notebook(sol, FILL_CELL))
+    (subs / "c_honest.ipynb").write_text(_notebook(sol))
+    labs.grade(LAB, subs, tmp_path / "g.csv", timeout=120)
+    with (tmp_path / "g.csv").open(encoding="utf-8") as f:
+        rows = {r["submission"]: r for r in csv.DictReader(f)}
+    assert set(rows) == {"a_hog", "b_filler", "c_honest"}, rows
+    assert rows["c_honest"]["status"] == "ok" and rows["c_honest"]["total"] == "11", rows["c_honest"]
+    hog, filler = rows["a_hog"], rows["b_filler"]
+    assert hog["status"] == "ok" and "four children" not in hog["notes"], hog
+    assert filler["status"] == "errors" and "No space left on device" in filler["notes"], filler
+    # each scores its honest work, unless what its added cell uses sends it to the instructor
+    for row in (hog, filler):
+        assert row["total"] == "11" or "instructor" in row["notes"], row
+    out = capsys.readouterr().out
+    assert out.count("limits: ") == 1 and "1 GiB" in out, out

@@ -17,6 +17,7 @@ import select
 import shutil
 import signal
 import site
+import stat
 import subprocess
 import sys
 import threading
@@ -338,12 +339,22 @@ def uids_in_use() -> set[int]:
     return out
 
 
+def _own_folder(d: Path) -> None:
+    """Make ``d`` (under the shared /tmp) ours, or refuse: a folder or link someone else put there first
+    would let them choose our ids or point our writes elsewhere."""
+    with _suppress():
+        d.mkdir(mode=0o755)
+    st = os.lstat(d)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise RuntimeError(f"{d} is not a folder of this user that only it may write; remove it")
+
+
 def lease_uid(want: int, holder: int) -> int:
     """A sandbox user id from UID_BASE.. that no running grading holds and no process runs as (``want``
     first when it is free): two concurrent grade runs handed out the same ids. The lease is a file
     under LEASES naming ``holder``, the process that runs the sandbox; ``release_uid`` ends it, and a
     lease whose holder is gone is free."""
-    LEASES.mkdir(mode=0o755, exist_ok=True)
+    _own_folder(LEASES)
     busy = uids_in_use()
     start = want - UID_BASE if UID_BASE <= want < UID_BASE + UID_COUNT else os.getpid() % UID_COUNT
     with open(LEASES / ".lock", "a") as lock:
@@ -354,7 +365,9 @@ def lease_uid(want: int, holder: int) -> int:
             held = _read(f).strip()
             if uid in busy or (held.isdigit() and _alive(int(held))):
                 continue
-            f.write_text(str(holder))
+            fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+            os.write(fd, str(holder).encode())
+            os.close(fd)
             return uid
     raise RuntimeError(f"no free sandbox user id in {UID_BASE}-{UID_BASE + UID_COUNT - 1}")
 
@@ -604,16 +617,22 @@ def _launch(spec: dict) -> None:
     root = os.geteuid() == 0
     uid = lease_uid(spec["uid"], holder) if root else spec["uid"]
     whole = spec["whole"]
-    groups = (
-        make_cgroups(whole["bases"], holder, spec["memory_mb"], spec["nproc"])
-        if whole["kind"] in ("cgroup1", "cgroup2")
-        else []
-    )
+    groups = []
     try:
-        pidfd = os.pidfd_open(holder)
-    except (AttributeError, OSError):
-        pidfd = None
-    if os.fork() == 0:  # the guardian: its own session (the harness kills the sandbox's group), no pipes
+        if whole["kind"] in ("cgroup1", "cgroup2"):
+            groups = make_cgroups(whole["bases"], holder, spec["memory_mb"], spec["nproc"])
+        try:
+            pidfd = os.pidfd_open(holder)
+        except (AttributeError, OSError):
+            pidfd = None
+        child = os.fork()
+    except BaseException:  # no guardian yet: undo here
+        for d in groups:
+            remove_cgroup(d)
+        if root:
+            release_uid(uid, holder)
+        raise
+    if child == 0:  # the guardian: its own session (the harness kills the sandbox's group), no pipes
         try:
             os.setsid()
             null = os.open(os.devnull, os.O_RDWR)
