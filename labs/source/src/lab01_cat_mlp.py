@@ -23,18 +23,26 @@
 #
 # **How a lab works.** Each exercise states its goal and its points (11 in all). Replace every
 # `...` with your code, keep the function names and signatures, then run the **self-check**
-# cell right below: it compares your function with a reference (autograd, or the course's
-# tested helpers) and answers in one line:
+# cell right below. It runs your function on one case of each promise the exercise makes
+# (the cat's own sizes, other sizes, a dead unit, float32, …) and compares it with reference
+# outputs recorded from the course's solution. It answers in one line:
 #
-# * `✓` your answer matches (the `max|Δ|` number is round-off);
-# * `✗` something is off: which output or which gradient, and what it reveals: a known
-#   mistake it matches, the shape or dtype expected, the entries that are wrong, or the
-#   largest error and where it is;
+# * `✓` your function matches in every kind of case;
+# * `✗` the kinds of case where it fails, named in words first ("fails when there are several
+#   outputs — works when …"), then what is off in the first one: a known mistake it matches,
+#   the shape or dtype expected, a factor such as 1/B, or an argument it changed;
 # * `·` not implemented yet.
 #
-# Your instructor grades the notebook you hand in with *hidden* tests: the same functions,
-# called on other inputs. A self-check that passes is a good sign, not a guarantee.
+# Your instructor grades the notebook you hand in with *hidden* tests: the same kinds of case,
+# with other values. A `✓` means every kind passes here; the hidden tests try each kind again.
 # To hand it in: run all cells, then *File → Download → .ipynb*.
+#
+# **The seed's numbers** (chapter 1, the cat): $x = (1, 2, -1, 0.5)$,
+# $W_1 = \begin{pmatrix} 0.1 & 0.2 & -0.1 & 0.05 \\ 0.3 & -0.1 & 0.2 & 0.1 \end{pmatrix}$,
+# $b_1 = (0.1, -0.1)$, $W_2 = (0.5, -0.4)$ (shape (1, 2)), $b_2 = 0.2$, $y = 1$
+# (`helpers.cat_mlp.cat_params()` gives them as tensors). With them, $h = (0.725, -0.15)$,
+# $a = (0.725, 0)$, $\hat y = 0.5625$, $L = 0.19140625$ and $\partial L/\partial \hat y =
+# -0.875$: numbers to check your pencil work against.
 
 # %% tags=["remove-cell"]
 # Colab setup (hidden on the site): installs the course helpers in Colab only.
@@ -48,29 +56,7 @@ if "google.colab" in sys.modules:
 # %%
 import torch
 
-from helpers import cat_mlp
-from helpers.device import get_device, no_tf32, randn
-from helpers.labcheck import autograd_grads, check
-from helpers.show import show
-
-dev = get_device()
-no_tf32()
-dtype = torch.float64  # float64: the self-checks can then demand agreement to ~1e-10
-p = cat_mlp.cat_params(dtype=dtype, device=dev)
-x, W1, b1, W2, b2, y_true = (p[k] for k in ("x", "W1", "b1", "W2", "b2", "y_true"))
-show("x", x)
-show("W1", W1)
-show("b1", b1)
-show("W2", W2)
-show("b2", b2)
-show("y_true", y_true)
-
-# %% [markdown]
-# This is what a self-check says about a wrong answer and about an unfinished one:
-
-# %%
-check(torch.tensor([0.5, 0.0]), torch.tensor([0.5, 0.25]), name="demo: a wrong answer")
-check(lambda: ..., torch.tensor([0.5, 0.25]), name="demo: an unfinished answer")
+from helpers.labcontract import check_contract
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -83,9 +69,13 @@ check(lambda: ..., torch.tensor([0.5, 0.25]), name="demo: an unfinished answer")
 #
 # **Goal:** compute and keep every value that backward will need.
 #
-# Write `forward_pass` for the seed's network, with `W1` of shape (2, 4), `W2` of shape (1, 2):
-# $h = W_1 x + b_1$, $a = \mathrm{relu}(h)$, $\hat y = W_2 a + b_2$, $L = \sum (\hat y - y)^2$.
-# Return the dict `{"h", "a", "y_hat", "L"}` (with `L` a 0-dimensional tensor).
+# Write `forward_pass` for the seed's network, $h = W_1 x + b_1$, $a = \mathrm{relu}(h)$,
+# $\hat y = W_2 a + b_2$, $L = \sum (\hat y - y)^2$ (a sum over the outputs). The cat has `x`
+# (4,), `W1` (2, 4), `W2` (1, 2); write it for **any sizes**: `x` (n_in,), `W1` (n_h, n_in),
+# `b1` (n_h,), `W2` (k, n_h), `b2` and `y_true` (k,), with units that are active ($h > 0$) or
+# dead ($h < 0$), in float32 or float64 (keep the dtype you are given). Return the dict
+# `{"h", "a", "y_hat", "L"}` with `h`, `a` of shape (n_h,), `y_hat` of shape (k,) and `L` a
+# **0-dimensional tensor** (shape `()`, not `(1,)`).
 
 # %% [raw]
 # # BEGIN SOLUTION
@@ -94,11 +84,11 @@ check(lambda: ..., torch.tensor([0.5, 0.25]), name="demo: an unfinished answer")
 # %%
 def forward_pass(x, W1, b1, W2, b2, y_true):
     """h = W1 x + b1, a = relu(h), ŷ = W2 a + b2, L = Σ(ŷ - y)², in a dict."""
-    # (2, 4) @ (4,) -> (2,)
+    # (n_h, n_in) @ (n_in,) -> (n_h,)
     h = W1 @ x + b1  # SOLUTION
-    # (2,)
+    # (n_h,)
     a = torch.relu(h)  # SOLUTION
-    # (1, 2) @ (2,) -> (1,)
+    # (k, n_h) @ (n_h,) -> (k,)
     y_hat = W2 @ a + b2  # SOLUTION
     # ()
     L = ((y_hat - y_true) ** 2).sum()  # SOLUTION
@@ -115,42 +105,53 @@ def forward_pass(x, W1, b1, W2, b2, y_true):
 """ # BEGIN TEST CONFIG
 hidden: true
 """  # END TEST CONFIG
-import torch
+from helpers.labcontract import hidden_check
 
-from helpers import cat_mlp
-
-_p = cat_mlp.cat_params(dtype=torch.float64)
-_out = forward_pass(_p["x"], _p["W1"], _p["b1"], _p["W2"], _p["b2"], _p["y_true"])
-assert (
-    abs(float(_out["L"]) - 0.19140625) < 1e-12
-    and abs(float(_out["y_hat"][0]) - 0.5625) < 1e-12
-)
-assert torch.allclose(
-    _out["a"], torch.tensor([0.725, 0.0], dtype=torch.float64), atol=1e-12
+hidden_check(
+    "lab01", "ex1", forward_pass, "the weights are the seed's cat (another target y)"
 )
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
 """  # END TEST CONFIG
-import torch
+from helpers.labcontract import hidden_check
 
-from helpers import cat_mlp
-from helpers.device import randn
+hidden_check("lab01", "ex1", forward_pass, "every hidden unit is active (h > 0)")
 
-_q = [
-    randn(2, 4, seed=11, dtype=torch.float64),
-    randn(2, seed=12, dtype=torch.float64),
-    randn(1, 2, seed=13, dtype=torch.float64),
-    randn(1, seed=14, dtype=torch.float64),
-]
-_x, _y = randn(4, seed=15, dtype=torch.float64), randn(1, seed=16, dtype=torch.float64)
-_out, _ref = forward_pass(_x, *_q, _y), cat_mlp.forward(_x, *_q, _y)
-assert all(
-    torch.allclose(_out[k], _ref[k], atol=1e-12) for k in ("h", "a", "y_hat", "L")
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+from helpers.labcontract import hidden_check
+
+hidden_check("lab01", "ex1", forward_pass, "a hidden unit is dead (h < 0)")
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+from helpers.labcontract import hidden_check
+
+hidden_check(
+    "lab01", "ex1", forward_pass, "there are several outputs (W2 (k, n_h), k > 1)"
 )
-assert _out["L"].dim() == 0
 
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+from helpers.labcontract import hidden_check
+
+hidden_check("lab01", "ex1", forward_pass, "the hidden layer is wider (n_h > 2)")
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+from helpers.labcontract import hidden_check
+
+hidden_check("lab01", "ex1", forward_pass, "the tensors are float32")
 # %% [raw]
 # # END TESTS
 
@@ -158,29 +159,12 @@ assert _out["L"].dim() == 0
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 1** (reference: `helpers.cat_mlp.forward`, the course's tested forward):
+# **Self-check 1** (recorded reference outputs, one case of each promise: the seed's cat with
+# another target, every unit active, a dead unit, several outputs, a wider hidden layer,
+# float32):
 
 # %%
-expected = cat_mlp.forward(x, W1, b1, W2, b2, y_true)
-check(
-    forward_pass,
-    {k: expected[k] for k in ("h", "a", "y_hat", "L")},
-    args=(x, W1, b1, W2, b2, y_true),
-    terms={"h": {"the bias b1": b1}},
-    mistakes={  # known wrong answers, built from the reference's values
-        "a": {"h itself (the ReLU not applied)": expected["h"]},
-        "y_hat": {"W2 h + b2 (the second layer fed h, not a)": W2 @ expected["h"] + b2},
-        "L": {"Σ(ŷ − y), not squared": (expected["y_hat"] - y_true).sum()},
-    },
-    name="Exercise 1 · forward_pass",
-    against="helpers.cat_mlp",
-)
-# the right values, for the next exercises
-h, a, y_hat = (
-    expected["h"],
-    expected["a"],
-    expected["y_hat"],
-)
+check_contract("lab01", "ex1", forward_pass)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -193,15 +177,17 @@ h, a, y_hat = (
 #
 # **Goal:** differentiate the loss itself, the first link of the chain.
 #
-# Write `grad_loss(y_hat, y_true)`, the gradient of $L = \sum(\hat y - y)^2$ with respect to
-# $\hat y$, with the shape of `y_hat`. Derive it on paper first: one entry, one power rule.
+# Write `grad_loss(y_hat, y_true)`, the gradient of $L = \sum(\hat y - y)^2$ (the sum over
+# every entry) with respect to $\hat y$: a tensor of the **shape** and dtype of `y_hat`,
+# whether `y_hat` has one entry (shape (1,), the cat's), several (shape (n,)) or is 2-D
+# (B, k), a batch of outputs. Derive it on paper first: one entry, one power rule.
 #
 # <details><summary>Hint: a number to check yours against</summary>
 #
-# For the cat ($\hat y$ and $y$ from exercise 1) it is −0.875. A missing factor, or
+# For the cat ($\hat y = 0.5625$, $y = 1$) it is −0.875. A missing factor, or
 # $y - \hat y$ instead of $\hat y - y$, each give another number. A mean instead of the sum
 # does not show here: with one output the mean *is* the sum. It shows as soon as $\hat y$ has
-# several entries, which is why the self-check also tries three.
+# several entries, which is why the self-check also tries several.
 #
 # </details>
 
@@ -212,7 +198,7 @@ h, a, y_hat = (
 # %%
 def grad_loss(y_hat, y_true):
     """∂L/∂ŷ for L = Σ(ŷ - y)², with the shape of ŷ."""
-    # (1,)
+    # the shape of y_hat
     grad_y_hat = 2 * (y_hat - y_true)  # SOLUTION
     return grad_y_hat
 
@@ -227,24 +213,33 @@ def grad_loss(y_hat, y_true):
 """ # BEGIN TEST CONFIG
 hidden: true
 """  # END TEST CONFIG
-import torch
+from helpers.labcontract import hidden_check
 
-_g = grad_loss(
-    torch.tensor([0.5625], dtype=torch.float64),
-    torch.tensor([1.0], dtype=torch.float64),
-)
-assert _g.shape == (1,) and abs(float(_g[0]) + 0.875) < 1e-12
+hidden_check("lab01", "ex2", grad_loss, "ŷ has one entry (shape (1,), as the cat's)")
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
 """  # END TEST CONFIG
-import torch
+from helpers.labcontract import hidden_check
 
-_yh = torch.tensor([0.3, -1.2, 2.0], dtype=torch.float64)
-_yt = torch.tensor([1.0, 0.5, -0.5], dtype=torch.float64)
-assert torch.allclose(grad_loss(_yh, _yt), 2 * (_yh - _yt), atol=1e-12)
+hidden_check("lab01", "ex2", grad_loss, "ŷ has several entries (shape (n,), n > 1)")
 
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+from helpers.labcontract import hidden_check
+
+hidden_check("lab01", "ex2", grad_loss, "ŷ is 2-D (B, k)")
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+from helpers.labcontract import hidden_check
+
+hidden_check("lab01", "ex2", grad_loss, "ŷ and y are float32")
 # %% [raw]
 # # END TESTS
 
@@ -252,38 +247,11 @@ assert torch.allclose(grad_loss(_yh, _yt), 2 * (_yh - _yt), atol=1e-12)
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 2** (reference: autograd differentiates the same loss), for the cat, then
-# for three outputs (where a mean and a sum differ):
+# **Self-check 2** (recorded reference outputs: one entry, several entries, a 2-D `y_hat`,
+# float32):
 
 # %%
-(expected,) = autograd_grads(lambda y_hat: ((y_hat - y_true) ** 2).sum(), (y_hat,))
-check(
-    grad_loss,
-    expected,
-    args=(y_hat, y_true),
-    outputs=("grad_y_hat",),
-    mistakes={
-        "grad_y_hat": {
-            "the loss's terms (ŷ − y)², not their derivative": (y_hat - y_true) ** 2,
-            "2(ŷ − y)²: the square kept in the derivative": expected**2 / 2,
-        }
-    },
-    name="Exercise 2 · grad_loss",
-    against="autograd",
-)
-grad_y_hat = expected
-y_hat3 = randn(3, seed=21, dtype=dtype, device=dev)
-y_true3 = randn(3, seed=22, dtype=dtype, device=dev)
-(expected3,) = autograd_grads(lambda t: ((t - y_true3) ** 2).sum(), (y_hat3,))
-check(
-    grad_loss,
-    expected3,
-    args=(y_hat3, y_true3),
-    outputs=("grad_y_hat",),
-    mistakes={"grad_y_hat": {"the gradient of the mean, not the sum": expected3 / 3}},
-    name="Exercise 2 · grad_loss, three outputs",
-    against="autograd",
-)
+check_contract("lab01", "ex2", grad_loss)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -297,13 +265,23 @@ check(
 # **Goal:** one linear layer, three gradients: the weights, the bias, and the input that
 # passes the signal further back.
 #
-# $\hat y = W_2 a + b_2$ with `W2` (1, 2), `a` (2,). Given `grad_y_hat` $= \partial L/\partial \hat y$ (shape (1,)),
-# return `(grad_W2, grad_b2, grad_a)` with the shapes of `W2`, `b2` and `a`. Derive each from
-# one entry, $\hat y_i = \sum_j (W_2)_{ij} a_j + (b_2)_i$: which entries does $(W_2)_{ij}$ touch,
-# and which does $a_j$? Then write the result as one product of vectors and matrices, with the
-# shapes above.
+# $\hat y = W_2 a + b_2$. The cat has `W2` (1, 2) and `a` (2,); write it for any `W2` (k, n)
+# and `a` (n,): a longer `a`, several outputs ($k > 1$), a square `W2` ($k = n$), in float32 or
+# float64. Given `grad_y_hat` $= \partial L/\partial \hat y$ (shape (k,)), return
+# `(grad_W2, grad_b2, grad_a)` with the shapes of `W2` (k, n), `b2` (k,) and `a` (n,), in the
+# dtype of the inputs. Leave the arguments unchanged.
 #
-# <details><summary>Hint: the formulas (check yours against them)</summary>
+# <details><summary>Hint 1: the method</summary>
+#
+# Derive each from one entry, $\hat y_i = \sum_j (W_2)_{ij} a_j + (b_2)_i$. Which entries of
+# $\hat y$ does $(W_2)_{ij}$ touch, and with what slope? Which entries does $a_j$ touch (all of
+# them: add up what each sends back)? Then write each result as one product of vectors and
+# matrices whose shape is the one asked for; a square `W2` is where a transpose you forgot
+# still has the right shape but not the right numbers.
+#
+# </details>
+#
+# <details><summary>Hint 2: the formulas (check yours against them)</summary>
 #
 # $\partial L/\partial W_2 = \frac{\partial L}{\partial \hat y}\, a^\top$ (an outer product,
 # `torch.outer`), $\;\partial L/\partial b_2 = \partial L/\partial \hat y$, $\;\partial
@@ -318,11 +296,11 @@ check(
 # %%
 def layer2_backward(grad_y_hat, a, W2):
     """(grad_W2, grad_b2, grad_a) for ŷ = W2 a + b2, given grad_y_hat = ∂L/∂ŷ."""
-    # -> (1, 2), the shape of W2
+    # -> (k, n), the shape of W2
     grad_W2 = torch.outer(grad_y_hat, a)  # SOLUTION
-    # (1,)
+    # (k,)
     grad_b2 = grad_y_hat.clone()  # SOLUTION
-    # -> (2,), the shape of a
+    # -> (n,), the shape of a
     grad_a = W2.T @ grad_y_hat  # SOLUTION
     return grad_W2, grad_b2, grad_a
 
@@ -337,38 +315,48 @@ def layer2_backward(grad_y_hat, a, W2):
 """ # BEGIN TEST CONFIG
 hidden: true
 """  # END TEST CONFIG
-import torch
+from helpers.labcontract import hidden_check
 
-_f = lambda *t: torch.tensor(t, dtype=torch.float64)
-_gW2, _gb2, _ga = layer2_backward(
-    _f(-0.875), _f(0.725, 0.0), _f(0.5, -0.4).reshape(1, 2)
+hidden_check(
+    "lab01", "ex3", layer2_backward, "the sizes are the cat's (W2 (1, 2), a (2,))"
 )
-assert _gW2.shape == (1, 2) and torch.allclose(
-    _gW2, _f(-0.634375, 0.0).reshape(1, 2), atol=1e-12
-)
-assert _gb2.shape == (1,) and abs(float(_gb2[0]) + 0.875) < 1e-12
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
 """  # END TEST CONFIG
-import torch
+from helpers.labcontract import hidden_check
 
-from helpers.device import randn
+hidden_check("lab01", "ex3", layer2_backward, "a is longer (W2 (1, n), n > 2)")
 
-_W, _b, _a, _g = (
-    randn(1, 3, seed=21, dtype=torch.float64),
-    randn(1, seed=22, dtype=torch.float64),
-    randn(3, seed=23, dtype=torch.float64),
-    randn(1, seed=24, dtype=torch.float64),
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+from helpers.labcontract import hidden_check
+
+hidden_check(
+    "lab01",
+    "ex3",
+    layer2_backward,
+    "there are several outputs (W2 (k, n), k > 1, k ≠ n)",
 )
-_leaves = [t.clone().requires_grad_() for t in (_W, _b, _a)]
-_ref = torch.autograd.grad(_leaves[0] @ _leaves[2] + _leaves[1], _leaves, _g)
-_out = layer2_backward(_g, _a, _W)
-assert all(
-    o.shape == r.shape and torch.allclose(o, r, atol=1e-12) for o, r in zip(_out, _ref)
-)
 
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+from helpers.labcontract import hidden_check
+
+hidden_check("lab01", "ex3", layer2_backward, "W2 is square (k = n > 1)")
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+from helpers.labcontract import hidden_check
+
+hidden_check("lab01", "ex3", layer2_backward, "the tensors are float32")
 # %% [raw]
 # # END TESTS
 
@@ -376,30 +364,11 @@ assert all(
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 3** (reference: autograd through $W_2 a + b_2$ with upstream gradient $\partial L/\partial \hat y$):
+# **Self-check 3** (recorded reference outputs: the cat's sizes, a longer `a`, several
+# outputs, a square `W2`, float32):
 
 # %%
-expected = autograd_grads(lambda W2, b2, a: W2 @ a + b2, (W2, b2, a), grad_y_hat)
-gated_early = expected[2] * a  # the ReLU's gate applied one step too early
-check(
-    layer2_backward,
-    expected,
-    args=(grad_y_hat, a, W2),
-    outputs=("grad_W2", "grad_b2", "grad_a"),
-    mistakes={  # known wrong answers, built from the reference's values
-        "grad_W2": {
-            "W2 times ∂L/∂ŷ (the weight in place of the input a)": W2 * grad_y_hat
-        },
-        "grad_b2": {"1, ∂ŷ/∂b₂ alone (the chain stopped there)": torch.ones_like(b2)},
-        "grad_a": {
-            "the expected value times a (the ReLU's gate applied early)": gated_early,
-            "a times ∂L/∂ŷ (the activations in place of the weights)": a * grad_y_hat,
-        },
-    },
-    name="Exercise 3 · layer2_backward",
-    against="autograd",
-)
-grad_a = expected[2]
+check_contract("lab01", "ex3", layer2_backward)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -413,10 +382,12 @@ grad_a = expected[2]
 # **Goal:** a nonlinearity's backward is a gate: the gradient passes where the unit was
 # active and is cut where it was not.
 #
-# Write `relu_backward(grad_a, h)` $= \partial L/\partial h$ for $a = \mathrm{relu}(h)$, same shape as `h`.
-# Use PyTorch's convention at $h = 0$: the derivative there is 0. Return a new tensor and leave
-# `grad_a` as it is: a backward never writes into the gradient it receives (the caller may
-# still need it).
+# Write `relu_backward(grad_a, h)` $= \partial L/\partial h$ for $a = \mathrm{relu}(h)$, for `h`
+# of any shape (1-D like the cat's, or 2-D and more) and `grad_a` of the same shape, returning a
+# tensor of that shape in the dtype of `grad_a` (float32 or float64). Use PyTorch's convention
+# at $h = 0$: the derivative there is 0, at `0.0` and at `-0.0` alike. Return a new tensor and
+# leave `grad_a` as it is: a backward never writes into the gradient it receives (the caller
+# may still need it).
 
 # %% [raw]
 # # BEGIN SOLUTION
@@ -425,7 +396,7 @@ grad_a = expected[2]
 # %%
 def relu_backward(grad_a, h):
     """∂L/∂h for a = relu(h), given grad_a = ∂L/∂a (relu'(0) = 0, as in PyTorch)."""
-    # -> (n,), the shape of h
+    # -> the shape of h
     grad_h = grad_a * (h > 0).to(grad_a.dtype)  # SOLUTION
     return grad_h
 
@@ -440,30 +411,41 @@ def relu_backward(grad_a, h):
 """ # BEGIN TEST CONFIG
 hidden: true
 """  # END TEST CONFIG
-import torch
+from helpers.labcontract import hidden_check
 
-from helpers.device import randn
-
-_h, _g = (
-    randn(3, 5, seed=31, dtype=torch.float64),
-    randn(3, 5, seed=32, dtype=torch.float64),
-)
-_g0 = _g.clone()
-_out = relu_backward(_g, _h)
-# grad_a untouched
-assert _out.shape == _h.shape and _out.dtype == torch.float64 and torch.equal(_g, _g0)
-assert torch.allclose(_out, torch.where(_h > 0, _g, torch.zeros_like(_g)), atol=1e-12)
+hidden_check("lab01", "ex4", relu_backward, "h is 1-D (n,)")
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
 """  # END TEST CONFIG
-import torch
+from helpers.labcontract import hidden_check
 
-_h = torch.tensor([0.0, -0.0, 1e-3, -1e-3], dtype=torch.float64)
-_out = relu_backward(torch.ones(4, dtype=torch.float64), _h)
-assert torch.equal(_out, torch.tensor([0.0, 0.0, 1.0, 0.0], dtype=torch.float64))
+hidden_check("lab01", "ex4", relu_backward, "h has 2 or more dims (any shape)")
 
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+from helpers.labcontract import hidden_check
+
+hidden_check("lab01", "ex4", relu_backward, "h has entries exactly 0 (relu'(0) = 0)")
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+from helpers.labcontract import hidden_check
+
+hidden_check("lab01", "ex4", relu_backward, "h has entries −0.0 (relu'(−0) = 0 too)")
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+from helpers.labcontract import hidden_check
+
+hidden_check("lab01", "ex4", relu_backward, "grad_a and h are float32")
 # %% [raw]
 # # END TESTS
 
@@ -471,31 +453,11 @@ assert torch.equal(_out, torch.tensor([0.0, 0.0, 1.0, 0.0], dtype=torch.float64)
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 4** (reference: autograd through `torch.relu`, on the cat's `h` and on a vector
-# with an exact zero):
+# **Self-check 4** (recorded reference outputs: a 1-D `h`, an `h` of 2 or more dims, an `h`
+# with entries exactly `0.0`, one with entries `-0.0`, float32):
 
 # %%
-h_test = torch.tensor([0.725, -0.15, 0.0, 2.0], dtype=dtype, device=dev)
-g_test = torch.tensor([-0.4375, 0.35, 1.0, -2.0], dtype=dtype, device=dev)
-(expected,) = autograd_grads(torch.relu, (h_test,), g_test)
-a_test = torch.relu(h_test)
-check(
-    relu_backward,
-    expected,
-    args=(g_test, h_test),
-    outputs=("grad_h",),
-    mistakes={
-        "grad_h": {
-            "grad_a unchanged (no gate)": g_test,
-            "grad_a with the gate inverted (kept where h ≤ 0)": g_test - expected,
-            "grad_a times relu(h) (the activation, not its slope)": g_test * a_test,
-        }
-    },
-    regions={"grad_h": {"h = 0 (relu'(0) is 0, as in PyTorch)": h_test == 0}},
-    name="Exercise 4 · relu_backward",
-    against="autograd",
-)
-(grad_h,) = autograd_grads(torch.relu, (h,), grad_a)  # the right ∂L/∂h, for Exercise 5
+check_contract("lab01", "ex4", relu_backward)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -509,14 +471,18 @@ check(
 # **Goal:** the same layer as in exercise 3, now with the input `x` fixed; then see why a unit
 # whose $\partial L/\partial h$ is 0 gives its whole row of `W1` a zero gradient.
 #
-# $h = W_1 x + b_1$ with `W1` (2, 4), `x` (4,). Given `grad_h` (2,), return `(grad_W1, grad_b1)`
-# with the shapes of `W1` and `b1`, derived as in exercise 3 from one entry of $h$.
+# $h = W_1 x + b_1$. The cat has `W1` (2, 4) and `x` (4,); write it for any `x` (n_in,) and
+# `grad_h` (n_h,): another length of `x`, more units, $n_h = n_{in}$, a unit whose
+# $\partial L/\partial h$ is 0, in float32 or float64. Given `grad_h`, return
+# `(grad_W1, grad_b1)` with the shapes of `W1` (n_h, n_in) and `b1` (n_h,), in the dtype of
+# the inputs, derived as in exercise 3 from one entry of $h$.
 #
-# <details><summary>Hint: the formula (check yours against it)</summary>
+# <details><summary>Hint: the method, then the formula</summary>
 #
-# $\partial L/\partial W_1 = \frac{\partial L}{\partial h}\, x^\top$, the outer product
-# `torch.outer(grad_h, x)`: row $i$ is $\frac{\partial L}{\partial h_i}\, x^\top$, zero when
-# $\partial L/\partial h_i = 0$.
+# $h_i = \sum_j (W_1)_{ij} x_j + (b_1)_i$: $(W_1)_{ij}$ touches $h_i$ only, with slope $x_j$.
+# So row $i$ of the gradient is $\frac{\partial L}{\partial h_i}\, x^\top$, zero when
+# $\partial L/\partial h_i = 0$: all rows at once, the outer product
+# `torch.outer(grad_h, x)`.
 #
 # </details>
 
@@ -527,9 +493,9 @@ check(
 # %%
 def layer1_backward(grad_h, x):
     """(grad_W1, grad_b1) for h = W1 x + b1, given grad_h = ∂L/∂h."""
-    # -> (2, 4), the shape of W1
+    # -> (n_h, n_in), the shape of W1
     grad_W1 = torch.outer(grad_h, x)  # SOLUTION
-    # (2,)
+    # (n_h,)
     grad_b1 = grad_h.clone()  # SOLUTION
     return grad_W1, grad_b1
 
@@ -544,36 +510,51 @@ def layer1_backward(grad_h, x):
 """ # BEGIN TEST CONFIG
 hidden: true
 """  # END TEST CONFIG
-import torch
+from helpers.labcontract import hidden_check
 
-_f = lambda *t: torch.tensor(t, dtype=torch.float64)
-_gW1, _gb1 = layer1_backward(_f(-0.4375, 0.0), _f(1.0, 2.0, -1.0, 0.5))
-assert _gW1.shape == (2, 4) and _gb1.shape == (2,)
-assert torch.allclose(
-    _gW1, _f(-0.4375, -0.875, 0.4375, -0.21875, 0, 0, 0, 0).reshape(2, 4), atol=1e-12
+hidden_check(
+    "lab01", "ex5", layer1_backward, "the sizes are the cat's (x (4,), h (2,))"
 )
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
 """  # END TEST CONFIG
-import torch
+from helpers.labcontract import hidden_check
 
-from helpers.device import randn
+hidden_check("lab01", "ex5", layer1_backward, "x has another length (n_in ≠ 4)")
 
-_W, _b, _x, _g = (
-    randn(3, 5, seed=41, dtype=torch.float64),
-    randn(3, seed=42, dtype=torch.float64),
-    randn(5, seed=43, dtype=torch.float64),
-    randn(3, seed=44, dtype=torch.float64),
-)
-_leaves = [t.clone().requires_grad_() for t in (_W, _b)]
-_ref = torch.autograd.grad(_leaves[0] @ _x + _leaves[1], _leaves, _g)
-_out = layer1_backward(_g, _x)
-assert all(
-    o.shape == r.shape and torch.allclose(o, r, atol=1e-12) for o, r in zip(_out, _ref)
-)
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+from helpers.labcontract import hidden_check
 
+hidden_check("lab01", "ex5", layer1_backward, "h has more units (n_h > 2)")
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+from helpers.labcontract import hidden_check
+
+hidden_check("lab01", "ex5", layer1_backward, "grad_W1 is square (n_h = n_in)")
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+from helpers.labcontract import hidden_check
+
+hidden_check("lab01", "ex5", layer1_backward, "a unit's ∂L/∂h is 0 (a dead unit)")
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+from helpers.labcontract import hidden_check
+
+hidden_check("lab01", "ex5", layer1_backward, "the tensors are float32")
 # %% [raw]
 # # END TESTS
 
@@ -581,29 +562,11 @@ assert all(
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 5** (reference: autograd through $W_1 x + b_1$ with upstream gradient $\partial L/\partial h$):
+# **Self-check 5** (recorded reference outputs: the cat's sizes, another length of `x`, more
+# units, a square `grad_W1`, a dead unit, float32):
 
 # %%
-expected = autograd_grads(lambda W1, b1: W1 @ x + b1, (W1, b1), grad_h)
-x_tiled = expected[0][:, [0, 1, 0, 1]]  # each row's first two entries, twice
-check(
-    layer1_backward,
-    expected,
-    args=(grad_h, x),
-    outputs=("grad_W1", "grad_b1"),
-    mistakes={  # known wrong answers, built from the reference's values
-        "grad_W1": {
-            "x in every row (the upstream ∂L/∂h left out)": x.expand_as(W1),
-            "x[:2] tiled in place of x (columns 2, 3 reuse x₀, x₁)": x_tiled,
-        },
-        "grad_b1": {
-            "1, ∂h/∂b₁ alone (the chain stopped there)": torch.ones_like(b1),
-            "∂L/∂h summed to one number, in every entry": grad_h.sum().expand_as(b1),
-        },
-    },
-    name="Exercise 5 · layer1_backward",
-    against="autograd",
-)
+check_contract("lab01", "ex5", layer1_backward)
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -617,11 +580,14 @@ check(
 # **Goal:** vectorise: one matrix product per gradient instead of a loop over samples, and
 # see that a batch's weight gradient is the **sum** of the per-sample ones.
 #
-# Now the rows of `X` (B, 4) are B samples and the layers use `nn.Linear`'s layout:
-# $H = X W_1^\top + b_1$ (B, 2), $A = \mathrm{relu}(H)$, $\hat Y = A W_2^\top + b_2$ (B, 1),
-# $L = \sum_{b}(\hat Y_b - Y_b)^2$ (a sum, not a mean). Write `cat_backward_batch` returning the
-# dict `{"W1", "b1", "W2", "b2"}` of $\partial L/\partial(\text{parameter})$, each with its parameter's shape.
-# Write the forward pass inside it too (no autograd).
+# Now the rows of `X` (B, n_in) are B samples and the layers use `nn.Linear`'s layout:
+# $H = X W_1^\top + b_1$ (B, n_h), $A = \mathrm{relu}(H)$, $\hat Y = A W_2^\top + b_2$ (B, k),
+# $L = \sum_{b}\sum_{o}(\hat Y_{bo} - Y_{bo})^2$ (a sum, not a mean). The cat's sizes are
+# n_in = 4, n_h = 2, k = 1; write it for any B ≥ 1 (one sample or several), any n_in, n_h and
+# k (several outputs: `W2` (k, n_h), `Y` (B, k)), in float32 or float64, with relu'(0) = 0
+# where a pre-activation is exactly 0. Write `cat_backward_batch` returning the dict
+# `{"W1", "b1", "W2", "b2"}` of $\partial L/\partial(\text{parameter})$, each with its
+# parameter's shape and dtype. Write the forward pass inside it too (no autograd).
 
 # %% [raw]
 # # BEGIN SOLUTION
@@ -631,16 +597,16 @@ check(
 def cat_backward_batch(X, W1, b1, W2, b2, Y):
     """Forward, then {"W1", "b1", "W2", "b2"}: ∂L/∂θ for L = Σ_b (ŷ_b - y_b)²."""
     # BEGIN SOLUTION
-    H = X @ W1.T + b1  # (B, 4) @ (4, 2) -> (B, 2)
-    A = torch.relu(H)  # (B, 2)
-    Y_hat = A @ W2.T + b2  # (B, 2) @ (2, 1) -> (B, 1)
-    grad_Y_hat = 2 * (Y_hat - Y)  # (B, 1)
-    grad_W2 = grad_Y_hat.T @ A  # (1, B) @ (B, 2) -> (1, 2)
-    grad_b2 = grad_Y_hat.sum(0)  # (1,)
-    grad_A = grad_Y_hat @ W2  # (B, 1) @ (1, 2) -> (B, 2)
-    grad_H = grad_A * (H > 0).to(H.dtype)  # (B, 2)
-    grad_W1 = grad_H.T @ X  # (2, B) @ (B, 4) -> (2, 4)
-    grad_b1 = grad_H.sum(0)  # (2,)
+    H = X @ W1.T + b1  # (B, n_in) @ (n_in, n_h) -> (B, n_h)
+    A = torch.relu(H)  # (B, n_h)
+    Y_hat = A @ W2.T + b2  # (B, n_h) @ (n_h, k) -> (B, k)
+    grad_Y_hat = 2 * (Y_hat - Y)  # (B, k)
+    grad_W2 = grad_Y_hat.T @ A  # (k, B) @ (B, n_h) -> (k, n_h)
+    grad_b2 = grad_Y_hat.sum(0)  # (k,)
+    grad_A = grad_Y_hat @ W2  # (B, k) @ (k, n_h) -> (B, n_h)
+    grad_H = grad_A * (H > 0).to(H.dtype)  # (B, n_h)
+    grad_W1 = grad_H.T @ X  # (n_h, B) @ (B, n_in) -> (n_h, n_in)
+    grad_b1 = grad_H.sum(0)  # (n_h,)
     return {"W1": grad_W1, "b1": grad_b1, "W2": grad_W2, "b2": grad_b2}
     # END SOLUTION
 
@@ -655,80 +621,61 @@ def cat_backward_batch(X, W1, b1, W2, b2, Y):
 """ # BEGIN TEST CONFIG
 hidden: true
 """  # END TEST CONFIG
-import torch
+from helpers.labcontract import hidden_check
 
-from helpers import cat_mlp
+hidden_check("lab01", "ex6", cat_backward_batch, "there is one sample (B = 1)")
 
-_p = cat_mlp.cat_params(dtype=torch.float64)
-_g = cat_backward_batch(
-    _p["x"].reshape(1, 4),
-    _p["W1"],
-    _p["b1"],
-    _p["W2"],
-    _p["b2"],
-    _p["y_true"].reshape(1, 1),
-)
-_ref = cat_mlp.backward(cat_mlp.forward(**_p), _p["W2"], _p["y_true"])
-assert all(
-    _g[k].shape == _ref[k].shape and torch.allclose(_g[k], _ref[k], atol=1e-12)
-    for k in ("W1", "b1", "W2", "b2")
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+from helpers.labcontract import hidden_check
+
+hidden_check("lab01", "ex6", cat_backward_batch, "there are several samples (B > 1)")
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+from helpers.labcontract import hidden_check
+
+hidden_check(
+    "lab01", "ex6", cat_backward_batch, "a pre-activation is exactly 0 (relu'(0) = 0)"
 )
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
 """  # END TEST CONFIG
-import torch
+from helpers.labcontract import hidden_check
 
-from helpers.device import randn
-
-_X, _Y = (
-    randn(16, 4, seed=51, dtype=torch.float64),
-    randn(16, 1, seed=52, dtype=torch.float64),
-)
-_P = [
-    randn(2, 4, seed=53, dtype=torch.float64),
-    randn(2, seed=54, dtype=torch.float64),
-    randn(1, 2, seed=55, dtype=torch.float64),
-    randn(1, seed=56, dtype=torch.float64),
-]
-_X[0], _P[1][0] = 0.0, 0.0  # H[0, 0] = 0 exactly: relu'(0) = 0 in the batch too
-_leaves = [t.clone().requires_grad_() for t in _P]
-_L = (
-    (torch.relu(_X @ _leaves[0].T + _leaves[1]) @ _leaves[2].T + _leaves[3] - _Y) ** 2
-).sum()
-_ref = dict(zip(("W1", "b1", "W2", "b2"), torch.autograd.grad(_L, _leaves)))
-_g = cat_backward_batch(_X, *_P, _Y)
-assert all(
-    _g[k].shape == _ref[k].shape and torch.allclose(_g[k], _ref[k], atol=1e-10)
-    for k in _ref
+hidden_check(
+    "lab01",
+    "ex6",
+    cat_backward_batch,
+    "the layers have other sizes (n_in ≠ 4, n_h > 2)",
 )
 
 # %%
 """ # BEGIN TEST CONFIG
 hidden: true
 """  # END TEST CONFIG
-import torch
+from helpers.labcontract import hidden_check
 
-from helpers.device import randn
-
-_X, _Y = (
-    randn(7, 4, seed=57, dtype=torch.float64),
-    randn(7, 1, seed=58, dtype=torch.float64),
-)
-_P = [
-    randn(2, 4, seed=59, dtype=torch.float64),
-    randn(2, seed=60, dtype=torch.float64),
-    randn(1, 2, seed=61, dtype=torch.float64),
-    randn(1, seed=62, dtype=torch.float64),
-]
-_whole = cat_backward_batch(_X, *_P, _Y)
-_parts = [cat_backward_batch(_X[i : i + 1], *_P, _Y[i : i + 1]) for i in range(7)]
-assert set(_whole) == {"W1", "b1", "W2", "b2"}
-assert all(
-    torch.allclose(_whole[k], sum(p[k] for p in _parts), atol=1e-10) for k in _whole
+hidden_check(
+    "lab01",
+    "ex6",
+    cat_backward_batch,
+    "there are several outputs (W2 (k, n_h), Y (B, k), k > 1)",
 )
 
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+from helpers.labcontract import hidden_check
+
+hidden_check("lab01", "ex6", cat_backward_batch, "the tensors are float32")
 # %% [raw]
 # # END TESTS
 
@@ -736,60 +683,11 @@ assert all(
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 6** (reference: `loss.backward()` on a batch of 8 random samples; the first one,
-# $x = (-1, 0, 0, 0)$, puts the first hidden unit exactly at $h = 0$):
+# **Self-check 6** (recorded reference outputs: one sample, several samples, a pre-activation
+# exactly 0, other layer sizes, several outputs, float32):
 
 # %%
-from helpers.device import randn
-
-X_batch = randn(8, 4, seed=1, dtype=dtype, device=dev)
-# h = -1·0.1 + 0.1 = 0 for unit 1
-X_batch[0] = torch.tensor([-1.0, 0.0, 0.0, 0.0], dtype=dtype)
-Y_batch = randn(8, 1, seed=2, dtype=dtype, device=dev)
-
-
-def batch_loss(W1, b1, W2, b2, rows=slice(None), relu=torch.relu, on_grad_A=None):
-    """L = Σ_b (relu(X W1ᵀ + b1) W2ᵀ + b2 - Y)² over the rows, through autograd."""
-    H = X_batch[rows] @ W1.T + b1  # (8, 4) @ (4, 2) -> (8, 2)
-    A = relu(H)  # (8, 2)
-    if on_grad_A is not None:
-        A.register_hook(on_grad_A)  # rewrites ∂L/∂A on its way back
-    Y_hat = A @ W2.T + b2  # (8, 2) @ (2, 1) -> (8, 1)
-    return ((Y_hat - Y_batch[rows]) ** 2).sum()
-
-
-def batch_grads(**change):
-    """{"W1", "b1", "W2", "b2"}: autograd's ∂L/∂θ, with one thing changed if asked."""
-    grads = autograd_grads(lambda *p: batch_loss(*p, **change), (W1, b1, W2, b2))
-    return dict(zip(("W1", "b1", "W2", "b2"), grads))
-
-
-expected = batch_grads()
-# known mistakes, each autograd's answer with one thing changed
-first_only = batch_grads(rows=slice(0, 1))  # the first sample alone
-no_gate = batch_grads(relu=lambda H: H + (torch.relu(H) - H).detach())  # relu' = 1
-one_grad_A = batch_grads(on_grad_A=lambda g: g.sum(1, keepdim=True).expand_as(g))
-wrong_first_layer = {
-    "the gradient without the ReLU's gate (relu' taken as 1)": no_gate,
-    "the gradient with one ∂L/∂A for both units (W2's entries summed)": one_grad_A,
-}
-check(
-    cat_backward_batch,
-    expected,
-    args=(X_batch, W1, b1, W2, b2, Y_batch),
-    factors={"B": 8},  # a mean over the batch instead of the sum is off by B
-    mistakes={
-        "W1": {label: g["W1"] for label, g in wrong_first_layer.items()},
-        "b1": {label: g["b1"] for label, g in wrong_first_layer.items()},
-        "b2": {
-            "the first sample's gradient alone (no sum over the batch)": first_only[
-                "b2"
-            ]
-        },
-    },
-    name="Exercise 6 · cat_backward_batch",
-    against="autograd",
-)
+check_contract("lab01", "ex6", cat_backward_batch)
 
 # %% [markdown]
 # ## Before you hand in
