@@ -109,6 +109,34 @@ def test_the_notice_is_printed_once_per_process(tmp_path, capsys):
     assert out == [sandbox.limits_notice(memory_mb=300, nproc=7)], out
 
 
+def test_cgroup_v2_is_used_below_our_own_cgroup_or_a_delegated_parent_never_systemds(tmp_path, monkeypatch):
+    """The choice of where submissions' cgroups go, on a made-up cgroup v2 tree (this machine may
+    have none): our own cgroup when it can hand out memory and pids (the root can), else an ancestor
+    that already does, unless systemd runs the machine (then its scopes, not our siblings)."""
+    root = tmp_path / "cg"
+    own = root / "a" / "b"
+    own.mkdir(parents=True)
+    (root / "cgroup.controllers").write_text("cpu memory pids\n")
+    (root / "cgroup.subtree_control").write_text("")
+    made = []
+    monkeypatch.setattr(sandbox, "_can_make", lambda base, files, test: made.append(base) or True)
+    mounts = [("cgroup2", root, ["/", "rw"])]
+    assert sandbox._cgroup2(mounts, "0::/\n", False) == ([str(root)], "")  # the root: switched on
+    assert (root / "cgroup.subtree_control").read_text() == "+memory +pids"
+    (own / "cgroup.subtree_control").mkdir()  # cannot be written (the kernel: EBUSY, it holds processes)
+    (root / "a" / "cgroup.subtree_control").write_text("memory pids\n")
+    assert sandbox._cgroup2(mounts, "0::/a/b\n", False) == ([str(root / "a")], "")
+    bases, why = sandbox._cgroup2(mounts, "0::/a/b\n", True)
+    assert bases == [] and why.startswith("cgroup v2"), why
+    (root / "cgroup.controllers").write_text("cpu io\n")  # memory and pids held by cgroup v1
+    assert sandbox._cgroup2(mounts, "0::/\n", False) == (
+        [],
+        "cgroup v2 has no memory and pids controllers here",
+    )
+    assert sandbox._cgroup2([], "0::/\n", False) == ([], "no cgroup v2 mounted")
+    assert made == [root, root / "a"]
+
+
 @pytest.mark.sandbox
 def test_four_children_cannot_hold_more_than_the_whole_submissions_memory(tmp_path):
     """Each child stays far under the per-process cap (2 GiB here); together they pass the

@@ -10,6 +10,7 @@ submission. Limits: address space, CPU seconds, processes of the sandbox user, f
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -173,29 +174,45 @@ class _suppress:
         return exc[0] is not None and issubclass(exc[0], OSError)
 
 
-def _cgroup2() -> tuple[list[str], str]:
-    """The cgroup v2 folder under which each submission gets its own (with memory.max, pids.max), or why none."""
-    mount = next(((m, o[0]) for t, m, o in _mounts() if t == "cgroup2"), None)
+def _cgroup2(
+    mounts=None, self_cgroup: str | None = None, systemd: bool | None = None
+) -> tuple[list[str], str]:
+    """The cgroup v2 folder under which each submission gets its own (with memory.max, pids.max), or why none.
+
+    ``mounts``, ``self_cgroup`` (/proc/self/cgroup's text) and ``systemd`` (whether systemd runs the
+    machine) are this machine's unless given (tests give a made-up tree)."""
+    mounts = _mounts() if mounts is None else mounts
+    self_cgroup = _read(Path("/proc/self/cgroup")) if self_cgroup is None else self_cgroup
+    systemd = Path("/run/systemd/system").exists() if systemd is None else systemd
+    mount = next(((m, o[0]) for t, m, o in mounts if t == "cgroup2"), None)
     if mount is None:
         return [], "no cgroup v2 mounted"
     want = {"memory", "pids"}
     if not want <= set(_read(mount[0] / "cgroup.controllers").split()):
         return [], "cgroup v2 has no memory and pids controllers here"
-    line = next((ln for ln in _read(Path("/proc/self/cgroup")).splitlines() if ln.startswith("0::")), None)
+    line = next((ln for ln in self_cgroup.splitlines() if ln.startswith("0::")), None)
     if line is None:
         return [], "this process is in no cgroup v2"
     own = _own_cgroup(mount[0], mount[1], line[3:])
     candidates = [own]
-    if not Path("/run/systemd/system").exists():  # under systemd, its scopes (below), not our own siblings
+    if not systemd:  # under systemd, its scopes (below), not our own siblings
         candidates += [p for p in own.parents if p.is_relative_to(mount[0])]
+    why = "cgroup v2 is not delegated to this user (no cgroup with memory and pids it may create)"
     for base in candidates:
         if not want <= set(_read(base / "cgroup.subtree_control").split()):
-            # only our own cgroup may be switched on (it fails while it holds processes, but for the root)
-            if base != own or not _write(base / "cgroup.subtree_control", "+memory +pids"):
+            if base != own:
+                continue
+            # only our own cgroup may be switched on; the kernel refuses while it holds processes
+            # (all but the root do: in a container, move them to a child cgroup, or use a systemd scope)
+            try:
+                (base / "cgroup.subtree_control").write_text("+memory +pids")
+            except OSError as e:
+                if e.errno == errno.EBUSY:
+                    why = "cgroup v2: this process's cgroup holds processes, so it cannot hand out memory and pids"
                 continue
         if _can_make(base, ("memory.max", "pids.max", "cgroup.procs"), ("pids.max", "max")):
             return [str(base)], ""
-    return [], "cgroup v2 is not delegated to this user (no cgroup with memory and pids it may create)"
+    return [], why
 
 
 def _cgroup1() -> tuple[list[str], str]:
@@ -296,11 +313,16 @@ def limits_notice(
     """One line: what limits each submission here, as ``command`` applies them."""
     w = whole_limits()
     mem, pmem = _size(memory_mb), _size(process_memory_mb or memory_mb)
-    head = {
+    whole = {
         "cgroup2": f"cgroup v2 memory.max {mem}, pids.max {nproc} per submission (all its processes together)",
         "cgroup1": f"cgroup v1 memory.limit_in_bytes {mem}, pids.max {nproc} per submission (all its processes together)",
         "systemd": f"systemd scope MemoryMax {mem}, TasksMax {nproc} per submission (all its processes together)",
-    }.get(w["kind"], f"per process only ({w['why']}): {pmem} address space a process, {nproc} processes")
+    }.get(w["kind"])
+    head = (
+        f"{whole}, {pmem} address space a process"
+        if whole
+        else f"per process only ({w['why']}): {pmem} address space a process, {nproc} processes of its user"
+    )
     disk = (
         f"tmpfs of {_size(disk_mb)} each"
         if size_option_works()
@@ -311,7 +333,7 @@ def limits_notice(
         if os.geteuid() == 0
         else "runs as you (not root: no user of its own)"
     )
-    return f"limits: {head}; each process {pmem} address space; home and /tmp: {disk}; {users}"
+    return f"limits: {head}; home and /tmp: {disk}; {users}"
 
 
 # ------------------------------------------------------------------ sandbox user ids
