@@ -723,7 +723,14 @@ def _harness_grade(lab, nb) -> dict:
         else:
             nbformat.write(nb, home / "submission.ipynb")
         cmd = sandbox.command(home, sandbox.worker_argv(), helpers_dir=ROOT / "helpers")
-        return harness.grade({"source": str(labs.source_path(lab)), "worker": cmd, "timeout": TIMEOUT})
+        return harness.grade(
+            {
+                "source": str(labs.source_path(lab)),
+                "worker": cmd,
+                "timeout": TIMEOUT,
+                "notebook": str(home / "submission.ipynb"),
+            }
+        )
 
 
 def _grade_in_harness(lab, replace=()):
@@ -924,3 +931,226 @@ def test_a_run_folder_left_by_a_killed_grading_is_removed_by_the_next_and_a_live
             (d / "owner.pid").write_text(str(pid))
     labs.remove_stale_runs()
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"{labs.RUN_PREFIX}alive"]
+
+
+# ------------------------------------------------ by hand: an allow-list, read on the bytes that run (issue 24)
+
+# lab 1's exercise 3 (`layer2_backward`, by hand) answered without autograd's engine, each in its own way
+EX3_FORWARD_AD = (
+    "import torch\nimport torch.autograd.forward_ad as fwAD\n\n"
+    "def layer2_backward(grad_y_hat, a, W2):\n    grad_a = torch.zeros_like(a)\n"
+    "    for i in range(a.shape[0]):\n        t = torch.zeros_like(a)\n        t[i] = 1\n"
+    "        with fwAD.dual_level():\n            y = W2 @ fwAD.make_dual(a, t)\n"
+    "            grad_a[i] = (fwAD.unpack_dual(y).tangent * grad_y_hat).sum()\n"
+    "    return torch.outer(grad_y_hat, a), grad_y_hat.clone(), grad_a"
+)
+EX3_GRAD_FN = (
+    "import torch\n\ndef layer2_backward(grad_y_hat, a, W2):\n"
+    "    W, x = W2.detach().requires_grad_(), a.detach().requires_grad_()\n"
+    "    b = torch.zeros(W2.shape[0], dtype=a.dtype).requires_grad_()\n    y = W @ x + b\n"
+    "    g_mv, g_b = y.grad_fn(grad_y_hat)\n    g_W, g_x = y.grad_fn.next_functions[0][0](g_mv)\n"
+    "    return g_W, g_b, g_x"
+)
+EX3_JACFWD = (
+    "import torch\nfrom torch._functorch.eager_transforms import jacfwd\n\n"
+    "def layer2_backward(grad_y_hat, a, W2):\n    b = torch.zeros(W2.shape[0], dtype=a.dtype)\n"
+    "    J_W = jacfwd(lambda W: W @ a + b)(W2)\n    J_a = jacfwd(lambda x: W2 @ x + b)(a)\n"
+    "    return torch.einsum('o,oij->ij', grad_y_hat, J_W), grad_y_hat.clone(), grad_y_hat @ J_a"
+)
+EX3_JACOBIAN = (
+    "import torch\n\ndef layer2_backward(grad_y_hat, a, W2):\n    b = torch.zeros(W2.shape[0], dtype=a.dtype)\n"
+    "    J_W, J_a = torch.autograd.functional.jacobian(lambda W, x: W @ x + b, (W2, a), "
+    "strategy='forward-mode', vectorize=True)\n"
+    "    return torch.einsum('o,oij->ij', grad_y_hat, J_W), grad_y_hat.clone(), grad_y_hat @ J_a"
+)
+EX3_AUTOGRAD = (
+    "import torch\n\ndef layer2_backward(grad_y_hat, a, W2):\n"
+    "    W, x = W2.detach().requires_grad_(), a.detach().requires_grad_()\n"
+    "    b = torch.zeros(W2.shape[0], dtype=a.dtype).requires_grad_()\n"
+    "    return torch.autograd.grad(W @ x + b, (W, b, x), grad_y_hat)"
+)
+# the guards switched off through sys.modules, in spellings the old deny-list missed (then autograd in ex3)
+GUARDS_OFF = {
+    "from_sys_import_modules": "from sys import modules\nmodules['__main__'].STATE['forbidden'] = {}",
+    "collections_sys": "import collections\ncollections._sys.modules['__main__'].STATE['forbidden'].clear()",
+}
+# a student's own exception class, named to carry what a hidden test gave (digits of a seed)
+CUSTOM_EXCEPTION = (
+    "class Seed_2718(Exception):\n    pass\n\ndef grad_loss(y_hat, y_true):\n"
+    "    raise Seed_2718(str(y_hat.tolist()))"
+)
+
+
+def _cells(text: str) -> list[tuple[int, str]]:
+    """A notebook's code cells as the harness reads them."""
+    import harness
+
+    with tempfile.NamedTemporaryFile("w", suffix=".ipynb", delete=False) as f:
+        f.write(text)
+    try:
+        return harness.read_cells(f.name)
+    finally:
+        os.unlink(f.name)
+
+
+def _plan(lab, text):
+    """What the harness reads in a submission: reach.plan against the released notebook."""
+    import harness
+    import reach
+
+    qs = harness.questions(labs.source_path(lab))
+    released = harness.released_cells({"source": str(labs.source_path(lab))}, qs)
+    return reach.plan(_cells(text), released, {q.name: q.by_hand for q in qs})
+
+
+def _edit_given(text: str, old: str, new: str) -> str:
+    """The notebook ``text`` with ``old`` replaced by ``new`` in the one given (not answer) cell holding it."""
+    nb = nbformat.reads(text, as_version=4)
+    cells = [
+        c
+        for c in nb.cells
+        if c.cell_type == "code" and old in c.source and "otter_answer_cell" not in c.metadata.get("tags", [])
+    ]
+    assert len(cells) == 1, old
+    cells[0].source = cells[0].source.replace(old, new)
+    return nbformat.writes(nb)
+
+
+@pytest.mark.parametrize("lab", labs.labs())
+def test_every_labs_published_solutions_use_only_what_the_allow_list_holds(lab):
+    """The allow-list (reach.ALLOWED, `python tools/grader/reach.py derive --write`) holds every solution."""
+    if labs.stale(lab):
+        pytest.skip(f"{lab}'s student notebook is stale (release it): {labs.stale(lab)}")
+    checked = _plan(lab, nbformat.writes(labs.solution_notebook(lab)))
+    assert not checked.review and not checked.reach, (checked.review, checked.reach)
+    kinds = [c.kind for c in checked.cells]
+    assert "added" not in kinds and "edited" not in kinds, kinds
+    released = labs.read_nb(labs.student_path(lab))
+    answers = [c for c in released.cells if "otter_answer_cell" in c.metadata.get("tags", [])]
+    assert len(answers) == len(labs.questions(labs.read_nb(labs.source_path(lab))))  # one answer cell each
+
+
+def test_the_allow_list_never_holds_what_computes_a_gradient_unseen_or_reaches_the_grader():
+    import reach
+
+    for kind, text in [
+        ("dotted", "torch.autograd.forward_ad.make_dual"),
+        ("dotted", "torch.autograd.functional.jacobian"),
+        ("dotted", "torch.func.jacfwd"),
+        ("import", "torch._functorch.eager_transforms.jacfwd"),
+        ("dotted", "torch.ops.aten._scaled_dot_product_attention_math"),
+        ("attr", "grad_fn"),
+        ("attr", "next_functions"),
+        ("import", "sys.modules"),
+        ("dotted", "collections._sys.modules"),
+        ("dotted", "torch.sys.modules"),
+        ("builtin", "getattr"),
+        ("attr", "__globals__"),
+    ]:
+        assert not reach.allowed(kind, text, "by_hand"), text
+    assert reach.allowed("dotted", "torch.outer", "by_hand") and reach.allowed("attr", "T", "by_hand")
+    assert reach.allowed("dotted", "torch.autograd.Function", "by_hand")
+
+
+OFF_THE_LIST = {  # name: (lab 1's ex3 answer, the construct named, whether every by-hand exercise goes too)
+    "forward AD": (EX3_FORWARD_AD, "import torch.autograd.forward_ad", False),
+    "grad_fn nodes": (EX3_GRAD_FN, ".grad_fn", False),
+    "jacfwd": (EX3_JACFWD, "import torch._functorch.eager_transforms.jacfwd", True),
+    "jacobian forward-mode": (EX3_JACOBIAN, "torch.autograd.functional.jacobian", False),
+    "from sys import modules": (GUARDS_OFF["from_sys_import_modules"], "import sys.modules", True),
+    "collections._sys": (GUARDS_OFF["collections_sys"], "collections._sys", True),
+}
+
+
+@pytest.mark.parametrize("name", OFF_THE_LIST)
+def test_a_by_hand_answer_off_the_allow_list_goes_to_review_naming_the_construct(name):
+    answer, review, reach_all = OFF_THE_LIST[name]
+    sol = _solutions(LAB)
+    checked = _plan(LAB, _submission(LAB, sol[:2] + [answer] + sol[3:]))
+    named = checked.reach if reach_all else checked.review.get("ex3", [])
+    assert any(x.startswith(review + " (cell ") or x.startswith(review) for x in named), (
+        checked.review,
+        checked.reach,
+    )
+    if not reach_all:
+        assert set(checked.review) == {"ex3"} and not checked.reach, (checked.review, checked.reach)
+
+
+def test_the_guards_switched_off_from_a_cell_the_student_added_anywhere_send_every_by_hand_exercise_to_review():
+    for code in GUARDS_OFF.values():
+        checked = _plan(LAB, _submission(LAB, _solutions(LAB), insert=[(0, code)]))
+        assert any(x.startswith(("import sys.modules", "collections._sys")) for x in checked.reach), code
+        assert [c.kind for c in checked.cells].count("added") == 1
+
+
+def test_lab6_an_aten_alias_and_a_helper_bound_before_the_guard_are_off_the_list():
+    lab = "lab06_attention_backward"
+    if labs.stale(lab):
+        pytest.skip(f"{lab}'s student notebook is stale: {labs.stale(lab)}")
+    sol = _solutions(lab)
+    aten = (
+        sol[:1]
+        + ["import torch\nattend = torch.ops.aten._scaled_dot_product_attention_math\n" + sol[1]]
+        + sol[2:]
+    )
+    checked = _plan(lab, _submission(lab, aten))
+    assert any(x.startswith("torch.ops.aten._scaled_dot_product_attention_math") for x in checked.reach), (
+        checked
+    )
+    alias = (
+        sol[:2] + ["import helpers.attention\nsb = helpers.attention.softmax_backward\n" + sol[2]] + sol[3:]
+    )
+    checked = _plan(lab, _submission(lab, alias))
+    assert any(x.startswith("helpers.attention.softmax_backward") for x in checked.review.get("ex3", [])), (
+        checked
+    )
+
+
+def test_an_edited_given_cell_counts_only_the_lines_the_student_wrote():
+    """Lab 8's given self-check holds `getattr`: a debug print added there cost an honest student 9 of 11."""
+    lab = "lab08_lora"
+    text = _submission(lab, _solutions(lab))
+    line = 'seen = [names.get(getattr(t, "shape", None), "?") for t in grads]'
+    debug = _edit_given(text, line, line + "\n        print(seen)")
+    checked = _plan(lab, debug)
+    assert not checked.review and not checked.reach, (checked.review, checked.reach)
+    assert [c.kind for c in checked.cells].count("edited") == 1
+    hostile = _edit_given(text, line, line + "\n        getattr(grads, 'x', None)")
+    assert any(x.startswith("getattr") for x in _plan(lab, hostile).reach)
+
+
+def test_the_runtime_guards_cover_forward_ad_functorch_the_functional_api_kernels_and_aliases(tmp_path):
+    """Defence in depth, in the worker's own process: each public way around the engine raises ByHandError."""
+    code = (
+        "import sys, torch\nsys.path.insert(0, %r)\nimport worker\n"
+        "worker.install_guards({'ex': ['autograd', 'torch.nn.functional.scaled_dot_product_attention', "
+        "'helpers.functions.softmax_backward']})\n"
+        "import helpers.attention, torch.func, torch.autograd.forward_ad as fwAD\n"
+        "from torch._functorch.eager_transforms import jacfwd\n"
+        "x = torch.randn(1, 1, 2, 2)\n"
+        "tries = {\n"
+        "  'make_dual': lambda: fwAD.make_dual(x, x),\n"
+        "  'jacobian': lambda: torch.autograd.functional.jacobian(torch.sin, x, strategy='forward-mode', vectorize=True),\n"
+        "  'jacfwd': lambda: jacfwd(torch.sin)(x),\n"
+        "  'func.jacfwd': lambda: torch.func.jacfwd(torch.sin)(x),\n"
+        "  'aten': lambda: torch.ops.aten._scaled_dot_product_attention_math(x, x, x),\n"
+        "  'alias': lambda: helpers.attention.softmax_backward(x, x),\n"
+        "}\nworker.STATE['exercise'] = 'ex'\nout = {}\n"
+        "for k, f in tries.items():\n    try:\n        f()\n        out[k] = 'ran'\n"
+        "    except worker.ByHandError:\n        out[k] = 'guarded'\n"
+        "    except Exception as e:\n        out[k] = type(e).__name__\n"
+        "worker.STATE['exercise'] = None\nout['outside'] = type(jacfwd(torch.sin)(x)).__name__\n"
+        "import json\nopen(sys.argv[1], 'w').write(json.dumps(out))\n"
+    ) % str(ROOT / "tools" / "grader")
+    out = tmp_path / "out.json"  # the worker sends its own stdout and stderr to /dev/null
+    subprocess.run([sys.executable, "-c", code, str(out)], timeout=300)
+    got = json.loads(out.read_text())
+    assert got == {
+        "make_dual": "guarded",
+        "jacobian": "guarded",
+        "jacfwd": "guarded",
+        "func.jacfwd": "guarded",
+        "aten": "guarded",
+        "alias": "guarded",
+        "outside": "Tensor",
+    }, got

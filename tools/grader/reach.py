@@ -453,9 +453,11 @@ def describe(kind: str, text: str) -> str:
     return text
 
 
-def unlisted(code: str, scope: Scope, tier: str, released: str = "") -> list[tuple[str, int]]:
-    """What ``code`` uses that the ``tier`` list does not hold: [(construct, line)], lines of
-    ``released`` (the cell as handed out, for a given cell the student edited) excused."""
+def unlisted(code: str, scope: Scope, tier: str, released: str = "") -> list[tuple[str, int, str]]:
+    """What ``code`` uses that the ``tier`` list does not hold: [(construct, line, severity)], lines of
+    ``released`` (the cell as handed out, for a given cell the student edited) excused. Severity:
+    "reach" (could switch the grader's guards off), "gradient" (computes a gradient without autograd's
+    engine), "unlisted" (anything else off the list)."""
     excused = {ln.strip() for ln in released.splitlines() if ln.strip()}
     lines = code.splitlines()
     out = []
@@ -466,7 +468,14 @@ def unlisted(code: str, scope: Scope, tier: str, released: str = "") -> list[tup
             continue
         if 0 < line <= len(lines) and lines[line - 1].strip() in excused:
             continue  # the released cell's own line (a self-check's getattr), not the student's code
-        out.append((describe(kind, text), line))
+        severity = (
+            "reach"
+            if _never(kind, text, "any")
+            else "gradient"
+            if _never(kind, text, "by_hand")
+            else "unlisted"
+        )
+        out.append((describe(kind, text), line, severity))
     return out
 
 
@@ -880,15 +889,22 @@ def plan(cells: list[tuple[int, str]], released: list[tuple[str, str | None]], b
     sc = scope([r for r, o in released if o is None], [c.source for c in own])
     reach = set()
     for c in own:
-        tier = tier_of(by_hand.get(c.owner))
         excuse = c.released if c.kind == "edited" else ""
-        beyond = {x for x, _ in unlisted(c.source, sc, "any", excuse)}
-        for construct, _ in unlisted(c.source, sc, tier, excuse):
-            named = f"{construct} (cell {c.number})"
-            if construct in beyond:
-                reach.add(named)
-            else:
-                out.review.setdefault(c.owner, set()).add(named)
+        if c.owner in by_hand and by_hand[c.owner]:
+            # a by-hand exercise's part: off its list goes to review, a reach-around to review of all
+            for construct, _, severity in unlisted(c.source, sc, tier_of(by_hand[c.owner]), excuse):
+                named = f"{construct} (cell {c.number})"
+                (
+                    reach.add(named)
+                    if severity == "reach"
+                    else out.review.setdefault(c.owner, set()).add(named)
+                )
+        else:
+            # elsewhere anything any solution uses is fine; what could switch the guards off, or compute
+            # a gradient unseen (a helper a by-hand answer calls), sends every by-hand exercise to review
+            for construct, _, severity in unlisted(c.source, sc, "any", excuse):
+                if severity != "unlisted":
+                    reach.add(f"{construct} (cell {c.number})")
     out.reach = sorted(reach)
     out.review = {q: sorted(v) for q, v in out.review.items()}
     return out

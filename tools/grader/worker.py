@@ -107,7 +107,13 @@ def _guard_in(module: str, attr: str, what: str, guarded: dict) -> None:
 def _guard_kernels(what: str, word: str) -> None:
     """The aten operators behind a forbidden function, guarded under its name."""
     aten = torch.ops.aten
-    for name in [n for n in dir(aten) if word in n and "backward" not in n]:
+    # dir(aten) lists only the operators already looked up: ask the dispatcher for all of them
+    names = {
+        n.split("::", 1)[1].split(".")[0]
+        for n in torch._C._dispatch_get_all_op_names()
+        if n.startswith("aten::")
+    }
+    for name in sorted(n for n in names if word in n and "backward" not in n):
         try:
             setattr(aten, name, _guard(what, getattr(aten, name)))
         except (AttributeError, RuntimeError, TypeError):
