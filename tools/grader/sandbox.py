@@ -2,10 +2,21 @@
 
 Inside, the student's process sees: a read-only /usr, the Python it runs on (read-only), the
 course's ``helpers`` package (read-only) and the grader's own worker code (read-only), a
-private writable home holding only its notebook, a private /tmp, its own /proc (a PID
-namespace: no other process is visible, and none it starts outlives it) and no network. Not
-the repository, the lab sources, the hidden tests, the autograder, the gradebook or any other
-submission. Limits: address space, CPU seconds, processes of the sandbox user, file size.
+private home holding only its notebook and a private /tmp (each a tmpfs of its own size), its
+own /proc (a PID namespace: no other process is visible, and none it starts outlives it) and no
+network. Not the repository, the lab sources, the hidden tests, the autograder, the gradebook or
+any other submission.
+
+Limits, for the whole submission where the machine allows it: memory and process count of all its
+processes together (a cgroup of its own: v2, else v1, else a systemd scope; ``whole_limits``),
+the size of its home and /tmp, and a user id no other running submission has, in any grade run
+on this machine. Per process: address space, CPU seconds, processes of its user, file size.
+``limits_notice`` says in one line what applied here (``command`` prints it once per process).
+
+``command`` returns a command line that starts this file as a launcher (``launch``): it leases
+the user id, makes the cgroup and starts a guardian (``guard``, outside the sandbox, in its own
+session) before becoming bubblewrap; the guardian removes the cgroup and ends the lease once the
+sandbox's process is gone, however it ended (the harness ends it with SIGKILL).
 """
 
 from __future__ import annotations
