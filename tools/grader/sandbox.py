@@ -122,7 +122,9 @@ def _readonly_paths(helpers_dir: Path) -> list[Path]:
 # limits are all there is, and the notice says so.
 
 CGROUP_PREFIX = "backprop-grader-"  # each submission's cgroup: CGROUP_PREFIX + its launcher's pid
-LEASES = Path("/tmp/backprop-grader-uids")  # one file per sandbox user id in use, for every grade run here
+# one file per sandbox user id in use, for every grade run here (leases are taken only as root: /run is
+# root's own; /tmp where there is no /run, checked to be ours before use)
+LEASES = Path("/run" if os.access("/run", os.W_OK) else "/tmp") / "backprop-grader-uids"
 MiB = 1 << 20
 
 _WHOLE: dict = {}
@@ -373,7 +375,7 @@ def uids_in_use() -> set[int]:
 
 
 def _own_folder(d: Path) -> None:
-    """Make ``d`` (under the shared /tmp) ours, or refuse: a folder or link someone else put there first
+    """Make ``d`` ours, or refuse: a folder or link someone else put there first (in a shared /tmp)
     would let them choose our ids or point our writes elsewhere."""
     with _suppress():
         d.mkdir(mode=0o755)
@@ -452,7 +454,7 @@ def make_cgroups(bases: list[str], holder: int, memory_mb: int, nproc: int) -> l
         for base in map(Path, bases):
             for old in base.glob(CGROUP_PREFIX + "*"):
                 h = _holder(old)
-                if h is not None and h != holder and not old.name.endswith("-probe") and not _alive(h):
+                if h is not None and h != holder and not _alive(h):
                     remove_cgroup(old)
             d = base / f"{CGROUP_PREFIX}{holder}"
             if d.exists():
