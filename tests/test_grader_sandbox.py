@@ -340,3 +340,21 @@ def test_a_memory_hog_and_a_disk_filler_are_each_their_own_row_and_the_run_compl
         assert row["total"] == "11" or {row[f"ex{i}"] for i in range(1, 7)} == {"review"}, row
     out = capsys.readouterr().out
     assert out.count("limits: ") == 1 and "1 GiB" in out, out
+
+
+@pytest.mark.sandbox
+def test_a_sandbox_whose_cgroup_cannot_be_made_does_not_start_and_says_why_in_one_line(tmp_path):
+    """Fail closed: no run without the limits the notice names (grade's start-up probe shows this line)."""
+    import json
+
+    cmd = sandbox.command(_home(tmp_path), PY + ["print('ran')"], helpers_dir=ROOT / "helpers", **SMALL)
+    spec = json.loads(cmd[-1])
+    spec["whole"] = {"kind": "cgroup1", "bases": [str(tmp_path / "no-such-cgroup")], "why": ""}
+    proc = subprocess.Popen(
+        cmd[:-1] + [json.dumps(spec)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 125 and out == "", (proc.returncode, out)
+    assert err.startswith("sandbox: cannot start: ") and err.count("\n") == 1, err
+    leases = sandbox.LEASES.glob("[0-9]*") if sandbox.LEASES.is_dir() else []
+    assert not [f for f in leases if f.read_text() == str(proc.pid)]  # its lease was ended

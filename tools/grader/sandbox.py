@@ -447,7 +447,8 @@ def remove_cgroup(d: Path) -> None:
 
 
 def make_cgroups(bases: list[str], holder: int, memory_mb: int, nproc: int) -> list[Path]:
-    """A cgroup under each of ``bases`` for the submission run by ``holder``, limited; [] when that fails.
+    """A cgroup under each of ``bases`` for the submission run by ``holder``, limited (OSError when that
+    fails: the sandbox then does not start, rather than run without the limits the notice names).
     Those of earlier runs whose process is gone (killed before it cleaned up) are removed first."""
     made = []
     try:
@@ -479,7 +480,7 @@ def make_cgroups(bases: list[str], holder: int, memory_mb: int, nproc: int) -> l
     except OSError:
         for d in made:
             remove_cgroup(d)
-        return []
+        raise
 
 
 # ------------------------------------------------------------------ the sandbox's command line
@@ -690,7 +691,8 @@ def _launch(spec: dict) -> None:
     if pidfd is not None:
         os.close(pidfd)
     for d in groups:  # from here on, everything this submission starts is in its cgroup
-        _write(d / "cgroup.procs", str(holder))
+        if not _write(d / "cgroup.procs", str(holder)):  # fail closed: the notice promised this limit
+            raise OSError(f"cannot move into the submission's cgroup {d}")
     cmd = _bwrap_argv(spec, uid, _home_files(Path(spec["home"])))
     if whole["kind"] == "systemd":
         cmd = [
