@@ -711,8 +711,9 @@ def test_a_grading_stopped_with_sigterm_leaves_no_folder_and_no_process(tmp_path
     assert not _leftovers()
 
 
-def _harness_grade(lab, nb) -> dict:
-    """The harness's result for notebook `nb` (a notebook or its JSON text), its worker sandboxed."""
+def _harness_grade(lab, nb, **spec) -> dict:
+    """The harness's result for notebook `nb` (a notebook or its JSON text), its worker sandboxed;
+    ``spec``: more of the harness's settings (case_timeout)."""
     import harness
 
     with tempfile.TemporaryDirectory() as d:
@@ -729,6 +730,7 @@ def _harness_grade(lab, nb) -> dict:
                 "worker": cmd,
                 "timeout": TIMEOUT,
                 "notebook": str(home / "submission.ipynb"),
+                **spec,
             }
         )
 
@@ -1154,3 +1156,135 @@ def test_the_runtime_guards_cover_forward_ad_functorch_the_functional_api_kernel
         "alias": "guarded",
         "outside": "Tensor",
     }, got
+
+
+def _by_hand_batch() -> dict[str, str]:
+    """Lab 1 submissions for the by-hand red team: {name: notebook text}."""
+    sol = _solutions(LAB)
+
+    def ex3(code):
+        return _submission(LAB, sol[:2] + [code] + sol[3:])
+
+    full = _submission(LAB, sol)
+    return {
+        "published_solutions": full,
+        "forward_ad": ex3(EX3_FORWARD_AD),
+        "grad_fn_nodes": ex3(EX3_GRAD_FN),
+        "jacfwd": ex3(EX3_JACFWD),
+        "jacobian_forward_mode": ex3(EX3_JACOBIAN),
+        **{
+            name: _submission(LAB, sol[:2] + [EX3_AUTOGRAD] + sol[3:], insert=[(0, code)])
+            for name, code in GUARDS_OFF.items()
+        },
+        "custom_exception": _submission(
+            LAB,
+            sol[:1] + [CUSTOM_EXCEPTION] + sol[2:],
+            insert=[(1, "class Seed_31415(Exception):\n    pass\n\nraise Seed_31415()")],
+        ),
+        "debug_print_in_given": _edit_given(
+            full,
+            "expected = cat_mlp.forward(x, W1, b1, W2, b2, y_true)\n",
+            "expected = cat_mlp.forward(x, W1, b1, W2, b2, y_true)\nprint(expected)\n",
+        ),
+    }
+
+
+# submission: (status, ex1..ex6, total, exercises named in the review column)
+BY_HAND_EXPECTED = {
+    "published_solutions": ("ok", "1 1 2 2 2 3", "11", ""),
+    # the runtime guard saw autograd used: 0 for ex3, with the note (the allow-list said review)
+    "forward_ad": ("ok", "1 1 0 2 2 3", "9", ""),
+    # nothing at run time sees a node called directly: the allow-list sends ex3 to review
+    "grad_fn_nodes": ("review", "1 1 review 2 2 3", "9", "ex3"),
+    # torch._functorch reaches past the public API: every by-hand exercise waits; ex3's guard fired
+    "jacfwd": ("review", "review review 0 review review review", "0", "ex1 ex2 ex4 ex5 ex6"),
+    "jacobian_forward_mode": ("ok", "1 1 0 2 2 3", "9", ""),
+    # guards switched off: nothing at run time can be trusted, every by-hand exercise waits
+    "from_sys_import_modules": (
+        "review",
+        "review review review review review review",
+        "0",
+        "ex1 ex2 ex3 ex4 ex5 ex6",
+    ),
+    "collections_sys": (
+        "review",
+        "review review review review review review",
+        "0",
+        "ex1 ex2 ex3 ex4 ex5 ex6",
+    ),
+    "custom_exception": ("errors", "1 0 2 2 2 3", "9", ""),
+    "debug_print_in_given": ("ok", "1 1 2 2 2 3", "11", ""),
+}
+
+
+@pytest.mark.sandbox
+@pytest.mark.slow
+def test_by_hand_red_team_each_gets_review_or_what_its_honest_work_deserves(tmp_path):
+    """Issue 24's by-hand submissions, graded by `grade` beside the published solutions."""
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    for name, text in _by_hand_batch().items():
+        (subs / f"{name}.ipynb").write_text(text)
+    labs.grade(LAB, subs, tmp_path / "g.csv", timeout=TIMEOUT, jobs=2)
+    rows = {r["submission"]: r for r in csv.DictReader((tmp_path / "g.csv").open())}
+    got = {
+        n: (r["status"], _points(r), r["total"], " ".join(re.findall(r"(ex\d): ", r["review"])))
+        for n, r in rows.items()
+    }
+    assert got == BY_HAND_EXPECTED, got
+    assert "used autograd in ex3" in rows["forward_ad"]["notes"], rows["forward_ad"]["notes"]
+    assert "ex3: 2 of 2 pending, uses .grad_fn (cell" in rows["grad_fn_nodes"]["review"]
+    assert ".next_functions" in rows["grad_fn_nodes"]["review"]
+    assert "wait for your instructor's review" in rows["grad_fn_nodes"]["notes"]
+    assert "import sys.modules" in rows["from_sys_import_modules"]["flags"]
+    assert "collections._sys" in rows["collections_sys"]["flags"]
+    # the student's own class name is not repeated: it is a channel they choose
+    notes = rows["custom_exception"]["notes"]
+    assert "ex2: your code raised an exception in hidden test" in notes and "Seed" not in notes, notes
+    assert re.search(r"cell \d+: an exception", notes), notes
+    fb = (tmp_path / "g_feedback" / "custom_exception.txt").read_text()
+    assert "Seed" not in fb
+    assert "a given cell you changed" in rows["debug_print_in_given"]["notes"]
+    assert "edited given cells" in rows["debug_print_in_given"]["flags"]
+    text = (tmp_path / "g_feedback" / "grad_fn_nodes.txt").read_text()
+    assert "ex3    review / 2" in text and "pending your instructor's review" in text, text
+
+
+def _self_rewriting() -> str:
+    """An empty lab 1 that, once running, rewrites its own file with the solutions, then makes the
+    first hidden test of ex1 time out: the restarted worker used to run the rewritten, never-read file."""
+    rewrite = (
+        "import json\n_p = '/home/student/submission.ipynb'\n_nb = json.load(open(_p))\n_sol = %r\n"
+        "for _c in _nb['cells']:\n    if 'otter_answer_cell' in _c['metadata'].get('tags', []):\n"
+        "        _c['source'] = _sol.pop(0)\njson.dump(_nb, open(_p, 'w'))"
+    ) % (_solutions(LAB),)
+    # stalls once, in a hidden test (the notebook's own self-checks have run by then)
+    stall = (
+        "import os, time\n_DONE = False\n\ndef forward_pass(x, W1, b1, W2, b2, y_true):\n"
+        "    if _DONE and not os.path.exists('/home/student/slept'):\n"
+        "        open('/home/student/slept', 'w').close()\n        time.sleep(600)\n"
+    )
+    return _submission(LAB, [stall], insert=[(0, rewrite), (5, "_DONE = True")])
+
+
+@pytest.mark.sandbox
+@pytest.mark.slow
+def test_a_notebook_that_rewrites_its_file_runs_after_a_restart_what_the_harness_read():
+    out = _harness_grade(LAB, _self_rewriting(), case_timeout=3)
+    assert out["restarts"] >= 1, out
+    assert "ex1: your code took too long in hidden test 1" in out["notes"], out["notes"]
+    assert {q: v["score"] for q, v in out["questions"].items()} == dict.fromkeys(
+        ("ex1", "ex2", "ex3", "ex4", "ex5", "ex6"), 0
+    ), out
+    assert out["reach"] and set(out["review"]) == {"ex1", "ex2", "ex3", "ex4", "ex5", "ex6"}  # `open`
+
+
+@pytest.mark.sandbox
+@pytest.mark.slow
+def test_lab8_a_debug_print_in_a_given_self_check_costs_nothing():
+    lab = "lab08_lora"
+    line = 'seen = [names.get(getattr(t, "shape", None), "?") for t in grads]'
+    text = _edit_given(_submission(lab, _solutions(lab)), line, line + "\n        print(seen)")
+    out = _harness_grade(lab, text)
+    assert not out["review"] and not out["reach"] and len(out["edited"]) == 1, out
+    assert all(v["score"] == v["possible"] for v in out["questions"].values()), out["questions"]

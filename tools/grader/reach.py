@@ -261,9 +261,16 @@ def _is_dunder(name: str) -> bool:
     return len(name) > 4 and name.startswith("__") and name.endswith("__")
 
 
+# a notebook may end a cell the way scripts do (`import sys; sys.exit()`): the worker makes it end the cell
+EXITS = {"sys.exit", "os._exit"}
+BARE_IMPORTS = {"sys", "os"}  # `import sys` alone reaches nothing: what is then taken from it is read
+
+
 def _never(kind: str, text: str, tier: str) -> bool:
     """Whether ``text`` (of ``kind``) can never be on the ``tier`` list."""
     sets = [NEVER_ANY] + ([NEVER_BY_HAND] if tier == "by_hand" else [])
+    if (kind == "import" and text in BARE_IMPORTS) or (kind == "dotted" and text in EXITS):
+        return False
     if kind in ("import", "dotted"):
         parts = text.split(".")
         if any(p.startswith("_") and not _is_dunder(p) for p in parts[1:]) or any(
@@ -275,8 +282,10 @@ def _never(kind: str, text: str, tier: str) -> bool:
             p in s["attributes"] or p in REACHING_MODULES for s in sets for p in parts[1:]
         )
     if kind == "attr":
-        return any(text in s["attributes"] for s in sets) or (
-            _is_dunder(text) and text not in HARMLESS_DUNDERS
+        return (
+            any(text in s["attributes"] for s in sets)
+            or text in REACHING_MODULES
+            or (_is_dunder(text) and text not in HARMLESS_DUNDERS)
         )
     if kind in ("builtin", "given"):
         return any(text in s["builtins"] for s in sets) or _is_dunder(text)
@@ -422,6 +431,8 @@ def allowed(kind: str, text: str, tier: str) -> bool:
     if _never(kind, text, tier):
         return False
     a = ALLOWED[tier]
+    if (kind == "import" and text in BARE_IMPORTS) or (kind == "dotted" and text in EXITS):
+        return True
     if kind == "import":
         return text in a["imports"]
     if kind == "dotted":
