@@ -68,6 +68,9 @@ UNIFORM = 0.6  # a class median at or above this: everyone writes the same, noth
 MIN_PAIRS = 6  # fewer tellable pairs than this: no distribution, SMALL_CLASS_FLOOR instead
 SMALL_CLASS_FLOOR = 0.9
 NEVER = 2.0  # the threshold of an exercise that cannot tell
+SOLUTION_SIM = 0.95  # an exercise "matches the solutions" at or above this
+SOLUTION_SHARE = 0.75  # flagged against the solutions: this share of the tellable exercises match
+SOLUTION_MIN_EXERCISES = 2  # ... and at least this many
 WHOLE = "all"  # the exercise name of an answer handed in as one text
 FIELDS = ("a", "b", "similarity", "threshold", "exercises", "tokens_overlap", "matched_lines")
 
@@ -333,30 +336,62 @@ def exercise_scores(
     """
     if solutions is not None and SOLUTIONS in answers:
         raise ValueError(f"a submission may not be named {SOLUTIONS!r}")
-    subs = {name: _as_exercises(a) for name, a in answers.items()}
-    if solutions is not None:
-        subs_sol = _as_exercises(solutions)
     base = _base(given)
-    norm: dict[str, dict[str, Answer]] = {}
-    for name, exs in list(subs.items()) + ([(SOLUTIONS, subs_sol)] if solutions is not None else []):
-        bound = set().union(*(bound_names(code) for code in exs.values())) if exs else set()
-        norm[name] = {ex: Answer(code, bound, base) for ex, code in exs.items() if code.strip()}
-    names = sorted(n for n in norm if n != SOLUTIONS)
-    exercises = sorted({ex for n in norm for ex in norm[n]}, key=lambda e: (len(e), e))
+
+    def bound_of(exs):
+        return set().union(*(bound_names(code) for code in exs.values())) if exs else set()
+
+    subs = {name: _as_exercises(a) for name, a in answers.items()}
+    sol: dict[str, Answer] = {}
+    if solutions is not None:
+        sol_exs = _as_exercises(solutions)
+        sol_bound = bound_of(sol_exs)
+        sol = {ex: Answer(code, sol_bound, base) for ex, code in sol_exs.items() if code.strip()}
+    # between students, what the solutions also contain is the expected answer, not evidence
+    peer: dict[str, dict[str, Answer]] = {}
+    own: dict[str, dict[str, Answer]] = {}  # against the solutions: only the given code is excluded
+    for name, exs in subs.items():
+        bound = bound_of(exs)
+        peer[name], own[name] = {}, {}
+        for ex, code in exs.items():
+            if code.strip():
+                expected = base | set(sol[ex].grams) if ex in sol else base
+                peer[name][ex] = Answer(code, bound, expected)
+                if ex in sol:
+                    own[name][ex] = Answer(code, bound, base)
+    names = sorted(peer)
+    exercises = sorted({ex for n in names for ex in peer[n]}, key=lambda e: (len(e), e))
     rows = []
     for ex in exercises:
-        have = [n for n in names if ex in norm[n]]
-        ex_rows = []
-        for a, b in itertools.combinations(have, 2):
-            ex_rows.append(_row(ex, a, b, norm[a][ex], norm[b][ex], min_tokens))
-        tellable = [r["similarity"] for r in ex_rows if r["tellable"]]
-        threshold = _threshold(tellable)
-        if SOLUTIONS in norm and ex in norm[SOLUTIONS]:
-            ex_rows += [_row(ex, n, SOLUTIONS, norm[n][ex], norm[SOLUTIONS][ex], min_tokens) for n in have]
+        have = [n for n in names if ex in peer[n]]
+        ex_rows = [
+            _row(ex, a, b, peer[a][ex], peer[b][ex], min_tokens) for a, b in itertools.combinations(have, 2)
+        ]
+        threshold = _threshold([r["similarity"] for r in ex_rows if r["tellable"]])
         for r in ex_rows:
             r["threshold"] = threshold
             r["flagged"] = r["tellable"] and r["similarity"] >= threshold
         rows += ex_rows
+    rows += _solution_rows(own, sol, min_tokens)
+    rows.sort(key=lambda r: ((len(r["exercise"]), r["exercise"]), r["b"] == SOLUTIONS, r["a"], r["b"]))
+    return rows
+
+
+def _solution_rows(own, sol, min_tokens) -> list[dict]:
+    """Each submission against the solutions; flagged only as a whole lab (see the module docstring)."""
+    rows = []
+    for name in sorted(own):
+        mine = [
+            _row(ex, name, SOLUTIONS, own[name][ex], sol[ex], min_tokens)
+            for ex in sorted(own[name], key=lambda e: (len(e), e))
+        ]
+        tellable = [r for r in mine if r["tellable"]]
+        close = [r for r in tellable if r["similarity"] >= SOLUTION_SIM]
+        copied = len(close) >= SOLUTION_MIN_EXERCISES and len(close) >= SOLUTION_SHARE * len(tellable)
+        for r in mine:
+            r["threshold"] = SOLUTION_SIM
+            r["flagged"] = copied and r in close
+        rows += mine
     return rows
 
 
