@@ -973,8 +973,10 @@ EX3_AUTOGRAD = (
 )
 # the guards switched off through sys.modules, in spellings the old deny-list missed (then autograd in ex3)
 GUARDS_OFF = {
-    "from_sys_import_modules": "from sys import modules\nmodules['__main__'].STATE['forbidden'] = {}",
-    "collections_sys": "import collections\ncollections._sys.modules['__main__'].STATE['forbidden'].clear()",
+    "from_sys_import_modules": "from sys import modules\nfor _m in list(modules.values()):\n"
+    "    if hasattr(_m, 'STATE') and hasattr(_m, 'install_guards'):\n        _m.STATE['forbidden'] = {}",
+    "collections_sys": "import collections\nfor _m in list(collections._sys.modules.values()):\n"
+    "    if hasattr(_m, 'STATE') and hasattr(_m, 'install_guards'):\n        _m.STATE['forbidden'].clear()",
 }
 # a student's own exception class, named to carry what a hidden test gave (digits of a seed)
 CUSTOM_EXCEPTION = (
@@ -1183,8 +1185,8 @@ def _by_hand_batch() -> dict[str, str]:
         ),
         "debug_print_in_given": _edit_given(
             full,
-            "expected = cat_mlp.forward(x, W1, b1, W2, b2, y_true)\n",
-            "expected = cat_mlp.forward(x, W1, b1, W2, b2, y_true)\nprint(expected)\n",
+            'check_contract("lab01", "ex1", forward_pass)',
+            'print("here")\ncheck_contract("lab01", "ex1", forward_pass)',
         ),
     }
 
@@ -1212,7 +1214,7 @@ BY_HAND_EXPECTED = {
         "0",
         "ex1 ex2 ex3 ex4 ex5 ex6",
     ),
-    "custom_exception": ("errors", "1 0 2 2 2 3", "9", ""),
+    "custom_exception": ("errors", "1 0 2 2 2 3", "10", ""),
     "debug_print_in_given": ("ok", "1 1 2 2 2 3", "11", ""),
 }
 
@@ -1236,6 +1238,8 @@ def test_by_hand_red_team_each_gets_review_or_what_its_honest_work_deserves(tmp_
     assert "ex3: 2 of 2 pending, uses .grad_fn (cell" in rows["grad_fn_nodes"]["review"]
     assert ".next_functions" in rows["grad_fn_nodes"]["review"]
     assert "wait for your instructor's review" in rows["grad_fn_nodes"]["notes"]
+    for name in GUARDS_OFF:  # the guards were off: ex3's autograd passed every test, pending review
+        assert "ex3: 2 of 2 pending" in rows[name]["review"], rows[name]
     assert "import sys.modules" in rows["from_sys_import_modules"]["flags"]
     assert "collections._sys" in rows["collections_sys"]["flags"]
     # the student's own class name is not repeated: it is a channel they choose

@@ -468,7 +468,7 @@ def _row(name, status, qs, scores=None, notes=(), graded="", flags="", review=No
     review = review or {}
     row = {
         "submission": name,
-        "status": "review" if review and status == "ok" else status,
+        "status": "review" if review and status in ("ok", "errors") else status,
         "graded_file": graded,
     }
     pending = {}

@@ -525,7 +525,8 @@ VETTED = {
 # BEGIN ALLOWED (written by `python tools/grader/reach.py derive --write` from the labs' solutions)
 ALLOWED: dict = {
     "by_hand": {
-        "imports": (),
+        "imports": (
+        ),
         "dotted": (
             "helpers.attention.attention_backward",
             "helpers.attention.merge_heads",
@@ -579,10 +580,13 @@ ALLOWED: dict = {
             "to",
             "transpose",
         ),
-        "given": (),
+        "given": (
+        ),
     },
     "any": {
-        "imports": ("math",),
+        "imports": (
+            "math",
+        ),
         "dotted": (
             "helpers.attention.attention_backward",
             "helpers.attention.merge_heads",
@@ -644,6 +648,7 @@ ALLOWED: dict = {
             "append",
             "apply",
             "backward",
+            "children",
             "clamp",
             "clone",
             "cuda",
@@ -692,7 +697,6 @@ ALLOWED: dict = {
         "given": (
             "Value",
             "ffn_dropout",
-            "layer_names",
         ),
     },
 }
@@ -766,12 +770,15 @@ def _write(got: dict, path) -> None:
     """Rewrite the ALLOWED block of this file with ``got``."""
     from pathlib import Path
 
+    import json
+
+    q = json.dumps  # double quotes, as ruff formats them
     lines = ["ALLOWED: dict = {"]
     for t, kinds in got.items():
-        lines.append(f"    {t!r}: {{")
+        lines.append(f"    {q(t)}: {{")
         for k, names in kinds.items():
-            lines.append(f"        {k!r}: (")
-            lines += [f"            {n!r}," for n in sorted(names)]
+            lines.append(f"        {q(k)}: (")
+            lines += [f"            {q(n)}," for n in sorted(names)]
             lines.append("        ),")
         lines.append("    },")
     lines.append("}")
