@@ -525,8 +525,7 @@ VETTED = {
 # BEGIN ALLOWED (written by `python tools/grader/reach.py derive --write` from the labs' solutions)
 ALLOWED: dict = {
     "by_hand": {
-        "imports": (
-        ),
+        "imports": (),
         "dotted": (
             "helpers.attention.attention_backward",
             "helpers.attention.merge_heads",
@@ -580,13 +579,10 @@ ALLOWED: dict = {
             "to",
             "transpose",
         ),
-        "given": (
-        ),
+        "given": (),
     },
     "any": {
-        "imports": (
-            "math",
-        ),
+        "imports": ("math",),
         "dotted": (
             "helpers.attention.attention_backward",
             "helpers.attention.merge_heads",
@@ -768,15 +764,17 @@ def derive(labs: list[str]) -> tuple[dict, list[str]]:
 
 def _write(got: dict, path) -> None:
     """Rewrite the ALLOWED block of this file with ``got``."""
-    from pathlib import Path
-
     import json
+    from pathlib import Path
 
     q = json.dumps  # double quotes, as ruff formats them
     lines = ["ALLOWED: dict = {"]
     for t, kinds in got.items():
         lines.append(f"    {q(t)}: {{")
         for k, names in kinds.items():
+            if len(names) < 2:  # as ruff writes them: () and ("math",) on one line
+                lines.append(f"        {q(k)}: ({''.join(q(n) + ',' for n in names)}),")
+                continue
             lines.append(f"        {q(k)}: (")
             lines += [f"            {q(n)}," for n in sorted(names)]
             lines.append("        ),")
