@@ -276,13 +276,21 @@ def test_every_disguised_copy_is_flagged_and_no_honest_pair(lab):
     print(f"\n{lab}: {len(answers)} submissions ({len(copies)} disguised copies)")
     for ex in sorted({r["exercise"] for r in copy_rows}, key=lambda e: (len(e), e)):
         cs = [r for r in copy_rows if r["exercise"] == ex and r["tellable"]]
-        hs = [r for r in other if r["exercise"] == ex]
+        peers = [r for r in other if r["exercise"] == ex and r["b"] != SOLUTIONS]
+        tell = [r["similarity"] for r in peers if r["tellable"]]
+        vs_sol = [
+            r["similarity"] for r in other if r["exercise"] == ex and r["b"] == SOLUTIONS and r["tellable"]
+        ]
         print(
-            f"  {ex}: threshold {hs[0]['threshold']:.2f}, others' max {max(r['similarity'] for r in hs):.2f}, "
+            f"  {ex}: threshold {peers[0]['threshold']:.2f}; others' max: between students "
+            + (f"{max(tell):.2f}" if tell else "-")
+            + f" ({len(tell)} of {len(peers)} pairs tellable), against the solutions "
+            + (f"{max(vs_sol):.2f}" if vs_sol else "-")
+            + "; copies' min "
             + (
-                f"copies' min {min(r['similarity'] for r in cs):.2f} ({len(cs)})"
+                f"{min(r['similarity'] for r in cs):.2f} ({len(cs)} tellable)"
                 if cs
-                else "too short to tell"
+                else "- (too short to tell)"
             )
         )
     # every copy of a tellable answer is flagged on that exercise; a copy of the solutions is
@@ -629,3 +637,14 @@ def test_csv_cell_escapes_what_starts_a_formula():
     assert similarity.csv_cell("\r@x") == "' @x"
     assert similarity.csv_cell("alice") == "alice"
     assert similarity.csv_cell(0.5) == "0.5"
+
+
+def test_hostile_answers_do_not_break_the_report():
+    deep = "x = " + "(" * 3000 + "1" + ")" * 3000 + "\n"
+    nested = (
+        "def f(a):\n" + "".join("    " * (i + 1) + "if a:\n" for i in range(90)) + "    " * 91 + "a = 1\n"
+    )
+    junk = "\x00\x1b[31m def ((( :: '''\n" * 50
+    answers = {"deep": deep, "nested": nested, "junk": junk, "alice": ATTENTION, "bob": ATTENTION_RENAMED}
+    rows = similarity_pairs(answers)
+    assert [(r["a"], r["b"]) for r in rows] == [("alice", "bob")]

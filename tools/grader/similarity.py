@@ -30,16 +30,31 @@ A renamed, reordered, reformatted copy scores 1.0.
 **The flag.** For each exercise the class's own pairwise figures give the scale: the median and
 the MAD (scaled by 1.4826 to a standard deviation). A pair is flagged on an exercise when
 
-* both answers have at least ``MIN_TOKENS`` tokens of their own (one-liners and short canonical
-  answers are never flagged: everyone who gets them right writes the same thing), and
+* both answers have at least ``MIN_TOKENS`` tokens of their own (in statements with a gram that
+  is neither given nor the solutions'), so one-liners and short canonical answers are never
+  flagged: everyone who gets them right writes the same thing; and
 * its figure is at least ``max(FLOOR, min(CEILING, median + K_MAD * max(spread, MIN_SPREAD)))``
   (spread = 1.4826 MAD). With fewer than ``MIN_PAIRS`` pairs of tellable answers the class is
   too small to have a distribution and the threshold is ``SMALL_CLASS_FLOOR``; a class whose
   median is ``UNIFORM`` or more writes one answer, and nothing is flagged on that exercise.
 
-A submission against the published solutions is judged on the same exercise threshold (the
-solutions are not part of the distribution). The measured numbers behind the constants are
-printed by ``tests/test_grader_similarity.py`` (honest maximum per exercise, copies' minimum).
+**The published solutions are the expected answer.** The course's hints give the formulas and
+its style guide fixes the names (``grad_<name>``), so an honest student who follows the chapter
+writes, exercise after exercise, what the solutions write: in the corpus one honest student
+matches the solutions at 1.00 on whole exercises of 100+ tokens (lab 6 ex3, lab 7 ex1 and ex3)
+and at 0.80-0.93 on others, while disguised copies score 1.00. Hence:
+
+* between students, grams that the solutions' answer to the exercise also contains are dropped
+  like the given code: two students who both wrote the canonical answer share nothing that
+  counts (and are not tellable), two who share their own way of writing it are;
+* against the solutions, one exercise proves nothing; a submission is flagged only when at
+  least ``SOLUTION_MIN_EXERCISES`` of its tellable exercises, and ``SOLUTION_SHARE`` of them,
+  match at ``SOLUTION_SIM`` or more (the honest corpus: at most 2 of 5, lab 7). Copying one
+  exercise of the solutions is therefore not flagged, nor is any copy in lab 1 (one exercise
+  long enough to tell): it cannot be told from writing the canonical answer.
+
+The measured numbers behind the constants are printed by ``tests/test_grader_similarity.py -s``
+(honest maximum per exercise between students and against the solutions, copies' minimum).
 """
 
 from __future__ import annotations
@@ -246,11 +261,14 @@ def statements(code: str, bound: set[str] | None = None) -> list[tuple[list[str]
         bound = bound_names(code)
     units = []
     if tree is not None and (tree.body or not code.strip()):
-        for text, first, last in _units(tree.body):
-            toks = _canonical(_tokens(text), bound)
-            if toks:
-                units.append((toks, first, last))
-        return units
+        try:
+            for text, first, last in _units(tree.body):
+                toks = _canonical(_tokens(text), bound)
+                if toks:
+                    units.append((toks, first, last))
+            return units
+        except (RecursionError, ValueError, MemoryError):  # too deep to print back: by lines
+            units = []
     for n, ln in enumerate(code.splitlines(), 1):  # does not parse: one line, one statement
         toks = _canonical(_tokens(re.sub(r"#.*", "", ln.strip())), bound)
         if toks:
