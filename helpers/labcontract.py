@@ -475,3 +475,26 @@ def dict_entries(answer, args, kwargs, keys=()):
     if isinstance(out, dict) and set(out) == set(keys):
         return tuple(out[k] for k in keys)
     return out
+
+
+@probe
+def backward_and_saved(answer, args, kwargs, wrt=(0,), grad_output=None, report=None, saves=True, count=True):
+    """(outputs…, args[i].grad for i in report (None where args[i] needs no gradient), "2 tensors" saved (if saves; "not counted" unless count), "left unchanged" or "changed in place"): an autograd.Function judged by what autograd gets, what it saved for backward (saved-tensor hooks) and what its backward did to grad_output."""
+    from helpers.memory import SavedTensors
+
+    args = list(args)
+    for i in wrt:
+        args[i] = args[i].detach().clone().requires_grad_()
+    grads = grad_output if isinstance(grad_output, tuple) else (grad_output,)
+    before = [None if g is None else g.clone() for g in grads]
+    with SavedTensors() as saved:
+        out = _given(answer.apply(*args, **kwargs))
+    outs = out if isinstance(out, tuple) else (out,)
+    pairs = [(o, g) for o, g in zip(outs, grads) if g is not None]
+    torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+    kept = all(g is None or torch.equal(g, b) for g, b in zip(grads, before))
+    got = [args[i].grad for i in (wrt if report is None else report)]
+    n = f"{saved.count} tensor{'' if saved.count == 1 else 's'}" if count else "not counted"
+    extra = (n,) if saves else ()
+    said = "left unchanged" if kept else "changed in place"
+    return (*[o.detach() if isinstance(o, torch.Tensor) else o for o in outs], *got, *extra, said)
