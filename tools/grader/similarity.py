@@ -60,6 +60,7 @@ The measured numbers behind the constants are printed by ``tests/test_grader_sim
 from __future__ import annotations
 
 import ast
+import builtins
 import copy
 import csv
 import html
@@ -165,18 +166,20 @@ def _dedent_lines(code: str) -> str:
     return "\n".join(ln.strip() for ln in code.splitlines())
 
 
+# names code that does not parse is assumed not to bind: modules and the helpers' usual aliases
+_LIBRARY = {"torch", "math", "F", "nn", "np", "numpy", "itertools", "functools", "helpers", "collections"}
+
+
 def bound_names(code: str) -> set[str]:
-    """The names an answer binds (AST when it parses, else 'name =' / 'def name' / 'for name' lines)."""
+    """The names an answer binds: from the AST when it parses; when it does not (a syntax error,
+    or lines cut out of their ``def``), every identifier except keywords, builtins and _LIBRARY."""
     tree = _parse(code)
     if tree is not None:
         return _bound_names(tree)
     found = set()
-    for ln in code.splitlines():
-        for m in re.finditer(r"(?:^|[\s,(])([A-Za-z_]\w*)\s*(?:,|\)|=(?!=)|\bin\b|:)", ln):
-            found.add(m.group(1))
-        for m in re.finditer(r"\b(?:def|class|for|as|lambda)\s+([A-Za-z_]\w*)", ln):
-            found.add(m.group(1))
-    return found - set(keyword.kwlist)
+    for m in re.finditer(r"(?<![.\w])([A-Za-z_]\w*)", re.sub(r"#.*", "", code)):
+        found.add(m.group(1))
+    return found - set(keyword.kwlist) - set(dir(builtins)) - _LIBRARY
 
 
 def _strip_docstring(body: list[ast.stmt]) -> list[ast.stmt]:
