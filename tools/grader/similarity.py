@@ -321,18 +321,35 @@ def score(a: Answer, b: Answer) -> tuple[float, int]:
 
 
 def matched_lines(a: Answer, b: Answer) -> list[tuple[str, str, str]]:
-    """(a's lines, b's lines, "La-b ~ Lc-d") for each statement of a mostly found in one of b's."""
-    out = []
+    """(a's lines, b's lines, "La-b ~ Lc-d") for each statement of a mostly found in one of b's
+    (a line shown once: an ``elif`` is an ``else`` and an ``if`` on one line)."""
+    out, seen = [], set()
     for grams, first, last, _ in a.units:
+        if (first, last) in seen:
+            continue
         best, best_n = None, 0
         for bu in b.units:
             n = sum((Counter(grams) & Counter(bu[0])).values())
             if n > best_n:
                 best, best_n = bu, n
         if best is not None and best_n * 2 >= len(grams):
+            seen.add((first, last))
             where = f"L{first}-{last} ~ L{best[1]}-{best[2]}"
             out.append((a.lines(first, last), b.lines(best[1], best[2]), where))
     return out
+
+
+def _where(matches) -> str:
+    """The CSV's summary of the matches: per exercise, how many statements and which lines."""
+    parts = []
+    for ex in dict.fromkeys(m[0] for m in matches):
+        locs = [re.findall(r"\d+", m[3]) for m in matches if m[0] == ex]
+        a_lines = [int(x) for loc in locs for x in loc[:2]]
+        b_lines = [int(x) for loc in locs for x in loc[2:]]
+        parts.append(
+            f"{ex}: {len(locs)} statements, lines {min(a_lines)}-{max(a_lines)} ~ {min(b_lines)}-{max(b_lines)}"
+        )
+    return "; ".join(parts)
 
 
 # ----------------------------------------------------------------- the class
@@ -499,7 +516,7 @@ def write_report(rows: list[dict], path: str | PathLike, *, cell=None) -> None:
         w = csv.writer(f)
         w.writerow([esc(x) for x in FIELDS])
         for r in rows:
-            where = "; ".join(f"{ex} {loc}" for ex, _, _, loc in r.get("matches", []))
+            where = _where(r.get("matches", []))
             w.writerow(
                 [
                     esc(r["a"]),
