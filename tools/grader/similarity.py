@@ -344,6 +344,9 @@ def _where(matches) -> str:
     parts = []
     for ex in dict.fromkeys(m[0] for m in matches):
         locs = [re.findall(r"\d+", m[3]) for m in matches if m[0] == ex]
+        if any(len(loc) != 4 for loc in locs):  # not "La-b ~ Lc-d": as given
+            parts.append(f"{ex}: " + ", ".join(m[3] for m in matches if m[0] == ex))
+            continue
         a_lines = [int(x) for loc in locs for x in loc[:2]]
         b_lines = [int(x) for loc in locs for x in loc[2:]]
         parts.append(
