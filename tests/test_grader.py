@@ -1044,6 +1044,17 @@ def test_every_labs_published_solutions_use_only_what_the_allow_list_holds(lab):
     assert len(answers) == len(labs.questions(labs.read_nb(labs.source_path(lab))))  # one answer cell each
 
 
+def test_the_allow_list_holds_what_every_labs_solutions_use_and_none_needs_a_refused_construct():
+    """`python tools/grader/reach.py derive --write` was run after the solutions last changed."""
+    import reach
+
+    got, refused = reach.derive(labs.labs())
+    assert not refused, refused
+    for tier, kinds in got.items():
+        for kind, names in kinds.items():
+            assert names <= reach.ALLOWED[tier][kind], (tier, kind, sorted(names - reach.ALLOWED[tier][kind]))
+
+
 def test_the_allow_list_never_holds_what_computes_a_gradient_unseen_or_reaches_the_grader():
     import reach
 

@@ -101,6 +101,8 @@ NEVER_ANY = {
         "torch.ops",
         "torch.library",
         "torch.utils.cpp_extension",
+        "operator.attrgetter",
+        "operator.methodcaller",
         "worker",
         "wire",
         "harness",
@@ -146,6 +148,12 @@ NEVER_BY_HAND = {
     "attributes": ("grad_fn", "next_functions", "backward", "register_hook", "retain_grad"),
     "builtins": (),
 }
+
+
+# what a string may not spell: the way around an attribute check is to look the name up by text
+SPELLED = (
+    r"\b(?:grad_fn|next_functions|forward_ad|make_dual|_functorch|jacfwd|_execution_engine|_saved_\w+)\b"
+)
 
 
 def _is_dunder(name: str) -> bool:
@@ -305,6 +313,9 @@ class _Uses(ast.NodeVisitor):
         if isinstance(node.value, str):
             for d in sorted(set(re.findall(r"__\w+?__", node.value))):
                 self.add("string", d, node)
+            # a name to look up by text (attrgetter, a dict of a module): the ones no answer spells
+            for w in sorted(set(re.findall(SPELLED, node.value))):
+                self.add("string", w, node)
 
 
 def uses(code: str, scope: Scope) -> list[tuple[str, str, int]]:
@@ -729,6 +740,7 @@ class Plan:
 
 
 SIMILAR = 0.5  # a submitted cell this like a released given cell (difflib's ratio) is that cell, edited
+PAIRS = 4000  # similarity comparisons one changed stretch may take (a notebook of 5000 cells is not slow)
 
 
 def _pairs(subs: list[str], rels: list[tuple[str, str | None]]) -> dict[int, int]:
@@ -736,9 +748,11 @@ def _pairs(subs: list[str], rels: list[tuple[str, str | None]]) -> dict[int, int
 
     Most alike first; an answer cell takes any submitted cell (a finished answer may share little
     with its stub), a given cell only one at least SIMILAR to it."""
+    if len(subs) * len(rels) > PAIRS:
+        return {}  # nothing stands for a released cell: all are the student's own, read as added
     scored = sorted(
         (
-            (-difflib.SequenceMatcher(None, r, s, autojunk=False).ratio(), j, i)
+            (-difflib.SequenceMatcher(None, r[:4000], s[:4000], autojunk=False).ratio(), j, i)
             for j, s in enumerate(subs)
             for i, (r, _) in enumerate(rels)
         )
