@@ -76,7 +76,7 @@ from os import PathLike
 SOLUTIONS = "(published solutions)"
 K = 4  # tokens per gram
 MIN_TOKENS = 40  # an answer shorter than this (own tokens) cannot tell a copy from the obvious answer
-FLOOR = 0.75  # never flag below this, whatever the class does
+FLOOR = 0.8  # never flag below this, whatever the class does
 CEILING = 0.9  # at or above this a tellable pair is flagged, however wide the class's spread
 K_MAD = 3.0  # how far above the class's median, in robust standard deviations
 MIN_SPREAD = 0.05  # a class whose answers all score alike still needs a clear margin
