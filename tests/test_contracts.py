@@ -128,6 +128,11 @@ def test_the_recorded_data_is_what_the_contract_records_now(lab):
     same(fresh, have)
 
 
+def _top_level_names(code: str) -> set:
+    """The functions and classes a cell defines at its top level (a class's methods are the class's)."""
+    return {n.name for n in ast.parse(code).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+
+
 @pytest.mark.parametrize("lab", LABS)
 def test_the_student_side_holds_no_reference(lab):
     """helpers/labcontract.py and the student notebook define none of the answers; the notebook's code
@@ -136,12 +141,16 @@ def test_the_student_side_holds_no_reference(lab):
     tree = ast.parse((ROOT / "helpers" / "labcontract.py").read_text())
     defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
     assert not defined & {ex.function for ex in c.exercises.values()}
+    answers = set()  # what the learner writes: the functions and classes of the source's answer cells
+    for _, where, cell in labs.regions(labs.read_nb(labs.source_path(lab))):
+        if where == "solution" and cell.cell_type == "code":
+            answers |= _top_level_names(cell.source)
+    assert {ex.function for ex in c.exercises.values()} <= answers
     nb = labs.read_nb(labs.student_path(lab))
-    answers = {ex.function for ex in c.exercises.values()}
     for cell in nb.cells:
         if cell.cell_type != "code" or "google.colab" in cell.source:
             continue
-        defs = {n.name for n in ast.walk(ast.parse(cell.source)) if isinstance(n, ast.FunctionDef)}
+        defs = _top_level_names(cell.source)
         assert defs <= answers, defs
         if not defs:
             lines = [ln for ln in cell.source.splitlines() if ln.strip()]
