@@ -498,3 +498,36 @@ def backward_and_saved(answer, args, kwargs, wrt=(0,), grad_output=None, report=
     extra = (n,) if saves else ()
     said = "left unchanged" if kept else "changed in place"
     return (*[o.detach() if isinstance(o, torch.Tensor) else o for o in outs], *got, *extra, said)
+
+
+@probe
+def at_each(answer, args, kwargs, steps=()):
+    """(float(answer(s, *args, **kwargs)) for s in steps as a float64 tensor, the values' type names): a schedule."""
+    values = [answer(s, *args, **kwargs) for s in steps]
+    if all(v is None or v is Ellipsis for v in values):
+        raise NotImplementedError("returned None")
+    kinds = ", ".join(sorted({type(v).__name__ for v in values}))
+    return torch.tensor([float(v) for v in values], dtype=torch.float64), kinds
+
+
+@probe
+def trained_with(answer, args, kwargs, optimizer="torch.optim.SGD", hp=None):
+    """(the parameters after, as one vector; the returned losses as a float64 tensor; their type names) of
+    answer(model, opt, *args[1:]): model = args[0], opt = the named torch.optim optimizer over its parameters."""
+    model = args[0]
+    if not str(optimizer).startswith("torch.optim."):
+        raise ValueError(f"optimizer: expected a name under torch.optim., got {optimizer!r}")
+    opt = getattr(torch.optim, str(optimizer).rpartition(".")[2])(model.parameters(), **(hp or {}))
+    losses = list(_given(answer(model, opt, *args[1:], **kwargs)))
+    kinds = ", ".join(sorted({type(v).__name__ for v in losses}))
+    params = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+    return params, torch.tensor([float(v) for v in losses], dtype=torch.float64), kinds
+
+
+@probe
+def none_as_text(answer, args, kwargs):
+    """answer(*args, **kwargs) with each None output written 'None' (labcheck's diagnosis cannot take a None)."""
+    out = _given(answer(*args, **kwargs))
+    if isinstance(out, tuple):
+        return tuple("None" if v is None else v for v in out)
+    return out
