@@ -526,6 +526,15 @@ def _code(nb) -> list[str]:
     ]
 
 
+def _exercise_answers(nb, lab: str) -> dict[str, str]:
+    """{"ex1": the student's own code of exercise 1, ...}, each cut at MAX_ANSWER characters."""
+    sys.path.insert(0, str(ROOT / "tools" / "grader"))
+    import similarity
+
+    answers = similarity.exercise_answers(nb, read_nb(student_path(lab)))
+    return {ex: code[:MAX_ANSWER] for ex, code in answers.items()}
+
+
 def answer_text(nb, lab: str) -> str:
     """The lines a student wrote: code lines of the submission that the released notebook does not have."""
     given = {ln.strip() for src in _code(read_nb(student_path(lab))) for ln in src.splitlines()}
@@ -763,10 +772,11 @@ def grade_submission(
     notes += [note] if note else []
     nb.metadata.setdefault("otter", {})["assignment_name"] = lab
     answer = answer_text(nb, lab)
+    answers = _exercise_answers(nb, lab)
     out = run_harness(run, lab, sub.student, nb, timeout, skip, unsafe)
     # what the harness read in the student's own cells that could reach around the grader's checks
     flags = [str(x) for x in out.get("reach", []) if isinstance(x, str)]
-    detail = {"questions": out.get("questions", {}), "answer": answer}
+    detail = {"questions": out.get("questions", {}), "answer": answer, "answers": answers}
     if out.get("status") in ("timeout", "crashed"):
         cell = out.get("cell")
         where = (
@@ -954,9 +964,11 @@ def grade(
         + (" (a student)" if row["submission"] == similarity.SOLUTIONS else "")
         for row, _ in results
     }
-    answers = {label[row["submission"]]: d.get("answer", "")[:MAX_ANSWER] for row, d in results}
-    sol = answer_text(solution_notebook(lab), lab)
-    pairs = similarity.similarity_pairs(answers, sol)
+    # exercise by exercise, against the class's own pairs (tools/grader/similarity.py: calibrated on
+    # tests/data/similarity's honest corpus); the released notebook's code is nobody's own work
+    answers = {label[row["submission"]]: d.get("answers", {}) for row, d in results}
+    sol = _exercise_answers(solution_notebook(lab), lab)
+    pairs = similarity.similarity_pairs(answers, sol, given=similarity.given_code(read_nb(student_path(lab))))
     unlabel = {v: k for k, v in label.items()}
     for p in pairs:
         p["a"], p["b"] = unlabel.get(p["a"], p["a"]), unlabel.get(p["b"], p["b"])
@@ -975,7 +987,7 @@ def grade(
         if len(similar) > 3:
             similar = similar[:3] + [f"and {len(similar) - 3} more (see {similarity_csv.name})"]
         r["flags"] = "; ".join(filter(None, [r["flags"], *similar]))
-    for path in (out_csv, fb, similarity_csv):
+    for path in (out_csv, fb, similarity_csv, similarity_csv.with_suffix(".html")):
         path.parent.mkdir(parents=True, exist_ok=True)
         _ensure_ignored(path)
     fields = (
