@@ -470,11 +470,11 @@ def hidden_check(lab: str, exercise: str, fn, case_class: str) -> None:
 
 @probe
 def dict_entries(answer, args, kwargs, keys=()):
-    """(out[k] for k in keys) of an answer that returns a dict; a dict with other keys, or any other value, as it is."""
+    """(out[k] for k in keys) of an answer that returns a dict (one with other keys as it is; not a dict: TypeError)."""
     out = _given(answer(*args, **kwargs))
-    if isinstance(out, dict) and set(out) == set(keys):
-        return tuple(out[k] for k in keys)
-    return out
+    if not isinstance(out, dict):
+        raise TypeError(f"returned a {type(out).__name__}, expected a dict with keys {', '.join(keys)}")
+    return tuple(out[k] for k in keys) if set(out) == set(keys) else out
 
 
 @probe
