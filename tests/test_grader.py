@@ -72,7 +72,8 @@ def _submission(lab, answers=None, insert=None):
 
 
 def _tree_hashes(
-    root: Path, skip=(".git", "__pycache__", ".pytest_cache", ".ruff_cache", "_build", "node_modules")
+    root: Path,
+    skip=(".git", "__pycache__", ".pytest_cache", ".ruff_cache", ".hypothesis", "_build", "node_modules"),
 ) -> dict:
     """sha256 of every file under root (what a hostile submission must not change)."""
     out = {}
@@ -145,7 +146,7 @@ HOSTILE = {
     "except Exception:\n    pass",
     "leak_feedback": "secret = []\nfor p in ('{root}/labs/source/{lab}.ipynb', '{root}/labs/dist/{lab}/tests/ex1.py'):\n    try:\n"
     "        secret.append(open(p).read())\n    except Exception as e:\n        secret.append(repr(e))\n"
-    "raise RuntimeError('LEAK ' + ' '.join(secret) + {snippet!r})",
+    "raise RuntimeError({snippet!r} + ' LEAK ' + ' '.join(secret))",
     "memory_bomb": "import torch\nx = bytearray(64 * 2 ** 30)",
     # where the sandbox's home and the course live on the grading machine, in the error's message
     "host_paths": "import sys, helpers\n"
@@ -157,6 +158,9 @@ HOSTILE = {
     "            os.write(fd, struct.pack('<QI', len(head), 0) + head)\n        except Exception:\n            pass",
 }
 
+
+# the hostile submissions below that switch the worker's guards off (their exercises wait for review)
+GUARDS_SWITCHED_OFF = {"guards_off", "forge_worker"}
 
 # these go after the last answer cell (so the stubs do not overwrite what they define); from a red-team review
 HOSTILE_LAST = {
@@ -313,7 +317,7 @@ def redteam(tmp_path_factory):
 # submission: (status, ex1..ex6, total) with ex points 1, 1, 2, 2, 2, 3 (11 in all)
 EXPECTED = {
     "full": ("ok", "1 1 2 2 2 3", "11"),
-    "partial": ("ok", "1 1 2 1 0 0", "5"),  # relu'(0) = 1 fails one of two tests
+    "partial": ("ok", "1 1 2 1.2 0 0", "5.2"),  # relu'(0) = 1 fails two of ex4's five tests
     "empty": ("ok", "0 0 0 0 0 0", "0"),
     "syntax_error": ("errors", "1 1 2 2 0 3", "9"),
     "exits_midway": ("errors", "1 1 2 2 2 3", "11"),  # sys.exit / os._exit end a cell, not the grading
@@ -347,9 +351,9 @@ def test_every_hostile_submission_scores_what_its_honest_work_deserves(redteam):
         # nothing earned; an exercise whose code is off the allow-list waits for review (with 0 pending)
         assert all(p in ("0", "review") for p in _points(r).split()) and r["total"] == "0", (name, r)
         assert r["possible"] == "11"
-        assert all(
-            re.fullmatch(r"ex\d: 0 of \d+ pending, uses .+", x) for x in r["review"].split("; ") if x
-        ), r
+        if name not in GUARDS_SWITCHED_OFF:  # there, what the tests gave while unguarded waits for review
+            pending = [x for x in r["review"].split("; ") if x]
+            assert all(re.match(r"ex\d: 0 of \d+ pending, uses ", x) for x in pending), (name, r["review"])
 
 
 @pytest.mark.sandbox
@@ -454,7 +458,7 @@ def test_notes_and_feedback_name_the_cause_and_never_quote_hidden_material(redte
     files = sorted(p.name for p in fb.iterdir())
     assert files == sorted(f"{n}.txt" for n in rows), files
     partial = (fb / "partial.txt").read_text()
-    assert "Score: 5 / 11" in partial and "ex4    1 / 2   1 of 2 hidden tests pass" in partial
+    assert "Score: 5.2 / 11" in partial and "ex4    1.2 / 2   3 of 5 hidden tests pass" in partial
     for p in fb.iterdir():
         text = p.read_text()
         assert not [s for s in redteam["secrets"] if labs.found(s, text)], p.name
