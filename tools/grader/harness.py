@@ -437,11 +437,11 @@ def grade(spec: dict) -> dict:
     try:
         student = start()
     except NotebookTimeout as e:
-        return {"status": "timeout", **({"cell": list(e.cell)} if e.cell else {})}
+        return {"status": "timeout", "reach": checked.reach, **({"cell": list(e.cell)} if e.cell else {})}
     except TimeoutError:
-        return {"status": "timeout"}
+        return {"status": "timeout", "reach": checked.reach}
     except (EOFError, wire.WireError, wire.RemoteError, OSError) as e:
-        return {"status": "crashed", "message": f"{type(e).__name__}"}
+        return {"status": "crashed", "reach": checked.reach, "message": f"{type(e).__name__}"}
     result["errors"] = _errors(student.errors)
     for q in qs:
         if q.name in skip:
