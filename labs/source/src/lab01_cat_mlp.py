@@ -56,6 +56,7 @@ if "google.colab" in sys.modules:
 # %%
 import torch
 
+from helpers import cat_mlp  # noqa: F401 - the seed's numbers: cat_mlp.cat_params()
 from helpers.labcontract import check_contract
 
 # %% [raw]
