@@ -796,6 +796,8 @@ def test_a_result_of_the_wrong_shape_or_with_no_elements_is_not_close_to_the_ref
 @pytest.mark.slow
 @pytest.mark.parametrize("lab", labs.labs())
 def test_every_labs_solutions_pass_every_hidden_test_across_the_boundary(lab):
+    if labs.stale(lab):  # the harness reads given cells against the released notebook: release first
+        pytest.skip(f"{lab}'s student notebook is stale: {labs.stale(lab)}")
     got, notes = _grade_in_harness(lab)
     assert all(p == n for p, n in got.values()) and not notes, (got, notes)
 
