@@ -758,3 +758,10 @@ def test_check_gradcheck_reports_a_self_check_mistake_and_a_learner_error_alike(
     assert check_gradcheck(run, (X,), name="g", quiet=True).line == (
         "✗ g: backward must return one gradient per input"
     )
+
+
+def test_an_output_that_must_stay_none_is_compared_not_crashed_on():
+    """An expected None (an optimizer's buffer before any momentum) is an output like the others."""
+    t = torch.zeros(2)
+    line = evaluate((t, torch.ones(2)), (t, None), outputs=("theta", "buf"), name="step", atol=0, rtol=0).line
+    assert line == "✗ step: buf is a Tensor, expected None"
