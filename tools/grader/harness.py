@@ -10,6 +10,10 @@ backward asks the worker, so ``gradcheck`` and ``.backward()`` test a student's
 ``autograd.Function`` across the boundary. Comparisons (``torch.allclose``, ``assert``) all
 run here, on this process's untouched torch. Scores are computed here and capped.
 
+The notebook is read here once, before any of the student's code runs: ``reach.plan`` reads its
+cells against the released notebook and the allow-list (what goes to "instructor review"), and
+those same cells, not the file, are what every start of the worker runs.
+
     python harness.py SPEC.json      # SPEC: source, worker command, limits; writes spec["result"]
 """
 
