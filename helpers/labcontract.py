@@ -531,3 +531,38 @@ def none_as_text(answer, args, kwargs):
     if isinstance(out, tuple):
         return tuple("None" if v is None else v for v in out)
     return out
+
+
+# ------------------------------------------------------------ lab 5's probes (appended)
+
+
+def _hooks_on(model) -> int:
+    """How many forward, forward-pre, backward and backward-pre hooks the model's modules hold."""
+    kinds = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+    return sum(len(getattr(m, k, None) or {}) for m in model.modules() for k in kinds)
+
+
+@probe
+def recorded_and_hooks_left(answer, args, kwargs):
+    """What answer(model, …) returned, a dict, with one more entry, "hooks left on the model" (a count)."""
+    out = _given(answer(*args, **kwargs))
+    return {**out, "hooks left on the model": _hooks_on(args[0])} if isinstance(out, dict) else out
+
+
+@probe
+def clipped_leaves(answer, args, kwargs):
+    """(total, the .grads after, concatenated, how many .grad were replaced, not changed in place) for answer(params, …),
+    params built as leaves whose .grad is args[0]'s tensors (a torch.Size: a parameter whose .grad is None)."""
+    specs = args[0]
+    dtype = next((g.dtype for g in specs if isinstance(g, torch.Tensor)), torch.float64)
+    params = []
+    for g in specs:
+        p = torch.zeros(tuple(g.shape if isinstance(g, torch.Tensor) else g), dtype=dtype, requires_grad=True)
+        if isinstance(g, torch.Tensor):
+            p.grad = g.detach().clone()
+        params.append(p)
+    before = [p.grad for p in params]
+    total = _given(answer(params, *args[1:], **kwargs))
+    grads = [p.grad.detach().reshape(-1) for p in params if p.grad is not None]
+    after = torch.cat(grads) if grads else torch.zeros(0, dtype=dtype)
+    return total, after, sum(p.grad is not b for p, b in zip(params, before))
