@@ -1140,17 +1140,36 @@ def test_lab6_an_aten_alias_and_a_helper_bound_before_the_guard_are_off_the_list
     )
 
 
+# lab 8's given self-check as it was when a debug print there cost an honest student 9 of 11 points
+# ("your code uses getattr"); the lab now checks through contracts, so the case is kept as it was
+GIVEN_WITH_GETATTR = (
+    "def in_order(grads, A, B):\n    names = {A.shape: 'grad_A', B.shape: 'grad_B'}\n"
+    '    seen = [names.get(getattr(t, "shape", None), "?") for t in grads]\n    return seen\n'
+)
+LINE_WITH_GETATTR = '    seen = [names.get(getattr(t, "shape", None), "?") for t in grads]\n'
+
+
+def _plan_with_given(given: str, submitted: str):
+    """reach.plan of a two-cell notebook (a given cell, then a by-hand answer cell) where the given
+    cell was handed out as ``given`` and handed in as ``submitted``."""
+    import reach
+
+    released = [(given, None), ("def f(x):\n    ...", "ex1")]
+    cells = [(1, submitted), (2, "def f(x):\n    return 2 * x")]
+    return reach.plan(cells, released, {"ex1": ["autograd"]})
+
+
 def test_an_edited_given_cell_counts_only_the_lines_the_student_wrote():
-    """Lab 8's given self-check holds `getattr`: a debug print added there cost an honest student 9 of 11."""
-    lab = "lab08_lora"
-    text = _submission(lab, _solutions(lab))
-    line = 'seen = [names.get(getattr(t, "shape", None), "?") for t in grads]'
-    debug = _edit_given(text, line, line + "\n        print(seen)")
-    checked = _plan(lab, debug)
+    """A given cell that holds `getattr`: a debug print added there costs nothing, a getattr added is read."""
+    debug = GIVEN_WITH_GETATTR.replace(LINE_WITH_GETATTR, LINE_WITH_GETATTR + "    print(seen)\n")
+    checked = _plan_with_given(GIVEN_WITH_GETATTR, debug)
     assert not checked.review and not checked.reach, (checked.review, checked.reach)
-    assert [c.kind for c in checked.cells].count("edited") == 1
-    hostile = _edit_given(text, line, line + "\n        getattr(grads, 'x', None)")
-    assert any(x.startswith("getattr") for x in _plan(lab, hostile).reach)
+    assert [c.kind for c in checked.cells] == ["edited", "answer"]
+    added = LINE_WITH_GETATTR + "    getattr(grads, 'x', None)\n"
+    hostile = GIVEN_WITH_GETATTR.replace(LINE_WITH_GETATTR, added)
+    assert any(x.startswith("getattr") for x in _plan_with_given(GIVEN_WITH_GETATTR, hostile).reach)
+    # unchanged, the given cell is the course's code: not read at all
+    assert not _plan_with_given(GIVEN_WITH_GETATTR, GIVEN_WITH_GETATTR).reach
 
 
 def test_the_runtime_guards_cover_forward_ad_functorch_the_functional_api_kernels_and_aliases(tmp_path):
@@ -1315,10 +1334,13 @@ def test_a_notebook_that_rewrites_its_file_runs_after_a_restart_what_the_harness
 
 @pytest.mark.sandbox
 @pytest.mark.slow
-def test_lab8_a_debug_print_in_a_given_self_check_costs_nothing():
-    lab = "lab08_lora"
-    line = 'seen = [names.get(getattr(t, "shape", None), "?") for t in grads]'
-    text = _edit_given(_submission(lab, _solutions(lab)), line, line + "\n        print(seen)")
-    out = _harness_grade(lab, text)
+def test_a_debug_print_in_a_given_self_check_costs_nothing():
+    """The honest student's edit, in a lab 1 graded by the harness: full marks, no review, reported."""
+    text = _edit_given(
+        _submission(LAB, _solutions(LAB)),
+        'check_contract("lab01", "ex3", layer2_backward)',
+        'print("debugging")\ncheck_contract("lab01", "ex3", layer2_backward)',
+    )
+    out = _harness_grade(LAB, text)
     assert not out["review"] and not out["reach"] and len(out["edited"]) == 1, out
     assert all(v["score"] == v["possible"] for v in out["questions"].values()), out["questions"]

@@ -415,6 +415,9 @@ repeat repeat_interleave requires_grad reshape reshape_as roll round rsqrt scatt
 sigmoid sign silu sin sinh size softmax sort split sqrt sqrt_ square squeeze stack std stride sub sub_
 subtract sum t tanh tensor tile to tolist topk trace transpose tril triu true_divide type_as unbind unflatten
 unique unsqueeze var view view_as where zero_ zeros zeros_like
+linalg vector_norm matrix_norm special expit logit softplus logsigmoid log_sigmoid dropout embedding
+cross_entropy nll_loss binary_cross_entropy narrow index_put_ scatter_ scatter_add_ swapaxes indices
+values type is_floating_point nelement element_size storage_offset sigmoid_ relu_ fill_diagonal_
 """
 VETTED = {
     "imports": ("math", "torch", "torch.nn", "torch.nn.functional", "functools", "itertools", "typing"),
