@@ -894,6 +894,8 @@ def test_a_mistake_seen_only_through_the_boundary_loses_points(name):
 @pytest.mark.slow
 def test_lab6_the_course_reference_and_autograd_score_nothing_where_the_work_is_by_hand(tmp_path):
     lab = "lab06_attention_backward"
+    if labs.stale(lab):  # the harness reads given cells against the released notebook: release first
+        pytest.skip(f"{lab}'s student notebook is stale: {labs.stale(lab)}")
     sol = _solutions(lab)
     # ex3 computes the right gradients but asks the course's attention_backward for dQ, dK, dV
     body = sol[2].split("\n")
