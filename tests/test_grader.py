@@ -1112,6 +1112,17 @@ def test_a_by_hand_answer_off_the_allow_list_goes_to_review_naming_the_construct
         assert set(checked.review) == {"ex3"} and not checked.reach, (checked.review, checked.reach)
 
 
+def test_a_magic_hides_nothing_from_the_allow_list():
+    """`%time` and `%%timeit` run code: it is read as the cell's own; any other magic cannot be read."""
+    import reach
+
+    sc = reach.scope(["import torch"], [])
+    assert [x for x, *_ in reach.unlisted("%time g = y.grad_fn(x)", sc, "by_hand")] == [".grad_fn"]
+    assert not reach.unlisted("%%timeit\ntorch.outer(a, b)", sc, "by_hand")
+    for code in ("!cat /etc/passwd", "%run other.py", "get_ipython().run_cell('import sys')"):
+        assert [(x, s) for x, _, s in reach.unlisted(code, sc, "any")] == [("get_ipython", "reach")], code
+
+
 def test_the_guards_switched_off_from_a_cell_the_student_added_anywhere_send_every_by_hand_exercise_to_review():
     for code in GUARDS_OFF.values():
         checked = _plan(LAB, _submission(LAB, _solutions(LAB), insert=[(0, code)]))

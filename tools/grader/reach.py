@@ -125,6 +125,7 @@ NEVER_ANY = {
         "input",
         "help",
         "dir",
+        "get_ipython",
         "__builtins__",
     ),
 }
@@ -269,6 +270,28 @@ def scope(given: list[str], own: list[str]) -> Scope:
     return s
 
 
+TIMING_MAGICS = {"time", "timeit", "capture"}  # magics that only run their code (and time or quieten it)
+
+
+def _magic(node: ast.Call) -> str | None:
+    """For a magic as IPython rewrites it (`get_ipython().run_line_magic('time', 'x = f()')`): the code a
+    timing magic runs, "" for any other magic, None for a call that is not a magic."""
+    f = node.func
+    if not (
+        isinstance(f, ast.Attribute)
+        and isinstance(f.value, ast.Call)
+        and isinstance(f.value.func, ast.Name)
+        and f.value.func.id == "get_ipython"
+    ):
+        return None
+    args = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+    if f.attr in ("run_line_magic", "run_cell_magic") and len(args) == len(node.args) >= 2:
+        if args[0] in TIMING_MAGICS and not node.keywords:
+            code = args[-1] if f.attr == "run_cell_magic" else args[1]
+            return code or "pass"
+    return ""
+
+
 class _Uses(ast.NodeVisitor):
     """Every use in a tree as (kind, text, line): kinds import, dotted, attr, builtin, given, string."""
 
@@ -306,8 +329,19 @@ class _Uses(ast.NodeVisitor):
             return
         elif n in self.scope.given and not _is_dunder(n):
             self.add("given", n, node)
-        elif hasattr(builtins, n) or _is_dunder(n):
+        elif hasattr(builtins, n) or _is_dunder(n) or n in NEVER_ANY["builtins"]:
             self.add("builtin", n, node)
+
+    def visit_Call(self, node):
+        magic = _magic(node)
+        if magic is None:
+            self.generic_visit(node)
+        elif magic:  # %time, %%timeit: the code they run is read as the cell's own
+            tree = parse(magic)
+            if tree is not None:
+                self.visit(tree)
+        else:  # any other magic (!shell, %run, %load): code the list cannot read
+            self.add("builtin", "get_ipython", node)
 
     def visit_Constant(self, node):
         if isinstance(node.value, str):
