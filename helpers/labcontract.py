@@ -566,3 +566,70 @@ def clipped_leaves(answer, args, kwargs):
     grads = [p.grad.detach().reshape(-1) for p in params if p.grad is not None]
     after = torch.cat(grads) if grads else torch.zeros(0, dtype=dtype)
     return total, after, sum(p.grad is not b for p, b in zip(params, before))
+
+
+# ------------------------------------------------------------ lab 8's probes (appended)
+
+_PRODUCT_OPS = ("mm", "bmm", "addmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "_addmm_activation")
+
+
+@probe
+def products_formed(answer, args, kwargs, forbid=(), inner=None, returned=(), **options):
+    """(with returned = names of the first outputs: which of them are not None, "grad_x, grad_B" or "none"; the
+    inner probe's outputs with None written 'None'; per group of shapes in forbid "none formed" or
+    "formed (m, n)"): the matrix products (their last two dims, either way round) the call forms, backward too."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: list = []
+
+    class _Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, a=(), kw=None):
+            out = func(*a, **(kw or {}))
+            if func.overloadpacket.__name__ in _PRODUCT_OPS and isinstance(out, torch.Tensor):
+                seen.append(tuple(out.shape[-2:]))
+            return out
+
+    # backward on this thread, where the mode sees it
+    with torch.autograd.set_multithreading_enabled(False), _Watch():
+        out = _given(run_probe(inner, answer, args, kwargs, options))
+    outs = out if isinstance(out, tuple) else (out,)
+    verdicts = []
+    for group in forbid:
+        hit = [s for s in seen if any(s in (tuple(g), tuple(g)[::-1]) for g in group)]
+        verdicts.append(f"formed {hit[0]}" if hit else "none formed")
+    given = [n for n, v in zip(returned, outs) if v is not None]
+    head = (", ".join(given) or "none",) if returned else ()
+    return (*head, *["None" if v is None else v for v in outs], *verdicts)
+
+
+@probe
+def backward_reporting(answer, args, kwargs, wrt=(0,), report=(0,), grad_output=None, method="apply"):
+    """backward_through's (outputs…, gradients), the gradients listed for every index of report (None where
+    that input needs none, as autograd leaves it)."""
+    got = backward_through(answer, args, kwargs, wrt=wrt, grad_output=grad_output, method=method)
+    n = len(got) - len(wrt)
+    by_index = dict(zip(wrt, got[n:]))
+    return (*got[:n], *(by_index.get(i) for i in report))
+
+
+@probe
+def layer_after(answer, args, kwargs, layer=0):
+    """(what answer(layer, …) returned: "the layer" or a type, the weight after, the bias after ('None' without
+    one), "the same Parameter" or "a new object", "True" or "False" (weight.requires_grad), "no graph" or "a graph"):
+    an in-place step."""
+    obj = args[layer]
+    before = obj.weight
+    out = _given(answer(*args, **kwargs))
+    return (
+        "the layer" if out is obj else f"a {type(out).__name__}",
+        obj.weight.detach().clone(),
+        "None" if obj.bias is None else obj.bias.detach().clone(),
+        "the same Parameter" if obj.weight is before else "a new object",
+        str(bool(obj.weight.requires_grad)),
+        "no graph" if obj.weight.grad_fn is None else "a graph",
+    )
+
+
+def frozen_linear(in_features, out_features, bias=True, dtype=None):
+    """nn.Linear(in_features, out_features) with requires_grad False on its parameters (a frozen base layer)."""
+    return torch.nn.Linear(in_features, out_features, bias=bias, dtype=dtype).requires_grad_(False)
