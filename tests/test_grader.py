@@ -1112,6 +1112,20 @@ def test_a_by_hand_answer_off_the_allow_list_goes_to_review_naming_the_construct
         assert set(checked.review) == {"ex3"} and not checked.reach, (checked.review, checked.reach)
 
 
+def test_a_self_check_line_copied_into_a_cell_the_student_added_is_not_sent_to_review():
+    """What the released notebook's own cells use, a student may use too (copying a self-check to debug)."""
+    released = labs.read_nb(labs.student_path(LAB))
+    given = [
+        c.source
+        for c in released.cells
+        if c.cell_type == "code" and "otter_answer_cell" not in c.metadata.get("tags", [])
+    ]
+    copied = given[-1]  # the last self-check
+    checked = _plan(LAB, _submission(LAB, _solutions(LAB), insert=[(2, copied), (5, copied)]))
+    assert [c.kind for c in checked.cells].count("added") == 2
+    assert not checked.review and not checked.reach, (checked.review, checked.reach)
+
+
 def test_a_magic_hides_nothing_from_the_allow_list():
     """`%time` and `%%timeit` run code: it is read as the cell's own; any other magic cannot be read."""
     import reach

@@ -400,9 +400,12 @@ def describe(kind: str, text: str) -> str:
     return text
 
 
-def unlisted(code: str, scope: Scope, tier: str, released: str = "") -> list[tuple[str, int, str]]:
+def unlisted(
+    code: str, scope: Scope, tier: str, released: str = "", also: frozenset = frozenset()
+) -> list[tuple[str, int, str]]:
     """What ``code`` uses that the ``tier`` list does not hold: [(construct, line, severity)], lines of
-    ``released`` (the cell as handed out, for a given cell the student edited) excused. Severity:
+    ``released`` (the cell as handed out, for a given cell the student edited) excused, and uses in
+    ``also`` ((kind, text): what the released notebook's own cells use) allowed. Severity:
     "reach" (could switch the grader's guards off), "gradient" (computes a gradient without autograd's
     engine), "unlisted" (anything else off the list)."""
     excused = {ln.strip() for ln in released.splitlines() if ln.strip()}
@@ -411,7 +414,7 @@ def unlisted(code: str, scope: Scope, tier: str, released: str = "") -> list[tup
     for kind, text, line in uses(code, scope):
         if kind == "attr" and text in scope.own_attrs and not _never(kind, text, tier):
             continue  # the student's own attribute (self.cache, ctx.shape)
-        if allowed(kind, text, tier):
+        if allowed(kind, text, tier) or ((kind, text) in also and not _never(kind, text, tier)):
             continue
         if 0 < line <= len(lines) and lines[line - 1].strip() in excused:
             continue  # the released cell's own line (a self-check's getattr), not the student's code
@@ -844,13 +847,16 @@ def plan(cells: list[tuple[int, str]], released: list[tuple[str, str | None]], b
     course's code); of a given cell the student edited, only the lines they wrote count."""
     out = Plan(classify(cells, released))
     own = [c for c in out.cells if c.kind != "given"]
-    sc = scope([r for r, o in released if o is None], [c.source for c in own])
+    given = [r for r, o in released if o is None]
+    sc = scope(given, [c.source for c in own])
+    # what the course's own cells use a student may use too (a self-check line copied to debug)
+    also = frozenset((k, t) for g in given for k, t, _ in uses(g, sc))
     reach = set()
     for c in own:
         excuse = c.released if c.kind == "edited" else ""
         if c.owner in by_hand and by_hand[c.owner]:
             # a by-hand exercise's part: off its list goes to review, a reach-around to review of all
-            for construct, _, severity in unlisted(c.source, sc, tier_of(by_hand[c.owner]), excuse):
+            for construct, _, severity in unlisted(c.source, sc, tier_of(by_hand[c.owner]), excuse, also):
                 named = f"{construct} (cell {c.number})"
                 (
                     reach.add(named)
@@ -860,7 +866,7 @@ def plan(cells: list[tuple[int, str]], released: list[tuple[str, str | None]], b
         else:
             # elsewhere anything any solution uses is fine; what could switch the guards off, or compute
             # a gradient unseen (a helper a by-hand answer calls), sends every by-hand exercise to review
-            for construct, _, severity in unlisted(c.source, sc, "any", excuse):
+            for construct, _, severity in unlisted(c.source, sc, "any", excuse, also):
                 if severity != "unlisted":
                     reach.add(f"{construct} (cell {c.number})")
     out.reach = sorted(reach)
