@@ -633,3 +633,164 @@ def layer_after(answer, args, kwargs, layer=0):
 def frozen_linear(in_features, out_features, bias=True, dtype=None):
     """nn.Linear(in_features, out_features) with requires_grad False on its parameters (a frozen base layer)."""
     return torch.nn.Linear(in_features, out_features, bias=bias, dtype=dtype).requires_grad_(False)
+
+
+# ------------------------------------------------------------ lab 9's blocks, losses and probes (appended)
+# The blocks and losses a lab-9 case hands the learner's code cross the grader's boundary as their source
+# (``__portable_source__``, tools/grader/wire.py), so that they run beside the learner's autograd.
+
+BLOCK_LOG: list = []  # lab 9's blocks, each run with a graph: ["run", key, x.requires_grad]; ["grad", key]
+
+
+def ffn_block(x, W1, b1, W2, b2):
+    """y = x + GELU(x W1ᵀ + b1) W2ᵀ + b2 (lab 9's residual block); a run with a graph is logged in BLOCK_LOG."""
+    y = x + torch.nn.functional.gelu(x @ W1.T + b1) @ W2.T + b2
+    if torch.is_grad_enabled() and y.requires_grad:
+        key = float(W1.detach().reshape(-1)[0])
+        BLOCK_LOG.append(["run", key, bool(x.requires_grad)])
+        y.register_hook(lambda g: BLOCK_LOG.append(["grad", key]))
+    return y
+
+
+def ffn_dropout(x, W1, b1, W2, b2):
+    """y = x + dropout₀.₃(GELU(x W1ᵀ + b1)) W2ᵀ + b2 (lab 9): every call draws a fresh mask; logged like ffn_block."""
+    a = torch.nn.functional.dropout(torch.nn.functional.gelu(x @ W1.T + b1), p=0.3, training=True)
+    y = x + a @ W2.T + b2
+    if torch.is_grad_enabled() and y.requires_grad:
+        BLOCK_LOG.append(["run", float(W1.detach().reshape(-1)[0]), bool(x.requires_grad)])
+    return y
+
+
+def fp16_tiny_loss(W):
+    """1e-9 · Σ (tanh(x Wᵀ) − t)², computed in float16 from a float32 W (3, 4): its float16 gradients underflow."""
+    from helpers.device import randn
+
+    x, t = randn(16, 4, seed=902), randn(16, 3, seed=903)
+    return 1e-9 * ((torch.tanh(x.half() @ W.half().T).float() - t) ** 2).sum()
+
+
+def fp16_tanh_loss(W, b):
+    """Σ (tanh(x Wᵀ + b) − t)², the layer in float16 from float32 W (3, 4), b (3,): large scales overflow."""
+    from helpers.device import randn
+
+    x, t = 3 * randn(16, 4, seed=104), randn(16, 3, seed=204)
+    return ((torch.tanh(x.half() @ W.half().T + b.half()).float() - t) ** 2).sum()
+
+
+def fp16_linear_loss(W, b):
+    """Σ (x Wᵀ + b)², the layer in float16 from float32 W (3, 4), b (3,), x = 4·randn: overflows sooner."""
+    from helpers.device import randn
+
+    x = 4 * randn(32, 4, seed=913)
+    return ((x.half() @ W.half().T + b.half()).float() ** 2).sum()
+
+
+def fp16_uneven_loss(W, b):
+    """Σ (x Wᵀ + b) ∘ k in float16 from float32 W (3, 4), b (3,), k = (1, 10, 1000): at some scales only k = 1000 overflows."""
+    from helpers.device import randn
+
+    x, k = randn(16, 4, seed=923), torch.tensor([1.0, 10.0, 1000.0])
+    return ((x.half() @ W.half().T + b.half()) * k.half()).float().sum()
+
+
+def _portable_source(*fns):
+    import inspect
+
+    for f in fns:
+        f.__portable_source__ = inspect.getsource(f)
+        FUNCTIONS[f.__name__] = f
+
+
+_portable_source(ffn_block, ffn_dropout, fp16_tiny_loss, fp16_tanh_loss, fp16_linear_loss, fp16_uneven_loss)
+
+
+def _leafy(v, grad=True):
+    if isinstance(v, torch.Tensor):
+        return v.detach().clone().requires_grad_(grad)
+    if isinstance(v, (list, tuple)) and not isinstance(v, torch.Size):
+        return type(v)(_leafy(u, grad) for u in v)
+    return v
+
+
+def _tensors_in(v) -> list:
+    if isinstance(v, torch.Tensor):
+        return [v]
+    if isinstance(v, (list, tuple)) and not isinstance(v, torch.Size):
+        return [t for u in v for t in _tensors_in(u)]
+    return []
+
+
+def _segments_order(log, keys) -> str:
+    """The order the logged runs with a graph re-ran the stack's segments in (a backward between two ends one)."""
+    firsts, new = [], True
+    for event in log:
+        if event[0] == "grad":
+            new = True
+        elif new:
+            firsts.append(keys.index(event[1]) if event[1] in keys else -1)
+            new = False
+    if len(firsts) <= 1:
+        return "one segment" if firsts else "none re-run"
+    if firsts == sorted(firsts, reverse=True) and len(set(firsts)) == len(firsts):
+        return "last to first"
+    return "first to last" if firsts == sorted(firsts) else "in another order"
+
+
+@probe
+def checkpoint_run(answer, args, kwargs, method=None, x_at=0, data_x=False, frozen=(), grad_output=None, **o):
+    """(per name in report: "peak" the most blocks holding a graph at once, "order" the segments' re-run order,
+    "data_x" re-runs whose input required grad though x is data, "saved" the bytes saved for backward in x's
+    bytes, "after" a draw after backward; then y, grad_x (None for a data x), the parameters' gradients in one
+    vector): a checkpoint (lab 9) run seeded, forward then backward, its blocks watched through BLOCK_LOG."""
+    from helpers.memory import SavedTensors
+
+    seed, between, report = o.get("seed", 0), o.get("between", 0), o.get("report", ())
+    f = getattr(answer, method) if method else answer
+    args = list(args)
+    x = args[x_at] = args[x_at].detach().clone().requires_grad_(not data_x)
+    for i, v in enumerate(args):
+        if i != x_at:
+            args[i] = _leafy(v)
+    params = [t for i, v in enumerate(args) if i != x_at for t in _tensors_in(v)]
+    for k in frozen:
+        params[k].requires_grad_(False)
+    keys = [float(W.detach().reshape(-1)[0]) for W in params[::4]]
+    BLOCK_LOG.clear()
+    torch.manual_seed(seed)
+    with SavedTensors(exclude=params) as saved:
+        y = _given(f(*args, **kwargs))
+    if between:
+        torch.rand(between)
+    wanted = ([] if data_x else [x]) + [p for p in params if p.requires_grad]
+    grads = list(torch.autograd.grad(y, wanted, grad_output, allow_unused=True))
+    drawn = torch.rand(4) if "after" in report else None
+    grad_x = None if data_x else grads.pop(0)
+    missing = [k for k, g in enumerate(grads) if g is None]
+    flat = f"no gradient reached parameter {missing[0]}" if missing else None
+    flat = torch.cat([g.reshape(-1) for g in grads]) if flat is None else flat
+    live, peak = 0, 0
+    for event in BLOCK_LOG:
+        live += 1 if event[0] == "run" else -1
+        peak = max(peak, live)
+    n_data = sum(1 for e in BLOCK_LOG if e[0] == "run" and e[2] and e[1] == keys[0]) if data_x else 0
+    extra = {
+        "peak": f"{peak} block{'' if peak == 1 else 's'}",
+        "order": _segments_order(BLOCK_LOG, keys),
+        "data_x": f"{n_data} re-run{'' if n_data == 1 else 's'}",
+        "saved": f"{saved.total_bytes / (x.numel() * x.element_size()):g} × x's bytes",
+        "after": drawn,
+    }
+    return (*(extra[r] for r in report), y.detach(), grad_x, flat)
+
+
+@probe
+def scaler_step(answer, args, kwargs):
+    """(scale, tracker, "stepped"/"skipped" (a bool's meaning; another type as itself), the parameters after in one
+    vector) of answer(params, loss_fn, …), params built as fresh leaves from args[0]: a loss-scaling step (lab 9)."""
+    params = [p.detach().clone().requires_grad_() for p in args[0]]
+    out = _given(answer(params, *args[1:], **kwargs))
+    if not isinstance(out, tuple) or len(out) != 3:
+        return out
+    scale, tracker, stepped = out
+    said = ("stepped" if stepped else "skipped") if isinstance(stepped, bool) else stepped
+    return scale, tracker, said, torch.cat([p.detach().reshape(-1) for p in params])
