@@ -157,6 +157,22 @@ SPELLED = (
 )
 
 
+# of those, what no run-time guard sees (autograd's engine sees torch.autograd.grad and .backward())
+UNSEEN = {
+    "dotted": ("torch.autograd.forward_ad", "torch.autograd.functional", "torch.func", "torch.vmap"),
+    "attributes": ("grad_fn", "next_functions"),
+}
+
+
+def _unseen(kind: str, text: str) -> bool:
+    """Whether a use computes a gradient where no run-time guard sees it (so it can serve any exercise)."""
+    if kind in ("import", "dotted"):
+        return any(text == d or text.startswith(d + ".") for d in UNSEEN["dotted"]) or any(
+            p in UNSEEN["attributes"] for p in text.split(".")[1:]
+        )
+    return kind == "attr" and text in UNSEEN["attributes"]
+
+
 def _is_dunder(name: str) -> bool:
     return len(name) > 4 and name.startswith("__") and name.endswith("__")
 
@@ -406,8 +422,8 @@ def unlisted(
     """What ``code`` uses that the ``tier`` list does not hold: [(construct, line, severity)], lines of
     ``released`` (the cell as handed out, for a given cell the student edited) excused, and uses in
     ``also`` ((kind, text): what the released notebook's own cells use) allowed. Severity:
-    "reach" (could switch the grader's guards off), "gradient" (computes a gradient without autograd's
-    engine), "unlisted" (anything else off the list)."""
+    "reach" (could switch the grader's guards off), "gradient" (computes a gradient no run-time guard
+    sees), "unlisted" (anything else off the list)."""
     excused = {ln.strip() for ln in released.splitlines() if ln.strip()}
     lines = code.splitlines()
     out = []
@@ -418,13 +434,7 @@ def unlisted(
             continue
         if 0 < line <= len(lines) and lines[line - 1].strip() in excused:
             continue  # the released cell's own line (a self-check's getattr), not the student's code
-        severity = (
-            "reach"
-            if _never(kind, text, "any")
-            else "gradient"
-            if _never(kind, text, "by_hand")
-            else "unlisted"
-        )
+        severity = "reach" if _never(kind, text, "any") else "gradient" if _unseen(kind, text) else "unlisted"
         out.append((describe(kind, text), line, severity))
     return out
 
@@ -777,6 +787,7 @@ class Plan:
     cells: list[Cell]
     review: dict = field(default_factory=dict)  # question -> constructs off its list (sorted)
     reach: list = field(default_factory=list)  # constructs off every list: all by-hand questions to review
+    gradient: list = field(default_factory=list)  # gradients computed unseen: every autograd-by-hand question
 
 
 SIMILAR = 0.5  # a submitted cell this like a released given cell (difflib's ratio) is that cell, edited
@@ -851,24 +862,22 @@ def plan(cells: list[tuple[int, str]], released: list[tuple[str, str | None]], b
     sc = scope(given, [c.source for c in own])
     # what the course's own cells use a student may use too (a self-check line copied to debug)
     also = frozenset((k, t) for g in given for k, t, _ in uses(g, sc))
-    reach = set()
+    reach, gradient = set(), set()
     for c in own:
         excuse = c.released if c.kind == "edited" else ""
-        if c.owner in by_hand and by_hand[c.owner]:
-            # a by-hand exercise's part: off its list goes to review, a reach-around to review of all
-            for construct, _, severity in unlisted(c.source, sc, tier_of(by_hand[c.owner]), excuse, also):
-                named = f"{construct} (cell {c.number})"
-                (
-                    reach.add(named)
-                    if severity == "reach"
-                    else out.review.setdefault(c.owner, set()).add(named)
-                )
-        else:
-            # elsewhere anything any solution uses is fine; what could switch the guards off, or compute
-            # a gradient unseen (a helper a by-hand answer calls), sends every by-hand exercise to review
-            for construct, _, severity in unlisted(c.source, sc, "any", excuse, also):
-                if severity != "unlisted":
-                    reach.add(f"{construct} (cell {c.number})")
-    out.reach = sorted(reach)
+        mine = bool(by_hand.get(c.owner))
+        tier = tier_of(by_hand[c.owner]) if mine else "any"
+        for construct, _, severity in unlisted(c.source, sc, tier, excuse, also):
+            named = f"{construct} (cell {c.number})"
+            if severity == "reach":  # could switch the guards off: every by-hand exercise
+                reach.add(named)
+            elif severity == "gradient":  # a gradient computed unseen serves any exercise that calls it
+                gradient.add(named)
+            elif mine:  # off a by-hand exercise's list, in its part of the notebook: that exercise
+                out.review.setdefault(c.owner, set()).add(named)
+    out.reach, out.gradient = sorted(reach), sorted(gradient)
     out.review = {q: sorted(v) for q, v in out.review.items()}
+    for q, names in by_hand.items():  # every exercise asking for gradients by hand
+        if gradient and tier_of(names) == "by_hand":
+            out.review[q] = sorted(set(out.review.get(q, [])) | gradient)
     return out
