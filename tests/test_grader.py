@@ -1127,6 +1127,32 @@ def test_a_self_check_line_copied_into_a_cell_the_student_added_is_not_sent_to_r
     assert not checked.review and not checked.reach, (checked.review, checked.reach)
 
 
+# lab 1's ex3 and ex6 written otherwise than the solutions: ordinary tensor work, a helper, a scratch check
+HONEST_OTHERWISE = [
+    "import torch\n\ndef layer2_backward(grad_y_hat, a, W2):\n"
+    "    grad_W2 = torch.matmul(grad_y_hat.unsqueeze(1), a.unsqueeze(0))\n"
+    "    return grad_W2, grad_y_hat.detach().clone(), torch.mv(W2.t(), grad_y_hat)",
+    "import math\nfrom helpers.checks import compare\n\n"
+    "def _relu_grad(h):\n    return torch.where(h > 0, torch.ones_like(h), torch.zeros_like(h))\n\n"
+    "def cat_backward_batch(X, W1, b1, W2, b2, Y):\n    grads = {}\n"
+    "    H = torch.einsum('bi,hi->bh', X, W1) + b1\n    A = H.clamp(min=0)\n    G = 2 * (A @ W2.T + b2 - Y)\n"
+    "    grads['W2'], grads['b2'] = G.T @ A, G.sum(dim=0)\n    G_H = (G @ W2) * _relu_grad(H)\n"
+    "    grads['W1'], grads['b1'] = G_H.T @ X, G_H.sum(dim=0)\n    assert not math.isnan(float(G_H.sum()))\n"
+    "    return {k: grads[k] for k in sorted(grads)}",
+]
+
+
+def test_honest_answers_written_otherwise_than_the_solutions_are_not_sent_to_review():
+    sol = _solutions(LAB)
+    text = _submission(
+        LAB,
+        sol[:2] + [HONEST_OTHERWISE[0]] + sol[3:5] + [HONEST_OTHERWISE[1]],
+        insert=[(2, "print(layer2_backward(torch.ones(2), torch.ones(3), torch.ones(2, 3)))")],
+    )
+    checked = _plan(LAB, text)
+    assert not checked.review and not checked.reach and not checked.gradient, checked.review
+
+
 def test_a_magic_hides_nothing_from_the_allow_list():
     """`%time` and `%%timeit` run code: it is read as the cell's own; any other magic cannot be read."""
     import reach
