@@ -618,10 +618,12 @@ def layer_after(answer, args, kwargs, layer=0):
     one), "the same Parameter" or "a new object", "True" or "False" (weight.requires_grad), "no graph" or "a graph"):
     an in-place step."""
     obj = args[layer]
-    before = obj.weight
-    out = _given(answer(*args, **kwargs))
+    before, values = obj.weight, obj.weight.detach().clone()
+    out = answer(*args, **kwargs)
+    if (out is None or out is Ellipsis) and obj.weight is before and torch.equal(before.detach(), values):
+        raise NotImplementedError("returned None and changed nothing")
     return (
-        "the layer" if out is obj else f"a {type(out).__name__}",
+        "the layer" if out is obj else "None" if out is None else f"a {type(out).__name__}",
         obj.weight.detach().clone(),
         "None" if obj.bias is None else obj.bias.detach().clone(),
         "the same Parameter" if obj.weight is before else "a new object",
