@@ -9,13 +9,23 @@ derived by ``python reach.py derive`` from every lab's solutions): ordinary Pyth
 tensor operations and attributes, the course's helpers the solutions call. Anything else sends the
 exercise to "instructor review" (its points pending, the construct named); nothing is zeroed for it.
 
-Two tiers: code in a by-hand exercise's answer cell (or a cell the student added in its part of
-the notebook) may use only what the by-hand solutions use (``ALLOWED["by_hand"]``); any other code
-the student wrote may use what any solution uses (``ALLOWED["any"]``), and beyond that (`import sys`,
-`getattr`, a dunder) it could switch the guards off, so every by-hand exercise goes to review.
+What goes to review, and which exercises (``plan``):
 
-    plan(cells, released, owners, by_hand) -> Plan   # what runs, who owns it, what goes to review
-    unlisted(code, scope, tier) -> [(construct, line)]   # what the allow-list does not hold
+* off the list in the part of the notebook of an exercise whose source lists ``by_hand`` (its
+  answer cell, cells the student added after it, their lines in a given cell there): that
+  exercise. Where the exercise asks for gradients by hand ("autograd" in its list) the list is the
+  by-hand solutions' (``ALLOWED["by_hand"]``), else what any solution uses (``ALLOWED["any"]``);
+* a gradient computed where no run-time guard sees it (``UNSEEN``: forward AD, the functional API,
+  `torch.func`, `.grad_fn` nodes), anywhere: every exercise asking for gradients by hand;
+* what could switch the guards off (``NEVER_ANY``: `sys.modules`, `getattr`, a dunder, a private
+  name, a magic), anywhere: every by-hand exercise (``Plan.reach``; the harness adds the ones with
+  tests in the student's process).
+
+Given cells as released are the course's code and are not read; what they use a student may use.
+
+    plan(cells, released, by_hand) -> Plan           # each cell's kind and question, what goes to review
+    unlisted(code, scope, tier) -> [(construct, line, severity)]   # what the list does not hold
+    python tools/grader/reach.py derive [--write]    # the lists the labs' solutions need
 """
 
 from __future__ import annotations
