@@ -21,6 +21,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -783,13 +784,24 @@ def test_a_result_of_the_wrong_shape_or_with_no_elements_is_not_close_to_the_ref
     assert {q: v["score"] for q, v in out["questions"].items()} == dict.fromkeys(
         ("ex1", "ex2", "ex3", "ex4", "ex5", "ex6"), 0
     ), out
-    assert any(n.startswith("ex6: tensors with no elements (shape (0, 1,") for n in out["notes"]), out
     out = _harness_grade(LAB, _submission(LAB, _solutions(LAB)[:1] + [A_ROW] + _solutions(LAB)[2:]))
     scores = {q: v["score"] for q, v in out["questions"].items()}
     assert scores == {"ex1": 1, "ex2": 0, "ex3": 2, "ex4": 2, "ex5": 2, "ex6": 3}, scores
-    assert "ex2: a tensor of shape (1, 3) was compared with one of shape (3,) in hidden test 2" in " ".join(
-        out["notes"]
-    )
+    # lab 1's hidden tests are contract checks now (issue 23): they compare shape and dtype first
+    # themselves, so the harness's strict allclose names no shapes for it; the scores are the promise
+
+
+def test_the_harness_allclose_compares_shapes_first():
+    """What a hidden test that calls torch.allclose sees in the harness (labs not on contracts)."""
+    import harness
+
+    seen = []
+    with harness.strict_comparisons(seen):
+        assert not torch.allclose(torch.zeros((0,) + (1,) * 8), torch.ones(3))
+        assert not torch.ones(1, 3).allclose(torch.ones(3))
+        assert torch.allclose(torch.ones(3), torch.ones(3))
+    assert seen == [((0, 1, 1, 1, 1, 1, 1, 1, 1), (3,)), ((1, 3), (3,))], seen
+    assert torch.allclose(torch.ones(1, 3), torch.ones(3))  # torch's own again outside
 
 
 @pytest.mark.sandbox
