@@ -667,7 +667,7 @@ ALLOWED: dict = {
             "untyped_storage",
             "zero_grad",
         ),
-        "given": ("Value",),
+        "given": (),
     },
 }
 # END ALLOWED
