@@ -796,3 +796,199 @@ def scaler_step(answer, args, kwargs):
     scale, tracker, stepped = out
     said = ("stepped" if stepped else "skipped") if isinstance(stepped, bool) else stepped
     return scale, tracker, said, torch.cat([p.detach().reshape(-1) for p in params])
+
+
+# ------------------------------------------------------------ lab 3's probes and functions (appended)
+
+
+def _micro_leaves(numbers, before):
+    from helpers.micrograd import Value
+
+    leaves = [Value(x) for x in numbers]
+    for v in leaves:
+        v.grad = before
+    return leaves
+
+
+def _micro_backward(root) -> None:
+    """root.grad = 1, then every rule once, users first (the course engine's order; leaves keep .grad)."""
+    from helpers.micrograd import topological_order
+
+    root.grad = 1.0
+    for v in reversed(topological_order(root)):
+        v._backward()
+
+
+_MICRO_EXPRESSIONS = {
+    # name: (number of leaves, expression on the answer `op` and the leaves)
+    "x·x·3 + 2x": lambda op, x: (
+        op(op(x, x), _micro_leaves([3.0], 0.0)[0]) + op(x, _micro_leaves([2.0], 0.0)[0])
+    ),
+    "x·y·x": lambda op, x, y: op(op(x, y), x),
+    "(x²)^1.5 + x⁻¹": lambda op, x: op(op(x, 2), 1.5) + op(x, -1),
+    "x^k · x^k": lambda op, x, k: op(x, k) * op(x, k),
+    "op(x) + op(x)": lambda op, x: op(x) + op(x),
+    "op(op(x) · 2 − 0.5)": lambda op, x: op(op(x) * 2.0 - 0.5),
+    "op(x − c) with x = c": lambda op, x, c: op(x - c),
+}
+
+
+@probe
+def value_rule(answer, args, kwargs, values=1, grad=2.5, before=0.5, same=False, expression=None):
+    """(out.data, the input Values' .grad) for a micrograd operation: args[:values] become
+    helpers.micrograd Values (with .grad = before; one Value for all if same), the rest are passed
+    as they are; then out.grad = grad and one out._backward(); or, with an ``expression`` of
+    _MICRO_EXPRESSIONS, the expression built on it and backward run by the course engine."""
+    leaves = _micro_leaves(args[:1] if same else args[:values], 0.0 if expression else before)
+    given = [leaves[0]] * values if same else leaves
+    if expression:
+        out = _given(_MICRO_EXPRESSIONS[expression](answer, *given, *args[values:]))
+        _micro_backward(out)
+    else:
+        out = _given(answer(*given, *args[values:], **kwargs))
+        out.grad = grad
+        out._backward()
+    return float(out.data), torch.tensor([float(v.grad) for v in leaves], dtype=torch.float64)
+
+
+def _micro_graph(spec):
+    """(leaves, root, every node) of a graph spec: [leaf numbers, ops, root index]; an op is
+    ["*", i, j], ["+", i, j], ["*c", i, c], ["+c", i, c], ["tanh"|"relu"|"exp", i] or ["chain", i, n]
+    (n steps of v·1.0001 + 0.0); node i is the i-th leaf or op result."""
+    from helpers.micrograd import Value
+
+    numbers, ops, root = spec
+    nodes = [Value(x) for x in numbers]
+    for op in ops:
+        kind, i = op[0], op[1]
+        v = nodes[i]
+        if kind == "*":
+            v = v * nodes[op[2]]
+        elif kind == "+":
+            v = v + nodes[op[2]]
+        elif kind == "*c":
+            v = v * op[2]
+        elif kind == "+c":
+            v = v + op[2]
+        elif kind == "chain":
+            for _ in range(op[2]):
+                v = v * 1.0001 + 0.0
+        else:
+            v = getattr(v, kind)()
+        nodes.append(v)
+    return nodes[: len(numbers)], nodes[root], nodes
+
+
+@probe
+def dependency_counts(answer, args, kwargs):
+    """The counts answer(root) gives, sorted, as an int64 tensor (the harness sees the learner's keys
+    as ids of its own, so only the counts are compared), for the graph of args[0] (see _micro_graph)."""
+    _, root, _ = _micro_graph(args[0])
+    counts = _given(answer(root, **kwargs))
+    if not isinstance(counts, dict):
+        return counts
+    return torch.tensor(sorted(int(n) for n in counts.values()), dtype=torch.int64)
+
+
+@probe
+def backward_run(answer, args, kwargs):
+    """(the leaves' .grad, rules never run, rules run more than once, rules run before a user's rule)
+    after answer(root) on the graph of args[0], every rule wrapped to record when it runs."""
+    from helpers.micrograd import topological_order
+
+    leaves, root, _ = _micro_graph(args[0])
+    inner = [v for v in topological_order(root) if v._parents]
+    calls: list = []
+
+    def counted(v):
+        rule = v._backward
+
+        def run():
+            calls.append(id(v))
+            rule()
+
+        return run
+
+    for v in inner:
+        v._backward = counted(v)
+    answer(root, **kwargs)
+    if inner and not calls and float(root.grad) == 0.0:
+        raise NotImplementedError("backward ran no rule and left root.grad at 0")  # a stub: "not yet"
+    first: dict = {}
+    for k, i in enumerate(calls):
+        first.setdefault(i, k)
+    users: dict = {id(v): [] for v in inner}
+    for v in inner:
+        for p in v._parents:
+            if id(p) in users:
+                users[id(p)].append(id(v))
+    never = sum(id(v) not in first for v in inner)
+    twice = sum(calls.count(id(v)) > 1 for v in inner)
+    early = sum(
+        id(v) in first and any(u not in first or first[u] > first[id(v)] for u in users[id(v)]) for v in inner
+    )
+    grads = torch.tensor([float(v.grad) for v in leaves], dtype=torch.float64)
+    return grads, never, twice, early
+
+
+def _requiring_grad(*ts):
+    return [t.requires_grad_() if not t.requires_grad else t for t in ts]
+
+
+def mul_self(x):
+    """Σ x·x: mul saves x twice, an input (x marked as requiring grad)."""
+    (x,) = _requiring_grad(x)
+    return (x * x).sum()
+
+
+def exp_times_exp(x):
+    """Σ exp(x)·exp(x) with two exps: two outputs, each saved by its exp and by mul."""
+    (x,) = _requiring_grad(x)
+    return (x.exp() * x.exp()).sum()
+
+
+def square_of_exp(x):
+    """Σ exp(x)²: one exp output, saved by exp and twice by mul."""
+    (x,) = _requiring_grad(x)
+    y = x.exp()
+    return (y * y).sum()
+
+
+def sin_of_a_slice(X, W):
+    """Σ sin((X Wᵀ)[:, :2]): sin saves a view at offset 0 of the whole product."""
+    (W,) = _requiring_grad(W)
+    return (X @ W.T)[:, :2].sin().sum()
+
+
+def sin_of_two_slices(X, W):
+    """Σ sin(P[:, :2]) + Σ sin(P[:, 3:]), P = X Wᵀ: two saved views of one storage, at offsets 0 and 3."""
+    (W,) = _requiring_grad(W)
+    P = X @ W.T
+    return P[:, :2].sin().sum() + P[:, 3:].sin().sum()
+
+
+def matmul_of_an_input_slice(X, W):
+    """Σ X[:, 1:] Wᵀ: mm saves a view of the input X at an offset (an input's storage: 0 bytes)."""
+    (W,) = _requiring_grad(W)
+    return (X[:, 1:] @ W.T).tanh().sum()
+
+
+def mlp_softmax(X, Wa, Wb):
+    """Σ softmax(relu(X Waᵀ) Wbᵀ): linear, relu, linear, softmax."""
+    Wa, Wb = _requiring_grad(Wa, Wb)
+    return torch.softmax((X @ Wa.T).relu() @ Wb.T, dim=-1).sum()
+
+
+for _f in (
+    mul_self,
+    exp_times_exp,
+    square_of_exp,
+    sin_of_a_slice,
+    sin_of_two_slices,
+    matmul_of_an_input_slice,
+    mlp_softmax,
+):
+    FUNCTIONS[_f.__name__] = _f
+    # the grader sends it to the learner's process as its source, so that autograd runs there and the
+    # learner's saved_tensors_hooks see what it saves (tools/grader/wire.py, "portable functions")
+    _f.__portable_source__ = __import__("inspect").getsource(_f)
