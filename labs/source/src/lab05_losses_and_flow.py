@@ -10,14 +10,14 @@
 #   show_stdout: false
 
 # %% [markdown]
-# # Lab 5 · Losses and the flow of gradients: the tools to diagnose a broken model
+# # Lab 5 · Losses and the flow of gradients: diagnose a broken model
 #
 # A model that stopped learning: its loss is stuck near $\log C$ and its early layers barely
-# move. You write the tools chapter 5 used to find out why (the cross-entropy gradient, a
-# gradient-flow recorder keyed by name, a detector for the layer where the gradient collapses,
-# clipping by global norm), each for every kind of input its prompt names. This lab goes with
-# [Chapter 5](../chapters/05_losses_and_flow.ipynb), which runs the same tools on a broken
-# network.
+# move. You write the tools that find out why (the cross-entropy gradient, a gradient-flow
+# recorder keyed by name, a detector for the layer where the gradient collapses, clipping by
+# global norm), each for every kind of input its prompt names. This lab goes with
+# [Chapter 5](../chapters/05_losses_and_flow.ipynb): its sections 5.1–5.4 derive the loss
+# gradients, 5.7 clips, and 5.9 builds the recorder these exercises rebuild.
 #
 # **Learning goals.** After this lab you can
 # * derive the gradient of cross-entropy with label smoothing and `ignore_index`;
@@ -360,8 +360,7 @@ check_contract("lab05", "ex2", record_output_grad_norms)
 # only where its input was positive and zeroes it elsewhere. If it passes a fraction $f$ of the
 # entries, it cuts the **squared** norm, a sum over the entries, to about $f$ of what entered,
 # so the norm keeps about $\sqrt f$ of it: with half the entries passed, about 0.7, not a half.
-# A well-initialised linear layer keeps the norm about the same. Chapter 5 measures both on a
-# real network.
+# A well-initialised linear layer keeps the norm about the same.
 
 # %% [raw]
 # # BEGIN QUESTION
@@ -385,7 +384,6 @@ check_contract("lab05", "ex2", record_output_grad_norms)
 # layer's output is this layer's input); `names[0]` has no layer before it. Return the name
 # (a str of `names`) with the smallest ratio leaves / enters, also when no layer collapses.
 # Compare ratios, not differences: the largest drop in absolute terms may be elsewhere.
-# Chapter 5 runs the same search on a network that stopped learning.
 
 # %% [raw]
 # # BEGIN SOLUTION
