@@ -992,3 +992,26 @@ for _f in (
     # the grader sends it to the learner's process as its source, so that autograd runs there and the
     # learner's saved_tensors_hooks see what it saves (tools/grader/wire.py, "portable functions")
     _f.__portable_source__ = __import__("inspect").getsource(_f)
+
+
+# ------------------------------------------------------------ lab 10's probe (appended)
+
+
+@probe
+def backward_saving(answer, args, kwargs, wrt=(0,), report=(0,), grad_output=None, method="apply"):
+    """(outputs…, args[i].grad for i in report (None where it needs none), the sorted shapes of the tensors
+    the first output's grad_fn saved for backward, as one string): an autograd.Function that saves nothing N × N."""
+    f = getattr(answer, method) if method else answer
+    args = list(args)
+    for i in wrt:
+        args[i] = args[i].detach().clone().requires_grad_()
+    out = _given(f(*args, **kwargs))
+    outs = out if isinstance(out, tuple) else (out,)
+    node = getattr(outs[0], "grad_fn", None)
+    shapes = sorted(tuple(int(n) for n in t.shape) for t in (getattr(node, "saved_tensors", None) or ()))
+    saved = ", ".join(str(s) for s in shapes) or "nothing"  # one string: a ✗ can show it whole
+    grads = grad_output if isinstance(grad_output, tuple) else (grad_output,)
+    pairs = [(o, g) for o, g in zip(outs, grads) if g is not None]
+    torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+    got = [args[i].grad if i in wrt else None for i in report]
+    return (*[o.detach() if isinstance(o, torch.Tensor) else o for o in outs], *got, saved)
