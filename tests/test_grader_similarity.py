@@ -29,7 +29,11 @@ from similarity import SOLUTIONS, exercise_scores, similarity_pairs, write_repor
 import labs  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "similarity" / "honest"
-CORPUS_LABS = [lab for lab in labs.labs() if (DATA / lab[:5]).is_dir()]
+# Lab 3's corpus answers the prompts of before its contract (issue 23), when the notebook defined its
+# own Value class; its answers now build helpers.micrograd.Value, so the corpus must be rewritten from
+# the new prompts before it calibrates anything (issue 24's note says so).
+STALE_CORPUS = {"lab03_inside_autograd"}
+CORPUS_LABS = [lab for lab in labs.labs() if (DATA / lab[:5]).is_dir() and lab not in STALE_CORPUS]
 
 
 # ----------------------------------------------------------------- the corpus
