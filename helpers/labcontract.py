@@ -336,6 +336,28 @@ def _clone(v):
     return v
 
 
+def _parameter_names(fn) -> list[str]:
+    """The names of fn's positional parameters (forward's for an autograd.Function); [] if unknown."""
+    import inspect
+
+    target = fn.forward if isinstance(fn, type) and hasattr(fn, "forward") else fn
+    try:
+        return [p.name for p in inspect.signature(target).parameters.values() if p.name != "ctx"]
+    except (TypeError, ValueError):
+        return []
+
+
+def _changed(fn, given, args, given_kw, kwargs) -> list[str]:
+    """The arguments (by the function's own names) a run left different from their recorded values."""
+    names = _parameter_names(fn)
+    out = [
+        names[i] if i < len(names) else f"number {i + 1}"
+        for i, (g, a) in enumerate(zip(given, args))
+        if not _same(g, a)
+    ]
+    return out + [k for k in kwargs if not _same(given_kw.get(k), kwargs[k])]
+
+
 def _todo(e: BaseException) -> bool:
     return isinstance(e, NotImplementedError) or (isinstance(e, TypeError) and "ellipsis" in str(e).lower())
 
@@ -357,10 +379,12 @@ def _run_case(fn, case: dict, spec: dict) -> tuple[str, str | None]:
     outputs = spec["outputs"]
     if len(outputs) > 1 and isinstance(got, (tuple, list)) and any(v is Ellipsis for v in got):
         return "partial", None  # some outputs still `...`: labcheck says which
-    if not spec.get("in_place") and not (
-        _same(given, args) and _same(list(given_kw.values()), list(kwargs.values()))
-    ):
-        return "fail", "changed its arguments in place"
+    changed = [] if spec.get("in_place") else _changed(fn, given, args, given_kw, kwargs)
+    if changed:
+        return (
+            "fail",
+            f"changed its argument{'s' if len(changed) > 1 else ''} {' and '.join(changed)} in place",
+        )
     why = disagreement(got, decode(case["expected"]), outputs, case["atol"], case["rtol"])
     return ("fail", why) if why else ("pass", None)
 
@@ -433,7 +457,7 @@ def evaluate_contract(lab: str, exercise: str, fn) -> CheckResult:
         else f"error in your code: {why}"
         if status == "error"
         else why
-        if why == "changed its arguments in place"
+        if why.startswith("changed its argument")
         else _diagnosis(fn, case, spec, why)
     )
     fails = [v[0] for v in failing]

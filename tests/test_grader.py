@@ -471,13 +471,16 @@ def test_notes_and_feedback_name_the_cause_and_never_quote_hidden_material(redte
 
 @pytest.mark.sandbox
 @pytest.mark.slow
-def test_copies_of_the_solutions_are_flagged_in_a_separate_report(redteam):
-    sim = list(csv.DictReader(redteam["out"].with_name("gradebook_similarity.csv").open()))
-    pairs = {(r["a"], r["b"]) for r in sim}
-    assert ("full", "(published solutions)") in pairs and ("full", "zz_classmate") in pairs
-    assert all(float(r["similarity"]) >= 0.8 for r in sim)
-    assert not any("empty" in (r["a"], r["b"]) for r in sim)
-    assert "near-identical to (published solutions)" in redteam["rows"]["full"]["flags"]
+def test_the_similarity_report_accuses_no_one_on_answers_too_short_to_tell(redteam):
+    """Lab 1's answers are a line or two each (under tools/grader/similarity.py's 40 own tokens): a
+    copy of the solutions, a classmate's copy and honest work cannot be told apart there, so the grader
+    writes the report (header, side-by-side page) and flags nobody. Copies are flagged where there is
+    code enough to tell: tests/test_grader_similarity.py, on the honest corpus and its disguised copies."""
+    report = redteam["out"].with_name("gradebook_similarity.csv")
+    assert report.read_text().splitlines()[0].startswith("a,b,")
+    assert report.with_suffix(".html").exists()
+    assert list(csv.DictReader(report.open())) == []
+    assert not [n for n, r in redteam["rows"].items() if "near-identical" in r["flags"]]
 
 
 @pytest.mark.sandbox

@@ -36,6 +36,57 @@ def helper_imports(code: str) -> set[str]:
 
 
 MODULES = sorted(p.stem for p in (ROOT / "helpers").glob("*.py"))
+# The labs' probes (helpers/labcontract.py) run a lab's answers the way that lab's contract says; a probe
+# may import, inside itself, a module of the chapter its labs follow. Checked per function below.
+PER_LAB = {"labcontract"}
+
+
+def _later_imports_by_function(code: str, own: int) -> dict[str, set[str]]:
+    """For each top-level function of code: the later chapters' helper modules it imports inside itself."""
+    out = {}
+    for node in ast.parse(code).body:
+        if isinstance(node, ast.FunctionDef):
+            later = {m for m in helper_imports(ast.unparse(node)) if (chapter_of(m) or 0) > own}
+            if later:
+                out[node.name] = later
+    return out
+
+
+def _callers(code: str) -> dict[str, set[str]]:
+    """For each top-level function of code: the top-level functions that name it, directly or through others."""
+    bodies = {n.name: ast.unparse(n) for n in ast.parse(code).body if isinstance(n, ast.FunctionDef)}
+    named = {f: {g for g, b in bodies.items() if g != f and re.search(rf"\b{f}\b", b)} for f in bodies}
+    closed = {f: set(gs) for f, gs in named.items()}
+    changed = True
+    while changed:
+        changed = False
+        for f, gs in closed.items():
+            more = set().union(*(closed[g] for g in gs)) - gs - {f} if gs else set()
+            if more:
+                gs |= more
+                changed = True
+    return closed
+
+
+def test_a_probe_imports_only_chapters_its_labs_follow():
+    """A function of helpers/labcontract.py that imports a later chapter's module is named (itself or
+    through a function calling it) only by contracts of labs at or after that chapter."""
+    contracts = {
+        int(re.search(r"lab(\d+)", p.stem).group(1)): p.read_text()
+        for p in (ROOT / "labs" / "source" / "contracts").glob("lab*.py")
+    }
+    for module in PER_LAB:
+        code = (ROOT / "helpers" / f"{module}.py").read_text()
+        callers = _callers(code)
+        for fn, mods in _later_imports_by_function(code, chapter_of(module)).items():
+            names = {fn} | callers[fn]
+            labs = {n for n, src in contracts.items() if any(re.search(rf"\b{g}\b", src) for g in names)}
+            need = max(chapter_of(m) for m in mods)
+            early = {n for n in labs if n < need}
+            assert labs and not early, (
+                f"helpers/{module}.py: {fn} imports {sorted(mods)} (chapter {need}) but is used by labs "
+                f"{sorted(labs) or 'none'}"
+            )
 
 
 @pytest.mark.parametrize("module", MODULES)
@@ -45,11 +96,10 @@ def test_a_helper_module_imports_only_earlier_chapters(module):
         f"helpers/{module}.py names no chapter in its docstring's first lines "
         "('(chapter N)'), nor is it infrastructure"
     )
-    later = {
-        m: chapter_of(m)
-        for m in helper_imports((ROOT / "helpers" / f"{module}.py").read_text())
-        if (chapter_of(m) or 0) > own
-    }
+    code = (ROOT / "helpers" / f"{module}.py").read_text()
+    if module in PER_LAB:  # its functions' own imports are checked per lab above; the module's must hold
+        code = "\n".join(ast.unparse(n) for n in ast.parse(code).body if not isinstance(n, ast.FunctionDef))
+    later = {m: chapter_of(m) for m in helper_imports(code) if (chapter_of(m) or 0) > own}
     assert not later, f"helpers/{module}.py (chapter {own}) imports later chapters' modules: {later}"
 
 
@@ -78,3 +128,6 @@ def test_the_rule_can_fail():
         "from helpers.flash import x\nimport helpers.lora\ndef f():\n    from helpers import gpt"
     ) == {"flash", "lora", "gpt"}
     assert chapter_of("flash") == 10 and chapter_of("attention") == 6 and chapter_of("checks") == 0
+    code = "def a():\n    from helpers.flash import x\ndef b():\n    a()\ndef c():\n    pass"
+    assert _later_imports_by_function(code, 1) == {"a": {"flash"}}
+    assert _callers(code) == {"a": {"b"}, "b": set(), "c": set()}

@@ -24,6 +24,7 @@ and tests on a copy of the namespace as it stood before that exercise.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import io
 import re
@@ -63,6 +64,9 @@ class Verdict:
     tests_total: int
     says: str | None
     named: bool | None  # None when the catalog does not ask for a cause
+    # (exercise, case class) of each failing hidden test that is a contract's hidden_check call
+    hidden_failed: frozenset = frozenset()
+    namespace: dict = field(default_factory=dict, repr=False)  # after the solution (or mutant) ran
 
     @property
     def caught_by_tests(self) -> bool:
@@ -122,6 +126,16 @@ def exercises(lab: str) -> dict[str, Exercise]:
     return out
 
 
+def hidden_case_class(code: str) -> tuple[str, str] | None:
+    """(exercise, case class) of a hidden-test cell that is one ``hidden_check(lab, ex, fn, class)`` call."""
+    for node in ast.walk(ast.parse(_runnable(code))):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "hidden_check":
+            ex, cls = node.args[1], node.args[3]
+            if isinstance(ex, ast.Constant) and isinstance(cls, ast.Constant):
+                return ex.value, cls.value
+    return None
+
+
 def _verdict_lines(printed: str) -> list[str]:
     return [ln for ln in printed.splitlines() if ln[:1] in ("✓", "✗", "·")]
 
@@ -143,14 +157,17 @@ def run_one(
         caught = any(ln.startswith("✗") for ln in lines)
     except Exception as e:  # noqa: BLE001 - a self-check that crashes is not a caught mutant
         shown, caught = f"self-check crashed: {type(e).__name__}: {e}", False
-    failed = 0
+    failed, classes = 0, set()
     for code in ex.tests:
         try:
             _run(code, _copy(ns))
         except Exception:  # noqa: BLE001 - any failure of a hidden test takes points
             failed += 1
+            classes.add(hidden_case_class(code))
     named = None if says is None else (caught and says in shown)
-    return Verdict(lab, ex.name, mistake, shown, caught, failed, len(ex.tests), says, named)
+    return Verdict(
+        lab, ex.name, mistake, shown, caught, failed, len(ex.tests), says, named, frozenset(classes), ns
+    )
 
 
 def _mutate(code: list[str], edits: list, where: str) -> list[str]:

@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 from helpers.labcontract import (  # noqa: E402  (one owner: the student side's)
     DATA,
+    _changed,
     _clone,
-    _same,
     decode,
     disagreement,
     encode,
@@ -169,9 +169,10 @@ class Contract:
             args, kwargs = materialize(case.args), materialize(case.kwargs)
             given, given_kw = _clone(args), _clone(kwargs)
             got = run_probe(ex.probe, fn, given, given_kw, materialize(case.options))
-            assert ex.in_place or (
-                _same(given, args) and _same(list(given_kw.values()), list(kwargs.values()))
-            ), f"{ex.title} changed its arguments in place when {name}"
+            changed = [] if ex.in_place else _changed(fn, given, args, given_kw, kwargs)
+            assert not changed, (
+                f"{ex.title} changed its argument(s) {' and '.join(changed)} in place when {name}"
+            )
             expected = ex.outputs_of(ex.reference, case)
             why = disagreement(got, expected, ex.outputs, cls.atol, cls.rtol)
             assert why is None, f"{ex.title} fails when {name}: {why}"
