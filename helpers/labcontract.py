@@ -41,6 +41,8 @@ __all__ = [
     "hidden_check",
     "Made",
     "PROBES",
+    "ByHand",
+    "by_hand",
     "probe",
     "run_probe",
 ]
@@ -336,6 +338,64 @@ def _clone(v):
     return v
 
 
+class ByHand(Exception):
+    """An answer to a by-hand exercise called what the exercise asks the learner to write."""
+
+
+def _resolve(name: str):
+    """(owner, attribute, object) of a dotted name such as 'helpers.cat_mlp.backward'."""
+    module, attr = name.rsplit(".", 1)
+    try:
+        owner = importlib.import_module(module)
+    except ImportError:  # 'torch.Tensor.backward': an attribute of a class
+        owner = _resolve(module)[2]
+    return owner, attr, getattr(owner, attr)
+
+
+def by_hand(fn, forbidden=()):
+    """fn, called with what its exercise forbids ('autograd', reference functions by dotted name)
+    raising ByHand while it runs; fn itself if nothing is forbidden or fn is an autograd.Function
+    (autograd runs its backward; the grader's guards judge those)."""
+    if not forbidden or isinstance(fn, type) or not callable(fn):
+        return fn
+    names = [n for n in forbidden if n != "autograd"]
+    if "autograd" in forbidden:
+        names += ["torch.autograd.backward", "torch.autograd.grad", "torch.Tensor.backward"]
+
+    def refuse(name):
+        what = "autograd" if name.startswith(("torch.autograd.", "torch.Tensor.backward")) else name
+        said = f"uses {what} ({name.rsplit('.', 1)[1]}), where this exercise asks for it by hand"
+
+        def refused(*args, **kwargs):
+            raise ByHand(said)
+
+        return refused
+
+    def guarded(*args, **kwargs):
+        saved = []  # (owner, attribute, original): module attributes and fn's own global names
+        try:
+            for name in names:
+                owner, attr, obj = _resolve(name)
+                stop = refuse(name)
+                saved.append((owner, attr, obj))
+                setattr(owner, attr, stop)
+                space = getattr(fn, "__globals__", {})
+                for k, v in list(space.items()):
+                    if v is obj:  # 'from helpers.cat_mlp import backward' in the learner's notebook
+                        saved.append((space, k, v))
+                        space[k] = stop
+            return fn(*args, **kwargs)
+        finally:
+            for owner, attr, obj in reversed(saved):
+                if isinstance(owner, dict):
+                    owner[attr] = obj
+                else:
+                    setattr(owner, attr, obj)
+
+    guarded.__wrapped__ = fn
+    return guarded
+
+
 def _parameter_names(fn) -> list[str]:
     """The names of fn's positional parameters (forward's for an autograd.Function); [] if unknown."""
     import inspect
@@ -366,8 +426,11 @@ def _run_case(fn, case: dict, spec: dict) -> tuple[str, str | None]:
     """('pass' | 'fail' | 'todo' | 'partial' | 'error', reason) of one recorded case of an exercise ``spec``."""
     args, kwargs = decode(case["args"]), decode(case.get("kwargs", {"dict": {}}))
     given, given_kw = _clone(args), _clone(kwargs)
+    answer = by_hand(fn, spec.get("by_hand", ()))
     try:
-        got = run_probe(spec.get("probe"), fn, given, given_kw, decode(case.get("options", {"dict": {}})))
+        got = run_probe(spec.get("probe"), answer, given, given_kw, decode(case.get("options", {"dict": {}})))
+    except ByHand as e:
+        return "fail", str(e)
     except Exception as e:  # noqa: BLE001 - a learner's error is a verdict
         return ("todo", None) if _todo(e) else ("error", f"{type(e).__name__}: {e}")
     if (
@@ -397,7 +460,15 @@ def _diagnosis(fn, case: dict, spec: dict, why: str) -> str:
     }
     args, kwargs = decode(case["args"]), decode(case.get("kwargs", {"dict": {}}))
     try:
-        got = run_probe(spec.get("probe"), fn, args, kwargs, decode(case.get("options", {"dict": {}})))
+        got = run_probe(
+            spec.get("probe"),
+            by_hand(fn, spec.get("by_hand", ())),
+            args,
+            kwargs,
+            decode(case.get("options", {"dict": {}})),
+        )
+    except ByHand as e:
+        return str(e)
     except Exception as e:  # noqa: BLE001 - a learner's error is a verdict
         return f"error in your code: {type(e).__name__}: {e}"
     result = evaluate(
@@ -457,7 +528,7 @@ def evaluate_contract(lab: str, exercise: str, fn) -> CheckResult:
         else f"error in your code: {why}"
         if status == "error"
         else why
-        if why.startswith("changed its argument")
+        if why.startswith(("changed its argument", "uses "))
         else _diagnosis(fn, case, spec, why)
     )
     fails = [v[0] for v in failing]

@@ -1,7 +1,7 @@
 """One contract per exercise (labs/README.md "Contracts"): the self-check and the hidden tests draw on the
 same case classes, the self-check reads recorded values only, and the mistake catalog is judged on them.
 
-Covers every lab with a contract module in labs/source/contracts/ (lab 2, the pilot).
+Covers every lab with a contract module in labs/source/contracts/ (all eleven).
 """
 
 import ast
@@ -285,3 +285,49 @@ def test_a_made_object_is_recorded_as_how_to_build_it():
 )
 def test_the_comparison_rule_keeps_types_and_structure(got, expected, why):
     assert labcontract.disagreement(got, expected, ("n",), 1e-9, 1e-9) == why
+
+
+def test_by_hand_refuses_what_the_exercise_forbids_only_while_the_answer_runs():
+    """The question's ``by_hand`` list (autograd, reference functions) raises ByHand inside the answer,
+    also under a name the learner's notebook bound it to, and everything is restored afterwards."""
+    from helpers import cat_mlp
+
+    original = (torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward, cat_mlp.backward)
+    space = {"torch": torch, "backward": cat_mlp.backward}
+    exec(
+        "def by_autograd(x):\n    x = x.clone().requires_grad_()\n    (x * x).sum().backward()\n    return x.grad",
+        space,
+    )
+    exec("def by_reference(*a):\n    return backward(*a)", space)
+    exec("def honest(x):\n    return 2 * x", space)
+    guarded = labcontract.by_hand(space["by_autograd"], ["autograd", "helpers.cat_mlp.backward"])
+    with pytest.raises(labcontract.ByHand, match=r"uses autograd \(backward\)"):
+        guarded(torch.ones(3))
+    with pytest.raises(labcontract.ByHand, match=r"uses helpers.cat_mlp.backward"):
+        labcontract.by_hand(space["by_reference"], ["helpers.cat_mlp.backward"])(1, 2)
+    assert torch.equal(
+        labcontract.by_hand(space["honest"], ["autograd"])(torch.ones(2)), torch.full((2,), 2.0)
+    )
+    assert (torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward, cat_mlp.backward) == original
+    assert space["backward"] is cat_mlp.backward
+    assert labcontract.by_hand(space["honest"], ()) is space["honest"]
+    assert labcontract.by_hand(torch.autograd.Function, ["autograd"]) is torch.autograd.Function
+
+
+def test_a_by_hand_exercise_answered_with_autograd_gets_a_cross_on_both_sides():
+    """Lab 1 exercise 3 asks for grad_a by hand: an answer by autograd is right in value, and gets ✗
+    naming autograd in the self-check and an AssertionError in its hidden tests."""
+    space = {"torch": torch}
+    exec(
+        "def layer2_backward(grad_y_hat, a, W2):\n"
+        "    a_ = a.detach().requires_grad_()\n"
+        "    (grad_a,) = torch.autograd.grad(W2 @ a_, a_, grad_y_hat)\n"
+        "    return torch.outer(grad_y_hat, a), grad_y_hat.clone(), grad_a\n",
+        space,
+    )
+    line = labcontract.evaluate_contract("lab01", "ex3", space["layer2_backward"]).line
+    assert line.startswith("✗") and "uses autograd (grad)" in line, line
+    c = contract.load("lab01_cat_mlp")
+    assert c.exercises["ex3"].by_hand == ("autograd", "helpers.cat_mlp.backward")
+    with pytest.raises(AssertionError, match="uses autograd"):
+        c.hidden_check("ex3", space["layer2_backward"], c.exercises["ex3"].classes[0].name)

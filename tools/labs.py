@@ -84,14 +84,19 @@ def read_nb(path: Path):
     return nbformat.read(path, as_version=4)
 
 
-def questions(src_nb) -> list[tuple[str, float]]:
-    """[(question name, points)] from the source's ``# BEGIN QUESTION`` cells, in order."""
-    out = []
+def question_configs(src_nb) -> dict[str, dict]:
+    """{question name: its ``# BEGIN QUESTION`` config (points, by_hand, in_place, …)}, in order."""
+    out = {}
     for cell in src_nb.cells:
         if cell.cell_type == "raw" and cell.source.lstrip().startswith("# BEGIN QUESTION"):
             conf = yaml.safe_load(cell.source.split("\n", 1)[1]) or {}
-            out.append((str(conf["name"]), float(conf.get("points", 0))))
+            out[str(conf["name"])] = conf
     return out
+
+
+def questions(src_nb) -> list[tuple[str, float]]:
+    """[(question name, points)] from the source's ``# BEGIN QUESTION`` cells, in order."""
+    return [(q, float(conf.get("points", 0))) for q, conf in question_configs(src_nb).items()]
 
 
 # what an otter marker cell starts: the region every later code cell belongs to

@@ -23,6 +23,7 @@ tensors come from ``helpers.device.randn`` with a seed per case.
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 from dataclasses import dataclass, field
@@ -35,8 +36,10 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 from helpers.labcontract import (  # noqa: E402  (one owner: the student side's)
     DATA,
+    ByHand,
     _changed,
     _clone,
+    by_hand,
     decode,
     disagreement,
     encode,
@@ -85,6 +88,7 @@ class Exercise:
     question: str = ""  # the source's question, if not `name` (a question with two graded functions)
     probe: str | None = None  # a helpers.labcontract.PROBES name: how a case calls the answer
     in_place: bool = False  # the prompt lets the answer change its arguments (a step, a merge)
+    by_hand: tuple = ()  # what the answer may not call: the source question's `by_hand` (set by Contract)
 
     def __post_init__(self):
         self.question = self.question or self.name
@@ -133,6 +137,9 @@ class Contract:
         self.lab = lab
         self.exercises = {e.name: e for e in exercises}
         self.base_seed = base_seed
+        configs = _question_configs(lab)
+        for e in exercises:
+            e.by_hand = tuple(configs.get(e.question, {}).get("by_hand") or ())
 
     def of_question(self, question: str) -> list[Exercise]:
         """The exercises (graded functions) of one question of the source."""
@@ -168,7 +175,11 @@ class Contract:
         for case in self.cases(exercise, name)[1]:
             args, kwargs = materialize(case.args), materialize(case.kwargs)
             given, given_kw = _clone(args), _clone(kwargs)
-            got = run_probe(ex.probe, fn, given, given_kw, materialize(case.options))
+            answer = by_hand(fn, ex.by_hand) if inspect.isfunction(fn) else fn  # not the harness's handle
+            try:
+                got = run_probe(ex.probe, answer, given, given_kw, materialize(case.options))
+            except ByHand as e:
+                raise AssertionError(f"{ex.title} {e} when {name}") from None
             changed = [] if ex.in_place else _changed(fn, given, args, given_kw, kwargs)
             assert not changed, (
                 f"{ex.title} changed its argument(s) {' and '.join(changed)} in place when {name}"
@@ -223,6 +234,8 @@ class Contract:
                 out["exercises"][ex.name]["probe"] = ex.probe
             if ex.in_place:
                 out["exercises"][ex.name]["in_place"] = True
+            if ex.by_hand:
+                out["exercises"][ex.name]["by_hand"] = list(ex.by_hand)
         return out
 
     def write(self) -> Path:
@@ -253,6 +266,14 @@ def _wrong_outputs(ex: Exercise, cls: CaseClass, case: Case, expected, known: di
 
 
 # ------------------------------------------------------- the source's solutions
+
+
+def _question_configs(lab: str) -> dict:
+    """{question: its config} from the lab's source (tools/labs.py reads the format)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import labs as L
+
+    return L.question_configs(L.read_nb(SOURCES / f"{lab}.ipynb"))
 
 
 def _solutions(lab: str) -> tuple[list[str], dict[str, list[str]]]:
