@@ -334,8 +334,8 @@ def _compare_one(
         return f"{name} is {got!r}, expected {exp!r}" + (f" ({known})" if known else ""), None
     if exact and isinstance(exp, (int, float)) and not isinstance(exp, bool) and type(got) is not type(exp):
         return f"{name}: returned {type(got).__name__}, expected {type(exp).__name__}", None
-    if type(exp) is int and type(got) is int:  # a count (hooks left, tensors saved): no error size to give
-        return (None, 0.0) if got == exp else (f"{name} is {got}, expected {exp}", None)
+    # a plain count (hooks left): said as one, when no diagnosis below explains it
+    counted = (got, exp) if type(exp) is int and type(got) is int else None
     if count:
         try:
             g = float(got)
@@ -397,6 +397,8 @@ def _compare_one(
     ) or _locate(name, a, b, bad, regions, atol, rtol)
     if cause:
         return cause, diff
+    if counted is not None:
+        return f"{name} is {counted[0]}, expected {counted[1]}", diff
     excess = torch.where(bad, err, torch.full_like(err, -1.0))
     flat = int(torch.argmax(excess).item())
     idx = list(torch.unravel_index(torch.tensor(flat), a.shape)) if a.dim() else []

@@ -112,7 +112,7 @@ def backward_through(answer, args, kwargs, wrt=(0,), grad_output=None, method="a
     f = getattr(answer, method) if method else answer
     args = list(args)
     for i in wrt:
-        args[i] = args[i].detach().clone().requires_grad_()
+        args[i] = args[i].detach().requires_grad_()  # the caller's storage: a forward writing into it shows
     out = _given(f(*args, **kwargs))
     outs = out if isinstance(out, tuple) else (out,)
     grads = grad_output if isinstance(grad_output, tuple) else (grad_output,)
@@ -400,6 +400,8 @@ def _parameter_names(fn) -> list[str]:
     """The names of fn's positional parameters (forward's for an autograd.Function); [] if unknown."""
     import inspect
 
+    if not (inspect.isfunction(fn) or isinstance(fn, type)):  # the grader's handle: ask it nothing
+        return []
     target = fn.forward if isinstance(fn, type) and hasattr(fn, "forward") else fn
     try:
         return [p.name for p in inspect.signature(target).parameters.values() if p.name != "ctx"]
@@ -579,7 +581,7 @@ def backward_and_saved(answer, args, kwargs, wrt=(0,), grad_output=None, report=
 
     args = list(args)
     for i in wrt:
-        args[i] = args[i].detach().clone().requires_grad_()
+        args[i] = args[i].detach().requires_grad_()  # the caller's storage: a forward writing into it shows
     grads = grad_output if isinstance(grad_output, tuple) else (grad_output,)
     before = [None if g is None else g.clone() for g in grads]
     with SavedTensors() as saved:
@@ -1099,7 +1101,7 @@ def backward_saving(answer, args, kwargs, wrt=(0,), report=(0,), grad_output=Non
     f = getattr(answer, method) if method else answer
     args = list(args)
     for i in wrt:
-        args[i] = args[i].detach().clone().requires_grad_()
+        args[i] = args[i].detach().requires_grad_()  # the caller's storage: a forward writing into it shows
     out = _given(f(*args, **kwargs))
     outs = out if isinstance(out, tuple) else (out,)
     node = getattr(outs[0], "grad_fn", None)

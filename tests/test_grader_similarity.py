@@ -29,11 +29,7 @@ from similarity import SOLUTIONS, exercise_scores, similarity_pairs, write_repor
 import labs  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "similarity" / "honest"
-# Lab 3's corpus answers the prompts of before its contract (issue 23), when the notebook defined its
-# own Value class; its answers now build helpers.micrograd.Value, so the corpus must be rewritten from
-# the new prompts before it calibrates anything (issue 24's note says so).
-STALE_CORPUS = {"lab03_inside_autograd"}
-CORPUS_LABS = [lab for lab in labs.labs() if (DATA / lab[:5]).is_dir() and lab not in STALE_CORPUS]
+CORPUS_LABS = [lab for lab in labs.labs() if (DATA / lab[:5]).is_dir()]
 
 
 # ----------------------------------------------------------------- the corpus
@@ -104,7 +100,10 @@ def rename(code: str, keep: set[str], rng: random.Random, bound: set[str] | None
     new = {n: f"{random.Random(n).choice(words)}_{i}" for i, n in enumerate(bound)}  # same in every exercise
     out = []
     for m in re.finditer(
-        r"#[^\n]*|\"(?:\\.|[^\"\\\n])*\"|'(?:\\.|[^'\\\n])*'|\d[\w.]*|[A-Za-z_]\w*|\s+|.", code
+        # a string with its prefix (f"…", rb'…') is one token: the f of an f-string is not a name
+        r"#[^\n]*|(?:[rRbBuUfF]{1,2})?\"(?:\\.|[^\"\\\n])*\"|(?:[rRbBuUfF]{1,2})?'(?:\\.|[^'\\\n])*'"
+        r"|\d[\w.]*|[A-Za-z_]\w*|\s+|.",
+        code,
     ):
         t = m.group(0)
         prev = code[: m.start()].rstrip()

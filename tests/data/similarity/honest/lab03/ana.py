@@ -1,24 +1,24 @@
 # %% ex1
 def mul(a, b):
-    """out = a·b;  ∂out/∂a = b, ∂out/∂b = a."""
+    """out = a·b as a Value, with its local backward rule."""
     out = Value(a.data * b.data, (a, b), "*")
 
-    def _backward():
+    def bw():
         a.grad += b.data * out.grad
         b.grad += a.data * out.grad
 
-    out._backward = _backward
+    out._backward = bw
     return out
 
 
 def power(a, k):
-    """out = aᵏ for a constant number k;  ∂out/∂a = k·aᵏ⁻¹."""
-    out = Value(a.data**k, (a,), f"**{k}")
+    """out = aᵏ for a constant number k, with its local backward rule."""
+    out = Value(a.data**k, (a,), "**%g" % k)
 
-    def _backward():
+    def bw():
         a.grad += k * a.data ** (k - 1) * out.grad
 
-    out._backward = _backward
+    out._backward = bw
     return out
 # %% ex2
 import math
@@ -28,10 +28,10 @@ def relu(a):
     """out = max(a, 0), with its local backward rule."""
     out = Value(max(a.data, 0.0), (a,), "relu")
 
-    def _backward():
-        a.grad += (1.0 if a.data > 0 else 0.0) * out.grad
+    def bw():
+        a.grad += (a.data > 0) * out.grad
 
-    out._backward = _backward
+    out._backward = bw
     return out
 
 
@@ -39,10 +39,10 @@ def tanh(a):
     """out = tanh(a), with its local backward rule (from the output)."""
     out = Value(math.tanh(a.data), (a,), "tanh")
 
-    def _backward():
+    def bw():
         a.grad += (1 - out.data**2) * out.grad
 
-    out._backward = _backward
+    out._backward = bw
     return out
 
 
@@ -50,66 +50,45 @@ def exp(a):
     """out = eᵃ, with its local backward rule (from the output)."""
     out = Value(math.exp(a.data), (a,), "exp")
 
-    def _backward():
+    def bw():
         a.grad += out.data * out.grad
 
-    out._backward = _backward
+    out._backward = bw
     return out
 # %% ex3
-class Node(micrograd.Value):
-    """The course's Value plus _users: every node made from this one, in any graph."""
-
-    def __init__(self, data, _parents=(), _op="", name=""):
-        super().__init__(data, _parents, _op, name)
-        self._users = []
-        for p in self._parents:
-            p._users.append(self)
-
-
 def dependencies(root):
     """{id(v): uses of v by the nodes reachable from root}, for each v reachable."""
-    counts = {id(root): 0}
-    stack = [root]
+    n, stack = {id(root): 0}, [root]
     while stack:
-        node = stack.pop()
-        for p in node._parents:
-            if id(p) not in counts:
-                counts[id(p)] = 0
+        for p in stack.pop()._parents:
+            if id(p) not in n:
                 stack.append(p)
-            counts[id(p)] += 1
-    return counts
+            n[id(p)] = n.get(id(p), 0) + 1
+    return n
 
 
 def backward(root):
     """root.grad = 1, then each rule once, when all its node's uses have sent theirs."""
-    counts = dependencies(root)
+    n, ready = dependencies(root), [root]
     root.grad = 1.0
-    ready = [root]
     while ready:
-        node = ready.pop()
-        node._backward()
-        for p in node._parents:
-            counts[id(p)] -= 1
-            if counts[id(p)] == 0:
+        v = ready.pop()
+        v._backward()
+        for p in v._parents:
+            n[id(p)] -= 1
+            if not n[id(p)]:
                 ready.append(p)
 # %% ex4
 def saved_bytes(f, inputs):
     """Bytes saved for backward while f(*inputs) runs, by the three rules (an int)."""
-    seen = []
+    ins = {x.untyped_storage().data_ptr() for x in inputs}
+    seen = {}
 
     def pack(t):
-        seen.append(t)
+        s = t.untyped_storage()
+        seen[s.data_ptr()] = s
         return t
 
-    def unpack(t):
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         f(*inputs)
-    input_ptrs = {x.untyped_storage().data_ptr() for x in inputs if isinstance(x, torch.Tensor)}
-    sizes = {}
-    for t in seen:
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in input_ptrs:
-            sizes[ptr] = t.untyped_storage().nbytes()
-    return int(sum(sizes.values()))
+    return int(sum(s.nbytes() for p, s in seen.items() if p not in ins))

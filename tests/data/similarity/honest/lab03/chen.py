@@ -1,123 +1,101 @@
 # %% ex1
-def mul(a, b):
-    """out = a·b;  ∂out/∂a = b, ∂out/∂b = a."""
-    out = Value(a.data * b.data, (a, b), "*")
+def _node(data, parents, op, local_grads):
+    """A Value whose rule adds local_grads()[i] · out.grad into parents[i].grad."""
+    node = Value(data, parents, op)
 
     def _backward():
-        da = b.data * out.grad
-        db = a.data * out.grad
-        a.grad += da
-        b.grad += db
+        for parent, d in zip(parents, local_grads()):
+            parent.grad += d * node.grad
 
-    out._backward = _backward
-    return out
+    node._backward = _backward
+    return node
+
+
+def mul(a, b):
+    """out = a·b as a Value, with its local backward rule."""
+    return _node(a.data * b.data, (a, b), "*", lambda: (b.data, a.data))
 
 
 def power(a, k):
-    """out = aᵏ for a constant number k;  ∂out/∂a = k·aᵏ⁻¹."""
-    assert isinstance(k, (int, float)), "only constant powers"
-    out = Value(math.pow(a.data, k), (a,), "pow")
-
-    def _backward():
-        a.grad += k * math.pow(a.data, k - 1) * out.grad
-
-    out._backward = _backward
-    return out
+    """out = aᵏ for a constant number k, with its local backward rule."""
+    return _node(math.pow(a.data, k), (a,), "pow", lambda: (k * math.pow(a.data, k - 1),))
 # %% ex2
 import math
 
 
 def relu(a):
     """out = max(a, 0), with its local backward rule."""
-    out = Value(a.data * (a.data > 0), (a,), "ReLU")
-
-    def _backward():
-        a.grad += float(out.data > 0) * out.grad
-
-    out._backward = _backward
-    return out
+    x = a.data
+    return _node(x if x > 0 else 0.0, (a,), "relu", lambda: (1.0 if x > 0 else 0.0,))
 
 
 def tanh(a):
     """out = tanh(a), with its local backward rule (from the output)."""
-    out = Value(math.tanh(a.data), (a,), "tanh")
-
-    def _backward():
-        a.grad += (1 - out.data * out.data) * out.grad
-
-    out._backward = _backward
-    return out
+    th = math.tanh(a.data)
+    return _node(th, (a,), "tanh", lambda: (1.0 - th * th,))
 
 
 def exp(a):
     """out = eᵃ, with its local backward rule (from the output)."""
-    out = Value(math.exp(a.data), (a,), "exp")
-
-    def _backward():
-        # d/da e^a = e^a = out
-        a.grad += out.data * out.grad
-
-    out._backward = _backward
-    return out
+    ex = math.exp(a.data)
+    return _node(ex, (a,), "exp", lambda: (ex,))
 # %% ex3
-class Node(micrograd.Value):
-    """The course's Value plus _users: every node made from this one, in any graph."""
+from collections import Counter
 
-    def __init__(self, data, _parents=(), _op="", name=""):
-        super().__init__(data, _parents, _op, name)
-        self._users = []
-        for p in self._parents:
-            p._users.append(self)
+
+def _reachable(root):
+    """Every node root depends on, once each (by identity), walked without recursion."""
+    found = {id(root): root}
+    todo = [root]
+    while todo:
+        node = todo.pop()
+        for par in node._parents:
+            if id(par) not in found:
+                found[id(par)] = par
+                todo.append(par)
+    return list(found.values())
 
 
 def dependencies(root):
     """{id(v): uses of v by the nodes reachable from root}, for each v reachable."""
-    from collections import defaultdict
+    graph = _reachable(root)
+    uses = Counter(id(par) for node in graph for par in node._parents)
+    return {id(node): uses[id(node)] for node in graph}
 
-    uses = defaultdict(int)
-    uses[id(root)] = 0
-    seen = set()
-    stack = [root]
-    while stack:
-        cur = stack.pop()
-        if id(cur) in seen:
-            continue
-        seen.add(id(cur))
-        for par in cur._parents:
-            uses[id(par)] += 1
-            stack.append(par)
-    return dict(uses)
+
+def _release(node, pending):
+    """Take one off each parent's count per use; return the parents that reached 0."""
+    freed = []
+    for par in node._parents:
+        pending[id(par)] -= 1
+        if pending[id(par)] == 0:
+            freed.append(par)
+    return freed
 
 
 def backward(root):
     """root.grad = 1, then each rule once, when all its node's uses have sent theirs."""
     pending = dependencies(root)
     root.grad = 1.0
-    stack = [root]
-    while stack:
-        cur = stack.pop()
-        cur._backward()
-        for par in cur._parents:
-            pending[id(par)] -= 1
-            if not pending[id(par)]:
-                stack.append(par)
+    agenda = [root]
+    while agenda:
+        node = agenda.pop()
+        node._backward()
+        agenda.extend(_release(node, pending))
 # %% ex4
+def _storage_key(t):
+    return t.untyped_storage().data_ptr()
+
+
+def _storage_size(t):
+    return t.untyped_storage().nbytes()
+
+
 def saved_bytes(f, inputs):
     """Bytes saved for backward while f(*inputs) runs, by the three rules (an int)."""
-    saved = {}
-    exclude = set()
-    for x in inputs:
-        exclude.add(x.untyped_storage().data_ptr())
-
-    def pack(t):
-        st = t.untyped_storage()
-        if st.data_ptr() not in exclude:
-            saved[st.data_ptr()] = st.nbytes()
-        return t
-
-    def unpack(t):
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-        out = f(*inputs)
-    return int(sum(saved.values()))
+    packed = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
+        f(*inputs)
+    skip = {_storage_key(x) for x in inputs}
+    sizes = {_storage_key(t): _storage_size(t) for t in packed if _storage_key(t) not in skip}
+    return int(sum(sizes.values()))

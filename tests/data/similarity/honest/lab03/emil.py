@@ -1,25 +1,29 @@
 # %% ex1
 def mul(a, b):
-    """out = a·b;  ∂out/∂a = b, ∂out/∂b = a."""
-    prod = a.data * b.data
-    out = Value(prod, (a, b), "mul")
+    """out = a·b as a Value, with its local backward rule."""
+    # out = a b
+    out = Value(a.data * b.data, (a, b), "*")
 
+    # ∂out/∂a = b,  ∂out/∂b = a
     def _backward():
-        g = out.grad
-        a.grad += g * b.data
-        b.grad += g * a.data
+        dout_da = b.data
+        dout_db = a.data
+        a.grad = a.grad + dout_da * out.grad
+        b.grad = b.grad + dout_db * out.grad
 
     out._backward = _backward
     return out
 
 
 def power(a, k):
-    """out = aᵏ for a constant number k;  ∂out/∂a = k·aᵏ⁻¹."""
-    x = a.data
-    out = Value(x**k, (a,), "pow" + str(k))
+    """out = aᵏ for a constant number k, with its local backward rule."""
+    # out = a^k
+    out = Value(a.data**k, (a,), "^")
 
+    # ∂out/∂a = k a^(k-1)
     def _backward():
-        a.grad += out.grad * k * x ** (k - 1)
+        dout_da = k * a.data ** (k - 1)
+        a.grad = a.grad + dout_da * out.grad
 
     out._backward = _backward
     return out
@@ -29,101 +33,103 @@ import math
 
 def relu(a):
     """out = max(a, 0), with its local backward rule."""
-    positive = a.data > 0
-    out = Value(a.data if positive else 0.0, (a,), "relu")
+    # y = max(a, 0)
+    y = Value(max(a.data, 0), (a,), "ReLU")
 
+    # dy/da = 1 if a > 0, 0 if a <= 0
     def _backward():
-        a.grad += out.grad if positive else 0.0
+        if a.data > 0:
+            dy_da = 1.0
+        else:
+            dy_da = 0.0
+        a.grad = a.grad + dy_da * y.grad
 
-    out._backward = _backward
-    return out
+    y._backward = _backward
+    return y
 
 
 def tanh(a):
     """out = tanh(a), with its local backward rule (from the output)."""
-    y = math.tanh(a.data)
-    out = Value(y, (a,), "tanh")
+    # y = tanh(a)
+    y = Value(math.tanh(a.data), (a,), "tanh")
 
+    # dy/da = 1/cosh²(a) = (cosh² - sinh²)/cosh² = 1 - tanh²(a) = 1 - y²
     def _backward():
-        a.grad += out.grad * (1 - y**2)  # tanh' = 1 - tanh^2
+        dy_da = 1 - y.data**2
+        a.grad = a.grad + dy_da * y.grad
 
-    out._backward = _backward
-    return out
+    y._backward = _backward
+    return y
 
 
 def exp(a):
     """out = eᵃ, with its local backward rule (from the output)."""
-    y = math.exp(a.data)
-    out = Value(y, (a,), "exp")
+    # y = e^a
+    y = Value(math.exp(a.data), (a,), "exp")
 
+    # dy/da = e^a = y
     def _backward():
-        a.grad += out.grad * y
+        dy_da = y.data
+        a.grad = a.grad + dy_da * y.grad
 
-    out._backward = _backward
-    return out
+    y._backward = _backward
+    return y
 # %% ex3
-class Node(micrograd.Value):
-    """The course's Value plus _users: every node made from this one, in any graph."""
-
-    def __init__(self, data, _parents=(), _op="", name=""):
-        super().__init__(data, _parents, _op, name)
-        self._users = []
-        for p in self._parents:
-            p._users.append(self)
-
-
 def dependencies(root):
     """{id(v): uses of v by the nodes reachable from root}, for each v reachable."""
-    result = {}
-    order = [root]
-    result[id(root)] = 0
-    k = 0
-    while k < len(order):  # breadth first, each node expanded once
-        node = order[k]
-        k += 1
-        for parent in node._parents:
-            if id(parent) in result:
-                result[id(parent)] += 1
-            else:
-                result[id(parent)] = 1
-                order.append(parent)
-    return result
+    # R = the nodes reachable from root (root included), found in order without recursion
+    R = [root]
+    in_R = {id(root)}
+    i = 0
+    while i < len(R):
+        u = R[i]
+        i = i + 1
+        for v in u._parents:
+            if id(v) not in in_R:
+                in_R.add(id(v))
+                R.append(v)
+    # n(v) = Σ over u in R of the times v appears in u._parents
+    n = {}
+    for v in R:
+        n[id(v)] = 0
+    for u in R:
+        for v in u._parents:
+            n[id(v)] = n[id(v)] + 1
+    return n
 
 
 def backward(root):
     """root.grad = 1, then each rule once, when all its node's uses have sent theirs."""
-    left = dict(dependencies(root))
+    n = dependencies(root)
+    # set root.grad = 1.0; root is the only node ready to run
     root.grad = 1.0
     ready = [root]
-    done = 0
-    while ready:
-        node = ready.pop()
-        node._backward()
-        done += 1
-        for parent in node._parents:
-            left[id(parent)] -= 1
-            if left[id(parent)] == 0:
-                ready.append(parent)
+    while len(ready) > 0:
+        # run a ready node's _backward()
+        u = ready.pop()
+        u._backward()
+        # take 1 off the count of each of its parents, once per use
+        for v in u._parents:
+            n[id(v)] = n[id(v)] - 1
+            # a parent whose count reaches 0 has received every share: ready
+            if n[id(v)] == 0:
+                ready.append(v)
 # %% ex4
 def saved_bytes(f, inputs):
     """Bytes saved for backward while f(*inputs) runs, by the three rules (an int)."""
-    log = []
+    storage_of = lambda t: t.untyped_storage()
+    saved = []
 
     def pack(t):
-        log.append(t)
+        saved.append(storage_of(t))
         return t
 
-    def unpack(x):
-        return x
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda p: p):
         f(*inputs)
-    counted = set(t.untyped_storage().data_ptr() for t in inputs)
-    total = 0
-    for t in log:
-        s = t.untyped_storage()
-        if s.data_ptr() in counted:
-            continue
-        counted.add(s.data_ptr())
-        total += s.nbytes()
-    return int(total)
+
+    # S = the storages saved, each once (rule 2), told apart by their address
+    S = {s.data_ptr(): s for s in saved}
+    # I = the storages of the inputs (rule 3)
+    I = {storage_of(x).data_ptr() for x in inputs}
+    # bytes = sum over s in S minus I of the size of the whole storage s (rule 1)
+    return int(sum(S[p].nbytes() for p in S.keys() - I))
