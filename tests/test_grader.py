@@ -41,13 +41,9 @@ STUBBORN_LOOP = (
 
 def _solutions(lab):
     """The source's solution cells, otter markers removed, in order."""
-    out, inside = [], False
-    for cell in labs.read_nb(labs.source_path(lab)).cells:
-        if cell.cell_type == "raw" and cell.source.strip().startswith("# BEGIN SOLUTION"):
-            inside = True
-        elif cell.cell_type == "raw" and cell.source.strip().startswith("# END SOLUTION"):
-            inside = False
-        elif inside and cell.cell_type == "code":
+    out = []
+    for _, where, cell in labs.regions(labs.read_nb(labs.source_path(lab))):
+        if where == "solution":
             lines = [
                 ln.replace("  # SOLUTION", "")
                 for ln in cell.source.splitlines()

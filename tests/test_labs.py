@@ -158,17 +158,10 @@ def _substance(line: str) -> str:
 
 def _solution_lines(lab: str) -> dict[str, list[str]]:
     """{question: its solution cells' substantive lines}."""
-    import yaml
-
-    out, q, inside = {}, None, False
-    for c in labs.read_nb(labs.source_path(lab)).cells:
-        text = c.source.strip()
-        if c.cell_type == "raw" and text.startswith("# BEGIN QUESTION"):
-            q = str((yaml.safe_load(c.source.split("\n", 1)[1]) or {})["name"])
-            out[q] = []
-        elif c.cell_type == "raw" and text.startswith(("# BEGIN SOLUTION", "# END SOLUTION")):
-            inside = text.startswith("# BEGIN")
-        elif c.cell_type == "code" and inside and q:
+    nb = labs.read_nb(labs.source_path(lab))
+    out = {q: [] for q in labs.question_configs(nb)}
+    for q, where, c in labs.regions(nb):
+        if where == "solution":
             out[q] += [s for s in map(_substance, c.source.splitlines()) if s]
     return out
 

@@ -74,33 +74,27 @@ def _config(code: str) -> tuple[dict, str]:
 
 def questions(source_path: Path) -> list[Question]:
     """Every question of an otter-format source with its test cases; points split as otter splits them."""
-    import nbformat
-    import yaml
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import labs as L  # the one reader of the lab format
 
-    nb = nbformat.read(source_path, as_version=4)
-    out, in_tests = [], False
-    for cell in nb.cells:
-        text = cell.source.strip()
-        if cell.cell_type == "raw" and text.startswith("# BEGIN QUESTION"):
-            conf = yaml.safe_load(cell.source.split("\n", 1)[1]) or {}
-            out.append(
-                Question(
-                    str(conf["name"]),
-                    float(conf.get("points", 0)),
-                    by_hand=list(conf.get("by_hand") or []),
-                    in_place=bool(conf.get("in_place", False)),
-                )
-            )
-        elif cell.cell_type == "raw" and text.startswith("# BEGIN TESTS"):
-            in_tests = True
-        elif cell.cell_type == "raw" and text.startswith("# END TESTS"):
-            in_tests = False
-        elif in_tests and cell.cell_type == "code":
+    nb = L.read_nb(source_path)
+    by_name = {
+        q: Question(
+            q,
+            float(conf.get("points", 0)),
+            by_hand=list(conf.get("by_hand") or []),
+            in_place=bool(conf.get("in_place", False)),
+        )
+        for q, conf in L.question_configs(nb).items()
+    }
+    for q, where, cell in L.regions(nb):
+        if where == "tests":
             conf, code = _config(cell.source)
             where = str(conf.get("runs_in", "harness"))
             if where not in ("harness", "student"):
                 raise ValueError(f"{source_path.name}: runs_in must be harness or student, not {where!r}")
-            out[-1].cases.append(Case(code, conf.get("points"), bool(conf.get("hidden", False)), where))
+            by_name[q].cases.append(Case(code, conf.get("points"), bool(conf.get("hidden", False)), where))
+    out = list(by_name.values())
     for q in out:  # otter's rule: given points stay, the rest is shared evenly by the other cases
         given = sum(c.points for c in q.cases if c.points is not None)
         rest = [c for c in q.cases if c.points is None]

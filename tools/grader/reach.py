@@ -680,15 +680,10 @@ for _tier in ALLOWED.values():
 def _lab_cells(lab: str):
     """(the source's given code cells, its solution cells as [(source, question)], {question: by_hand}),
     all from the lab's source: what the lists need does not wait for a release."""
-    import yaml
-
     import labs as L
 
     src = L.read_nb(L.source_path(lab))
-    by_hand = {}
-    for q, where, cell in L.regions(src):
-        if where == "marker:prompt" and cell.source.strip().startswith("# BEGIN QUESTION"):
-            by_hand[q] = list((yaml.safe_load(cell.source.split("\n", 1)[1]) or {}).get("by_hand") or [])
+    by_hand = {q: list(conf.get("by_hand") or []) for q, conf in L.question_configs(src).items()}
     solutions = [(c.source, q) for q, where, c in L.regions(src) if where == "solution"]
     given = [c.source for q, where, c in L.regions(src) if where in ("setup", "prompt", "selfcheck")]
     return given, solutions, by_hand

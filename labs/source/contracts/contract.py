@@ -137,6 +137,8 @@ class Contract:
         self.lab = lab
         self.exercises = {e.name: e for e in exercises}
         self.base_seed = base_seed
+        self._drawn: dict = {}  # (exercise, class) -> (public, hidden): drawing is seeded, so once suffices
+        self._expected: dict = {}  # (exercise, class, k) -> the reference's outputs on hidden case k
         configs = _question_configs(lab)
         for e in exercises:
             e.by_hand = tuple(configs.get(e.question, {}).get("by_hand") or ())
@@ -155,7 +157,12 @@ class Contract:
         return hit[0]
 
     def cases(self, exercise: str, name: str) -> tuple[list[Case], list[Case]]:
-        """(public, hidden) cases of one class, from one seeded draw."""
+        """(public, hidden) cases of one class, from one seeded draw (drawn once per process)."""
+        if (exercise, name) not in self._drawn:
+            self._drawn[exercise, name] = self._draw(exercise, name)
+        return self._drawn[exercise, name]
+
+    def _draw(self, exercise: str, name: str) -> tuple[list[Case], list[Case]]:
         ex = self.exercises[exercise]
         cls = self.case_class(exercise, name)
         k = [c.name for c in ex.classes].index(name)
@@ -172,7 +179,7 @@ class Contract:
         """Every hidden case of one class: fn's outputs against the reference; AssertionError naming the class."""
         ex = self.exercises[exercise]
         cls = self.case_class(exercise, name)
-        for case in self.cases(exercise, name)[1]:
+        for k, case in enumerate(self.cases(exercise, name)[1]):
             args, kwargs = materialize(case.args), materialize(case.kwargs)
             given, given_kw = _clone(args), _clone(kwargs)
             answer = by_hand(fn, ex.by_hand) if inspect.isfunction(fn) else fn  # not the harness's handle
@@ -184,8 +191,9 @@ class Contract:
             assert not changed, (
                 f"{ex.title} changed its argument(s) {' and '.join(changed)} in place when {name}"
             )
-            expected = ex.outputs_of(ex.reference, case)
-            why = disagreement(got, expected, ex.outputs, cls.atol, cls.rtol)
+            if (exercise, name, k) not in self._expected:
+                self._expected[exercise, name, k] = ex.outputs_of(ex.reference, case)
+            why = disagreement(got, self._expected[exercise, name, k], ex.outputs, cls.atol, cls.rtol)
             assert why is None, f"{ex.title} fails when {name}: {why}"
 
     # ------------------------------------------------------------------ record
@@ -278,28 +286,17 @@ def _question_configs(lab: str) -> dict:
 
 def _solutions(lab: str) -> tuple[list[str], dict[str, list[str]]]:
     """(setup code before the first question, {exercise: its solution cells' code}) of the source."""
-    import nbformat
-    import yaml
+    sys.path.insert(0, str(ROOT / "tools"))
+    import labs as L  # the one reader of the lab format
 
-    nb = nbformat.read(SOURCES / f"{lab}.ipynb", as_version=4)
-    setup, sols, q, inside = [], {}, None, False
-    for cell in nb.cells:
-        text = cell.source.strip()
-        if cell.cell_type == "raw":
-            if text.startswith("# BEGIN QUESTION"):
-                q = str((yaml.safe_load(cell.source.split("\n", 1)[1]) or {})["name"])
-                sols[q] = []
-            elif text.startswith("# BEGIN SOLUTION"):
-                inside = True
-            elif text.startswith("# END SOLUTION"):
-                inside = False
-            continue
-        if cell.cell_type != "code":
-            continue
-        if q is None:
+    setup, sols = [], {}
+    for q, where, cell in L.regions(L.read_nb(SOURCES / f"{lab}.ipynb")):
+        if where == "setup":
             setup.append(cell.source)
-        elif inside:
-            sols[q].append(cell.source)
+        elif where == "solution":
+            sols.setdefault(q, []).append(cell.source)
+        elif where == "marker:prompt":
+            sols.setdefault(q, [])
     return setup, sols
 
 
