@@ -80,9 +80,10 @@ ex1 = Exercise(
         CaseClass(
             "eps is left at its default (1e-6)",
             st.tuples(sides, st.integers(2, 4)),
-            lambda p, s: _directions("x_sin_x_plus_prod", (p[0],), p[1], s),
-            atol=1e-4,
-            rtol=1e-4,
+            # Σ x³: another eps shows as ε² Σ u³ (about 1e-6 at eps = 1e-3), round-off stays near 1e-9
+            lambda p, s: _directions("sum_of_cubes", (p[0],), p[1], s),
+            atol=1e-8,
+            rtol=1e-10,
         ),
         CaseClass(
             "eps is large (0.05–0.5)",
