@@ -344,11 +344,17 @@ def _schedule(p: dict, seed: int, warmup=None, mult=None, lr_min=True) -> Case:
     return Case(args, kwargs=kwargs, options={"steps": list(range(count))})
 
 
-def _deep(p: dict) -> Case:
+def _deep(p: dict, mult: int = 2, last: int = 7) -> Case:
+    """Steps of cycles 4 to `last` (of T, mult·T, mult²·T, …): every third step, and each cycle's first
+    step with its neighbours (where a cycle index from logarithms rounds the wrong way: log 3⁵ / log 3 < 5)."""
     W, T = p["W"], p["T"]
-    start = W + T * (2**3 - 1)  # the first step of cycle 4 (cycles of T, 2T, 4T, 8T, …)
-    steps = list(range(start - 2, W + T * (2**7 - 1) + 2, 3))
-    return Case((W, T, p["hi"], p["hi"] * p["lo"], 2), options={"steps": steps})
+
+    def start(k):  # the first step of cycle k + 1 (k cycles done)
+        return W + T * (mult**k - 1) // (mult - 1)
+
+    edges = {s + d for k in range(3, last + 1) for s in [start(k)] for d in (-1, 0, 1)}
+    steps = sorted(set(range(start(3) - 2, start(last) + 2, 3)) | edges)
+    return Case((W, T, p["hi"], p["hi"] * p["lo"], mult), options={"steps": steps})
 
 
 sched = st.fixed_dictionaries(
@@ -397,6 +403,12 @@ ex4 = Exercise(
             "the steps are deep in later cycles (cycles 4–7)",
             sched,
             lambda p, s: _deep(p),
+            **SCHED_TOL,
+        ),
+        CaseClass(
+            "mult = 3 deep in later cycles (cycles 4–6, their first steps included)",
+            sched,
+            lambda p, s: _deep(p, mult=3, last=6),
             **SCHED_TOL,
         ),
     ],

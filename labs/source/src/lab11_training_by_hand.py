@@ -654,6 +654,16 @@ hidden: true
 from helpers.labcontract import hidden_check
 
 hidden_check("lab11", "ex4", lr_at, "the steps are deep in later cycles (cycles 4–7)")
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+from helpers.labcontract import hidden_check
+
+hidden_check(
+    "lab11", "ex4", lr_at, "mult = 3 deep in later cycles (cycles 4–6, their first steps included)"
+)
 # %% [raw]
 # # END TESTS
 
@@ -663,8 +673,9 @@ hidden_check("lab11", "ex4", lr_at, "the steps are deep in later cycles (cycles 
 # %% [markdown]
 # **Self-check 4** (recorded reference outputs, every step of the warm-up and three cycles
 # of a schedule for each promise: `mult` left at its default, 3 and 1, no warm-up, `lr_min`
-# left at its default, steps deep in later cycles; the reference agrees with torch's
-# `LinearLR` warm-up followed by `CosineAnnealingWarmRestarts`):
+# left at its default, steps deep in later cycles (for `mult` 2 and 3, each cycle's first step
+# included); the reference agrees with torch's `LinearLR` warm-up followed by
+# `CosineAnnealingWarmRestarts`):
 
 # %%
 check_contract("lab11", "ex4", lr_at)
