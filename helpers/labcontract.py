@@ -640,8 +640,18 @@ def _hooks_on(model) -> int:
 
 
 @probe
-def recorded_and_hooks_left(answer, args, kwargs):
-    """What answer(model, …) returned, a dict, with one more entry, "hooks left on the model" (a count)."""
+def recorded_and_hooks_left(answer, args, kwargs, raises=False):
+    """What answer(model, …) returned, a dict, with one more entry, "hooks left on the model" (a count);
+    with raises (a case whose loss raises): {"raised": the exception's class name or "nothing", that count}."""
+    if raises:
+        try:
+            _given(answer(*args, **kwargs))
+            raised = "nothing"
+        except ByHand:
+            raise
+        except Exception as e:  # noqa: BLE001 - the case is built to raise: which error is the output
+            raised = type(e).__name__
+        return {"raised": raised, "hooks left on the model": _hooks_on(args[0])}
     out = _given(answer(*args, **kwargs))
     return {**out, "hooks left on the model": _hooks_on(args[0])} if isinstance(out, dict) else out
 

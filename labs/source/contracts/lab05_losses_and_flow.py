@@ -225,6 +225,14 @@ def _mlp_case(p, seed: int, **kind) -> Case:
     return Case((model, X, y))
 
 
+def _raising_case(p, seed: int) -> Case:
+    """A flat model whose last label is the class count: cross_entropy raises after the forward ran."""
+    B, sizes = p
+    X, y = _batch(B, (sizes[0],), sizes[-1], seed + 7)
+    y[-1] = sizes[-1]
+    return Case((_sequential(sizes, seed), X, y), options={"raises": True})
+
+
 sizes = st.lists(st.integers(3, 8), min_size=3, max_size=5).map(tuple)
 mlp = st.tuples(st.integers(3, 12), st.integers(2, 4), st.integers(4, 10), st.integers(3, 6))
 NORM_TOL = {"atol": 1e-9, "rtol": 1e-6}
@@ -262,6 +270,12 @@ ex2 = Exercise(
                 st.lists(st.integers(3, 8), min_size=2, max_size=3).map(tuple),
             ),
             _flatten_case,
+            **NORM_TOL,
+        ),
+        CaseClass(
+            "the loss raises (a label out of range): the error passes on, no hook left",
+            st.tuples(st.integers(3, 12), sizes),
+            _raising_case,
             **NORM_TOL,
         ),
     ],

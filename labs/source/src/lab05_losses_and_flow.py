@@ -337,6 +337,19 @@ hidden_check(
     "lab05", "ex2", record_output_grad_norms, "the first layer's output needs no grad"
 )
 
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+from helpers.labcontract import hidden_check
+
+hidden_check(
+    "lab05",
+    "ex2",
+    record_output_grad_norms,
+    "the loss raises (a label out of range): the error passes on, no hook left",
+)
+
 # %% [raw]
 # # END TESTS
 
