@@ -147,6 +147,16 @@ ex1 = Exercise(
             rtol=0,
         ),
         CaseClass(
+            "a window between Nq and Nk with align='bottom_right' (Nq < window < Nk)",
+            _with(
+                st.tuples(st.integers(1, 4), st.integers(4, 8)).filter(lambda p: p[1] - p[0] >= 2),
+                lambda q, k: st.just({"align": "bottom_right", "window": q + 1 + (q + k) % (k - q - 1)}),
+            ),
+            _mask_case,
+            atol=0,
+            rtol=0,
+        ),
+        CaseClass(
             "window = 1 (the diagonal key alone, top_left)",
             _with(
                 st.tuples(st.integers(2, 6), st.integers(2, 6)).filter(lambda p: p[0] != p[1]),
@@ -233,6 +243,10 @@ def _fwd(p, seed, kind):
         Bias = torch.full((H, Nq, Nk), -200.0, dtype=dtype) + randn(H, Nq, Nk, seed=seed + 4, dtype=dtype)
     elif kind == "large":  # a shift of every score: softmax unchanged, exp(S) overflows
         Bias = torch.tensor(1e3, dtype=dtype)
+    elif kind == "heads_apart":  # head 0 near +10³, the others near −200: one max for all underflows
+        Bias = torch.full((H, 1, 1), -200.0, dtype=dtype)
+        Bias[0] = 1e3
+        Bias = Bias + randn(H, Nq, Nk, seed=seed + 4, dtype=dtype)
     kwargs = {}
     if mask is not None:
         kwargs["mask"] = mask
@@ -281,6 +295,7 @@ ex2 = Exercise(
         _fwd_class("mask pads keys per batch row (B, 1, 1, Nk)", "padding"),
         _fwd_class("a query sees no key (its rows of P and O are 0, not NaN)", "no_key"),
         _fwd_class("every score is near +10³ (Bias = 10³): exp must not overflow", "large"),
+        _fwd_class("heads' scores lie far apart (head 0 near +10³, the others near −200)", "heads_apart"),
         _fwd_class("a masked score is far above the visible ones (Bias +10³ where masked)", "masked_high"),
         _fwd_class("every visible score is far below 0 (Bias ≈ −200): masked means −∞", "visible_low"),
         _fwd_class("Q, K, V are float32", "f32", atol=1e-5, rtol=1e-5),

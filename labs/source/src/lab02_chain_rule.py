@@ -335,6 +335,8 @@ check_contract("lab02", "ex2", dense_backward)
 # `W` (D, D), any values (0 included). `X` is
 # used twice, inside the layer and on the skip connection. Given `grad_Y` (B, D), return
 # `(grad_X, grad_W)`. You may write the linear part inline (do not call your Exercise 2).
+# Leave the arguments unchanged: `grad_X = grad_Y` then `grad_X += …` would write into
+# `grad_Y` (the two names are one tensor); start from a new tensor.
 
 # %% [raw]
 # # BEGIN SOLUTION

@@ -220,6 +220,19 @@ hidden: true
 from helpers.labcontract import hidden_check
 
 hidden_check(
+    "lab06",
+    "ex1",
+    causal_mask,
+    "a window between Nq and Nk with align='bottom_right' (Nq < window < Nk)",
+)
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+from helpers.labcontract import hidden_check
+
+hidden_check(
     "lab06", "ex1", causal_mask, "window = 1 (the diagonal key alone, top_left)"
 )
 
@@ -241,7 +254,8 @@ hidden_check("lab06", "ex1", causal_mask, "window ≥ Nk > Nq (no key is cut)")
 # **Self-check 1** compares your masks with masks recorded from the course's own solution, on
 # one case of each promise above: a square mask with the defaults, fewer queries than keys and
 # more, `align` and `window` passed as their defaults, both alignments in both shapes, a
-# window in each alignment, `window=1` and a window as wide as the keys. A bool mask must
+# window in each alignment (bottom-right also with Nq < window < Nk), `window=1` and a window
+# as wide as the keys. A bool mask must
 # match exactly. A `✗` names the kind of case that fails before anything else.
 
 # %%
@@ -456,6 +470,19 @@ hidden_check(
     "lab06",
     "ex2",
     attention_forward,
+    "heads' scores lie far apart (head 0 near +10³, the others near −200)",
+)
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+from helpers.labcontract import hidden_check
+
+hidden_check(
+    "lab06",
+    "ex2",
+    attention_forward,
     "a masked score is far above the visible ones (Bias +10³ where masked)",
 )
 
@@ -490,8 +517,9 @@ hidden_check("lab06", "ex2", attention_forward, "Q, K, V are float32")
 # **Self-check 2** compares `(O, P)` with outputs recorded from the course's own solution, on
 # one case of each promise: the defaults, Nq < Nk and Nq > Nk, 2-D inputs, a float and a
 # per-head `scale`, a bias of shape (H, Nq, Nk) and (H, 1, Nk), a causal mask and a padding
-# mask, a query that sees no key, scores near $+10^3$, a masked score far above the visible ones,
-# visible scores far below 0, and float32 inputs (there within $10^{-5}$, else $10^{-10}$).
+# mask, a query that sees no key, scores near $+10^3$, heads whose scores lie far apart, a masked
+# score far above the visible ones, visible scores far below 0, and float32 inputs (there within
+# $10^{-5}$, else $10^{-10}$).
 
 # %%
 check_contract("lab06", "ex2", attention_forward)
