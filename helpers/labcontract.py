@@ -810,7 +810,23 @@ def _portable_source(*fns):
         FUNCTIONS[f.__name__] = f
 
 
-_portable_source(ffn_block, ffn_dropout, fp16_tiny_loss, fp16_tanh_loss, fp16_linear_loss, fp16_uneven_loss)
+def fp16_bias_overflow_loss(W, b):
+    """Σ x Wᵀ + 4000·Σ b in float16 from float32 W (3, 4), b (3,): at scales 32–128 only b's gradient overflows."""
+    from helpers.device import randn
+
+    x = randn(16, 4, seed=933)
+    return (x.half() @ W.half().T).float().sum() + (b.half() * 4000).float().sum()
+
+
+_portable_source(
+    ffn_block,
+    ffn_dropout,
+    fp16_tiny_loss,
+    fp16_tanh_loss,
+    fp16_linear_loss,
+    fp16_uneven_loss,
+    fp16_bias_overflow_loss,
+)
 
 
 def _leafy(v, grad=True):

@@ -500,6 +500,12 @@ ex5 = Exercise(
             **STEP_TOL,
         ),
         CaseClass(
+            "only the second parameter's gradient overflows (skipped too)",
+            st.tuples(st.sampled_from([2.0**5, 2.0**6, 2.0**7]), st.integers(1, 3), lrs),
+            lambda p, s: _ex5("fp16_bias_overflow_loss", p[0], p[1], p[2], s, gi=8),
+            **STEP_TOL,
+        ),
+        CaseClass(
             "the step reaches growth_interval (scale grows)",
             st.tuples(st.sampled_from([2.0**2, 2.0**4, 2.0**6]), st.integers(2, 6), lrs),
             lambda p, s: _ex5("fp16_tanh_loss", p[0], p[1] - 1, p[2], s, gi=p[1]),

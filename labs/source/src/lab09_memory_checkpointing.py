@@ -814,6 +814,16 @@ hidden: true
 from helpers.labcontract import hidden_check
 
 hidden_check(
+    "lab09", "ex5", scaled_step, "only the second parameter's gradient overflows (skipped too)"
+)
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+from helpers.labcontract import hidden_check
+
+hidden_check(
     "lab09", "ex5", scaled_step, "the step reaches growth_interval (scale grows)"
 )
 
@@ -845,7 +855,8 @@ hidden_check(
 # %% [markdown]
 # **Self-check 5** runs one step of your `scaled_step` on fresh parameters for one recorded case
 # of each promise: a clean step below `growth_interval`, a step whose gradients overflow (with a
-# tracker that is not 0), one where only some gradient entries overflow, the clean step that
+# tracker that is not 0), one where only some gradient entries overflow, one where only the
+# second parameter's do, the clean step that
 # reaches `growth_interval`, `growth_interval` left
 # at its default, a loss whose float16 gradients underflow unless scaled. It compares the
 # returned scale, tracker and stepped (`"stepped"` or `"skipped"` for a bool) and the parameters
