@@ -349,6 +349,8 @@ def _compare_one(
     exp_t = torch.as_tensor(exp).detach()
     if isinstance(got, (int, float)) and not isinstance(got, bool) and exp_t.dim() == 0:
         got = torch.tensor(float(got), dtype=exp_t.dtype)
+    if isinstance(got, str) and not isinstance(exp, str):  # a probe's words for what went wrong
+        return f"{name}: {got}", None
     if not isinstance(got, torch.Tensor):
         return f"{name}: expected a torch.Tensor, got {type(got).__name__}", None
     got_t = got.detach()

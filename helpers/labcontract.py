@@ -276,6 +276,8 @@ def _differs(name: str, g, e, atol: float, rtol: float) -> str | None:
     """Why one output ``g`` is not ``e``: a tensor, a number (an int stays an int), None, a str, or a
     list/tuple/dict of those."""
     if isinstance(e, torch.Tensor):
+        if isinstance(g, str):  # a probe's words for what went wrong ("no gradient reached parameter 2")
+            return f"{name}: {g}"
         if not isinstance(g, torch.Tensor):
             return f"{name} is a {type(g).__name__}, expected a tensor"
         if tuple(g.shape) != tuple(e.shape):
