@@ -254,7 +254,7 @@ def load(lab: str) -> dict:
 def _parts(value, n: int):
     if n == 1:
         return [value]
-    if isinstance(value, (tuple, list)) and len(value) == n:
+    if isinstance(value, tuple) and len(value) == n:  # the prompts promise a tuple: (grad_X, grad_W, grad_b)
         return list(value)
     return None
 
@@ -264,7 +264,8 @@ def disagreement(got, expected, outputs, atol: float, rtol: float) -> str | None
     rtol·|ref|), else why not, in a few words. The self-check and the hidden tests both judge with this."""
     got_parts, exp_parts = _parts(got, len(outputs)), _parts(expected, len(outputs))
     if got_parts is None:
-        return f"returned {type(got).__name__}, expected {len(outputs)} outputs ({', '.join(outputs)})"
+        what = f"a {type(got).__name__} of {len(got)}" if isinstance(got, (list, tuple)) else type(got).__name__
+        return f"returned {what}, expected a tuple of {len(outputs)} ({', '.join(outputs)})"
     for name, g, e in zip(outputs, got_parts, exp_parts):
         why = _differs(name, g, e, atol, rtol)
         if why:
