@@ -577,9 +577,24 @@ def dict_entries(answer, args, kwargs, keys=()):
     return tuple(out[k] for k in keys) if set(out) == set(keys) else out
 
 
+def _what_was_saved(records, outs, args) -> list[str]:
+    """Each saved storage in words: "the output", "the output 2", "input 1" (by position) or "another tensor"."""
+    named = {}
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            named.setdefault(a.untyped_storage().data_ptr(), f"input {i}")
+    for k, o in enumerate(outs):
+        if isinstance(o, torch.Tensor):
+            named[o.untyped_storage().data_ptr()] = "the output" if len(outs) == 1 else f"output {k}"
+    words = [named.get(r["storage"], "another tensor") for r in records if r["counted"]]
+    return sorted(words)
+
+
 @probe
-def backward_and_saved(answer, args, kwargs, wrt=(0,), grad_output=None, report=None, saves=True, count=True):
-    """(outputs…, args[i].grad for i in report (None where args[i] needs no gradient), "2 tensors" saved (if saves; "not counted" unless count), "left unchanged" or "changed in place"): an autograd.Function judged by what autograd gets, what it saved for backward (saved-tensor hooks) and what its backward did to grad_output."""
+def backward_and_saved(
+    answer, args, kwargs, wrt=(0,), grad_output=None, report=None, saves=True, count=True, which=False
+):
+    """(outputs…, args[i].grad for i in report (None where args[i] needs no gradient), "2 tensors" saved (if saves; "not counted" unless count; with which, also what they are: "1 tensor: the output"), "left unchanged" or "changed in place"): an autograd.Function judged by what autograd gets, what it saved for backward (saved-tensor hooks) and what its backward did to grad_output."""
     from helpers.memory import SavedTensors
 
     args = list(args)
@@ -595,6 +610,8 @@ def backward_and_saved(answer, args, kwargs, wrt=(0,), grad_output=None, report=
     kept = all(g is None or torch.equal(g, b) for g, b in zip(grads, before))
     got = [args[i].grad for i in (wrt if report is None else report)]
     n = f"{saved.count} tensor{'' if saved.count == 1 else 's'}" if count else "not counted"
+    if count and which:
+        n += ": " + ", ".join(_what_was_saved(saved.records, outs, args))
     extra = (n,) if saves else ()
     said = "left unchanged" if kept else "changed in place"
     return (*[o.detach() if isinstance(o, torch.Tensor) else o for o in outs], *got, *extra, said)

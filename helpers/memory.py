@@ -108,6 +108,7 @@ class SavedTensors:
                 "counted": not shared,
                 "op": self._op or "?",
                 "call": self._call if self._op else None,
+                "storage": key,  # which storage: a saved output or input is told by it
             }
         )
         return t

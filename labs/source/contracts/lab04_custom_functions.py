@@ -116,7 +116,7 @@ def _logits(shape, seed: int, dtype=F64, large=False, count=False) -> Case:
         row = torch.tensor([1000.0, 0.0, -1000.0, 500.0, -500.0, 990.0, 10.0], dtype=dtype)
         Z.reshape(-1, shape[-1])[0] = row[: shape[-1]]
     grad_P = randn(*shape, seed=seed + 1, dtype=dtype)
-    return Case((Z,), options={"grad_output": grad_P, "wrt": (0,), "count": count})
+    return Case((Z,), options={"grad_output": grad_P, "wrt": (0,), "count": count, "which": count})
 
 
 SOFTMAX_OUT = ("P", "grad_Z", "saved for backward", "grad_P")
@@ -139,7 +139,7 @@ ex2 = Exercise(
         ),
         CaseClass("Z is float32", _shape(2, 2), lambda d, s: _logits(d, s, dtype=F32), **F32_TOL),
         CaseClass(
-            "the tensors saved for backward are counted (P only: 1 tensor)",
+            "the tensors saved for backward are counted (P only: 1 tensor, the output)",
             _shape(2, 2),
             lambda d, s: _logits(d, s, count=True),
             **F64_TOL,

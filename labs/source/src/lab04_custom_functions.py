@@ -278,7 +278,7 @@ hidden_check(
     "lab04",
     "ex2",
     Softmax,
-    "the tensors saved for backward are counted (P only: 1 tensor)",
+    "the tensors saved for backward are counted (P only: 1 tensor, the output)",
 )
 # %% [raw]
 # # END TESTS
