@@ -264,7 +264,9 @@ def disagreement(got, expected, outputs, atol: float, rtol: float) -> str | None
     rtol·|ref|), else why not, in a few words. The self-check and the hidden tests both judge with this."""
     got_parts, exp_parts = _parts(got, len(outputs)), _parts(expected, len(outputs))
     if got_parts is None:
-        what = f"a {type(got).__name__} of {len(got)}" if isinstance(got, (list, tuple)) else type(got).__name__
+        what = (
+            f"a {type(got).__name__} of {len(got)}" if isinstance(got, (list, tuple)) else type(got).__name__
+        )
         return f"returned {what}, expected a tuple of {len(outputs)} ({', '.join(outputs)})"
     for name, g, e in zip(outputs, got_parts, exp_parts):
         why = _differs(name, g, e, atol, rtol)
@@ -670,7 +672,7 @@ def recorded_and_hooks_left(answer, args, kwargs, raises=False):
         except ByHand:
             raise
         except Exception as e:  # noqa: BLE001 - the case is built to raise: which error is the output
-            raised = type(e).__name__
+            raised = getattr(e, "kind", None) or type(e).__name__  # across the grader's wire: its kind
         return {"raised": raised, "hooks left on the model": _hooks_on(args[0])}
     out = _given(answer(*args, **kwargs))
     return {**out, "hooks left on the model": _hooks_on(args[0])} if isinstance(out, dict) else out

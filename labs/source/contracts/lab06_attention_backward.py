@@ -139,7 +139,10 @@ ex1 = Exercise(
         CaseClass(
             "a window is given with align='bottom_right'",
             _with(
-                st.tuples(st.integers(2, 6), st.integers(3, 7)).filter(lambda p: p[0] != p[1]),
+                # window ≤ Nq here: a window between Nq and Nk is the next class
+                st.tuples(st.integers(2, 6), st.integers(3, 7)).filter(
+                    lambda p: p[0] != p[1] and 2 + (p[0] + p[1]) % (p[1] - 2) <= p[0]
+                ),
                 lambda q, k: st.just({"align": "bottom_right", "window": 2 + (q + k) % (k - 2)}),
             ),
             _mask_case,

@@ -814,7 +814,10 @@ hidden: true
 from helpers.labcontract import hidden_check
 
 hidden_check(
-    "lab09", "ex5", scaled_step, "only the second parameter's gradient overflows (skipped too)"
+    "lab09",
+    "ex5",
+    scaled_step,
+    "only the second parameter's gradient overflows (skipped too)",
 )
 
 # %%

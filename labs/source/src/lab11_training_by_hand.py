@@ -662,7 +662,10 @@ hidden: true
 from helpers.labcontract import hidden_check
 
 hidden_check(
-    "lab11", "ex4", lr_at, "mult = 3 deep in later cycles (cycles 4–6, their first steps included)"
+    "lab11",
+    "ex4",
+    lr_at,
+    "mult = 3 deep in later cycles (cycles 4–6, their first steps included)",
 )
 # %% [raw]
 # # END TESTS
