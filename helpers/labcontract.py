@@ -22,6 +22,7 @@ checkout and fails outside it.
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -543,7 +544,45 @@ def evaluate_contract(lab: str, exercise: str, fn) -> CheckResult:
         head = f"✗ {title} fails when {_listed(fails)} — works when {_listed(working)}"
     else:
         head = f"✗ {title} fails in every case class ({_listed(fails)})"
-    return CheckResult("fail", f"{head}: {detail}")
+    return CheckResult("fail", f"{head}: {detail}{_earlier_failing(lab, exercise, fn)}")
+
+
+def _names_used(obj, depth: int = 0) -> set[str]:
+    """The global names a function (or an autograd.Function's own methods, and functions nested in them) reads."""
+    if isinstance(obj, type):
+        methods = [
+            getattr(v, "__func__", v)
+            for v in vars(obj).values()
+            if isinstance(v, (staticmethod, classmethod))
+        ]
+        methods += [v for v in vars(obj).values() if inspect.isfunction(v)]
+        return set().union(*(_names_used(m, depth + 1) for m in methods)) if methods else set()
+    code = obj if inspect.iscode(obj) else getattr(obj, "__code__", None)
+    if code is None or depth > 4:
+        return set()
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if inspect.iscode(c):
+            names |= _names_used(c, depth + 1)
+    return names
+
+
+def _earlier_failing(lab: str, exercise: str, fn) -> str:
+    """' — your causal_mask (Exercise 1) fails its own self-check: fix it first' when fn calls the learner's
+    answer to an earlier exercise that is wrong (one bug, not two), else ''."""
+    space = getattr(fn, "__globals__", None) or getattr(getattr(fn, "forward", None), "__globals__", None)
+    if not space:
+        return ""
+    exercises = load(lab)["exercises"]
+    order = list(exercises)
+    used = _names_used(fn)
+    for name in order[: order.index(exercise)]:
+        spec = exercises[name]
+        other = space.get(spec["function"])
+        if spec["function"] in used and other is not None and other is not fn:
+            if evaluate_contract(lab, name, other).status == "fail":
+                return f" — your {spec['function']} ({spec['title'].split(' · ')[0]}) fails its own self-check: fix it first"
+    return ""
 
 
 def check_contract(lab: str, exercise: str, fn) -> None:

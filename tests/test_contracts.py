@@ -331,3 +331,26 @@ def test_a_by_hand_exercise_answered_with_autograd_gets_a_cross_on_both_sides():
     assert c.exercises["ex3"].by_hand == ("autograd", "helpers.cat_mlp.backward")
     with pytest.raises(AssertionError, match="uses autograd"):
         c.hidden_check("ex3", space["layer2_backward"], c.exercises["ex3"].classes[0].name)
+
+
+def test_a_cross_caused_by_an_earlier_answer_says_so():
+    """Lab 6 exercise 4 calls the learner's causal_mask: with exercise 1 wrong (align ignored) and exercise 4
+    right, exercise 4's ✗ adds that exercise 1 fails its own self-check (one bug, named once at its source)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import mutants
+
+    setup, sols = contract._solutions("lab06_attention_backward")
+    wrong_ex1 = [
+        c.replace('shift = Nk - Nq if align == "bottom_right" else 0', "shift = 0") for c in sols["ex1"]
+    ]
+    assert wrong_ex1 != sols["ex1"]
+    space: dict = {"__name__": "__learner__"}
+    for code in [*setup, *wrong_ex1, *sols["ex2"], *sols["ex3"], *sols["ex4"]]:
+        mutants._run(code, space)
+    line = labcontract.evaluate_contract("lab06", "ex4", space["attention_grads"]).line
+    assert line.startswith("✗") and line.endswith(
+        "your causal_mask (Exercise 1) fails its own self-check: fix it first"
+    ), line
+    for code in sols["ex1"]:
+        mutants._run(code, space)
+    assert labcontract.evaluate_contract("lab06", "ex4", space["attention_grads"]).line.startswith("✓")
