@@ -361,7 +361,8 @@ hidden_check(
 # `Linear` and `ReLU`, chapter 5's `deep_mlp` with nested blocks, its LayerNorm-and-residual
 # variant, a `Sequential` that starts with `Flatten`), runs your recorder on each and compares
 # its dict with the recorded one, key by key; then it counts the hooks left on the model, which
-# must be none.
+# must be none. One more case gives a label out of range, so the loss raises after the forward
+# ran: the error must reach you, and still no hook may be left (`try`/`finally`).
 
 # %%
 check_contract("lab05", "ex2", record_output_grad_norms)
