@@ -261,7 +261,7 @@ def test_no_honest_answer_is_flagged_against_the_published_solutions(lab):
 
 
 @pytest.mark.parametrize("lab", CORPUS_LABS)
-def test_every_disguised_copy_is_flagged_and_no_honest_pair(lab):
+def test_every_disguised_copy_is_flagged_and_no_honest_pair(lab, figure):
     honest = corpus(lab)
     sol = solutions(lab)
     copies = copies_of(lab, dict(honest, **{"solutions": sol}))
@@ -300,6 +300,13 @@ def test_every_disguised_copy_is_flagged_and_no_honest_pair(lab):
     # judged as a whole lab, so it needs SOLUTION_MIN_EXERCISES tellable exercises
     sol_tellable = sum(r["tellable"] for r in copy_rows if r["b"] == SOLUTIONS)
     print(f"  copy of the solutions: {sol_tellable} tellable exercises")
+    honest_max = max((r["similarity"] for r in other if r["tellable"] and r["b"] != SOLUTIONS), default=0.0)
+    copy_min = min((r["similarity"] for r in copy_rows if r["tellable"]), default=float("nan"))
+    figure(
+        f"[{lab}] similarity: {len(honest)} honest students, {len(copies)} disguised copies; highest honest pair "
+        f"{honest_max:.2f}, lowest tellable copy {copy_min:.2f}; honest pairs flagged "
+        f"{sum(bool(r['flagged']) for r in other if r['b'] != SOLUTIONS)}"
+    )
 
     def expected(r):
         return r["tellable"] and (r["b"] != SOLUTIONS or sol_tellable >= similarity.SOLUTION_MIN_EXERCISES)
