@@ -404,8 +404,6 @@ def by_hand(fn, forbidden=()):
 
 def _parameter_names(fn) -> list[str]:
     """The names of fn's positional parameters (forward's for an autograd.Function); [] if unknown."""
-    import inspect
-
     if not (inspect.isfunction(fn) or isinstance(fn, type)):  # the grader's handle: ask it nothing
         return []
     target = fn.forward if isinstance(fn, type) and hasattr(fn, "forward") else fn
@@ -864,8 +862,6 @@ def fp16_uneven_loss(W, b):
 
 
 def _portable_source(*fns):
-    import inspect
-
     for f in fns:
         f.__portable_source__ = inspect.getsource(f)
         FUNCTIONS[f.__name__] = f
@@ -1175,7 +1171,7 @@ for _f in (
     FUNCTIONS[_f.__name__] = _f
     # the grader sends it to the learner's process as its source, so that autograd runs there and the
     # learner's saved_tensors_hooks see what it saves (tools/grader/wire.py, "portable functions")
-    _f.__portable_source__ = __import__("inspect").getsource(_f)
+    _f.__portable_source__ = inspect.getsource(_f)
 
 
 # ------------------------------------------------------------ lab 10's probe (appended)
