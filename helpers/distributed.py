@@ -1,6 +1,6 @@
 """Gradients across processes: data parallelism on one CPU with torch.distributed (chapter 11).
 
-``data_parallel_grads(world_size=2)`` starts ``world_size`` processes (``mp.spawn``, backend
+``data_parallel_grads(world_size=2)`` starts ``world_size`` processes (a fork server, backend
 gloo, ``MASTER_ADDR=127.0.0.1`` and a free port).  The full batch (X, y) is split in equal
 shards, one per rank.  Each rank
 
@@ -131,16 +131,18 @@ def data_parallel_grads(
 
     ``full`` holds the full-batch gradient and the parameters after ``steps`` single-process SGD
     steps on the full batch, computed here in the parent for comparison.  ``start_method``:
-    'fork' where the OS has it (a child starts in milliseconds: torch is already imported),
-    else 'spawn' (each child imports torch again, which takes seconds on a busy CPU).
-    Processes still running after ``timeout_s`` are killed and a ``TimeoutError`` is raised.
+    'forkserver' where the OS has it, else 'spawn'.  Not 'fork': a Jupyter kernel runs several
+    threads, and a fork of a multi-threaded process can deadlock in the child (a lock held by
+    another thread at the moment of the fork is never released); the fork server is a fresh
+    single-threaded process that imports torch once and forks every rank from there.  Ranks
+    still running after ``timeout_s`` are killed and the run is tried once more on a new port;
+    a second timeout raises ``TimeoutError``.
     """
     import torch.multiprocessing as mp
 
     if world_size < 1 or B % world_size:
         raise ValueError(f"data_parallel_grads: expected world_size >= 1 dividing B={B}, got {world_size}")
-    # The single-process reference first: it also warms up every lazy import (torch.optim, ...)
-    # that forked children then inherit instead of repeating.
+    # The single-process reference, computed here in the parent.
     X, y = make_batch(B, d_in, d_out)
     model = make_model(d_in, d_hidden, d_out)
     full = {"grads": full_batch_grads(model, X, y)}
@@ -153,7 +155,22 @@ def data_parallel_grads(
 
     cfg = dict(B=B, d_in=d_in, d_hidden=d_hidden, d_out=d_out, steps=steps, lr=lr, timeout_s=timeout_s)
     if start_method is None:
-        start_method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+        start_method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+    if start_method == "forkserver":
+        # The server imports torch once; every rank is then a fork of that single-threaded process.
+        mp.set_forkserver_preload(["helpers.distributed"])
+    try:
+        return _run_ranks(world_size, start_method, cfg, full)
+    except TimeoutError:
+        # A port chosen by free_port() can be taken by another program before rank 0 binds it,
+        # and the ranks then wait for each other until the timeout: once more, on a new port.
+        return _run_ranks(world_size, start_method, cfg, full)
+
+
+def _run_ranks(world_size: int, start_method: str, cfg: dict, full: dict) -> dict:
+    """Start the ranks on a fresh port, wait at most cfg['timeout_s'], read their results back."""
+    import torch.multiprocessing as mp
+
     with tempfile.TemporaryDirectory() as out_dir:
         ctx = mp.start_processes(
             _worker,
@@ -162,12 +179,12 @@ def data_parallel_grads(
             join=False,
             start_method=start_method,
         )
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + cfg["timeout_s"]
         while not ctx.join(timeout=0.2):  # raises if a rank raised
             if time.monotonic() > deadline:
                 for proc in ctx.processes:
                     if proc.is_alive():
                         proc.kill()
-                raise TimeoutError(f"data_parallel_grads: ranks still running after {timeout_s:g} s")
+                raise TimeoutError(f"data_parallel_grads: ranks still running after {cfg['timeout_s']:g} s")
         ranks = [torch.load(Path(out_dir) / f"rank{r}.pt") for r in range(world_size)]
     return {"ranks": ranks, "full": full, "world_size": world_size}
