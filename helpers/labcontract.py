@@ -160,11 +160,30 @@ class Made:
 _MAKERS = ("torch.nn.", "torch.optim.", "helpers.")
 
 
+_DRAWS: dict = {}  # large recorded draws, made once per process: {node as JSON: tensor}
+_DRAWERS = ("helpers.device.randn", "helpers.device.rand")
+
+
 def _build(node: dict):
-    """The object a {"make": ...} node describes: the named class called with its args, then its state."""
+    """The object a {"make": ...} node describes: the named class called with its args, then its state.
+    A large draw (helpers.device.randn of a million numbers or more) is made once and cloned after."""
     path = str(node["make"])
     if not path.startswith(_MAKERS):
         raise ValueError(f"cannot build {path!r}")
+    if path in _DRAWERS and "state" not in node:
+        key = json.dumps(node, sort_keys=True)
+        if key not in _DRAWS:
+            t = _make(path, node)
+            if t.numel() < 1 << 20:
+                return t
+            while len(_DRAWS) >= 8:
+                _DRAWS.pop(next(iter(_DRAWS)))
+            _DRAWS[key] = t
+        return _DRAWS[key].clone()
+    return _make(path, node)
+
+
+def _make(path: str, node: dict):
     module, _, name = path.rpartition(".")
     obj = getattr(importlib.import_module(module), name)(
         *decode(node.get("args", {"tuple": []})), **decode(node.get("kwargs", {"dict": {}}))
@@ -379,6 +398,7 @@ def by_hand(fn, forbidden=()):
 
     def guarded(*args, **kwargs):
         saved = []  # (owner, attribute, original): module attributes and fn's own global names
+        _REFUSING.append(saved)
         try:
             for name in names:
                 owner, attr, obj = _resolve(name)
@@ -392,14 +412,38 @@ def by_hand(fn, forbidden=()):
                         space[k] = stop
             return fn(*args, **kwargs)
         finally:
-            for owner, attr, obj in reversed(saved):
-                if isinstance(owner, dict):
-                    owner[attr] = obj
-                else:
-                    setattr(owner, attr, obj)
+            _REFUSING.remove(saved)
+            _put(saved)
 
     guarded.__wrapped__ = fn
     return guarded
+
+
+_REFUSING: list = []  # the (owner, attribute, original) patches of the by_hand guards now running
+
+
+def _put(entries) -> None:
+    for owner, attr, obj in reversed(entries):
+        if isinstance(owner, dict):
+            owner[attr] = obj
+        else:
+            setattr(owner, attr, obj)
+
+
+def unguarded(ref):
+    """ref, run with what by_hand refuses put back meanwhile: a reference an answer is graded with (an
+    earlier exercise's) may use autograd where the answer may not."""
+
+    def reference(*args, **kwargs):
+        patches = [e for saved in _REFUSING for e in saved]
+        now = [(o, a, o[a] if isinstance(o, dict) else getattr(o, a)) for o, a, _ in patches]
+        _put(patches)
+        try:
+            return ref(*args, **kwargs)
+        finally:
+            _put(list(reversed(now)))
+
+    return reference
 
 
 def _parameter_names(fn) -> list[str]:
@@ -555,6 +599,8 @@ def _names_used(obj, depth: int = 0) -> set[str]:
         ]
         methods += [v for v in vars(obj).values() if inspect.isfunction(v)]
         return set().union(*(_names_used(m, depth + 1) for m in methods)) if methods else set()
+    if inspect.isfunction(obj):
+        obj = inspect.unwrap(obj)  # @once_differentiable's wrapper reads none of backward's names
     code = obj if inspect.iscode(obj) else getattr(obj, "__code__", None)
     if code is None or depth > 4:
         return set()
@@ -739,25 +785,57 @@ def clipped_leaves(answer, args, kwargs):
 _PRODUCT_OPS = ("mm", "bmm", "addmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "_addmm_activation")
 
 
+def _boundary(answer):
+    """The grader's peer when ``answer`` is a handle across its boundary (tools/grader/wire.py), else None."""
+    if type(answer).__name__ != "Remote":
+        return None
+    try:
+        peer = object.__getattribute__(answer, "_peer")
+    except AttributeError:
+        return None
+    return peer if callable(getattr(type(peer), "capped", None)) else None
+
+
+def _over(cap: int) -> str:
+    return f"over its {cap / 2**20:g} MiB memory budget"
+
+
 @probe
-def products_formed(answer, args, kwargs, forbid=(), inner=None, returned=(), **options):
+def products_formed(answer, args, kwargs, forbid=(), inner=None, returned=(), cap=None, **options):
     """(with returned = names of the first outputs: which of them are not None, "grad_x, grad_B" or "none"; the
     inner probe's outputs with None written 'None'; per group of shapes in forbid "none formed" or
-    "formed (m, n)"): the matrix products (their last two dims, either way round) the call forms, backward too."""
+    "formed (m, n)"): the matrix products (their last two dims, either way round) the call forms, backward too.
+    With cap (bytes; returned given): a call that needs a tensor of more than cap bytes is "over its memory
+    budget". Across the grader's boundary the kernel measures that, not code in the learner's process: the
+    call runs in a child of the worker whose address space may grow by cap bytes at most (a hard RLIMIT_AS)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    seen: list = []
+    peer = _boundary(answer)
+    if cap is not None and peer is not None:
+        reply = peer.capped(answer, args, kwargs, inner, options, cap)
+        if reply["over"]:
+            return (_over(cap), *["not computed"] * len(returned), *["not measured"] * len(forbid))
+        out, seen, largest = _given(reply["result"]), [], 0
+    else:
+        seen, sizes = [], [0]
 
-    class _Watch(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, a=(), kw=None):
-            out = func(*a, **(kw or {}))
-            if func.overloadpacket.__name__ in _PRODUCT_OPS and isinstance(out, torch.Tensor):
-                seen.append(tuple(out.shape[-2:]))
-            return out
+        class _Watch(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, a=(), kw=None):
+                out = func(*a, **(kw or {}))
+                if isinstance(out, torch.Tensor):
+                    ins = {t.untyped_storage().data_ptr() for t in _tensors_in([*a, *(kw or {}).values()])}
+                    if (
+                        out.untyped_storage().data_ptr() not in ins
+                    ):  # new memory, not a view or an in-place op
+                        sizes.append(out.untyped_storage().nbytes())
+                    if func.overloadpacket.__name__ in _PRODUCT_OPS:
+                        seen.append(tuple(out.shape[-2:]))
+                return out
 
-    # backward on this thread, where the mode sees it
-    with torch.autograd.set_multithreading_enabled(False), _Watch():
-        out = _given(run_probe(inner, answer, args, kwargs, options))
+        # backward on this thread, where the mode sees it
+        with torch.autograd.set_multithreading_enabled(False), _Watch():
+            out = _given(run_probe(inner, answer, args, kwargs, options))
+        largest = max(sizes)
     outs = out if isinstance(out, tuple) else (out,)
     verdicts = []
     for group in forbid:
@@ -765,6 +843,8 @@ def products_formed(answer, args, kwargs, forbid=(), inner=None, returned=(), **
         verdicts.append(f"formed {hit[0]}" if hit else "none formed")
     given = [n for n, v in zip(returned, outs) if v is not None]
     head = (", ".join(given) or "none",) if returned else ()
+    if cap is not None and largest > cap and all(v == "none formed" for v in verdicts):
+        head = (_over(cap),)
     return (*head, *["None" if v is None else v for v in outs], *verdicts)
 
 

@@ -354,3 +354,69 @@ def test_a_cross_caused_by_an_earlier_answer_says_so():
     for code in sols["ex1"]:
         mutants._run(code, space)
     assert labcontract.evaluate_contract("lab06", "ex4", space["attention_grads"]).line.startswith("✓")
+
+
+def test_an_exercise_is_graded_with_the_references_of_the_earlier_ones_it_calls():
+    """Issue 24: with lab 6's exercise 1 wrong, exercise 4 (which calls causal_mask) passes its hidden tests,
+    graded with exercise 1's reference in its place; the learner's own causal_mask is back afterwards."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import mutants
+
+    setup, sols = contract._solutions("lab06_attention_backward")
+    wrong_ex1 = [
+        c.replace('shift = Nk - Nq if align == "bottom_right" else 0', "shift = 0") for c in sols["ex1"]
+    ]
+    space: dict = {"__name__": "__learner__"}
+    for code in [*setup, *wrong_ex1, *sols["ex2"], *sols["ex3"], *sols["ex4"]]:
+        mutants._run(code, space)
+    theirs = space["causal_mask"]
+    c = contract.load("lab06_attention_backward")
+    assert c.exercises["ex4"].calls == ("ex1", "ex2", "ex3")
+    bottom_right = [k.name for k in c.exercises["ex4"].classes if "bottom" in k.name]
+    assert bottom_right
+    with pytest.raises(AssertionError):
+        c.hidden_check("ex1", theirs, [k.name for k in c.exercises["ex1"].classes if "bottom" in k.name][0])
+    for name in bottom_right:
+        c.hidden_check("ex4", space["attention_grads"], name)
+    assert space["causal_mask"] is theirs
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_every_earlier_exercise_a_solution_calls_is_declared_in_calls(lab):
+    """An exercise's `calls` lists the earlier exercises whose functions its solution calls (read from the
+    solution's code), but lab 9's exercise 4, whose callee runs the learner's blocks under autograd."""
+    from helpers.labcontract import _names_used
+
+    c = contract.load(lab)
+    order = list(c.exercises)
+    for ex in c.exercises.values():
+        earlier = {}
+        for e in order[: order.index(ex.name)]:
+            if c.exercises[e].question != ex.question:
+                earlier[c.exercises[e].function] = e  # a later definition of the same name wins
+        used = _names_used(contract.solution_function(lab, ex))
+        expected = tuple(sorted(e for f, e in earlier.items() if f in used))
+        if (lab, ex.name) == ("lab09_memory_checkpointing", "ex4"):
+            assert ex.calls == () and expected == ("ex3",)
+            continue
+        assert tuple(sorted(ex.calls)) == expected, (ex.name, ex.calls, expected)
+
+
+def test_a_memory_class_names_the_product_in_the_learners_process():
+    """products_formed with a cap: in the learner's process a watch sees what is formed (views and in-place
+    results are not new memory); an answer that forms an out × in matrix is named by its shape."""
+    from helpers.labcontract import products_formed
+
+    W, A, B = torch.randn(64, 8), torch.randn(2, 8), torch.randn(64, 2)
+    g = torch.randn(1, 64)
+    cheap = lambda g, W, A, B: (g @ W + (g @ B) @ A,)  # noqa: E731
+    merged = lambda g, W, A, B: (g @ (W + B @ A),)  # noqa: E731
+    big = 64 * 8 * 4 - 1  # one byte less than an out × in float32 matrix
+    opts = {"returned": ("grad_x",), "forbid": [[(64, 8)]], "cap": big}
+    ok = products_formed(cheap, (g, W.T.contiguous().T, A, B), {}, **opts)
+    assert ok[0] == "grad_x" and ok[-1] == "none formed"
+    bad = products_formed(merged, (g, W, A, B), {}, **opts)
+    assert bad[-1] == "formed (64, 8)"
+    opts_no_shape = {"returned": ("grad_x",), "forbid": [], "cap": big}
+    assert products_formed(merged, (g, W, A, B), {}, **opts_no_shape)[0].startswith("over its 0.00195")
+    assert products_formed(cheap, (g, W, A, B), {}, **opts_no_shape)[0] == "grad_x"

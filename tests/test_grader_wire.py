@@ -163,3 +163,26 @@ def test_a_silent_peer_times_out():
     with pytest.raises(TimeoutError):
         peer.receive()
     os.close(w)
+
+
+def test_a_device_crosses_by_name_and_only_a_device_name_is_decoded():
+    """causal_mask(N, device=Q.device), called back across the boundary, hands over a torch.device."""
+    assert roundtrip(torch.device("cpu")) == torch.device("cpu")
+    with pytest.raises(wire.WireError):
+        wire.Peer(None, None).decode({"device": "cpu; import os"}, [])
+
+
+def test_values_only_tells_what_a_forked_call_may_send_back():
+    assert wire.values_only((torch.ones(2), None, [1.5, "s"], {"k": torch.Size([2])}))
+    assert not wire.values_only((torch.ones(2), object()))
+    assert not wire.values_only({1: torch.ones(2)})
+
+
+def test_tensor_bytes_are_sent_without_a_copy():
+    """A capped call (worker.capped) sends 64 MiB within a 16 MiB budget: the blob is the tensor's memory."""
+    t = torch.arange(6.0, dtype=torch.float64)
+    blobs = wire.Blobs()
+    wire.Peer(None, None).encode(t, blobs)
+    assert isinstance(blobs[0], memoryview) and blobs[0].nbytes == 48
+    t[0] = 7.0
+    assert bytes(blobs[0][:8]) == struct.pack("<d", 7.0)

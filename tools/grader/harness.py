@@ -234,6 +234,12 @@ class HarnessPeer(wire.Peer):
         self.apply_echo(reply["modules"])
         return reply
 
+    def capped(self, fn, args, kwargs, inner, options, budget: int) -> dict:
+        """{"result": the probe's outputs, "over": False}, or {"result": None, "over": True}: fn run through
+        the probe ``inner`` in a child of the worker whose address space may grow by ``budget`` bytes."""
+        value = (fn, tuple(args), dict(kwargs), inner, dict(options or {}), int(budget))
+        return self.request({"op": "capped", "opts": {"exercise": self.exercise}}, value, True)
+
     def call(self, fn, args, kwargs, **opts):
         ins = wire.tensors((args, kwargs))
         track = torch.is_grad_enabled() and any(t.requires_grad for t in ins)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import select
 import struct
 import time
@@ -47,6 +48,9 @@ DTYPES = {
         torch.complex128,
     )
 }
+
+
+REPLIED = object()  # a handler's result: the reply has been sent already (by a forked child)
 
 
 class WireError(Exception):
@@ -205,7 +209,9 @@ class Peer:
             dtype = str(t.dtype).removeprefix("torch.")
             if dtype not in DTYPES:
                 raise WireError(f"tensor dtype {dtype} cannot cross")
-            blobs.append(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+            # the tensor's own bytes, not a copy: a capped call (worker.capped) may send 64 MiB within a
+            # 16 MiB budget; the array keeps the tensor alive until the message is written
+            blobs.append(memoryview(t.reshape(-1).view(torch.uint8).numpy()) if t.numel() else b"")
             node = {
                 "tensor": len(blobs) - 1,
                 "dtype": dtype,
@@ -222,6 +228,8 @@ class Peer:
             return node
         if isinstance(obj, torch.dtype):
             return {"dtype_of": str(obj).removeprefix("torch.")}
+        if isinstance(obj, torch.device):  # causal_mask(N, device=Q.device), called back across
+            return {"device": str(obj)}
         if isinstance(obj, torch.Size):
             return {"size": [int(s) for s in obj]}
         if isinstance(obj, (list, tuple)) and type(obj) in (list, tuple):
@@ -301,6 +309,13 @@ class Peer:
             return int(node["bigint"])
         if "dtype_of" in node:
             return DTYPES[node["dtype_of"]] if node["dtype_of"] in DTYPES else _bad(node)
+        if "device" in node:
+            name = node["device"]
+            return (
+                torch.device(name)
+                if isinstance(name, str) and re.fullmatch(r"(cpu|cuda|mps)(:\d{1,2})?", name)
+                else _bad(node)
+            )
         if "size" in node:
             return torch.Size([int(s) for s in node["size"]])
         if "list" in node:
@@ -583,7 +598,8 @@ class Peer:
         head = json.dumps(header, allow_nan=False).encode()
         self.wfile.write(struct.pack("<QI", len(head), len(blobs)) + head)
         for b in blobs:
-            self.wfile.write(struct.pack("<Q", len(b)) + b)
+            self.wfile.write(struct.pack("<Q", len(b)))
+            self.wfile.write(b)
         self.wfile.flush()
 
     def receive(self) -> tuple[dict, list[bytes]]:
@@ -672,6 +688,8 @@ class Peer:
                     result = None
                 else:
                     raise WireError(f"unknown request {str(op)[:20]}")
+            if result is REPLIED:
+                return
             self.send({"kind": "reply"}, result, True)
         except (EOFError, BrokenPipeError):
             raise
@@ -725,6 +743,21 @@ def _plain(v) -> bool:
         return True
     if isinstance(v, (tuple, list)):
         return all(_plain(x) for x in v)
+    return False
+
+
+def values_only(value, depth: int = 0) -> bool:
+    """Whether ``value`` crosses by value alone: plain data and tensors in tuples, lists and str-keyed dicts."""
+    if depth > MAX_DEPTH:
+        return False
+    if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.Size)):
+        return True
+    if isinstance(value, torch.Tensor):
+        return type(value) in (torch.Tensor, torch.nn.Parameter)
+    if type(value) in (tuple, list):
+        return all(values_only(v, depth + 1) for v in value)
+    if type(value) is dict:
+        return all(isinstance(k, str) and values_only(v, depth + 1) for k, v in value.items())
     return False
 
 

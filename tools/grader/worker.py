@@ -14,6 +14,7 @@ when it was answered with them instead.
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import sys
 
@@ -29,7 +30,7 @@ import torch  # noqa: E402
 import wire  # noqa: E402
 
 AUTOGRAD = "autograd"
-STATE = {"exercise": None, "forbidden": {}, "violations": {}, "ours": False}
+STATE = {"exercise": None, "forbidden": {}, "violations": {}, "ours": False, "bound": {}}
 
 
 class ByHandError(RuntimeError):
@@ -514,6 +515,76 @@ def _backward(msg, value):
     return list(grads)
 
 
+def _address_space() -> int:
+    """This process's address space in bytes (VmSize), what RLIMIT_AS limits."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    raise OSError("no VmSize in /proc/self/status")
+
+
+def _over_memory(e: BaseException) -> bool:
+    return isinstance(e, MemoryError) or "can't allocate memory" in str(e) or "out of memory" in str(e)
+
+
+def capped(msg, value):
+    """One call (through a probe of helpers.labcontract) in a forked child whose address space may grow
+    by at most ``budget`` bytes: the kernel enforces the limit (a hard RLIMIT_AS, which the child cannot
+    raise), so "never forms an out × in matrix" is measured outside any code the student could answer.
+    The child sends the reply itself: {"result": outputs, "over": False}, or {"result": None, "over":
+    True} when an allocation failed; the parent only waits."""
+    fn, args, kwargs, inner, options, budget = value
+    exercise = (msg.get("opts") or {}).get("exercise")
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        code = 1
+        try:
+            torch.set_num_threads(1)  # no new thread (and its malloc arena) to count against the budget
+            from helpers.labcontract import run_probe
+
+            STATE["exercise"], STATE["ours"] = exercise, True  # the probe's own backward pass
+            limit = _address_space() + int(budget)
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+            try:
+                reply = {"result": run_probe(inner, fn, args, kwargs, options), "over": False}
+                if not wire.values_only(reply):  # a handle made here would die with this process
+                    raise TypeError("returned an object that is not a value")
+                PEER.send({"kind": "reply"}, reply, True)
+            except BaseException as e:  # noqa: BLE001 - the student's error is the answer
+                if _over_memory(e):
+                    PEER.send({"kind": "reply"}, {"result": None, "over": True}, True)
+                else:
+                    PEER.send({"kind": "reply", "error": type(e).__name__, "message": str(e)[:300]})
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) == 0:
+        return wire.REPLIED
+    raise MemoryError("the call ended without an answer (killed at its memory budget?)")
+
+
+def bind(msg, value) -> None:
+    """Names of the notebook bound to the harness's handles (its references of earlier exercises) until the
+    next bind; bind {} puts the student's own back. A hidden test grades an exercise with the references of
+    the earlier ones it calls, so a mistake there costs points once."""
+    ns = STATE["ns"]
+    for name, old in STATE["bound"].items():
+        if old is _ABSENT:
+            ns.pop(name, None)
+        else:
+            ns[name] = old
+    STATE["bound"] = {}
+    for name, handle in dict(value or {}).items():
+        if isinstance(name, str) and isinstance(handle, wire.Remote):
+            STATE["bound"][name] = ns.get(name, _ABSENT)
+            ns[name] = handle
+
+
+_ABSENT = object()
+
+
 def start(msg, value) -> dict:
     """Guards, then a snapshot of the pristine modules, then the student's notebook."""
     install_guards(value.get("forbidden", {}))
@@ -541,6 +612,8 @@ def main() -> None:
         "names": lambda msg, v: sorted(k for k in STATE["ns"] if not k.startswith("_")),
         "get": lambda msg, v: STATE["ns"][v],
         "backward": synced(backward),
+        "capped": capped,
+        "bind": bind,
         "violations": lambda msg, v: dict(STATE["violations"]),
     }
     while True:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import inspect
 import json
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -37,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 from helpers.labcontract import (  # noqa: E402  (one owner: the student side's)
     DATA,
     ByHand,
+    _boundary,
     _changed,
     _clone,
     by_hand,
@@ -44,6 +46,7 @@ from helpers.labcontract import (  # noqa: E402  (one owner: the student side's)
     disagreement,
     encode,
     run_probe,
+    unguarded,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -89,6 +92,7 @@ class Exercise:
     probe: str | None = None  # a helpers.labcontract.PROBES name: how a case calls the answer
     in_place: bool = False  # the prompt lets the answer change its arguments (a step, a merge)
     by_hand: tuple = ()  # what the answer may not call: the source question's `by_hand` (set by Contract)
+    calls: tuple = ()  # earlier exercises whose functions the answer calls: hidden tests put their references there
 
     def __post_init__(self):
         self.question = self.question or self.name
@@ -97,6 +101,26 @@ class Exercise:
         """fn's outputs on the case (through the probe), on values rebuilt as the learner gets them."""
         args, kwargs, options = materialize(case.args), materialize(case.kwargs), materialize(case.options)
         return run_probe(self.probe, fn, args, kwargs, options)
+
+
+_ABSENT = object()
+
+
+def _globals_of(fn) -> dict:
+    """The namespace fn's code reads its global names from (an autograd.Function's: its forward's)."""
+    target = getattr(fn, "forward", fn) if isinstance(fn, type) else fn
+    return inspect.unwrap(target).__globals__
+
+
+def _while(ref, live: list):
+    """ref, answering only while live[0] is True (a handle the worker keeps is dead after its check)."""
+
+    def reference(*args, **kwargs):
+        if not live[0]:
+            raise RuntimeError("this reference answers only while its exercise is graded")
+        return ref(*args, **kwargs)
+
+    return reference
 
 
 def materialize(value):
@@ -175,9 +199,46 @@ class Contract:
 
     # ------------------------------------------------------------ hidden tests
 
+    @contextmanager
+    def references_in(self, ex: Exercise, fn):
+        """While fn is graded, the functions of the earlier exercises it calls (``ex.calls``) are their
+        references, so that a mistake there costs points once, in its own exercise. In this process: fn's
+        global names. Across the grader's boundary: the worker binds those names to handles on the
+        references here (tools/grader/worker.py, bind), which answer only while this check runs."""
+        refs = {self.exercises[e].function: self.exercises[e].reference for e in ex.calls}
+        if not refs:
+            yield
+            return
+        peer = _boundary(fn)
+        if peer is not None:
+            live = [True]
+            peer.request({"op": "bind"}, {n: _while(r, live) for n, r in refs.items()}, True)
+            try:
+                yield
+            finally:
+                live[0] = False
+                peer.request({"op": "bind"}, {}, True)
+            return
+        space = _globals_of(fn)
+        before = {n: space.get(n, _ABSENT) for n in refs}
+        space.update({n: unguarded(r) for n, r in refs.items()})
+        try:
+            yield
+        finally:
+            for n, v in before.items():
+                if v is _ABSENT:
+                    space.pop(n, None)
+                else:
+                    space[n] = v
+
     def hidden_check(self, exercise: str, fn, name: str) -> None:
         """Every hidden case of one class: fn's outputs against the reference; AssertionError naming the class."""
         ex = self.exercises[exercise]
+        with self.references_in(ex, fn):
+            self._hidden_cases(ex, fn, name)
+
+    def _hidden_cases(self, ex: Exercise, fn, name: str) -> None:
+        exercise = ex.name
         cls = self.case_class(exercise, name)
         for k, case in enumerate(self.cases(exercise, name)[1]):
             args, kwargs = materialize(case.args), materialize(case.kwargs)

@@ -451,6 +451,7 @@ ex4 = Exercise(
         _grads_class("causal=False with align and window given (no mask at all)", "not_causal"),
         _grads_class("scale is 0-dim and Bias is (Nq, Nk)", "scalar"),
     ],
+    calls=("ex1", "ex2", "ex3"),
 )
 
 CONTRACT = Contract(LAB, [ex1, ex2, ex3, ex4], base_seed=60_000)

@@ -287,6 +287,7 @@ ex3 = Exercise(
             **F64_TOL,
         ),
     ],
+    calls=("ex1", "ex2"),
 )
 
 # --------------------------------------------------------------------------- ex4
@@ -492,6 +493,7 @@ ex5 = Exercise(
             lambda p, s: _block_case(1, p[0], 2, p[1], s, activation="gelu", causal=True),
         ),
     ],
+    calls=("ex1", "ex3"),
 )
 
 # ------------------------------------------------------------ the machinery's two gaps, worked around here

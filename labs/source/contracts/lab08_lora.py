@@ -18,11 +18,14 @@ promise (labs/source/src/lab08_lora.py):
   that need one: W frozen (no gradient, no out × in product) or trainable (gᵀx), x plain data (no
   ∂L/∂x computed), A and B frozen; r = 1; float32.
 
-Products are watched by ``helpers.labcontract.products_formed`` (a TorchDispatchMode): in the learner's
-process for the self-check, and in the tests' own process; across the grader's boundary the mode
-cannot see the learner's process, so the lab keeps its FLOP-counting cells there (``runs_in: student``).
-ex5's answer calls the learner's ``lora_backward`` (ex2): the source's solution of ex5 runs with ex2's
-beside it (``_solution_function``, since ``contract.py`` runs one question's cells alone).
+Products are watched by ``helpers.labcontract.products_formed`` (a TorchDispatchMode) in the learner's
+process for the self-check and in the tests' own process. Across the grader's boundary what must not be
+formed is measured by the kernel: the classes "out = 2²⁰ …" and "in = 2²⁰ …" are at sizes where an out × in
+matrix or an unasked gradient (64 MiB or more) does not fit the call's budget (``cap``, 16 MiB), and the
+worker runs the call in a child whose address space may grow by that much only (tools/grader/worker.py).
+ex5's answer calls the learner's ``lora_backward`` (ex2): its hidden tests put ex2's reference there
+(``calls``), and the source's solution of ex5 runs with ex2's beside it (``_solution_function``, since
+``contract.py`` runs one question's cells alone).
 """
 
 from __future__ import annotations
@@ -149,6 +152,33 @@ def _backward_case(R, n_in, out, r, s, seed, needs=None, dtype=F64) -> Case:
     )
 
 
+# Sizes at which what the cheap route never forms does not fit. A call may allocate CAP bytes; every tensor
+# it must not form (an out × in matrix, a gradient nobody asked for) is 64 MiB or more: larger than glibc's
+# largest mmap threshold (32 MiB), so it is always a fresh mapping, which the grader's limit on the call's
+# address space counts (tools/grader/worker.py, capped). The large inputs are recorded as their draw
+# (Made("helpers.device.randn", …)), not their values.
+HUGE = 1 << 20
+CAP = 16 << 20
+
+
+def _drawn(*shape, seed):
+    return Made("helpers.device.randn", *shape, seed=seed, dtype=F64)
+
+
+HUGE_TOL = {"atol": 1e-7, "rtol": 1e-7}  # float64 sums of 2²⁰ products, added up in another order
+
+
+def _huge_case(R, n_in, out, r, s, seed, needs) -> Case:
+    g, x = _drawn(R, out, seed=seed), _drawn(R, n_in, seed=seed + 1)
+    W, A, B = _drawn(out, n_in, seed=seed + 2), _drawn(r, n_in, seed=seed + 3), _drawn(out, r, seed=seed + 4)
+    unasked = [sh for sh, n in zip(((R, n_in), (r, n_in), (out, r)), needs) if not n]
+    return Case(
+        (g, x, W, A, B, s, needs),
+        factors={"s": s},
+        options={"returned": NAMES, "forbid": [[(out, n_in)], unasked], "cap": CAP},
+    )
+
+
 shapes2 = st.tuples(st.integers(2, 7), st.integers(2, 7), st.integers(2, 7), st.integers(1, 3), scale).filter(
     lambda p: _distinct(*p[:4])
 )
@@ -212,6 +242,18 @@ ex2 = Exercise(
             shapes2,
             lambda p, s: _backward_case(*p, s, dtype=F32),
             **F32_TOL,
+        ),
+        CaseClass(
+            "out = 2²⁰ (no room for an out × in matrix or grad_B) and grad_B is not asked for",
+            st.tuples(st.integers(1, 2), scale),
+            lambda p, s: _huge_case(p[0], 8, HUGE, 8, p[1], s, (True, True, False)),
+            **HUGE_TOL,
+        ),
+        CaseClass(
+            "in = 2²⁰ (no room for grad_x or grad_A) and only grad_B is asked for",
+            st.tuples(st.integers(3, 5), scale),
+            lambda p, s: _huge_case(8, HUGE, p[0], 8, p[1], s, (False, False, True)),
+            **HUGE_TOL,
         ),
     ],
     probe="products_formed",
@@ -374,12 +416,13 @@ class LoRALinearFn(torch.autograd.Function):
         return None if gx is None else gx.reshape(x.shape), g2.T @ x2 if nW else None, gA, gB, None
 
 
-def _fn_case(lead, n_in, out, r, s, seed, wrt=(0, 2, 3), dtype=F64) -> Case:
-    x = randn(*lead, n_in, seed=seed, dtype=dtype)
-    W = randn(out, n_in, seed=seed + 1, dtype=dtype)
-    A = randn(r, n_in, seed=seed + 2, dtype=dtype)
-    B = randn(out, r, seed=seed + 3, dtype=dtype)
-    g = randn(*lead, out, seed=seed + 4, dtype=dtype)
+def _fn_case(lead, n_in, out, r, s, seed, wrt=(0, 2, 3), dtype=F64, huge=False) -> Case:
+    draw = _drawn if huge else (lambda *shape, seed: randn(*shape, seed=seed, dtype=dtype))
+    x = draw(*lead, n_in, seed=seed)
+    W = draw(out, n_in, seed=seed + 1)
+    A = draw(r, n_in, seed=seed + 2)
+    B = draw(out, r, seed=seed + 3)
+    g = draw(*lead, out, seed=seed + 4)
     R = math.prod(lead)
     forbid = [[] if 1 in wrt else [(out, n_in)], [] if 0 in wrt else [(R, n_in)]]
     options = {
@@ -390,6 +433,8 @@ def _fn_case(lead, n_in, out, r, s, seed, wrt=(0, 2, 3), dtype=F64) -> Case:
         "grad_output": g,
         "forbid": forbid,
     }
+    if huge:
+        options["cap"] = CAP
     return Case((x, W, A, B, s), options=options)
 
 
@@ -441,8 +486,15 @@ ex5 = Exercise(
             **F64_TOL,
         ),
         _fn_class("the tensors are float32", tol=F32_TOL, dtype=F32),
+        CaseClass(
+            "in = 2²⁰ and only B trains (no room for an out × in matrix, ∂L/∂x or ∂L/∂A)",
+            st.tuples(st.sampled_from([2, 4]), scale),
+            lambda p, s: _fn_case((p[0], 8 // p[0]), HUGE, 8, 8, p[1], s, wrt=(3,), huge=True),
+            **HUGE_TOL,
+        ),
     ],
     probe="products_formed",
+    calls=("ex2",),
 )
 
 # ------------------------------------------------------------ the machinery's gap, worked around here

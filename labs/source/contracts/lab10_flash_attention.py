@@ -479,6 +479,7 @@ ex4 = Exercise(
         _tbwd_class("causal=False and window=None are passed", _shapes(), flags=(False, None)),
     ],
     question="ex4",
+    calls=("ex2",),
 )
 
 # --------------------------------------------------------------------------- ex5
@@ -603,6 +604,7 @@ ex5b = Exercise(
     ("O", "L"),
     _causal_classes(backward=False),
     question="ex5",
+    calls=("ex2",),
 )
 ex5c = Exercise(
     "ex5c",
@@ -613,6 +615,7 @@ ex5c = Exercise(
     ("grad_Q", "grad_K", "grad_V", "grad_slopes"),
     _causal_classes(backward=True),
     question="ex5",
+    calls=("ex2",),
 )
 
 # --------------------------------------------------------------------------- ex6
@@ -691,6 +694,7 @@ ex6 = Exercise(
     _fn_classes(wrapper=False),
     question="ex6",
     probe="backward_saving",
+    calls=("ex5b", "ex5c"),
 )
 ex6b = Exercise(
     "ex6b",
