@@ -129,6 +129,73 @@ def run_probe(name: str | None, answer, args, kwargs, options: dict | None = Non
     return PROBES[name](answer, args, kwargs, **(options or {}))
 
 
+# ------------------------------------------------------------ memory: what a call must not form
+
+_PRODUCT_OPS = ("mm", "bmm", "addmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "_addmm_activation")
+
+
+def _boundary(answer):
+    """The grader's peer when ``answer`` is a handle across its boundary (tools/grader/wire.py), else None."""
+    if type(answer).__name__ != "Remote":
+        return None
+    try:
+        peer = object.__getattribute__(answer, "_peer")
+    except AttributeError:
+        return None
+    return peer if callable(getattr(type(peer), "capped", None)) else None
+
+
+def _over(cap: int) -> str:
+    return f"over its {cap / 2**20:g} MiB memory budget"
+
+
+def _watched(inner, answer, args, kwargs, options):
+    """(the inner probe's outputs, the matrix products formed (last two dims), the largest new tensor in
+    bytes), watched by a TorchDispatchMode while the call runs, backward too (views and in-place results
+    are not new memory)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen, sizes = [], [0]
+
+    class _Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, a=(), kw=None):
+            out = func(*a, **(kw or {}))
+            if isinstance(out, torch.Tensor):
+                ins = {t.untyped_storage().data_ptr() for t in _tensors_in([*a, *(kw or {}).values()])}
+                if out.untyped_storage().data_ptr() not in ins:
+                    sizes.append(out.untyped_storage().nbytes())
+                if func.overloadpacket.__name__ in _PRODUCT_OPS:
+                    seen.append(tuple(out.shape[-2:]))
+            return out
+
+    # backward on this thread, where the mode sees it
+    with torch.autograd.set_multithreading_enabled(False), _Watch():
+        out = _given(run_probe(inner, answer, args, kwargs, options))
+    return out, seen, max(sizes)
+
+
+@probe
+def within_budget(answer, args, kwargs, cap=None, inner=None, n_outputs=1, **options):
+    """The inner probe's outputs; with cap (bytes), each of them "over its … MiB memory budget" when the call
+    needs a tensor of more than cap bytes. In the learner's process a TorchDispatchMode watches every new
+    tensor; across the grader's boundary the kernel measures it, not code in the learner's process: the call
+    runs in a child of the worker whose address space may grow by cap bytes at most (a hard RLIMIT_AS,
+    tools/grader/worker.py, glibc's mmap threshold fixed at 64 KiB there); what must not be formed is
+    sized at four times cap or more."""
+    if cap is None:
+        return run_probe(inner, answer, args, kwargs, options)
+    peer = _boundary(answer)
+    if peer is not None:
+        reply = peer.capped(answer, args, kwargs, inner, options, cap)
+        over, out = reply["over"], reply["result"]
+    else:
+        out, _, largest = _watched(inner, answer, args, kwargs, options)
+        over = largest > cap
+    if over:
+        return _over(cap) if n_outputs == 1 else (_over(cap),) * n_outputs
+    return out
+
+
 _DTYPES = {
     str(d).removeprefix("torch."): d
     for d in (
@@ -782,23 +849,6 @@ def clipped_leaves(answer, args, kwargs):
 
 # ------------------------------------------------------------ lab 8's probes (appended)
 
-_PRODUCT_OPS = ("mm", "bmm", "addmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "_addmm_activation")
-
-
-def _boundary(answer):
-    """The grader's peer when ``answer`` is a handle across its boundary (tools/grader/wire.py), else None."""
-    if type(answer).__name__ != "Remote":
-        return None
-    try:
-        peer = object.__getattribute__(answer, "_peer")
-    except AttributeError:
-        return None
-    return peer if callable(getattr(type(peer), "capped", None)) else None
-
-
-def _over(cap: int) -> str:
-    return f"over its {cap / 2**20:g} MiB memory budget"
-
 
 @probe
 def products_formed(answer, args, kwargs, forbid=(), inner=None, returned=(), cap=None, **options):
@@ -806,10 +856,7 @@ def products_formed(answer, args, kwargs, forbid=(), inner=None, returned=(), ca
     inner probe's outputs with None written 'None'; per group of shapes in forbid "none formed" or
     "formed (m, n)"): the matrix products (their last two dims, either way round) the call forms, backward too.
     With cap (bytes; returned given): a call that needs a tensor of more than cap bytes is "over its memory
-    budget". Across the grader's boundary the kernel measures that, not code in the learner's process: the
-    call runs in a child of the worker whose address space may grow by cap bytes at most (a hard RLIMIT_AS)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
+    budget" (measured as :func:`within_budget` does)."""
     peer = _boundary(answer)
     if cap is not None and peer is not None:
         reply = peer.capped(answer, args, kwargs, inner, options, cap)
@@ -817,25 +864,7 @@ def products_formed(answer, args, kwargs, forbid=(), inner=None, returned=(), ca
             return (_over(cap), *["not computed"] * len(returned), *["not measured"] * len(forbid))
         out, seen, largest = _given(reply["result"]), [], 0
     else:
-        seen, sizes = [], [0]
-
-        class _Watch(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, a=(), kw=None):
-                out = func(*a, **(kw or {}))
-                if isinstance(out, torch.Tensor):
-                    ins = {t.untyped_storage().data_ptr() for t in _tensors_in([*a, *(kw or {}).values()])}
-                    if (
-                        out.untyped_storage().data_ptr() not in ins
-                    ):  # new memory, not a view or an in-place op
-                        sizes.append(out.untyped_storage().nbytes())
-                    if func.overloadpacket.__name__ in _PRODUCT_OPS:
-                        seen.append(tuple(out.shape[-2:]))
-                return out
-
-        # backward on this thread, where the mode sees it
-        with torch.autograd.set_multithreading_enabled(False), _Watch():
-            out = _given(run_probe(inner, answer, args, kwargs, options))
-        largest = max(sizes)
+        out, seen, largest = _watched(inner, answer, args, kwargs, options)
     outs = out if isinstance(out, tuple) else (out,)
     verdicts = []
     for group in forbid:

@@ -884,7 +884,18 @@ MUTANTS = {
         "ex3",
         [("    grad_V = P.transpose(-2, -1) @ grad_O", "    grad_V = P @ grad_O")],
     ),
-    # lab 8's memory classes: the call runs in a child of the worker under a hard address-space limit
+    # memory classes: the call runs in a child of the worker under a hard address-space limit
+    "the n x n Jacobian built (lab 4)": (
+        "lab04_custom_functions",
+        "ex1",
+        [
+            (
+                "\n    return P * (grad_P - inner)  # (..., n)",  # ex1's line, not Softmax.backward's
+                "\n    J = torch.diag_embed(P) - P[..., :, None] * P[..., None, :]\n"
+                "    return (J.mT @ grad_P[..., None])[..., 0]",
+            )
+        ],
+    ),
     "B @ A formed in grad_x (lab 8)": (
         "lab08_lora",
         "ex2",
@@ -969,12 +980,12 @@ def test_lab6_the_course_reference_and_autograd_score_nothing_where_the_work_is_
         pts
         == {
             "full": "2 2 3 3",
-            "reference_in_ex3": "2 2 0 0",
+            "reference_in_ex3": "2 2 0 3",  # ex4 is graded with ex3's reference in place of theirs
             "autograd_in_ex4": "2 2 3 0",
             "monkeypatch": "review review review review",  # `import builtins`: every by-hand exercise waits, 0 pending
         }
     ), pts
-    # ex4 calls their ex3, so it used the reference too
+    # ex4 calls ex3's function: its hidden tests put ex3's reference there, so ex4's own work keeps its 3
     assert "used helpers.attention.attention_backward in ex3" in rows["reference_in_ex3"]["notes"]
     assert "used autograd in ex4, which asks for the gradient by hand" in rows["autograd_in_ex4"]["notes"]
 

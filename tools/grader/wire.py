@@ -209,8 +209,8 @@ class Peer:
             dtype = str(t.dtype).removeprefix("torch.")
             if dtype not in DTYPES:
                 raise WireError(f"tensor dtype {dtype} cannot cross")
-            # the tensor's own bytes, not a copy: a capped call (worker.capped) may send 64 MiB within a
-            # 16 MiB budget; the array keeps the tensor alive until the message is written
+            # the tensor's own bytes, not a copy: a capped call (worker.capped) may send 8 MiB within a
+            # 2 MiB budget; the array keeps the tensor alive until the message is written
             blobs.append(memoryview(t.reshape(-1).view(torch.uint8).numpy()) if t.numel() else b"")
             node = {
                 "tensor": len(blobs) - 1,

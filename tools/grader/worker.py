@@ -13,6 +13,7 @@ when it was answered with them instead.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import resource
 import signal
@@ -515,13 +516,46 @@ def _backward(msg, value):
     return list(grads)
 
 
-def _address_space() -> int:
-    """This process's address space in bytes (VmSize), what RLIMIT_AS limits."""
+def _memory_now() -> tuple[int, int]:
+    """(VmSize, VmData) of this process in bytes: what RLIMIT_AS and RLIMIT_DATA limit."""
+    got = {}
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
-    raise OSError("no VmSize in /proc/self/status")
+            if line.startswith(("VmSize:", "VmData:")):
+                got[line.split(":")[0]] = int(line.split()[1]) * 1024
+    return got["VmSize"], got["VmData"]
+
+
+def _limit_growth(budget: int) -> None:
+    """Let this process's memory grow by ``budget`` bytes at most, counted by the kernel: a hard RLIMIT_AS
+    (new mappings) and RLIMIT_DATA (also a thread arena's reserved space made writable), after holding
+    every free block of 256 KiB or more that glibc's heaps already have (a block served from one would not
+    grow anything): with both limits at the present size, every malloc that succeeds is such a block."""
+    hard_as = resource.getrlimit(resource.RLIMIT_AS)[1]
+    hard_data = resource.getrlimit(resource.RLIMIT_DATA)[1]
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+        libc.mallopt(-3, 64 << 10)  # M_MMAP_THRESHOLD, fixed: no dynamic rise after a free
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        libc = None
+    if libc is not None:
+        size_now, data_now = _memory_now()
+        resource.setrlimit(resource.RLIMIT_AS, (size_now, hard_as))
+        resource.setrlimit(resource.RLIMIT_DATA, (data_now, hard_data))
+        for size in (64 << 20, 16 << 20, 4 << 20, 1 << 20, 256 << 10):
+            misses = 0
+            for _ in range(1 << 14):  # glibc tries one other arena per failed call: a few misses in a row
+                if libc.malloc(size):
+                    misses = 0  # held until the child exits
+                else:
+                    misses += 1
+                    if misses == 4:
+                        break
+    size_now, data_now = _memory_now()
+    resource.setrlimit(resource.RLIMIT_AS, (size_now + budget, size_now + budget))
+    resource.setrlimit(resource.RLIMIT_DATA, (data_now + budget, data_now + budget))
 
 
 def _over_memory(e: BaseException) -> bool:
@@ -532,6 +566,8 @@ def capped(msg, value):
     """One call (through a probe of helpers.labcontract) in a forked child whose address space may grow
     by at most ``budget`` bytes: the kernel enforces the limit (a hard RLIMIT_AS, which the child cannot
     raise), so "never forms an out × in matrix" is measured outside any code the student could answer.
+    After :func:`_limit_growth`, a tensor larger than 256 KiB is always new memory, which the limits
+    count, whatever free space the notebook left in glibc's heaps.
     The child sends the reply itself: {"result": outputs, "over": False}, or {"result": None, "over":
     True} when an allocation failed; the parent only waits."""
     fn, args, kwargs, inner, options, budget = value
@@ -544,8 +580,7 @@ def capped(msg, value):
             from helpers.labcontract import run_probe
 
             STATE["exercise"], STATE["ours"] = exercise, True  # the probe's own backward pass
-            limit = _address_space() + int(budget)
-            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+            _limit_growth(int(budget))
             try:
                 reply = {"result": run_probe(inner, fn, args, kwargs, options), "over": False}
                 if not wire.values_only(reply):  # a handle made here would die with this process

@@ -4,7 +4,8 @@ The prompts promise (labs/source/src/lab04_custom_functions.py):
 
 * ex1 ``softmax_backward(P, grad_P)``: ``P = softmax(Z, dim=-1)`` of any shape ``(..., n)`` (1-D,
   2-D, 3 or more dims), in float32 or float64; ``grad_Z`` of P's shape and dtype, row by row along
-  the last dim; a ``grad_P`` constant along each row gives 0; ``grad_P`` and ``P`` left unchanged.
+  the last dim; a ``grad_P`` constant along each row gives 0; ``grad_P`` and ``P`` left unchanged;
+  J not built (n = 1024: an 8 MiB Jacobian does not fit the call's 2 MiB, ``within_budget``).
 * ex2 ``Softmax`` (an autograd.Function, one input ``Z`` of any ``(..., n)``): the stable softmax
   over the last dim (rows with logits of ±1000 stay finite), float32 or float64; autograd gets
   ∂L/∂Z from its backward; it saves exactly one tensor (P); backward leaves grad_P unchanged.
@@ -51,13 +52,15 @@ def softmax_backward(P, grad_P):
     return grad_Z
 
 
-def _probs(shape, seed: int, dtype=F64, constant_grad=False, scale=2.0) -> Case:
+def _probs(shape, seed: int, dtype=F64, constant_grad=False, scale=2.0, budget=False) -> Case:
+    """P = softmax(scale·z) and grad_P; with budget, a 2 MiB memory budget for the call (probe
+    within_budget): an n × n Jacobian of 8 MiB or more does not fit."""
     P = torch.softmax(scale * randn(*shape, seed=seed, dtype=dtype), -1)
     if constant_grad:  # one value per row, repeated along it
         grad_P = randn(*shape[:-1], 1, seed=seed + 1, dtype=dtype).expand(*shape).contiguous()
     else:
         grad_P = randn(*shape, seed=seed + 1, dtype=dtype)
-    return Case((P, grad_P))
+    return Case((P, grad_P), options={"cap": 2 << 20} if budget else {})
 
 
 def _shape(min_dims: int, max_dims: int):
@@ -87,7 +90,14 @@ ex1 = Exercise(
             **F64_TOL,
         ),
         CaseClass("P is float32", _shape(2, 2), lambda d, s: _probs(d, s, dtype=F32), **F32_TOL),
+        CaseClass(
+            "n = 1024, where the n × n Jacobian (8 MiB) does not fit the call's 2 MiB",
+            st.sampled_from([1.0, 2.0, 3.0]),  # one row (the data is recorded), softmax's temperature drawn
+            lambda t, s: _probs((1, 1024), s, scale=t, budget=True),
+            **F64_TOL,
+        ),
     ],
+    probe="within_budget",
 )
 
 # --------------------------------------------------------------------------- ex2

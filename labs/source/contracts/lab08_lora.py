@@ -20,8 +20,8 @@ promise (labs/source/src/lab08_lora.py):
 
 Products are watched by ``helpers.labcontract.products_formed`` (a TorchDispatchMode) in the learner's
 process for the self-check and in the tests' own process. Across the grader's boundary what must not be
-formed is measured by the kernel: the classes "out = 2²⁰ …" and "in = 2²⁰ …" are at sizes where an out × in
-matrix or an unasked gradient (64 MiB or more) does not fit the call's budget (``cap``, 16 MiB), and the
+formed is measured by the kernel: the classes "out = 2¹⁷ …" and "in = 2¹⁷ …" are at sizes where an out × in
+matrix or an unasked gradient (8 MiB or more) does not fit the call's budget (``cap``, 2 MiB), and the
 worker runs the call in a child whose address space may grow by that much only (tools/grader/worker.py).
 ex5's answer calls the learner's ``lora_backward`` (ex2): its hidden tests put ex2's reference there
 (``calls``), and the source's solution of ex5 runs with ex2's beside it (``_solution_function``, since
@@ -153,19 +153,18 @@ def _backward_case(R, n_in, out, r, s, seed, needs=None, dtype=F64) -> Case:
 
 
 # Sizes at which what the cheap route never forms does not fit. A call may allocate CAP bytes; every tensor
-# it must not form (an out × in matrix, a gradient nobody asked for) is 64 MiB or more: larger than glibc's
-# largest mmap threshold (32 MiB), so it is always a fresh mapping, which the grader's limit on the call's
-# address space counts (tools/grader/worker.py, capped). The large inputs are recorded as their draw
-# (Made("helpers.device.randn", …)), not their values.
-HUGE = 1 << 20
-CAP = 16 << 20
+# it must not form (an out × in matrix, a gradient nobody asked for) is 8 MiB or more (float64), four times
+# CAP: across the grader's boundary, the limit on the call's address space counts it (tools/grader/worker.py,
+# capped). The large inputs are recorded as their draw (Made("helpers.device.randn", …)), not their values.
+HUGE = 1 << 17
+CAP = 2 << 20
 
 
 def _drawn(*shape, seed):
     return Made("helpers.device.randn", *shape, seed=seed, dtype=F64)
 
 
-HUGE_TOL = {"atol": 1e-7, "rtol": 1e-7}  # float64 sums of 2²⁰ products, added up in another order
+HUGE_TOL = {"atol": 1e-8, "rtol": 1e-8}  # float64 sums of 2¹⁷ products, added up in another order
 
 
 def _huge_case(R, n_in, out, r, s, seed, needs) -> Case:
@@ -244,13 +243,13 @@ ex2 = Exercise(
             **F32_TOL,
         ),
         CaseClass(
-            "out = 2²⁰ (no room for an out × in matrix or grad_B) and grad_B is not asked for",
+            "out = 2¹⁷ (no room for an out × in matrix or grad_B) and grad_B is not asked for",
             st.tuples(st.integers(1, 2), scale),
             lambda p, s: _huge_case(p[0], 8, HUGE, 8, p[1], s, (True, True, False)),
             **HUGE_TOL,
         ),
         CaseClass(
-            "in = 2²⁰ (no room for grad_x or grad_A) and only grad_B is asked for",
+            "in = 2¹⁷ (no room for grad_x or grad_A) and only grad_B is asked for",
             st.tuples(st.integers(3, 5), scale),
             lambda p, s: _huge_case(8, HUGE, p[0], 8, p[1], s, (False, False, True)),
             **HUGE_TOL,
@@ -487,7 +486,7 @@ ex5 = Exercise(
         ),
         _fn_class("the tensors are float32", tol=F32_TOL, dtype=F32),
         CaseClass(
-            "in = 2²⁰ and only B trains (no room for an out × in matrix, ∂L/∂x or ∂L/∂A)",
+            "in = 2¹⁷ and only B trains (no room for an out × in matrix, ∂L/∂x or ∂L/∂A)",
             st.tuples(st.sampled_from([2, 4]), scale),
             lambda p, s: _fn_case((p[0], 8 // p[0]), HUGE, 8, 8, p[1], s, wrt=(3,), huge=True),
             **HUGE_TOL,

@@ -149,6 +149,19 @@ hidden: true
 from helpers.labcontract import hidden_check
 
 hidden_check("lab04", "ex1", softmax_backward, "P is float32")
+
+# %%
+""" # BEGIN TEST CONFIG
+hidden: true
+"""  # END TEST CONFIG
+from helpers.labcontract import hidden_check
+
+hidden_check(
+    "lab04",
+    "ex1",
+    softmax_backward,
+    "n = 1024, where the n × n Jacobian (8 MiB) does not fit the call's 2 MiB",
+)
 # %% [raw]
 # # END TESTS
 
@@ -158,7 +171,9 @@ hidden_check("lab04", "ex1", softmax_backward, "P is float32")
 # %% [markdown]
 # **Self-check 1** compares your function with reference outputs recorded from the course's
 # own solution, on one case of each promise above: `P` 2-D, 1-D, with 3 or 4 dims, a
-# `grad_P` constant along each row, and `P` in float32.
+# `grad_P` constant along each row, `P` in float32, and rows of n = 1024, where $J$ would take
+# 8 MiB: the check watches the tensors your function makes, and the grader gives the call
+# 2 MiB.
 
 # %%
 check_contract("lab04", "ex1", softmax_backward)

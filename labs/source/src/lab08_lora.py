@@ -360,7 +360,7 @@ hidden_check(
     "lab08",
     "ex2",
     lora_backward,
-    "out = 2²⁰ (no room for an out × in matrix or grad_B) and grad_B is not asked for",
+    "out = 2¹⁷ (no room for an out × in matrix or grad_B) and grad_B is not asked for",
 )
 
 # %%
@@ -373,7 +373,7 @@ hidden_check(
     "lab08",
     "ex2",
     lora_backward,
-    "in = 2²⁰ (no room for grad_x or grad_A) and only grad_B is asked for",
+    "in = 2¹⁷ (no room for grad_x or grad_A) and only grad_B is asked for",
 )
 
 # %% [raw]
@@ -385,8 +385,8 @@ hidden_check(
 # %% [markdown]
 # **Self-check 2** (recorded reference outputs, autograd's through $y = x\,(W + s\,BA)^\top$;
 # one case of each promise: `needs` left at its default and given as each of its 8
-# combinations, r = 1, one row, float32, and two cases too large to cheat: out = 2²⁰ and
-# in = 2²⁰, where an out × in matrix or a gradient nobody asked for would take 64 MiB, four times
+# combinations, r = 1, one row, float32, and two cases too large to cheat: out = 2¹⁷ and
+# in = 2¹⁷, where an out × in matrix or a gradient nobody asked for would take 8 MiB, four times
 # the call's memory budget. Besides the three gradients (`"None"` where not asked for) it reports
 # the matrix products your function formed, watched while it runs: whether one was out × in,
 # and whether one had the shape of a gradient nobody asked for):
@@ -809,7 +809,7 @@ hidden_check(
     "lab08",
     "ex5",
     LoRALinearFn,
-    "in = 2²⁰ and only B trains (no room for an out × in matrix, ∂L/∂x or ∂L/∂A)",
+    "in = 2¹⁷ and only B trains (no room for an out × in matrix, ∂L/∂x or ∂L/∂A)",
 )
 
 # %% [raw]
@@ -822,8 +822,8 @@ hidden_check(
 # **Self-check 5** (recorded reference outputs: the output and the gradients autograd gets
 # through a reference `Function` for the inputs that need one (`"None"` for the others); one case
 # of each promise: `x` 3-D, 2-D and 4-D, `W` frozen and trainable, `x` plain data, only `x`
-# asking, r = 1, float32, and in = 2²⁰ with only `B` training, where an out × in matrix, ∂L/∂x
-# or ∂L/∂A would take 64 MiB. It also reports the matrix products formed forward and backward,
+# asking, r = 1, float32, and in = 2¹⁷ with only `B` training, where an out × in matrix, ∂L/∂x
+# or ∂L/∂A would take 8 MiB. It also reports the matrix products formed forward and backward,
 # watched while they run: whether one was out × in while `W` was frozen, and whether one had
 # the shape of $\partial L/\partial x$ while `x` asked for none):
 
