@@ -791,6 +791,30 @@ def test_a_result_of_the_wrong_shape_or_with_no_elements_is_not_close_to_the_ref
     # themselves, so the harness's strict allclose names no shapes for it; the scores are the promise
 
 
+# an empty lab 8 that answers what used to be counted in its own process: FLOP counts read as zero,
+# every function a TorchFunctionMode entered for good (3 to 5.33 of 11 before; issue 24)
+FLOP_FORGER = (
+    "import torch\n"
+    "import torch.utils.flop_counter as _fc\n"
+    "_fc.FlopCounterMode.get_total_flops = lambda self: 0\n"
+    "class _Quiet(torch.overrides.TorchFunctionMode):\n"
+    "    def __torch_function__(self, func, types, args=(), kwargs=None):\n"
+    "        return func(*args, **(kwargs or {}))\n"
+    "_Quiet().__enter__()\n"
+)
+
+
+@pytest.mark.sandbox
+@pytest.mark.slow
+def test_an_empty_lab8_that_forges_flop_counts_scores_nothing():
+    """No hidden test runs in the student's process any more, so there is nothing there to answer."""
+    lab = "lab08_lora"
+    out = _harness_grade(lab, _submission(lab, insert=[(0, FLOP_FORGER)]))
+    assert {q: v["score"] for q, v in out["questions"].items()} == dict.fromkeys(
+        ("ex1", "ex2", "ex3", "ex4", "ex5"), 0
+    ), out
+
+
 def test_the_harness_allclose_compares_shapes_first():
     """What a hidden test that calls torch.allclose sees in the harness (labs not on contracts)."""
     import harness
