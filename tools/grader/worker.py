@@ -540,20 +540,22 @@ def _limit_growth(budget: int) -> None:
         libc.malloc_trim(0)
     except (OSError, AttributeError):
         libc = None
+    size_now, data_now = _memory_now()  # nothing below grows either: the blocks held were free already
     if libc is not None:
-        size_now, data_now = _memory_now()
         resource.setrlimit(resource.RLIMIT_AS, (size_now, hard_as))
         resource.setrlimit(resource.RLIMIT_DATA, (data_now, hard_data))
-        for size in (64 << 20, 16 << 20, 4 << 20, 1 << 20, 256 << 10):
-            misses = 0
-            for _ in range(1 << 14):  # glibc tries one other arena per failed call: a few misses in a row
-                if libc.malloc(size):
-                    misses = 0  # held until the child exits
-                else:
-                    misses += 1
-                    if misses == 4:
-                        break
-    size_now, data_now = _memory_now()
+        try:
+            for size in (64 << 20, 16 << 20, 4 << 20, 1 << 20, 256 << 10):
+                misses = 0
+                for _ in range(1 << 14):  # glibc tries one other arena per failed call: misses in a row
+                    if libc.malloc(size):
+                        misses = 0  # held until the child exits
+                    else:
+                        misses += 1
+                        if misses == 4:
+                            break
+        except (MemoryError, OSError):  # Python itself found no room: draining stops there
+            pass
     resource.setrlimit(resource.RLIMIT_AS, (size_now + budget, size_now + budget))
     resource.setrlimit(resource.RLIMIT_DATA, (data_now + budget, data_now + budget))
 
