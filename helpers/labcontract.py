@@ -179,8 +179,8 @@ def within_budget(answer, args, kwargs, cap=None, inner=None, n_outputs=1, **opt
     """The inner probe's outputs; with cap (bytes), each of them "over its … MiB memory budget" when the call
     needs a tensor of more than cap bytes. In the learner's process a TorchDispatchMode watches every new
     tensor; across the grader's boundary the kernel measures it, not code in the learner's process: the call
-    runs in a child of the worker whose address space may grow by cap bytes at most (a hard RLIMIT_AS,
-    tools/grader/worker.py, glibc's mmap threshold fixed at 64 KiB there); what must not be formed is
+    runs in a child of the worker whose memory may grow by cap bytes at most (hard RLIMIT_AS and RLIMIT_DATA
+    after the free space of glibc's heaps is held, tools/grader/worker.py); what must not be formed is
     sized at four times cap or more."""
     if cap is None:
         return run_probe(inner, answer, args, kwargs, options)

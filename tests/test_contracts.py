@@ -420,3 +420,13 @@ def test_a_memory_class_names_the_product_in_the_learners_process():
     opts_no_shape = {"returned": ("grad_x",), "forbid": [], "cap": big}
     assert products_formed(merged, (g, W, A, B), {}, **opts_no_shape)[0].startswith("over its 0.00195")
     assert products_formed(cheap, (g, W, A, B), {}, **opts_no_shape)[0] == "grad_x"
+
+
+def test_a_reference_bound_for_a_check_answers_only_while_the_check_runs():
+    """The handle the worker keeps after a check (Exercise.calls, across the grader's boundary) is dead."""
+    live = [True]
+    ref = contract._while(lambda x: 2 * x, live)
+    assert ref(3) == 6
+    live[0] = False
+    with pytest.raises(RuntimeError, match="only while its exercise is graded"):
+        ref(3)
