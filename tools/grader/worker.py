@@ -22,6 +22,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # the protocol keeps the real stdin/stdout; the student's prints and reads get /dev/null
 _IN, _OUT = os.fdopen(os.dup(0), "rb", buffering=0), os.fdopen(os.dup(1), "wb")
+_EXIT = os._exit  # a capped child's own exit: the notebook's os._exit is replaced (run_notebook) or its own
 _NULL = os.open(os.devnull, os.O_RDWR)
 for _fd in (0, 1, 2):
     os.dup2(_NULL, _fd)
@@ -565,9 +566,9 @@ def _over_memory(e: BaseException) -> bool:
 
 
 def capped(msg, value):
-    """One call (through a probe of helpers.labcontract) in a forked child whose address space may grow
-    by at most ``budget`` bytes: the kernel enforces the limit (a hard RLIMIT_AS, which the child cannot
-    raise), so "never forms an out × in matrix" is measured outside any code the student could answer.
+    """One call (through a probe of helpers.labcontract) in a forked child whose memory may grow by at
+    most ``budget`` bytes: the kernel enforces the limits (hard RLIMIT_AS and RLIMIT_DATA, which the child
+    cannot raise), so "never forms an out × in matrix" is measured outside any code the student could answer.
     After :func:`_limit_growth`, a tensor larger than 256 KiB is always new memory, which the limits
     count, whatever free space the notebook left in glibc's heaps.
     The child sends the reply itself: {"result": outputs, "over": False}, or {"result": None, "over":
@@ -595,7 +596,7 @@ def capped(msg, value):
                     PEER.send({"kind": "reply", "error": type(e).__name__, "message": str(e)[:300]})
             code = 0
         finally:
-            os._exit(code)
+            _EXIT(code)
     _, status = os.waitpid(pid, 0)
     if os.waitstatus_to_exitcode(status) == 0:
         return wire.REPLIED
