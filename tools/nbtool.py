@@ -27,7 +27,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-import nbformat
+# nbformat imports jsonschema, and jsonschema imports its optional IRI format checker (rfc3987_syntax,
+# installed because jupyter-events asks for jsonschema[format-nongpl]), which compiles 39 grammars:
+# about 1 s in every process that reads a notebook, each grading's harness among them. No notebook
+# schema has an IRI field, so the checker is left out (jsonschema skips it on an ImportError).
+sys.modules.setdefault("rfc3987_syntax", None)
+import nbformat  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SETUP_MARK = "# Colab setup"

@@ -139,10 +139,12 @@ _ = compare(
 # $\theta \leftarrow \theta - \eta b$. `torch.optim.SGD` has three details that a textbook
 # formula does not fix, and each changes the numbers:
 #
-# * the buffer starts at the first gradient ($b_1 = g_1$), not at
-#   $\mu \cdot 0 + (1 - \text{dampening})\, g_1$ — with `dampening=0` the two coincide, with
-#   dampening they would not;
-# * weight decay $\lambda$ is added to the gradient first, $g \leftarrow g + \lambda\theta$ (L2);
+# * weight decay $\lambda$ is folded into the gradient first, $g \leftarrow g + \lambda\theta$ (L2),
+#   so the buffer and the step below see the decayed $g$;
+# * the buffer then starts at that decayed gradient, $b_1 = g_1 + \lambda\theta_1$ with $\theta_1$
+#   the parameter before the first step ($b_1 = g_1$ without weight decay), not at
+#   $\mu \cdot 0 + (1 - \text{dampening})\,(g_1 + \lambda\theta_1)$ — with `dampening=0` the two
+#   coincide, with dampening they would not;
 # * Nesterov steps along $g + \mu b$, a look-ahead, instead of $b$.
 #
 # Momentum first, inline:

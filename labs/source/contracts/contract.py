@@ -41,6 +41,7 @@ from helpers.labcontract import (  # noqa: E402  (one owner: the student side's)
     _boundary,
     _changed,
     _clone,
+    _differs,
     by_hand,
     decode,
     disagreement,
@@ -307,10 +308,58 @@ class Contract:
                 out["exercises"][ex.name]["by_hand"] = list(ex.by_hand)
         return out
 
+    def stale(self, recorded: dict | None = None) -> list[str]:
+        """Where the recorded data is not what this contract records now (at each case's own tolerance)."""
+        fresh = json.loads(json.dumps(self.record()))
+        return differences(fresh, recorded if recorded is not None else load_recorded(self.lab))
+
     def write(self) -> Path:
         path = DATA / f"{self.lab}.contract.json"
         path.write_text(json.dumps(self.record(), ensure_ascii=False, indent=None) + "\n", encoding="utf-8")
         return path
+
+
+def load_recorded(lab: str) -> dict:
+    """helpers/data/<lab>.contract.json, as committed."""
+    return json.loads((DATA / f"{lab}.contract.json").read_text(encoding="utf-8"))
+
+
+def differences(fresh, have, path: str = "", tol: tuple = (0.0, 0.0), exact: bool = False) -> list[str]:
+    """Where two recordings disagree: structure, names and ints exactly; every float (in a tensor or
+    not) at the tolerance its check uses, |fresh − have| ≤ atol + rtol·|have| (helpers.checks.close),
+    so the last bits that depend on the machine's BLAS path never make a recording stale (``exact``:
+    bit for bit, to count what moved)."""
+    if not exact and isinstance(have, dict) and "atol" in have and "expected" in have:
+        tol = (have["atol"], have["rtol"])  # a case: its values are judged at its class's tolerance
+    if isinstance(have, dict) and "tensor" in have:
+        if not (isinstance(fresh, dict) and "tensor" in fresh):
+            return [f"{path}: a tensor was recorded, now {type(fresh).__name__}"]
+        meta, now = ({k: v for k, v in node.items() if k != "tensor"} for node in (have, fresh))
+        if meta != now:
+            return [f"{path}: recorded {meta}, now {now}"]
+        why = _differs(path, decode(fresh), decode(have), *tol)
+        return [why] if why else []
+    if isinstance(have, dict):
+        if not isinstance(fresh, dict) or sorted(fresh) != sorted(have):
+            keys = sorted(fresh) if isinstance(fresh, dict) else type(fresh).__name__
+            return [f"{path}: recorded keys {sorted(have)}, now {keys}"]
+        return [d for k in have for d in differences(fresh[k], have[k], f"{path}/{k}", tol, exact)]
+    if isinstance(have, list):
+        if not isinstance(fresh, list) or len(fresh) != len(have):
+            return [
+                f"{path}: recorded {len(have)} items, now {len(fresh) if isinstance(fresh, list) else fresh}"
+            ]
+        return [
+            d
+            for i, (f, h) in enumerate(zip(fresh, have))
+            for d in differences(f, h, f"{path}/{i}", tol, exact)
+        ]
+    if isinstance(have, float) and type(fresh) in (float, int):
+        why = _differs(path, float(fresh), have, *tol)
+        return [why] if why else []
+    return (
+        [] if type(fresh) is type(have) and fresh == have else [f"{path}: recorded {have!r}, now {fresh!r}"]
+    )
 
 
 def _wrong_outputs(ex: Exercise, cls: CaseClass, case: Case, expected, known: dict) -> dict:
