@@ -1,6 +1,13 @@
 """How long each stage of the test suite takes, one by one, and the whole run in parallel.
 
     python benchmarks/suite_stages.py [--jobs 2] [--out benchmarks/results/suite_stages.json]
+    python benchmarks/suite_stages.py --page   # pages/testing.md's table, from the last tools/test.sh run
+
+``--page`` copies the figures of the last full ``bash tools/test.sh`` run (its stage table,
+``_build/test-stages.txt``) into ``pages/testing.md``, between the ``stages`` markers, and refuses
+when that run failed, was not the full run, or took longer than the suite's budget;
+``tests/test_suite_figures.py`` checks what the page holds. Nothing is written for a run that failed:
+a committed figure is always one of a passing run.
 
 Each stage of ``tests/conftest.py``'s ``STAGES`` runs alone (``pytest --stage NAME``, one
 process, no xdist), then the fast tier (``--fast``) and the full run as ``tools/test.sh`` runs it
@@ -44,11 +51,82 @@ def timed(args: list[str]) -> dict:
     }
 
 
+PAGE = ROOT / "pages" / "testing.md"
+BEGIN, END = "<!-- stages: begin -->", "<!-- stages: end -->"
+BUDGET_S = {"full": 600, "fast": 120}  # quiet, 2 cores (issue 31): the full run and the fast tier
+
+
+def parse_run(text: str) -> dict:
+    """What a tools/test.sh stage table says: {stage: (tests, seconds)}, the totals, the run's line."""
+    rows, run = {}, {}
+    for line in text.splitlines():
+        m = re.match(r"^(.+?)\s+(\d+) tests\s+([\d.]+) s(?:$| of test time, (\d+) s wall)", line)
+        if m and m.group(1).strip() == "all stages":
+            run.update(tests=int(m.group(2)), test_time=float(m.group(3)), wall=int(m.group(4)))
+        elif m:
+            rows[m.group(1).strip()] = (int(m.group(2)), float(m.group(3)))
+        m = re.match(r"^\[test\] (?:(?P<tier>\w+) run, )?install (\d+) s, tests (\d+) s .* exit (\d+)$", line)
+        if m:
+            run.update(tier=m.group("tier") or "full", tests_s=int(m.group(3)), exit=int(m.group(4)))
+    return {"stages": rows, **run}
+
+
+def page_block(text: str) -> str:
+    """The text between the stages markers of pages/testing.md."""
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"pages/testing.md has no {BEGIN} … {END} block")
+    return text.split(BEGIN, 1)[1].split(END, 1)[0]
+
+
+def write_page(stages_file: Path, page: Path = PAGE) -> str | None:
+    """Put the last run's stage table into the page; the reason not to, if any."""
+    if not stages_file.exists():
+        return f"no {stages_file}: run `bash tools/test.sh` first"
+    text = stages_file.read_text(encoding="utf-8")
+    run = parse_run(text)
+    if run.get("exit") != 0 or run.get("tier") != "full":
+        return f"the last run was not a passing full run ({run.get('tier')}, exit {run.get('exit')})"
+    if list(run["stages"]) != list(STAGE_NAMES) or "wall" not in run:
+        return f"the last run's table has the stages {list(run['stages'])}, not {STAGE_NAMES}"
+    if run["wall"] > BUDGET_S["full"]:
+        return f"the last run took {run['wall']} s, over the suite's budget of {BUDGET_S['full']} s"
+    table = [ln for ln in text.splitlines() if not ln.startswith(("figures:", "  ["))]
+    load = os.getloadavg()[0]
+    when = time.strftime("%Y-%m-%d")
+    cpu = _cpu()
+    block = (
+        "\n```text\n" + "\n".join(ln for ln in table if ln.strip()) + "\n```\n\n"
+        f"(`bash tools/test.sh` on {cpu}, {os.cpu_count()} cores, {when}; load average {load:.1f} when "
+        "the page was written. Written by `python benchmarks/suite_stages.py --page` from that run.)\n"
+    )
+    old = page.read_text(encoding="utf-8")
+    page.write_text(old.replace(BEGIN + page_block(old) + END, BEGIN + block + END), encoding="utf-8")
+    return None
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "suite_stages.json")
+    ap.add_argument(
+        "--page", action="store_true", help="write the last tools/test.sh run's table into pages/testing.md"
+    )
+    ap.add_argument("--stages-file", type=Path, default=ROOT / "_build" / "test-stages.txt")
     args = ap.parse_args()
+    if args.page:
+        why = write_page(args.stages_file)
+        print(why or f"wrote the stage table of {args.stages_file} into {PAGE.relative_to(ROOT)}")
+        return 1 if why else 0
     result = {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "load_before": os.getloadavg()[0]}
     stages = {}
     for name in STAGE_NAMES:
@@ -70,6 +148,12 @@ def main() -> int:
         f"stages one by one: {serial:.0f} s; full run on {args.jobs} workers: {result['full']['seconds']:.0f} s "
         f"({result['full_over_stages']:.2f}× of it); load average {result['load_before']:.1f} → {result['load_after']:.1f}"
     )
+    failed = [
+        n for n, r in [*stages.items(), ("fast", result["fast"]), ("full", result["full"])] if r["exit"]
+    ]
+    if failed:  # a committed figure is one of a passing run
+        print(f"not written: {', '.join(failed)} failed", file=sys.stderr)
+        return 1
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
     return 0

@@ -386,6 +386,7 @@ def secret_snippets(src_nb, min_len: int = 8) -> list[str]:
 
 def found(snippet: str, text: str) -> bool:
     """``snippet`` occurs in ``text`` as whole code: 'grad_Y @ W' does not occur in 'grad_Y @ W_out'."""
+
     def word(c: str) -> bool:  # what the regex \w matches
         return c.isalnum() or c == "_"
 

@@ -1,0 +1,73 @@
+"""The suite's own figures (benchmarks/suite_stages.py): pages/testing.md shows a passing full run within
+the budget, copied from the run itself, and no committed result records a failing stage."""
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import suite_stages  # noqa: E402
+from conftest import STAGE_NAMES  # noqa: E402
+
+RUN = """\
+figures:
+  [lab01_cat_mlp] something measured
+
+unit tests                    1012 tests    111.8 s
+lint                             4 tests      0.3 s
+text sources                    33 tests      8.2 s
+lab format                     138 tests     19.0 s
+Chinese edition                  7 tests      6.1 s
+notebooks: chapters (nbval)    282 tests    102.1 s
+notebooks: labs (nbval)        699 tests    147.7 s
+no-Triton run                    6 tests     32.8 s
+mistake catalogs                14 tests     51.9 s
+grading in the sandbox          48 tests    423.2 s
+site and browser                86 tests    105.0 s
+all stages                    2329 tests   1008.1 s of test time, 524 s wall
+[test] full run, install 0 s, tests 527 s (budget 600 s) on 2 workers (2 cores), exit {exit}
+"""
+
+
+def test_the_page_shows_a_passing_full_run_within_the_budget():
+    run = suite_stages.parse_run(suite_stages.page_block((ROOT / "pages" / "testing.md").read_text()))
+    assert list(run["stages"]) == list(STAGE_NAMES), run["stages"]
+    assert sum(n for n, _ in run["stages"].values()) == run["tests"]
+    assert abs(sum(s for _, s in run["stages"].values()) - run["test_time"]) < 0.1 * len(STAGE_NAMES)
+    assert run["tier"] == "full" and run["exit"] == 0, run
+    assert run["wall"] <= run["tests_s"] <= suite_stages.BUDGET_S["full"], run
+
+
+def test_the_page_writer_copies_a_passing_full_run_and_refuses_any_other(tmp_path):
+    page = tmp_path / "testing.md"
+    page.write_text(f"before\n{suite_stages.BEGIN}\nold\n{suite_stages.END}\nafter\n")
+    stages = tmp_path / "stages.txt"
+    for text, refused in [
+        (RUN.format(exit=1), "not a passing full run"),
+        (RUN.format(exit=0).replace("full run", "partial run"), "not a passing full run"),
+        (RUN.format(exit=0).replace("524 s wall", "724 s wall"), "over the suite's budget"),
+        (RUN.format(exit=0).replace("lint  ", "lent  "), "stages"),
+    ]:
+        stages.write_text(text)
+        assert refused in suite_stages.write_page(stages, page)
+        assert "\nold\n" in page.read_text()
+    stages.write_text(RUN.format(exit=0))
+    assert suite_stages.write_page(stages, page) is None
+    written = page.read_text()
+    assert written.startswith("before\n") and written.endswith("after\n") and "old" not in written
+    assert "[lab01_cat_mlp]" not in written  # the figures stay in the run's own output
+    assert suite_stages.parse_run(suite_stages.page_block(written))["wall"] == 524
+
+
+def test_no_committed_stage_benchmark_records_a_failing_stage():
+    path = ROOT / "benchmarks" / "results" / "suite_stages.json"
+    if not path.exists():
+        return
+    result = json.loads(path.read_text())
+    failing = [
+        n
+        for n, r in [*result["stages"].items(), ("fast", result["fast"]), ("full", result["full"])]
+        if r["exit"]
+    ]
+    assert not failing, f"{path.name} records failing runs: {failing}"
