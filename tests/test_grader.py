@@ -1443,14 +1443,14 @@ def test_by_hand_red_team_each_gets_review_or_what_its_honest_work_deserves(tmp_
 
 
 def _self_rewriting() -> str:
-    """An empty lab 1 that, once running, rewrites its own file with the solutions, then makes the
-    first hidden test of ex1 time out: the restarted worker used to run the rewritten, never-read file."""
+    """An empty lab 1 that, once running, rewrites its own file with the solutions, then makes ex1's
+    hidden tests time out: the restarted worker used to run the rewritten, never-read file."""
     rewrite = (
         "import json\n_p = '/home/student/submission.ipynb'\n_nb = json.load(open(_p))\n_sol = %r\n"
         "for _c in _nb['cells']:\n    if 'otter_answer_cell' in _c['metadata'].get('tags', []):\n"
         "        _c['source'] = _sol.pop(0)\njson.dump(_nb, open(_p, 'w'))"
     ) % (_solutions(LAB),)
-    # stalls once, in a hidden test (the notebook's own self-checks have run by then)
+    # stalls in a hidden test, once per start of the worker (the notebook's own self-checks have run by then)
     stall = (
         "import os, time\n_DONE = False\n\ndef forward_pass(x, W1, b1, W2, b2, y_true):\n"
         "    if _DONE and not os.path.exists('/home/student/slept'):\n"
@@ -1462,7 +1462,9 @@ def _self_rewriting() -> str:
 @pytest.mark.sandbox
 @pytest.mark.slow
 def test_a_notebook_that_rewrites_its_file_runs_after_a_restart_what_the_harness_read():
-    out = _harness_grade(LAB, _self_rewriting(), case_timeout=3)
+    # every start has a fresh home, so each of ex1's hidden tests stalls and restarts the worker: a
+    # short case time limit keeps that at about 2.5 s a test (every answer here scores 0 anyway)
+    out = _harness_grade(LAB, _self_rewriting(), case_timeout=1)
     assert out["restarts"] >= 1, out
     assert "ex1: your code took too long in hidden test 1" in out["notes"], out["notes"]
     assert {q: v["score"] for q, v in out["questions"].items()} == dict.fromkeys(
