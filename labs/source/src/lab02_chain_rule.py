@@ -175,8 +175,10 @@ hidden_check("lab02", "ex1", directional_derivatives, "x is float32 (eps = 0.01â
 # kind of case that fails before any number. With $\varepsilon = 10^{-2}$ a central difference
 # is off the true slope by about $\varepsilon^2 = 10^{-4}$ (times $g'''(0)/6$) and a one-sided
 # one by about $\varepsilon = 10^{-2}$: both far outside the check's tolerance, $10^{-9}$
-# against the same central difference, so the check tells them apart (at the default
-# $10^{-6}$ it cannot, and it allows $10^{-4}$ there).
+# against the same central difference, so the check tells them apart. With `eps` left at its
+# default $10^{-6}$ the case is $\sum_i x_i^3$, whose central difference is exact but for
+# $\varepsilon^2$ terms and round-off, checked to $10^{-8}$: a one-sided difference, off by about
+# $3\varepsilon\,\sum_i x_i u_i^2 \approx 10^{-6}$, fails there too.
 
 # %%
 check_contract("lab02", "ex1", directional_derivatives)
