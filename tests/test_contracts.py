@@ -469,3 +469,15 @@ def test_a_reference_bound_for_a_check_answers_only_while_the_check_runs():
     live[0] = False
     with pytest.raises(RuntimeError, match="only while its exercise is graded"):
         ref(3)
+
+
+def test_a_recorded_contract_is_read_again_when_its_file_changes(tmp_path, monkeypatch):
+    """labcontract.load parses a file once per version: the same object while it stays the same, the new
+    content as soon as it is rewritten (a release re-records it while a notebook may hold the old one)."""
+    monkeypatch.setattr(labcontract, "DATA", tmp_path)
+    path = tmp_path / "lab99_probe.contract.json"
+    path.write_text(json.dumps({"lab": "lab99_probe", "exercises": {"ex1": {"v": 1}}}))
+    first = labcontract.load("lab99_probe")
+    assert labcontract.load("lab99_probe") is first
+    path.write_text(json.dumps({"lab": "lab99_probe", "exercises": {"ex1": {"v": 22}}}))
+    assert labcontract.load("lab99_probe")["exercises"]["ex1"] == {"v": 22}

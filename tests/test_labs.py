@@ -198,3 +198,21 @@ def test_regions_reads_every_question_and_region_of_a_source():
             "tests",
             "selfcheck",
         }
+
+
+@pytest.mark.parametrize(
+    "snippet, text, whole",
+    [
+        ("grad_Y @ W", "x = grad_Y @ W\n", True),
+        ("grad_Y @ W", "x = grad_Y @ W_out", False),  # a longer name
+        ("grad_Y @ W", "x = my_grad_Y @ W", False),  # inside a name
+        ("grad_Y @ W", "x = self.grad_Y @ W", False),  # an attribute
+        ("grad_Y @ W", "grad_Y @ W_out; grad_Y @ W", True),  # a later occurrence is whole
+        ("(h > 0)", "m = ((h > 0))", True),  # a snippet that starts with punctuation
+        ("a", "é a", True),
+        ("a", "éa", False),  # \w is Unicode
+        ("a", "", False),
+    ],
+)
+def test_found_finds_a_snippet_only_as_whole_code(snippet, text, whole):
+    assert labs.found(snippet, text) is whole
