@@ -6,7 +6,7 @@
 ``--page`` copies the figures of the last full ``bash tools/test.sh`` run (its stage table,
 ``_build/test-stages.txt``) into ``pages/testing.md``, between the ``stages`` markers, saying whether it
 met the suite's budget, and refuses when that run failed or was not the full run;
-``tests/test_suite_figures.py`` checks what the page holds. Nothing is written for a run that failed:
+``tests/test_suite_stages.py`` checks what the page holds. Nothing is written for a run that failed:
 a committed figure is always one of a passing run.
 
 Each stage of ``tests/conftest.py``'s ``STAGES`` runs alone (``pytest --stage NAME``, one

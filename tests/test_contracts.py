@@ -125,7 +125,7 @@ def _nudged(node, ulps: float = 0.0, rel: float = 0.0):
     if isinstance(node, list):
         return [_nudged(v, ulps, rel) for v in node]
     if isinstance(node, float):
-        return node + ulps * 2.220446049250313e-16 * abs(node) + rel * max(abs(node), 1.0)
+        return node + ulps * sys.float_info.epsilon * abs(node) + rel * max(abs(node), 1.0)
     return node
 
 
@@ -133,7 +133,7 @@ def _nudged(node, ulps: float = 0.0, rel: float = 0.0):
 def test_a_recording_a_few_ulps_off_is_fresh_and_one_off_by_more_than_its_tolerance_is_not(lab):
     """What another machine's BLAS path does to the last bits passes the freshness rule; a real change
     (10⁻³ of every value, far above every class's tolerance) does not."""
-    have = contract.load_recorded(lab)
+    have = labcontract.load(lab)
     assert contract.differences(_nudged(have, ulps=2), have) == []
     stale = contract.differences(_nudged(have, rel=1e-3), have)
     assert stale and all("differs from the reference" in d or "expected" in d for d in stale), stale[:3]
@@ -158,9 +158,9 @@ def test_a_recording_made_on_another_numerical_path_is_fresh(figure):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     other = json.loads(out.stdout)
-    have = contract.load_recorded(lab)
+    have = labcontract.load(lab)
     assert contract.differences(other, have) == []
-    moved = [path for path in contract.differences(other, have, exact=True)]
+    moved = contract.differences(other, have, exact=True)
     figure(
         f"[{lab}] recorded again on 1 thread without AVX: {len(moved)} recorded values differ bit for bit "
         "from the committed data, none beyond its check's tolerance"

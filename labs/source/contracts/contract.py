@@ -49,6 +49,7 @@ from helpers.labcontract import (  # noqa: E402  (one owner: the student side's)
     run_probe,
     unguarded,
 )
+from helpers.labcontract import load as load_recorded  # noqa: E402  (the committed helpers/data JSON)
 
 HERE = Path(__file__).resolve().parent
 SOURCES = ROOT / "labs" / "source"
@@ -327,11 +328,6 @@ class Contract:
         path = DATA / f"{self.lab}.contract.json"
         path.write_text(json.dumps(self.record(), ensure_ascii=False, indent=None) + "\n", encoding="utf-8")
         return path
-
-
-def load_recorded(lab: str) -> dict:
-    """helpers/data/<lab>.contract.json, as committed."""
-    return json.loads((DATA / f"{lab}.contract.json").read_text(encoding="utf-8"))
 
 
 def differences(fresh, have, path: str = "", tol: tuple = (0.0, 0.0), exact: bool = False) -> list[str]:
