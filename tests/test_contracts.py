@@ -7,7 +7,6 @@ Covers every lab with a contract module in labs/source/contracts/ (all eleven).
 import ast
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,12 +25,11 @@ import labs  # noqa: E402
 from helpers import labcontract  # noqa: E402
 
 LABS = contract.labs_with_contracts()
-CALL = re.compile(r"^(check_contract|hidden_check)\((.*)\)$")
 
 
-def _calls(lab: str) -> tuple[dict, dict]:
-    """({exercise: [self-check call args]}, {exercise: [hidden-test call args]}) from the source's cells."""
-    checks, hidden = {}, {}
+def _calls(lab: str) -> dict:
+    """{exercise: [self-check call args]} from the source's cells."""
+    checks = {}
     for q, where, cell in labs.regions(labs.read_nb(labs.source_path(lab))):
         if q is None or where.startswith("marker:"):
             continue
@@ -45,11 +43,9 @@ def _calls(lab: str) -> tuple[dict, dict]:
         ]
         for c in calls:
             args = [ast.literal_eval(a) if isinstance(a, ast.Constant) else ast.unparse(a) for a in c.args]
-            if where == "tests" and c.func.id == "hidden_check":
-                hidden.setdefault(q, []).append(args)
-            elif where == "selfcheck" and c.func.id == "check_contract":
+            if where == "selfcheck" and c.func.id == "check_contract":
                 checks.setdefault(q, []).append(args)
-    return checks, hidden
+    return checks
 
 
 def test_there_is_a_contract_and_its_lab_is_a_lab():
@@ -60,7 +56,7 @@ def test_there_is_a_contract_and_its_lab_is_a_lab():
 @pytest.mark.parametrize("lab", LABS)
 def test_one_declaration_per_exercise_with_the_notebooks_name_and_signature(lab):
     c = contract.load(lab)
-    questions = [q for q, _ in labs.questions(labs.read_nb(labs.source_path(lab)))]
+    questions = [q for q, _ in labs.questions(lab)]
     assert list(dict.fromkeys(ex.question for ex in c.exercises.values())) == questions
     text = (ROOT / "labs" / "source" / "src" / f"{lab}.py").read_text()
     for ex in c.exercises.values():
@@ -73,10 +69,15 @@ def test_one_declaration_per_exercise_with_the_notebooks_name_and_signature(lab)
 @pytest.mark.parametrize("lab", LABS)
 def test_self_check_and_hidden_tests_draw_on_the_same_case_classes(lab, figure):
     """Every class has public cases (recorded, the self-check's) and hidden ones (other values), and a
-    hidden-test cell; no class is hidden-only; each self-check is one call."""
+    hidden test generated for it; no class is hidden-only; each self-check is one call."""
     c = contract.load(lab)
     data = labcontract.load(lab)
-    checks, hidden = _calls(lab)
+    checks = _calls(lab)
+    hidden: dict = {}  # (exercise, function) -> the case classes of its generated hidden tests
+    for q in c.questions():
+        for t in q.tests:
+            assert t.lab == lab and c.exercises[t.exercise].question == q.name
+            hidden.setdefault((t.exercise, t.function), []).append(t.case_class)
     rows = []
     for q in checks:  # one call per graded function, nothing else
         assert len(checks[q]) == len(c.of_question(q)), (q, checks[q])
@@ -89,8 +90,7 @@ def test_self_check_and_hidden_tests_draw_on_the_same_case_classes(lab, figure):
             ex.name,
             checks.get(ex.question),
         )
-        tested = [a[3] for a in hidden.get(ex.question, []) if a[:3] == [lab[:5], ex.name, ex.function]]
-        assert sorted(tested) == sorted(names), (ex.name, tested, names)
+        assert hidden.get((ex.name, ex.function)) == names, (ex.name, hidden.get((ex.name, ex.function)))
         for k in ex.classes:
             public, secret = c.cases(ex.name, k.name)
             assert public and secret, (ex.name, k.name)

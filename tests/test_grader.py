@@ -44,7 +44,7 @@ STUBBORN_LOOP = (
 
 
 def _solutions(lab):
-    """The source's solution cells, otter markers removed, in order."""
+    """The source's solution cells, markers removed, in order."""
     out = []
     for _, where, cell in labs.regions(labs.read_nb(labs.source_path(lab))):
         if where == "solution":
@@ -119,7 +119,7 @@ HOSTILE = {
     "unittest.TestCase.assertTrue = lambda *a, **k: None\nmath.isclose = lambda *a, **k: True\n"
     "builtins.abs = lambda x: 0\noperator.lt = lambda a, b: True\n"
     "builtins.AssertionError = type('Nothing', (Exception,), {{}})",
-    "rewrite_tests": "import os, glob, shutil\nfor p in glob.glob('{root}/labs/source/*') + glob.glob('{root}/labs/dist/**', recursive=True) "
+    "rewrite_tests": "import os, glob, shutil\nfor p in glob.glob('{root}/labs/source/**', recursive=True) "
     "+ glob.glob('{root}/tools/grader/*.py') + glob.glob('{root}/tests/*.py'):\n"
     "    try:\n        open(p, 'w').write('assert True')\n    except Exception:\n        pass\n"
     "    try:\n        os.remove(p)\n    except Exception:\n        pass\n"
@@ -145,7 +145,7 @@ HOSTILE = {
     "    try:\n        open(p, 'a').write('\\nimport builtins; builtins.__dict__[\"all\"] = lambda *a: True\\n')\n"
     "    except Exception:\n        pass\nimport helpers\ntry:\n    open(helpers.__file__, 'a').write('x = 1')\n"
     "except Exception:\n    pass",
-    "leak_feedback": "secret = []\nfor p in ('{root}/labs/source/{lab}.ipynb', '{root}/labs/dist/{lab}/tests/ex1.py'):\n    try:\n"
+    "leak_feedback": "secret = []\nfor p in ('{root}/labs/source/{lab}.ipynb', '{root}/labs/source/contracts/{lab}.py'):\n    try:\n"
     "        secret.append(open(p).read())\n    except Exception as e:\n        secret.append(repr(e))\n"
     "raise RuntimeError({snippet!r} + ' LEAK ' + ' '.join(secret))",
     "memory_bomb": "import torch\nx = bytearray(64 * 2 ** 30)",
@@ -694,12 +694,11 @@ def test_scores_are_capped_at_each_exercises_points_whatever_comes_back(tmp_path
     assert next(csv.DictReader((tmp_path / "out" / "g.csv").open()))["total"] == "11"
 
 
-def test_the_instructors_page_states_the_points_graded_in_the_students_process_as_measured():
-    text, student_pts, total = labs.grading_report()
+def test_the_instructors_page_states_the_points_graded_in_the_harness_as_measured():
+    text, n_tests, total = labs.grading_report()
     page = " ".join((ROOT / "labs" / "instructors.md").read_text().split())
-    assert student_pts == 0, text  # lab 8's FLOP counts are memory classes the kernel measures now
     assert f"all {total:g} points of the eleven labs are graded in the harness" in page
-    assert "lab01_cat_mlp: 11 of 11 points in the harness" in text
+    assert n_tests == 437 and "lab01_cat_mlp: 11 points, 32 hidden tests" in text, text
 
 
 @pytest.mark.sandbox
@@ -1165,7 +1164,7 @@ def test_every_labs_published_solutions_use_only_what_the_allow_list_holds(lab):
     assert "added" not in kinds and "edited" not in kinds, kinds
     released = labs.read_nb(labs.student_path(lab))
     answers = [c for c in released.cells if "otter_answer_cell" in c.metadata.get("tags", [])]
-    assert len(answers) == len(labs.questions(labs.read_nb(labs.source_path(lab))))  # one answer cell each
+    assert len(answers) == len(labs.questions(lab))  # one answer cell each
 
 
 def test_the_allow_list_holds_what_every_labs_solutions_use_and_none_needs_a_refused_construct():

@@ -20,7 +20,7 @@ def test_every_lab_has_a_source_and_a_student_notebook():
     assert LABS, "no lab sources in labs/source/"
     for lab in LABS:
         assert labs.student_path(lab).exists(), lab
-        qs = labs.questions(labs.read_nb(labs.source_path(lab)))
+        qs = labs.questions(lab)
         assert 3 <= len(qs) <= 6 and all(p > 0 for _, p in qs), (lab, qs)
 
 
@@ -36,12 +36,7 @@ def test_instructors_table_gives_each_labs_title_and_points():
             for line in c.source.splitlines()
             if line.startswith("# Lab ")
         )
-        points = sum(
-            int(m)
-            for c in nb.cells
-            if c.cell_type == "raw"
-            for m in re.findall(r"^points: (\d+)", c.source, re.M)
-        )
+        points = f"{sum(p for _, p in labs.questions(lab)):g}"
         n = int(lab[3:5])
         assert f"| {title} | {n} | {points} |" in page, f"{lab}: no row '| {title} | {n} | {points} |'"
 
@@ -65,7 +60,7 @@ def test_student_notebooks_are_not_stale():
         assert labs.stale(lab) is None
 
 
-def test_student_notebooks_keep_the_otter_cells_out_and_the_lab_name_in():
+def test_student_notebooks_hold_no_grader_cells_and_carry_the_lab_name():
     for lab in LABS:
         nb = labs.read_nb(labs.student_path(lab))
         text = "\n".join(c.source for c in nb.cells)
@@ -85,7 +80,7 @@ def test_every_self_check_in_a_student_notebook_says_not_implemented_yet():
             for ln in o.get("text", "").splitlines()
             if ln.startswith(("✓", "✗", "·")) and "Exercise" in ln
         ]
-        n = len(labs.questions(labs.read_nb(labs.source_path(lab))))
+        n = len(labs.questions(lab))
         numbers = {re.search(r"Exercise (\d+)", ln).group(1) for ln in lines}
         assert len(numbers) == n and all(ln.endswith("not implemented yet") for ln in lines), lines
         assert not any(o.get("output_type") == "error" for c in nb.cells for o in c.get("outputs", []))
@@ -159,7 +154,7 @@ def _substance(line: str) -> str:
 def _solution_lines(lab: str) -> dict[str, list[str]]:
     """{question: its solution cells' substantive lines}."""
     nb = labs.read_nb(labs.source_path(lab))
-    out = {q: [] for q in labs.question_configs(nb)}
+    out = {q: [] for q, _ in labs.questions(lab)}
     for q, where, c in labs.regions(nb):
         if where == "solution":
             out[q] += [s for s in map(_substance, c.source.splitlines()) if s]
@@ -171,7 +166,7 @@ def test_no_graded_exercise_is_printed_in_the_chapters_or_helpers(lab):
     printed = set()
     for p in sorted((ROOT / "chapters" / "src").glob("*.py")) + sorted((ROOT / "helpers").glob("*.py")):
         printed |= _code_lines(p.read_text(encoding="utf-8"))
-    points = dict(labs.questions(labs.read_nb(labs.source_path(lab))))
+    points = dict(labs.questions(lab))
     for q, lines in _solution_lines(lab).items():
         if points.get(q, 0) <= 0 or (lab, q) in BY_DESIGN or not lines:
             continue
@@ -187,7 +182,7 @@ def test_regions_reads_every_question_and_region_of_a_source():
     for lab in LABS:
         nb = labs.read_nb(labs.source_path(lab))
         seen = list(labs.regions(nb))
-        names = [q for q, _ in labs.questions(nb)]
+        names = [q for q, _ in labs.questions(lab)]
         assert [q for q, w, _ in seen if w == "marker:prompt" and q not in (None,)][:1] == names[:1], lab
         assert {q for q, w, _ in seen if w == "solution"} == set(names), lab  # each question has a solution
         assert all(w == "setup" for q, w, _ in seen if q is None), lab
@@ -195,7 +190,6 @@ def test_regions_reads_every_question_and_region_of_a_source():
             "setup",
             "prompt",
             "solution",
-            "tests",
             "selfcheck",
         }
 
@@ -216,3 +210,64 @@ def test_regions_reads_every_question_and_region_of_a_source():
 )
 def test_found_finds_a_snippet_only_as_whole_code(snippet, text, whole):
     assert labs.found(snippet, text) is whole
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_each_exercise_heading_states_the_points_its_contract_declares(lab):
+    """Points are declared once (the contract); the prompt's "(N points)" is checked against it."""
+    nb = labs.read_nb(labs.source_path(lab))
+    heads = [
+        c.source.splitlines()[0]
+        for c in nb.cells
+        if c.cell_type == "markdown" and c.source.startswith("## Exercise ")
+    ]
+    stated = []
+    for h in heads:
+        m = re.match(r"## Exercise (\d+) · .*\((\d+(?:\.\d+)?) points?\)\s*$", h)
+        assert m, f"{lab}: {h!r} states no points"
+        stated.append((f"ex{m.group(1)}", float(m.group(2))))
+    assert stated == labs.questions(lab)
+
+
+@pytest.mark.parametrize(
+    "code, student",
+    [
+        ("    h = W1 @ x + b1  # SOLUTION", "    h = ..."),
+        ("    grad_W, grad_b = a.T @ g, g.sum(0)  # SOLUTION", "    grad_W, grad_b = ..."),
+        ("    out[i] = x  # SOLUTION", "    out[i] = ..."),
+        ("    return a + b  # SOLUTION", "    ..."),
+        ("    if a == b:  # SOLUTION", "    ..."),
+        (
+            "def f(x):\n    # BEGIN SOLUTION\n    y = x\n    return y\n    # END SOLUTION",
+            "def f(x):\n    ...",
+        ),
+        ("x = 1\ny = 2", "x = 1\ny = 2"),  # given code stays
+    ],
+)
+def test_without_solution_strips_what_the_markers_mark_and_nothing_else(code, student):
+    assert labs.without_solution(code) == student
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "# BEGIN SOLUTION\nx = 1",
+        "x = 1\n# END SOLUTION",
+        "# BEGIN SOLUTION\n# BEGIN SOLUTION\n# END SOLUTION",
+    ],
+)
+def test_without_solution_refuses_unbalanced_markers_in_one_line(code):
+    with pytest.raises(ValueError, match="SOLUTION"):
+        labs.without_solution(code)
+
+
+def test_a_question_marker_holding_points_is_refused(tmp_path, monkeypatch):
+    """Points, by_hand and in_place live in the contract only: a source that declares them again fails release."""
+    lab = LABS[0]
+    nb = labs.read_nb(labs.source_path(lab))
+    marker = next(c for c in nb.cells if c.cell_type == "raw" and c.source.startswith("# BEGIN QUESTION"))
+    marker.source += "\npoints: 3"
+    (tmp_path / f"{lab}.ipynb").write_text(labs.nbformat.writes(nb))
+    monkeypatch.setattr(labs, "SOURCES", tmp_path)
+    with pytest.raises(ValueError, match=r"holds only its name .* got \['name', 'points'\]"):
+        labs.student_notebook(lab)

@@ -33,9 +33,7 @@ def test_the_catalogs_are_big_enough_and_well_formed():
             )
             judge = e.get("checked_by", e["exercise"])
             counts[judge] = counts.get(judge, 0) + 1
-        graded = [
-            q for q, points in labtools.questions(labtools.read_nb(labtools.source_path(lab))) if points > 0
-        ]
+        graded = [q for q, points in labtools.questions(lab) if points > 0]
         assert all(counts.get(q, 0) >= 5 for q in graded), (lab, counts)
 
 
@@ -64,7 +62,7 @@ def test_every_cataloged_lab_has_a_contract():
 @pytest.mark.parametrize("lab", CONTRACT_LABS)
 def test_with_a_contract_the_self_check_says_x_if_and_only_if_the_hidden_tests_take_points(lab, figure):
     """The lab's source runs once (tools/mutants.py); each solution gets ✓ and passes every hidden test;
-    each catalogued mistake, run through the notebook's self-check cell and hidden-test cells, gets ✗
+    each catalogued mistake, run through the notebook's self-check cell and the hidden tests, gets ✗
     naming its cause and loses points; and class by class, the self-check fails a class (on its public
     cases) if and only if that class's hidden test failed in the same run."""
     sys.path.insert(0, str(ROOT / "labs" / "source" / "contracts"))
@@ -91,7 +89,6 @@ def test_with_a_contract_the_self_check_says_x_if_and_only_if_the_hidden_tests_t
     c, data = contract.load(lab), labcontract.load(lab)
     pairs, apart = 0, []
     for v in verdicts:
-        # (a failing hidden test that is not a hidden_check call, lab 8's FLOP counts, has no class)
         for ex in c.of_question(v.exercise):
             fn = v.namespace[ex.function]
             spec = data["exercises"][ex.name]

@@ -1,16 +1,17 @@
-"""Labs: generate student notebooks and autograders from the sources, check them, grade.
+"""Labs: generate student notebooks from the sources, check them, grade.
 
-    python tools/labs.py release [LAB ...] [--no-execute]   # sources -> labs/LAB.ipynb + labs/dist/LAB/
+    python tools/labs.py release [LAB ...] [--no-execute]   # sources -> labs/LAB.ipynb
     python tools/labs.py check-stale                         # fail if a student notebook is stale or leaks
     python tools/labs.py grade LAB SUBMISSIONS_DIR [--out gradebook.csv] [--timeout 300] [--jobs 1]
                                                              # [--feedback DIR] [--skip-question ex6] [--unsafe]
 
-A lab's one source is ``labs/source/LAB.ipynb`` in otter-assign format (solutions between
-``# BEGIN/END SOLUTION`` or on ``# SOLUTION`` lines, hidden tests in ``# BEGIN TESTS`` blocks,
-points per question).  ``release`` executes the source (its self-checks and hidden tests must
-pass), runs ``otter assign`` (which also runs the hidden tests against the solutions), turns
-otter's student notebook into ``labs/LAB.ipynb`` (Colab setup cell, clean metadata) and
-executes it, and leaves otter's autograder in ``labs/dist/LAB/autograder.zip`` (git-ignored).
+A lab is two files: its source, ``labs/source/LAB.ipynb`` (prose, given code, solutions between
+``# BEGIN/END SOLUTION`` or on ``# SOLUTION`` lines, one ``# BEGIN QUESTION`` marker per question
+naming it), and its contract, ``labs/source/contracts/LAB.py`` (each exercise declared once:
+signature, points, by-hand guard, case classes, reference; the self-check's recorded cases and
+the hidden tests are both generated from it).  ``release`` records the contract's public cases,
+executes the source, writes ``labs/LAB.ipynb`` (markers gone, solutions stripped, Colab setup
+cell, clean metadata) and executes it.
 ``grade`` runs each submission in a bubblewrap sandbox (``tools/grader/sandbox.py``) and its
 hidden tests in a separate harness process (``tools/grader/harness.py``) that calls the
 student's functions across a by-value boundary (``tools/grader/wire.py``); it writes a gradebook
@@ -24,8 +25,6 @@ import atexit
 import concurrent.futures as cf
 import contextlib
 import csv
-import hashlib
-import io
 import itertools
 import json
 import os
@@ -36,7 +35,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import zipfile
 from pathlib import Path
 
 import yaml
@@ -49,7 +47,6 @@ nbformat = nbtool.nbformat  # imported there, without the IRI checker that costs
 
 LABS = ROOT / "labs"
 SOURCES = LABS / "source"
-DIST = LABS / "dist"
 DEFAULT_TIMEOUT = 300
 
 # ---------------------------------------------------------------- lab sources
@@ -85,28 +82,26 @@ def read_nb(path: Path):
     return nbformat.read(path, as_version=4)
 
 
-def question_configs(src_nb) -> dict[str, dict]:
-    """{question name: its ``# BEGIN QUESTION`` config (points, by_hand, in_place, …)}, in order."""
-    out = {}
-    for cell in src_nb.cells:
-        if cell.cell_type == "raw" and cell.source.lstrip().startswith("# BEGIN QUESTION"):
-            conf = yaml.safe_load(cell.source.split("\n", 1)[1]) or {}
-            out[str(conf["name"])] = conf
-    return out
+def contract(lab: str):
+    """The lab's contract (labs/source/contracts/LAB.py): the one declaration of its exercises."""
+    contracts = str(SOURCES / "contracts")
+    if contracts not in sys.path:
+        sys.path.insert(0, contracts)
+    import contract as C
+
+    return C.load(lab)
 
 
-def questions(src_nb) -> list[tuple[str, float]]:
-    """[(question name, points)] from the source's ``# BEGIN QUESTION`` cells, in order."""
-    return [(q, float(conf.get("points", 0))) for q, conf in question_configs(src_nb).items()]
+def questions(lab: str) -> list[tuple[str, float]]:
+    """[(question name, points)] in order, as the lab's contract declares them."""
+    return [(q.name, float(q.points)) for q in contract(lab).questions()]
 
 
-# what an otter marker cell starts: the region every later code cell belongs to
+# what a marker cell starts: the region every later code cell belongs to
 REGION_MARKERS = (
     ("# BEGIN QUESTION", "prompt"),
     ("# BEGIN SOLUTION", "solution"),
     ("# END SOLUTION", "prompt"),
-    ("# BEGIN TESTS", "tests"),
-    ("# END TESTS", "prompt"),
     ("# END QUESTION", "selfcheck"),
 )
 
@@ -114,8 +109,8 @@ REGION_MARKERS = (
 def regions(src_nb):
     """Each code cell of a lab source with its question and region: (question, where, cell).
 
-    ``where`` is 'setup' before the first question, then 'prompt', 'solution', 'tests' (hidden
-    and public test cells) or 'selfcheck' (after ``# END QUESTION``, up to the next question);
+    ``where`` is 'setup' before the first question, then 'prompt', 'solution' or 'selfcheck'
+    (after ``# END QUESTION``, up to the next question);
     ``question`` is the name of the current question (None in the setup). A raw marker cell
     yields (question, marker, cell) with ``where`` the region it starts, so a reader can act
     on entering a region. One reader of the lab format's markers for the tools and the tests.
@@ -147,18 +142,14 @@ def title(nb) -> str:
     return ""
 
 
-def _marker(cell, word: str) -> bool:
-    return cell.cell_type == "raw" and cell.source.strip().startswith(f"# {word}")
-
-
-# --------------------------------------------------------------- otter assign
+# ------------------------------------------------------------------ release
 
 
 def use_this_python() -> None:
     """Run notebooks with this interpreter: a private 'python3' kernelspec first on JUPYTER_PATH.
 
     A user-level kernelspec may point at another environment (e.g. a venv without the
-    helpers); nbclient and otter pick kernels by name, so give them ours.
+    helpers); nbclient picks kernels by name, so give it ours.
     """
     if os.environ.get("LABS_KERNEL_DIR"):
         return
@@ -194,73 +185,77 @@ def remove_tree(path: Path) -> None:
         subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)], check=False, capture_output=True)
 
 
-@contextlib.contextmanager
-def _quiet():
-    """Silence otter's chatter (it prints to stdout/stderr and warns freely)."""
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
-        try:
-            yield buf
-        except BaseException:
-            sys.__stderr__.write(buf.getvalue()[-4000:])
-            raise
+ANSWER_TAG = (
+    "otter_answer_cell"  # an answer cell's tag: the name otter gave it, which handed-out notebooks carry
+)
+_ASSIGNED = re.compile(
+    r"^(\s*(?:[\w.]+(?:\[[^\]]*\])*\s*,\s*)*[\w.]+(?:\[[^\]]*\])*\s*=)[^=].*#\s?SOLUTION\s*$"
+)
 
 
-def run_assign(lab: str, out: Path, run_tests: bool) -> Path:
-    """otter assign the source into ``out`` (student/ and autograder/); returns ``out``."""
-    from otter.assign import main as otter_assign
+def without_solution(code: str) -> str:
+    """An answer cell as the student gets it: ``x = expr  # SOLUTION`` becomes ``x = ...``, another
+    ``# SOLUTION`` line ``...``, and a ``# BEGIN SOLUTION`` … ``# END SOLUTION`` block one ``...``
+    (each at its own indentation)."""
+    out, inside = [], False
+    for line in code.split("\n"):
+        stripped = line.strip()
+        if stripped.startswith("# BEGIN SOLUTION"):
+            if inside:
+                raise ValueError(f"a BEGIN SOLUTION inside another one: {line!r}")
+            inside = True
+            out.append(line[: len(line) - len(line.lstrip())] + "...")
+        elif stripped.startswith("# END SOLUTION"):
+            if not inside:
+                raise ValueError(f"an END SOLUTION without its BEGIN: {line!r}")
+            inside = False
+        elif inside:
+            continue
+        elif line.rstrip().endswith("# SOLUTION"):
+            m = _ASSIGNED.match(line)
+            out.append(m.group(1) + " ..." if m else line[: len(line) - len(line.lstrip())] + "...")
+        else:
+            out.append(line)
+    if inside:
+        raise ValueError("a BEGIN SOLUTION without its END SOLUTION")
+    return "\n".join(out)
 
-    if out.exists():
-        shutil.rmtree(out)
-    with _quiet():
-        otter_assign(str(source_path(lab)), str(out), no_pdfs=True, no_run_tests=not run_tests)
-    return out
 
-
-def student_from_assign(lab: str, out: Path):
-    """otter's student notebook, cleaned: our setup cell, no jupytext/otter test metadata."""
-    nb = read_nb(out / "student" / f"{lab}.ipynb")
-    otter_meta = nb.metadata.get("otter", {})
-    nb.metadata.pop("jupytext", None)
-    # the assignment name lets the grader refuse another lab's notebook; the tests stay out
-    nb.metadata["otter"] = {"assignment_name": otter_meta.get("assignment_name", lab)}
-    for cell in nb.cells:
-        for key in ("lines_to_next_cell", "editable", "deletable", "otter"):
-            cell.metadata.pop(key, None)
-        if cell.cell_type == "code":
-            cell.outputs, cell.execution_count = [], None
+def student_notebook(lab: str):
+    """labs/LAB.ipynb as the source makes it: the markers gone, each solution cell an answer cell
+    without its solution, our Colab setup cell first, no outputs, the lab's name in the metadata."""
+    src = read_nb(source_path(lab))
+    nb = nbformat.v4.new_notebook(metadata={k: v for k, v in src.metadata.items() if k != "jupytext"})
+    # the name the grader recognises a submission by (``identify``); otter's key, kept for handed-out notebooks
+    nb.metadata["otter"] = {"assignment_name": lab}
+    where = "setup"
+    for cell in src.cells:
+        if cell.cell_type == "raw":
+            text = cell.source.strip()
+            if text.startswith("# BEGIN QUESTION") and "\n" in text:
+                conf = yaml.safe_load(text.split("\n", 1)[1]) or {}
+                if set(conf) != {"name"}:
+                    raise ValueError(
+                        f"{lab}: a question's marker holds only its name (points, by_hand, in_place are "
+                        f"declared in labs/source/contracts/{lab}.py), got {sorted(conf)}"
+                    )
+            where = next((r for m, r in REGION_MARKERS if text.startswith(m)), where)
+            continue
+        meta = {
+            k: v for k, v in cell.metadata.items() if k not in ("lines_to_next_cell", "editable", "deletable")
+        }
+        if cell.cell_type == "markdown":
+            new = nbformat.v4.new_markdown_cell(cell.source, metadata=meta)
+        elif where == "solution":
+            tags = [*meta.get("tags", []), ANSWER_TAG]
+            new = nbformat.v4.new_code_cell(without_solution(cell.source), metadata={**meta, "tags": tags})
+        else:
+            new = nbformat.v4.new_code_cell(cell.source, metadata=meta)
+        new.id = cell.get("id", new.id)  # the source cell's id: a release writes the same notebook twice
+        nb.cells.append(new)
     nbtool.ensure_setup(nb)
     nbtool.clean(nb)
     return nb
-
-
-def _source_hash(lab: str) -> str:
-    """The source's cells (not outputs): an autograder built from another version is stale."""
-    nb = read_nb(source_path(lab))
-    cells = json.dumps([(c.cell_type, c.source) for c in nb.cells])
-    return hashlib.sha256(cells.encode()).hexdigest()
-
-
-def _keep_autograder(lab: str, out: Path) -> Path:
-    """Copy otter's autograder zip to labs/dist/LAB/autograder.zip and its tests to tests/.
-
-    Only these land in labs/dist/: no notebook (pytest's nbval and nbtool would collect it,
-    and otter's autograder notebook holds the solutions).
-    """
-    zips = sorted((out / "autograder").glob("*-autograder_*.zip"))
-    if not zips:
-        raise SystemExit(f"{lab}: otter assign made no autograder zip")
-    dest = DIST / lab
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-    shutil.copy(zips[-1], dest / "autograder.zip")
-    (dest / "source.sha256").write_text(_source_hash(lab))
-    with zipfile.ZipFile(zips[-1]) as z:
-        for name in z.namelist():
-            if name.startswith("tests/") and name.endswith(".py"):
-                z.extract(name, dest)
-    return dest / "autograder.zip"
 
 
 def contract_path(lab: str) -> Path:
@@ -277,21 +272,17 @@ def record_contract(lab: str) -> None:
 
 
 def release(lab: str, execute: bool = True) -> None:
-    """Source -> executed source, otter autograder in labs/dist/LAB/, executed labs/LAB.ipynb."""
+    """Source -> executed source (its self-checks print ✓), executed labs/LAB.ipynb."""
     use_this_python()
     src = source_path(lab)
     record_contract(lab)  # before the source runs: its self-checks read the recorded outputs
     if execute:
-        nbtool.execute(src)  # fresh outputs; its self-checks and hidden tests must pass
-    with tempfile.TemporaryDirectory(prefix="labs-assign-") as d:
-        out = run_assign(lab, Path(d) / "out", run_tests=True)  # otter runs the hidden tests too
-        zip_path = _keep_autograder(lab, out)
-        nb = student_from_assign(lab, out)
+        nbtool.execute(src)  # fresh outputs
     dest = student_path(lab)
-    nbformat.write(nb, dest)
+    nbformat.write(student_notebook(lab), dest)
     if execute:
         nbtool.execute(dest)
-    print(f"released {lab}: {dest.relative_to(ROOT)}, {zip_path.relative_to(ROOT)}")
+    print(f"released {lab}: {dest.relative_to(ROOT)}")
 
 
 # ------------------------------------------------------------ stale and leaks
@@ -308,12 +299,11 @@ def stale(lab: str) -> str | None:
     dest = student_path(lab)
     if not dest.exists():
         return f"{dest.relative_to(ROOT)} is missing: run `python tools/labs.py release {lab}`"
-    with tempfile.TemporaryDirectory() as d:
-        try:
-            fresh = student_from_assign(lab, run_assign(lab, Path(d) / "out", run_tests=False))
-        except Exception as exc:  # a broken source is a problem to report, not a crash
-            first = (str(exc).strip().splitlines() or [""])[0]
-            return f"{lab}: cannot generate the student notebook ({type(exc).__name__}: {first})"
+    try:
+        fresh = student_notebook(lab)
+    except Exception as exc:  # a broken source is a problem to report, not a crash
+        first = (str(exc).strip().splitlines() or [""])[0]
+        return f"{lab}: cannot generate the student notebook ({type(exc).__name__}: {first})"
     have, want = skeleton(read_nb(dest)), skeleton(fresh)
     if have == want:
         return None
@@ -336,27 +326,17 @@ def _norm(line: str) -> str:
 
 
 def secret_snippets(src_nb, min_len: int = 8) -> list[str]:
-    """Code that only the solutions and the hidden tests contain (each ≥ min_len characters).
+    """Code that only the solutions contain (each ≥ min_len characters).
 
-    Lines inside ``# BEGIN/END SOLUTION`` comments, the right-hand side of ``x = ...  # SOLUTION``
-    lines (or the whole line), and every line of a hidden test cell; minus any text that also
-    appears in the public part of the source (prompts, given code, self-checks).
+    Lines inside ``# BEGIN/END SOLUTION`` comments and the right-hand side of ``x = ...  # SOLUTION``
+    lines (or the whole line); minus any text that also appears in the public part of the source
+    (prompts, given code, self-checks). The hidden tests are no text of the source: they are
+    generated from the lab's contract, which is never released.
     """
     secret, public = [], []
-    in_tests = False
     for cell in src_nb.cells:
-        if _marker(cell, "BEGIN TESTS"):
-            in_tests = True
-        elif _marker(cell, "END TESTS"):
-            in_tests = False
         if cell.cell_type != "code":
             public.append(cell.source)
-            continue
-        if in_tests:
-            lines = cell.source.splitlines()
-            hidden = "hidden: true" in cell.source or (lines and "HIDDEN" in lines[0])
-            end = next((i for i, ln in enumerate(lines) if "END TEST CONFIG" in ln), 0)
-            (secret if hidden else public).extend(_norm(ln) for ln in lines[end + 1 :])
             continue
         inside = False
         for ln in cell.source.splitlines():
@@ -558,17 +538,9 @@ def answer_text(nb, lab: str) -> str:
 
 
 def solution_notebook(lab: str):
-    """The source without its hidden tests and otter markers: the notebook a perfect student hands in."""
+    """The source without its markers: the notebook a perfect student hands in."""
     nb = read_nb(source_path(lab))
-    cells, in_tests = [], False
-    for c in nb.cells:
-        if _marker(c, "BEGIN TESTS"):
-            in_tests = True
-        elif _marker(c, "END TESTS"):
-            in_tests = False
-        elif c.cell_type != "raw" and not in_tests:
-            cells.append(c)
-    nb.cells = cells
+    nb.cells = [c for c in nb.cells if c.cell_type != "raw"]
     nb.metadata["otter"] = {"assignment_name": lab}
     return nb
 
@@ -831,7 +803,7 @@ def grade_submission(
         (
             [
                 f"uses {', '.join(flags)} (can reach around the grader's checks: by-hand exercises "
-                "and in-process tests wait for your review; look at it)"
+                "wait for your review; look at it)"
             ]
             if flags
             else []
@@ -882,7 +854,7 @@ def feedback_text(lab: str, row: dict, detail: dict, qs, skipped=()) -> str:
 
 def graded_questions(lab: str, skip=()) -> list[tuple[str, float]]:
     """The lab's [(question, points)] without the ones the instructor made optional (``skip``)."""
-    qs = questions(read_nb(source_path(lab)))
+    qs = questions(lab)
     unknown = sorted(set(skip) - {q for q, _ in qs})
     if unknown:
         raise SystemExit(
@@ -891,26 +863,20 @@ def graded_questions(lab: str, skip=()) -> list[tuple[str, float]]:
     return [(q, p) for q, p in qs if q not in skip]
 
 
-def grading_report() -> tuple[str, float, float]:
-    """Per lab: points graded in the harness vs by tests that run in the student's process; (text, student, total)."""
-    import harness
-
-    lines, student_pts, total = [], 0.0, 0.0
+def grading_report() -> tuple[str, int, float]:
+    """Per lab: its points, the hidden tests generated from its contract, its by-hand questions; (text, tests, points)."""
+    lines, n_tests, total = [], 0, 0.0
     for lab in labs():
-        qs = harness.questions(source_path(lab))
-        inside = [(q.name, k, c.points) for q in qs for k, c in enumerate(q.cases, 1) if c.where == "student"]
-        pts, all_pts = sum(p for *_, p in inside), sum(q.points for q in qs)
-        student_pts, total = student_pts + pts, total + all_pts
+        qs = contract(lab).questions()
+        tests, pts = sum(len(q.tests) for q in qs), sum(q.points for q in qs)
+        n_tests, total = n_tests + tests, total + pts
         by_hand = [q.name for q in qs if q.by_hand]
-        where = ", ".join(f"{q} test {k}" for q, k, _ in inside) or "none"
         lines.append(
-            f"{lab}: {all_pts - pts:g} of {all_pts:g} points in the harness; in the student's process: {where}; "
+            f"{lab}: {pts:g} points, {tests} hidden tests (one per case class), all run in the harness; "
             f"by hand: {', '.join(by_hand) or 'none'}"
         )
-    lines.append(
-        f"all labs: {total - student_pts:g} of {total:g} points in the harness, {student_pts:g} in the student's process"
-    )
-    return "\n".join(lines), student_pts, total
+    lines.append(f"all labs: {total:g} points, {n_tests} hidden tests, none in the student's process")
+    return "\n".join(lines), n_tests, total
 
 
 def _ensure_ignored(path: Path) -> None:
@@ -947,7 +913,7 @@ def grade(
     except collect.CollectError as e:
         raise SystemExit(str(e)) from None
     qs = graded_questions(lab, skip)
-    skipped = [q for q, _ in questions(read_nb(source_path(lab))) if q in skip]
+    skipped = [q for q, _ in questions(lab) if q in skip]
     if unsafe:
         print("WARNING: --unsafe: submissions run without a sandbox, as you, with your files in reach")
     out_csv = Path(out_csv) if out_csv else default_out(lab)
@@ -1045,13 +1011,11 @@ def grade(
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="tools/labs.py", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("release", help="regenerate student notebooks and autograders")
+    r = sub.add_parser("release", help="regenerate the student notebooks")
     r.add_argument("labs", nargs="*")
     r.add_argument("--no-execute", action="store_true", help="skip executing the notebooks")
     sub.add_parser("check-stale", help="fail if a committed student notebook is stale or leaks")
-    sub.add_parser(
-        "grading-report", help="which hidden tests run in the harness, which in the student's process"
-    )
+    sub.add_parser("grading-report", help="per lab: points, hidden tests, by-hand questions")
     g = sub.add_parser("grade", help="grade a folder of submitted notebooks")
     g.add_argument("lab")
     g.add_argument("submissions", type=Path)

@@ -17,14 +17,13 @@ solutions), one entry per typical mistake::
 Each ``old`` must occur exactly once in the exercise's solution cells.  A mutant is *caught by
 the self-check* when the exercise's self-check prints a ✗ line (a crash of the self-check cell
 itself does not count), and *caught by the hidden tests* when at least one of the exercise's
-hidden-test cells fails.  The mutants are ours, not a student's, so they run in this process:
+hidden tests (generated from its contract) fails.  The mutants are ours, not a student's, so they run in this process:
 the lab's source runs once, and each mutant re-runs only its exercise's solution, self-check
 and tests on a copy of the namespace as it stood before that exercise.
 """
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import io
 import re
@@ -50,7 +49,9 @@ class Exercise:
     selfcheck: list[str] = field(
         default_factory=list
     )  # code cells between END QUESTION and the next question
-    tests: list[str] = field(default_factory=list)  # hidden-test cells
+    tests: list = field(
+        default_factory=list
+    )  # its hidden tests (contract.HiddenTest), from the lab's contract
 
 
 @dataclass
@@ -64,7 +65,7 @@ class Verdict:
     tests_total: int
     says: str | None
     named: bool | None  # None when the catalog does not ask for a cause
-    # (exercise, case class) of each failing hidden test that is a contract's hidden_check call
+    # (exercise, case class) of each failing hidden test
     hidden_failed: frozenset = frozenset()
     namespace: dict = field(default_factory=dict, repr=False)  # after the solution (or mutant) ran
 
@@ -102,38 +103,25 @@ def _copy(ns: dict) -> dict:
 
 
 def exercises(lab: str) -> dict[str, Exercise]:
-    """Run the lab's source top to bottom (hidden tests aside) and cut it into exercises."""
+    """Run the lab's source top to bottom and cut it into exercises (hidden tests from its contract)."""
     nb = nbformat.read(SOURCES / f"{lab}.ipynb", as_version=4)
+    tests = {q.name: q.tests for q in labtools.contract(lab).questions()}
     ns: dict = {"__name__": "__lab__"}
     out: dict[str, Exercise] = {}
     for question, where, cell in labtools.regions(nb):
         if where.startswith("marker:"):
             if where == "marker:prompt" and question not in out:  # the question starts
-                out[question] = Exercise(question)
+                out[question] = Exercise(question, tests=tests[question])
             elif where == "marker:solution" and not out[question].before:
                 out[question].before = _copy(ns)
             continue
         current = out.get(question)
-        if where == "tests":
-            if "hidden: true" in cell.source:
-                current.tests.append(cell.source)
-            continue
         if where == "solution":
             current.solution.append(cell.source)
         elif where == "selfcheck":
             current.selfcheck.append(cell.source)
         _run(cell.source, ns)
     return out
-
-
-def hidden_case_class(code: str) -> tuple[str, str] | None:
-    """(exercise, case class) of a hidden-test cell that is one ``hidden_check(lab, ex, fn, class)`` call."""
-    for node in ast.walk(ast.parse(_runnable(code))):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "hidden_check":
-            ex, cls = node.args[1], node.args[3]
-            if isinstance(ex, ast.Constant) and isinstance(cls, ast.Constant):
-                return ex.value, cls.value
-    return None
 
 
 def _verdict_lines(printed: str) -> list[str]:
@@ -158,12 +146,12 @@ def run_one(
     except Exception as e:  # noqa: BLE001 - a self-check that crashes is not a caught mutant
         shown, caught = f"self-check crashed: {type(e).__name__}: {e}", False
     failed, classes = 0, set()
-    for code in ex.tests:
+    for test in ex.tests:
         try:
-            _run(code, _copy(ns))
+            _run(test.code, _copy(ns))
         except Exception:  # noqa: BLE001 - any failure of a hidden test takes points
             failed += 1
-            classes.add(hidden_case_class(code))
+            classes.add((test.exercise, test.case_class))
     named = None if says is None else (caught and says in shown)
     return Verdict(
         lab, ex.name, mistake, shown, caught, failed, len(ex.tests), says, named, frozenset(classes), ns

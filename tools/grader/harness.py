@@ -27,7 +27,6 @@ import json
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -37,6 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import reach  # noqa: E402
 import wire  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "labs" / "source" / "contracts"))
+
 # the exception names feedback may repeat: Python's own and a few of torch's. Any other name is the
 # student's choice (a class named after a hidden test's seed), so it reads as "an exception"
 SAFE_KINDS = {n for n, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException)}
@@ -44,65 +45,13 @@ SAFE_KINDS |= {"ByHandError", "OutOfMemoryError"}
 MAX_NOTEBOOK = 64 << 20  # bytes: a lab notebook with outputs is well under 1 MiB
 
 
-@dataclass
-class Case:
-    code: str
-    points: float
-    hidden: bool
-    where: str = "harness"  # or "student": runs in the worker, beside the student's objects
+def questions(source_path: Path) -> list:
+    """The lab's questions, each with its points, guard and hidden tests, generated from the lab's
+    contract (``labs/source/contracts/LAB.py``): one test per case class of each of its functions,
+    the question's points shared evenly by them. The source notebook holds no test code."""
+    import contract  # labs/source/contracts: the one declaration of every exercise
 
-
-@dataclass
-class Question:
-    name: str
-    points: float
-    cases: list[Case] = field(default_factory=list)
-    by_hand: list[str] = field(default_factory=list)  # 'autograd' and reference functions it may not use
-    in_place: bool = False  # may the answer change its tensor arguments (an optimizer step, clipping)?
-
-
-def _config(code: str) -> tuple[dict, str]:
-    """(test config, test code) of an otter test cell ('\"\"\" # BEGIN TEST CONFIG ... # END TEST CONFIG')."""
-    import yaml
-
-    if "# BEGIN TEST CONFIG" not in code:
-        return {}, code
-    head, _, rest = code.partition("# END TEST CONFIG")
-    conf = yaml.safe_load(head.split("# BEGIN TEST CONFIG", 1)[1].rsplit('"""', 1)[0]) or {}
-    return conf, rest.split("\n", 1)[1] if "\n" in rest else ""
-
-
-def questions(source_path: Path) -> list[Question]:
-    """Every question of an otter-format source with its test cases; points split as otter splits them."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import labs as L  # the one reader of the lab format
-
-    nb = L.read_nb(source_path)
-    by_name = {
-        q: Question(
-            q,
-            float(conf.get("points", 0)),
-            by_hand=list(conf.get("by_hand") or []),
-            in_place=bool(conf.get("in_place", False)),
-        )
-        for q, conf in L.question_configs(nb).items()
-    }
-    for q, where, cell in L.regions(nb):
-        if where == "tests":
-            conf, code = _config(cell.source)
-            where = str(conf.get("runs_in", "harness"))
-            if where not in ("harness", "student"):
-                raise ValueError(f"{source_path.name}: runs_in must be harness or student, not {where!r}")
-            by_name[q].cases.append(Case(code, conf.get("points"), bool(conf.get("hidden", False)), where))
-    out = list(by_name.values())
-    for q in out:  # otter's rule: given points stay, the rest is shared evenly by the other cases
-        given = sum(c.points for c in q.cases if c.points is not None)
-        rest = [c for c in q.cases if c.points is None]
-        for c in rest:
-            c.points = (q.points - given) / len(rest)
-        for c in q.cases:
-            c.points = float(c.points)
-    return out
+    return contract.load(Path(source_path).stem).questions()
 
 
 def _portable(fn, source: str):
@@ -415,7 +364,7 @@ def grade(spec: dict) -> dict:
     """Run every hidden test against the worker; per-question scores, per-case results, notes."""
     qs = questions(Path(spec["source"]))
     skip = set(spec.get("skip", ()))
-    forbidden = {q.name: q.by_hand for q in qs if q.by_hand}
+    forbidden = {q.name: list(q.by_hand) for q in qs if q.by_hand}
     case_timeout = float(spec.get("case_timeout", 60))
     # a cell may take a quarter of the notebook's time (at most a minute): a stray loop costs that cell
     cell_timeout = float(spec.get("cell_timeout") or min(60.0, spec["timeout"] / 4))
@@ -426,7 +375,7 @@ def grade(spec: dict) -> dict:
     except (OSError, ValueError, RecursionError) as e:
         return {"status": "crashed", "message": f"the notebook could not be read ({type(e).__name__})"}
     # read once: what is checked here is what every start of the worker runs
-    checked = reach.plan(cells, released_cells(spec, qs), {q.name: q.by_hand for q in qs})
+    checked = reach.plan(cells, released_cells(spec, qs), {q.name: list(q.by_hand) for q in qs})
     review = _review(checked, qs, spec.get("distrust", ()))
 
     def start():
@@ -451,26 +400,19 @@ def grade(spec: dict) -> dict:
         if q.name in skip:
             continue
         passed, raised, edited, shapes = [], {}, [], {}
-        student.peer.exercise, student.peer.in_place = q.name, q.in_place
-        for k, case in enumerate(q.cases, 1):
+        student.peer.exercise = q.name
+        for k, case in enumerate(q.tests, 1):
             ok, mismatched = False, []
+            student.peer.in_place = case.in_place
             try:
                 student.peer.deadline = time.monotonic() + min(
                     case_timeout, spec["timeout"] - (time.monotonic() - started)
                 )
-                if case.where == "student":
-                    reply = student.peer.request(
-                        {"op": "run_test"}, {"code": case.code, "exercise": q.name}, True
-                    )
-                    ok = reply.get("ok") is True
-                    if "raised" in reply and reply["raised"] != "AssertionError":
-                        raised.setdefault(kind(wire.RemoteError(str(reply["raised"]), "")), []).append(k)
-                else:
-                    ns = student.bind(case.code)
-                    with torch.random.fork_rng(), strict_comparisons(mismatched):
-                        torch.manual_seed(0)
-                        exec(compile_test(case.code, f"<{q.name} test {k}>"), ns)
-                    ok = True
+                ns = student.bind(case.code)
+                with torch.random.fork_rng(), strict_comparisons(mismatched):
+                    torch.manual_seed(0)
+                    exec(compile_test(case.code, f"<{q.name} test {k}>"), ns)
+                ok = True
             except AssertionError:
                 pass
             except InPlaceEdit:
@@ -486,7 +428,7 @@ def grade(spec: dict) -> dict:
                     result["questions"][q.name] = _score(q, passed)
                     result["notes"].append("grading stopped: the notebook could not be restarted in time")
                     return _finish(result, qs, skip)
-                student.peer.exercise, student.peer.in_place = q.name, q.in_place
+                student.peer.exercise, student.peer.in_place = q.name, case.in_place
             except wire.RemoteError as e:
                 raised.setdefault(kind(e), []).append(k)
             except Exception:  # noqa: BLE001 - a wrong return type etc.: the test fails, quietly
@@ -560,21 +502,21 @@ def read_cells(path) -> list[tuple[int, str]]:
     return out
 
 
-def released_cells(spec: dict, qs: list[Question]) -> list[tuple[str, str | None]]:
+def released_cells(spec: dict, qs: list) -> list[tuple[str, str | None]]:
     """The released student notebook's code cells as (source, question of an answer cell or None)."""
     source = Path(spec["source"])
     path = Path(spec.get("released") or source.parent.parent / source.name)
     return reach.released_cells(json.loads(path.read_text(encoding="utf-8")), [q.name for q in qs])
 
 
-def _review(checked: reach.Plan, qs: list[Question], distrust=()) -> dict[str, list[str]]:
+def _review(checked: reach.Plan, qs: list, distrust=()) -> dict[str, list[str]]:
     """{question: the constructs that send it to the instructor}: its own, and what could switch off
-    the guards anywhere (for every by-hand question and every one with tests in the student's process)."""
+    the guards anywhere (for every by-hand question)."""
     out = {q: set(v) for q, v in checked.review.items()}
     anywhere = set(checked.reach) | set(distrust)
     if anywhere:
         for q in qs:
-            if q.by_hand or any(c.where == "student" for c in q.cases):
+            if q.by_hand:
                 out.setdefault(q.name, set()).update(anywhere)
     return {q: sorted(v) for q, v in out.items()}
 
@@ -592,13 +534,13 @@ def _errors(reported) -> list[dict]:
     return out
 
 
-def _score(q: Question, passed: list[bool]) -> dict:
-    got = sum(c.points for c, ok in zip(q.cases, passed) if ok)
+def _score(q, passed: list[bool]) -> dict:
+    got = sum(c.points for c, ok in zip(q.tests, passed) if ok)
     return {
         "score": min(round(got, 6), q.points),
         "possible": q.points,
         "passed": sum(passed),
-        "cases": len(q.cases),
+        "cases": len(q.tests),
     }
 
 

@@ -1,7 +1,6 @@
 """What a student's code uses, read without running it: an allow-list for by-hand answers.
 
-The worker's guards (autograd's engine, the by-hand reference functions, the pristine modules a
-`runs_in: student` test relies on) live in the student's process, so they hold only against what
+The worker's guards (autograd's engine, the by-hand reference functions) live in the student's process, so they hold only against what
 they were written for; public APIs around them (forward-mode AD, calling `grad_fn` nodes, `jacfwd`,
 `torch.ops` aliases) and ways to switch them off (`sys.modules`, `__globals__`) are many. So the
 code a student wrote is read against a list of what the labs' own solutions use (``ALLOWED``,
@@ -18,8 +17,7 @@ What goes to review, and which exercises (``plan``):
 * a gradient computed where no run-time guard sees it (``UNSEEN``: forward AD, the functional API,
   `torch.func`, `.grad_fn` nodes), anywhere: every exercise asking for gradients by hand;
 * what could switch the guards off (``NEVER_ANY``: `sys.modules`, `getattr`, a dunder, a private
-  name, a magic), anywhere: every by-hand exercise (``Plan.reach``; the harness adds the ones with
-  tests in the student's process).
+  name, a magic), anywhere: every by-hand exercise (``Plan.reach``).
 
 Given cells as released are the course's code and are not read; what they use a student may use.
 
@@ -679,11 +677,11 @@ for _tier in ALLOWED.values():
 
 def _lab_cells(lab: str):
     """(the source's given code cells, its solution cells as [(source, question)], {question: by_hand}),
-    all from the lab's source: what the lists need does not wait for a release."""
+    from the lab's source and contract: what the lists need does not wait for a release."""
     import labs as L
 
     src = L.read_nb(L.source_path(lab))
-    by_hand = {q: list(conf.get("by_hand") or []) for q, conf in L.question_configs(src).items()}
+    by_hand = {q.name: list(q.by_hand) for q in L.contract(lab).questions()}
     solutions = [(c.source, q) for q, where, c in L.regions(src) if where == "solution"]
     given = [c.source for q, where, c in L.regions(src) if where in ("setup", "prompt", "selfcheck")]
     return given, solutions, by_hand

@@ -11,9 +11,9 @@ tensors come from ``helpers.device.randn`` with a seed per case.
 * The first ``public`` cases of every class are the self-check's: ``record`` writes them, with
   the reference's outputs, to ``helpers/data/labNN_name.contract.json`` (values only), which
   ``helpers.labcontract.check_contract`` reads in the student's notebook.
-* The next ``hidden`` cases of the same class are the hidden tests': a hidden-test cell is
-  ``hidden_check(lab, exercise, fn, class name)``, which runs them against the reference
-  computed here, in the grader's harness process.
+* The next ``hidden`` cases of the same class are the hidden tests': ``Contract.questions()``
+  generates one ``HiddenTest`` per class, ``hidden_check(lab, exercise, fn, class name)``, which
+  the grader's harness runs against the reference computed here (the lab source holds no test).
 * Known mistakes: a mutant of the lab's catalog (``labs/source/labNN_name.mutants.yml``) with a
   ``known:`` label is run on the public cases at record time; its outputs are recorded beside
   the reference's, and the self-check's ✗ says "grad_x matches <label>" when an answer equals one.
@@ -93,7 +93,10 @@ class Exercise:
     question: str = ""  # the source's question, if not `name` (a question with two graded functions)
     probe: str | None = None  # a helpers.labcontract.PROBES name: how a case calls the answer
     in_place: bool = False  # the prompt lets the answer change its arguments (a step, a merge)
-    by_hand: tuple = ()  # what the answer may not call: the source question's `by_hand` (set by Contract)
+    # the question's points and what its answers may not call ('autograd', dotted reference functions):
+    # declared on its first function only (whose name is the question's); its other functions share them
+    points: float = 0.0
+    by_hand: tuple = ()
     calls: tuple = ()  # earlier exercises whose functions the answer calls: hidden tests put their references there
 
     def __post_init__(self):
@@ -166,6 +169,36 @@ def draw(strategy, n: int, key: int) -> list:
     return seen
 
 
+@dataclass
+class HiddenTest:
+    """One case class of one exercise, graded on its hidden cases: what the grader runs, generated."""
+
+    lab: str
+    exercise: str
+    function: str  # the notebook's name the test calls
+    case_class: str
+    in_place: bool = False
+    points: float = 0.0
+
+    @property
+    def code(self) -> str:
+        """The test as the harness runs it, in a namespace whose ``function`` is the student's."""
+        return (
+            "from helpers.labcontract import hidden_check\n"
+            f"hidden_check({self.lab[:5]!r}, {self.exercise!r}, {self.function}, {self.case_class!r})\n"
+        )
+
+
+@dataclass
+class Question:
+    """A question of the lab: its name (the gradebook's column), points, guard and hidden tests."""
+
+    name: str
+    points: float
+    by_hand: tuple = ()
+    tests: list = field(default_factory=list)
+
+
 class Contract:
     """A lab's exercises and their case classes."""
 
@@ -175,9 +208,27 @@ class Contract:
         self.base_seed = base_seed
         self._drawn: dict = {}  # (exercise, class) -> (public, hidden): drawing is seeded, so once suffices
         self._expected: dict = {}  # (exercise, class, k) -> the reference's outputs on hidden case k
-        configs = _question_configs(lab)
         for e in exercises:
-            e.by_hand = tuple(configs.get(e.question, {}).get("by_hand") or ())
+            if e.question != e.name:  # a question's later function: its first one declares for both
+                if e.points or e.by_hand:
+                    raise ValueError(f"{lab} {e.name}: points and by_hand are declared on {e.question}")
+                first = self.exercises.get(e.question)
+                if first is None:
+                    raise ValueError(f"{lab} {e.name}: its question {e.question} is not declared before it")
+                e.by_hand = first.by_hand
+            elif not e.points > 0:
+                raise ValueError(f"{lab} {e.name}: points: expected a number > 0, got {e.points!r}")
+
+    def questions(self) -> list["Question"]:
+        """The lab's questions in order: each one's points, guard and hidden tests, from the declarations."""
+        out: dict[str, Question] = {}
+        for e in self.exercises.values():
+            q = out.setdefault(e.question, Question(e.question, e.points, e.by_hand))
+            q.tests += [HiddenTest(self.lab, e.name, e.function, c.name, e.in_place) for c in e.classes]
+        for q in out.values():  # a question's points are shared evenly by its hidden tests
+            for t in q.tests:
+                t.points = q.points / len(q.tests)
+        return list(out.values())
 
     def of_question(self, question: str) -> list[Exercise]:
         """The exercises (graded functions) of one question of the source."""
@@ -390,14 +441,6 @@ def _wrong_outputs(ex: Exercise, cls: CaseClass, case: Case, expected, known: di
 
 
 # ------------------------------------------------------- the source's solutions
-
-
-def _question_configs(lab: str) -> dict:
-    """{question: its config} from the lab's source (tools/labs.py reads the format)."""
-    sys.path.insert(0, str(ROOT / "tools"))
-    import labs as L
-
-    return L.question_configs(L.read_nb(SOURCES / f"{lab}.ipynb"))
 
 
 def _solutions(lab: str) -> tuple[list[str], dict[str, list[str]]]:

@@ -129,6 +129,8 @@ ex1 = Exercise(
         ),
     ],
     probe="dict_entries",
+    points=1,
+    by_hand=("helpers.cat_mlp.forward",),
 )
 
 # --------------------------------------------------------------------------- ex2
@@ -176,6 +178,8 @@ ex2 = Exercise(
             **F32_TOL,
         ),
     ],
+    points=1,
+    by_hand=("autograd", "helpers.cat_mlp.backward"),
 )
 
 # --------------------------------------------------------------------------- ex3
@@ -232,6 +236,8 @@ ex3 = Exercise(
             **F32_TOL,
         ),
     ],
+    points=2,
+    by_hand=("autograd", "helpers.cat_mlp.backward"),
 )
 
 # --------------------------------------------------------------------------- ex4
@@ -289,6 +295,8 @@ ex4 = Exercise(
             **F32_TOL,
         ),
     ],
+    points=2,
+    by_hand=("autograd", "helpers.cat_mlp.backward"),
 )
 
 # --------------------------------------------------------------------------- ex5
@@ -351,6 +359,8 @@ ex5 = Exercise(
             **F32_TOL,
         ),
     ],
+    points=2,
+    by_hand=("autograd", "helpers.cat_mlp.backward"),
 )
 
 # --------------------------------------------------------------------------- ex6
@@ -434,6 +444,8 @@ ex6 = Exercise(
         ),
     ],
     probe="dict_entries",
+    points=3,
+    by_hand=("autograd", "helpers.cat_mlp.backward"),
 )
 
 CONTRACT = Contract("lab01_cat_mlp", [ex1, ex2, ex3, ex4, ex5, ex6], base_seed=10_000)

@@ -100,6 +100,8 @@ ex1 = Exercise(
             rtol=1e-3,
         ),
     ],
+    points=2,
+    by_hand=("autograd", "helpers.numgrad.numerical_grad", "helpers.numgrad.numerical_jacobian"),
 )
 
 # --------------------------------------------------------------------------- ex2
@@ -188,6 +190,8 @@ ex2 = Exercise(
             **F64_TOL,
         ),
     ],
+    points=3,
+    by_hand=("autograd", "helpers.numgrad.linear_backward"),
 )
 
 # --------------------------------------------------------------------------- ex3
@@ -236,6 +240,8 @@ ex3 = Exercise(
             **F64_TOL,
         ),
     ],
+    points=2,
+    by_hand=("autograd", "helpers.numgrad.linear_backward"),
 )
 
 # --------------------------------------------------------------------------- ex4
@@ -310,6 +316,8 @@ ex4 = Exercise(
             **F64_TOL,
         ),
     ],
+    points=3,
+    by_hand=("autograd", "helpers.numgrad.unbroadcast"),
 )
 
 CONTRACT = Contract("lab02_chain_rule", [ex1, ex2, ex3, ex4], base_seed=20_000)

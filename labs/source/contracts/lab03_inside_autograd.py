@@ -91,7 +91,7 @@ def _rule(*args, **options) -> Case:
     return Case(tuple(float(a) if isinstance(a, float) else a for a in args), options=options)
 
 
-def _op_exercise(name, function, signature, question, classes, values=1):
+def _op_exercise(name, function, signature, question, classes, values=1, points=0.0):
     for c in classes:
         c.atol, c.rtol = TOL["atol"], TOL["rtol"]
     title = f"Exercise {question[2:]} · {function.__name__}"
@@ -105,6 +105,7 @@ def _op_exercise(name, function, signature, question, classes, values=1):
         classes,
         question=question,
         probe="value_rule",
+        points=points,
     )
 
 
@@ -132,6 +133,7 @@ ex1 = _op_exercise(
         ),
     ],
     values=2,
+    points=2,
 )
 
 ex1b = _op_exercise(
@@ -196,6 +198,7 @@ ex2 = _op_exercise(
         ],
         values=POSITIVE,
     ),
+    points=2,
 )
 ex2b = _op_exercise(
     "ex2b",
@@ -317,6 +320,8 @@ ex3 = Exercise(
     ("the counts, sorted",),
     [CaseClass(name, strategy, make, atol=0, rtol=0) for name, strategy, make in GRAPH_CLASSES],
     probe="dependency_counts",
+    points=3,
+    by_hand=("helpers.micrograd.topological_order",),
 )
 ex3b = Exercise(
     "ex3b",
@@ -402,6 +407,7 @@ ex4 = Exercise(
             lambda p, s: _saved("mlp_softmax", [(p[0], p[1]), (p[2], p[1]), (p[3], p[2])], s, p[4]),
         ),
     ],
+    points=3,
 )
 
 CONTRACT = Contract("lab03_inside_autograd", [ex1, ex1b, ex2, ex2b, ex2c, ex3, ex3b, ex4], base_seed=30_000)

@@ -98,6 +98,8 @@ ex1 = Exercise(
         ),
     ],
     probe="within_budget",
+    points=2,
+    by_hand=("autograd", "helpers.functions.softmax_backward", "helpers.functions.softmax_jacobian"),
 )
 
 # --------------------------------------------------------------------------- ex2
@@ -156,6 +158,8 @@ ex2 = Exercise(
         ),
     ],
     probe="backward_and_saved",
+    points=2,
+    by_hand=("autograd", "helpers.functions.softmax_backward"),
 )
 
 # --------------------------------------------------------------------------- ex3
@@ -271,6 +275,8 @@ ex3 = Exercise(
         ),
     ],
     probe="backward_and_saved",
+    points=3,
+    by_hand=("autograd", "torch.nn.functional.rms_norm"),
 )
 
 # --------------------------------------------------------------------------- ex4
@@ -370,6 +376,8 @@ ex4 = Exercise(
         ),
     ],
     probe="backward_and_saved",
+    points=3,
+    by_hand=("autograd", "helpers.functions.cross_entropy_backward"),
 )
 
 CONTRACT = Contract("lab04_custom_functions", [ex1, ex2, ex3, ex4], base_seed=40_000)

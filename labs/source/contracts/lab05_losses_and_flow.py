@@ -160,6 +160,8 @@ ex1 = Exercise(
             rtol=1e-5,
         ),
     ],
+    points=2,
+    by_hand=("autograd", "helpers.functions.cross_entropy_backward"),
 )
 
 # --------------------------------------------------------------------------- ex2
@@ -280,6 +282,8 @@ ex2 = Exercise(
         ),
     ],
     probe="recorded_and_hooks_left",
+    points=3,
+    by_hand=("helpers.gradflow.record_grad_flow",),
 )
 
 # --------------------------------------------------------------------------- ex3
@@ -411,6 +415,7 @@ ex3 = Exercise(
             lambda p, s: _drop_case(_plain_names(p[0]), p[2], 0.1),
         ),
     ],
+    points=2,
 )
 
 # --------------------------------------------------------------------------- ex4
@@ -511,6 +516,8 @@ ex4 = Exercise(
     ],
     probe="clipped_leaves",
     in_place=True,
+    points=3,
+    by_hand=("torch.nn.utils.clip_grad_norm_", "helpers.gradflow.clip_grad_norm"),
 )
 
 CONTRACT = Contract("lab05_losses_and_flow", [ex1, ex2, ex3, ex4], base_seed=50_000)

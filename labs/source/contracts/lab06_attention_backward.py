@@ -180,6 +180,8 @@ ex1 = Exercise(
             rtol=0,
         ),
     ],
+    points=2,
+    by_hand=("helpers.attention.causal_mask",),
 )
 
 # --------------------------------------------------------------------------- ex2
@@ -303,6 +305,12 @@ ex2 = Exercise(
         _fwd_class("every visible score is far below 0 (Bias ≈ −200): masked means −∞", "visible_low"),
         _fwd_class("Q, K, V are float32", "f32", atol=1e-5, rtol=1e-5),
     ],
+    points=2,
+    by_hand=(
+        "helpers.attention.masked_softmax",
+        "helpers.attention.attention_forward",
+        "torch.nn.functional.scaled_dot_product_attention",
+    ),
 )
 
 # --------------------------------------------------------------------------- ex3
@@ -376,6 +384,8 @@ ex3 = Exercise(
         _bwd_class("P comes from a masked forward (zeros, a row of zeros)", "masked"),
         _bwd_class("Q, K, V are 3-D (B, N, d): no head dim", "3d"),
     ],
+    points=3,
+    by_hand=("autograd", "helpers.attention.attention_backward", "helpers.functions.softmax_backward"),
 )
 
 # --------------------------------------------------------------------------- ex4
@@ -452,6 +462,14 @@ ex4 = Exercise(
         _grads_class("scale is 0-dim and Bias is (Nq, Nk)", "scalar"),
     ],
     calls=("ex1", "ex2", "ex3"),
+    points=3,
+    by_hand=(
+        "autograd",
+        "helpers.attention.attention",
+        "helpers.attention.mha_backward",
+        "helpers.attention.attention_backward",
+        "helpers.functions.softmax_backward",
+    ),
 )
 
 CONTRACT = Contract(LAB, [ex1, ex2, ex3, ex4], base_seed=60_000)

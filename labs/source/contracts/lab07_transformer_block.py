@@ -140,6 +140,8 @@ ex1 = Exercise(
             **F32_TOL,
         ),
     ],
+    points=2,
+    by_hand=("autograd", "helpers.block.block_manual_backward", "helpers.functions.layernorm_backward"),
 )
 
 # --------------------------------------------------------------------------- ex2
@@ -219,6 +221,8 @@ ex2 = Exercise(
             **F32_TOL,
         ),
     ],
+    points=2,
+    by_hand=("autograd", "helpers.block.block_manual_backward"),
 )
 
 # --------------------------------------------------------------------------- ex3
@@ -288,6 +292,8 @@ ex3 = Exercise(
         ),
     ],
     calls=("ex1", "ex2"),
+    points=2,
+    by_hand=("autograd", "helpers.block.block_manual_backward"),
 )
 
 # --------------------------------------------------------------------------- ex4
@@ -372,6 +378,8 @@ ex4 = Exercise(
         _tied_class("there is one sequence (B = 1)", B=(1, 1)),
         _tied_class("grad_X0 is float32", dtype=F32),
     ],
+    points=1,
+    by_hand=("autograd", "helpers.block.block_manual_backward", "helpers.gpt.embedding_backward"),
 )
 
 # --------------------------------------------------------------------------- ex5
@@ -494,6 +502,8 @@ ex5 = Exercise(
         ),
     ],
     calls=("ex1", "ex3"),
+    points=3,
+    by_hand=("autograd", "helpers.block.block_manual_backward"),
 )
 
 # ------------------------------------------------------------ the machinery's two gaps, worked around here

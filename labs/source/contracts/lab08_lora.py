@@ -113,6 +113,8 @@ ex1 = Exercise(
             **F32_TOL,
         ),
     ],
+    points=2,
+    by_hand=("autograd",),
 )
 
 # --------------------------------------------------------------------------- ex2
@@ -256,6 +258,8 @@ ex2 = Exercise(
         ),
     ],
     probe="products_formed",
+    points=2,
+    by_hand=("autograd", "helpers.lora.lora_linear_backward"),
 )
 
 # --------------------------------------------------------------------------- ex3
@@ -312,6 +316,7 @@ ex3 = Exercise(
             rtol=1e-12,
         ),
     ],
+    points=2,
 )
 
 # --------------------------------------------------------------------------- ex4
@@ -376,6 +381,8 @@ ex4 = Exercise(
     _layer_classes(merged=False),
     probe="layer_after",
     in_place=True,
+    points=2,
+    by_hand=("helpers.lora.merge_lora", "helpers.lora.unmerge_lora"),
 )
 ex4b = Exercise(
     "ex4b",
@@ -494,6 +501,8 @@ ex5 = Exercise(
     ],
     probe="products_formed",
     calls=("ex2",),
+    points=3,
+    by_hand=("autograd", "helpers.lora.lora_linear_backward"),
 )
 
 # ------------------------------------------------------------ the machinery's gap, worked around here

@@ -80,6 +80,14 @@ def _bytes(B: int, d: int, d_ff: int, activation: str, n: int) -> Case:
 
 
 sizes = st.tuples(st.integers(2, 9), st.integers(2, 12), st.integers(2, 16))
+# what every by-hand exercise of this lab that checkpoints may not call
+CHECKPOINT_BY_HAND = (
+    "torch.utils.checkpoint.checkpoint",
+    "helpers.checkpoint.checkpoint",
+    "helpers.checkpoint.recompute_backward",
+    "helpers.checkpoint.checkpoint_sequential",
+)
+
 ex1 = Exercise(
     "ex1",
     "predict_saved_bytes",
@@ -125,6 +133,7 @@ ex1 = Exercise(
             **EXACT,
         ),
     ],
+    points=2,
 )
 
 # --------------------------------------------------------------------------- ex2
@@ -272,6 +281,8 @@ ex2 = Exercise(
             **F32_TOL,
         ),
     ],
+    points=3,
+    by_hand=CHECKPOINT_BY_HAND,
 )
 
 # --------------------------------------------------------------------------- ex3
@@ -342,6 +353,8 @@ ex3 = Exercise(
             **F32_TOL,
         ),
     ],
+    points=2,
+    by_hand=CHECKPOINT_BY_HAND,
 )
 
 # --------------------------------------------------------------------------- ex4
@@ -447,6 +460,8 @@ ex4 = Exercise(
         ),
     ],
     probe="checkpoint_run",
+    points=2,
+    by_hand=CHECKPOINT_BY_HAND,
 )
 
 # --------------------------------------------------------------------------- ex5
@@ -526,6 +541,8 @@ ex5 = Exercise(
     ],
     probe="scaler_step",
     in_place=True,
+    points=3,
+    by_hand=("helpers.precision.loss_scale_step",),
 )
 
 for _ex in (ex2, ex3):

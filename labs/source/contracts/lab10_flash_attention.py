@@ -135,6 +135,15 @@ def _merge_class(name, kind, parts=None):
     return CaseClass(name, _parts() if parts is None else parts, lambda p, s: _merge_case(p, s, kind), **TOL)
 
 
+# what every by-hand exercise of this lab that recomputes attention may not call
+BACKWARD_BY_HAND = (
+    "autograd",
+    "helpers.flash.naive_attention",
+    "helpers.flash.flash_backward",
+    "helpers.flash.flash_attention",
+    "torch.nn.functional.scaled_dot_product_attention",
+)
+
 ex1 = Exercise(
     "ex1",
     "merge_stats",
@@ -152,6 +161,8 @@ ex1 = Exercise(
         _merge_class("both parts are empty (−∞, 0: not NaN)", "empty_both"),
     ],
     question="ex1",
+    points=2,
+    by_hand=("helpers.flash.online_softmax", "helpers.flash.online_softmax_trace"),
 )
 
 
@@ -260,6 +271,13 @@ ex2 = Exercise(
         _tile_class("the slopes are float32", "any", "f32"),
     ],
     question="ex2",
+    points=3,
+    by_hand=(
+        "helpers.flash.naive_attention",
+        "helpers.flash.flash_forward",
+        "helpers.flash.flash_attention",
+        "torch.nn.functional.scaled_dot_product_attention",
+    ),
 )
 
 
@@ -391,6 +409,8 @@ ex3 = Exercise(
         ),
     ],
     question="ex3",
+    points=3,
+    by_hand=BACKWARD_BY_HAND,
 )
 
 
@@ -480,6 +500,8 @@ ex4 = Exercise(
     ],
     question="ex4",
     calls=("ex2",),
+    points=4,
+    by_hand=BACKWARD_BY_HAND,
 )
 
 # --------------------------------------------------------------------------- ex5
@@ -546,6 +568,8 @@ ex5 = Exercise(
         ),
     ],
     question="ex5",
+    points=3,
+    by_hand=("helpers.attention.causal_mask", "torch.nn.functional.scaled_dot_product_attention"),
 )
 
 
@@ -695,6 +719,8 @@ ex6 = Exercise(
     question="ex6",
     probe="backward_saving",
     calls=("ex5b", "ex5c"),
+    points=2,
+    by_hand=BACKWARD_BY_HAND,
 )
 ex6b = Exercise(
     "ex6b",

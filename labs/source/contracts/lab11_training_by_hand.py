@@ -141,6 +141,8 @@ ex1 = Exercise(
     ],
     probe="none_as_text",  # buf None is judged as 'None' (helpers.labcheck's diagnosis cannot take None)
     in_place=True,
+    points=2,
+    by_hand=("helpers.optim.sgd_update",),
 )
 
 # --------------------------------------------------------------------------- ex2
@@ -252,6 +254,8 @@ ex2 = Exercise(
         ),
     ],
     in_place=True,
+    points=3,
+    by_hand=("helpers.optim.adam_update",),
 )
 
 # --------------------------------------------------------------------------- ex3
@@ -320,6 +324,8 @@ ex3 = Exercise(
         ),
     ],
     in_place=True,
+    points=2,
+    by_hand=("helpers.optim.adam_update",),
 )
 
 # --------------------------------------------------------------------------- ex4
@@ -413,6 +419,8 @@ ex4 = Exercise(
         ),
     ],
     probe="at_each",
+    points=2,
+    by_hand=("helpers.optim.lr_warmup_cosine",),
 )
 
 
@@ -519,6 +527,8 @@ ex5 = Exercise(
         ),
     ],
     probe="trained_with",
+    points=3,
+    by_hand=("helpers.train.train",),
 )
 
 CONTRACT = Contract("lab11_training_by_hand", [ex1, ex2, ex3, ex4, ex5], base_seed=110_000)

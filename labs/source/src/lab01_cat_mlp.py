@@ -1,14 +1,3 @@
-# %% [raw]
-# # ASSIGNMENT CONFIG
-# name: lab01_cat_mlp
-# init_cell: false
-# check_all_cell: false
-# export_cell: false
-# run_tests: true
-# generate:
-#   pdf: false
-#   show_stdout: false
-
 # %% [markdown]
 # # Lab 1 · The cat MLP, backward by hand
 #
@@ -62,8 +51,6 @@ from helpers.labcontract import check_contract
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex1
-# points: 1
-# by_hand: [helpers.cat_mlp.forward]
 
 # %% [markdown]
 # ## Exercise 1 · The forward pass (1 point)
@@ -100,63 +87,6 @@ def forward_pass(x, W1, b1, W2, b2, y_true):
 # # END SOLUTION
 
 # %% [raw]
-# # BEGIN TESTS
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab01", "ex1", forward_pass, "the weights are the seed's cat (another target y)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab01", "ex1", forward_pass, "every hidden unit is active (h > 0)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab01", "ex1", forward_pass, "a hidden unit is dead (h < 0)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab01", "ex1", forward_pass, "there are several outputs (W2 (k, n_h), k > 1)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab01", "ex1", forward_pass, "the hidden layer is wider (n_h > 2)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab01", "ex1", forward_pass, "the tensors are float32")
-# %% [raw]
-# # END TESTS
-
-# %% [raw]
 # # END QUESTION
 
 # %% [markdown]
@@ -170,8 +100,6 @@ check_contract("lab01", "ex1", forward_pass)
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex2
-# points: 1
-# by_hand: [autograd, helpers.cat_mlp.backward]
 
 # %% [markdown]
 # ## Exercise 2 · Where backward starts: $\partial L/\partial \hat y$ (1 point)
@@ -208,43 +136,6 @@ def grad_loss(y_hat, y_true):
 # # END SOLUTION
 
 # %% [raw]
-# # BEGIN TESTS
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab01", "ex2", grad_loss, "ŷ has one entry (shape (1,), as the cat's)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab01", "ex2", grad_loss, "ŷ has several entries (shape (n,), n > 1)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab01", "ex2", grad_loss, "ŷ is 2-D (B, k)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab01", "ex2", grad_loss, "ŷ and y are float32")
-# %% [raw]
-# # END TESTS
-
-# %% [raw]
 # # END QUESTION
 
 # %% [markdown]
@@ -257,8 +148,6 @@ check_contract("lab01", "ex2", grad_loss)
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex3
-# points: 2
-# by_hand: [autograd, helpers.cat_mlp.backward]
 
 # %% [markdown]
 # ## Exercise 3 · The second layer's gradients (2 points)
@@ -310,58 +199,6 @@ def layer2_backward(grad_y_hat, a, W2):
 # # END SOLUTION
 
 # %% [raw]
-# # BEGIN TESTS
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab01", "ex3", layer2_backward, "the sizes are the cat's (W2 (1, 2), a (2,))"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab01", "ex3", layer2_backward, "a is longer (W2 (1, n), n > 2)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab01",
-    "ex3",
-    layer2_backward,
-    "there are several outputs (W2 (k, n), k > 1, k ≠ n)",
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab01", "ex3", layer2_backward, "W2 is square (k = n > 1)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab01", "ex3", layer2_backward, "the tensors are float32")
-# %% [raw]
-# # END TESTS
-
-# %% [raw]
 # # END QUESTION
 
 # %% [markdown]
@@ -374,8 +211,6 @@ check_contract("lab01", "ex3", layer2_backward)
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex4
-# points: 2
-# by_hand: [autograd, helpers.cat_mlp.backward]
 
 # %% [markdown]
 # ## Exercise 4 · Through the ReLU (2 points)
@@ -406,51 +241,6 @@ def relu_backward(grad_a, h):
 # # END SOLUTION
 
 # %% [raw]
-# # BEGIN TESTS
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab01", "ex4", relu_backward, "h is 1-D (n,)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab01", "ex4", relu_backward, "h has 2 or more dims (any shape)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab01", "ex4", relu_backward, "h has entries exactly 0 (relu'(0) = 0)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab01", "ex4", relu_backward, "h has entries −0.0 (relu'(−0) = 0 too)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab01", "ex4", relu_backward, "grad_a and h are float32")
-# %% [raw]
-# # END TESTS
-
-# %% [raw]
 # # END QUESTION
 
 # %% [markdown]
@@ -463,8 +253,6 @@ check_contract("lab01", "ex4", relu_backward)
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex5
-# points: 2
-# by_hand: [autograd, helpers.cat_mlp.backward]
 
 # %% [markdown]
 # ## Exercise 5 · The first layer's gradients (2 points)
@@ -505,61 +293,6 @@ def layer1_backward(grad_h, x):
 # # END SOLUTION
 
 # %% [raw]
-# # BEGIN TESTS
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab01", "ex5", layer1_backward, "the sizes are the cat's (x (4,), h (2,))"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab01", "ex5", layer1_backward, "x has another length (n_in ≠ 4)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab01", "ex5", layer1_backward, "h has more units (n_h > 2)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab01", "ex5", layer1_backward, "grad_W1 is square (n_h = n_in)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab01", "ex5", layer1_backward, "a unit's ∂L/∂h is 0 (a dead unit)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab01", "ex5", layer1_backward, "the tensors are float32")
-# %% [raw]
-# # END TESTS
-
-# %% [raw]
 # # END QUESTION
 
 # %% [markdown]
@@ -572,8 +305,6 @@ check_contract("lab01", "ex5", layer1_backward)
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex6
-# points: 3
-# by_hand: [autograd, helpers.cat_mlp.backward]
 
 # %% [markdown]
 # ## Exercise 6 · The whole backward pass, for a batch (3 points)
@@ -614,71 +345,6 @@ def cat_backward_batch(X, W1, b1, W2, b2, Y):
 
 # %% [raw]
 # # END SOLUTION
-
-# %% [raw]
-# # BEGIN TESTS
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab01", "ex6", cat_backward_batch, "there is one sample (B = 1)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab01", "ex6", cat_backward_batch, "there are several samples (B > 1)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab01", "ex6", cat_backward_batch, "a pre-activation is exactly 0 (relu'(0) = 0)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab01",
-    "ex6",
-    cat_backward_batch,
-    "the layers have other sizes (n_in ≠ 4, n_h > 2)",
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab01",
-    "ex6",
-    cat_backward_batch,
-    "there are several outputs (W2 (k, n_h), Y (B, k), k > 1)",
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab01", "ex6", cat_backward_batch, "the tensors are float32")
-# %% [raw]
-# # END TESTS
 
 # %% [raw]
 # # END QUESTION

@@ -1,14 +1,3 @@
-# %% [raw]
-# # ASSIGNMENT CONFIG
-# name: lab02_chain_rule
-# init_cell: false
-# check_all_cell: false
-# export_cell: false
-# run_tests: true
-# generate:
-#   pdf: false
-#   show_stdout: false
-
 # %% [markdown]
 # # Lab 2 · Chain rule, gradient checks and the linear layer
 #
@@ -49,8 +38,6 @@ from helpers.labcontract import check_contract
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex1
-# points: 2
-# by_hand: [autograd, helpers.numgrad.numerical_grad, helpers.numgrad.numerical_jacobian]
 
 # %% [markdown]
 # ## Exercise 1 · A gradient check along random directions (2 points)
@@ -106,66 +93,6 @@ def directional_derivatives(f, x, U, eps=1e-6):
 # # END SOLUTION
 
 # %% [raw]
-# # BEGIN TESTS
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab02", "ex1", directional_derivatives, "there is one direction (k = 1)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab02", "ex1", directional_derivatives, "there are several directions (k = 2–5)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab02", "ex1", directional_derivatives, "x has 2 or more dims (U is (k, *x.shape))"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab02", "ex1", directional_derivatives, "eps is left at its default (1e-6)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab02", "ex1", directional_derivatives, "eps is large (0.05–0.5)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab02", "ex1", directional_derivatives, "x is float32 (eps = 0.01–0.1)")
-
-# %% [raw]
-# # END TESTS
-
-# %% [raw]
 # # END QUESTION
 
 # %% [markdown]
@@ -186,8 +113,6 @@ check_contract("lab02", "ex1", directional_derivatives)
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex2
-# points: 3
-# by_hand: [autograd, helpers.numgrad.linear_backward]
 
 # %% [markdown]
 # ## Exercise 2 · The linear layer's three gradients, in the other layout (3 points)
@@ -241,76 +166,6 @@ def dense_backward(X, W, grad_Y):
 # # END SOLUTION
 
 # %% [raw]
-# # BEGIN TESTS
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab02", "ex2", dense_backward, "X is 1-D (in,)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab02", "ex2", dense_backward, "X is 2-D (R, in)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab02", "ex2", dense_backward, "X is 3-D (B, T, in)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab02", "ex2", dense_backward, "X has 4 or more dims (…, in)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab02", "ex2", dense_backward, "a leading dim of X has size 1")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab02", "ex2", dense_backward, "W is square (out = in)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab02", "ex2", dense_backward, "X is float32")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab02", "ex2", dense_backward, "X is a non-contiguous view (a transpose)")
-
-# %% [raw]
-# # END TESTS
-
-# %% [raw]
 # # END QUESTION
 
 # %% [markdown]
@@ -324,8 +179,6 @@ check_contract("lab02", "ex2", dense_backward)
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex3
-# points: 2
-# by_hand: [autograd, helpers.numgrad.linear_backward]
 
 # %% [markdown]
 # ## Exercise 3 · A value used twice (2 points)
@@ -361,50 +214,6 @@ def residual_backward(grad_Y, X, W):
 # # END SOLUTION
 
 # %% [raw]
-# # BEGIN TESTS
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab02", "ex3", residual_backward, "there is one row (B = 1)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab02", "ex3", residual_backward, "there are more rows than features (B > D)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab02", "ex3", residual_backward, "there are fewer rows than features (2 ≤ B < D)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab02", "ex3", residual_backward, "W is 0 (only the skip path sends X a gradient)"
-)
-
-# %% [raw]
-# # END TESTS
-
-# %% [raw]
 # # END QUESTION
 
 # %% [markdown]
@@ -417,8 +226,6 @@ check_contract("lab02", "ex3", residual_backward)
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex4
-# points: 3
-# by_hand: [autograd, helpers.numgrad.unbroadcast]
 
 # %% [markdown]
 # ## Exercise 4 · A tiled tensor's backward (3 points)
@@ -467,57 +274,6 @@ def unrepeat(grad, shape, reps):
 
 # %% [raw]
 # # END SOLUTION
-
-# %% [raw]
-# # BEGIN TESTS
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab02", "ex4", unrepeat, "reps is as long as x.dim() and every rep > 1")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab02", "ex4", unrepeat, "some reps are 1")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab02",
-    "ex4",
-    unrepeat,
-    "reps is longer than x.dim() (x gets leading dims of size 1)",
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab02", "ex4", unrepeat, "x has a dim of size 1 that is repeated")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab02", "ex4", unrepeat, "x is 0-dim (shape ())")
-
-# %% [raw]
-# # END TESTS
 
 # %% [raw]
 # # END QUESTION

@@ -1,14 +1,3 @@
-# %% [raw]
-# # ASSIGNMENT CONFIG
-# name: lab03_inside_autograd
-# init_cell: false
-# check_all_cell: false
-# export_cell: false
-# run_tests: true
-# generate:
-#   pdf: false
-#   show_stdout: false
-
 # %% [markdown]
 # # Lab 3 · Inside autograd: extend the engine
 #
@@ -82,7 +71,6 @@ from helpers.micrograd import Value
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex1
-# points: 2
 
 # %% [markdown]
 # ## Exercise 1 · Multiply and power (2 points)
@@ -144,86 +132,6 @@ def power(a, k):
 # # END SOLUTION
 
 # %% [raw]
-# # BEGIN TESTS
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab03", "ex1", mul, "a and b are two Values (.grad already 0.5)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab03", "ex1", mul, "a is b (x · x)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab03", "ex1", mul, "an input is 0")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab03", "ex1", mul, "it is used in x·y·x (backward by the course engine)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab03", "ex1b", power, "k is an integer ≥ 2")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab03", "ex1b", power, "k is a negative integer")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab03", "ex1b", power, "k is fractional (0.5, 1.5, −0.5) on a > 0")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab03", "ex1b", power, "a is 0 and k ≥ 2")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab03", "ex1b", power, "it is used in x^k · x^k (backward by the course engine)"
-)
-
-# %% [raw]
-# # END TESTS
-
-# %% [raw]
 # # END QUESTION
 
 # %% [markdown]
@@ -242,7 +150,6 @@ check_contract("lab03", "ex1b", power)
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex2
-# points: 2
 
 # %% [markdown]
 # ## Exercise 2 · ReLU, tanh and exp (2 points)
@@ -318,116 +225,6 @@ def exp(a):
 # # END SOLUTION
 
 # %% [raw]
-# # BEGIN TESTS
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab03", "ex2", relu, "it is used once (.grad already 0.5)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab03", "ex2", relu, "it is used twice on one Value, op(x) + op(x)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab03", "ex2", relu, "it is chained, op(op(x)·2 − 0.5)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab03", "ex2", relu, "a < 0 (nothing passes)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab03", "ex2", relu, "a is exactly 0 (the derivative is 0)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab03", "ex2b", tanh, "it is used once (.grad already 0.5)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab03", "ex2b", tanh, "it is used twice on one Value, op(x) + op(x)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab03", "ex2b", tanh, "it is chained, op(op(x)·2 − 0.5)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab03", "ex2b", tanh, "|a| is large (tanh saturates)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab03", "ex2c", exp, "it is used once (.grad already 0.5)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab03", "ex2c", exp, "it is used twice on one Value, op(x) + op(x)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab03", "ex2c", exp, "it is chained, op(op(x)·2 − 0.5)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab03", "ex2c", exp, "a < 0")
-
-# %% [raw]
-# # END TESTS
-
-# %% [raw]
 # # END QUESTION
 
 # %% [markdown]
@@ -447,8 +244,6 @@ check_contract("lab03", "ex2c", exp)
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex3
-# points: 3
-# by_hand: [helpers.micrograd.topological_order]
 
 # %% [markdown]
 # ## Exercise 3 · Backward by counting dependencies (3 points)
@@ -531,132 +326,6 @@ def backward(root):
 # # END SOLUTION
 
 # %% [raw]
-# # BEGIN TESTS
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab03", "ex3", dependencies, "a node is used twice by one node (v · v)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab03", "ex3", dependencies, "a node is reached along two paths")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab03", "ex3", dependencies, "nodes are used outside root's graph too")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab03", "ex3", dependencies, "two nodes have equal values (compare by id)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab03", "ex3", dependencies, "a shared node feeds a nonlinearity and more"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab03", "ex3", dependencies, "the graph is a chain 3000–5000 deep (no recursion)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab03", "ex3", dependencies, "root is a leaf")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab03", "ex3b", backward, "a node is used twice by one node (v · v)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab03", "ex3b", backward, "a node is reached along two paths")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab03", "ex3b", backward, "nodes are used outside root's graph too")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab03", "ex3b", backward, "two nodes have equal values (compare by id)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab03", "ex3b", backward, "a shared node feeds a nonlinearity and more")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab03", "ex3b", backward, "the graph is a chain 3000–5000 deep (no recursion)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab03", "ex3b", backward, "root is a leaf")
-
-# %% [raw]
-# # END TESTS
-
-# %% [raw]
 # # END QUESTION
 
 # %% [markdown]
@@ -672,7 +341,6 @@ check_contract("lab03", "ex3b", backward)
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex4
-# points: 3
 
 # %% [markdown]
 # ## Exercise 4 · Count what autograd saves for backward (3 points)
@@ -733,74 +401,6 @@ def saved_bytes(f, inputs):
 
 # %% [raw]
 # # END SOLUTION
-
-# %% [raw]
-# # BEGIN TESTS
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab03", "ex4", saved_bytes, "only inputs are saved (0 bytes)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab03", "ex4", saved_bytes, "two ops save their outputs")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab03", "ex4", saved_bytes, "one storage is saved by several ops (counted once)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab03", "ex4", saved_bytes, "a saved view (offset 0) keeps a larger storage alive"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab03", "ex4", saved_bytes, "two saved views at different offsets share a storage"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab03", "ex4", saved_bytes, "a view of an input at an offset is saved")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab03", "ex4", saved_bytes, "an MLP with a softmax")
-
-# %% [raw]
-# # END TESTS
 
 # %% [raw]
 # # END QUESTION

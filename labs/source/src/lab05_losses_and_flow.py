@@ -1,14 +1,3 @@
-# %% [raw]
-# # ASSIGNMENT CONFIG
-# name: lab05_losses_and_flow
-# init_cell: false
-# check_all_cell: false
-# export_cell: false
-# run_tests: true
-# generate:
-#   pdf: false
-#   show_stdout: false
-
 # %% [markdown]
 # # Lab 5 · Losses and the flow of gradients: diagnose a broken model
 #
@@ -53,8 +42,6 @@ from helpers.labcontract import check_contract
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex1
-# points: 2
-# by_hand: [autograd, helpers.functions.cross_entropy_backward]
 
 # %% [markdown]
 # ## Exercise 1 · The cross-entropy gradient, smoothed and masked (2 points)
@@ -118,100 +105,6 @@ def ce_grad(logits, target, ignore_index=-100, label_smoothing=0.0):
 # # END SOLUTION
 
 # %% [raw]
-# # BEGIN TESTS
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab05", "ex1", ce_grad, "nothing is ignored, label_smoothing at its default (0)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab05", "ex1", ce_grad, "label_smoothing > 0 (ε = 0.05–0.3)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab05", "ex1", ce_grad, "some targets are -100 (the default ignore_index)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab05", "ex1", ce_grad, "ignore_index is another negative value (-1, -7)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab05", "ex1", ce_grad, "ignore_index is ≥ C (a value no class has)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab05", "ex1", ce_grad, "ignore_index is a class index (0 ≤ ignore_index < C)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab05", "ex1", ce_grad, "rows are ignored and label_smoothing > 0")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab05", "ex1", ce_grad, "every row is ignored (the gradient is all zeros)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab05", "ex1", ce_grad, "the logits are large (|z| ~ 1e3)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab05", "ex1", ce_grad, "the logits are float32")
-
-# %% [raw]
-# # END TESTS
-
-# %% [raw]
 # # END QUESTION
 
 # %% [markdown]
@@ -228,8 +121,6 @@ check_contract("lab05", "ex1", ce_grad)
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex2
-# points: 3
-# by_hand: [helpers.gradflow.record_grad_flow]
 
 # %% [markdown]
 # ## Exercise 2 · A gradient-flow recorder keyed by name (3 points)
@@ -295,65 +186,6 @@ def record_output_grad_norms(model, X, y):
 # # END SOLUTION
 
 # %% [raw]
-# # BEGIN TESTS
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab05", "ex2", record_output_grad_norms, "the model is a flat nn.Sequential"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab05", "ex2", record_output_grad_norms, "layers are nested ('blocks.0.linear')"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab05", "ex2", record_output_grad_norms, "blocks have LayerNorm and a residual"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab05", "ex2", record_output_grad_norms, "the first layer's output needs no grad"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab05",
-    "ex2",
-    record_output_grad_norms,
-    "the loss raises (a label out of range): the error passes on, no hook left",
-)
-
-# %% [raw]
-# # END TESTS
-
-# %% [raw]
 # # END QUESTION
 
 # %% [markdown]
@@ -379,7 +211,6 @@ check_contract("lab05", "ex2", record_output_grad_norms)
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex3
-# points: 2
 
 # %% [markdown]
 # ## Exercise 3 · Find the broken layer (2 points)
@@ -418,68 +249,6 @@ def steepest_drop(norms, names):
 # # END SOLUTION
 
 # %% [raw]
-# # BEGIN TESTS
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab05", "ex3", steepest_drop, "one layer collapses, norms in forward order"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab05", "ex3", steepest_drop, "norms come in backward order (head first)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab05", "ex3", steepest_drop, "names sort otherwise ('blocks.1.act' first)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab05", "ex3", steepest_drop, "10+ layers named '0', '1', … ('10' < '2')")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab05", "ex3", steepest_drop, "the largest drop in absolute terms is elsewhere"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab05", "ex3", steepest_drop, "no collapse, the head's norm is the smallest"
-)
-
-# %% [raw]
-# # END TESTS
-
-# %% [raw]
 # # END QUESTION
 
 # %% [markdown]
@@ -495,9 +264,6 @@ check_contract("lab05", "ex3", steepest_drop)
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex4
-# points: 3
-# by_hand: [torch.nn.utils.clip_grad_norm_, helpers.gradflow.clip_grad_norm]
-# in_place: true
 
 # %% [markdown]
 # ## Exercise 4 · Clipping by global norm, by hand (3 points)
@@ -535,74 +301,6 @@ def clip_by_global_norm(params, max_norm):
 
 # %% [raw]
 # # END SOLUTION
-
-# %% [raw]
-# # BEGIN TESTS
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab05", "ex4", clip_by_global_norm, "‖g‖ exceeds max_norm (clipping happens)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab05", "ex4", clip_by_global_norm, "‖g‖ is below max_norm (nothing changes)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab05", "ex4", clip_by_global_norm, "there is one parameter")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab05", "ex4", clip_by_global_norm, "a parameter's .grad is None (skipped)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab05", "ex4", clip_by_global_norm, "‖g‖ ~ 1e-5 (the + 1e-6 matters)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab05", "ex4", clip_by_global_norm, "every gradient is 0 (‖g‖ = 0)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab05", "ex4", clip_by_global_norm, "the gradients are float32")
-
-# %% [raw]
-# # END TESTS
 
 # %% [raw]
 # # END QUESTION

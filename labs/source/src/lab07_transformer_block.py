@@ -1,14 +1,3 @@
-# %% [raw]
-# # ASSIGNMENT CONFIG
-# name: lab07_transformer_block
-# init_cell: false
-# check_all_cell: false
-# export_cell: false
-# run_tests: true
-# generate:
-#   pdf: false
-#   show_stdout: false
-
 # %% [markdown]
 # # Lab 7 · One Transformer block's manual backward
 #
@@ -68,8 +57,6 @@ from helpers.numgrad import linear_backward
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex1
-# points: 2
-# by_hand: [autograd, helpers.block.block_manual_backward, helpers.functions.layernorm_backward]
 
 # %% [markdown]
 # ## Exercise 1 · LayerNorm backward from the saved $\mu$ and $1/\sigma$ (2 points)
@@ -141,65 +128,6 @@ def layernorm_backward(x, mu, rstd, weight, grad_y):
 # # END SOLUTION
 
 # %% [raw]
-# # BEGIN TESTS
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab07", "ex1", layernorm_backward, "x is 3-D (B, N, D)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab07", "ex1", layernorm_backward, "x is 2-D (R, D)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab07", "ex1", layernorm_backward, "x is 1-D (D,): one row")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab07", "ex1", layernorm_backward, "x has 4 dims (…, D)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab07",
-    "ex1",
-    layernorm_backward,
-    "mu and rstd were computed with a large eps (0.1–1)",
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab07", "ex1", layernorm_backward, "x is float32")
-
-# %% [raw]
-# # END TESTS
-
-# %% [raw]
 # # END QUESTION
 
 # %% [markdown]
@@ -214,8 +142,6 @@ check_contract("lab07", "ex1", layernorm_backward)
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex2
-# points: 2
-# by_hand: [autograd, helpers.block.block_manual_backward]
 
 # %% [markdown]
 # ## Exercise 2 · The FFN backward: Linear → activation → Linear (2 points)
@@ -284,68 +210,6 @@ def ffn_backward(h, W1, b1, W2, b2, grad_F, activation="relu"):
 # # END SOLUTION
 
 # %% [raw]
-# # BEGIN TESTS
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab07", "ex2", ffn_backward, 'h is 3-D (B, N, d) and activation="relu"')
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab07", "ex2", ffn_backward, 'activation is left at its default ("relu")')
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab07", "ex2", ffn_backward, 'activation="gelu"')
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab07", "ex2", ffn_backward, "h is 2-D (R, d)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab07", "ex2", ffn_backward, "h has 4 dims (…, d)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab07", "ex2", ffn_backward, "d_ff = d (square W1 and W2)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab07", "ex2", ffn_backward, "h is float32")
-
-# %% [raw]
-# # END TESTS
-
-# %% [raw]
 # # END QUESTION
 
 # %% [markdown]
@@ -359,8 +223,6 @@ check_contract("lab07", "ex2", ffn_backward)
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex3
-# points: 2
-# by_hand: [autograd, helpers.block.block_manual_backward]
 
 # %% [markdown]
 # ## Exercise 3 · A residual sub-layer: the gradient goes both ways (2 points)
@@ -426,64 +288,6 @@ def ffn_sublayer_backward(X1, mu2, rstd2, params, grad_Y, activation="relu"):
 # # END SOLUTION
 
 # %% [raw]
-# # BEGIN TESTS
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab07", "ex3", ffn_sublayer_backward, 'activation="relu"')
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab07", "ex3", ffn_sublayer_backward, 'activation is left at its default ("relu")'
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab07", "ex3", ffn_sublayer_backward, 'activation="gelu"')
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab07",
-    "ex3",
-    ffn_sublayer_backward,
-    "mu2 and rstd2 were computed with a large eps (0.1–1)",
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab07",
-    "ex3",
-    ffn_sublayer_backward,
-    "linear2.weight is 0 (only the skip path sends grad_Y back)",
-)
-
-# %% [raw]
-# # END TESTS
-
-# %% [raw]
 # # END QUESTION
 
 # %% [markdown]
@@ -499,8 +303,6 @@ check_contract("lab07", "ex3", ffn_sublayer_backward)
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex4
-# points: 1
-# by_hand: [autograd, helpers.block.block_manual_backward, helpers.gpt.embedding_backward]
 
 # %% [markdown]
 # ## Exercise 4 · Tied embeddings: one matrix, two uses (1 point)
@@ -576,87 +378,6 @@ def tied_embedding_backward(idx, grad_X0, Hf, grad_logits, n_ctx, start=0):
 # # END SOLUTION
 
 # %% [raw]
-# # BEGIN TESTS
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab07",
-    "ex4",
-    tied_embedding_backward,
-    "a token occurs several times in idx (start > 0)",
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab07",
-    "ex4",
-    tied_embedding_backward,
-    "every token of idx is different (some ids absent)",
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab07", "ex4", tied_embedding_backward, "every token of idx is the same id"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab07", "ex4", tied_embedding_backward, "start is left at its default (0)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab07",
-    "ex4",
-    tied_embedding_backward,
-    "the chunk ends the context (start + N = n_ctx)",
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab07", "ex4", tied_embedding_backward, "there is one sequence (B = 1)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab07", "ex4", tied_embedding_backward, "grad_X0 is float32")
-
-# %% [raw]
-# # END TESTS
-
-# %% [raw]
 # # END QUESTION
 
 # %% [markdown]
@@ -724,8 +445,6 @@ check_contract("lab07", "ex4", tied_embedding_backward)
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex5
-# points: 3
-# by_hand: [autograd, helpers.block.block_manual_backward]
 
 # %% [markdown]
 # ## Exercise 5 · The whole pre-norm block, backward by hand (3 points)
@@ -809,68 +528,6 @@ def block_backward(grad_Y, cache):
 
 # %% [raw]
 # # END SOLUTION
-
-# %% [raw]
-# # BEGIN TESTS
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab07", "ex5", block_backward, 'activation="relu", no mask, 2 heads')
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab07", "ex5", block_backward, 'activation="gelu"')
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab07", "ex5", block_backward, "causal=True (a causal mask)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab07", "ex5", block_backward, "there is one head (H = 1)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab07", "ex5", block_backward, "there are 3 or 4 heads")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab07", "ex5", block_backward, "the LayerNorms' eps is large (0.1–1)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab07", "ex5", block_backward, "B = 1 (one sequence), GELU and causal")
-
-# %% [raw]
-# # END TESTS
 
 # %% [raw]
 # # END QUESTION

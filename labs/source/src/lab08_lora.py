@@ -1,14 +1,3 @@
-# %% [raw]
-# # ASSIGNMENT CONFIG
-# name: lab08_lora
-# init_cell: false
-# check_all_cell: false
-# export_cell: false
-# run_tests: true
-# generate:
-#   pdf: false
-#   show_stdout: false
-
 # %% [markdown]
 # # Lab 8 · LoRA's Function and merge
 #
@@ -64,8 +53,6 @@ from helpers.labcontract import check_contract
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex1
-# points: 2
-# by_hand: [autograd]
 
 # %% [markdown]
 # ## Exercise 1 · $\partial L/\partial A$ and $\partial L/\partial B$ from $\partial L/\partial W'$ (2 points)
@@ -116,52 +103,6 @@ def grads_from_W_prime(grad_Wp, A, B, s):
 # # END SOLUTION
 
 # %% [raw]
-# # BEGIN TESTS
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab08", "ex1", grads_from_W_prime, "out, in and r all differ")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab08", "ex1", grads_from_W_prime, "r = 1 (a rank-1 adapter)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab08", "ex1", grads_from_W_prime, "out = in (a square W')")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab08", "ex1", grads_from_W_prime, "s = 1")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab08", "ex1", grads_from_W_prime, "the tensors are float32")
-
-# %% [raw]
-# # END TESTS
-
-# %% [raw]
 # # END QUESTION
 
 # %% [markdown]
@@ -175,8 +116,6 @@ check_contract("lab08", "ex1", grads_from_W_prime)
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex2
-# points: 2
-# by_hand: [autograd, helpers.lora.lora_linear_backward]
 
 # %% [markdown]
 # ## Exercise 2 · The cheap route: never form $W'$ or $\partial L/\partial W'$ (2 points)
@@ -244,142 +183,6 @@ def lora_backward(g, x, W, A, B, s, needs=(True, True, True)):
 # # END SOLUTION
 
 # %% [raw]
-# # BEGIN TESTS
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab08", "ex2", lora_backward, "needs is left at its default")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab08", "ex2", lora_backward, "needs=(True, True, True) (grad_x, grad_A, grad_B)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab08", "ex2", lora_backward, "needs=(True, False, False) (grad_x)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab08", "ex2", lora_backward, "needs=(False, True, False) (grad_A)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab08", "ex2", lora_backward, "needs=(False, False, True) (grad_B)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab08", "ex2", lora_backward, "needs=(False, True, True) (grad_A, grad_B)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab08", "ex2", lora_backward, "needs=(True, False, True) (grad_x, grad_B)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab08", "ex2", lora_backward, "needs=(True, True, False) (grad_x, grad_A)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab08", "ex2", lora_backward, "needs=(False, False, False) (none)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab08", "ex2", lora_backward, "r = 1 (a rank-1 adapter)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab08", "ex2", lora_backward, "there is one row (R = 1)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab08", "ex2", lora_backward, "the tensors are float32")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab08",
-    "ex2",
-    lora_backward,
-    "out = 2¹⁷ (no room for an out × in matrix or grad_B) and grad_B is not asked for",
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab08",
-    "ex2",
-    lora_backward,
-    "in = 2¹⁷ (no room for grad_x or grad_A) and only grad_B is asked for",
-)
-
-# %% [raw]
-# # END TESTS
-
-# %% [raw]
 # # END QUESTION
 
 # %% [markdown]
@@ -397,7 +200,6 @@ check_contract("lab08", "ex2", lora_backward)
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex3
-# points: 2
 
 # %% [markdown]
 # ## Exercise 3 · Initialisation: start exactly at the base (2 points)
@@ -439,44 +241,6 @@ def init_adapter(W, r, seed):
 # # END SOLUTION
 
 # %% [raw]
-# # BEGIN TESTS
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab08", "ex3", init_adapter, "W is float64")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab08", "ex3", init_adapter, "W is float32 (A and B in float32)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab08", "ex3", init_adapter, "r = 1 (a rank-1 adapter)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab08", "ex3", init_adapter, "W is square (out = in)")
-
-# %% [raw]
-# # END TESTS
-
-# %% [raw]
 # # END QUESTION
 
 # %% [markdown]
@@ -490,8 +254,6 @@ check_contract("lab08", "ex3", init_adapter)
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex4
-# points: 2
-# by_hand: [helpers.lora.merge_lora, helpers.lora.unmerge_lora]
 
 # %% [markdown]
 # ## Exercise 4 · Merge and unmerge (2 points)
@@ -535,92 +297,6 @@ def unmerge_(layer, A, B, s):
 # # END SOLUTION
 
 # %% [raw]
-# # BEGIN TESTS
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab08", "ex4", merge_, "the layer is trainable (requires_grad)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab08", "ex4", merge_, "the layer is frozen (requires_grad False)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab08", "ex4", merge_, "the layer has no bias")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab08", "ex4", merge_, "the layer is float32")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab08", "ex4", merge_, "r = 1 (a rank-1 adapter)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab08", "ex4b", unmerge_, "the layer is trainable (requires_grad)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab08", "ex4b", unmerge_, "the layer is frozen (requires_grad False)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab08", "ex4b", unmerge_, "the layer has no bias")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab08", "ex4b", unmerge_, "the layer is float32")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab08", "ex4b", unmerge_, "r = 1 (a rank-1 adapter)")
-
-# %% [raw]
-# # END TESTS
-
-# %% [raw]
 # # END QUESTION
 
 # %% [markdown]
@@ -639,8 +315,6 @@ check_contract("lab08", "ex4b", unmerge_)
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex5
-# points: 3
-# by_hand: [autograd, helpers.lora.lora_linear_backward]
 
 # %% [markdown]
 # ## Exercise 5 · LoRA as an `autograd.Function` (3 points)
@@ -725,95 +399,6 @@ class LoRALinearFn(torch.autograd.Function):
 
 # %% [raw]
 # # END SOLUTION
-
-# %% [raw]
-# # BEGIN TESTS
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab08", "ex5", LoRALinearFn, "x is 3-D (batch, tokens, in) and W is frozen"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab08", "ex5", LoRALinearFn, "x is 2-D (R, in)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab08", "ex5", LoRALinearFn, "x has 4 dims (…, in)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab08", "ex5", LoRALinearFn, "W is trainable (it gets gᵀx)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab08", "ex5", LoRALinearFn, "x is plain data (only A and B need gradients)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab08", "ex5", LoRALinearFn, "only x needs a gradient (A and B frozen too)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab08", "ex5", LoRALinearFn, "r = 1 (a rank-1 adapter)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab08", "ex5", LoRALinearFn, "the tensors are float32")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab08",
-    "ex5",
-    LoRALinearFn,
-    "in = 2¹⁷ and only B trains (no room for an out × in matrix, ∂L/∂x or ∂L/∂A)",
-)
-
-# %% [raw]
-# # END TESTS
 
 # %% [raw]
 # # END QUESTION

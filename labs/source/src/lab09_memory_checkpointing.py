@@ -1,14 +1,3 @@
-# %% [raw]
-# # ASSIGNMENT CONFIG
-# name: lab09_memory_checkpointing
-# init_cell: false
-# check_all_cell: false
-# export_cell: false
-# run_tests: true
-# generate:
-#   pdf: false
-#   show_stdout: false
-
 # %% [markdown]
 # # Lab 9 · Memory, checkpointing and loss scaling by hand
 #
@@ -63,7 +52,6 @@ from helpers.labcontract import check_contract, ffn_dropout
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex1
-# points: 2
 
 # %% [markdown]
 # ## Exercise 1 · Predict the bytes a block keeps for backward (2 points)
@@ -123,59 +111,6 @@ def predict_saved_bytes(B, d, d_ff, activation, bytes_per_element):
 # # END SOLUTION
 
 # %% [raw]
-# # BEGIN TESTS
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab09", "ex1", predict_saved_bytes, "activation is 'relu'")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab09", "ex1", predict_saved_bytes, "activation is 'gelu'")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab09", "ex1", predict_saved_bytes, "bytes_per_element is 8 (float64)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab09", "ex1", predict_saved_bytes, "bytes_per_element is 2 (float16)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab09", "ex1", predict_saved_bytes, "there is one row (B = 1)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab09", "ex1", predict_saved_bytes, "d_ff equals d")
-# %% [raw]
-# # END TESTS
-
-# %% [raw]
 # # END QUESTION
 
 # %% [markdown]
@@ -189,8 +124,6 @@ check_contract("lab09", "ex1", predict_saved_bytes)
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex2
-# points: 3
-# by_hand: [torch.utils.checkpoint.checkpoint, helpers.checkpoint.checkpoint, helpers.checkpoint.recompute_backward, helpers.checkpoint.checkpoint_sequential]
 
 # %% [markdown]
 # ## Exercise 2 · Keep only the stack's input, recompute it in segments (3 points)
@@ -308,79 +241,6 @@ class StackCheckpoint(torch.autograd.Function):
 
 
 # %% [raw]
-# # BEGIN TESTS
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab09", "ex2", StackCheckpoint, "L is a multiple of every (2 ≤ every < L)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab09", "ex2", StackCheckpoint, "the last segment is shorter (L % every ≠ 0)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab09", "ex2", StackCheckpoint, "every = 1 (one block per segment)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab09", "ex2", StackCheckpoint, "every ≥ L (one segment)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab09", "ex2", StackCheckpoint, "x is data (needs no gradient)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab09", "ex2", StackCheckpoint, "a weight is frozen (needs no gradient)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab09", "ex2", StackCheckpoint, "x is 3-D (B, T, d)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab09", "ex2", StackCheckpoint, "x is float32")
-# %% [raw]
-# # END TESTS
-
-# %% [raw]
 # # END QUESTION
 
 # %% [markdown]
@@ -403,8 +263,6 @@ check_contract("lab09", "ex2", StackCheckpoint)
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex3
-# points: 2
-# by_hand: [torch.utils.checkpoint.checkpoint, helpers.checkpoint.checkpoint, helpers.checkpoint.recompute_backward, helpers.checkpoint.checkpoint_sequential]
 
 # %% [markdown]
 # ## Exercise 3 · Dropout must draw the same mask twice (2 points)
@@ -499,69 +357,6 @@ def checkpoint_rng(fn, x, *params):
 # # END SOLUTION
 
 # %% [raw]
-# # BEGIN TESTS
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab09", "ex3", checkpoint_rng, "the block draws a dropout mask")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab09", "ex3", checkpoint_rng, "something is drawn between forward and backward"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab09", "ex3", checkpoint_rng, "the block has no dropout")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab09", "ex3", checkpoint_rng, "x is data (needs no gradient)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab09", "ex3", checkpoint_rng, "a weight is frozen (needs no gradient)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab09", "ex3", checkpoint_rng, "x is 3-D (B, T, d)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab09", "ex3", checkpoint_rng, "x is float32")
-# %% [raw]
-# # END TESTS
-
-# %% [raw]
 # # END QUESTION
 
 # %% [markdown]
@@ -578,8 +373,6 @@ check_contract("lab09", "ex3", checkpoint_rng)
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex4
-# points: 2
-# by_hand: [torch.utils.checkpoint.checkpoint, helpers.checkpoint.checkpoint, helpers.checkpoint.recompute_backward, helpers.checkpoint.checkpoint_sequential]
 
 # %% [markdown]
 # ## Exercise 4 · Checkpoint a stack in segments (2 points)
@@ -630,63 +423,6 @@ def checkpoint_stack(x, layers, segment):
 # # END SOLUTION
 
 # %% [raw]
-# # BEGIN TESTS
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab09", "ex4", checkpoint_stack, "L is a multiple of segment (2 ≤ segment < L)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab09", "ex4", checkpoint_stack, "the last segment is shorter (L % segment ≠ 0)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab09", "ex4", checkpoint_stack, "segment = 1 (every block on its own)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab09", "ex4", checkpoint_stack, "segment ≥ L (one segment)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab09", "ex4", checkpoint_stack, "x is 3-D (B, T, d)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab09", "ex4", checkpoint_stack, "x is float32")
-# %% [raw]
-# # END TESTS
-
-# %% [raw]
 # # END QUESTION
 
 # %% [markdown]
@@ -722,9 +458,6 @@ check_contract("lab09", "ex4", checkpoint_stack)
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex5
-# points: 3
-# by_hand: [helpers.precision.loss_scale_step]
-# in_place: true
 
 # %% [markdown]
 # ## Exercise 5 · Loss scaling by hand (3 points)
@@ -775,82 +508,6 @@ def scaled_step(params, loss_fn, scale, tracker, lr, growth_interval=2000):
 
 # %% [raw]
 # # END SOLUTION
-
-# %% [raw]
-# # BEGIN TESTS
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab09", "ex5", scaled_step, "a clean step below growth_interval")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab09", "ex5", scaled_step, "the gradients overflow (the step is skipped)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab09", "ex5", scaled_step, "only some gradient entries overflow (skipped too)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab09",
-    "ex5",
-    scaled_step,
-    "only the second parameter's gradient overflows (skipped too)",
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab09", "ex5", scaled_step, "the step reaches growth_interval (scale grows)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab09", "ex5", scaled_step, "growth_interval is left at its default (2000)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab09", "ex5", scaled_step, "the loss underflows in float16 unless scaled"
-)
-# %% [raw]
-# # END TESTS
 
 # %% [raw]
 # # END QUESTION

@@ -1,14 +1,3 @@
-# %% [raw]
-# # ASSIGNMENT CONFIG
-# name: lab11_training_by_hand
-# init_cell: false
-# check_all_cell: false
-# export_cell: false
-# run_tests: true
-# generate:
-#   pdf: false
-#   show_stdout: false
-
 # %% [markdown]
 # # Lab 11 · Training by hand: optimizer steps, a schedule and gradient accumulation
 #
@@ -68,9 +57,6 @@ from helpers.labcontract import check_contract
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex1
-# points: 2
-# by_hand: [helpers.optim.sgd_update]
-# in_place: true
 
 # %% [markdown]
 # ## Exercise 1 · SGD with momentum, Nesterov and dampening (2 points)
@@ -134,97 +120,6 @@ def sgd_step(
 # # END SOLUTION
 
 # %% [raw]
-# # BEGIN TESTS
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab11", "ex1", sgd_step, "momentum is left at its default (0: buf stays None)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab11", "ex1", sgd_step, "momentum is 0 with weight decay (buf stays None)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab11", "ex1", sgd_step, "it is a later step (buf given, momentum > 0)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab11", "ex1", sgd_step, "it is the first step (buf None: the buffer starts at g)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab11", "ex1", sgd_step, "dampening > 0 on the first step (not dampened)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab11", "ex1", sgd_step, "dampening > 0 on a later step")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab11", "ex1", sgd_step, "nesterov=True on a later step")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab11", "ex1", sgd_step, "nesterov=True on the first step (buf None)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab11", "ex1", sgd_step, "weight_decay > 0 with momentum")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab11", "ex1", sgd_step, "theta is 2-D (a weight matrix)")
-# %% [raw]
-# # END TESTS
-
-# %% [raw]
 # # END QUESTION
 
 # %% [markdown]
@@ -239,9 +134,6 @@ check_contract("lab11", "ex1", sgd_step)
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex2
-# points: 3
-# by_hand: [helpers.optim.adam_update]
-# in_place: true
 
 # %% [markdown]
 # ## Exercise 2 · Adam with AMSGrad, and its bias correction (3 points)
@@ -305,97 +197,6 @@ def adam_step(
 # # END SOLUTION
 
 # %% [raw]
-# # BEGIN TESTS
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab11", "ex2", adam_step, "it is the first step (t = 1, m = v = v_max = 0)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab11", "ex2", adam_step, "it is a later step (t > 1)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab11",
-    "ex2",
-    adam_step,
-    "v_max is above the new v everywhere (the running max in charge)",
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab11", "ex2", adam_step, "the new v rises above v_max everywhere")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab11", "ex2", adam_step, "betas are given (not (0.9, 0.999))")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab11", "ex2", adam_step, "eps is given (1e-6–1e-3, gradients of its size)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab11",
-    "ex2",
-    adam_step,
-    "g = 0 and v = v_max = 0 (eps at its default alone in the denominator)",
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab11", "ex2", adam_step, "weight_decay > 0 (Adam's L2 penalty)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab11", "ex2", adam_step, "theta is 2-D (a weight matrix)")
-# %% [raw]
-# # END TESTS
-
-# %% [raw]
 # # END QUESTION
 
 # %% [markdown]
@@ -410,9 +211,6 @@ check_contract("lab11", "ex2", adam_step)
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex3
-# points: 2
-# by_hand: [helpers.optim.adam_update]
-# in_place: true
 
 # %% [markdown]
 # ## Exercise 3 · AdamW: decoupled weight decay is not L2 (2 points)
@@ -454,89 +252,6 @@ def adamw_step(
 # # END SOLUTION
 
 # %% [raw]
-# # BEGIN TESTS
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab11", "ex3", adamw_step, "it is a later step (t > 1, weight_decay given)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab11", "ex3", adamw_step, "weight_decay is left at its default (0.01)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab11", "ex3", adamw_step, "weight_decay is 0 (plain AMSGrad)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab11", "ex3", adamw_step, "it is the first step (t = 1, m = v = v_max = 0)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab11",
-    "ex3",
-    adamw_step,
-    "v_max is above the new v everywhere (the running max in charge)",
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab11",
-    "ex3",
-    adamw_step,
-    "a weight the loss ignores (g = m = v = v_max = 0 there)",
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab11", "ex3", adamw_step, "betas and eps are given")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab11", "ex3", adamw_step, "theta is 2-D (a weight matrix)")
-# %% [raw]
-# # END TESTS
-
-# %% [raw]
 # # END QUESTION
 
 # %% [markdown]
@@ -556,8 +271,6 @@ check_contract("lab11", "ex3", adamw_step)
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex4
-# points: 2
-# by_hand: [helpers.optim.lr_warmup_cosine]
 
 # %% [markdown]
 # ## Exercise 4 · Warm-up, then cosine decay with warm restarts (2 points)
@@ -605,72 +318,6 @@ def lr_at(step, warmup, period, lr_max, lr_min=0.0, mult=2):
 # # END SOLUTION
 
 # %% [raw]
-# # BEGIN TESTS
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab11", "ex4", lr_at, "mult is left at its default (2)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab11", "ex4", lr_at, "mult = 3")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab11", "ex4", lr_at, "mult = 1 (cycles that never grow)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab11", "ex4", lr_at, "warmup = 0 (no warm-up)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab11", "ex4", lr_at, "lr_min is left at its default (0)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab11", "ex4", lr_at, "the steps are deep in later cycles (cycles 4–7)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab11",
-    "ex4",
-    lr_at,
-    "mult = 3 deep in later cycles (cycles 4–6, their first steps included)",
-)
-# %% [raw]
-# # END TESTS
-
-# %% [raw]
 # # END QUESTION
 
 # %% [markdown]
@@ -686,8 +333,6 @@ check_contract("lab11", "ex4", lr_at)
 # %% [raw]
 # # BEGIN QUESTION
 # name: ex5
-# points: 3
-# by_hand: [helpers.train.train]
 
 # %% [markdown]
 # ## Exercise 5 · Gradient accumulation with an uneven last micro-batch (3 points)
@@ -754,77 +399,6 @@ def train(model, opt, X, Y, steps, micro, max_norm=1.0):
 
 # %% [raw]
 # # END SOLUTION
-
-# %% [raw]
-# # BEGIN TESTS
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab11", "ex5", train, "micro divides B (equal micro-batches)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check(
-    "lab11", "ex5", train, "the last micro-batch is smaller (micro does not divide B)"
-)
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab11", "ex5", train, "micro = 1 (one row per micro-batch)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab11", "ex5", train, "micro > B (one micro-batch of all B rows)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab11", "ex5", train, "the clip is active (max_norm 0.05–0.2)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab11", "ex5", train, "max_norm is left at its default (1.0, active)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab11", "ex5", train, "there is one step (steps = 1)")
-
-# %%
-""" # BEGIN TEST CONFIG
-hidden: true
-"""  # END TEST CONFIG
-from helpers.labcontract import hidden_check
-
-hidden_check("lab11", "ex5", train, "the optimizer is AdamW")
-# %% [raw]
-# # END TESTS
 
 # %% [raw]
 # # END QUESTION
