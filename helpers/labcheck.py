@@ -67,6 +67,7 @@ Only torch and ``helpers`` are needed, so the checks run in Colab as they are.
 from __future__ import annotations
 
 import inspect
+import linecache
 import math
 import os
 import traceback
@@ -111,11 +112,25 @@ def _is_todo_value(v) -> bool:
     return v is None or v is Ellipsis
 
 
+class Stub(NotImplementedError):
+    """Raised by the course's checks when an answer is still the stub (it returned None or `...`)."""
+
+
 def _is_todo_error(e: BaseException) -> bool:
-    """NotImplementedError, or a TypeError caused by a `...` (Ellipsis) still in the code."""
-    if isinstance(e, NotImplementedError):
-        return True
-    return isinstance(e, TypeError) and "ellipsis" in str(e).lower()
+    """The answer is still a stub: a TypeError caused by a `...` still in the code, a ``Stub``, or a
+    NotImplementedError the learner's own ``raise`` statement raised. One torch or a library raised
+    (an operator with no kernel, ``nn.Module.forward`` left undefined) is an error in the answer."""
+    if isinstance(e, TypeError):
+        return "ellipsis" in str(e).lower()
+    if isinstance(e, Stub) or not isinstance(e, NotImplementedError):
+        return isinstance(e, Stub)
+    frames = [f for f, _ in traceback.walk_tb(e.__traceback__)]
+    if not frames or _frame_kind(frames[-1]) != "learner":
+        return False  # raised inside torch, a package or the course's code
+    code, line = frames[-1].f_code, frames[-1].f_lineno
+    text = linecache.getline(code.co_filename, line, frames[-1].f_globals).strip()
+    # no source to read (exec'd text): the learner's own; else the line must raise it itself
+    return not text or text.startswith("raise") or "NotImplementedError" in text
 
 
 _HELPERS_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -134,7 +149,7 @@ def _is_library_frame(filename: str) -> bool:
 
 _WRAPPERS = {"wrapped", "wrapper", "inner", "decorate_context", "fn", "f", "apply"}  # not worth naming
 
-_OWN_FILES = ("labcheck.py", "labkit.py")  # the check's own modules: their frames are the checker's
+_OWN_FILES = ("labcheck.py",)  # the check's own module: its frames are the checker's
 _CHECKER_CODE: dict[int, types.CodeType] = {}  # id -> code of the notebook's self-check helpers
 
 
@@ -169,7 +184,7 @@ def checker(obj):
 
 
 def _frame_kind(frame) -> str:
-    """'checker' (labcheck, labkit, a marked helper), 'library' (helpers/, torch, packages) or 'learner'."""
+    """'checker' (labcheck, a marked helper), 'library' (helpers/, torch, packages) or 'learner'."""
     code = frame.f_code
     if id(code) in _CHECKER_CODE or (
         os.path.dirname(os.path.abspath(code.co_filename)) + os.sep == _HELPERS_DIR
@@ -342,7 +357,10 @@ def _compare_one(
         except (TypeError, ValueError, RuntimeError):
             return f"{name}: expected a number, got {type(got).__name__}", None
         e = float(exp)
-        return (None, 0.0) if g == e else (f"{fmt_sig(g)} {name} (expected {fmt_sig(e)})", None)
+        if g == e:
+            return None, 0.0
+        g_text, e_text = _apart(g, e)
+        return f"{g_text} {name} (expected {e_text})", None
     if isinstance(exp, (int, float)) and not isinstance(exp, bool):
         like = got.dtype if isinstance(got, torch.Tensor) and got.is_floating_point() else torch.float64
         exp = torch.tensor(float(exp), dtype=like)
@@ -409,10 +427,20 @@ def _compare_one(
     worst = err.reshape(-1)[flat].item()
     n_bad = int(bad.sum().item())
     count = f", {n_bad} of {a.numel()} entries off" if a.numel() > 1 else ""
+    got_text, exp_text = _apart(a.reshape(-1)[flat].item(), b.reshape(-1)[flat].item())
     return (
-        f"{name} is wrong: largest error {worst:.1e}{where} (got {fmt_sig(a.reshape(-1)[flat].item())}, "
-        f"expected {fmt_sig(b.reshape(-1)[flat].item())}{count}; atol {atol:g}, rtol {rtol:g})"
+        f"{name} is wrong: largest error {worst:.1e}{where} (got {got_text}, "
+        f"expected {exp_text}{count}; atol {atol:g}, rtol {rtol:g})"
     ), diff
+
+
+def _apart(got: float, expected: float) -> tuple[str, str]:
+    """got and expected with 6 significant digits, or as many more as it takes to tell them apart."""
+    for digits in (6, 9, 12, 17):
+        g, e = fmt_sig(got, digits), fmt_sig(expected, digits)
+        if g != e:
+            break
+    return g, e
 
 
 _BUILTIN_FACTORS = ((-1.0, "−1"), (2.0, "2"), (0.5, "1/2"))

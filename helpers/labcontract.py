@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from helpers.checks import close
-from helpers.labcheck import CheckResult, evaluate
+from helpers.labcheck import CheckResult, Stub, _is_todo_error, evaluate
 
 __all__ = [
     "check_contract",
@@ -94,7 +94,7 @@ def probe(fn):
 def _given(value):
     """The answer's return value; NotImplementedError for a stub's None or `...` (the check says "not yet")."""
     if value is None or value is Ellipsis:
-        raise NotImplementedError("returned None")
+        raise Stub("returned None")
     return value
 
 
@@ -546,10 +546,6 @@ def _changed(fn, given, args, given_kw, kwargs) -> list[str]:
     return out + [k for k in kwargs if not _same(given_kw.get(k), kwargs[k])]
 
 
-def _todo(e: BaseException) -> bool:
-    return isinstance(e, NotImplementedError) or (isinstance(e, TypeError) and "ellipsis" in str(e).lower())
-
-
 def _run_case(fn, case: dict, spec: dict) -> tuple[str, str | None]:
     """('pass' | 'fail' | 'todo' | 'partial' | 'error', reason) of one recorded case of an exercise ``spec``."""
     args, kwargs = decode(case["args"]), decode(case.get("kwargs", {"dict": {}}))
@@ -560,7 +556,7 @@ def _run_case(fn, case: dict, spec: dict) -> tuple[str, str | None]:
     except ByHand as e:
         return "fail", str(e)
     except Exception as e:  # noqa: BLE001 - a learner's error is a verdict
-        return ("todo", None) if _todo(e) else ("error", f"{type(e).__name__}: {e}")
+        return ("todo", None) if _is_todo_error(e) else ("error", f"{type(e).__name__}: {e}")
     if (
         got is None
         or got is Ellipsis
@@ -785,7 +781,7 @@ def at_each(answer, args, kwargs, steps=()):
     """(float(answer(s, *args, **kwargs)) for s in steps as a float64 tensor, the values' type names): a schedule."""
     values = [answer(s, *args, **kwargs) for s in steps]
     if all(v is None or v is Ellipsis for v in values):
-        raise NotImplementedError("returned None")
+        raise Stub("returned None")
     kinds = ", ".join(sorted({type(v).__name__ for v in values}))
     return torch.tensor([float(v) for v in values], dtype=torch.float64), kinds
 
@@ -907,7 +903,7 @@ def layer_after(answer, args, kwargs, layer=0):
     before, values = obj.weight, obj.weight.detach().clone()
     out = answer(*args, **kwargs)
     if (out is None or out is Ellipsis) and obj.weight is before and torch.equal(before.detach(), values):
-        raise NotImplementedError("returned None and changed nothing")
+        raise Stub("returned None and changed nothing")
     return (
         "the layer" if out is obj else "None" if out is None else f"a {type(out).__name__}",
         obj.weight.detach().clone(),
@@ -1213,7 +1209,7 @@ def backward_run(answer, args, kwargs):
         v._backward = counted(v)
     answer(root, **kwargs)
     if inner and not calls and float(root.grad) == 0.0:
-        raise NotImplementedError("backward ran no rule and left root.grad at 0")  # a stub: "not yet"
+        raise Stub("backward ran no rule and left root.grad at 0")  # a stub: "not yet"
     first: dict = {}
     for k, i in enumerate(calls):
         first.setdefault(i, k)

@@ -765,3 +765,35 @@ def test_an_output_that_must_stay_none_is_compared_not_crashed_on():
     t = torch.zeros(2)
     line = evaluate((t, torch.ones(2)), (t, None), outputs=("theta", "buf"), name="step", atol=0, rtol=0).line
     assert line == "✗ step: buf is a Tensor, expected None"
+
+
+def _module_forward(x):
+    return torch.nn.Module()(x)  # nn.Module.forward left undefined: torch raises NotImplementedError
+
+
+def _stub_raise(x):
+    raise NotImplementedError("write it")
+
+
+def test_only_the_learners_own_stub_reads_not_implemented_and_torchs_error_is_an_error():
+    """Issue 32: a NotImplementedError torch raised read "not implemented yet", hiding a real error."""
+    torch_raised = evaluate(_module_forward, double, args=(X,), name="f")
+    assert torch_raised.status == "error" and "NotImplementedError" in torch_raised.line, torch_raised.line
+    assert "not implemented yet" not in torch_raised.line
+    own = evaluate(_stub_raise, double, args=(X,), name="f")
+    assert own.status == "todo" and own.line == "· f: not implemented yet"
+
+
+@pytest.mark.parametrize("got, expected", [(1.0000001, 1.0), (0.30000000000000004, 0.3), (7.0, 7.000000001)])
+def test_got_and_expected_are_printed_with_enough_digits_to_differ(got, expected):
+    """Issue 32: "got 1, expected 1" taught nothing; the digits grow until the two differ."""
+    line = evaluate(
+        lambda x: torch.tensor([got], dtype=torch.float64),
+        torch.tensor([expected], dtype=torch.float64),
+        args=(X,),
+        name="f",
+        atol=0,
+        rtol=0,
+    ).line
+    g, e = line.split("(got ")[1].split(", expected ")
+    assert g != e.split(";")[0].split(",")[0], line
