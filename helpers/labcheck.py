@@ -777,10 +777,12 @@ def evaluate(
     region_map = _resolve_terms(regions, keys, args, kwargs, "regions")
     missing = [str(k) for k, _ in items_exp if k not in got_map]
     todo, problems, wrong, diffs, exacts = [], [], [], [], []
+    extra = [str(k) for k in got_map if k not in dict(items_exp)] if isinstance(got, dict) else []
     if missing:
-        extra = [str(k) for k in got_map if k not in dict(items_exp)]
         unexpected = f" (it has {', '.join(extra)} instead?)" if extra else ""
         problems.append(f"missing from the returned dict: {', '.join(missing)}{unexpected}")
+    elif extra:
+        problems.append(f"the returned dict has keys the prompt does not ask for: {', '.join(extra)}")
     for key, ev in items_exp:
         if key not in got_map:
             continue

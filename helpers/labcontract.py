@@ -361,6 +361,15 @@ def disagreement(got, expected, outputs, atol: float, rtol: float) -> str | None
     """None if ``got`` is ``expected`` (same structure, types, shapes, dtypes; values within atol +
     rtol·|ref|), else why not, in a few words. The self-check and the hidden tests both judge with this."""
     got_parts, exp_parts = _parts(got, len(outputs)), _parts(expected, len(outputs))
+    if got_parts is None and isinstance(got, dict):  # a dict probe's answer with other keys: name them
+        missing = [o for o in outputs if o not in got]
+        extra = [str(k) for k in got if k not in outputs]
+        said = [f"missing from the returned dict: {', '.join(missing)}"] if missing else []
+        said += (
+            [f"the returned dict has keys the prompt does not ask for: {', '.join(extra)}"] if extra else []
+        )
+        if said:
+            return "; ".join(said)
     if got_parts is None:
         what = (
             f"a {type(got).__name__} of {len(got)}" if isinstance(got, (list, tuple)) else type(got).__name__
@@ -687,20 +696,24 @@ def _names_used(obj, depth: int = 0) -> set[str]:
 
 def _earlier_failing(lab: str, exercise: str, fn) -> str:
     """' — your causal_mask (Exercise 1) fails its own self-check: fix it first' when fn calls the learner's
-    answer to an earlier exercise that is wrong (one bug, not two), else ''."""
+    answers to earlier exercises that are wrong (each one named: one bug, not two), else ''."""
     space = getattr(fn, "__globals__", None) or getattr(getattr(fn, "forward", None), "__globals__", None)
     if not space:
         return ""
     exercises = load(lab)["exercises"]
     order = list(exercises)
     used = _names_used(fn)
+    failing = []
     for name in order[: order.index(exercise)]:
         spec = exercises[name]
         other = space.get(spec["function"])
         if spec["function"] in used and other is not None and other is not fn:
-            if evaluate_contract(lab, name, other).status == "fail":
-                return f" — your {spec['function']} ({spec['title'].split(' · ')[0]}) fails its own self-check: fix it first"
-    return ""
+            if evaluate_contract(lab, name, other).status in ("fail", "error"):
+                failing.append(f"{spec['function']} ({spec['title'].split(' · ')[0]})")
+    if not failing:
+        return ""
+    verb = "fails its own self-check" if len(failing) == 1 else "fail their own self-checks"
+    return f" — your {' and your '.join(failing)} {verb}: fix {'it' if len(failing) == 1 else 'them'} first"
 
 
 def check_contract(lab: str, exercise: str, fn) -> None:
@@ -749,12 +762,27 @@ def _what_was_saved(records, outs, args) -> list[str]:
     return sorted(words)
 
 
+def _kept_on_ctx(outs, records, ctx_attributes) -> list[dict]:
+    """Records of the tensors the outputs' ctx holds as attributes (``ctx.Z = Z``) whose storage no
+    saved-tensor record has: kept alive for backward all the same, so counted as saved. (Across the
+    grader's boundary the worker reports them as saved, and the hooks here count them instead.)"""
+    seen, extra = {r["storage"] for r in records}, []
+    nodes = {o.grad_fn for o in outs if isinstance(o, torch.Tensor) and o.grad_fn is not None}
+    for node in nodes:
+        for _, t in ctx_attributes(node):
+            key = t.untyped_storage().data_ptr()
+            if key not in seen:
+                seen.add(key)
+                extra.append({"storage": key, "counted": True})
+    return extra
+
+
 @probe
 def backward_and_saved(
     answer, args, kwargs, wrt=(0,), grad_output=None, report=None, saves=True, count=True, which=False
 ):
     """(outputs…, args[i].grad for i in report (None where args[i] needs no gradient), "2 tensors" saved (if saves; "not counted" unless count; with which, also what they are: "1 tensor: the output"), "left unchanged" or "changed in place"): an autograd.Function judged by what autograd gets, what it saved for backward (saved-tensor hooks) and what its backward did to grad_output."""
-    from helpers.memory import SavedTensors
+    from helpers.memory import SavedTensors, ctx_attributes
 
     args = list(args)
     for i in wrt:
@@ -768,9 +796,11 @@ def backward_and_saved(
     torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
     kept = all(g is None or torch.equal(g, b) for g, b in zip(grads, before))
     got = [args[i].grad for i in (wrt if report is None else report)]
-    n = f"{saved.count} tensor{'' if saved.count == 1 else 's'}" if count else "not counted"
+    records = saved.records + _kept_on_ctx(outs, saved.records, ctx_attributes)
+    total = sum(r["counted"] for r in records)
+    n = f"{total} tensor{'' if total == 1 else 's'}" if count else "not counted"
     if count and which:
-        n += ": " + ", ".join(_what_was_saved(saved.records, outs, args))
+        n += ": " + ", ".join(_what_was_saved(records, outs, args))
     extra = (n,) if saves else ()
     said = "left unchanged" if kept else "changed in place"
     return (*[o.detach() if isinstance(o, torch.Tensor) else o for o in outs], *got, *extra, said)

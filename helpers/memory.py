@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["SavedTensors", "saved_by_node", "tensor_bytes", "fmt_bytes"]
+__all__ = ["SavedTensors", "saved_by_node", "saved_in_graph", "ctx_attributes", "tensor_bytes", "fmt_bytes"]
 
 
 def tensor_bytes(t: torch.Tensor) -> int:
@@ -178,15 +178,30 @@ class SavedTensors:
         return sum(r["bytes"] for r in self.records if r["counted"])
 
 
-def saved_by_node(output: torch.Tensor, exclude=()) -> list[dict]:
-    """Per backward node reachable from ``output``: the tensors it saved (name, shape, bytes).
+def ctx_attributes(node) -> list[tuple[str, torch.Tensor]]:
+    """Tensors a custom autograd.Function's ctx holds as attributes (``ctx.Z = Z``), directly or in a
+    list, tuple or dict: kept alive for backward as surely as ``save_for_backward`` keeps them."""
+    if not isinstance(node, torch.autograd.function.BackwardCFunction):
+        return []
+    found = []
+    for name, value in vars(node).items():
+        if isinstance(value, dict):
+            items = [(f"ctx.{name}[{k!r}]", v) for k, v in value.items()]
+        elif isinstance(value, (list, tuple)):
+            items = [(f"ctx.{name}[{k}]", v) for k, v in enumerate(value)]
+        else:
+            items = [(f"ctx.{name}", value)]
+        found += [(n, t) for n, t in items if isinstance(t, torch.Tensor)]
+    return found
 
-    A storage shared by several nodes is charged to the first one met; tensors in
-    ``exclude`` (parameters, inputs) are listed with ``counted=False``.
-    """
-    excluded = {_key(t) for t in exclude}
-    seen_storage: set = set()
-    rows, stack, visited = [], [output.grad_fn], set()
+
+def saved_in_graph(outputs) -> list[tuple[object, str, torch.Tensor]]:
+    """(node, name, tensor) for every tensor the graph behind ``outputs`` keeps for backward: each
+    backward node's saved tensors (``_saved_*``; a custom Function's ``saved_tensors``) and its ctx's
+    tensor attributes (``ctx_attributes``), node by node from the outputs. The one walk of a graph's
+    saved tensors: ``saved_by_node`` here and the grader's worker use it."""
+    out, visited = [], set()
+    stack = [o.grad_fn for o in outputs if isinstance(o, torch.Tensor)]
     while stack:
         node = stack.pop()
         if node is None or node in visited:
@@ -206,19 +221,32 @@ def saved_by_node(output: torch.Tensor, exclude=()) -> list[dict]:
                 saved = [(f"saved_tensors[{i}]", t) for i, t in enumerate(node.saved_tensors)]
             except RuntimeError:
                 saved = []
-        for name, t in saved:
-            key = _key(t)
-            counted = key not in excluded and key not in seen_storage
-            seen_storage.add(key)
-            rows.append(
-                {
-                    "node": node.name(),
-                    "name": name,
-                    "shape": tuple(t.shape),
-                    "dtype": t.dtype,
-                    "bytes": _storage_bytes(t),
-                    "counted": counted,
-                }
-            )
+        out += [(node, name, t) for name, t in saved + ctx_attributes(node)]
         stack.extend(fn for fn, _ in node.next_functions)
+    return out
+
+
+def saved_by_node(output: torch.Tensor, exclude=()) -> list[dict]:
+    """Per backward node reachable from ``output``: the tensors it saved (name, shape, bytes).
+
+    A storage shared by several nodes is charged to the first one met; tensors in
+    ``exclude`` (parameters, inputs) are listed with ``counted=False``.
+    """
+    excluded = {_key(t) for t in exclude}
+    seen_storage: set = set()
+    rows = []
+    for node, name, t in saved_in_graph([output]):
+        key = _key(t)
+        counted = key not in excluded and key not in seen_storage
+        seen_storage.add(key)
+        rows.append(
+            {
+                "node": node.name(),
+                "name": name,
+                "shape": tuple(t.shape),
+                "dtype": t.dtype,
+                "bytes": _storage_bytes(t),
+                "counted": counted,
+            }
+        )
     return rows

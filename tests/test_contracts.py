@@ -390,7 +390,19 @@ def test_a_cross_caused_by_an_earlier_answer_says_so():
     assert line.startswith("✗") and line.endswith(
         "your causal_mask (Exercise 1) fails its own self-check: fix it first"
     ), line
-    for code in sols["ex1"]:
+    # two earlier answers wrong: both named (issue 32: only the first was)
+    wrong_ex3 = [
+        c.replace("    grad_V = P.transpose(-2, -1) @ grad_O", "    grad_V = P @ grad_O") for c in sols["ex3"]
+    ]
+    assert wrong_ex3 != sols["ex3"]
+    for code in wrong_ex3:
+        mutants._run(code, space)
+    line = labcontract.evaluate_contract("lab06", "ex4", space["attention_grads"]).line
+    assert line.endswith(
+        "your causal_mask (Exercise 1) and your attention_backward (Exercise 3) fail their own self-checks: "
+        "fix them first"
+    ), line
+    for code in [*sols["ex1"], *sols["ex3"]]:
         mutants._run(code, space)
     assert labcontract.evaluate_contract("lab06", "ex4", space["attention_grads"]).line.startswith("✓")
 

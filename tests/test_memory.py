@@ -1,6 +1,13 @@
 import torch
 
-from helpers.memory import SavedTensors, fmt_bytes, saved_by_node, tensor_bytes
+from helpers.memory import (
+    SavedTensors,
+    ctx_attributes,
+    fmt_bytes,
+    saved_by_node,
+    saved_in_graph,
+    tensor_bytes,
+)
 
 
 def _mlp():
@@ -64,3 +71,39 @@ def test_by_op_matches_plain_counter_and_nested_calls_keep_outer_name():
     assert named.total_bytes == plain.total_bytes > 0
     assert {r["op"] for r in named.per_op()} == {"layer_norm"}
     assert all(r["op"] == "?" for r in plain.records)
+
+
+class _KeepsOnCtx(torch.autograd.Function):
+    """exp(Z), saving its output, and keeping Z (and Z², in a list) on ctx as attributes."""
+
+    @staticmethod
+    def forward(Z):
+        return Z.exp()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(output)
+        ctx.Z, ctx.more, ctx.n = inputs[0], [inputs[0] ** 2], 3
+
+    @staticmethod
+    def backward(ctx, g):
+        (P,) = ctx.saved_tensors
+        return g * P
+
+
+def test_tensors_kept_on_ctx_count_as_saved_in_the_one_walk():
+    """Issue 32: `ctx.Z = Z` keeps Z alive for backward as surely as save_for_backward; the walk sees it."""
+    Z = torch.randn(3, requires_grad=True)
+    P = _KeepsOnCtx.apply(Z)
+    assert [n for n, _ in ctx_attributes(P.grad_fn)] == ["ctx.Z", "ctx.more[0]"]
+    names = [name for _, name, _ in saved_in_graph([P])]
+    assert names == ["saved_tensors[0]", "ctx.Z", "ctx.more[0]"]
+    rows = saved_by_node(P, exclude=[Z])
+    assert [(r["name"], r["counted"]) for r in rows] == [
+        ("saved_tensors[0]", True),
+        ("ctx.Z", False),
+        ("ctx.more[0]", True),
+    ]
+    assert (
+        ctx_attributes(torch.randn(2, requires_grad=True).exp().grad_fn) == []
+    )  # a built-in node has no ctx

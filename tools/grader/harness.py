@@ -109,6 +109,8 @@ class Across(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
+        # a dict on ctx, no tensor directly in it: helpers.memory.ctx_attributes (a student's `ctx.Z = Z`)
+        # finds nothing here, so what this node saves below is all a saved-tensor check counts
         box = ctx.box = inputs[0]
         # keep what the student's graph keeps (inputs and outputs as themselves), so saved-tensor
         # hooks here (SavedTensors) and grad_fn.saved_tensors see what the student's code saved

@@ -31,6 +31,10 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 import torch  # noqa: E402
 import wire  # noqa: E402
 
+# bound here, before any student code runs: a submission that rebinds helpers.memory.saved_in_graph
+# (a plain attribute assignment, which reach.py does not flag) does not change what this name calls
+from helpers.memory import saved_in_graph  # noqa: E402
+
 AUTOGRAD = "autograd"
 STATE = {"exercise": None, "forbidden": {}, "violations": {}, "ours": False, "bound": {}}
 
@@ -301,52 +305,28 @@ def saved_tensors(ins: list, outs: list) -> list:
     view of a storage sent whole ({"storage": k, offset, shape, stride, dtype}), so the harness's
     saved-tensor hooks (``helpers.memory.SavedTensors``) count storages as they would here.
     """
-    # Not helpers.memory.saved_by_node: the submission can rebind a helpers function without any
-    # construct reach.py flags, and what this walk reports is what the harness's saved-tensor checks see.
-    storages, keys, entries, seen = [], {}, [], set()
-    stack = [o.grad_fn for o in outs if o.grad_fn is not None]
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        found = []
-        for attr in dir(node):
-            if attr.startswith("_saved_"):
-                try:
-                    v = getattr(node, attr)
-                except RuntimeError:
-                    continue
-                found += [
-                    t for t in (v if isinstance(v, (tuple, list)) else [v]) if isinstance(t, torch.Tensor)
-                ]
-        if not found and hasattr(node, "saved_tensors"):
-            try:
-                found = list(node.saved_tensors)
-            except RuntimeError:
-                found = []
-        for t in found:
-            i = next((i for i, x in enumerate(ins) if _same(t, x)), None)
-            j = next((j for j, x in enumerate(outs) if _same(t, x)), None)
-            if i is not None:
-                entries.append({"input": i})
-            elif j is not None:
-                entries.append({"output": j})
-            else:
-                ptr = t.untyped_storage().data_ptr()
-                if ptr not in keys:
-                    keys[ptr] = len(storages)
-                    storages.append(torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage()).clone())
-                entries.append(
-                    {
-                        "storage": keys[ptr],
-                        "offset": t.storage_offset(),
-                        "shape": list(t.shape),
-                        "stride": list(t.stride()),
-                        "dtype": t.dtype,
-                    }
-                )
-        stack += [n for n, _ in node.next_functions if n is not None]
+    storages, keys, entries = [], {}, []
+    for _node, _name, t in saved_in_graph(outs):
+        i = next((i for i, x in enumerate(ins) if _same(t, x)), None)
+        j = next((j for j, x in enumerate(outs) if _same(t, x)), None)
+        if i is not None:
+            entries.append({"input": i})
+        elif j is not None:
+            entries.append({"output": j})
+        else:
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in keys:
+                keys[ptr] = len(storages)
+                storages.append(torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage()).clone())
+            entries.append(
+                {
+                    "storage": keys[ptr],
+                    "offset": t.storage_offset(),
+                    "shape": list(t.shape),
+                    "stride": list(t.stride()),
+                    "dtype": t.dtype,
+                }
+            )
     return [entries, storages]
 
 

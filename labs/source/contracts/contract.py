@@ -133,6 +133,19 @@ def materialize(value):
     return decode(encode(value))
 
 
+# how far from a threshold its edge points lie: a comparison against a small epsilon (h > 1e-6, not
+# h > 0) or a floor on a norm gives itself away at one of them, whatever epsilon it chose
+EDGE_SCALES = (1e-300, 1e-12, 1e-7, 1e-3)
+
+
+def near(point: float = 0.0, scales=EDGE_SCALES) -> list[float]:
+    """A threshold's edge points: the point itself (and −0.0 at 0), then point ± each scale."""
+    out = [point] + ([-0.0] if point == 0 else [])
+    for d in scales:
+        out += [point + d, point - d]
+    return out
+
+
 class _Enough(Exception):
     """Raised inside a draw once it holds its n examples: hypothesis stops generating there."""
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hypothesis.strategies as st
 import torch
-from contract import Case, CaseClass, Contract, Exercise
+from contract import Case, CaseClass, Contract, Exercise, near
 
 from helpers.device import randn
 
@@ -251,9 +251,11 @@ def relu_backward(grad_a, h):
 def _relu(shape, seed: int, zeros=None, dtype=F64) -> Case:
     h = randn(*shape, seed=seed, dtype=dtype)
     h = torch.where(h.abs() < 0.05, h + 0.1, h)  # no entry near the kink but the ones asked for
-    if zeros is not None:  # every third entry exactly +0.0 or -0.0
+    if zeros is not None:  # every third entry: +0.0, -0.0, or the kink's edge points in turn
         flat = h.reshape(-1).clone()
-        flat[::3] = zeros
+        values = torch.tensor(zeros if isinstance(zeros, list) else [zeros], dtype=dtype)
+        slots = flat[::3].numel()
+        flat[::3] = values.repeat(slots // len(values) + 1)[:slots]
         h = flat.reshape(shape)
     return Case((randn(*shape, seed=seed + 1, dtype=dtype), h))
 
@@ -286,6 +288,12 @@ ex4 = Exercise(
             "h has entries −0.0 (relu'(−0) = 0 too)",
             sizes,
             lambda n, s: _relu((n,), s, zeros=-0.0),
+            **F64_TOL,
+        ),
+        CaseClass(
+            "h has entries a hair from 0 (±1e-300, ±1e-12, ±1e-7, ±1e-3: the gate is h > 0)",
+            st.integers(30, 36),  # 10 or more entries on the edge: each of near(0)'s 10 points at least once
+            lambda n, s: _relu((n,), s, zeros=near(0.0)),
             **F64_TOL,
         ),
         CaseClass(

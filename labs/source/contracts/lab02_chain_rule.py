@@ -291,16 +291,26 @@ ex4 = Exercise(
             lambda p, s: _tiled(*p[:2], s, p[2]),
             **F64_TOL,
         ),
-        CaseClass(
-            "reps is longer than x.dim() (x gets leading dims of size 1)",
-            hnp.array_shapes(min_dims=2, max_dims=2, min_side=2, max_side=3).flatmap(
-                lambda d: st.tuples(
-                    st.just(d), st.integers(1, 2).flatmap(lambda e: _reps(len(d) + e, 2, 3)), st.just(False)
-                )
-            ),
-            lambda p, s: _tiled(*p[:2], s, p[2]),
-            **F64_TOL,
-        ),
+        *[
+            CaseClass(
+                name,
+                hnp.array_shapes(min_dims=2, max_dims=2, min_side=2, max_side=3).flatmap(
+                    lambda d, extra=extra: st.tuples(
+                        st.just(d), extra.flatmap(lambda e: _reps(len(d) + e, 2, 3)), st.just(False)
+                    )
+                ),
+                lambda p, s: _tiled(*p[:2], s, p[2]),
+                **F64_TOL,
+            )
+            # len(reps) − x.dim(), at its least and above it: a fix for one extra dim must not pass for two
+            for name, extra in (
+                ("reps is one longer than x.dim() (x gets a leading dim of size 1)", st.just(1)),
+                (
+                    "reps is two or three longer than x.dim() (several leading dims of size 1)",
+                    st.integers(2, 3),
+                ),
+            )
+        ],
         CaseClass(
             "x has a dim of size 1 that is repeated",
             hnp.array_shapes(min_dims=2, max_dims=3, min_side=1, max_side=3)

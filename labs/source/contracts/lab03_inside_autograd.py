@@ -30,7 +30,7 @@ import math
 
 import hypothesis.strategies as st
 import torch
-from contract import Case, CaseClass, Contract, Exercise
+from contract import Case, CaseClass, Contract, Exercise, near
 
 from helpers.device import randn
 from helpers.labcontract import FUNCTIONS
@@ -143,7 +143,9 @@ ex1b = _op_exercise(
     "ex1",
     [
         CaseClass(
-            "k is an integer ≥ 2", st.tuples(NONZERO, st.integers(2, 4)), lambda p, s: _rule(*p, values=1)
+            "k is an integer ≥ 2 (a > 0)",
+            st.tuples(POSITIVE, st.integers(2, 4)),
+            lambda p, s: _rule(*p, values=1),
         ),
         CaseClass(
             "k is a negative integer",
@@ -157,8 +159,13 @@ ex1b = _op_exercise(
         ),
         CaseClass("a is 0 and k ≥ 2", st.integers(2, 4), lambda k, s: _rule(0.0, k, values=1)),
         CaseClass(
+            "a < 0 and k − 1 is odd (k = 2, 4: the sign of a^(k−1) counts)",
+            st.tuples(st.sampled_from([-1.7, -1.25, -0.8, -0.3]), st.sampled_from([2, 4])),
+            lambda p, s: _rule(*p, values=1),
+        ),
+        CaseClass(
             "it is used in x^k · x^k (backward by the course engine)",
-            st.tuples(NONZERO, st.integers(2, 3)),
+            st.tuples(POSITIVE, st.integers(2, 3)),
             lambda p, s: _rule(*p, values=1, expression="x^k · x^k"),
         ),
     ],
@@ -195,6 +202,11 @@ ex2 = _op_exercise(
                 NONZERO,
                 lambda c, s: _rule(c, c, expression="op(x − c) with x = c"),
             ),
+            CaseClass(
+                "a is tiny and positive (1e-300, 1e-12, 1e-7): a > 0 passes, however small",
+                st.sampled_from([a for a in near(0.0) if 0 < a < 1e-6]),
+                lambda x, s: _rule(x),
+            ),
         ],
         values=POSITIVE,
     ),
@@ -211,7 +223,12 @@ ex2b = _op_exercise(
                 "|a| is large (tanh saturates)",
                 st.sampled_from([-6.0, -4.0, 4.0, 5.0, 7.0]),
                 lambda x, s: _rule(x),
-            )
+            ),
+            CaseClass(
+                "|a| > 710, where cosh(a) overflows (tanh'(a) is 0.0, from the output)",
+                st.sampled_from([-1000.0, -800.0, 711.0, 750.0, 900.0]),
+                lambda x, s: _rule(x),
+            ),
         ]
     ),
 )

@@ -449,11 +449,11 @@ def _global(grads) -> float:
     return math.sqrt(sum(float((g.double() ** 2).sum()) for g in grads if isinstance(g, torch.Tensor)))
 
 
-def _clip_case(shapes, seed: int, fraction: float, **kw) -> Case:
-    """max_norm = fraction × the global norm (below 1: clipping happens)."""
+def _clip_case(shapes, seed: int, fraction: float, offset: float = 0.0, **kw) -> Case:
+    """max_norm = fraction × the global norm + offset (fraction below 1: clipping happens)."""
     grads = _grads(shapes, seed, **kw)
     total = _global(grads)
-    max_norm = fraction * total if total > 0 else fraction
+    max_norm = (fraction * total if total > 0 else fraction) + offset
     return Case((grads, max_norm), factors={"max_norm/‖g‖": max_norm / total} if total else {})
 
 
@@ -498,6 +498,13 @@ ex4 = Exercise(
             "‖g‖ ~ 1e-5 (the + 1e-6 matters)",
             st.tuples(SHAPES, st.sampled_from([0.1, 0.2])),
             lambda p, s: _clip_case(p[0], s, p[1], scale=2e-6),
+            **CLIP_TOL,
+        ),
+        CaseClass(
+            # the decision's edge: max_norm / (‖g‖ + 1e-6) < 1 holds for ‖g‖ a hair below max_norm too
+            "max_norm lies between ‖g‖ and ‖g‖ + 1e-6 (it still scales, by max_norm/(‖g‖ + 1e-6))",
+            st.tuples(SHAPES, st.sampled_from([0.25, 0.5, 0.9]), st.sampled_from([2e-6, 1.0])),
+            lambda p, s: _clip_case(p[0], s, 1.0, offset=p[1] * 1e-6, scale=p[2]),
             **CLIP_TOL,
         ),
         CaseClass(

@@ -133,6 +133,12 @@ ex1 = Exercise(
             **TOL,
         ),
         CaseClass(
+            "weight_decay > 0 with momentum on the first step (the buffer starts at g + λθ)",
+            _hp(mu=mus, wd=lams),
+            lambda p, s: _sgd(p, s, first=True, momentum=p["mu"], weight_decay=p["wd"]),
+            **TOL,
+        ),
+        CaseClass(
             "theta is 2-D (a weight matrix)",
             _hp(mu=mus, shape=st.tuples(st.integers(2, 4), st.integers(2, 4))),
             lambda p, s: _sgd(p, s, shape=p["shape"], momentum=p["mu"]),

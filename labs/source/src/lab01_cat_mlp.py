@@ -245,7 +245,8 @@ def relu_backward(grad_a, h):
 
 # %% [markdown]
 # **Self-check 4** (recorded reference outputs: a 1-D `h`, an `h` of 2 or more dims, an `h`
-# with entries exactly `0.0`, one with entries `-0.0`, float32):
+# with entries exactly `0.0`, one with entries `-0.0`, one with entries a hair from 0 (±1e-300
+# to ±1e-3), float32):
 
 # %%
 check_contract("lab01", "ex4", relu_backward)

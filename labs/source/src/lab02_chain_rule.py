@@ -280,7 +280,8 @@ def unrepeat(grad, shape, reps):
 
 # %% [markdown]
 # **Self-check 4** (recorded reference outputs: `reps` as long as `x.dim()`, some reps of 1,
-# `reps` longer than `x.dim()`, a dim of size 1 repeated, a 0-dim `x`):
+# `reps` one longer and two or three longer than `x.dim()`, a dim of size 1 repeated, a 0-dim
+# `x`):
 
 # %%
 check_contract("lab02", "ex4", unrepeat)

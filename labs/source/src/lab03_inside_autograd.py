@@ -138,7 +138,7 @@ def power(a, k):
 # **Self-check 1** compares your functions with reference outputs recorded from the course's
 # rules, on one case of each promise above: one rule with `.grad` already holding 0.5 (another
 # use's share) and `out.grad` = 2.5, `mul(x, x)`, an input of 0, an integer, negative and
-# fractional `k`, `a = 0`, and each function inside an expression. A `✗` names the kinds of case
+# fractional `k`, a negative `a` with an even `k`, `a = 0`, and each function inside an expression. A `✗` names the kinds of case
 # that fail before any number.
 
 # %%
@@ -162,7 +162,8 @@ check_contract("lab03", "ex1b", power)
 # each local derivative first, and write the tanh and exp ones in terms of the output. At
 # exactly 0, take ReLU's derivative to be what PyTorch takes: 0. The checks use each once
 # (with `.grad` already 0.5), twice on one Value, chained (`op(op(x)·2 − 0.5)`), for
-# negative inputs, at exactly 0 (ReLU), and where tanh saturates ($|a| \ge 4$).
+# negative inputs, at exactly 0 and a hair above it (ReLU: $10^{-300}$ passes too), where tanh
+# saturates ($|a| \ge 4$), and where $\cosh a$ overflows a float ($|a| > 710$).
 #
 # <details><summary>Hint: the method</summary>
 #

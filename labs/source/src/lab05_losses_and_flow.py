@@ -308,9 +308,10 @@ def clip_by_global_norm(params, max_norm):
 # %% [markdown]
 # **Self-check 4** builds parameters whose `.grad` hold recorded gradients, one case of each
 # kind: clipping happens, nothing to clip, one parameter, a parameter without a gradient, tiny
-# gradients, all-zero gradients, float32; it compares the norm you return and every gradient
-# after your call with `torch.nn.utils.clip_grad_norm_`'s, and checks that each `.grad` is
-# still the same tensor (scaled in place).
+# gradients, `max_norm` between ‖g‖ and ‖g‖ + 10⁻⁶, all-zero gradients, float32; it compares
+# the norm you return and every gradient after your call with
+# `torch.nn.utils.clip_grad_norm_`'s, and checks that each `.grad` is still the same tensor
+# (scaled in place).
 
 # %%
 check_contract("lab05", "ex4", clip_by_global_norm)

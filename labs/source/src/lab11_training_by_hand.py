@@ -126,7 +126,7 @@ def sgd_step(
 # **Self-check 1** (recorded reference outputs, one step of `torch.optim.SGD` from a given
 # state for each promise: momentum left at 0 and given as 0 with weight decay, a later step
 # and the first, dampening on the first step and on a later one, Nesterov on both, weight
-# decay with momentum, a 2-D `theta`; atol 1e-12):
+# decay with momentum on both, a 2-D `theta`; atol 1e-12):
 
 # %%
 check_contract("lab11", "ex1", sgd_step)
