@@ -1,9 +1,10 @@
 """Self-checks for the labs: run the learner's code, compare with a reference, say it in one line.
 
-    check(linear_backward, expected, args=(grad_Y, X, W), outputs=("grad_X", "grad_W", "grad_b"),
-          name="Exercise 2 · linear_backward")
+    evaluate(linear_backward, expected, args=(grad_Y, X, W), outputs=("grad_X", "grad_W", "grad_b"),
+             name="Exercise 2 · linear_backward").line
 
-prints exactly one line and never a traceback:
+is exactly one line, never a traceback (``helpers.labcontract.check_contract``, every lab's
+self-check, prints it for the failing case it diagnoses):
 
 * ``✓ name: grad_X, grad_W, grad_b match (max|Δ| 2.2e-16; atol 1e-10, rtol 1e-08)``
 * ``✗ name: grad_W is wrong: largest error 1.3e+00 at [2, 0] (got 0.4, expected -0.9; ...)``
@@ -30,11 +31,8 @@ prints exactly one line and never a traceback:
 * ``✗ name: missing from the returned dict: b1, W2 (it has bias1 instead?) [also wrong: W1]``
 * ``✗ name: error in your code: ZeroDivisionError: division by zero (in f, line 3)``; an error
   raised inside course code or torch is placed at the learner's call: ``… (in my_fn, line 7,
-  in the call to linear_backward)``; one torch raised on what a self-check helper handed it
-  (the learner's Function's output) is ``… (raised in torch's grad, called by the
-  self-check)``, never placed at the helper's line; one the helper's own code raised is
-  ``✗ name: the self-check could not use what your code returned: …``; a helper that finds
-  the cause raises ``Mistake("no gradient reached W1 …")``, which is the ✗ line as it stands
+  in the call to linear_backward)``; one raised by this module's own code on what the
+  learner's code returned is ``✗ name: the self-check could not use what your code returned: …``
 * ``✗ name: changed its argument grad_P in place`` - the learner's function wrote into one of
   its inputs (the check hands it copies and compares them afterwards, bit for bit)
 
@@ -55,11 +53,8 @@ args). A ratio 1e-3 off a factor is not named as it. Known wrong answers go in
 regions in ``regions={"grad_h": {"h = 0: relu'(0) is 0": h == 0}}`` (tensors, or callables
 taking the answer's args; a str output's mistakes are str values). Compute them from the
 reference where you can (``ref * a``), so the check's code does not print the formula.
-Self-check helpers a notebook defines (wrappers that run the learner's code, watchers, a
-``TorchDispatchMode``) are decorated with ``@checker``, so that their frames are the check's, not
-the learner's, when an error is placed.
 
-The reference is autograd, ``gradcheck`` or the course's tested helpers; the
+The reference is recorded from the contract's reference solution (``helpers.labcontract``); the
 ``max|Δ| <number>`` on a ✓ line is round-off and nbval's sanitizer replaces it.
 Only torch and ``helpers`` are needed, so the checks run in Colab as they are.
 """
@@ -71,16 +66,14 @@ import linecache
 import math
 import os
 import traceback
-import types
 from dataclasses import dataclass
 
 import torch
-from torch.autograd.gradcheck import GradcheckError
 
 from helpers.checks import close, tolerance
 from helpers.show import fmt_sig
 
-__all__ = ["check", "evaluate", "check_gradcheck", "autograd_grads", "checker", "CheckResult", "Mistake"]
+__all__ = ["evaluate", "CheckResult", "Stub"]
 
 TODO = "not implemented yet"
 _MAX_MESSAGE = 160
@@ -150,43 +143,12 @@ def _is_library_frame(filename: str) -> bool:
 _WRAPPERS = {"wrapped", "wrapper", "inner", "decorate_context", "fn", "f", "apply"}  # not worth naming
 
 _OWN_FILES = ("labcheck.py",)  # the check's own module: its frames are the checker's
-_CHECKER_CODE: dict[int, types.CodeType] = {}  # id -> code of the notebook's self-check helpers
-
-
-class Mistake(RuntimeError):
-    """Raised by a self-check helper that found what is wrong with the learner's code: its
-    message is the ✗ line's cause, as it stands (no "error in your code", no place)."""
-
-
-def checker(obj):
-    """Mark a self-check helper a notebook defines (a function or a class) as the check's own code.
-
-    An error raised in it, or in torch called from it, is then not placed "in your code" at one of
-    its lines: the learner's innermost frame is named instead, or the error is said to be raised
-    in the self-check. Functions nested in it (and a class's methods) are marked too. Returns obj.
-    """
-
-    def add(code):
-        if id(code) in _CHECKER_CODE:
-            return
-        _CHECKER_CODE[id(code)] = code  # kept alive, so the id stays its own
-        for const in code.co_consts:
-            if isinstance(const, types.CodeType):
-                add(const)
-
-    members = vars(obj).values() if isinstance(obj, type) else (obj,)
-    for m in members:
-        for f in (getattr(m, "__func__", m), getattr(m, "fget", None)):
-            f = inspect.unwrap(f) if callable(f) else f
-            if hasattr(f, "__code__"):
-                add(f.__code__)
-    return obj
 
 
 def _frame_kind(frame) -> str:
-    """'checker' (labcheck, a marked helper), 'library' (helpers/, torch, packages) or 'learner'."""
+    """'checker' (this module), 'library' (helpers/, torch, packages) or 'learner'."""
     code = frame.f_code
-    if id(code) in _CHECKER_CODE or (
+    if (
         os.path.dirname(os.path.abspath(code.co_filename)) + os.sep == _HELPERS_DIR
         and os.path.basename(code.co_filename) in _OWN_FILES
     ):
@@ -226,10 +188,8 @@ def _where(e: BaseException) -> str:
 
 
 def _failure(name: str, e: BaseException) -> CheckResult:
-    """The ✗ line for an exception the learner's answer raised (or a self-check helper raised on it)."""
+    """The ✗ line for an exception the learner's answer raised (or this module raised on it)."""
     msg = _first_line(e)
-    if isinstance(e, Mistake):
-        return CheckResult("fail", f"✗ {name}: {msg}")
     text = f"{type(e).__name__}: {msg}" if msg else type(e).__name__
     frames = [f for f, _ in traceback.walk_tb(e.__traceback__)][1:]
     if frames and _frame_kind(frames[-1]) == "checker" and "learner" not in map(_frame_kind, frames):
@@ -834,98 +794,3 @@ def evaluate(
     numeric = [(k, v) for k, v in items_exp if not isinstance(v, str) and k not in counts]
     tail = f" (max|Δ| {max(diffs, default=0.0):.1e}; {_rule(numeric, atol, rtol)})" if numeric else ""
     return CheckResult("pass", f"✓ {name}: {what} {verb}{against}{tail}")
-
-
-def check(
-    answer,
-    expected,
-    *,
-    args=(),
-    kwargs=None,
-    outputs=None,
-    name: str = "check",
-    atol: float | None = None,
-    rtol: float | None = None,
-    against: str = "",
-    counts=(),
-    exact: bool = False,
-    noun: str = "outputs",
-    factors: dict[str, float] | None = None,
-    terms: dict[str, dict[str, object]] | None = None,
-    mistakes: dict[str, dict[str, object]] | None = None,
-    regions: dict[str, dict[str, object]] | None = None,
-) -> None:
-    """Print one ✓/✗/· line comparing the learner's function (or value) with the reference (see evaluate)."""
-    print(
-        evaluate(
-            answer,
-            expected,
-            args=args,
-            kwargs=kwargs,
-            outputs=outputs,
-            name=name,
-            atol=atol,
-            rtol=rtol,
-            against=against,
-            counts=counts,
-            exact=exact,
-            noun=noun,
-            factors=factors,
-            terms=terms,
-            mistakes=mistakes,
-            regions=regions,
-        ).line
-    )
-
-
-def autograd_grads(f, inputs, grad_output=None):
-    """(∂L/∂input for each input) by autograd, where L = <f(*inputs), grad_output> (sum if None)."""
-    leaves = tuple(t.detach().clone().requires_grad_(True) for t in inputs)
-    with torch.enable_grad():
-        out = f(*leaves)
-        if grad_output is None:
-            grad_output = torch.ones_like(out)
-        if not out.requires_grad:  # the output does not depend on any input
-            return tuple(torch.zeros_like(x) for x in leaves)
-        grads = torch.autograd.grad(out, leaves, grad_output, allow_unused=True)
-    return tuple(torch.zeros_like(x) if g is None else g.detach() for x, g in zip(leaves, grads))
-
-
-def check_gradcheck(
-    fn,
-    inputs,
-    *,
-    name: str = "gradcheck",
-    eps: float = 1e-6,
-    atol: float = 1e-5,
-    rtol: float = 1e-3,
-    quiet: bool = False,
-) -> CheckResult:
-    """torch.autograd.gradcheck in float64 (the learner's backward vs finite differences), in one line."""
-    leaves = tuple(
-        t.detach().to(torch.float64).clone().requires_grad_(t.is_floating_point())
-        if isinstance(t, torch.Tensor)
-        else t
-        for t in inputs
-    )
-    try:
-        torch.autograd.gradcheck(fn, leaves, eps=eps, atol=atol, rtol=rtol, raise_exception=True)
-        res = CheckResult(
-            "pass", f"✓ {name}: gradcheck passes (float64, eps {eps:g}, atol {atol:g}, rtol {rtol:g})"
-        )
-    except GradcheckError as e:
-        text = str(e)
-        which = next(
-            (_first_line(ln).rstrip(",.") for ln in text.splitlines() if "output" in ln and "input" in ln), ""
-        )
-        if which or not _first_line(text):
-            res = CheckResult(
-                "fail", f"✗ {name}: backward disagrees with finite differences{': ' + which if which else ''}"
-            )
-        else:  # another of gradcheck's checks, e.g. "backward not multiplied by grad_output"
-            res = CheckResult("fail", f"✗ {name}: gradcheck fails: {_first_line(text).rstrip(',.')}")
-    except Exception as e:  # noqa: BLE001
-        res = CheckResult("todo", f"· {name}: {TODO}") if _is_todo_error(e) else _failure(name, e)
-    if not quiet:
-        print(res.line)
-    return res
