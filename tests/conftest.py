@@ -23,16 +23,12 @@ import functools
 import importlib.util
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT / "tools") not in sys.path:  # nbtool, labs: tests import them by name
-    sys.path.insert(0, str(ROOT / "tools"))
-
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 
 
@@ -62,7 +58,6 @@ def missing_browser() -> str | None:
 
 @functools.lru_cache(maxsize=None)
 def missing_sandbox() -> str | None:
-    sys.path.insert(0, str(ROOT / "tools" / "grader"))  # as tests/test_grader.py imports it
     import sandbox
 
     reason = sandbox.missing_reason()

@@ -16,8 +16,6 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTRACTS = ROOT / "labs" / "source" / "contracts"
-sys.path.insert(0, str(CONTRACTS))
-sys.path.insert(0, str(ROOT / "tools"))
 import contract  # noqa: E402
 import nbtool  # noqa: E402
 
@@ -213,7 +211,6 @@ def test_a_cross_names_the_failing_case_class_before_any_number():
 
 def test_a_transposed_view_crosses_the_grading_boundary_as_one():
     """The non-contiguous class means something in the harness: wire keeps a transpose's layout."""
-    sys.path.insert(0, str(ROOT / "tools" / "grader"))
     import wire
 
     a, b = wire.Peer(None, None), wire.Peer(None, None)
@@ -375,7 +372,6 @@ def test_a_by_hand_exercise_answered_with_autograd_gets_a_cross_on_both_sides():
 def test_a_cross_caused_by_an_earlier_answer_says_so():
     """Lab 6 exercise 4 calls the learner's causal_mask: with exercise 1 wrong (align ignored) and exercise 4
     right, exercise 4's ✗ adds that exercise 1 fails its own self-check (one bug, named once at its source)."""
-    sys.path.insert(0, str(ROOT / "tools"))
     import mutants
 
     setup, sols = contract._solutions("lab06_attention_backward")
@@ -410,7 +406,6 @@ def test_a_cross_caused_by_an_earlier_answer_says_so():
 def test_an_exercise_is_graded_with_the_references_of_the_earlier_ones_it_calls():
     """Issue 24: with lab 6's exercise 1 wrong, exercise 4 (which calls causal_mask) passes its hidden tests,
     graded with exercise 1's reference in its place; the learner's own causal_mask is back afterwards."""
-    sys.path.insert(0, str(ROOT / "tools"))
     import mutants
 
     setup, sols = contract._solutions("lab06_attention_backward")

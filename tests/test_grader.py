@@ -26,8 +26,6 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-sys.path.insert(0, str(ROOT / "tools" / "grader"))
 import sandbox  # noqa: E402
 
 import labs  # noqa: E402

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools" / "grader"))
 from collect import CollectError, Submission, collect, safe_name  # noqa: E402
 
 T0 = 1_700_000_000  # a fixed modification time (seconds); later files get T0 + n

@@ -21,8 +21,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools" / "grader"))
-sys.path.insert(0, str(ROOT / "tools"))
 import similarity  # noqa: E402
 from similarity import SOLUTIONS, exercise_scores, similarity_pairs, write_report  # noqa: E402
 

@@ -3,14 +3,10 @@
 import math
 import os
 import struct
-import sys
 import threading
-from pathlib import Path
 
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "grader"))
 import wire  # noqa: E402
 
 

@@ -7,13 +7,11 @@ here), and every translation keeps its math, code, links and roles, with the glo
 Chinese rendering of each term it references.
 """
 
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
 import i18n  # noqa: E402
 
 REQUIRED_PAGES = {

@@ -2,13 +2,11 @@
 
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
 import nbtool  # noqa: E402
 
 import labs  # noqa: E402
@@ -112,7 +110,6 @@ def test_every_by_hand_name_resolves_to_a_course_function(lab):
     """A renamed helper must not leave a lab's `by_hand:` list naming a function that is gone."""
     import importlib
 
-    sys.path.insert(0, str(ROOT / "tools"))
     from grader.harness import questions
 
     for q in questions(labs.source_path(lab)):

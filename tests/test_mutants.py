@@ -1,12 +1,10 @@
 """Mistake catalogs (tools/mutants.py): every typical wrong answer turns its self-check into ✗ and loses points."""
 
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
 import mutants  # noqa: E402
 
 LABS = mutants.labs_with_catalogs()
@@ -65,7 +63,6 @@ def test_with_a_contract_the_self_check_says_x_if_and_only_if_the_hidden_tests_t
     each catalogued mistake, run through the notebook's self-check cell and the hidden tests, gets ✗
     naming its cause and loses points; and class by class, the self-check fails a class (on its public
     cases) if and only if that class's hidden test failed in the same run."""
-    sys.path.insert(0, str(ROOT / "labs" / "source" / "contracts"))
     import contract
 
     from helpers import labcontract

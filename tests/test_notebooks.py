@@ -2,11 +2,9 @@
 
 import json
 import re
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
 import nbtool  # noqa: E402
 
 NOTEBOOKS = nbtool.notebooks()

@@ -1,14 +1,11 @@
 """The README's commands are what CI runs (tools/readme_commands.py, .ci/run), and the book build
 reads only the book's own sources wherever the README's virtual environment sits (tools/web/book_sources.py)."""
 
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-sys.path.insert(0, str(ROOT / "tools" / "web"))
 import book_sources  # noqa: E402
 import readme_commands  # noqa: E402
 

@@ -58,7 +58,6 @@ CHROMIUM_ARGS = [
 ]
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "[::1]", "::1"}
 
-sys.path.insert(0, str(ROOT / "tools"))
 import pdf as _pdf  # noqa: E402
 from pdf import PDF_NAME, print_pdf  # noqa: E402
 

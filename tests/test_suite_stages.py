@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 import suite_stages  # noqa: E402
 from conftest import STAGE_NAMES  # noqa: E402
 

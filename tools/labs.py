@@ -40,8 +40,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-import nbtool  # noqa: E402
+import nbtool  # noqa: E402  (beside this file: the folder a script runs from, and the tests' pythonpath)
 
 nbformat = nbtool.nbformat  # imported there, without the IRI checker that costs 1 s a process
 
@@ -522,8 +521,7 @@ def _code(nb) -> list[str]:
 
 def _exercise_answers(nb, lab: str) -> dict[str, str]:
     """{"ex1": the student's own code of exercise 1, ...}, each cut at MAX_ANSWER characters."""
-    sys.path.insert(0, str(ROOT / "tools" / "grader"))
-    import similarity
+    import similarity  # tools/grader, on the path since collect and sandbox were imported
 
     answers = similarity.exercise_answers(nb, read_nb(student_path(lab)))
     return {ex: code[:MAX_ANSWER] for ex, code in answers.items()}

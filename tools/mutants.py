@@ -34,8 +34,7 @@ from pathlib import Path
 import nbformat
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # labs.py, beside this file
-import labs as labtools  # noqa: E402
+import labs as labtools  # noqa: E402  (beside this file)
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ROOT / "labs" / "source"

@@ -29,13 +29,12 @@ import sys
 import time
 from pathlib import Path
 
+import reach  # noqa: E402  (beside this file, the folder the script runs from)
 import torch
+import wire  # noqa: E402
 from torch.autograd.function import once_differentiable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import reach  # noqa: E402
-import wire  # noqa: E402
-
+# the labs' contracts, which the hidden tests are generated from (instructor side, never in the sandbox)
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "labs" / "source" / "contracts"))
 
 # the exception names feedback may repeat: Python's own and a few of torch's. Any other name is the

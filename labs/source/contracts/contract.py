@@ -34,7 +34,9 @@ from typing import Any, Callable
 import torch
 
 ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT))
+# this checkout's helpers (not another one a venv may point to), and its tools (labs.py reads the
+# source format, mutants.py applies the catalog's edits): the one place this module sets its path
+sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 from helpers.labcontract import (  # noqa: E402  (one owner: the student side's)
     DATA,
     ByHand,
@@ -458,7 +460,6 @@ def _wrong_outputs(ex: Exercise, cls: CaseClass, case: Case, expected, known: di
 
 def _solutions(lab: str) -> tuple[list[str], dict[str, list[str]]]:
     """(setup code before the first question, {exercise: its solution cells' code}) of the source."""
-    sys.path.insert(0, str(ROOT / "tools"))
     import labs as L  # the one reader of the lab format
 
     setup, sols = [], {}
@@ -474,7 +475,6 @@ def _solutions(lab: str) -> tuple[list[str], dict[str, list[str]]]:
 
 def solution_function(lab: str, exercise: Exercise, edits=()):
     """The source's solution of one exercise as a function, with a catalog mutant's edits applied."""
-    sys.path.insert(0, str(ROOT / "tools"))
     import mutants
 
     setup, sols = _solutions(lab)
@@ -502,9 +502,7 @@ def load(lab: str) -> Contract:
     """The CONTRACT of labs/source/contracts/<lab>.py."""
     import importlib
 
-    if str(HERE) not in sys.path:
-        sys.path.insert(0, str(HERE))
-    return importlib.import_module(lab).CONTRACT
+    return importlib.import_module(lab).CONTRACT  # beside this module, so on the path it came from
 
 
 def labs_with_contracts() -> list[str]:
