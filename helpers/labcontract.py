@@ -765,7 +765,7 @@ def _what_was_saved(records, outs, args) -> list[str]:
 def _kept_on_ctx(outs, records, ctx_attributes) -> list[dict]:
     """Records of the tensors the outputs' ctx holds as attributes (``ctx.Z = Z``) whose storage no
     saved-tensor record has: kept alive for backward all the same, so counted as saved. (Across the
-    grader's boundary the worker reports them as saved, and the hooks here count them instead.)"""
+    grader's boundary the worker reports them as held, and the harness's node holds them on its ctx.)"""
     seen, extra = {r["storage"] for r in records}, []
     nodes = {o.grad_fn for o in outs if isinstance(o, torch.Tensor) and o.grad_fn is not None}
     for node in nodes:
@@ -1325,9 +1325,15 @@ for _f in (
 
 
 @probe
-def backward_saving(answer, args, kwargs, wrt=(0,), report=(0,), grad_output=None, method="apply"):
-    """(outputs…, args[i].grad for i in report (None where it needs none), the sorted shapes of the tensors
-    the first output's grad_fn saved for backward, as one string): an autograd.Function that saves nothing N × N."""
+def backward_saving(
+    answer, args, kwargs, wrt=(0,), report=(0,), grad_output=None, method="apply", tracked=False
+):
+    """(outputs…, [which outputs autograd tracks, if tracked], args[i].grad for i in report (None where it
+    needs none), the sorted shapes of the tensors the first output's grad_fn keeps for backward (saved, or
+    held on ctx as attributes), as one string): an autograd.Function that saves nothing N × N, and marks
+    an output it has no gradient for (a log-sum-exp L) non-differentiable."""
+    from helpers.memory import ctx_attributes
+
     f = getattr(answer, method) if method else answer
     args = list(args)
     for i in wrt:
@@ -1335,10 +1341,18 @@ def backward_saving(answer, args, kwargs, wrt=(0,), report=(0,), grad_output=Non
     out = _given(f(*args, **kwargs))
     outs = out if isinstance(out, tuple) else (out,)
     node = getattr(outs[0], "grad_fn", None)
-    shapes = sorted(tuple(int(n) for n in t.shape) for t in (getattr(node, "saved_tensors", None) or ()))
-    saved = ", ".join(str(s) for s in shapes) or "nothing"  # one string: a ✗ can show it whole
+    saved_shapes = sorted(
+        tuple(int(n) for n in t.shape) for t in (getattr(node, "saved_tensors", None) or ())
+    )
+    held_shapes = sorted(tuple(int(n) for n in t.shape) for _, t in ctx_attributes(node))
+    shapes = [str(s) for s in saved_shapes] + [f"{s} held on ctx" for s in held_shapes]
+    saved = ", ".join(shapes) or "nothing"  # one string: a ✗ can show it whole
+    marks = ()
+    if tracked:  # across the grader's boundary an output keeps requires_grad as the student's code left it
+        on = [f"output {k}" for k, o in enumerate(outs) if isinstance(o, torch.Tensor) and o.requires_grad]
+        marks = (", ".join(on) or "none",)
     grads = grad_output if isinstance(grad_output, tuple) else (grad_output,)
     pairs = [(o, g) for o, g in zip(outs, grads) if g is not None]
     torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
     got = [args[i].grad if i in wrt else None for i in report]
-    return (*[o.detach() if isinstance(o, torch.Tensor) else o for o in outs], *got, saved)
+    return (*[o.detach() if isinstance(o, torch.Tensor) else o for o in outs], *marks, *got, saved)

@@ -877,6 +877,13 @@ MUTANTS = {
             ),
         ],
     ),
+    # which outputs autograd tracks crosses as the student's code left it (an earlier exercise's reference,
+    # called across the boundary inside forward, hands back untracked values, as the learner's own would)
+    "L not marked non-differentiable (lab 10)": (
+        "lab10_flash_attention",
+        "ex6",
+        [("        ctx.mark_non_differentiable(L)\n", "")],
+    ),
     "hooks left on the model (lab 5)": (
         "lab05_losses_and_flow",
         "ex2",

@@ -108,28 +108,27 @@ class Across(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        # a dict on ctx, no tensor directly in it: helpers.memory.ctx_attributes (a student's `ctx.Z = Z`)
-        # finds nothing here, so what this node saves below is all a saved-tensor check counts
+        # a dict on ctx, no tensor directly in it: helpers.memory.ctx_attributes finds only ctx.held
         box = ctx.box = inputs[0]
         # keep what the student's graph keeps (inputs and outputs as themselves), so saved-tensor
         # hooks here (SavedTensors) and grad_fn.saved_tensors see what the student's code saved
         entries, storages = box["saved"]
         outs = dict(zip(box["diff"], output))
-        kept = []
+        kept, held = [], []
         for e in entries:
             if "input" in e:
-                kept.append(box["ins"][e["input"]])
+                t = box["ins"][e["input"]]
             elif "output" in e:
                 j = e["output"]
-                kept.append(outs[j] if j in outs else box["all_outs"][j])
+                t = outs[j] if j in outs else box["all_outs"][j]
             else:
                 flat = storages[e["storage"]]
-                kept.append(
-                    torch.empty(0, dtype=e["dtype"]).set_(
-                        flat.untyped_storage(), e["offset"], e["shape"], e["stride"]
-                    )
+                t = torch.empty(0, dtype=e["dtype"]).set_(
+                    flat.untyped_storage(), e["offset"], e["shape"], e["stride"]
                 )
+            (held if e.get("held") is True else kept).append(t)
         ctx.save_for_backward(*kept)
+        ctx.held = held  # what the student's ctx held as attributes (`ctx.Z = Z`), held here the same way
 
     @staticmethod
     @once_differentiable

@@ -303,16 +303,19 @@ def saved_tensors(ins: list, outs: list) -> list:
 
     Each saved tensor is one of the call's inputs ({"input": i}), outputs ({"output": j}), or a
     view of a storage sent whole ({"storage": k, offset, shape, stride, dtype}), so the harness's
-    saved-tensor hooks (``helpers.memory.SavedTensors``) count storages as they would here.
+    saved-tensor hooks (``helpers.memory.SavedTensors``) count storages as they would here; one a
+    custom Function's ctx holds as an attribute is marked "held", and the harness holds it on its
+    node's ctx in turn (``helpers.memory.ctx_attributes`` sees it on both sides).
     """
     storages, keys, entries = [], {}, []
-    for _node, _name, t in saved_in_graph(outs):
+    for _node, name, t in saved_in_graph(outs):
         i = next((i for i, x in enumerate(ins) if _same(t, x)), None)
         j = next((j for j, x in enumerate(outs) if _same(t, x)), None)
+        held = {"held": True} if name.startswith("ctx.") else {}  # on ctx as an attribute, not saved
         if i is not None:
-            entries.append({"input": i})
+            entries.append({"input": i, **held})
         elif j is not None:
-            entries.append({"output": j})
+            entries.append({"output": j, **held})
         else:
             ptr = t.untyped_storage().data_ptr()
             if ptr not in keys:
@@ -325,6 +328,7 @@ def saved_tensors(ins: list, outs: list) -> list:
                     "shape": list(t.shape),
                     "stride": list(t.stride()),
                     "dtype": t.dtype,
+                    **held,
                 }
             )
     return [entries, storages]

@@ -119,6 +119,25 @@ def _globals_of(fn) -> dict:
     return inspect.unwrap(target).__globals__
 
 
+def _detached(ref):
+    """ref, its tensors handed back detached: an earlier exercise's answer stands in for a by-hand step
+    (inside a Function's forward, or a backward written by hand), where nothing it returns is tracked.
+    Across the grader's boundary its values come back by value, with requires_grad as the harness's
+    autograd left them: detached, they are what the learner's own answer there would have given."""
+
+    def reference(*args, **kwargs):
+        out = ref(*args, **kwargs)
+        if isinstance(out, torch.Tensor):
+            return out.detach()
+        if isinstance(out, (tuple, list)):
+            return type(out)(o.detach() if isinstance(o, torch.Tensor) else o for o in out)
+        if isinstance(out, dict):
+            return {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
+        return out
+
+    return reference
+
+
 def _while(ref, live: list):
     """ref, answering only while live[0] is True (a handle the worker keeps is dead after its check)."""
 
@@ -283,7 +302,7 @@ class Contract:
         references, so that a mistake there costs points once, in its own exercise. In this process: fn's
         global names. Across the grader's boundary: the worker binds those names to handles on the
         references here (tools/grader/worker.py, bind), which answer only while this check runs."""
-        refs = {self.exercises[e].function: self.exercises[e].reference for e in ex.calls}
+        refs = {self.exercises[e].function: _detached(self.exercises[e].reference) for e in ex.calls}
         if not refs:
             yield
             return

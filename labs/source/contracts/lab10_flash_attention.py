@@ -680,7 +680,7 @@ def _fn_case(p, seed, flags, wrt=(0, 1, 2, 3), wrapper=False, defaults=False):
         options = {"grad_output": grad_O, "wrt": wrt, "report": (0, 1, 2, 3), "method": None}
     else:
         args = (Q, K, V, slopes, causal, window, *p[5:7])
-        options = {"grad_output": (grad_O, None), "wrt": wrt, "report": (0, 1, 2, 3)}
+        options = {"grad_output": (grad_O, None), "wrt": wrt, "report": (0, 1, 2, 3), "tracked": True}
     return Case(args, options=options)
 
 
@@ -714,7 +714,16 @@ ex6 = Exercise(
     "(torch.autograd.Function)",
     "Exercise 6 · FlashAttentionFn",
     FlashAttentionFn,
-    ("O", "L", "grad_Q", "grad_K", "grad_V", "grad_slopes", "what it saves (shapes)"),
+    (
+        "O",
+        "L",
+        "the outputs autograd tracks",
+        "grad_Q",
+        "grad_K",
+        "grad_V",
+        "grad_slopes",
+        "what it saves (shapes)",
+    ),
     _fn_classes(wrapper=False),
     question="ex6",
     probe="backward_saving",

@@ -667,9 +667,10 @@ def flash_attn(Q, K, V, slopes, causal=False, window=None, block_q=16, block_k=1
 
 # %% [markdown]
 # **Self-check 6**, one line per graded name, against outputs recorded from the course's own
-# solution: what `FlashAttentionFn.apply` returns, the gradients autograd gets from it (the
-# slopes included), and the shapes of the tensors it saves for backward (`Q, K, V, O`,
-# `L` and `slopes`: nothing $N \times N$), with `causal=False`, `causal=True`, a window,
+# solution: what `FlashAttentionFn.apply` returns and which of its outputs autograd tracks
+# (`O` only: `L` marked non-differentiable), the gradients autograd gets from it (the slopes
+# included), and the shapes of the tensors it keeps for backward (`Q, K, V, O`, `L` and
+# `slopes`, saved, none held on `ctx` as an attribute: nothing $N \times N$), with `causal=False`, `causal=True`, a window,
 # `Nq > Nk`, B > 1 and only `V` needing a gradient; then the same through `flash_attn`, also
 # with its defaults.
 
