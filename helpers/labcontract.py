@@ -762,19 +762,20 @@ def _what_was_saved(records, outs, args) -> list[str]:
     return sorted(words)
 
 
-def _kept_on_ctx(outs, records, ctx_attributes) -> list[dict]:
-    """Records of the tensors the outputs' ctx holds as attributes (``ctx.Z = Z``) whose storage no
-    saved-tensor record has: kept alive for backward all the same, so counted as saved. (Across the
-    grader's boundary the worker reports them as held, and the harness's node holds them on its ctx.)"""
-    seen, extra = {r["storage"] for r in records}, []
+def _held_on_ctx(outs, ctx_attributes) -> list[dict]:
+    """Records of the tensors (one per storage) the outputs' ctx holds as attributes (``ctx.Z = Z``):
+    kept alive for backward as surely as saved ones, but out of save_for_backward's checks (and a
+    reference cycle with an output), so said apart from them. (Across the grader's boundary the
+    worker reports them as held, and the harness's node holds them on its ctx the same way.)"""
+    seen, held = set(), []
     nodes = {o.grad_fn for o in outs if isinstance(o, torch.Tensor) and o.grad_fn is not None}
     for node in nodes:
         for _, t in ctx_attributes(node):
             key = t.untyped_storage().data_ptr()
             if key not in seen:
                 seen.add(key)
-                extra.append({"storage": key, "counted": True})
-    return extra
+                held.append({"storage": key, "counted": True})
+    return held
 
 
 @probe
@@ -796,11 +797,14 @@ def backward_and_saved(
     torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
     kept = all(g is None or torch.equal(g, b) for g, b in zip(grads, before))
     got = [args[i].grad for i in (wrt if report is None else report)]
-    records = saved.records + _kept_on_ctx(outs, saved.records, ctx_attributes)
-    total = sum(r["counted"] for r in records)
-    n = f"{total} tensor{'' if total == 1 else 's'}" if count else "not counted"
-    if count and which:
-        n += ": " + ", ".join(_what_was_saved(records, outs, args))
+    n = f"{saved.count} tensor{'' if saved.count == 1 else 's'}" if count else "not counted"
+    if count and which and saved.count:
+        n += ": " + ", ".join(_what_was_saved(saved.records, outs, args))
+    held = _held_on_ctx(outs, ctx_attributes)
+    if held:  # said whether counted or not: a tensor on ctx is never what the prompt asks for
+        n += f"; {len(held)} held on ctx" + (
+            ": " + ", ".join(_what_was_saved(held, outs, args)) if which else ""
+        )
     extra = (n,) if saves else ()
     said = "left unchanged" if kept else "changed in place"
     return (*[o.detach() if isinstance(o, torch.Tensor) else o for o in outs], *got, *extra, said)

@@ -950,6 +950,12 @@ MUTANTS = {
             )
         ],
     ),
+    # a backward that writes into the gradient it is given: the worker says so, the harness's copy changes too
+    "grad_L divided in place (lab 4)": (
+        "lab04_custom_functions",
+        "ex4",
+        [("(grad_L / keep.sum())", "grad_L.div_(keep.sum())")],
+    ),
     "B @ A formed in grad_x (lab 8)": (
         "lab08_lora",
         "ex2",

@@ -137,7 +137,14 @@ class Across(torch.autograd.Function):
         aligned = [None] * box["n_all"]
         for i, g in zip(box["diff"], grad_outs):
             aligned[i] = g
-        grads = box["peer"].synced({"op": "backward", "graph": box["graph"]}, aligned)["grads"]
+        reply = box["peer"].synced({"op": "backward", "graph": box["graph"]}, aligned)
+        for entry in reply.get("written") or []:  # the student's backward wrote into a gradient it was given
+            i, value = entry if isinstance(entry, list) and len(entry) == 2 else (None, None)
+            mine = aligned[i] if isinstance(i, int) and 0 <= i < len(aligned) else None
+            if isinstance(mine, torch.Tensor) and isinstance(value, torch.Tensor):
+                if value.shape == mine.shape and value.dtype == mine.dtype:
+                    mine.copy_(value)  # as the caller's tensor changed there: "changed in place" shows here
+        grads = reply["grads"]
         return (None, *[g if isinstance(g, torch.Tensor) else None for g in grads])
 
 

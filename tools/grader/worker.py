@@ -358,8 +358,17 @@ def harness_call(msg, value) -> dict:
 
 
 def backward(msg, value) -> dict:
-    """Gradients of a tracked call's outputs with respect to its inputs, for the harness's autograd."""
-    return {"grads": _backward(msg, value)}
+    """Gradients of a tracked call's outputs with respect to its inputs, for the harness's autograd, and
+    the gradients it was given that the student's backward wrote into ([index, value after]), so that
+    the harness's copies change as the caller's did here."""
+    given = [g.clone() if isinstance(g, torch.Tensor) else None for g in value]
+    grads = _backward(msg, value)
+    written = [
+        [i, g.detach()]
+        for i, (g, b) in enumerate(zip(value, given))
+        if isinstance(g, torch.Tensor) and not torch.equal(g, b)
+    ]
+    return {"grads": grads, "written": written}
 
 
 def _backward(msg, value):

@@ -262,8 +262,10 @@ def _tiled(shape, reps, seed: int, as_size: bool) -> Case:
     return Case((grad, torch.Size(shape) if as_size else shape, reps), factors={"tiles": math.prod(reps)})
 
 
-def _reps(n: int, low: int, high: int):
-    return st.lists(st.integers(low, high), min_size=n, max_size=n).map(tuple)
+def _reps(n: int, low: int, high: int, unique: bool = False):
+    """n reps in [low, high]; ``unique``: all different, so that no two ways of lining reps up with x's
+    dims (from the left, from the right) agree by chance."""
+    return st.lists(st.integers(low, high), min_size=n, max_size=n, unique=unique).map(tuple)
 
 
 ex4 = Exercise(
@@ -296,7 +298,9 @@ ex4 = Exercise(
                 name,
                 hnp.array_shapes(min_dims=2, max_dims=2, min_side=2, max_side=3).flatmap(
                     lambda d, extra=extra: st.tuples(
-                        st.just(d), extra.flatmap(lambda e: _reps(len(d) + e, 2, 3)), st.just(False)
+                        st.just(d),
+                        extra.flatmap(lambda e: _reps(len(d) + e, 2, 2 + len(d) + e, unique=True)),
+                        st.just(False),
                     )
                 ),
                 lambda p, s: _tiled(*p[:2], s, p[2]),

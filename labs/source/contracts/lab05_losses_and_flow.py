@@ -319,12 +319,16 @@ HEALTHY = st.sampled_from([0.8, 0.85, 0.9, 0.95, 1.05, 1.1, 1.15, 1.2, 1.25])
 COLLAPSE = st.sampled_from([1e-3, 3e-3, 1e-2, 2e-2])
 
 
-def _collapse(n_low: int, n_high: int):
-    """(number of layers, index of the collapse (1 ≤ k ≤ n − 2), ratios of the layers 1…n−1, head)."""
+def _collapse(n_low: int, n_high: int, where=None):
+    """(number of layers, index of the collapse (1 ≤ k ≤ n − 2; ``where``: "first" k = 1, "last" k = n − 1,
+    the ends of the index a loop over the layers must reach), ratios of the layers 1…n−1, head)."""
+    index = {"first": lambda n: st.just(1), "last": lambda n: st.just(n - 1)}.get(
+        where, lambda n: st.integers(1, n - 2)
+    )
     return st.integers(n_low, n_high).flatmap(
         lambda n: st.tuples(
             st.just(n),
-            st.integers(1, n - 2),
+            index(n),
             st.lists(HEALTHY, min_size=n - 1, max_size=n - 1),
             COLLAPSE,
             st.sampled_from([0.5, 1.0, 3.0]),
@@ -371,6 +375,17 @@ ex3 = Exercise(
             _collapse(4, 8),
             lambda p, s: _drop_case(_plain_names(p[0]), _ratios(p), p[4]),
         ),
+        *[
+            CaseClass(
+                name,
+                _collapse(4, 8, where),
+                lambda p, s: _drop_case(_plain_names(p[0]), _ratios(p), p[4]),
+            )
+            for name, where in (
+                ("the collapse is at the first layer a ratio has (i = 1)", "first"),
+                ("the collapse is at the last layer (i = n − 1, the head)", "last"),
+            )
+        ],
         CaseClass(
             "norms come in backward order (head first)",
             _collapse(4, 8).filter(_order_matters),

@@ -332,6 +332,9 @@ ex3 = Exercise(
     in_place=True,
     points=2,
     by_hand=("helpers.optim.adam_update",),
+    calls=(
+        "ex2",
+    ),  # the prompt lets adamw_step call the learner's adam_step: its mistake costs ex2's points only
 )
 
 # --------------------------------------------------------------------------- ex4

@@ -253,7 +253,8 @@ def steepest_drop(norms, names):
 
 # %% [markdown]
 # **Self-check 3** runs your function on made-up profiles, one of each kind: a collapse with
-# the norms in forward order, the same in backward order, names that sort otherwise (nested
+# the norms in forward order, at the first layer a ratio has and at the last (the head), the
+# same in backward order, names that sort otherwise (nested
 # blocks; ten or more layers named by index), a profile whose largest absolute drop is not its
 # smallest ratio, and one with no collapse whose head has the smallest norm; the reference is the
 # layer each was built to collapse at (or, without a collapse, the smallest ratio).
