@@ -31,7 +31,6 @@ os.environ.pop("TRITON_INTERPRET", None)  # compile, do not interpret: must prec
 _CACHE = tempfile.TemporaryDirectory(prefix="compile_triton_")
 os.environ["TRITON_CACHE_DIR"] = _CACHE.name
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 

@@ -1,6 +1,7 @@
 """Labs: generate student notebooks from the sources, check them, grade.
 
     python tools/labs.py release [LAB ...] [--no-execute]   # sources -> labs/LAB.ipynb
+    python tools/labs.py record [LAB ...]                    # contract -> helpers/data/LAB.contract.json
     python tools/labs.py check-stale                         # fail if a student notebook is stale or leaks
     python tools/labs.py grade LAB SUBMISSIONS_DIR [--out gradebook.csv] [--timeout 300] [--jobs 1]
                                                              # [--feedback DIR] [--skip-question ex6] [--unsafe]
@@ -83,12 +84,9 @@ def read_nb(path: Path):
 
 def contract(lab: str):
     """The lab's contract (labs/source/contracts/LAB.py): the one declaration of its exercises."""
-    contracts = str(SOURCES / "contracts")
-    if contracts not in sys.path:
-        sys.path.insert(0, contracts)
-    import contract as C
+    from helpers.labcontract import instructor_module
 
-    return C.load(lab)
+    return instructor_module(lab).CONTRACT
 
 
 def questions(lab: str) -> list[tuple[str, float]]:
@@ -265,9 +263,7 @@ def contract_path(lab: str) -> Path:
 def record_contract(lab: str) -> None:
     """Write helpers/data/LAB.contract.json (the self-check's cases and reference outputs) from the contract."""
     if contract_path(lab).exists():
-        subprocess.run(
-            [sys.executable, str(SOURCES / "contracts" / "contract.py"), "record", lab], check=True, cwd=ROOT
-        )
+        print(f"recorded {contract(lab).write().relative_to(ROOT)}")
 
 
 def release(lab: str, execute: bool = True) -> None:
@@ -1012,6 +1008,8 @@ def main(argv: list[str]) -> int:
     r = sub.add_parser("release", help="regenerate the student notebooks")
     r.add_argument("labs", nargs="*")
     r.add_argument("--no-execute", action="store_true", help="skip executing the notebooks")
+    rec = sub.add_parser("record", help="record a lab's public cases from its contract (helpers/data/)")
+    rec.add_argument("labs", nargs="*")
     sub.add_parser("check-stale", help="fail if a committed student notebook is stale or leaks")
     sub.add_parser("grading-report", help="per lab: points, hidden tests, by-hand questions")
     g = sub.add_parser("grade", help="grade a folder of submitted notebooks")
@@ -1042,6 +1040,10 @@ def main(argv: list[str]) -> int:
     if a.cmd == "release":
         for lab in [resolve_lab(x) for x in a.labs] or labs():
             release(lab, execute=not a.no_execute)
+        return 0
+    if a.cmd == "record":
+        for lab in [resolve_lab(x) for x in a.labs] or labs():
+            record_contract(lab)
         return 0
     if a.cmd == "check-stale":
         use_this_python()

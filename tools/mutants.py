@@ -172,7 +172,6 @@ def _mutate(code: list[str], edits: list, where: str) -> list[str]:
 
 def run_lab(lab: str) -> tuple[list[Verdict], list[Verdict]]:
     """(controls, mutants): the unchanged solutions (must pass), then every catalogued mistake."""
-    sys.path.insert(0, str(ROOT))
     exs = exercises(lab)
     catalog = yaml.safe_load(catalog_path(lab).read_text()) or []
     controls = [run_one(lab, ex, ex.solution, "(the solution)", None) for ex in exs.values()]

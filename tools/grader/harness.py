@@ -34,9 +34,6 @@ import torch
 import wire  # noqa: E402
 from torch.autograd.function import once_differentiable
 
-# the labs' contracts, which the hidden tests are generated from (instructor side, never in the sandbox)
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "labs" / "source" / "contracts"))
-
 # the exception names feedback may repeat: Python's own and a few of torch's. Any other name is the
 # student's choice (a class named after a hidden test's seed), so it reads as "an exception"
 SAFE_KINDS = {n for n, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException)}
@@ -48,9 +45,9 @@ def questions(source_path: Path) -> list:
     """The lab's questions, each with its points, guard and hidden tests, generated from the lab's
     contract (``labs/source/contracts/LAB.py``): one test per case class of each of its functions,
     the question's points shared evenly by them. The source notebook holds no test code."""
-    import contract  # labs/source/contracts: the one declaration of every exercise
+    from helpers.labcontract import instructor_module  # labs/source/contracts: each exercise declared once
 
-    return contract.load(Path(source_path).stem).questions()
+    return instructor_module(Path(source_path).stem).CONTRACT.questions()
 
 
 def _portable(fn, source: str):

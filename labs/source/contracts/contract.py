@@ -18,14 +18,13 @@ tensors come from ``helpers.device.randn`` with a seed per case.
   ``known:`` label is run on the public cases at record time; its outputs are recorded beside
   the reference's, and the self-check's ✗ says "grad_x matches <label>" when an answer equals one.
 
-    python labs/source/contracts/contract.py record lab02_chain_rule   # what `tools/labs.py release` runs
+    python tools/labs.py release lab02     # records helpers/data/lab02_chain_rule.contract.json first
 """
 
 from __future__ import annotations
 
 import inspect
 import json
-import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,9 +33,6 @@ from typing import Any, Callable
 import torch
 
 ROOT = Path(__file__).resolve().parents[3]
-# this checkout's helpers (not another one a venv may point to), and its tools (labs.py reads the
-# source format, mutants.py applies the catalog's edits): the one place this module sets its path
-sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 from helpers.labcontract import (  # noqa: E402  (one owner: the student side's)
     DATA,
     ByHand,
@@ -519,23 +515,10 @@ def known_mistakes(contract: Contract) -> dict:
 
 def load(lab: str) -> Contract:
     """The CONTRACT of labs/source/contracts/<lab>.py."""
-    import importlib
+    from helpers.labcontract import instructor_module  # the one loader of these modules, by file
 
-    return importlib.import_module(lab).CONTRACT  # beside this module, so on the path it came from
+    return instructor_module(lab).CONTRACT
 
 
 def labs_with_contracts() -> list[str]:
     return sorted(p.stem for p in HERE.glob("lab*.py"))
-
-
-def main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[0] != "record":
-        print("usage: contract.py record LAB", file=sys.stderr)
-        return 2
-    path = load(argv[1]).write()
-    print(f"recorded {path.relative_to(ROOT)}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))

@@ -757,13 +757,10 @@ def _with_earlier_solutions():
     question's mutant then redefines its own functions after them); and known mistakes whose
     value holds a NaN are not recorded (:func:`_without_nan`). Workarounds here, not in
     contract.py, which other labs share (lab 6's contract does the first too)."""
-    import sys
 
     import contract
 
-    main = sys.modules.get("__main__")
-    runs = [contract] + ([main] if str(getattr(main, "__file__", "")).endswith("contract.py") else [])
-    for module in runs:  # `contract.py record LAB` runs it as __main__, beside the imported copy
+    for module in (contract,):  # loaded once, by helpers.labcontract.instructor_module
         chained = module.__dict__.setdefault("_chained_labs", set())
         chained.add(LAB)
         if not getattr(module._solutions, "chains", False):  # lab 6's contract may have put it there
