@@ -730,9 +730,8 @@ def _module_at(name: str, path: Path):
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = (
-            module  # before it runs: a lab's contract imports `contract`, which may import back
-        )
+        # registered before it runs: a lab's contract imports `contract`, which may import back
+        sys.modules[name] = module
         try:
             spec.loader.exec_module(module)
         except BaseException:
