@@ -152,29 +152,153 @@ def _over(cap: int) -> str:
     return f"over its {cap / 2**20:g} MiB memory budget"
 
 
-def _watched(inner, answer, args, kwargs, options):
-    """(the inner probe's outputs, the matrix products formed (last two dims), the largest new tensor in
-    bytes), watched by a TorchDispatchMode while the call runs, backward too (views and in-place results
-    are not new memory)."""
+def _multiply_adds(name: str, a: tuple, out: torch.Tensor) -> int:
+    """The multiply–adds of one matrix product: every output entry sums k products (k: the shared dim)."""
+    if name in ("dot", "vdot"):
+        return a[0].numel()
+    if name == "addbmm":  # Σ over the batch of (m, k) @ (k, n)
+        return a[1].shape[0] * out.numel() * a[1].shape[-1]
+    first = a[1] if name in ("addmm", "baddbmm", "addmv", "_addmm_activation") else a[0]
+    return out.numel() * first.shape[-1]
+
+
+def _trace_mode():
+    """A TorchDispatchMode that keeps what a call computes, op by op, backward too (``.seen``): the
+    matrix products (last two dims) and their multiply–adds, the largest new tensor (views and in-place
+    results are not new memory), the largest tensor an op that makes new memory read at once, and the
+    names of the ops."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    seen, sizes = [], [0]
+    class Trace(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = {"products": [], "multiply_adds": 0, "largest": [0, []], "reads": [0, "", []]}
+            self.ops: set = set()
 
-    class _Watch(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, a=(), kw=None):
             out = func(*a, **(kw or {}))
-            if isinstance(out, torch.Tensor):
-                ins = {t.untyped_storage().data_ptr() for t in _tensors_in([*a, *(kw or {}).values()])}
-                if out.untyped_storage().data_ptr() not in ins:
-                    sizes.append(out.untyped_storage().nbytes())
-                if func.overloadpacket.__name__ in _PRODUCT_OPS:
-                    seen.append(tuple(out.shape[-2:]))
+            name, seen = func.overloadpacket.__name__, self.seen
+            self.ops.add(name)
+            if not isinstance(out, torch.Tensor):
+                return out
+            ins = _tensors_in([*a, *(kw or {}).values()])
+            if out.untyped_storage().data_ptr() not in {t.untyped_storage().data_ptr() for t in ins}:
+                if out.untyped_storage().nbytes() > seen["largest"][0]:
+                    seen["largest"] = [out.untyped_storage().nbytes(), list(out.shape)]
+                if not func.is_view and ins:
+                    widest = max(ins, key=lambda t: t.numel())
+                    if widest.numel() > seen["reads"][0]:
+                        seen["reads"] = [widest.numel(), name, list(widest.shape)]
+            if name in _PRODUCT_OPS:
+                seen["products"].append(tuple(out.shape[-2:]))
+                seen["multiply_adds"] += _multiply_adds(name, a, out)
             return out
 
-    # backward on this thread, where the mode sees it
-    with torch.autograd.set_multithreading_enabled(False), _Watch():
-        out = _given(run_probe(inner, answer, args, kwargs, options))
-    return out, seen, max(sizes)
+    return Trace()
+
+
+def traced(inner, answer, args, kwargs, options) -> tuple:
+    """(the inner probe's outputs, what the call computed: ``_trace_mode``'s record, its op names sorted, and
+    "ungated": each custom Function's backward that returned a gradient for an input that needs none)."""
+    from torch.autograd.function import BackwardCFunction
+
+    mode, ungated, plain = _trace_mode(), [], BackwardCFunction.apply
+
+    def apply(node, *grads):  # the engine calls this for every custom Function's backward
+        out = plain(node, *grads)
+        outs = out if isinstance(out, tuple) else (out,)
+        for i, (g, need) in enumerate(zip(outs, node.needs_input_grad)):
+            if isinstance(g, torch.Tensor) and not need:
+                ungated.append(f"{type(node).__name__.removesuffix('Backward')}'s input {i}")
+        return out
+
+    BackwardCFunction.apply = apply
+    try:  # backward on this thread, where the mode sees it
+        with torch.autograd.set_multithreading_enabled(False), mode:
+            out = _given(run_probe(inner, answer, args, kwargs, options))
+    finally:
+        BackwardCFunction.apply = plain
+    return out, {**mode.seen, "ops": sorted(mode.ops), "ungated": ungated}
+
+
+def _watched(inner, answer, args, kwargs, options):
+    """(the inner probe's outputs, the matrix products formed (last two dims), the largest new tensor in
+    bytes), watched while the call runs, backward too."""
+    out, seen = traced(inner, answer, args, kwargs, options)
+    return out, seen["products"], seen["largest"][0]
+
+
+# ------------------------------------------------------------ stated rules, measured
+# A rule the prompt states that values cannot show ("compute g @ B once", "never build the (Nq, Nk) bias",
+# "see each block once", "do not call torch.softmax"), declared once on the exercise (``rules``) and
+# measured by ``traced`` on the call and on the reference's call on the same case: in the learner's
+# process for the self-check, in the grader's worker for the hidden tests (``HarnessPeer.capped``).
+RULES = {  # name: what is measured; a number is a factor of the reference's measure, a function of the case's
+    # arguments gives the bound itself (where the reference computes it another way: full matrices)
+    "multiply_adds": "the multiply–adds of every matrix product",
+    "largest": "the bytes of the largest new tensor",
+    "reads": "the entries of the largest tensor one op (not a view) reads at once",
+    "avoids": "no op whose name holds one of the words given (forward or backward)",
+    "gated": "a custom Function's backward returns None for every input that needs no gradient",
+}
+_AMOUNT = {
+    "multiply_adds": lambda m: m["multiply_adds"],
+    "largest": lambda m: m["largest"][0],
+    "reads": lambda m: m["reads"][0],
+}
+
+
+def rule_bounds(rules: dict, args, kwargs, ref: dict) -> dict:
+    """{rule: the most a call may use on this case} for the measured rules: the declared function of the
+    case's arguments, or the declared factor × the reference's call (``ref``: ``traced``'s record)."""
+    return {
+        rule: arg(*args, **kwargs) if callable(arg) else arg * _AMOUNT[rule](ref)
+        for rule, arg in (rules or {}).items()
+        if rule in _AMOUNT
+    }
+
+
+def measured(name, answer, args, kwargs, options, rules) -> tuple:
+    """(the case's outputs, what the call computed or None): traced where the call runs when ``rules``."""
+    if not rules:
+        return run_probe(name, answer, args, kwargs, options), None
+    peer = _boundary(answer)
+    if peer is not None:  # under the case's memory cap, if it has one (the kernel's measure stays)
+        reply = peer.capped(answer, args, kwargs, name, options, (options or {}).get("cap"), trace=True)
+        if reply["over"]:  # the probe's own words for it: run again through its capped path
+            return run_probe(name, answer, args, kwargs, options), None
+        return reply["result"], reply["trace"]
+    return traced(name, answer, args, kwargs, options)
+
+
+def _kib(n: int) -> str:
+    return f"{n / 2**10:,.4g} KiB" if n < 2**20 else f"{n / 2**20:,.4g} MiB"
+
+
+def broken_rule(rules: dict, seen: dict, bounds: dict) -> str | None:
+    """The first stated rule (``RULES``) a call broke, in words, or None (``bounds``: ``rule_bounds``)."""
+    for rule, arg in (rules or {}).items():
+        if rule in bounds and _AMOUNT[rule](seen) > bounds[rule]:
+            if rule == "multiply_adds":
+                return (
+                    f"uses {seen['multiply_adds']:,} multiply–adds where {bounds[rule]:,.0f} suffice "
+                    "(a product computed twice, or one nobody asked for)"
+                )
+            if rule == "largest":
+                n, shape = seen["largest"]
+                return f"uses a {tuple(shape)} tensor ({_kib(n)}) where nothing needs more than {_kib(bounds[rule])}"
+            _, op, shape = seen["reads"]
+            return f"uses {op} on a {tuple(shape)} tensor at once, where no step needs more than {bounds[rule]:,.0f} entries"
+        if rule == "avoids":
+            used = [o for o in seen["ops"] if any(w in o for w in arg) and "backward" not in o]
+            if used:
+                return f"uses {' and '.join(used)} (torch's own), which the prompt rules out"
+        if rule == "gated" and arg and seen["ungated"]:
+            return (
+                f"uses its backward to return a gradient for {seen['ungated'][0]}, which needs none "
+                "(ctx.needs_input_grad says which inputs need one)"
+            )
+    return None
 
 
 @probe
@@ -561,8 +685,9 @@ def _run_case(fn, case: dict, spec: dict) -> tuple[str, str | None]:
     args, kwargs = decode(case["args"]), decode(case.get("kwargs", {"dict": {}}))
     given, given_kw = _clone(args), _clone(kwargs)
     answer = by_hand(fn, spec.get("by_hand", ()))
+    options = decode(case.get("options", {"dict": {}}))
     try:
-        got = run_probe(spec.get("probe"), answer, given, given_kw, decode(case.get("options", {"dict": {}})))
+        got, seen = measured(spec.get("probe"), answer, given, given_kw, options, spec.get("rules"))
     except ByHand as e:
         return "fail", str(e)
     except Exception as e:  # noqa: BLE001 - a learner's error is a verdict
@@ -583,6 +708,8 @@ def _run_case(fn, case: dict, spec: dict) -> tuple[str, str | None]:
             f"changed its argument{'s' if len(changed) > 1 else ''} {' and '.join(changed)} in place",
         )
     why = disagreement(got, decode(case["expected"]), outputs, case["atol"], case["rtol"])
+    if why is None and seen is not None:
+        why = broken_rule(spec["rules"], seen, case.get("bounds", {}))
     return ("fail", why) if why else ("pass", None)
 
 

@@ -496,3 +496,44 @@ def test_a_recorded_contract_is_read_again_when_its_file_changes(tmp_path, monke
     assert labcontract.load("lab99_probe") is first
     path.write_text(json.dumps({"lab": "lab99_probe", "exercises": {"ex1": {"v": 22}}}))
     assert labcontract.load("lab99_probe")["exercises"]["ex1"] == {"v": 22}
+
+
+# ------------------------------------------------------------ stated rules, measured (helpers.labcontract.RULES)
+
+
+def test_traced_counts_multiply_adds_reads_largest_and_ungated_gradients():
+    from helpers.labcontract import broken_rule, rule_bounds, traced
+
+    A, B = torch.ones(3, 4, dtype=torch.float64), torch.ones(4, 5, dtype=torch.float64)
+    out, seen = traced(None, lambda a, b: (a @ b) @ b.T, (A, B), {}, {})
+    assert seen["multiply_adds"] == 3 * 4 * 5 + 3 * 5 * 4  # (3, 4) @ (4, 5), then (3, 5) @ (5, 4)
+    assert seen["largest"] == [3 * 5 * 8, [3, 5]] and seen["reads"][0] == 20
+    once = rule_bounds({"multiply_adds": 1}, (A, B), {}, {**seen, "multiply_adds": 60})
+    assert "uses 120 multiply–adds where 60 suffice" in broken_rule({"multiply_adds": 1}, seen, once)
+    assert broken_rule({"reads": lambda a, b: a.numel()}, seen, {"reads": 12}).startswith(
+        "uses mm on a (4, 5)"
+    )
+
+    class Twice(torch.autograd.Function):
+        @staticmethod
+        def forward(a, b):
+            return a * b
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            ctx.save_for_backward(*inputs)
+
+        @staticmethod
+        def backward(ctx, g):
+            a, b = ctx.saved_tensors
+            return g * b, g * a  # b needs no gradient: a gated backward returns None there
+
+    a = torch.ones(3, requires_grad=True)
+    _, seen = traced("backward_through", Twice, (a, torch.ones(3)), {}, {"grad_output": torch.ones(3)})
+    assert seen["ungated"] == ["Twice's input 1"]
+    assert "returns a gradient for Twice's input 1" in broken_rule({"gated": True}, seen, {}).replace(
+        "return a", "returns a"
+    )
+    assert broken_rule({"avoids": ("softmax",)}, {**seen, "ops": ["_softmax"]}, {}).startswith(
+        "uses _softmax"
+    )

@@ -853,6 +853,61 @@ def test_every_labs_solutions_pass_every_hidden_test_across_the_boundary(lab):
 # a mistake that only shows through what crosses the boundary: in-place edits, saved tensors,
 # the random stream, a test's list appended to, hooks and Parameters of a module, an optimizer
 MUTANTS = {
+    # the stated rules (helpers.labcontract.RULES), measured in the worker where the call runs
+    "g @ B computed twice (lab 8)": (
+        "lab08_lora",
+        "ex2",
+        [("        grad_A = s * g_r.T @ x", "        grad_A = s * (g @ B).T @ x")],
+    ),
+    "a frozen weight's gradient returned (lab 9)": (
+        "lab09_memory_checkpointing",
+        "ex3",
+        [
+            (
+                "        return (None, None, *(next(got) if n else None for n in needs))",
+                "        return (None, None, *(next(got) if (n or i > 0) else None for i, n in enumerate(needs)))",
+            ),
+            (
+                "leaves = [t.detach().requires_grad_(n) for t, n in zip((x, *params), needs)]",
+                "leaves = [t.detach().requires_grad_(n or i > 0) for i, (t, n) in enumerate(zip((x, *params), needs))]",
+            ),
+            (
+                "torch.autograd.grad(y, [t for t, n in zip(leaves, needs) if n], grad_y)",
+                "torch.autograd.grad(y, [t for i, (t, n) in enumerate(zip(leaves, needs)) if n or i > 0], grad_y)",
+            ),
+        ],
+    ),
+    "the whole row's max (lab 10)": (
+        "lab10_flash_attention",
+        "ex1",
+        [("        m_b = xb.amax(dim=-1)  # (...,)", "        m_b = x.amax(dim=-1)  # (...,)")],
+    ),
+    "the whole bias built (lab 10)": (
+        "lab10_flash_attention",
+        "ex2",
+        [
+            (
+                "    for q0 in range(0, Nq, block_q):",
+                "    bias = alibi_tile(0, 0, Nq, Nk, slopes)\n    for q0 in range(0, Nq, block_q):",
+            ),
+            ("alibi_tile(q0, k0, bq, bk, slopes)\n", "bias[:, q0 : q0 + bq, k0 : k0 + bk]\n"),
+        ],
+    ),
+    "torch.softmax called (lab 10)": (
+        "lab10_flash_attention",
+        "ex3",
+        [("    P = torch.exp(S - L[..., None])", "    P = torch.softmax(S, dim=-1)")],
+    ),
+    "needs_input_grad ignored (lab 10)": (
+        "lab10_flash_attention",
+        "ex6",
+        [
+            (
+                "        gated = tuple(g if need else None for g, need in zip(grads, needs))",
+                "        gated = tuple(grads)",
+            )
+        ],
+    ),
     "rng not put back (lab 9)": (
         "lab09_memory_checkpointing",
         "ex3",

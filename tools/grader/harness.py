@@ -187,10 +187,11 @@ class HarnessPeer(wire.Peer):
         self.apply_echo(reply["modules"])
         return reply
 
-    def capped(self, fn, args, kwargs, inner, options, budget: int) -> dict:
+    def capped(self, fn, args, kwargs, inner, options, budget: int | None, trace: bool = False) -> dict:
         """{"result": the probe's outputs, "over": False}, or {"result": None, "over": True}: fn run through
-        the probe ``inner`` in a child of the worker whose address space may grow by ``budget`` bytes."""
-        value = (fn, tuple(args), dict(kwargs), inner, dict(options or {}), int(budget))
+        the probe ``inner`` in a child of the worker whose address space may grow by ``budget`` bytes (None:
+        no limit); with ``trace``, also {"trace": what the call computed} (helpers.labcontract.traced)."""
+        value = (fn, tuple(args), dict(kwargs), inner, dict(options or {}), budget and int(budget), trace)
         return self.request({"op": "capped", "opts": {"exercise": self.exercise}}, value, True)
 
     def call(self, fn, args, kwargs, **opts):

@@ -53,6 +53,10 @@ DTYPES = {
 REPLIED = object()  # a handler's result: the reply has been sent already (by a forked child)
 
 
+# allocated at import, before any memory cap: a message cut short by MemoryError is read to its end into it
+_DRAIN = bytearray(1 << 16)
+
+
 class WireError(Exception):
     """The other side sent something that is not a well-formed message."""
 
@@ -608,12 +612,17 @@ class Peer:
             raise WireError("message too large")
         header = json.loads(self._read(n_head))
         blobs, total = Blobs(), 0
-        for _ in range(n_blobs):
+        for i in range(n_blobs):
             (n,) = struct.unpack("<Q", self._read(8))
             total += n
             if total > MAX_BLOBS:
                 raise WireError("message too large")
-            blobs.append(self._read(n))
+            try:
+                blobs.append(self._read(n))
+            except MemoryError:  # a call under a memory cap (worker.capped): the stream stays in step
+                for _ in range(n_blobs - i - 1):
+                    self._drain(struct.unpack("<Q", self._read(8))[0])
+                raise
         if not isinstance(header, dict):
             raise WireError("bad header")
         return header, blobs
@@ -627,12 +636,25 @@ class Peer:
                 left = self.deadline - time.monotonic()
                 if left <= 0 or not select.select([fd], [], [], left)[0]:
                     raise TimeoutError("no answer before the time limit")
-            data = os.read(fd, min(n, 1 << 20))
+            try:
+                data = os.read(fd, min(n, 1 << 20))
+            except MemoryError:
+                self._drain(n)  # the rest of this part, read into memory held since import
+                raise
             if not data:
                 raise EOFError("the other side closed the connection")
             chunks.append(data)
             n -= len(data)
         return b"".join(chunks)
+
+    def _drain(self, n: int) -> None:
+        """Read and drop n bytes without allocating: what is left of a message no memory was left for."""
+        fd = self.rfile.fileno()
+        while n:
+            got = os.readv(fd, [memoryview(_DRAIN)[: min(n, len(_DRAIN))]])
+            if not got:
+                raise EOFError("the other side closed the connection")
+            n -= got
 
     # ---------------------------------------------------------------- requests
 

@@ -14,6 +14,7 @@ when it was answered with them instead.
 from __future__ import annotations
 
 import ctypes
+import importlib
 import os
 import resource
 import signal
@@ -32,7 +33,9 @@ import torch  # noqa: E402
 import wire  # noqa: E402
 
 # bound here, before any student code runs: a submission that rebinds helpers.memory.saved_in_graph
-# (a plain attribute assignment, which reach.py does not flag) does not change what this name calls
+# (a plain attribute assignment, which reach.py does not flag) does not change what these names call
+from helpers.labcontract import run_probe as RUN_PROBE  # noqa: E402
+from helpers.labcontract import traced as TRACED  # noqa: E402
 from helpers.memory import saved_in_graph  # noqa: E402
 
 AUTOGRAD = "autograd"
@@ -122,9 +125,28 @@ def _guard_kernels(what: str, word: str) -> None:
     }
     for name in sorted(n for n in names if word in n and "backward" not in n):
         try:
-            setattr(aten, name, _guard(what, getattr(aten, name)))
+            plain = getattr(aten, name)
+            setattr(aten, name, _guard(what, plain))
+            KERNELS_PLAIN[name] = plain
         except (AttributeError, RuntimeError, TypeError):
             pass
+
+
+KERNELS_PLAIN: dict = {}  # aten name -> its operator, for the guarded ones
+
+
+def _import_dynamo() -> None:
+    """Import torch._dynamo (what a TorchDispatchMode's first use imports) with aten's operators as they
+    are: its modules read `aten.<op>.default`, which a guarded kernel (a plain function) does not have.
+    Called in a capped child only, which exits after its one call."""
+    guarded = {n: getattr(torch.ops.aten, n) for n in KERNELS_PLAIN}
+    for n, op in KERNELS_PLAIN.items():
+        setattr(torch.ops.aten, n, op)
+    try:
+        importlib.import_module("torch._dynamo")
+    finally:
+        for n, g in guarded.items():
+            setattr(torch.ops.aten, n, g)
 
 
 def _guard_aliases(guarded: dict) -> None:
@@ -441,20 +463,26 @@ def capped(msg, value):
     After :func:`_limit_growth`, a tensor larger than 256 KiB is always new memory, which the limits
     count, whatever free space the notebook left in glibc's heaps.
     The child sends the reply itself: {"result": outputs, "over": False}, or {"result": None, "over":
-    True} when an allocation failed; the parent only waits."""
-    fn, args, kwargs, inner, options, budget = value
+    True} when an allocation failed; the parent only waits. ``budget`` None: no limit. With ``trace``
+    the reply also holds what the call computed ("trace": helpers.labcontract.traced's record), which
+    the stated rules of the exercise are judged on."""
+    fn, args, kwargs, inner, options, budget, trace = value
     exercise = (msg.get("opts") or {}).get("exercise")
     pid = os.fork()
     if pid == 0:  # the child: never returns
         code = 1
         try:
             torch.set_num_threads(1)  # no new thread (and its malloc arena) to count against the budget
-            from helpers.labcontract import run_probe
-
             STATE["exercise"], STATE["ours"] = exercise, True  # the probe's own backward pass
-            _limit_growth(int(budget))
+            if budget:
+                _limit_growth(int(budget))
             try:
-                reply = {"result": run_probe(inner, fn, args, kwargs, options), "over": False}
+                if trace:  # the stated rules' measure, taken where the call runs
+                    _import_dynamo()
+                    out, seen = TRACED(inner, fn, args, kwargs, options)
+                    reply = {"result": out, "over": False, "trace": seen}
+                else:
+                    reply = {"result": RUN_PROBE(inner, fn, args, kwargs, options), "over": False}
                 if not wire.values_only(reply):  # a handle made here would die with this process
                     raise TypeError("returned an object that is not a value")
                 PEER.send({"kind": "reply"}, reply, True)

@@ -33,17 +33,22 @@ from typing import Any, Callable
 import torch
 
 ROOT = Path(__file__).resolve().parents[3]
+from helpers.labcontract import _AMOUNT as bounds_of  # noqa: E402  (the rules measured per case)
 from helpers.labcontract import (  # noqa: E402  (one owner: the student side's)
     DATA,
+    RULES,
     ByHand,
     _boundary,
     _changed,
     _clone,
     _differs,
+    broken_rule,
     by_hand,
     decode,
     disagreement,
     encode,
+    measured,
+    rule_bounds,
     run_probe,
     unguarded,
 )
@@ -96,9 +101,24 @@ class Exercise:
     points: float = 0.0
     by_hand: tuple = ()
     calls: tuple = ()  # earlier exercises whose functions the answer calls: hidden tests put their references there
+    # the prompt's stated rules that values cannot show, measured on every case against the reference's call
+    # ({"multiply_adds": 1}: no more than it; helpers.labcontract.RULES)
+    rules: dict = field(default_factory=dict)
 
     def __post_init__(self):
         self.question = self.question or self.name
+        unknown = sorted(set(self.rules) - set(RULES))
+        if unknown:
+            raise ValueError(f"{self.name} rules: expected names from {sorted(RULES)}, got {unknown}")
+
+    def bounds(self, case: "Case", ref_seen: dict) -> dict:
+        """The measured rules' bounds on one case (``rule_bounds``)."""
+        return rule_bounds(self.rules, materialize(case.args), materialize(case.kwargs), ref_seen)
+
+    def measured_on(self, fn, case: "Case") -> tuple:
+        """(fn's outputs on the case, what the call computed: None without rules), on the learner's values."""
+        args, kwargs, options = materialize(case.args), materialize(case.kwargs), materialize(case.options)
+        return measured(self.probe, fn, args, kwargs, options, self.rules)
 
     def outputs_of(self, fn, case: "Case"):
         """fn's outputs on the case (through the probe), on values rebuilt as the learner gets them."""
@@ -338,7 +358,7 @@ class Contract:
             given, given_kw = _clone(args), _clone(kwargs)
             answer = by_hand(fn, ex.by_hand) if inspect.isfunction(fn) else fn  # not the harness's handle
             try:
-                got = run_probe(ex.probe, answer, given, given_kw, materialize(case.options))
+                got, seen = measured(ex.probe, answer, given, given_kw, materialize(case.options), ex.rules)
             except ByHand as e:
                 raise AssertionError(f"{ex.title} {e} when {name}") from None
             changed = [] if ex.in_place else _changed(fn, given, args, given_kw, kwargs)
@@ -346,8 +366,11 @@ class Contract:
                 f"{ex.title} changed its argument(s) {' and '.join(changed)} in place when {name}"
             )
             if (exercise, name, k) not in self._expected:
-                self._expected[exercise, name, k] = ex.outputs_of(ex.reference, case)
-            why = disagreement(got, self._expected[exercise, name, k], ex.outputs, cls.atol, cls.rtol)
+                self._expected[exercise, name, k] = ex.measured_on(ex.reference, case)
+            expected, ref_seen = self._expected[exercise, name, k]
+            why = disagreement(got, expected, ex.outputs, cls.atol, cls.rtol)
+            if why is None and seen is not None:
+                why = broken_rule(ex.rules, seen, ex.bounds(case, ref_seen))
             assert why is None, f"{ex.title} fails when {name}: {why}"
 
     # ------------------------------------------------------------------ record
@@ -365,7 +388,7 @@ class Contract:
             for cls in ex.classes:
                 cases = []
                 for case in self.cases(ex.name, cls.name)[0]:
-                    expected = ex.outputs_of(ex.reference, case)
+                    expected, seen = ex.measured_on(ex.reference, case)
                     node = {
                         "args": encode(tuple(case.args)),
                         "kwargs": encode(dict(case.kwargs)),
@@ -373,6 +396,8 @@ class Contract:
                         "atol": cls.atol,
                         "rtol": cls.rtol,
                     }
+                    if seen is not None:  # the most a call may use here, by the measured rules
+                        node["bounds"] = ex.bounds(case, seen)
                     if case.options:
                         node["options"] = encode(dict(case.options))
                     if case.factors:
@@ -398,6 +423,11 @@ class Contract:
                 out["exercises"][ex.name]["in_place"] = True
             if ex.by_hand:
                 out["exercises"][ex.name]["by_hand"] = list(ex.by_hand)
+            if ex.rules:
+                out["exercises"][ex.name]["rules"] = {  # the bounds are per case
+                    k: list(v) if isinstance(v, tuple) else "per case" if k in bounds_of else v
+                    for k, v in ex.rules.items()
+                }
         return out
 
     def stale(self, recorded: dict | None = None) -> list[str]:

@@ -386,6 +386,9 @@ ex3 = Exercise(
     ],
     points=3,
     by_hand=("autograd", "helpers.attention.attention_backward", "helpers.functions.softmax_backward"),
+    rules={
+        "largest": 2
+    },  # "the vector–Jacobian product, never its N × N Jacobian" (an Nk-fold larger tensor)
 )
 
 # --------------------------------------------------------------------------- ex4

@@ -222,7 +222,7 @@ ex2 = Exercise(
         ),
     ],
     points=2,
-    by_hand=("autograd", "helpers.block.block_manual_backward"),
+    by_hand=("autograd", "helpers.block.block_manual_backward", "helpers.numgrad.linear_backward"),
 )
 
 # --------------------------------------------------------------------------- ex3

@@ -260,6 +260,7 @@ ex2 = Exercise(
     probe="products_formed",
     points=2,
     by_hand=("autograd", "helpers.lora.lora_linear_backward"),
+    rules={"multiply_adds": 1},  # "compute g @ B once"; none for a gradient not asked for
 )
 
 # --------------------------------------------------------------------------- ex3
@@ -299,7 +300,9 @@ ex3 = Exercise(
             st.tuples(sizes3, seeds),
             lambda p, s: _init_case(*p[0], p[1], s, dtype=F32),
             atol=0,
-            rtol=1e-6,
+            # below float32's half ulp (6e-8): A is the float64 recipe rounded once; a draw made in float32
+            # (24 random bits, not 53) is off by an ulp or more in some entry
+            rtol=3e-8,
         ),
         CaseClass(
             "r = 1 (a rank-1 adapter)",

@@ -209,6 +209,8 @@ ex1b = Exercise(
         _row_class("the entries are near 1000 (exp(x) overflows)", "short", "large"),
     ],
     question="ex1",
+    # "do not compute x.amax(-1) over the whole row: the point is to see each block once"
+    rules={"reads": lambda x, block: x[..., :block].numel()},
 )
 
 # --------------------------------------------------------------------------- ex2
@@ -338,6 +340,19 @@ def _divides():
     )
 
 
+def _tiled_room(Q, K, V, slopes, block_q=16, block_k=16, causal=False, window=None):
+    """Bytes a tiled pass may hold in one tensor: twice an input's, or twice one (B, H, bq, bk) tile's."""
+    B, H, Nq, _ = Q.shape
+    tile = B * H * min(block_q, Nq) * min(block_k, K.shape[-2]) * Q.element_size()
+    return 2 * max(Q.nbytes, K.nbytes, V.nbytes, tile)
+
+
+def _long():
+    """Nq, Nk of 40–48 in blocks of 8, d ≤ 4: the (H, Nq, Nk) bias is 10× what a tiled pass holds."""
+    n = st.tuples(st.integers(40, 48), st.integers(40, 48), st.integers(2, 4))
+    return n.map(lambda t: (1, 2, t[0], t[1], t[2], 8, 8))
+
+
 def _fwd_class(name, shapes, kind="plain", flags=()):
     return CaseClass(name, shapes, lambda p, s: _fwd_case(p, s, kind, flags), **TOL)
 
@@ -363,8 +378,10 @@ ex2b = Exercise(
         _fwd_class("the slopes are 0 (plain attention)", _shapes(), "zero"),
         _fwd_class("the scores are in the thousands (exp(S) overflows)", _shapes(), "large"),
         _fwd_class("causal=False and window=None are passed", _shapes(), "explicit"),
+        _fwd_class("Nq, Nk = 40–48 in blocks of 8 (no room for the whole (H, Nq, Nk) bias)", _long()),
     ],
     question="ex2",
+    rules={"largest": _tiled_room},  # "without building the (Nq, Nk) bias"
 )
 
 # --------------------------------------------------------------------------- ex3
@@ -456,6 +473,7 @@ ex3b = Exercise(
         _bwd_class("a slope is steep (4: far keys get ~0 weight)", _shapes(), "steep"),
     ],
     question="ex3",
+    rules={"avoids": ("softmax",)},  # "do not call torch.softmax"
 )
 
 # --------------------------------------------------------------------------- ex4
@@ -499,7 +517,7 @@ ex4 = Exercise(
         _tbwd_class("causal=False and window=None are passed", _shapes(), flags=(False, None)),
     ],
     question="ex4",
-    calls=("ex2",),
+    calls=("ex2", "ex3"),
     points=4,
     by_hand=BACKWARD_BY_HAND,
 )
@@ -629,6 +647,7 @@ ex5b = Exercise(
     _causal_classes(backward=False),
     question="ex5",
     calls=("ex2",),
+    rules={"largest": _tiled_room},  # the same promise, causal
 )
 ex5c = Exercise(
     "ex5c",
@@ -639,7 +658,7 @@ ex5c = Exercise(
     ("grad_Q", "grad_K", "grad_V", "grad_slopes"),
     _causal_classes(backward=True),
     question="ex5",
-    calls=("ex2",),
+    calls=("ex2", "ex3"),
 )
 
 # --------------------------------------------------------------------------- ex6
@@ -730,6 +749,7 @@ ex6 = Exercise(
     calls=("ex5b", "ex5c"),
     points=2,
     by_hand=BACKWARD_BY_HAND,
+    rules={"gated": True},  # "gated on ctx.needs_input_grad (None when it is not needed)"
 )
 ex6b = Exercise(
     "ex6b",
@@ -741,6 +761,8 @@ ex6b = Exercise(
     _fn_classes(wrapper=True),
     question="ex6",
     probe="backward_saving",
+    calls=("ex5b", "ex5c"),  # a mistake in tiled_forward or tiled_backward costs points there, once
+    rules={"gated": True},  # the same Function, through the wrapper
 )
 
 CONTRACT = Contract(

@@ -244,10 +244,13 @@ check_contract("lab07", "ex2", ffn_backward)
 # a dict with `nn.TransformerEncoderLayer`'s names (`"norm2.weight"`, `"norm2.bias"`,
 # `"linear1.weight"`, `"linear1.bias"`, `"linear2.weight"`, `"linear2.bias"`; any values,
 # `linear2.weight` = 0 included), and `activation` is `"relu"` (given or left at its default)
-# or `"gelu"`. Recompute $h_2$ from the saved statistics, send `grad_Y` through your
-# `ffn_backward` and your `layernorm_backward` (the activation passed on), add the skip path,
+# or `"gelu"`. Recompute $h_2$ from the saved statistics, send `grad_Y` through
+# `ffn_backward` and `layernorm_backward` (the activation passed on), add the skip path,
 # and return a dict with exactly the keys `"X1"` ($\partial L/\partial X_1$) and the six
-# parameter names above. Do it without autograd.
+# parameter names above. Do it without autograd. Calling your own two functions is the short
+# way, not a rule: the checks look at the values only, and the hidden tests run your block with
+# the course's `ffn_backward` and `layernorm_backward` in place of yours, so a mistake in
+# exercises 1 or 2 costs points there, once.
 
 # %% [raw]
 # # BEGIN SOLUTION

@@ -343,8 +343,9 @@ check_contract("lab08", "ex4b", unmerge_)
 # product of its shape); `A` and `B` frozen too, only `x` asking. The public wrapper, as
 # everywhere in the course, would be `lora_linear_fn(x, W, A, B, s) = LoRALinearFn.apply(x, W,
 # A, B, s)`. `@once_differentiable` is already there: this backward is not differentiable again.
-# Your `backward` calls your `lora_backward` of exercise 2, in the self-check and in the hidden
-# tests alike: a mistake there shows (and costs points) here too.
+# Your `backward` calls your `lora_backward` of exercise 2. The self-check runs yours (a mistake
+# there shows here too, and the ✗ says so); the hidden tests run the course's `lora_backward` in
+# its place, so a mistake in exercise 2 costs points once, in exercise 2.
 #
 # <details><summary>Hint: the bookkeeping</summary>
 #

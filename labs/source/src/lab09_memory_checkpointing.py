@@ -246,7 +246,7 @@ class StackCheckpoint(torch.autograd.Function):
 # %% [markdown]
 # **Self-check 2** runs `StackCheckpoint.apply(ffn_block, every, x, *params)` and autograd on one
 # recorded case of each promise: $L$ a multiple of `every`, a shorter last segment, `every = 1`,
-# `every` ≥ $L$, a data `x`, a frozen weight, a 3-D `x`, float32. For each it compares the
+# `every` ≥ $L$, a data `x`, a frozen weight matrix and bias, a 3-D `x`, float32. For each it compares the
 # output, the gradients, the most blocks holding a graph at once, the order the segments are
 # re-run in, the re-runs of block 0 from a data `x` that required a gradient (none), and the
 # bytes saved besides the parameters (one `x`). The tolerance is `atol 1e-12` in float64:
@@ -279,7 +279,8 @@ check_contract("lab09", "ex2", StackCheckpoint)
 #   generators put back to `rng_state` (`set_rng_state` from `helpers.checkpoint`), and
 #   differentiates it. Gate on `ctx.needs_input_grad[2:]` as in exercise 2 and return one
 #   gradient per input (`None` for `fn`, `rng_state` and every input that needs none: a data
-#   `x` stays without `requires_grad` in the re-run, a frozen weight gets `None`);
+#   `x` stays without `requires_grad` in the re-run, a frozen weight gets `None`: the checks
+#   look at what `backward` returns for each input, not only at what autograd keeps);
 # * `checkpoint_rng(fn, x, *params)`: take `rng_state = get_rng_state([x, *params])` (from
 #   `helpers.checkpoint`: the CPU generator's state, and the CUDA one's if a tensor is on a
 #   GPU), then return `CheckpointRNG.apply(fn, rng_state, x, *params)`.
@@ -362,7 +363,7 @@ def checkpoint_rng(fn, x, *params):
 # %% [markdown]
 # **Self-check 3** seeds the generator, runs `checkpoint_rng(fn, x, *params)` and autograd, then
 # draws 4 random numbers, on one recorded case of each promise: a block with dropout, a draw
-# between forward and backward, a block without dropout, a data `x`, a frozen weight, a 3-D
+# between forward and backward, a block without dropout, a data `x`, a frozen weight matrix and bias, a 3-D
 # `x`, float32. It compares the output, the gradients, the re-runs from a data `x` that
 # required a gradient (none) and the numbers drawn after backward with those of the same
 # block without checkpointing.

@@ -93,10 +93,12 @@ from helpers.labcontract import check_contract
 # 2. Write `online_softmax_stats(x, block)` for `x` of shape `(..., n)`: walk over the last
 #    dimension in blocks of `block` entries (the last block may be shorter), compute each
 #    block's own $(m_b, \ell_b)$ (a block is small: two passes over it are fine), and fold them
-#    into the running $(m, \ell)$, started at $(-\infty, 0)$, with **your** `merge_stats`. Return
+#    into the running $(m, \ell)$, started at $(-\infty, 0)$, with `merge_stats` (yours is the
+#    short way; the checks look at values, not at which function merged). Return
 #    `(m, ell)`, both of shape `(...)`: then $\mathrm{softmax}(x)$ is
 #    `torch.exp(x - m[..., None]) / ell[..., None]`.
-#    Do not compute `x.amax(-1)` over the whole row: the point is to see each block once.
+#    Do not compute `x.amax(-1)` over the whole row: the point is to see each block once (the
+#    checks measure the largest tensor any one step of your call reads: one block's worth).
 #    `x` may be 1-D; `block` may divide `n` or not, be 1, or be `n` or more (one block); the
 #    max may sit in the last, short block; the entries may be near 1000 ($e^x$ overflows).
 
@@ -172,7 +174,9 @@ check_contract("lab10", "ex1b", online_softmax_stats)
 #    It must work for any `B` and `H`, `Nq` and `Nk` in either order, block sizes that do not
 #    divide `N` (a short last block), blocks of 1, a block longer than `N`, the default
 #    blocks (16), slopes of 0, scores in the thousands, and with `causal=False, window=None`
-#    passed explicitly.
+#    passed explicitly. No tensor of your call may be larger than twice an input or a
+#    `(B, H, bq, bk)` tile (the checks measure it, on sequences of 40–48 too): no whole
+#    `(Nq, Nk)` bias or score matrix.
 #
 # <details><summary>Hint: one tile</summary>
 #
@@ -605,8 +609,12 @@ check_contract("lab10", "ex5c", tiled_backward)
 # which returns `O` only. Both are checked through autograd (what `apply` returns, the four
 # gradients autograd gets, and the shapes of what the Function saved) with `causal=False`,
 # `causal=True`, a window, `Nq > Nk`, B > 1, only `V` needing a gradient, and the
-# wrapper's defaults. This exercise builds on Exercises 2, 4 and 5: if one of those is
-# wrong, so is this one. It is the last step, and your instructor may make it optional.
+# wrapper's defaults; the Function's backward returns `None` for every input that needs no
+# gradient (the checks look at what it returns, not only at what autograd keeps). This
+# exercise builds on Exercises 2, 4 and 5: the self-check runs your own functions (a mistake
+# there shows here too, and the ✗ says so), while the hidden tests run the course's
+# `tiled_forward` and `tiled_backward` in their place, so a mistake costs points once, where
+# it is. It is the last step, and your instructor may make it optional.
 
 # %% [raw]
 # # BEGIN SOLUTION
