@@ -579,6 +579,11 @@ def _diagnose(
     if hit is None:
         if n_sig < 2:  # one number off: any two numbers have a ratio
             return None
+        if abs(c - 1) < 1e-4:  # "1 × the expected value" reads as equal: it is round-off, said so
+            return (
+                f"{name} is off by a relative {abs(c - 1):.1e} everywhere "
+                "(a step in lower precision: float32, or a division of ints?)"
+            )
         near = min((v for v, _, _ in cands), key=lambda v: abs(c - v))
         return f"{name} is {_fmt_ratio(c, near)} × the expected value everywhere"
     v, label, note = hit

@@ -558,8 +558,11 @@ def _short(v) -> str:
 
 
 def _same(a, b) -> bool:
+    """a is still b: values, and .grad (a gradient left on an argument is a change, as the grader's worker sees it)."""
     if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
+        if not (isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a.detach(), b.detach())):
+            return False
+        return (a.grad is None) == (b.grad is None) and (a.grad is None or torch.equal(a.grad, b.grad))
     if isinstance(a, (tuple, list)):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
     return True
@@ -687,7 +690,9 @@ def _run_case(fn, case: dict, spec: dict) -> tuple[str, str | None]:
     answer = by_hand(fn, spec.get("by_hand", ()))
     options = decode(case.get("options", {"dict": {}}))
     try:
-        got, seen = measured(spec.get("probe"), answer, given, given_kw, options, spec.get("rules"))
+        got, seen = measured(
+            spec.get("probe"), answer, given, given_kw, options, case.get("rules", spec.get("rules"))
+        )
     except ByHand as e:
         return "fail", str(e)
     except Exception as e:  # noqa: BLE001 - a learner's error is a verdict
@@ -709,7 +714,7 @@ def _run_case(fn, case: dict, spec: dict) -> tuple[str, str | None]:
         )
     why = disagreement(got, decode(case["expected"]), outputs, case["atol"], case["rtol"])
     if why is None and seen is not None:
-        why = broken_rule(spec["rules"], seen, case.get("bounds", {}))
+        why = broken_rule(case.get("rules", spec.get("rules")), seen, case.get("bounds", {}))
     return ("fail", why) if why else ("pass", None)
 
 
@@ -1360,6 +1365,10 @@ def dependency_counts(answer, args, kwargs):
     counts = _given(answer(root, **kwargs))
     if not isinstance(counts, dict):
         return counts
+    if not all(
+        type(k) is int for k in counts
+    ):  # the prompt's {id(v): n}; a Value cannot cross the grader's wire
+        return f"keyed by {type(next(k for k in counts if type(k) is not int)).__name__}, not by id(v)"
     return torch.tensor(sorted(int(n) for n in counts.values()), dtype=torch.int64)
 
 

@@ -859,6 +859,25 @@ MUTANTS = {
         "ex2",
         [("        grad_A = s * g_r.T @ x", "        grad_A = s * (g @ B).T @ x")],
     ),
+    "both gradients returned ungated (lab 4)": (
+        "lab04_custom_functions",
+        "ex3",
+        [("        if need_x:", "        if True:"), ("        if need_w:", "        if True:")],
+    ),
+    "a frozen weight's gradient computed (lab 9)": (
+        "lab09_memory_checkpointing",
+        "ex2",
+        [
+            (
+                "leaves = [params[i].detach().requires_grad_(need_p[i]) for i in idx]",
+                "leaves = [params[i].detach().requires_grad_() for i in idx]",
+            ),
+            (
+                "                if need_p[i]:\n                    grads[i] = next(got)",
+                "                grads[i] = next(got)",
+            ),
+        ],
+    ),
     "a frozen weight's gradient returned (lab 9)": (
         "lab09_memory_checkpointing",
         "ex3",

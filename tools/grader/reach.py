@@ -474,6 +474,7 @@ linalg vector_norm matrix_norm special expit logit softplus logsigmoid log_sigmo
 cross_entropy nll_loss binary_cross_entropy narrow index_put_ scatter_ scatter_add_ swapaxes indices
 values type is_floating_point nelement element_size storage_offset sigmoid_ relu_ fill_diagonal_
 isneginf isposinf signbit fmax fmin exp2 expm1 log2 log10 hypot abs_ square_ weight bias in_features out_features
+modules named_modules children named_children parameters named_parameters
 """
 VETTED = {
     "imports": ("math", "torch", "torch.nn", "torch.nn.functional", "functools", "itertools", "typing"),

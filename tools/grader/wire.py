@@ -559,6 +559,11 @@ class Peer:
                 env[name] = self.encode(value, blobs, depth + 1)
                 if type(value) in (list, dict):
                     mutable[name] = value
+                    home = getattr(obj, "__module__", "") or ""
+                    if home.startswith("helpers.") and obj.__globals__.get(name) is value:
+                        # a course module's own list (helpers.labcontract.BLOCK_LOG): the worker binds
+                        # its module's list, so a probe run there (worker.capped) reads what it logs
+                        env[name] = {"global_of": home, "value": env[name]}
         self.mutables.append(mutable)  # what the function appends to there is appended to here too
         return {"portable": src, "name": obj.__code__.co_name, "env": env, "pid": len(self.mutables) - 1}
 
@@ -570,6 +575,14 @@ class Peer:
         for name, v in dict(node.get("env", {})).items():
             if isinstance(v, dict) and "import" in v:
                 ns[name] = getattr(importlib.import_module(str(v["import"])), str(v["name"]))
+            elif isinstance(v, dict) and "global_of" in v and str(v["global_of"]).startswith("helpers."):
+                value = self.decode(v["value"], blobs, depth + 1)
+                home = getattr(importlib.import_module(str(v["global_of"])), name, None)
+                if type(home) is type(value) and type(value) in (list, dict):
+                    home.clear()
+                    (home.extend if isinstance(home, list) else home.update)(value)
+                    value = home
+                ns[name] = value
             else:
                 ns[name] = self.decode(v, blobs, depth + 1)
         src = str(node["portable"])

@@ -80,6 +80,9 @@ class CaseClass:
     hidden: int = 2
     atol: float = 1e-10
     rtol: float = 1e-8
+    # stated rules measured on this class's cases only (a size where a rule bites on every draw), over
+    # the exercise's own (Exercise.rules)
+    rules: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -107,18 +110,22 @@ class Exercise:
 
     def __post_init__(self):
         self.question = self.question or self.name
-        unknown = sorted(set(self.rules) - set(RULES))
+        unknown = sorted(set(self.rules).union(*(c.rules for c in self.classes)) - set(RULES))
         if unknown:
             raise ValueError(f"{self.name} rules: expected names from {sorted(RULES)}, got {unknown}")
 
-    def bounds(self, case: "Case", ref_seen: dict) -> dict:
-        """The measured rules' bounds on one case (``rule_bounds``)."""
-        return rule_bounds(self.rules, materialize(case.args), materialize(case.kwargs), ref_seen)
+    def rules_of(self, cls: "CaseClass") -> dict:
+        """The rules measured on one class's cases: the exercise's, and the class's own over them."""
+        return {**self.rules, **cls.rules}
 
-    def measured_on(self, fn, case: "Case") -> tuple:
+    def bounds(self, case: "Case", ref_seen: dict, rules: dict) -> dict:
+        """The measured rules' bounds on one case (``rule_bounds``)."""
+        return rule_bounds(rules, materialize(case.args), materialize(case.kwargs), ref_seen)
+
+    def measured_on(self, fn, case: "Case", rules: dict) -> tuple:
         """(fn's outputs on the case, what the call computed: None without rules), on the learner's values."""
         args, kwargs, options = materialize(case.args), materialize(case.kwargs), materialize(case.options)
-        return measured(self.probe, fn, args, kwargs, options, self.rules)
+        return measured(self.probe, fn, args, kwargs, options, rules)
 
     def outputs_of(self, fn, case: "Case"):
         """fn's outputs on the case (through the probe), on values rebuilt as the learner gets them."""
@@ -353,12 +360,13 @@ class Contract:
     def _hidden_cases(self, ex: Exercise, fn, name: str) -> None:
         exercise = ex.name
         cls = self.case_class(exercise, name)
+        rules = ex.rules_of(cls)
         for k, case in enumerate(self.cases(exercise, name)[1]):
             args, kwargs = materialize(case.args), materialize(case.kwargs)
             given, given_kw = _clone(args), _clone(kwargs)
             answer = by_hand(fn, ex.by_hand) if inspect.isfunction(fn) else fn  # not the harness's handle
             try:
-                got, seen = measured(ex.probe, answer, given, given_kw, materialize(case.options), ex.rules)
+                got, seen = measured(ex.probe, answer, given, given_kw, materialize(case.options), rules)
             except ByHand as e:
                 raise AssertionError(f"{ex.title} {e} when {name}") from None
             changed = [] if ex.in_place else _changed(fn, given, args, given_kw, kwargs)
@@ -366,11 +374,11 @@ class Contract:
                 f"{ex.title} changed its argument(s) {' and '.join(changed)} in place when {name}"
             )
             if (exercise, name, k) not in self._expected:
-                self._expected[exercise, name, k] = ex.measured_on(ex.reference, case)
+                self._expected[exercise, name, k] = ex.measured_on(ex.reference, case, rules)
             expected, ref_seen = self._expected[exercise, name, k]
             why = disagreement(got, expected, ex.outputs, cls.atol, cls.rtol)
             if why is None and seen is not None:
-                why = broken_rule(ex.rules, seen, ex.bounds(case, ref_seen))
+                why = broken_rule(rules, seen, ex.bounds(case, ref_seen, rules))
             assert why is None, f"{ex.title} fails when {name}: {why}"
 
     # ------------------------------------------------------------------ record
@@ -388,7 +396,7 @@ class Contract:
             for cls in ex.classes:
                 cases = []
                 for case in self.cases(ex.name, cls.name)[0]:
-                    expected, seen = ex.measured_on(ex.reference, case)
+                    expected, seen = ex.measured_on(ex.reference, case, ex.rules_of(cls))
                     node = {
                         "args": encode(tuple(case.args)),
                         "kwargs": encode(dict(case.kwargs)),
@@ -397,7 +405,9 @@ class Contract:
                         "rtol": cls.rtol,
                     }
                     if seen is not None:  # the most a call may use here, by the measured rules
-                        node["bounds"] = ex.bounds(case, seen)
+                        node["bounds"] = ex.bounds(case, seen, ex.rules_of(cls))
+                    if cls.rules:
+                        node["rules"] = _rules_json(ex.rules_of(cls))
                     if case.options:
                         node["options"] = encode(dict(case.options))
                     if case.factors:
@@ -424,10 +434,7 @@ class Contract:
             if ex.by_hand:
                 out["exercises"][ex.name]["by_hand"] = list(ex.by_hand)
             if ex.rules:
-                out["exercises"][ex.name]["rules"] = {  # the bounds are per case
-                    k: list(v) if isinstance(v, tuple) else "per case" if k in bounds_of else v
-                    for k, v in ex.rules.items()
-                }
+                out["exercises"][ex.name]["rules"] = _rules_json(ex.rules)
         return out
 
     def stale(self, recorded: dict | None = None) -> list[str]:
@@ -439,6 +446,13 @@ class Contract:
         path = DATA / f"{self.lab}.contract.json"
         path.write_text(json.dumps(self.record(), ensure_ascii=False, indent=None) + "\n", encoding="utf-8")
         return path
+
+
+def _rules_json(rules: dict) -> dict:
+    """Rules as the recorded data holds them: the bounds are per case, so only the names and words."""
+    return {
+        k: list(v) if isinstance(v, tuple) else "per case" if k in bounds_of else v for k, v in rules.items()
+    }
 
 
 def differences(fresh, have, path: str = "", tol: tuple = (0.0, 0.0), exact: bool = False) -> list[str]:

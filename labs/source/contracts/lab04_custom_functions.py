@@ -277,6 +277,7 @@ ex3 = Exercise(
     probe="backward_and_saved",
     points=3,
     by_hand=("autograd", "torch.nn.functional.rms_norm"),
+    rules={"gated": True},  # "each gradient gated on ctx.needs_input_grad" (None where none is needed)
 )
 
 # --------------------------------------------------------------------------- ex4

@@ -387,7 +387,7 @@ ex3 = Exercise(
     points=3,
     by_hand=("autograd", "helpers.attention.attention_backward", "helpers.functions.softmax_backward"),
     rules={
-        "largest": 2
+        "largest": 1.5
     },  # "the vector–Jacobian product, never its N × N Jacobian" (an Nk-fold larger tensor)
 )
 

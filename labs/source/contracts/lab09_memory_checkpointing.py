@@ -286,8 +286,7 @@ ex2 = Exercise(
     ],
     points=3,
     by_hand=CHECKPOINT_BY_HAND,
-    # no rules yet: its probe counts blocks through the test's own functions, which a worker-side
-    # (traced) run does not echo back to the harness
+    rules={"multiply_adds": 1, "gated": True},  # a frozen weight: no gradient computed, None returned
 )
 
 # --------------------------------------------------------------------------- ex3

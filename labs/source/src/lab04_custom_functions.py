@@ -123,8 +123,7 @@ check_contract("lab04", "ex1", softmax_backward)
 # * `setup_context(ctx, inputs, output)`: save **only** the output `P` (with
 #   `ctx.save_for_backward`): exercise 1 showed that backward needs nothing else, and `Z` would
 #   cost a second tensor of the same size. The self-check counts the tensors you save: one;
-# * `backward(ctx, grad_P)`: unpack `ctx.saved_tensors`, return `None` if
-#   `ctx.needs_input_grad[0]` is false, else $\partial L/\partial Z$, the product you derived
+# * `backward(ctx, grad_P)`: unpack `ctx.saved_tensors` and return $\partial L/\partial Z$, the product you derived
 #   in exercise 1. Write its lines here again rather than calling `softmax_backward`, so that
 #   this exercise is graded on its own. Never write into `grad_P`: autograd may hand the same
 #   tensor to other nodes.

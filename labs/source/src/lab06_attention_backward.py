@@ -220,7 +220,7 @@ check_contract("lab06", "ex2", attention_forward)
 # **broadcast** to $S$'s shape (..., Nq, Nk): e.g. `scale` (H, 1, 1), one learned temperature
 # per head, and `Bias` (H, Nq, Nk) or (H, 1, Nk), shared by the batch. Use the softmax's
 # vector–Jacobian product, never its $N\times N$ Jacobian (the checks measure the largest tensor
-# your call makes: no more than twice what the course's backward needs), and **no mask** (say
+# your call makes: no more than 1.5 × what the course's backward needs), and **no mask** (say
 # to yourself why none is needed).
 #
 # Write `attention_backward(Q, K, V, P, grad_O, scale, Bias)` returning

@@ -151,7 +151,9 @@ check_contract("lab09", "ex1", predict_saved_bytes)
 #   for `fn` and `every`, and for every input that needs none (gate on
 #   `ctx.needs_input_grad[2:]` as chapter 9 does): a data `x` (no `requires_grad`) is never
 #   re-run with `requires_grad`, though the later segments' inputs still need a gradient, and
-#   a frozen weight gets `None` while the others' gradients stay right.
+#   a frozen weight gets `None` while the others' gradients stay right. A frozen weight's gradient
+#   is never computed: the checks count the multiply–adds of the call (no more than the course's
+#   checkpoint needs) and look at what `backward` returns for each input.
 #
 # Work out on paper first what each segment's re-run must differentiate, and with respect to
 # what: which of its leaves need a gradient, and where each result goes.

@@ -416,7 +416,10 @@ check_contract("lab10", "ex3b", attention_backward_from_L)
 #
 # </details>
 #
-# Compute $D = \mathrm{rowsum}(dO \circ O)$ once, before the loops. Leave every input as it came
+# Compute $D = \mathrm{rowsum}(dO \circ O)$ once, before the loops (your `row_D` does it; per tile
+# it would be the same numbers, computed again for every key block). The checks see values,
+# not the loop order: the order is the exercise, and your instructor may read it. Leave every
+# input as it came
 # (`Q, K, V, O, L, grad_O, slopes`: a backward never edits its inputs in place; the checks
 # see it). The shapes and blocks are as in Exercise 2 (`N` not a multiple of the blocks,
 # either order of `Nq` and `Nk`, blocks of 1 or longer than `N`, the defaults, B > 1,
@@ -532,7 +535,9 @@ check_contract("lab10", "ex4", tiled_backward)
 #    running max then, and what does $e^{S - m_\text{new}}$ give? In the backward, $P = e^{S - L}$
 #    is *not* zero where $S$ was masked (you recompute $S$ without the mask). Both must work
 #    for `Nq = Nk`, `Nq < Nk`, `Nq > Nk`, with a window, `window=1`, rows that see no key in
-#    the first tile they visit (no NaN), and B > 1.
+#    the first tile they visit (no NaN), and B > 1. They keep calling `alibi_tile` and
+#    `row_D` as before: the hidden tests run the course's there, so a mistake in Exercises 2
+#    or 3 costs points once.
 #
 # <details><summary>Hint: the causal tile</summary>
 #
