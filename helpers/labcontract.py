@@ -218,7 +218,14 @@ def traced(inner, answer, args, kwargs, options) -> tuple:
             out = _given(run_probe(inner, answer, args, kwargs, options))
     finally:
         BackwardCFunction.apply = plain
-    return out, {**mode.seen, "ops": sorted(mode.ops), "ungated": ungated}
+    given = {t.untyped_storage().data_ptr() for t in _tensors_in([*args, *kwargs.values()])}
+    outs = out if isinstance(out, tuple) else (out,)
+    aliases = [
+        k
+        for k, o in enumerate(outs)
+        if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() in given
+    ]
+    return out, {**mode.seen, "ops": sorted(mode.ops), "ungated": ungated, "aliases": aliases}
 
 
 def _watched(inner, answer, args, kwargs, options):
@@ -240,6 +247,7 @@ RULES = {  # name: what is measured; a number is a factor of the reference's mea
     "reads": "the entries of the largest tensor one op (not a view) reads at once",
     "avoids": "no op whose name holds one of the words given (forward or backward)",
     "gated": "a custom Function's backward returns None for every input that needs no gradient",
+    "new": "every tensor the call returns is new memory: no argument, no view of one",
 }
 _AMOUNT = {
     "multiply_adds": lambda m: m["multiply_adds"],
@@ -293,6 +301,11 @@ def broken_rule(rules: dict, seen: dict, bounds: dict) -> str | None:
             used = [o for o in seen["ops"] if any(w in o for w in arg) and "backward" not in o]
             if used:
                 return f"uses {' and '.join(used)} (torch's own), which the prompt rules out"
+        if rule == "new" and arg and seen["aliases"]:
+            return (
+                f"uses an argument's memory for output {seen['aliases'][0]}: it returns the argument "
+                "(or a view of it), where the prompt asks for a new tensor"
+            )
         if rule == "gated" and arg and seen["ungated"]:
             return (
                 f"uses its backward to return a gradient for {seen['ungated'][0]}, which needs none "

@@ -859,6 +859,16 @@ MUTANTS = {
         "ex2",
         [("        grad_A = s * g_r.T @ x", "        grad_A = s * (g @ B).T @ x")],
     ),
+    "grad_a itself returned (lab 1)": (
+        "lab01_cat_mlp",
+        "ex4",
+        [
+            (
+                "    grad_h = grad_a * (h > 0).to(grad_a.dtype)  # SOLUTION",
+                "    grad_h = grad_a if bool((h > 0).all()) else grad_a * (h > 0).to(grad_a.dtype)",
+            )
+        ],
+    ),
     "both gradients returned ungated (lab 4)": (
         "lab04_custom_functions",
         "ex3",

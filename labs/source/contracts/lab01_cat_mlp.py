@@ -302,9 +302,16 @@ ex4 = Exercise(
             lambda n, s: _relu((n,), s, dtype=F32),
             **F32_TOL,
         ),
+        CaseClass(  # nothing to cut: grad_a itself has the right values, but is not a new tensor
+            "every unit is active (h > 0 everywhere)",
+            sizes,
+            lambda n, s: Case((randn(n, seed=s + 1, dtype=F64), randn(n, seed=s, dtype=F64).abs() + 0.1)),
+            **F64_TOL,
+        ),
     ],
     points=2,
     by_hand=("autograd", "helpers.cat_mlp.backward"),
+    rules={"new": True},  # "return a new tensor"
 )
 
 # --------------------------------------------------------------------------- ex5

@@ -242,6 +242,7 @@ ex3 = Exercise(
     ],
     points=2,
     by_hand=("autograd", "helpers.numgrad.linear_backward"),
+    calls=("ex2",),
 )
 
 # --------------------------------------------------------------------------- ex4

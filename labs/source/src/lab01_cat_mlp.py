@@ -221,9 +221,9 @@ check_contract("lab01", "ex3", layer2_backward)
 # Write `relu_backward(grad_a, h)` $= \partial L/\partial h$ for $a = \mathrm{relu}(h)$, for `h`
 # of any shape (1-D like the cat's, or 2-D and more) and `grad_a` of the same shape, returning a
 # tensor of that shape in the dtype of `grad_a` (float32 or float64). Use PyTorch's convention
-# at $h = 0$: the derivative there is 0, at `0.0` and at `-0.0` alike. Return a new tensor and
-# leave `grad_a` as it is: a backward never writes into the gradient it receives (the caller
-# may still need it).
+# at $h = 0$: the derivative there is 0, at `0.0` and at `-0.0` alike. Return a new tensor (when
+# every unit is active too: the checks look at the memory you return) and leave `grad_a` as it
+# is: a backward never writes into the gradient it receives (the caller may still need it).
 
 # %% [raw]
 # # BEGIN SOLUTION

@@ -189,7 +189,9 @@ check_contract("lab02", "ex2", dense_backward)
 # A residual block: $Y = \tanh(X W^\top) + X$ with `X` (B, D) for any $B \ge 1$ and a square
 # `W` (D, D), any values (0 included). `X` is
 # used twice, inside the layer and on the skip connection. Given `grad_Y` (B, D), return
-# `(grad_X, grad_W)`. You may write the linear part inline (do not call your Exercise 2).
+# `(grad_X, grad_W)`, by hand (no autograd). Write the linear part inline or call your
+# `dense_backward` of Exercise 2 (the hidden tests put the course's there, so a mistake in
+# Exercise 2 costs points once).
 # Leave the arguments unchanged: `grad_X = grad_Y` then `grad_X += …` would write into
 # `grad_Y` (the two names are one tensor); start from a new tensor.
 

@@ -65,8 +65,9 @@ from helpers.labcontract import check_contract
 # own, 1 included), return `(grad_A, grad_B)`, of shapes (r, in) and (out, r), in that order
 # and in the inputs' dtype (float32 or float64). Any sizes: out, in and r all different, a
 # rank-1 adapter (r = 1), a square $W'$ (out = in, where a transposed answer has the right shape
-# and the wrong values). Derive them first: $W'$ depends on $A$ and $B$ only through the product
-# $BA$, scaled by $s$; check that each gradient has the shape of what it is the gradient of.
+# and the wrong values), by hand (no autograd). Derive them first: $W'$ depends on $A$ and $B$
+# only through the product $BA$, scaled by $s$; check that each gradient has the shape of what
+# it is the gradient of.
 # (This is the route of chapter 8, section 1: correct, but it needs the out × in
 # $\partial L/\partial W'$, exactly the size of the weight we froze.)
 #
