@@ -982,10 +982,14 @@ def at_each(answer, args, kwargs, steps=()):
 
 
 @probe
-def trained_with(answer, args, kwargs, optimizer="torch.optim.SGD", hp=None):
+def trained_with(answer, args, kwargs, optimizer="torch.optim.SGD", hp=None, stale=0.0):
     """(the parameters after, as one vector; the returned losses as a float64 tensor; their type names) of
-    answer(model, opt, *args[1:]): model = args[0], opt = the named torch.optim optimizer over its parameters."""
+    answer(model, opt, *args[1:]): model = args[0], opt = the named torch.optim optimizer over its parameters;
+    with ``stale``, every parameter arrives with .grad = stale (a caller's leftover: zero_grad comes first)."""
     model = args[0]
+    if stale:
+        for p in model.parameters():
+            p.grad = torch.full_like(p, float(stale))
     if not str(optimizer).startswith("torch.optim."):
         raise ValueError(f"optimizer: expected a name under torch.optim., got {optimizer!r}")
     opt = getattr(torch.optim, str(optimizer).rpartition(".")[2])(model.parameters(), **(hp or {}))

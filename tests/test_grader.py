@@ -316,7 +316,8 @@ def redteam(tmp_path_factory):
 # submission: (status, ex1..ex6, total) with ex points 1, 1, 2, 2, 2, 3 (11 in all)
 EXPECTED = {
     "full": ("ok", "1 1 2 2 2 3", "11"),
-    "partial": ("ok", "1 1 2 1 0 0", "5"),  # relu'(0) = 1 fails three of ex4's six tests (0, −0.0, the edge)
+    # relu'(0) = 1 fails three of ex4's seven tests (0, −0.0, the edge): 2 × 4/7
+    "partial": ("ok", "1 1 2 1.14286 0 0", "5.14286"),
     "empty": ("ok", "0 0 0 0 0 0", "0"),
     "syntax_error": ("errors", "1 1 2 2 0 3", "9"),
     "exits_midway": ("errors", "1 1 2 2 2 3", "11"),  # sys.exit / os._exit end a cell, not the grading
@@ -470,7 +471,7 @@ def test_notes_and_feedback_name_the_cause_and_never_quote_hidden_material(redte
     files = sorted(p.name for p in fb.iterdir())
     assert files == sorted(f"{n}.txt" for n in rows), files
     partial = (fb / "partial.txt").read_text()
-    assert "Score: 5 / 11" in partial and "ex4    1 / 2   3 of 6 hidden tests pass" in partial
+    assert "Score: 5.14286 / 11" in partial and "4 of 7 hidden tests pass" in partial
     for p in fb.iterdir():
         text = p.read_text()
         assert not [s for s in redteam["secrets"] if labs.found(s, text)], p.name
@@ -697,7 +698,7 @@ def test_the_instructors_page_states_the_points_graded_in_the_harness_as_measure
     page = " ".join((ROOT / "labs" / "instructors.md").read_text().split())
     assert f"all {total:g} points of the eleven labs are graded in the harness" in page
     classes = sum(len(e.classes) for lab in labs.labs() for e in labs.contract(lab).exercises.values())
-    assert n_tests == classes and "lab01_cat_mlp: 11 points, 33 hidden tests" in text, text
+    assert n_tests == classes and "lab01_cat_mlp: 11 points, 34 hidden tests" in text, text
 
 
 @pytest.mark.sandbox

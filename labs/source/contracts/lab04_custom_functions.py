@@ -229,6 +229,9 @@ def _rms_shape(min_dims: int, max_dims: int):
 
 
 RMS_OUT = ("y", "grad_x", "grad_weight", "saved for backward", "grad_y")
+# "each gradient gated on ctx.needs_input_grad": measured where an input needs none
+GATED = {"gated": True}
+
 ex3 = Exercise(
     "ex3",
     "RMSNorm",
@@ -251,12 +254,14 @@ ex3 = Exercise(
             "only x needs a gradient (weight frozen)",
             _rms_shape(3, 3),
             lambda d, s: _rms(d, s, wrt=(0,)),
+            rules=GATED,
             **F64_TOL,
         ),
         CaseClass(
             "only weight needs a gradient (x a constant)",
             _rms_shape(3, 3),
             lambda d, s: _rms(d, s, wrt=(1,)),
+            rules=GATED,
             **F64_TOL,
         ),
         CaseClass(
@@ -277,7 +282,6 @@ ex3 = Exercise(
     probe="backward_and_saved",
     points=3,
     by_hand=("autograd", "torch.nn.functional.rms_norm"),
-    rules={"gated": True},  # "each gradient gated on ctx.needs_input_grad" (None where none is needed)
 )
 
 # --------------------------------------------------------------------------- ex4

@@ -283,7 +283,8 @@ ex2 = Exercise(
     ],
     probe="recorded_and_hooks_left",
     points=3,
-    by_hand=("helpers.gradflow.record_grad_flow",),
+    # the prompt's method is a forward hook and a tensor hook: a module's backward hook is another one
+    by_hand=("helpers.gradflow.record_grad_flow", "torch.nn.Module.register_full_backward_hook"),
 )
 
 # --------------------------------------------------------------------------- ex3

@@ -44,7 +44,8 @@ F64, F32 = torch.float64, torch.float32
 F64_TOL = {"atol": 1e-10, "rtol": 1e-8}
 F32_TOL = {"atol": 1e-4, "rtol": 1e-4}
 LAB = "lab08_lora"
-SCALES = [0.25, 0.5, 0.75, 1.5, 3.0]  # s = α/r, never the old global 2
+# s = α/r, never the old global 2, nor r, 1/r or their squares (r ≤ 4): a ✗ naming "s ×" is never a 1/r slip
+SCALES = [0.3, 0.7, 1.3, 2.5]
 
 
 def _tol(dtype):

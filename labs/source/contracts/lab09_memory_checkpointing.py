@@ -216,6 +216,9 @@ def _ex2(L, every, lead, d, f, seed, dtype=F64, data_x=False, frozen=()) -> Case
 dims = st.tuples(st.integers(2, 4), st.integers(3, 5), st.integers(3, 6)).filter(
     lambda p: len(set(p)) == 3
 )  # (B, d, f)
+# measured where an input needs no gradient: none computed (the reference is a checkpoint too), None returned
+FROZEN_RULES = {"multiply_adds": 1, "gated": True}
+
 ex2 = Exercise(
     "ex2",
     "StackCheckpoint",
@@ -260,6 +263,7 @@ ex2 = Exercise(
             "x is data (needs no gradient)",
             st.tuples(st.sampled_from([(4, 2), (5, 2), (3, 1)]), dims),
             lambda p, s: _ex2(*p[0], (p[1][0],), *p[1][1:], s, data_x=True),
+            rules=FROZEN_RULES,
             **F64_TOL,
         ),
         CaseClass(
@@ -269,6 +273,7 @@ ex2 = Exercise(
                 st.sampled_from([(4, 2), (5, 2), (3, 1)]), dims, st.sampled_from([(0, 5), (2, 1), (6, 3)])
             ),
             lambda p, s: _ex2(*p[0], (p[1][0],), *p[1][1:], s, frozen=p[2]),
+            rules=FROZEN_RULES,
             **F64_TOL,
         ),
         CaseClass(
@@ -286,7 +291,6 @@ ex2 = Exercise(
     ],
     points=3,
     by_hand=CHECKPOINT_BY_HAND,
-    rules={"multiply_adds": 1, "gated": True},  # a frozen weight: no gradient computed, None returned
 )
 
 # --------------------------------------------------------------------------- ex3
@@ -336,12 +340,14 @@ ex3 = Exercise(
             "x is data (needs no gradient)",
             dims,
             lambda p, s: _ex3((p[0],), *p[1:], s, data_x=True),
+            rules={"gated": True},
             **F64_TOL,
         ),
         CaseClass(
             "a weight matrix and a bias are frozen (need no gradient)",
             st.tuples(dims, st.sampled_from([(0, 3), (2, 1), (0, 1), (2, 3)])),
             lambda p, s: _ex3((p[0][0],), *p[0][1:], s, frozen=p[1]),
+            rules={"gated": True},
             **F64_TOL,
         ),
         CaseClass(
@@ -359,8 +365,6 @@ ex3 = Exercise(
     ],
     points=2,
     by_hand=CHECKPOINT_BY_HAND,
-    # the reference runs without a checkpoint (fewer multiply–adds than any checkpoint): gating only
-    rules={"gated": True},
 )
 
 # --------------------------------------------------------------------------- ex4

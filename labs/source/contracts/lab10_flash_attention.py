@@ -708,8 +708,9 @@ def _fn_case(p, seed, flags, wrt=(0, 1, 2, 3), wrapper=False, defaults=False):
 
 
 def _fn_classes(wrapper):
-    def cls(name, shapes, flags, **kw):
-        return CaseClass(name, shapes, lambda p, s: _fn_case(p, s, flags, wrapper=wrapper, **kw), **TOL)
+    def cls(name, shapes, flags, rules=None, **kw):
+        make = lambda p, s: _fn_case(p, s, flags, wrapper=wrapper, **kw)  # noqa: E731
+        return CaseClass(name, shapes, make, rules=rules or {}, **TOL)
 
     out = [
         cls("causal=False", _shapes(), (False, None)),
@@ -717,7 +718,8 @@ def _fn_classes(wrapper):
         cls("causal=True with a window", _shapes("lt"), (True, 2)),
         cls("Nq > Nk (causal=False)", _shapes("gt"), (False, None)),
         cls("B > 1", _shapes(B=st.integers(2, 3)), (True, None)),
-        cls("only V needs a gradient (needs_input_grad)", _shapes(), (True, None), wrt=(2,)),
+        # "gated on ctx.needs_input_grad (None when it is not needed)": measured where inputs need none
+        cls("only V needs a gradient (needs_input_grad)", _shapes(), (True, None), {"gated": True}, wrt=(2,)),
     ]
     if wrapper:
         out.append(
@@ -753,7 +755,6 @@ ex6 = Exercise(
     calls=("ex5b", "ex5c"),
     points=2,
     by_hand=BACKWARD_BY_HAND,
-    rules={"gated": True},  # "gated on ctx.needs_input_grad (None when it is not needed)"
 )
 ex6b = Exercise(
     "ex6b",
@@ -766,7 +767,6 @@ ex6b = Exercise(
     question="ex6",
     probe="backward_saving",
     calls=("ex5b", "ex5c"),  # a mistake in tiled_forward or tiled_backward costs points there, once
-    rules={"gated": True},  # the same Function, through the wrapper
 )
 
 CONTRACT = Contract(

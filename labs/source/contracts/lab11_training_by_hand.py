@@ -534,6 +534,12 @@ ex5 = Exercise(
             lambda p, s: _train(*p, s, opt=ADAMW),
             **TRAIN_TOL,
         ),
+        CaseClass(
+            "the model arrives with a leftover .grad (zero_grad comes first)",
+            uneven,
+            lambda p, s: _train(*p, s, opt={**SGD, "stale": 0.5}),
+            **TRAIN_TOL,
+        ),
     ],
     probe="trained_with",
     points=3,

@@ -132,7 +132,8 @@ check_contract("lab05", "ex1", ce_grad)
 # Write `record_output_grad_norms(model, X, y)` for any `nn.Module` `model`, `X` its input
 # and `y` int64 class labels: for every **leaf** module (one without children; the names
 # `model.named_modules()` gives, skipping the root's empty name), register a **forward hook**
-# that, when the module runs, registers a **tensor hook** on its output; the tensor hook stores
+# that, when the module runs, registers a **tensor hook** on its output (not a module's backward
+# hook: the method is the point here); the tensor hook stores
 # `grad.norm().item()` (a Python float) under the module's **name** (a str: `"0"`, `"1"`, … in
 # an `nn.Sequential`, `"blocks.0.linear"` when layers are nested). Then run
 # `L = F.cross_entropy(model(X), y)` and `L.backward()`, remove every hook you registered (even

@@ -356,7 +356,8 @@ check_contract("lab11", "ex4", lr_at)
 # gradient, and by what each micro-batch loss must be scaled so that the summed gradients are
 # the gradient of the full-batch mean when the micro-batches differ in size (with 12 rows in
 # micro-batches of 5: 5, 5 and 2). Then put zero_grad, the backward passes, the clip and the
-# step in the one order that works.
+# step in the one order that works (the model may arrive with a gradient left on it by its
+# caller: the checks try that too).
 #
 # Return the list of the `steps` losses as **Python floats**: the loss of a step is the
 # full-batch loss before that step (`.item()`).
