@@ -162,7 +162,8 @@ check_contract("lab10", "ex1b", online_softmax_stats)
 # 1. Write `alibi_tile(q0, k0, bq, bk, slopes)`: the bias of the tile whose first query is
 #    `q0` and first key is `k0`, shape `(H, bq, bk)`, entry `[h, r, c]` equal to
 #    $-m_h\,|i - j|$ ($m_h$ = `slopes[h]`) for the **global** indices `i = q0 + r`, `j = k0 + c`. Build it on
-#    `slopes`' device and dtype (float32 or float64), without building the `(Nq, Nk)` bias,
+#    `slopes`' device and dtype (float32 or float64), without building the `(Nq, Nk)` bias
+#    (nor a square from index 0: the checks measure the largest tensor, at most twice the tile),
 #    for a tile on, below or above the diagonal, any number of heads (one included), slopes
 #    of 0 included.
 # 2. Write `tiled_forward(Q, K, V, slopes, block_q, block_k, causal=False, window=None)`
