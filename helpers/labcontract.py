@@ -870,7 +870,7 @@ def check_contract(lab: str, exercise: str, fn) -> None:
 # ------------------------------------------------------------------ hidden side
 
 
-def _module_at(name: str, path: Path):
+def module_at(name: str, path: Path):
     """The module ``name`` loaded from the file ``path`` (once per process; sys.modules keeps it)."""
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, path)
@@ -892,8 +892,8 @@ def instructor_module(lab: str):
     name = data_path(lab).name.removesuffix(".contract.json") if len(lab) == 5 else lab
     if not (root / f"{name}.py").exists():
         raise RuntimeError(f"the hidden tests of {name} run in the instructor's checkout only")
-    _module_at("contract", root / "contract.py")
-    return _module_at(name, root / f"{name}.py")
+    module_at("contract", root / "contract.py")
+    return module_at(name, root / f"{name}.py")
 
 
 def hidden_check(lab: str, exercise: str, fn, case_class: str) -> None:

@@ -537,3 +537,8 @@ def test_traced_counts_multiply_adds_reads_largest_and_ungated_gradients():
     assert broken_rule({"avoids": ("softmax",)}, {**seen, "ops": ["_softmax"]}, {}).startswith(
         "uses _softmax"
     )
+    g = torch.ones(3)  # "return a new tensor": the argument itself, or a view of it, is not one
+    assert traced(None, lambda x: x, (g,), {}, {})[1]["aliases"] == [0]
+    assert traced(None, lambda x: x[:2], (g,), {}, {})[1]["aliases"] == [0]
+    assert traced(None, lambda x: x * 1, (g,), {}, {})[1]["aliases"] == []
+    assert "output 0" in broken_rule({"new": True}, {"aliases": [0]}, {})

@@ -414,9 +414,12 @@ def leaks(lab: str, student_text: str | None = None) -> list[str]:
 
 # ---------------------------------------------------------------------- grade
 
-sys.path.insert(0, str(ROOT / "tools" / "grader"))
-import collect  # noqa: E402
-import sandbox  # noqa: E402
+# the grader's modules by file, under their own names (the tests import them by those names too)
+from helpers.labcontract import module_at  # noqa: E402  (the one loader of a module by file)
+
+collect = module_at("collect", ROOT / "tools" / "grader" / "collect.py")
+sandbox = module_at("sandbox", ROOT / "tools" / "grader" / "sandbox.py")
+similarity = module_at("similarity", ROOT / "tools" / "grader" / "similarity.py")
 
 STATUS_HELP = {
     "ok": "graded",
@@ -517,8 +520,6 @@ def _code(nb) -> list[str]:
 
 def _exercise_answers(nb, lab: str) -> dict[str, str]:
     """{"ex1": the student's own code of exercise 1, ...}, each cut at MAX_ANSWER characters."""
-    import similarity  # tools/grader, on the path since collect and sandbox were imported
-
     answers = similarity.exercise_answers(nb, read_nb(student_path(lab)))
     return {ex: code[:MAX_ANSWER] for ex, code in answers.items()}
 
@@ -930,7 +931,6 @@ def grade(
         run.kill_all()
         pool.shutdown(wait=True)
         run.close()
-    import similarity
 
     # a student named like the solutions' pseudo-submission is renamed in the report, not a crash
     label = {

@@ -760,12 +760,13 @@ def _write(got: dict, path) -> None:
 
 def main(argv: list[str]) -> int:
     """`derive [--write]`: the lists the labs' solutions need (printed, or written into this file)."""
-    import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2]
-    sys.path.insert(0, str(root / "tools"))
-    import labs as L
+    from helpers.labcontract import module_at
+
+    tools = Path(__file__).resolve().parents[1]
+    module_at("nbtool", tools / "nbtool.py")  # what labs.py imports from beside itself
+    L = module_at("labs", tools / "labs.py")
 
     got, refused = derive(L.labs())
     for r in refused:

@@ -21,7 +21,6 @@ import resource
 import signal
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # the protocol keeps the real stdin/stdout; the student's prints and reads get /dev/null
 _IN, _OUT = os.fdopen(os.dup(0), "rb", buffering=0), os.fdopen(os.dup(1), "wb")
 _EXIT = os._exit  # a capped child's own exit: the notebook's os._exit is replaced (run_notebook) or its own
@@ -31,7 +30,10 @@ for _fd in (0, 1, 2):
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 import torch  # noqa: E402
-import wire  # noqa: E402
+
+from helpers.labcontract import module_at  # noqa: E402  (python -I leaves this folder off sys.path)
+
+wire = module_at("wire", os.path.join(os.path.dirname(os.path.abspath(__file__)), "wire.py"))
 
 # bound here, before any student code runs: a submission that rebinds helpers.memory.saved_in_graph
 # (a plain attribute assignment, which reach.py does not flag) does not change what these names call
@@ -143,7 +145,7 @@ KERNELS_PLAIN: dict = {}  # aten name -> its operator, for the guarded ones
 def _import_dynamo() -> None:
     """Import torch._dynamo (what a TorchDispatchMode's first use imports) with aten's operators as they
     are: its modules read `aten.<op>.default`, which a guarded kernel (a plain function) does not have.
-    Called once, before the first traced call's fork, with no student code running."""
+    Called once, before the first traced call, with no student code running."""
     guarded = {n: getattr(torch.ops.aten, n) for n in KERNELS_PLAIN}
     for n, op in KERNELS_PLAIN.items():
         setattr(torch.ops.aten, n, op)
@@ -468,7 +470,8 @@ def capped(msg, value):
     After :func:`_limit_growth`, a tensor larger than 256 KiB is always new memory, which the limits
     count, whatever free space the notebook left in glibc's heaps.
     The child sends the reply itself: {"result": outputs, "over": False}, or {"result": None, "over":
-    True} when an allocation failed; the parent only waits. ``budget`` None: no limit. With ``trace``
+    True} when an allocation failed; the parent only waits. ``budget`` None: no limit and no child, the
+    call runs in this process and the reply is returned. With ``trace``
     the reply also holds what the call computed ("trace": helpers.labcontract.traced's record), which
     the stated rules of the exercise are judged on."""
     fn, args, kwargs, inner, options, budget, trace = value
