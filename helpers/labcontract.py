@@ -170,6 +170,10 @@ def _trace_mode():
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Trace(TorchDispatchMode):
+        @classmethod
+        def _should_skip_dynamo(cls):  # torch's documented opt-out: else the first use imports dynamo (2 s)
+            return False
+
         def __init__(self):
             super().__init__()
             self.seen = {"products": [], "multiply_adds": 0, "largest": [0, []], "reads": [0, "", []]}

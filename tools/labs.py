@@ -649,6 +649,8 @@ def run_harness(run: Run, lab: str, name: str, nb, timeout: float, skip, unsafe:
         "skip": list(skip),
         "result": str(ctl / "result.json"),
         "distrust": list(distrust),
+        # in the sandbox the worker has a PID namespace of its own: what a cell starts ends with it
+        "reap": not unsafe,
         # the harness reads it once, before any of the student's code runs, and hands the same cells
         # to every start of the worker (a notebook that rewrites its file changes nothing)
         "notebook": str(home / "submission.ipynb"),

@@ -261,6 +261,7 @@ class Student:
         start_timeout: float,
         cell_timeout: float | None = None,
         cells: list[reach.Cell] = (),
+        reap: bool = False,
     ):
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
@@ -276,7 +277,8 @@ class Student:
         todo = [[c.number, c.source] for c in cells]
         try:
             reply = self.peer.request(
-                {"op": "start"}, {"forbidden": forbidden, "cell_timeout": cell_timeout, "cells": todo}, True
+                {"op": "start"}, {"forbidden": forbidden, "cell_timeout": cell_timeout, "cells": todo, "reap": reap},
+                True,
             )
         except TimeoutError:
             self.close()
@@ -387,7 +389,9 @@ def grade(spec: dict) -> dict:
         left = spec["timeout"] - (time.monotonic() - started)
         if left <= 1:
             raise TimeoutError("no time left")
-        return Student(spec["worker"], forbidden, left, cell_timeout, checked.cells)
+        return Student(
+            spec["worker"], forbidden, left, cell_timeout, checked.cells, bool(spec.get("reap"))
+        )
 
     result = {"questions": {}, "errors": [], "notes": [], "restarts": 0, "review": {}}
     result["edited"] = [c.number for c in checked.cells if c.kind == "edited"]

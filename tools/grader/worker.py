@@ -134,26 +134,8 @@ def _guard_kernels(what: str, word: str) -> None:
         try:
             plain = getattr(aten, name)
             setattr(aten, name, _guard(what, plain))
-            KERNELS_PLAIN[name] = plain
         except (AttributeError, RuntimeError, TypeError):
             pass
-
-
-KERNELS_PLAIN: dict = {}  # aten name -> its operator, for the guarded ones
-
-
-def _import_dynamo() -> None:
-    """Import torch._dynamo (what a TorchDispatchMode's first use imports) with aten's operators as they
-    are: its modules read `aten.<op>.default`, which a guarded kernel (a plain function) does not have.
-    Called once, before the first traced call, with no student code running."""
-    guarded = {n: getattr(torch.ops.aten, n) for n in KERNELS_PLAIN}
-    for n, op in KERNELS_PLAIN.items():
-        setattr(torch.ops.aten, n, op)
-    try:
-        importlib.import_module("torch._dynamo")
-    finally:
-        for n, g in guarded.items():
-            setattr(torch.ops.aten, n, g)
 
 
 def _guard_aliases(guarded: dict) -> None:
@@ -201,7 +183,15 @@ def _first_line(src: str) -> str:
     return next((ln.strip() for ln in src.splitlines() if ln.strip()), "")[:60]
 
 
-def run_notebook(cells: list, cell_timeout: float | None = None) -> list[dict]:
+def reap() -> None:
+    """End every process but this one in the sandbox's PID namespace (its init, pid 1, is spared by kill)."""
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except OSError:  # nothing else running
+        pass
+
+
+def run_notebook(cells: list, cell_timeout: float | None = None, own_namespace: bool = False) -> list[dict]:
     """Execute the code cells ([number, source] each, as the harness read and checked them) in order,
     in one namespace; [{cell, ename, evalue}] for each that raised.
 
@@ -212,6 +202,10 @@ def run_notebook(cells: list, cell_timeout: float | None = None) -> list[dict]:
     (again every second, should it catch it), it is reported, and the next cell runs, so one stray
     loop costs that cell, not the notebook. Before each cell the harness is told which one runs,
     so a loop that cannot be stopped is still named when the whole notebook times out.
+
+    With ``own_namespace`` (the sandbox: this process is alone in a PID namespace but for its init),
+    every process a cell started ends with the cell: a daemon or a fork bomb costs its own cell,
+    not the grading's time or the class's cores.
     """
     from IPython.core.interactiveshell import InteractiveShell
 
@@ -248,6 +242,8 @@ def run_notebook(cells: list, cell_timeout: float | None = None) -> list[dict]:
             running[0] = False
             if cell_timeout:
                 signal.setitimer(signal.ITIMER_REAL, 0)
+            if own_namespace and os.getpid() == main:
+                reap()
         if isinstance(exc, CellTimeout):
             errors.append(
                 {
@@ -476,8 +472,6 @@ def capped(msg, value):
     the stated rules of the exercise are judged on."""
     fn, args, kwargs, inner, options, budget, trace = value
     exercise = (msg.get("opts") or {}).get("exercise")
-    if trace and "torch._dynamo" not in sys.modules:
-        _import_dynamo()  # here, once (1 s): every later call has it
     if not budget:  # no memory cap to hold: no child, the call runs here
         STATE["exercise"], STATE["ours"] = exercise, True  # the probe's own backward pass
         try:
@@ -564,7 +558,13 @@ def start(msg, value) -> dict:
         for c in value.get("cells") or []
         if isinstance(c, list) and len(c) == 2 and isinstance(c[0], int) and isinstance(c[1], str)
     ]
-    return {"errors": run_notebook(cells, float(limit) if isinstance(limit, (int, float)) else None)}
+    timeout = float(limit) if isinstance(limit, (int, float)) else None
+    return {"errors": run_notebook(cells, timeout, own_namespace=value.get("reap") is True and _alone())}
+
+
+def _alone() -> bool:
+    """True in a PID namespace of our own: we are pid 2 under bubblewrap's init (never so on a host)."""
+    return os.getpid() == 2 and os.getppid() == 1
 
 
 PEER: wire.Peer = None  # set by main()
