@@ -277,7 +277,8 @@ class Student:
         todo = [[c.number, c.source] for c in cells]
         try:
             reply = self.peer.request(
-                {"op": "start"}, {"forbidden": forbidden, "cell_timeout": cell_timeout, "cells": todo, "reap": reap},
+                {"op": "start"},
+                {"forbidden": forbidden, "cell_timeout": cell_timeout, "cells": todo, "reap": reap},
                 True,
             )
         except TimeoutError:
@@ -389,9 +390,7 @@ def grade(spec: dict) -> dict:
         left = spec["timeout"] - (time.monotonic() - started)
         if left <= 1:
             raise TimeoutError("no time left")
-        return Student(
-            spec["worker"], forbidden, left, cell_timeout, checked.cells, bool(spec.get("reap"))
-        )
+        return Student(spec["worker"], forbidden, left, cell_timeout, checked.cells, bool(spec.get("reap")))
 
     result = {"questions": {}, "errors": [], "notes": [], "restarts": 0, "review": {}}
     result["edited"] = [c.number for c in checked.cells if c.kind == "edited"]

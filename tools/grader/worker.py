@@ -103,7 +103,6 @@ KERNELS = {"torch.nn.functional.scaled_dot_product_attention": "scaled_dot_produ
 
 def _guard_in(module: str, attr: str, what: str, guarded: dict) -> None:
     """Put ``module.attr`` behind the guard for ``what`` (``guarded``: id of the original -> its guard)."""
-    import importlib
 
     try:
         mod = importlib.import_module(module)
