@@ -450,6 +450,9 @@ def _limit_growth(budget: int) -> None:
                             break
         except (MemoryError, OSError):  # Python itself found no room: draining stops there
             pass
+        # measured again: holding a thread arena's free space can raise VmData past the limit set above
+        # (its reserved pages made writable), and a limit below the present size leaves no budget at all
+        size_now, data_now = (max(a, b) for a, b in zip(_memory_now(), (size_now, data_now)))
     resource.setrlimit(resource.RLIMIT_AS, (size_now + budget, size_now + budget))
     resource.setrlimit(resource.RLIMIT_DATA, (data_now + budget, data_now + budget))
 
