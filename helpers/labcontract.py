@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from helpers.checks import close
-from helpers.labcheck import CheckResult, Stub, _is_todo_error, evaluate
+from helpers.labcheck import CheckResult, Stub, _is_todo_error, evaluate, on_device
 
 __all__ = [
     "check_contract",
@@ -410,6 +410,8 @@ def _make(path: str, node: dict):
 
 def encode(value):
     """A case's value as JSON: tensors (values, shape, dtype, layout), sizes, tuples, functions by name."""
+    if isinstance(value, torch.Tensor) and value.device.type == "meta":  # made where `device` said: no values
+        return {"meta": list(value.shape), "dtype": str(value.dtype)[6:]}
     if isinstance(value, torch.Tensor):
         t = value.detach().cpu()
         node = {"tensor": t.reshape(-1).tolist(), "shape": list(t.shape), "dtype": str(t.dtype)[6:]}
@@ -452,6 +454,8 @@ def decode(node):
         if node.get("layout") == "transposed":
             t = t.mT.contiguous().mT
         return t
+    if "meta" in node:
+        return torch.empty(node["meta"], dtype=_DTYPES[node["dtype"]], device="meta")
     if "size" in node:
         return torch.Size(node["size"])
     if "tuple" in node:
@@ -536,6 +540,8 @@ def _differs(name: str, g, e, atol: float, rtol: float) -> str | None:
             return f"{name} has shape {tuple(g.shape)}, expected {tuple(e.shape)}"
         if g.dtype != e.dtype:
             return f"{name} has dtype {g.dtype}, expected {e.dtype}"
+        if "meta" in (g.device.type, e.device.type):
+            return on_device(name, g, e)
         if e.dtype == torch.bool or not (e.is_floating_point() or e.is_complex()):
             return None if torch.equal(g.cpu(), e.cpu()) else f"{name} differs from the reference"
         return None if bool(close(g, e, atol, rtol).all()) else f"{name} differs from the reference"

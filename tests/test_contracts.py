@@ -294,6 +294,16 @@ def test_returns_and_changes_reads_the_arguments_after_an_in_place_step():
     assert torch.equal(out[0], torch.zeros(2)) and torch.equal(out[1], torch.zeros(2))
 
 
+def test_a_meta_output_is_recorded_as_where_it_was_made_and_judged_on_that_alone():
+    meta = torch.empty(3, 4, dtype=torch.bool, device="meta")
+    (back,) = labcontract.decode(json.loads(json.dumps(labcontract.encode((meta,)))))
+    assert back.device.type == "meta" and back.shape == (3, 4) and back.dtype == torch.bool
+    cpu = torch.ones(3, 4, dtype=torch.bool)
+    why = labcontract.disagreement(cpu, meta, ("mask",), 0, 0)
+    assert why.startswith("mask is on cpu, expected meta"), why
+    assert labcontract.disagreement(meta, meta, ("mask",), 0, 0) is None
+
+
 def test_a_made_object_is_recorded_as_how_to_build_it():
     W, b = torch.randn(2, 3, dtype=torch.float64), torch.randn(2, dtype=torch.float64)
     made = labcontract.Made("torch.nn.Linear", 3, 2, dtype=torch.float64, state={"weight": W, "bias": b})

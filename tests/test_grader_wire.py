@@ -26,6 +26,14 @@ def test_tensors_of_every_allowed_dtype_and_shape_cross_bit_for_bit(dtype):
         assert back.dtype == dtype and back.shape == t.shape and torch.equal(back, t)
 
 
+def test_a_meta_tensor_crosses_as_its_shape_and_dtype():
+    """A mask made where a case's device="meta" said: no values to send, only where, what shape, what dtype."""
+    back = roundtrip((torch.empty(2, 5, dtype=torch.bool, device="meta"),))[0]
+    assert back.device.type == "meta" and back.shape == (2, 5) and back.dtype == torch.bool
+    with pytest.raises(wire.WireError, match="bad tensor header"):
+        wire.Peer(None, None).decode({"meta": [2, -1], "dtype": "bool"}, [])
+
+
 def test_grad_flags_parameters_grads_and_containers_survive():
     w = torch.nn.Parameter(torch.ones(2, 2))
     w.grad = torch.full((2, 2), 3.0)

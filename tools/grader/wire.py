@@ -201,6 +201,16 @@ class Peer:
             isinstance(obj, torch.Tensor)
             and type(obj) in (torch.Tensor, torch.nn.Parameter)
             and obj.layout == torch.strided
+            and obj.device.type == "meta"
+        ):  # made where a case's device="meta" said: a shape and a dtype, no values
+            dtype = str(obj.dtype).removeprefix("torch.")
+            if dtype not in DTYPES:
+                raise WireError(f"tensor dtype {dtype} cannot cross")
+            return {"meta": list(obj.shape), "dtype": dtype}
+        if (
+            isinstance(obj, torch.Tensor)
+            and type(obj) in (torch.Tensor, torch.nn.Parameter)
+            and obj.layout == torch.strided
         ):
             if isinstance(blobs, Blobs):
                 if id(obj) in blobs.sent:
@@ -268,6 +278,15 @@ class Peer:
             return node
         if not isinstance(node, dict) or len(node) == 0:
             raise WireError(f"bad value {str(node)[:40]}")
+        if "meta" in node:
+            dtype, shape = DTYPES.get(node.get("dtype")), node["meta"]
+            if (
+                dtype is None
+                or not isinstance(shape, list)
+                or not all(isinstance(s, int) and 0 <= s < 1 << 40 for s in shape)
+            ):
+                raise WireError("bad tensor header")
+            return torch.empty(shape, dtype=dtype, device="meta")
         if "tensor" in node:
             dtype = DTYPES.get(node.get("dtype"))
             shape = node.get("shape")

@@ -122,6 +122,9 @@ def _guard_in(module: str, attr: str, what: str, guarded: dict) -> None:
 
 def _guard_kernels(what: str, word: str) -> None:
     """The aten operators behind a forbidden function, guarded under its name."""
+    # the first op on the meta device (a case's device="meta") imports torch's meta registrations, which
+    # read `aten.<op>.default` of every operator: done here, while the operators are still torch's own
+    torch.ones(1, 1, device="meta").tril()
     aten = torch.ops.aten
     # dir(aten) lists only the operators already looked up: ask the dispatcher for all of them
     names = {

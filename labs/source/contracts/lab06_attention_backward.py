@@ -179,6 +179,14 @@ ex1 = Exercise(
             atol=0,
             rtol=0,
         ),
+        CaseClass(
+            # the meta device holds no values: this class sees where the mask is made, its shape and dtype
+            "device='meta' is passed, with align='bottom_right' and a window (the mask is made there)",
+            _with(_sizes("lt", low=2), lambda q, k: st.just({**BR, "window": 2, "device": "meta"})),
+            _mask_case,
+            atol=0,
+            rtol=0,
+        ),
     ],
     points=2,
     by_hand=("helpers.attention.causal_mask",),

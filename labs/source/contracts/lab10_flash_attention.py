@@ -539,7 +539,8 @@ ex4 = Exercise(
 
 def causal_tile_mask(q0, k0, bq, bk, window=None, device=None):
     """(bq, bk) bool: key k0 + c visible to query q0 + r (j ≤ i, and i − j < window)."""
-    return _visible(bq, bk, True, window, q0, k0)
+    mask = _visible(bq, bk, True, window, q0, k0)
+    return mask if device is None else mask.to(device)
 
 
 def _crosses(p):
@@ -595,6 +596,14 @@ ex5 = Exercise(
             st.tuples(st.integers(2, 6), st.integers(0, 4)),
             st.just(1),
             crosses=True,
+        ),
+        CaseClass(
+            # the meta device holds no values: this class sees where the tile is made, its shape and dtype
+            "device='meta' is passed (the tile is made there)",
+            st.tuples(st.integers(2, 6), st.integers(0, 4), st.integers(2, 5), st.integers(2, 5)),
+            lambda p, s: Case(p, kwargs={"window": 2, "device": "meta"}),
+            atol=0,
+            rtol=0,
         ),
     ],
     question="ex5",

@@ -79,7 +79,8 @@ from helpers.numgrad import unbroadcast
 # `bottom_right` and `Nq > Nk` the first queries see no key at all: their rows are all
 # False); `align` and `window` left out or passed as their defaults; any `window` ≥ 1, from
 # 1 (the diagonal key alone) to `Nk` or more (with `Nq` < `Nk`: nothing is cut), in either
-# alignment. Work out,
+# alignment; made on `device` when one is given (a check passes `device="meta"`, PyTorch's
+# device of shapes without values, and looks at where the mask was made). Work out,
 # for query $i$, the last key it may see and the first one the window keeps, in each
 # alignment.
 #

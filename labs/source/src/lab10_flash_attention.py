@@ -528,7 +528,8 @@ check_contract("lab10", "ex4", tiled_backward)
 # 1. Write `causal_tile_mask(q0, k0, bq, bk, window=None, device=None)`: a `bool` tensor of
 #    shape `(bq, bk)`, `True` where key `k0 + c` is visible to query `q0 + r`, for a tile
 #    across the diagonal, wholly above it (all False) or wholly below it, without a window,
-#    with one, and with `window=1`.
+#    with one, and with `window=1`; made on `device` when one is given (a check passes
+#    `device="meta"` and looks at where the tile was made).
 # 2. Go back to `tiled_forward` (Exercise 2) and `tiled_backward` (Exercise 4), remove the
 #    `raise NotImplementedError` and make `causal=True` (with and without a window) work, then
 #    re-run those cells. **Work out**: which key blocks can a query block skip, before and
