@@ -231,8 +231,10 @@ def redteam(tmp_path_factory):
         (d / f"{name}.ipynb").write_text(_submission(LAB, insert=[(5, code.format(**fill))]))
     for name in REACHES_OUT:
         (d / f"{name}_then_correct.ipynb").write_text(_submission(LAB, sol))
-    (d / "(published solutions).ipynb").write_text(_submission(LAB))  # a name the report uses itself
-    (d / '=HYPERLINK("x").ipynb').write_text(_submission(LAB))  # a formula in a spreadsheet
+    # names, not notebooks: a name the report uses itself, a formula in a spreadsheet (a file that is
+    # not a notebook takes no grading's time and still gets its row, its feedback and its label)
+    (d / "(published solutions).ipynb").write_text('{"cells": [')
+    (d / '=HYPERLINK("x").ipynb').write_text('{"cells": [')
     partial = sol[:3] + [
         sol[3].replace("(h > 0)", "(h >= 0)"),
         sol[4].replace("torch.outer(grad_h, x)", "torch.outer(x, grad_h)"),
@@ -332,8 +334,8 @@ EXPECTED = {
 }
 for _name in REACHES_OUT:
     EXPECTED[f"{_name}_then_correct"] = ("ok", "1 1 2 2 2 3", "11")
-EXPECTED["(published solutions)"] = ("ok", "0 0 0 0 0 0", "0")
-EXPECTED['=HYPERLINK("x")'] = ("ok", "0 0 0 0 0 0", "0")
+EXPECTED["(published solutions)"] = ("corrupt", "0 0 0 0 0 0", "0")
+EXPECTED['=HYPERLINK("x")'] = ("corrupt", "0 0 0 0 0 0", "0")
 
 
 def _points(row):
@@ -763,14 +765,15 @@ def _harness_grade(lab, nb, **spec) -> dict:
         )
 
 
-def _grade_in_harness(lab, replace=()):
-    """The solutions (with `replace` applied) graded by the harness against a sandboxed worker: {ex: (passed, cases)}."""
+def _grade_in_harness(lab, replace=(), **spec):
+    """The solutions (with `replace` applied) graded by the harness against a sandboxed worker: {ex: (passed, cases)}
+    (``spec``: more of the harness's settings, ``skip``)."""
     nb = labs.solution_notebook(lab)
     for old, new in replace:
         assert any(old in c.source for c in nb.cells), old
         for c in nb.cells:
             c.source = c.source.replace(old, new)
-    out = _harness_grade(lab, nb)
+    out = _harness_grade(lab, nb, **spec)
     return {q: (v["passed"], v["cases"]) for q, v in out["questions"].items()}, out["notes"]
 
 
@@ -1106,7 +1109,15 @@ def _mutant_group(name: str) -> tuple:
 def _graded_with_mistakes(group: tuple) -> dict:
     """One grading of the lab's solutions with every mistake of the group in place (lab 2's three: one)."""
     lab = MUTANTS[group[0]][0]
-    got, _ = _grade_in_harness(lab, [edit for m in group for edit in MUTANTS[m][2]])
+    # graded: the mutated questions and those that call them (whose points the mistakes must not cost);
+    # the others run as the solutions do (test_every_labs_solutions_pass_...), so their hidden tests are skipped
+    c = labs.contract(lab)
+    mutated = {MUTANTS[m][1] for m in group}
+    callers = {
+        e.question for e in c.exercises.values() if any(c.exercises[x].question in mutated for x in e.calls)
+    }
+    skip = [q.name for q in c.questions() if q.name not in mutated | callers]
+    got, _ = _grade_in_harness(lab, [edit for m in group for edit in MUTANTS[m][2]], skip=skip)
     return got
 
 
