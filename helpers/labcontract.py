@@ -812,7 +812,7 @@ def evaluate_contract(lab: str, exercise: str, fn) -> CheckResult:
             fn, decode(case["expected"]), args=decode(case["args"]), outputs=tuple(outputs), name=title
         )
     detail = (
-        "returned None (not implemented for this case?)"
+        f"returned None where {_listed(list(outputs), 3)} {'is' if len(outputs) == 1 else 'are'} expected"
         if status == "todo"
         else f"error in your code: {why}"
         if status == "error"
@@ -1074,11 +1074,13 @@ def products_formed(answer, args, kwargs, forbid=(), inner=None, returned=(), ca
     With cap (bytes; returned given): a call that needs a tensor of more than cap bytes is "over its memory
     budget" (measured as :func:`within_budget` does)."""
     peer = _boundary(answer)
-    if cap is not None and peer is not None:
-        reply = peer.capped(answer, args, kwargs, inner, options, cap)
+    if peer is not None:  # across the grader's boundary the call runs, and is watched, in the worker
+        reply = peer.capped(answer, args, kwargs, inner, options, cap, trace=True)
         if reply["over"]:
             return (_over(cap), *["not computed"] * len(returned), *["not measured"] * len(forbid))
-        out, seen, largest = _given(reply["result"]), [], 0
+        seen = reply["trace"]
+        out, largest = _given(reply["result"]), seen["largest"][0]
+        seen = [tuple(p) for p in seen["products"]]
     else:
         out, seen, largest = _watched(inner, answer, args, kwargs, options)
     outs = out if isinstance(out, tuple) else (out,)

@@ -294,6 +294,15 @@ def test_returns_and_changes_reads_the_arguments_after_an_in_place_step():
     assert torch.equal(out[0], torch.zeros(2)) and torch.equal(out[1], torch.zeros(2))
 
 
+def test_a_none_returned_by_an_answer_that_works_elsewhere_is_not_called_a_stub():
+    def relu_backward(grad_a, h):
+        return None if (h == 0).any() else grad_a * (h > 0)
+
+    r = labcontract.evaluate_contract("lab01_cat_mlp", "ex4", relu_backward)
+    assert r.status == "fail" and r.line.endswith("returned None where grad_h is expected"), r.line
+    assert "not implemented" not in r.line
+
+
 def test_a_meta_output_is_recorded_as_where_it_was_made_and_judged_on_that_alone():
     meta = torch.empty(3, 4, dtype=torch.bool, device="meta")
     (back,) = labcontract.decode(json.loads(json.dumps(labcontract.encode((meta,)))))

@@ -255,7 +255,8 @@ def redteam(tmp_path_factory):
         ]
         + sol[3:]
     )
-    reference_ex6 = sol[:5] + [
+    # ex3 by autograd and ex6 by the course's reference, in one notebook: each costs its own exercise only
+    reference_ex6 = autograd_ex3[:5] + [
         "from helpers import cat_mlp\n\n"
         "def cat_backward_batch(X, W1, b1, W2, b2, Y):\n    out = {k: 0 for k in ('W1', 'b1', 'W2', 'b2')}\n"
         "    for i in range(X.shape[0]):\n        g = cat_mlp.backward(cat_mlp.forward(X[i], W1, b1, W2, b2, Y[i]), W2, Y[i])\n"
@@ -272,8 +273,7 @@ def redteam(tmp_path_factory):
         "kills_itself": _submission(
             LAB, sol, insert=[(5, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")]
         ),
-        "autograd_in_ex3": _submission(LAB, autograd_ex3),
-        "reference_in_ex6": _submission(LAB, reference_ex6),
+        "autograd_in_ex3_reference_in_ex6": _submission(LAB, reference_ex6),
         "zz_classmate": _submission(LAB, sol),
     }
     for name, text in honest.items():
@@ -328,8 +328,7 @@ EXPECTED = {
     "stubborn_loop": ("timeout", "0 0 0 0 0 0", "0"),  # catches what stops its cell: the notebook times out
     "corrupt": ("corrupt", "0 0 0 0 0 0", "0"),
     "wrong_lab": ("wrong-lab", "0 0 0 0 0 0", "0"),
-    "autograd_in_ex3": ("ok", "1 1 0 2 2 3", "9"),
-    "reference_in_ex6": ("ok", "1 1 2 2 2 0", "8"),
+    "autograd_in_ex3_reference_in_ex6": ("ok", "1 1 0 2 2 0", "6"),
     "zz_classmate": ("ok", "1 1 2 2 2 3", "11"),
 }
 for _name in REACHES_OUT:
@@ -426,8 +425,11 @@ def _leftovers() -> list[str]:
 @pytest.mark.slow
 def test_notes_and_feedback_name_the_cause_and_never_quote_hidden_material(redteam):
     rows, fb = redteam["rows"], redteam["fb"]
-    assert "used autograd in ex3, which asks for the gradient by hand" in rows["autograd_in_ex3"]["notes"]
-    assert "used helpers.cat_mlp.backward in ex6" in rows["reference_in_ex6"]["notes"]
+    assert (
+        "used autograd in ex3, which asks for the gradient by hand"
+        in rows["autograd_in_ex3_reference_in_ex6"]["notes"]
+    )
+    assert "used helpers.cat_mlp.backward in ex6" in rows["autograd_in_ex3_reference_in_ex6"]["notes"]
     notes = rows["syntax_error"]["notes"]
     assert re.match(r"cell \d+: SyntaxError", notes), notes
     cell = labs.read_nb(redteam["subs"] / "syntax_error.ipynb").cells[
@@ -1049,6 +1051,11 @@ MUTANTS = {
         "ex2",
         [("        grad_x = g @ W + s * g_r @ A", "        grad_x = g @ (W + s * B @ A)")],
     ),
+    "gᵀx formed for a frozen W in LoRALinearFn (lab 8)": (
+        "lab08_lora",
+        "ex5",
+        [("        grad_W = g2.T @ x2 if need_W else None", "        grad_W = g2.T @ x2")],
+    ),
     "all three gradients computed whatever needs asks (lab 8)": (
         "lab08_lora",
         "ex2",
@@ -1088,6 +1095,15 @@ def test_a_mistake_seen_only_through_the_boundary_loses_points(name):
         for q, (p, n) in got.items()
         if q not in mutated and not (lab.startswith("lab09") and q == "ex4")
     ), got
+
+
+@pytest.mark.sandbox
+@pytest.mark.slow
+def test_a_product_formed_in_the_workers_process_is_seen_in_every_class_not_only_the_memory_capped_one():
+    """products_formed runs the call, and its trace, where the answer runs: across the boundary as in the
+    self-check (the harness's own trace saw none of the worker's ops: 1 of 9 classes lost, the capped one)."""
+    got = _graded_with_mistakes(_mutant_group("gᵀx formed for a frozen W in LoRALinearFn (lab 8)"))
+    assert got["ex5"] == (1, 9), got  # only "W is trainable (it gets gᵀx)" may form it
 
 
 def _mutant_group(name: str) -> tuple:
