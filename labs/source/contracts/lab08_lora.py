@@ -437,7 +437,9 @@ def _fn_case(lead, n_in, out, r, s, seed, wrt=(0, 2, 3), dtype=F64, huge=False) 
     forbid = [[] if 1 in wrt else [(out, n_in)], [] if 0 in wrt else [(R, n_in)]]
     options = {
         "returned": ("y", "grad_x", "grad_W", "grad_A", "grad_B"),
-        "inner": "backward_reporting",
+        # what autograd gets, and what the Function saved for backward ("save x, W, A, B")
+        "inner": "backward_and_saved",
+        "which": True,
         "wrt": wrt,
         "report": (0, 1, 2, 3),
         "grad_output": g,
@@ -459,6 +461,8 @@ OUTPUTS5 = (
     "grad_W",
     "grad_A",
     "grad_B",
+    "tensors saved for backward",
+    "grad_y after backward",
     "an out × in product",
     "a product shaped like ∂L/∂x",
 )

@@ -332,7 +332,8 @@ check_contract("lab08", "ex4b", unmerge_)
 # * `forward(x, W, A, B, s)`: $y = xW^\top + s\,(xA^\top)B^\top$, shape (..., out), never
 #   forming $BA$;
 # * `setup_context(ctx, inputs, output)`: save `x`, `W`, `A`, `B` with `ctx.save_for_backward`
-#   and keep the float `s` on `ctx`;
+#   and keep the float `s` on `ctx`, nothing else (the checks count what is saved, tensors kept
+#   as `ctx` attributes included);
 # * `backward(ctx, grad_y)`: unpack `ctx.saved_tensors`; bring `grad_y` and `x` to the 2-D
 #   shapes your `lora_backward` takes and pass it the right flags of `ctx.needs_input_grad`;
 #   give `grad_x` its input's shape back; compute $\partial L/\partial W$ **only if**
