@@ -1051,6 +1051,17 @@ MUTANTS = {
         "ex2",
         [("        grad_x = g @ W + s * g_r @ A", "        grad_x = g @ (W + s * B @ A)")],
     ),
+    # a call with a stated rule runs in the worker (capped): the arguments it changed there are said too
+    "P written in place (lab 6 ex3)": (
+        "lab06_attention_backward",
+        "ex3",
+        [
+            (
+                "    grad_S = P * (grad_P - (grad_P * P).sum(-1, keepdim=True))  # (..., Nq, Nk)",
+                "    grad_S = P.mul_(grad_P - (grad_P * P).sum(-1, keepdim=True))  # (..., Nq, Nk)",
+            )
+        ],
+    ),
     "gᵀx formed for a frozen W in LoRALinearFn (lab 8)": (
         "lab08_lora",
         "ex5",

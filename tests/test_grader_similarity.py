@@ -664,3 +664,23 @@ def test_the_graders_whole_lab_texts_flag_no_honest_work(lab):
     text (labs.answer_text): coarser (lines cut out of their def do not parse), never an honest flag."""
     flat = {n: labs.answer_text(handed_in(lab, exs), lab) for n, exs in corpus(lab).items()}
     assert similarity_pairs(flat, labs.answer_text(labs.solution_notebook(lab), lab)) == []
+
+
+def test_a_markdown_cell_of_many_newlines_is_read_in_linear_time():
+    """`^\\s*#` let every line start scan all the blank lines after it: 10⁵ newlines took about 2 minutes
+    (1 MB, which a notebook may hold, hours), and no gradebook is written until it ends."""
+    nb = {
+        "cells": [
+            {"cell_type": "markdown", "source": "\n" * 200_000 + "## Exercise 2 · x"},
+            {"cell_type": "code", "source": "y = 1"},
+        ]
+    }
+    assert similarity.exercise_answers(nb, {"cells": []}) == {"ex2": "y = 1"}
+    assert similarity._EXERCISE.search("#\n\nExercise 3") is None  # a heading is one line
+
+
+def test_two_long_identical_answers_show_at_most_matched_most_statements():
+    code = "\n".join(f"x{i} = torch.ones({i}) * {i}" for i in range(3 * similarity.MATCHED_MOST))
+    a = similarity.Answer(code, similarity.bound_names(code), set())
+    lines = similarity.matched_lines(a, a)
+    assert len(lines) == similarity.MATCHED_MOST and lines[0][2] == "L1-1 ~ L1-1"

@@ -192,7 +192,10 @@ class HarnessPeer(wire.Peer):
         the probe ``inner`` in a child of the worker whose address space may grow by ``budget`` bytes (None:
         no limit); with ``trace``, also {"trace": what the call computed} (helpers.labcontract.traced)."""
         value = (fn, tuple(args), dict(kwargs), inner, dict(options or {}), budget and int(budget), trace)
-        return self.request({"op": "capped", "opts": {"exercise": self.exercise}}, value, True)
+        reply = self.request({"op": "capped", "opts": {"exercise": self.exercise}}, value, True)
+        if isinstance(reply, dict) and reply.get("changed") and not self.in_place:
+            raise InPlaceEdit(f"changed {len(reply['changed'])} of its tensor arguments in place")
+        return reply
 
     def call(self, fn, args, kwargs, **opts):
         ins = wire.tensors((args, kwargs))

@@ -90,7 +90,9 @@ SOLUTION_MIN_EXERCISES = 2  # ... and at least this many
 WHOLE = "all"  # the exercise name of an answer handed in as one text
 FIELDS = ("a", "b", "similarity", "threshold", "exercises", "tokens_overlap", "matched_lines")
 
-_EXERCISE = re.compile(r"^\s*#{1,6}\s*Exercise\s+(\d+)", re.IGNORECASE | re.MULTILINE)
+# spaces and tabs only, never a newline, around the heading's words: `^\s*` let each line start scan every
+# blank line after it (a markdown cell of 10⁵ newlines took minutes, 1 MB hours: no gradebook until then)
+_EXERCISE = re.compile(r"^[ \t]*#{1,6}[ \t]*Exercise[ \t]+(\d+)", re.IGNORECASE | re.MULTILINE)
 _TOKEN = re.compile(r"[A-Za-z_]\w*|\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+|\*\*|//|->|[=!<>]=|\S")
 
 
@@ -320,22 +322,36 @@ def score(a: Answer, b: Answer) -> tuple[float, int]:
     return (shared / sum(a.grams.values()) + shared / sum(b.grams.values())) / 2, shared
 
 
+MATCHED_MOST = 200  # statements of a shown at most: a reader's evidence, and the work stays linear in b
+
+
 def matched_lines(a: Answer, b: Answer) -> list[tuple[str, str, str]]:
     """(a's lines, b's lines, "La-b ~ Lc-d") for each statement of a mostly found in one of b's
-    (a line shown once: an ``elif`` is an ``else`` and an ``if`` on one line)."""
+    (a line shown once: an ``elif`` is an ``else`` and an ``if`` on one line); a's first ``MATCHED_MOST``
+    statements (two long identical answers made this quadratic: no gradebook until it ended)."""
+    where_gram: dict = {}  # gram -> [(b's statement k, its count there)]
+    for k, u in enumerate(b.units):
+        for g, n in Counter(u[0]).items():
+            where_gram.setdefault(g, []).append((k, n))
+    a_lines, b_lines = a.code.splitlines(), b.code.splitlines()
     out, seen = [], set()
-    for grams, first, last, _ in a.units:
+    for grams, first, last, _ in a.units[:MATCHED_MOST]:
         if (first, last) in seen:
             continue
-        best, best_n = None, 0
-        for bu in b.units:
-            n = sum((Counter(grams) & Counter(bu[0])).values())
-            if n > best_n:
-                best, best_n = bu, n
-        if best is not None and best_n * 2 >= len(grams):
+        shared: Counter = Counter()
+        for g, n in Counter(grams).items():
+            for k, m in where_gram.get(g, ()):
+                shared[k] += min(n, m)
+        if not shared:
+            continue
+        k, best_n = max(shared.items(), key=lambda kv: (kv[1], -kv[0]))  # the first of the best
+        if best_n * 2 >= len(grams):
+            best = b.units[k]
             seen.add((first, last))
             where = f"L{first}-{last} ~ L{best[1]}-{best[2]}"
-            out.append((a.lines(first, last), b.lines(best[1], best[2]), where))
+            out.append(
+                ("\n".join(a_lines[first - 1 : last]), "\n".join(b_lines[best[1] - 1 : best[2]]), where)
+            )
     return out
 
 

@@ -464,6 +464,15 @@ def _over_memory(e: BaseException) -> bool:
     return isinstance(e, MemoryError) or "can't allocate memory" in str(e) or "out of memory" in str(e)
 
 
+def _values_changed(ins: list, before: list) -> list[int]:
+    """Which of a call's tensor arguments it changed (shape, dtype or values), by index."""
+    return [
+        i
+        for i, (t, b) in enumerate(zip(ins, before))
+        if t.shape != b.shape or t.dtype != b.dtype or not torch.equal(t.detach(), b)
+    ]
+
+
 def capped(msg, value):
     """One call (through a probe of helpers.labcontract) in a forked child whose memory may grow by at
     most ``budget`` bytes: the kernel enforces the limits (hard RLIMIT_AS and RLIMIT_DATA, which the child
@@ -477,6 +486,10 @@ def capped(msg, value):
     the stated rules of the exercise are judged on."""
     fn, args, kwargs, inner, options, budget, trace = value
     exercise = (msg.get("opts") or {}).get("exercise")
+    ins = wire.tensors((args, kwargs))
+    before = [
+        t.detach().clone() for t in ins
+    ]  # the harness sent copies: what changed is said, as on_call does
     if not budget:  # no memory cap to hold: no child, the call runs here
         STATE["exercise"], STATE["ours"] = exercise, True  # the probe's own backward pass
         try:
@@ -485,6 +498,7 @@ def capped(msg, value):
                 reply = {"result": out, "over": False, "trace": seen}
             else:
                 reply = {"result": RUN_PROBE(inner, fn, args, kwargs, options), "over": False}
+            reply["changed"] = _values_changed(ins, before)
         finally:
             STATE["exercise"], STATE["ours"] = None, False
         if not wire.values_only(reply):
@@ -506,6 +520,7 @@ def capped(msg, value):
                     reply = {"result": out, "over": False, "trace": seen}
                 else:
                     reply = {"result": RUN_PROBE(inner, fn, args, kwargs, options), "over": False}
+                reply["changed"] = _values_changed(ins, before)
                 if not wire.values_only(reply):  # a handle made here would die with this process
                     raise TypeError("returned an object that is not a value")
                 PEER.send({"kind": "reply"}, reply, True)
