@@ -474,7 +474,10 @@ def grade(spec: dict) -> dict:
             tests = f"hidden test {ks[0]}" if len(ks) == 1 else f"hidden tests {', '.join(map(str, ks))}"
             result["notes"].append(f"{q.name}: your code raised {what} in {tests}")
         if not any(passed) and q.name in student.peer.returned_nothing and not raised:
-            result["notes"].append(f"{q.name}: not implemented (your function returned None or ...)")
+            result["notes"].append(
+                f"{q.name}: your function returned None (or ...) in every hidden test: not written yet, "
+                "or a missing `return`?"
+            )
         if used:
             asks = "for the gradient by hand" if used == "autograd" else "you to write it yourself"
             result["notes"].append(f"used {used} in {q.name}, which asks {asks}: 0 points for {q.name}")

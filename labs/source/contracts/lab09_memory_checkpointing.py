@@ -513,7 +513,7 @@ ex5 = Exercise(
             **STEP_TOL,
         ),
         CaseClass(
-            "the gradients overflow (the step is skipped)",
+            "the gradients overflow to inf and NaN (the step is skipped)",
             st.tuples(st.sampled_from([2.0**20, 2.0**22, 2.0**24]), st.integers(1, 5), lrs),
             lambda p, s: _ex5("fp16_linear_loss", p[0], p[1], p[2], s, gi=8),
             **STEP_TOL,

@@ -315,6 +315,10 @@ check_contract("lab06", "ex3", attention_backward)
 #   may-attend mask that broadcasts against (B, H, Nq, Nk) yourself, and combine the two;
 # * run your `attention_forward` with the bias and the scale, then your `attention_backward`.
 #
+# Your self-check 4 runs your own Exercises 1-3 (a mistake there shows here too, and the ✗
+# says so); the hidden tests run the course's `causal_mask`, `attention_forward` and
+# `attention_backward` in their place, so a mistake there costs points once, where it is.
+#
 # Every flag is tried at each of its values, its default included: no mask at all
 # (`causal=False`, `key_padding_mask=None`); `causal=True` with `Nq` = `Nk`, `Nq` < `Nk` and
 # `Nq` > `Nk`, in each alignment, with and without a window; padding alone and with a causal
