@@ -226,7 +226,7 @@ def _per_head(H, seed, dtype=F64):
 def _fwd(p, seed, kind):
     """A (B, H, Nq, Nk) forward case of one kind (mask, Bias, scale as the class promises)."""
     B, H, Nq, Nk, d, dv = p
-    dtype = F32 if kind == "f32" else F64
+    dtype = F32 if kind in ("f32", "f32_low") else F64
     lead = () if kind == "2d" else (B, H)
     Q, K, V = _qkv(lead, Nq, Nk, d, dv, seed, dtype)
     mask, Bias, scale = None, None, None
@@ -254,6 +254,10 @@ def _fwd(p, seed, kind):
     elif kind == "visible_low":  # every visible score far below 0: −100 in place of −∞ leaks
         mask = causal
         Bias = torch.full((H, Nq, Nk), -200.0, dtype=dtype) + randn(H, Nq, Nk, seed=seed + 4, dtype=dtype)
+    elif kind == "f32_low":  # float32: e^(−200) underflows, so only the visible max can be subtracted
+        mask = causal
+        low = torch.full((H, Nq, Nk), -200.0, dtype=dtype) + randn(H, Nq, Nk, seed=seed + 4, dtype=dtype)
+        Bias = torch.where(causal, low, torch.full_like(low, 1e3))
     elif kind == "large":  # a shift of every score: softmax unchanged, exp(S) overflows
         Bias = torch.tensor(1e3, dtype=dtype)
     elif kind == "heads_apart":  # head 0 near +10³, the others near −200: one max for all underflows
@@ -312,6 +316,12 @@ ex2 = Exercise(
         _fwd_class("a masked score is far above the visible ones (Bias +10³ where masked)", "masked_high"),
         _fwd_class("every visible score is far below 0 (Bias ≈ −200): masked means −∞", "visible_low"),
         _fwd_class("Q, K, V are float32", "f32", atol=1e-5, rtol=1e-5),
+        _fwd_class(
+            "every visible score near −200 and a masked one at +10³, in float32 (subtract the visible max)",
+            "f32_low",
+            atol=1e-5,
+            rtol=1e-5,
+        ),
     ],
     points=2,
     by_hand=(
