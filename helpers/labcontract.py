@@ -1249,9 +1249,9 @@ def _segments_order(log, keys) -> str:
 def checkpoint_run(answer, args, kwargs, method=None, x_at=0, data_x=False, frozen=(), grad_output=None, **o):
     """(per name in report: "peak" the most blocks holding a graph at once, "order" the segments' re-run order,
     "data_x" re-runs whose input required grad though x is data, "saved" the bytes saved for backward in x's
-    bytes, "after" a draw after backward; then y, grad_x (None for a data x), the parameters' gradients in one
+    bytes, "after" a draw after backward, "held" the tensors ctx holds as attributes; then y, grad_x (None for a data x), the parameters' gradients in one
     vector): a checkpoint (lab 9) run seeded, forward then backward, its blocks watched through BLOCK_LOG."""
-    from helpers.memory import SavedTensors
+    from helpers.memory import SavedTensors, ctx_attributes
 
     seed, between, report = o.get("seed", 0), o.get("between", 0), o.get("report", ())
     f = getattr(answer, method) if method else answer
@@ -1268,6 +1268,7 @@ def checkpoint_run(answer, args, kwargs, method=None, x_at=0, data_x=False, froz
     torch.manual_seed(seed)
     with SavedTensors(exclude=params) as saved:
         y = _given(f(*args, **kwargs))
+    held = len(_held_on_ctx((y,), ctx_attributes))  # "save x and the parameters, nothing else": ctx.Z = Z too
     if between:
         torch.rand(between)
     wanted = ([] if data_x else [x]) + [p for p in params if p.requires_grad]
@@ -1288,6 +1289,7 @@ def checkpoint_run(answer, args, kwargs, method=None, x_at=0, data_x=False, froz
         "data_x": f"{n_data} re-run{'' if n_data == 1 else 's'}",
         "saved": f"{saved.total_bytes / (x.numel() * x.element_size()):g} × x's bytes",
         "after": drawn,
+        "held": f"{held} tensor{'' if held == 1 else 's'} held on ctx",
     }
     return (*(extra[r] for r in report), y.detach(), grad_x, flat)
 

@@ -208,7 +208,7 @@ def _ex2(L, every, lead, d, f, seed, dtype=F64, data_x=False, frozen=()) -> Case
         "data_x": data_x,
         "frozen": tuple(frozen),
         "grad_output": randn(*x.shape, seed=seed + 1, dtype=dtype),
-        "report": ("peak", "order", "data_x", "saved"),
+        "report": ("peak", "order", "data_x", "saved", "held"),
     }
     return Case((FUNCTIONS["ffn_block"], every, x, *params), options=options)
 
@@ -230,6 +230,7 @@ ex2 = Exercise(
         "segments re-run",
         "data-x re-runs",
         "saved",
+        "tensors held as ctx attributes",
         "y",
         "grad_x",
         "grad_params",
@@ -310,7 +311,7 @@ def _ex3(lead, d, f, seed, fn="ffn_dropout", dtype=F64, data_x=False, frozen=(),
         "grad_output": randn(*x.shape, seed=seed + 1, dtype=dtype),
         "seed": seed % 1000,
         "between": between,
-        "report": ("data_x", "after"),
+        "report": ("data_x", "after", "held"),
     }
     return Case((FUNCTIONS[fn], x, *params), options=options)
 
@@ -321,7 +322,14 @@ ex3 = Exercise(
     "(fn, x, *params)",
     "Exercise 3 · checkpoint_rng",
     checkpoint_rng,
-    ("data-x re-runs", "random stream after backward", "y", "grad_x", "grad_params"),
+    (
+        "data-x re-runs",
+        "random stream after backward",
+        "tensors held as ctx attributes",
+        "y",
+        "grad_x",
+        "grad_params",
+    ),
     [
         CaseClass("the block draws a dropout mask", dims, lambda p, s: _ex3((p[0],), *p[1:], s), **F64_TOL),
         CaseClass(

@@ -140,7 +140,9 @@ check_contract("lab09", "ex1", predict_saved_bytes)
 # * `forward(fn, every, x, *params)`: the stack's output, computed under `torch.no_grad()`;
 # * `setup_context(ctx, inputs, output)`: keep `fn` and `every` on `ctx`, save `x` and the
 #   parameters (they exist anyway) with `ctx.save_for_backward`, and nothing else (the
-#   self-check measures the bytes saved besides the parameters: those of `x`);
+#   self-check measures the bytes saved besides the parameters: those of `x`; and it counts the
+#   tensors kept as `ctx` attributes, which must be none: `save_for_backward` is what checks
+#   that a saved tensor was not changed in place before backward);
 # * `backward(ctx, grad_y)`: first run the stack again **without** a graph to get back the
 #   input of every segment of `every` consecutive blocks (blocks $0, k, 2k, \dots$ with
 #   $k$ = `every`; the last segment may be shorter, and `every` may be 1, or as large as $L$ or
@@ -277,7 +279,8 @@ check_contract("lab09", "ex2", StackCheckpoint)
 # re-run draws a new mask. Write a checkpoint of **one** block that repeats the mask:
 # * `CheckpointRNG`: `forward(fn, rng_state, x, *params)` returns `fn(x, *params)` without a
 #   graph; `setup_context` keeps `fn` and `rng_state` on `ctx` and saves `x` and the
-#   parameters; `backward` re-runs `fn` with a graph on fresh leaves, with the random
+#   parameters with `ctx.save_for_backward` (no tensor as a `ctx` attribute: the self-check
+#   counts them); `backward` re-runs `fn` with a graph on fresh leaves, with the random
 #   generators put back to `rng_state` (`set_rng_state` from `helpers.checkpoint`), and
 #   differentiates it. Gate on `ctx.needs_input_grad[2:]` as in exercise 2 and return one
 #   gradient per input (`None` for `fn`, `rng_state` and every input that needs none: a data
