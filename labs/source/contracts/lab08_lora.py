@@ -340,7 +340,9 @@ def unmerge_(layer, A, B, s):
     return layer
 
 
-def _layer_case(out, n_in, r, s, seed, merged=False, frozen=False, bias=True, dtype=F64) -> Case:
+def _layer_case(
+    out, n_in, r, s, seed, merged=False, frozen=False, bias=True, dtype=F64, train_ab=False
+) -> Case:
     W = randn(out, n_in, seed=seed, dtype=dtype)
     A = randn(r, n_in, seed=seed + 1, dtype=dtype)
     B = randn(out, r, seed=seed + 2, dtype=dtype)
@@ -349,6 +351,8 @@ def _layer_case(out, n_in, r, s, seed, merged=False, frozen=False, bias=True, dt
         state["bias"] = randn(out, seed=seed + 3, dtype=dtype)
     maker = "helpers.labcontract.frozen_linear" if frozen else "torch.nn.Linear"
     layer = Made(maker, n_in, out, bias=bias, dtype=dtype, state=state)
+    if train_ab:  # the adapter in training: a merge outside no_grad leaves the weight a graph
+        A, B = Made("torch.nn.Parameter", A), Made("torch.nn.Parameter", B)
     return Case((layer, A, B, s))
 
 
@@ -363,6 +367,12 @@ def _layer_classes(merged: bool) -> list:
         CaseClass("the layer is trainable (requires_grad)", st.tuples(sizes, scale), make(), **F64_TOL),
         CaseClass(
             "the layer is frozen (requires_grad False)", st.tuples(sizes, scale), make(frozen=True), **F64_TOL
+        ),
+        CaseClass(
+            "the layer is frozen and A, B are trainable (they require grad, as in training)",
+            st.tuples(sizes, scale),
+            make(frozen=True, train_ab=True),
+            **F64_TOL,
         ),
         CaseClass("the layer has no bias", st.tuples(sizes, scale), make(bias=False), **F64_TOL),
         CaseClass("the layer is float32", st.tuples(sizes, scale), make(dtype=F32), **F32_TOL),
