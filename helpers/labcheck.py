@@ -407,7 +407,8 @@ def _compare_one(
 def _apart(got: float, expected: float) -> tuple[str, str]:
     """got and expected with 6 significant digits, or as many more as it takes to tell them apart."""
     for digits in (6, 9, 12, 17):
-        g, e = fmt_sig(got, digits), fmt_sig(expected, digits)
+        # past 6 digits both keep their trailing zeros: "1.21015268" beside "1.21015270", never "1.2101527"
+        g, e = fmt_sig(got, digits, zeros=digits > 6), fmt_sig(expected, digits, zeros=digits > 6)
         if g != e:
             break
     return g, e

@@ -40,12 +40,13 @@ def fmt_sci(v, digits: int = 1) -> str:
     return _format(v, f".{digits}e")
 
 
-def fmt_sig(v, digits: int = 6) -> str:
+def fmt_sig(v, digits: int = 6, zeros: bool = False) -> str:
     """One number with ``digits`` significant digits (0.4, -0.923077, 1.5e-07); a rounded -0 prints as 0.
+    With ``zeros``, trailing zeros are kept (1.21015270 beside 1.21015268, not 1.2101527).
 
     For messages that quote a value (the labs' "got 0.4, expected -0.9"), not for tables.
     """
-    return _format(v, f".{digits}g")
+    return _format(v, f"{'#' if zeros else ''}.{digits}g")
 
 
 def _rows(values, decimals, width, edge):
