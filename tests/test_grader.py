@@ -951,6 +951,19 @@ MUTANTS = {
         "ex3",
         [("            set_rng_state(ctx.rng_state)", "            pass")],
     ),
+    # the case's Values live in the harness: their operators are refused there while ex1 is graded
+    "the Value's own operator (lab 3)": (
+        "lab03_inside_autograd",
+        "ex1",
+        [
+            (
+                '    out = Value(a.data * b.data, (a, b), "*")\n\n    def _backward():\n'
+                "        a.grad += b.data * out.grad\n        b.grad += a.data * out.grad\n\n"
+                "    out._backward = _backward\n    return out",
+                "    return a * b",
+            )
+        ],
+    ),
     "inputs counted (lab 3)": (
         "lab03_inside_autograd",
         "ex4",

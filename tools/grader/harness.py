@@ -178,6 +178,29 @@ class HarnessPeer(wire.Peer):
     in_place: bool = False
     returned_nothing: set = set()
 
+    forbidden: dict = {}  # question -> the dotted names its by-hand rule forbids
+    used: dict = {}  # question -> the first of them the student's code asked this process for
+
+    def serve(self, msg: dict, blobs: list[bytes]) -> None:
+        """As wire.Peer.serve; but while a by-hand question is graded, an operator or a method of one of the
+        harness's objects that the question forbids (``helpers.micrograd.Value.__mul__`` on the case's
+        Values, which live here) is refused and recorded, as the worker's guards do for its own objects."""
+        obj = self.objects.get(msg.get("ref")) if msg.get("op") in ("dunder", "getattr") else None
+        name = msg.get("name")
+        if obj is not None and isinstance(name, str) and self.exercise in self.forbidden:
+            what = f"{type(obj).__module__}.{type(obj).__qualname__}.{name}"
+            if what in self.forbidden[self.exercise]:
+                self.used.setdefault(self.exercise, what)
+                self.send(
+                    {
+                        "kind": "reply",
+                        "error": "ByHandError",
+                        "message": f"{what} is not allowed in {self.exercise}, which asks for it by hand",
+                    }
+                )
+                return
+        super().serve(msg, blobs)
+
     def synced(self, header: dict, value):
         """A request that shares this process's random stream with the worker (sent along, brought back),
         and brings back what the test's own functions appended to the test's lists there."""
@@ -270,6 +293,8 @@ class Student:
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
         )
         self.peer = HarnessPeer(self.proc.stdout, self.proc.stdin)
+        self.peer.forbidden = {q: set(names) for q, names in forbidden.items()}
+        self.peer.used = {}
         self.peer.returned_nothing = set()
         self.peer.send_code = True
         self.running = None  # (cell number, its first line): the cell the worker said it was starting
@@ -450,7 +475,7 @@ def grade(spec: dict) -> dict:
                 shapes.setdefault(mismatched[0], []).append(k)
             passed.append(ok)
         student.peer.exercise = None
-        used = student.violations().get(q.name)
+        used = student.violations().get(q.name) or student.peer.used.get(q.name)
         raised.pop("ByHandError", None)  # said once, below
         if edited:
             tests = (
