@@ -245,8 +245,10 @@ check_contract("lab02", "ex3", residual_backward)
 # Write `unrepeat(grad, shape, reps)`: given `grad` $= \partial L/\partial y$ for
 # `y = x.repeat(*reps)`, return $\partial L/\partial x$, with exactly the shape `shape` of
 # `x` (`shape` is a tuple or a `torch.Size`, `()` for a 0-dim `x`; `reps` a tuple of ints
-# ≥ 1). Chapter 2 showed the rule for broadcasting (a value used many times: sum what each use
-# sends back); work out which entries of `grad` are copies of the same entry of `x`.
+# ≥ 1), **by hand**: reshapes and sums, no autograd (the checks refuse `backward` and
+# `torch.autograd.grad` here). Chapter 2 showed the rule for broadcasting (a value used many
+# times: sum what each use sends back); work out which entries of `grad` are copies of the
+# same entry of `x`.
 #
 # <details><summary>Hint: the recipe</summary>
 #
