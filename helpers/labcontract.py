@@ -99,6 +99,36 @@ def _given(value):
     return value
 
 
+def own_apply(cls):
+    """``cls.apply``, checked: every output autograd tracks has ``cls``'s own node as its grad_fn, so
+    the gradient judged is what ``cls.backward`` computes, never autograd's derivative of whatever
+    ``apply`` became (a Function graded as a Function)."""
+    plain = cls.apply
+
+    def apply(*args, **kwargs):
+        out = plain(*args, **kwargs)
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            node = getattr(t, "grad_fn", None) if isinstance(t, torch.Tensor) else None
+            mine = getattr(node, "_forward_cls", None)
+            if node is not None and not (isinstance(mine, type) and issubclass(mine, cls)):
+                raise TypeError(
+                    f"{cls.__name__}.apply returned a tensor whose gradient autograd would take through "
+                    f"{type(node).__name__}, not through {cls.__name__}.backward: use the Function's own apply"
+                )
+        return out
+
+    return apply
+
+
+def method_of(answer, method: str | None):
+    """``answer``'s ``method`` (an autograd.Function's ``apply`` through ``own_apply``), or ``answer`` itself."""
+    if not method:
+        return answer
+    if method == "apply" and isinstance(answer, type) and issubclass(answer, torch.autograd.Function):
+        return own_apply(answer)
+    return getattr(answer, method)
+
+
 @probe
 def returns_and_changes(answer, args, kwargs, changed=(), result=True):
     """(result, args[i] after the call for i in changed): a step that updates its arguments in place."""
@@ -113,7 +143,7 @@ def returns_and_changes(answer, args, kwargs, changed=(), result=True):
 def backward_through(answer, args, kwargs, wrt=(0,), grad_output=None, method="apply"):
     """(outputs…, ∂L/∂args[i] for i in wrt) with L = Σ ⟨grad_output, output⟩: an autograd.Function
     (``answer.apply``, or ``method=None`` for a function) judged by what autograd gets from it."""
-    f = getattr(answer, method) if method else answer
+    f = method_of(answer, method)
     args = list(args)
     for i in wrt:
         args[i] = args[i].detach().requires_grad_()  # the caller's storage: a forward writing into it shows
@@ -962,7 +992,7 @@ def backward_and_saved(
     grads = grad_output if isinstance(grad_output, tuple) else (grad_output,)
     before = [None if g is None else g.clone() for g in grads]
     with SavedTensors() as saved:
-        out = _given(answer.apply(*args, **kwargs))
+        out = _given(method_of(answer, "apply")(*args, **kwargs))
     outs = out if isinstance(out, tuple) else (out,)
     pairs = [(o, g) for o, g in zip(outs, grads) if g is not None]
     torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
@@ -1254,7 +1284,7 @@ def checkpoint_run(answer, args, kwargs, method=None, x_at=0, data_x=False, froz
     from helpers.memory import SavedTensors, ctx_attributes
 
     seed, between, report = o.get("seed", 0), o.get("between", 0), o.get("report", ())
-    f = getattr(answer, method) if method else answer
+    f = method_of(answer, method)
     args = list(args)
     x = args[x_at] = args[x_at].detach().clone().requires_grad_(not data_x)
     for i, v in enumerate(args):
@@ -1521,7 +1551,7 @@ def backward_saving(
     an output it has no gradient for (a log-sum-exp L) non-differentiable."""
     from helpers.memory import ctx_attributes
 
-    f = getattr(answer, method) if method else answer
+    f = method_of(answer, method)
     args = list(args)
     for i in wrt:
         args[i] = args[i].detach().requires_grad_()  # the caller's storage: a forward writing into it shows

@@ -62,8 +62,9 @@ def _submission(lab, answers=None, insert=None):
     for cell, ans in zip(slots, answers or []):
         if ans is not None:
             cell.source = ans
-    for after, code in insert or []:
-        nb.cells.insert(nb.cells.index(slots[after]) + 1, nbformat.v4.new_code_cell(code))
+    for after, code in insert or []:  # after = -1: before exercise 1's answer cell
+        at = nb.cells.index(slots[0]) if after < 0 else nb.cells.index(slots[after]) + 1
+        nb.cells.insert(at, nbformat.v4.new_code_cell(code))
     for c in nb.cells:
         if c.cell_type == "code":
             c.outputs = []
@@ -878,6 +879,18 @@ MUTANTS = {
             )
         ],
     ),
+    # issue 33's red team: an autograd.Function whose apply became a differentiable expression (autograd
+    # differentiated it, across the boundary too); the worker hands out the Function's own_apply
+    "apply replaced by a differentiable expression (lab 4)": (
+        "lab04_custom_functions",
+        "ex2",
+        [
+            (
+                "        ctx.save_for_backward(output)",
+                "        ctx.save_for_backward(output)\n\n    apply = staticmethod(lambda Z: torch.softmax(Z, -1))",
+            )
+        ],
+    ),
     "both gradients returned ungated (lab 4)": (
         "lab04_custom_functions",
         "ex3",
@@ -1299,7 +1312,12 @@ def _plan(lab, text):
 
     qs = harness.questions(labs.source_path(lab))
     released = harness.released_cells({"source": str(labs.source_path(lab))}, qs)
-    return reach.plan(_cells(text), released, {q.name: q.by_hand for q in qs})
+    return reach.plan(
+        _cells(text),
+        released,
+        {q.name: q.by_hand for q in qs},
+        {q.name: {t.function for t in q.tests} for q in qs},
+    )
 
 
 def _edit_given(text: str, old: str, new: str) -> str:
@@ -1383,7 +1401,8 @@ def test_a_by_hand_answer_off_the_allow_list_goes_to_review_naming_the_construct
         checked.reach,
     )
     if not reach_all:  # a gradient computed unseen serves any exercise: all that ask for one by hand
-        assert set(checked.review) == {"ex2", "ex3", "ex4", "ex5", "ex6"} and not checked.reach, checked
+        # (ex1 too where the answer also uses what no list holds: forward AD's `.tangent`)
+        assert {"ex2", "ex3", "ex4", "ex5", "ex6"} <= set(checked.review) and not checked.reach, checked
         assert checked.gradient, checked
 
 
@@ -1425,6 +1444,56 @@ def test_honest_answers_written_otherwise_than_the_solutions_are_not_sent_to_rev
     )
     checked = _plan(LAB, text)
     assert not checked.review and not checked.reach and not checked.gradient, checked.review
+
+
+BY_HAND_1 = {"ex1", "ex2", "ex3", "ex4", "ex5", "ex6"}  # lab 1: every exercise is by hand
+
+
+def test_code_before_exercise_1_is_read_and_off_the_list_sends_every_by_hand_exercise_to_review():
+    """Issue 33's red team ran code from a string with a timing utility in a cell before exercise 1, which
+    was read against nothing. Every statement a student wrote runs before every hidden test."""
+    sol = _solutions(LAB)
+    for code, named in [
+        ("import timeit\ntimeit.timeit('pass', number=1)", "import timeit"),
+        ("from torch.fx.experimental.proxy_tensor import make_fx", "import torch.fx.experimental"),
+        ("traced = torch.jit.trace(lambda x: x * 2, torch.ones(2))", "torch.jit.trace"),
+    ]:
+        checked = _plan(LAB, _submission(LAB, sol, insert=[(-1, code)]))
+        assert set(checked.review) == BY_HAND_1, (code, checked.review)
+        assert all(any(x.startswith(named) for x in v) for v in checked.review.values()), (code, checked)
+    # the same anywhere else: in a scratch cell after a later exercise
+    checked = _plan(LAB, _submission(LAB, sol, insert=[(4, "import timeit")]))
+    assert set(checked.review) == BY_HAND_1, checked.review
+
+
+def test_a_helper_defined_anywhere_is_read_against_the_list_of_the_by_hand_exercise_that_calls_it():
+    """A gradient helper before exercise 1, called by ex3's answer: ex3 goes to review for it (its list
+    refuses autograd); the exercises that do not call it do not."""
+    sol = _solutions(LAB)
+    helper = "def _vjp(y, x, g):\n    return torch.autograd.grad(y, x, g)[0]"
+    answer = sol[2].replace("    return grad_W2", "    _check = _vjp\n    return grad_W2")
+    checked = _plan(LAB, _submission(LAB, sol[:2] + [answer] + sol[3:], insert=[(-1, helper)]))
+    assert set(checked.review) == {"ex3"}, checked.review
+    assert any(x.startswith("torch.autograd.grad (cell ") for x in checked.review["ex3"]), checked.review
+    # an alias of it, bound in another cell, is followed the same way
+    alias = "check_grad = _vjp"
+    answer = sol[3].replace("    return grad_h", "    check_grad\n    return grad_h")
+    checked = _plan(LAB, _submission(LAB, sol[:3] + [answer] + sol[4:], insert=[(-1, helper), (1, alias)]))
+    assert set(checked.review) == {"ex4"}, checked.review
+
+
+def test_checking_a_by_hand_answer_against_autograd_in_a_scratch_cell_is_not_sent_to_review():
+    """What the course asks learners to do (compare with PyTorch) is honest: a scratch cell after the
+    answer that runs autograd at the top level serves no hidden test, and the run-time guard watches
+    every call of the answer."""
+    scratch = (
+        "x = torch.randn(3, requires_grad=True)\nW2 = torch.randn(2, 3)\ny_hat = W2 @ x\n"
+        "(grad_x,) = torch.autograd.grad(y_hat.sum(), x)\n"
+        "print(torch.allclose(grad_x, layer2_backward(torch.ones(2), x.detach(), W2)[2]))\n"
+        "x.unsqueeze_(0)\nprint(torch.linalg.vector_norm(x))"
+    )
+    checked = _plan(LAB, _submission(LAB, _solutions(LAB), insert=[(2, scratch)]))
+    assert not checked.review and not checked.reach and not checked.gradient, checked
 
 
 def test_a_magic_hides_nothing_from_the_allow_list():
@@ -1573,7 +1642,8 @@ BY_HAND_EXPECTED = {
     "published_solutions": ("ok", "1 1 2 2 2 3", "11", ""),
     # the run-time guard saw autograd used: 0 for ex3, with the note; a gradient computed unseen
     # can serve any exercise, so every one asking for gradients by hand waits for review
-    "forward_ad": ("review", "1 review 0 review review review", "1", "ex2 ex4 ex5 ex6"),
+    # (and ex1, which forward AD's `.tangent` reaches as well: no list holds it)
+    "forward_ad": ("review", "review review 0 review review review", "0", "ex1 ex2 ex4 ex5 ex6"),
     # nothing at run time sees a node called directly: the allow-list sends them to review
     "grad_fn_nodes": ("review", "1 review review review review review", "1", "ex2 ex3 ex4 ex5 ex6"),
     # torch._functorch reaches past the public API: every by-hand exercise waits; ex3's guard fired

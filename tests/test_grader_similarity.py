@@ -684,3 +684,30 @@ def test_two_long_identical_answers_show_at_most_matched_most_statements():
     a = similarity.Answer(code, similarity.bound_names(code), set())
     lines = similarity.matched_lines(a, a)
     assert len(lines) == similarity.MATCHED_MOST and lines[0][2] == "L1-1 ~ L1-1"
+
+
+def _padded(code: str, dead: str, n: int) -> str:
+    """``code`` with ``n`` dead helpers appended: ``dead``'s functions and classes renamed, never called."""
+    out = [code]
+    for k in range(n):
+        out.append(re.sub(r"^(def|class) (\w+)", rf"\1 _unused_{k}_\2", dead, flags=re.M))
+    return "\n\n".join(out) + "\n"
+
+
+@pytest.mark.parametrize("lab", CORPUS_LABS)
+def test_a_copy_padded_with_dead_helpers_scores_as_the_copy_does(lab):
+    """Issue 33: the published solutions padded with dead helper functions (another student's answers,
+    renamed, never called) dropped below the copy line (0.75-0.94). What the graded functions cannot
+    run is not the answer: the padded copy scores what the plain copy does, and is flagged."""
+    sol = solutions(lab)
+    dead = "\n\n".join(corpus(lab)["ana"].values())
+    padded = {ex: _padded(code, dead, 3) for ex, code in sol.items()}
+    answers = class_answers(lab, {"plain": sol, "padded": padded})
+    given = similarity.given_code(released(lab))
+    rows = exercise_scores(answers, sol, given=given)
+    got = {(r["exercise"], r["a"]): round(r["similarity"], 6) for r in rows if r["b"] == SOLUTIONS}
+    for ex in sol:
+        if ("plain", ex) in {(a, e) for e, a in got}:
+            assert got[(ex, "padded")] == got[(ex, "plain")], (ex, got[(ex, "padded")], got[(ex, "plain")])
+    flagged = {(r["a"], r["b"]) for r in similarity_pairs(answers, sol, given=given)}
+    assert (("padded", SOLUTIONS) in flagged) == (("plain", SOLUTIONS) in flagged), flagged

@@ -411,7 +411,12 @@ def grade(spec: dict) -> dict:
     except (OSError, ValueError, RecursionError) as e:
         return {"status": "crashed", "message": f"the notebook could not be read ({type(e).__name__})"}
     # read once: what is checked here is what every start of the worker runs
-    checked = reach.plan(cells, released_cells(spec, qs), {q.name: list(q.by_hand) for q in qs})
+    checked = reach.plan(
+        cells,
+        released_cells(spec, qs),
+        {q.name: list(q.by_hand) for q in qs},
+        {q.name: {t.function for t in q.tests} for q in qs},
+    )
     review = _review(checked, qs, spec.get("distrust", ()))
 
     def start():

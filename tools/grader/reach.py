@@ -8,12 +8,15 @@ derived by ``python reach.py derive`` from every lab's solutions): ordinary Pyth
 tensor operations and attributes, the course's helpers the solutions call. Anything else sends the
 exercise to "instructor review" (its points pending, the construct named); nothing is zeroed for it.
 
-What goes to review, and which exercises (``plan``):
+What goes to review, and which exercises (``plan``), statement by statement:
 
-* off the list in the part of the notebook of an exercise whose source lists ``by_hand`` (its
-  answer cell, cells the student added after it, their lines in a given cell there): that
-  exercise. Where the exercise asks for gradients by hand ("autograd" in its list) the list is the
-  by-hand solutions' (``ALLOWED["by_hand"]``), else what any solution uses (``ALLOWED["any"]``);
+* off the "any" list (what any solution uses, ordinary Python, torch's public math: ``public_math``),
+  wherever it stands (before exercise 1 included): every by-hand exercise, since it runs, or can be
+  called, before every hidden test; except a name a by-hand list guards at run time, which counts
+  only where reached (below);
+* off the by-hand solutions' list (``ALLOWED["by_hand"]``) in a statement an exercise asking for
+  gradients by hand can run (its graded function, and what that reads, transitively: ``live``): that
+  exercise;
 * a gradient computed where no run-time guard sees it (``UNSEEN``: forward AD, the functional API,
   `torch.func`, `.grad_fn` nodes), anywhere: every exercise asking for gradients by hand;
 * what could switch the guards off (``NEVER_ANY``: `sys.modules`, `getattr`, a dunder, a private
@@ -376,13 +379,15 @@ class _Uses(ast.NodeVisitor):
                 self.add("string", w, node)
 
 
-def uses(code: str, scope: Scope) -> list[tuple[str, str, int]]:
-    """(kind, text, line) of every import, module path, attribute, builtin and given name ``code`` uses."""
-    tree = parse(code)
-    if tree is None:
-        return []
+def uses(code: str, scope: Scope, nodes: list | None = None) -> list[tuple[str, str, int]]:
+    """(kind, text, line) of every import, module path, attribute, builtin and given name ``code`` uses
+    (or, given ``nodes``, statements of ``code`` already parsed, only those)."""
+    if nodes is None:
+        tree = parse(code)
+        nodes = [] if tree is None else [tree]
     v = _Uses(scope)
-    v.visit(tree)
+    for node in nodes:
+        v.visit(node)
     return v.found
 
 
@@ -425,17 +430,22 @@ def describe(kind: str, text: str) -> str:
 
 
 def unlisted(
-    code: str, scope: Scope, tier: str, released: str = "", also: frozenset = frozenset()
+    code: str,
+    scope: Scope,
+    tier: str,
+    released: str = "",
+    also: frozenset = frozenset(),
+    nodes: list | None = None,
 ) -> list[tuple[str, int, str]]:
     """What ``code`` uses that the ``tier`` list does not hold: [(construct, line, severity)], lines of
     ``released`` (the cell as handed out, for a given cell the student edited) excused, and uses in
     ``also`` ((kind, text): what the released notebook's own cells use) allowed. Severity:
     "reach" (could switch the grader's guards off), "gradient" (computes a gradient no run-time guard
-    sees), "unlisted" (anything else off the list)."""
+    sees), "unlisted" (anything else off the list). ``nodes``: read only these statements of ``code``."""
     excused = {ln.strip() for ln in released.splitlines() if ln.strip()}
     lines = code.splitlines()
     out = []
-    for kind, text, line in uses(code, scope):
+    for kind, text, line in uses(code, scope, nodes):
         if kind == "attr" and text in scope.own_attrs and not _never(kind, text, tier):
             continue  # the student's own attribute (self.cache, ctx.shape)
         if allowed(kind, text, tier) or ((kind, text) in also and not _never(kind, text, tier)):
@@ -476,6 +486,47 @@ values type is_floating_point nelement element_size storage_offset sigmoid_ relu
 isneginf isposinf signbit fmax fmin exp2 expm1 log2 log10 hypot abs_ square_ weight bias in_features out_features
 modules named_modules children named_children parameters named_parameters
 """
+# Public tensor math, by construction rather than by list: every public function, method, dtype and
+# class of torch's math namespaces, less the names that compute or reach a gradient, hook into
+# autograd, alias memory, serialise, compile or trace, or change a global setting. A student who
+# writes `torch.linalg.solve` or `x.unsqueeze_(0)` did ordinary tensor work.
+MATH_NAMESPACES = (
+    "torch",
+    "torch.Tensor",
+    "torch.nn",
+    "torch.nn.Module",
+    "torch.nn.functional",
+    "torch.linalg",
+    "torch.special",
+    "torch.fft",
+)
+NOT_MATH = re.compile(
+    r"grad|backward|hook|register|storage|_ptr|share_memory|pin_memory|dlpack|from_file|frombuffer|save|load"
+    r"|compile|script|jit|vmap|func|autograd|library|deterministic|anomaly|autocast|thread|^set_(?!rng_state)"
+)
+
+
+def public_math() -> frozenset:
+    """The attribute names of ``MATH_NAMESPACES``' public functions, methods, dtypes and classes, less
+    ``NOT_MATH`` (a namespace's submodules are not in it: `torch.linalg` is read part by part)."""
+    import importlib
+    import types
+
+    names = set()
+    for path in MATH_NAMESPACES:
+        mod, _, attr = (
+            path.rpartition(".") if path.count(".") and path.split(".")[-1][0].isupper() else (path, "", "")
+        )
+        obj = importlib.import_module(mod)
+        obj = getattr(obj, attr) if attr else obj
+        for n in dir(obj):
+            if n.startswith("_") or NOT_MATH.search(n):
+                continue
+            if not isinstance(getattr(obj, n, None), types.ModuleType):
+                names.add(n)
+    return frozenset(names)
+
+
 VETTED = {
     "imports": ("math", "torch", "torch.nn", "torch.nn.functional", "functools", "itertools", "typing"),
     "dotted": (
@@ -492,10 +543,25 @@ VETTED = {
         "helpers.device.randn",
         "helpers.device.get_device",
         "helpers.device.no_tf32",
+        "helpers.labcontract.ffn_block",  # lab 9's prose names it beside the given ffn_dropout
     ),
     # plain Python on lists, dicts and strings
     "attributes": tuple(VETTED_TENSOR.split())
-    + ("append", "extend", "items", "keys", "values", "get", "pop", "update", "insert", "format", "join"),
+    + tuple(public_math())
+    + (
+        "fft",
+        "append",
+        "extend",
+        "items",
+        "keys",
+        "values",
+        "get",
+        "pop",
+        "update",
+        "insert",
+        "format",
+        "join",
+    ),
 }
 
 # BEGIN ALLOWED (written by `python tools/grader/reach.py derive --write` from the labs' solutions)
@@ -871,33 +937,137 @@ def classify(cells: list[tuple[int, str]], released: list[tuple[str, str | None]
     return out
 
 
-def plan(cells: list[tuple[int, str]], released: list[tuple[str, str | None]], by_hand: dict) -> Plan:
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+
+
+def _outer(node: ast.AST):
+    """The nodes of ``node`` in its own scope: a nested def, class or lambda, but not its body."""
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        yield n
+        if n is node or not isinstance(n, _SCOPES):
+            todo += ast.iter_child_nodes(n)
+
+
+def _binds(node: ast.stmt) -> set[str]:
+    """The names a top-level statement binds (a def, a class, an import, an assignment, a loop's target)."""
+    out = set()
+    for n in _outer(node) if not isinstance(node, _SCOPES) else [node]:
+        if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
+            out.add(n.id)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(n.name)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            out |= {a.asname or a.name.split(".")[0] for a in n.names}
+    return out
+
+
+def _reads(node: ast.stmt) -> set[str]:
+    """The names a statement reads from the notebook's globals: which other statements it can call or use
+    (a function's own arguments and locals are not the notebook's)."""
+    loads = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        local = {a.arg for a in ast.walk(node.args) if isinstance(a, ast.arg)}
+        local |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        local -= {g for n in ast.walk(node) if isinstance(n, (ast.Global, ast.Nonlocal)) for g in n.names}
+        loads -= local
+    return loads
+
+
+def live(nodes: list[ast.stmt], roots) -> set[int]:
+    """The indices of the top-level statements the names ``roots`` can run: those binding a root, then,
+    transitively, those binding a name they read (a helper, an alias, a class)."""
+    binders: dict[str, list[int]] = {}
+    for i, node in enumerate(nodes):
+        for n in _binds(node):
+            binders.setdefault(n, []).append(i)
+    reads: dict[int, set[str]] = {}
+    todo, seen = [i for n in roots for i in binders.get(n, [])], set()
+    while todo:
+        i = todo.pop()
+        if i not in seen:
+            seen.add(i)
+            reads[i] = reads.get(i) or _reads(nodes[i])
+            todo += [j for n in reads[i] for j in binders.get(n, [])]
+    return seen
+
+
+def _reached(parts: list[tuple[Cell, ast.stmt]], functions: dict) -> list[set[str]]:
+    """For each statement, the questions whose graded functions can run it (``live`` from their names)."""
+    out = [set() for _ in parts]
+    nodes = [node for _, node in parts]
+    for q, names in functions.items():
+        for i in live(nodes, names):
+            out[i].add(q)
+    return out
+
+
+def _guarded(construct: str, guarded: set[str]) -> bool:
+    """Whether a construct (as ``describe`` names it) is, or is a module of, a name a by-hand list guards."""
+    text = construct.removeprefix("import ")
+    if text.startswith("."):  # an attribute (`.register_full_backward_hook`): the guarded method's name
+        return any(g.endswith(text) for g in guarded)
+    return any(text == g or text.startswith(g + ".") or g.startswith(text + ".") for g in guarded)
+
+
+def plan(
+    cells: list[tuple[int, str]],
+    released: list[tuple[str, str | None]],
+    by_hand: dict,
+    functions: dict | None = None,
+) -> Plan:
     """Read a submission's code cells against the released ones: what each is, what goes to review.
 
-    ``by_hand``: {question: its by_hand list}. A given cell as released is not read (it is the
-    course's code); of a given cell the student edited, only the lines they wrote count."""
+    ``by_hand``: {question: its by_hand list}; ``functions``: {question: the names the grader calls}.
+    A given cell as released is not read (it is the course's code); of a given cell the student edited,
+    only the lines they wrote count. Every statement the student wrote is read twice:
+
+    * against the list any answer may use: off it, every by-hand exercise goes to review, wherever the
+      statement stands (before exercise 1 included). It runs, or can be called, before any hidden test,
+      and whatever it changes stays changed in the process the hidden tests call into;
+    * against the list of each by-hand exercise whose graded functions can run it (the function, the
+      helpers and aliases it reads, transitively): off that list, that exercise goes to review.
+      Without ``functions``, a statement in a by-hand exercise's part of the notebook is that exercise's.
+    """
     out = Plan(classify(cells, released))
     own = [c for c in out.cells if c.kind != "given"]
     given = [r for r, o in released if o is None]
     sc = scope(given, [c.source for c in own])
     # what the course's own cells use a student may use too (a self-check line copied to debug)
     also = frozenset((k, t) for g in given for k, t, _ in uses(g, sc))
-    reach, gradient = set(), set()
-    for c in own:
+    parts = [(c, node) for c in own for node in getattr(parse(c.source), "body", [])]
+    if functions is None:
+        reached = [{c.owner} if by_hand.get(c.owner) else set() for c, _ in parts]
+    else:
+        reached = _reached(parts, {q: functions.get(q, ()) for q, names in by_hand.items() if names})
+    # what a by-hand list names is guarded at run time in the exercises that refuse it: read only where reached
+    guarded = {n for names in by_hand.values() for n in names if "." in n}
+    reach, gradient, anywhere = set(), set(), set()
+    review: dict[str, set] = {}
+    for (c, node), qs in zip(parts, reached):
         excuse = c.released if c.kind == "edited" else ""
-        mine = bool(by_hand.get(c.owner))
-        tier = tier_of(by_hand[c.owner]) if mine else "any"
-        for construct, _, severity in unlisted(c.source, sc, tier, excuse, also):
+        everywhere = set()
+        for construct, _, severity in unlisted(c.source, sc, "any", excuse, also, [node]):
             named = f"{construct} (cell {c.number})"
-            if severity == "reach":  # could switch the guards off: every by-hand exercise
-                reach.add(named)
-            elif severity == "gradient":  # a gradient computed unseen serves any exercise that calls it
-                gradient.add(named)
-            elif mine:  # off a by-hand exercise's list, in its part of the notebook: that exercise
-                out.review.setdefault(c.owner, set()).add(named)
+            if severity in ("reach", "gradient"):  # could switch the guards off / a gradient computed unseen
+                (reach if severity == "reach" else gradient).add(named)
+            elif not _guarded(construct, guarded):
+                anywhere.add(named)
+            else:
+                continue
+            everywhere.add(construct)
+        for q in qs:  # and against the list of each by-hand exercise that can run it
+            for construct, _, _ in unlisted(c.source, sc, tier_of(by_hand[q]), excuse, also, [node]):
+                if construct not in everywhere:
+                    review.setdefault(q, set()).add(f"{construct} (cell {c.number})")
+    for q, names in by_hand.items():
+        if not names:
+            continue
+        got = review.setdefault(q, set())
+        got |= anywhere  # off every list, wherever it stands: every by-hand exercise
+        if gradient and tier_of(names) == "by_hand":  # a gradient computed unseen: every autograd-by-hand one
+            got |= gradient
     out.reach, out.gradient = sorted(reach), sorted(gradient)
-    out.review = {q: sorted(v) for q, v in out.review.items()}
-    for q, names in by_hand.items():  # every exercise asking for gradients by hand
-        if gradient and tier_of(names) == "by_hand":
-            out.review[q] = sorted(set(out.review.get(q, [])) | gradient)
+    out.review = {q: sorted(v) for q, v in review.items() if v}
     return out

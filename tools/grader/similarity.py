@@ -287,13 +287,45 @@ def _grams(toks: list[str]) -> list[tuple[str, ...]]:
     return [tuple(toks[i : i + K]) for i in range(len(toks) - K + 1)]
 
 
-class Answer:
-    """One exercise answer, normalised: its statements, their grams (given grams removed), its size."""
+def _live_lines(code: str, roots: set[str]) -> set[int] | None:
+    """The lines of the top-level statements that the names ``roots`` (those the released notebook's code
+    uses: the graded functions) can run, or None (all of it) where it does not parse or defines none:
+    a definition nothing calls and scratch code are not the answer, so padding a copy with them changes
+    nothing."""
+    tree = _parse(code)
+    if tree is None or not roots:
+        return None
+    keep = _reach().live(tree.body, roots)
+    if not keep:
+        return None
+    lines = set()
+    for i in keep:
+        node = tree.body[i]
+        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        lines.update(range(first, (node.end_lineno or node.lineno) + 1))
+    return lines
 
-    def __init__(self, code: str, bound: set[str], base: set):
+
+def _reach():
+    """tools/grader/reach.py (beside this file): one reading of what a statement binds and reads."""
+    from pathlib import Path
+
+    from helpers.labcontract import module_at
+
+    return module_at("reach", Path(__file__).with_name("reach.py"))
+
+
+class Answer:
+    """One exercise answer, normalised: its statements, their grams (given grams removed), its size
+    (only the statements ``roots`` can run, when given: see ``_live_lines``)."""
+
+    def __init__(self, code: str, bound: set[str], base: set, roots: set[str] = frozenset()):
         self.code = code
         self.units = []  # (grams, first line, last line), statements with at least one own gram
+        live = _live_lines(code, set(roots))
         for toks, first, last in statements(code, bound):
+            if live is not None and first not in live:
+                continue
             grams = [g for g in _grams(toks) if g not in base]
             if grams:
                 self.units.append((grams, first, last, len(toks)))
@@ -394,6 +426,7 @@ def exercise_scores(
     if solutions is not None and SOLUTIONS in answers:
         raise ValueError(f"a submission may not be named {SOLUTIONS!r}")
     base = _base(given)
+    roots = set(re.findall(r"[A-Za-z_]\w*", given))  # the graded functions are named in the given code
 
     def bound_of(exs):
         return set().union(*(bound_names(code) for code in exs.values())) if exs else set()
@@ -403,7 +436,7 @@ def exercise_scores(
     if solutions is not None:
         sol_exs = _as_exercises(solutions)
         sol_bound = bound_of(sol_exs)
-        sol = {ex: Answer(code, sol_bound, base) for ex, code in sol_exs.items() if code.strip()}
+        sol = {ex: Answer(code, sol_bound, base, roots) for ex, code in sol_exs.items() if code.strip()}
     # between students, what the solutions also contain is the expected answer, not evidence
     peer: dict[str, dict[str, Answer]] = {}
     own: dict[str, dict[str, Answer]] = {}  # against the solutions: only the given code is excluded
@@ -413,9 +446,9 @@ def exercise_scores(
         for ex, code in exs.items():
             if code.strip():
                 expected = base | set(sol[ex].grams) if ex in sol else base
-                peer[name][ex] = Answer(code, bound, expected)
+                peer[name][ex] = Answer(code, bound, expected, roots)
                 if ex in sol:
-                    own[name][ex] = Answer(code, bound, base)
+                    own[name][ex] = Answer(code, bound, base, roots)
     names = sorted(peer)
     exercises = sorted({ex for n in names for ex in peer[n]}, key=lambda e: (len(e), e))
     rows = []

@@ -166,7 +166,13 @@ class Peer:
     """One end of the boundary: encodes, decodes, sends requests and serves the other end's."""
 
     def __init__(
-        self, rfile: BinaryIO, wfile: BinaryIO, *, serve_dunder: bool = False, on_call: Callable | None = None
+        self,
+        rfile: BinaryIO,
+        wfile: BinaryIO,
+        *,
+        serve_dunder: bool = False,
+        on_call: Callable | None = None,
+        on_getattr: Callable | None = None,
     ):
         self.rfile, self.wfile = rfile, wfile
         self.objects: dict[int, Any] = {}  # handles this side gave out
@@ -181,6 +187,8 @@ class Peer:
         self.module_token: dict[int, tuple] = {}  # id(module received by value) -> (the sender's token, it)
         self.received_modules: list = []  # (token, module) received by value, echoed back after a call
         self.on_call = on_call or (lambda fn, args, kwargs, opts: fn(*args, **kwargs))
+        # what the other side gets for obj.name (the worker: a Function's apply that checks its grad_fn)
+        self.on_getattr = on_getattr or (lambda obj, name: getattr(obj, name))
         self.handlers: dict[str, Callable] = {}
 
     # ------------------------------------------------------------------ values
@@ -736,7 +744,7 @@ class Peer:
                     args, kwargs = value
                     result = self.on_call(obj, args, kwargs, msg.get("opts") or {})
                 elif op == "getattr":
-                    result = getattr(obj, name)
+                    result = self.on_getattr(obj, name)
                 elif op == "setattr":
                     setattr(obj, name, value)
                     result = None
