@@ -194,9 +194,10 @@ def _multiply_adds(name: str, a: tuple, out: torch.Tensor) -> int:
 
 def _trace_mode():
     """A TorchDispatchMode that keeps what a call computes, op by op, backward too (``.seen``): the
-    matrix products (last two dims) and their multiply–adds, the largest new tensor (views and in-place
-    results are not new memory), the largest tensor an op that makes new memory read at once, and the
-    names of the ops."""
+    matrix products (last two dims) and their multiply–adds, the largest tensor the call wrote (new
+    memory, or memory it did not get as an argument written in place: a buffer allocated before the
+    call counts whole; views write nothing, and ``.given``, the arguments' storages, are the call's
+    to change), the largest tensor an op that makes new memory read at once, and the names of the ops."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Trace(TorchDispatchMode):
@@ -208,6 +209,7 @@ def _trace_mode():
             super().__init__()
             self.seen = {"products": [], "multiply_adds": 0, "largest": [0, []], "reads": [0, "", []]}
             self.ops: set = set()
+            self.given: set = set()  # data_ptr of the call's arguments' storages
 
         def __torch_dispatch__(self, func, types, a=(), kw=None):
             out = func(*a, **(kw or {}))
@@ -216,9 +218,11 @@ def _trace_mode():
             if not isinstance(out, torch.Tensor):
                 return out
             ins = _tensors_in([*a, *(kw or {}).values()])
-            if out.untyped_storage().data_ptr() not in {t.untyped_storage().data_ptr() for t in ins}:
-                if out.untyped_storage().nbytes() > seen["largest"][0]:
-                    seen["largest"] = [out.untyped_storage().nbytes(), list(out.shape)]
+            ptr, size = out.untyped_storage().data_ptr(), out.untyped_storage().nbytes()
+            new = ptr not in {t.untyped_storage().data_ptr() for t in ins}
+            if (new or (not func.is_view and ptr not in self.given)) and size > seen["largest"][0]:
+                seen["largest"] = [size, list(out.shape)]
+            if new:
                 if not func.is_view and ins:
                     widest = max(ins, key=lambda t: t.numel())
                     if widest.numel() > seen["reads"][0]:
@@ -237,6 +241,14 @@ def traced(inner, answer, args, kwargs, options) -> tuple:
     from torch.autograd.function import BackwardCFunction
 
     mode, ungated, plain = _trace_mode(), [], BackwardCFunction.apply
+    mine = _tensors_in([*args, *kwargs.values()])
+    mine += [
+        t
+        for v in [*args, *kwargs.values()]
+        if isinstance(v, torch.nn.Module)
+        for t in v.state_dict().values()
+    ]
+    mode.given = {t.untyped_storage().data_ptr() for t in mine}
 
     def apply(node, *grads):  # the engine calls this for every custom Function's backward
         out = plain(node, *grads)

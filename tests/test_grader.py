@@ -891,6 +891,26 @@ MUTANTS = {
             )
         ],
     ),
+    # issue 33's red team: the forbidden out × in product written into memory allocated before the call
+    # (the capped class's budget counted only new memory); the trace now counts memory a call writes
+    "gᵀx built in a buffer allocated before the call (lab 8)": (
+        "lab08_lora",
+        "ex5",
+        [
+            (
+                "class LoRALinearFn(torch.autograd.Function):",
+                "_SCRATCH = torch.empty(1 << 27, dtype=torch.uint8)\n\n\nclass LoRALinearFn(torch.autograd.Function):",
+            ),
+            (
+                "        grad_W = g2.T @ x2 if need_W else None",
+                "        gw = _SCRATCH[: g2.shape[1] * x2.shape[1] * g2.element_size()]"
+                ".view(g2.dtype).view(g2.shape[1], x2.shape[1])\n        gw.zero_()\n"
+                "        for k in range(g2.shape[0]):\n"
+                "            torch.addcmul(gw, g2[k][:, None], x2[k][None, :], out=gw)\n"
+                "        grad_W = gw.clone() if need_W else None",
+            ),
+        ],
+    ),
     "both gradients returned ungated (lab 4)": (
         "lab04_custom_functions",
         "ex3",
