@@ -1523,7 +1523,13 @@ def test_a_magic_hides_nothing_from_the_allow_list():
     sc = reach.scope(["import torch"], [])
     assert [x for x, *_ in reach.unlisted("%time g = y.grad_fn(x)", sc, "by_hand")] == [".grad_fn"]
     assert not reach.unlisted("%%timeit\ntorch.outer(a, b)", sc, "by_hand")
-    for code in ("!cat /etc/passwd", "%run other.py", "get_ipython().run_cell('import sys')"):
+    for code in (
+        "!cat /etc/passwd",
+        "%run other.py",
+        "get_ipython().run_cell('import sys')",
+        "%%capture\n%%bash\necho hi",  # a timing magic around code the reader cannot parse
+        "%time 1 +",
+    ):
         assert [(x, s) for x, _, s in reach.unlisted(code, sc, "any")] == [("get_ipython", "reach")], code
 
 

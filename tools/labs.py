@@ -29,6 +29,7 @@ import csv
 import itertools
 import json
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -555,6 +556,19 @@ class Run:
         (self.dir / "owner.pid").write_text(str(os.getpid()))
         self.procs: set[subprocess.Popen] = set()
         self.closing = False
+        self._cases: dict[str, Path] = {}
+
+    def hidden_cases(self, lab: str) -> Path:
+        """The lab's hidden cases and the references' outputs on them, drawn once for the whole run
+        (each harness would draw them again: about 1 s of a lab 8 submission's 3.3), in this run's
+        private folder, where no submission reaches."""
+        with self._lock:
+            if lab not in self._cases:
+                path = self.dir / f"{lab}.cases.pickle"
+                with path.open("wb") as f:
+                    pickle.dump(contract(lab).hidden_state(), f)
+                self._cases[lab] = path
+            return self._cases[lab]
 
     def kill_all(self) -> None:
         for proc in list(self.procs):
@@ -655,6 +669,7 @@ def run_harness(run: Run, lab: str, name: str, nb, timeout: float, skip, unsafe:
         # to every start of the worker (a notebook that rewrites its file changes nothing)
         "notebook": str(home / "submission.ipynb"),
         "released": str(student_path(lab)),
+        "cases": str(run.hidden_cases(lab)),
     }
     (ctl / "spec.json").write_text(json.dumps(spec))
     if run.closing:

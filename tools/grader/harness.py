@@ -24,6 +24,7 @@ import builtins
 import contextlib
 import functools
 import json
+import pickle
 import subprocess
 import sys
 import time
@@ -41,13 +42,18 @@ SAFE_KINDS |= {"ByHandError", "OutOfMemoryError"}
 MAX_NOTEBOOK = 64 << 20  # bytes: a lab notebook with outputs is well under 1 MiB
 
 
-def questions(source_path: Path) -> list:
+def questions(source_path: Path, cases: str | None = None) -> list:
     """The lab's questions, each with its points, guard and hidden tests, generated from the lab's
     contract (``labs/source/contracts/LAB.py``): one test per case class of each of its functions,
-    the question's points shared evenly by them. The source notebook holds no test code."""
+    the question's points shared evenly by them. The source notebook holds no test code. ``cases``:
+    a file of the hidden cases the grading run drew once (``Contract.hidden_state``; the run's own)."""
     from helpers.labcontract import instructor_module  # labs/source/contracts: each exercise declared once
 
-    return instructor_module(Path(source_path).stem).CONTRACT.questions()
+    contract = instructor_module(Path(source_path).stem).CONTRACT
+    if cases:
+        with open(cases, "rb") as f:
+            contract.use_hidden_state(pickle.load(f))  # written by tools/labs.py for this run, not a student
+    return contract.questions()
 
 
 def _portable(fn, source: str):
@@ -398,7 +404,7 @@ def kind(exc: BaseException) -> str:
 
 def grade(spec: dict) -> dict:
     """Run every hidden test against the worker; per-question scores, per-case results, notes."""
-    qs = questions(Path(spec["source"]))
+    qs = questions(Path(spec["source"]), spec.get("cases"))
     skip = set(spec.get("skip", ()))
     forbidden = {q.name: list(q.by_hand) for q in qs if q.by_hand}
     case_timeout = float(spec.get("case_timeout", 60))

@@ -367,6 +367,8 @@ class _Uses(ast.NodeVisitor):
             tree = parse(magic)
             if tree is not None:
                 self.visit(tree)
+            else:  # code the reader cannot parse, handed to a magic that may run it: fail closed
+                self.add("builtin", "get_ipython", node)
         else:  # any other magic (!shell, %run, %load): code the list cannot read
             self.add("builtin", "get_ipython", node)
 

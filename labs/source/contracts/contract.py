@@ -317,6 +317,23 @@ class Contract:
         # hypothesis draws the simplest example first (all sides 1 or 2): a hidden case, not the public one
         return made[1 : 1 + cls.public], made[:1] + made[1 + cls.public :]
 
+    def hidden_state(self) -> dict:
+        """Every case drawn and the reference's outputs on every hidden one: what each grading process
+        would otherwise compute again (a class of 200 draws once; ``use_hidden_state`` takes it)."""
+        for ex in self.exercises.values():
+            for cls in ex.classes:
+                for k, case in enumerate(self.cases(ex.name, cls.name)[1]):
+                    if (ex.name, cls.name, k) not in self._expected:
+                        self._expected[ex.name, cls.name, k] = ex.measured_on(
+                            ex.reference, case, ex.rules_of(cls)
+                        )
+        return {"drawn": dict(self._drawn), "expected": dict(self._expected)}
+
+    def use_hidden_state(self, state: dict) -> None:
+        """Take the draws and the reference's outputs ``hidden_state`` computed (in the grading run's parent)."""
+        self._drawn.update(state["drawn"])
+        self._expected.update(state["expected"])
+
     # ------------------------------------------------------------ hidden tests
 
     @contextmanager
