@@ -620,6 +620,34 @@ def test_the_default_gradebook_is_outside_the_repository_and_an_inside_one_is_gi
     assert (tmp_path / ".gitignore").read_text() == "_build/\n/grades/gradebook.csv\n"
 
 
+def test_the_gradebook_is_written_as_grading_goes(tmp_path, monkeypatch):
+    """Each row reaches `<gradebook>_in_progress.csv` when its submission's grading ends (a run stopped
+    midway keeps what it graded); the file goes once the gradebook is complete."""
+    out = tmp_path / "g.csv"
+    progress = tmp_path / "g_in_progress.csv"
+    seen_before = []
+
+    def fake_harness(run, lab, name, nb, timeout, skip, unsafe, **kw):  # nothing runs: only the bookkeeping
+        seen_before.append(progress.read_text().count("\n") - 1 if progress.exists() else None)
+        if name == "c":
+            raise KeyboardInterrupt("the instructor stopped grading")
+        return {"status": "ok", "errors": [], "notes": [], "questions": {}}
+
+    monkeypatch.setattr(labs, "run_harness", fake_harness)
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    for name in ("a", "b"):
+        (subs / f"{name}.ipynb").write_text(_submission(LAB))
+    labs.grade(LAB, subs, out, unsafe=True, jobs=1)
+    assert seen_before[0] == 0, seen_before  # the header is there before anyone is graded
+    assert out.exists() and not progress.exists()
+    (subs / "c.ipynb").write_text(_submission(LAB))
+    with pytest.raises(KeyboardInterrupt):
+        labs.grade(LAB, subs, out, unsafe=True, jobs=1)
+    rows = list(csv.DictReader(progress.open()))
+    assert [r["submission"] for r in rows] == ["a", "b"], rows
+
+
 def test_grade_can_leave_an_optional_question_out_of_the_total(tmp_path, monkeypatch):
     earned = {"ex1": 1.0, "ex2": 0.0, "ex3": 2.0, "ex4": 2.0, "ex5": 2.0, "ex6": 3.0}
 

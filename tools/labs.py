@@ -749,6 +749,14 @@ def _clean(note: str, secrets: list[str]) -> str:
     )
 
 
+def _csv_row(row: dict) -> dict:
+    """A gradebook row as CSV cells: numbers as %g, lists joined by "; ", every cell through ``_cell``."""
+    return {
+        k: f"{v:g}" if isinstance(v, float) else _cell("; ".join(v) if isinstance(v, list) else str(v))
+        for k, v in row.items()
+    }
+
+
 def _cell(value: str) -> str:
     """A CSV field a spreadsheet shows as text: no control characters, no leading = + - @ (a formula)."""
     value = "".join(ch if ch.isprintable() else " " for ch in value)
@@ -932,6 +940,14 @@ def grade(
     fb = Path(feedback_dir) if feedback_dir else out_csv.with_name(out_csv.stem + "_feedback")
     similarity_csv = out_csv.with_name(out_csv.stem + "_similarity.csv")
     secrets = sorted({x for other in labs() for x in secret_snippets(read_nb(source_path(other)))})
+    fields = (
+        ["submission", "status"]
+        + [q for q, _ in qs]
+        + ["total", "possible", "graded_file", "notes", "flags", "review"]
+    )
+    where = ((subs_dir, "<submissions>"), (out_csv.parent, "<grades>"), (fb, "<grades>"))
+    # the rows so far, as each submission's grading ends (no similarity flags yet: those need the class)
+    progress = out_csv.with_name(out_csv.stem + "_in_progress.csv")
     remove_stale_runs()
     run = Run()
     pool = cf.ThreadPoolExecutor(max_workers=max(1, jobs))
@@ -939,9 +955,23 @@ def grade(
         problem = setup_problem(run, unsafe)  # the grader's own setup first: nobody is graded on a broken one
         if problem:
             raise SystemExit(f"refusing to grade: {problem}")
-        results = list(
-            pool.map(lambda s: grade_submission(run, lab, s, qs, timeout, skip, unsafe, secrets), subs)
-        )
+        progress.parent.mkdir(parents=True, exist_ok=True)
+        _ensure_ignored(progress)
+        results: list = [None] * len(subs)
+        futures = {
+            pool.submit(grade_submission, run, lab, s, qs, timeout, skip, unsafe, secrets): i
+            for i, s in enumerate(subs)
+        }
+        with progress.open("w", newline="", encoding="utf-8") as f:
+            w = csv.DictWriter(f, fieldnames=fields)
+            w.writeheader()
+            f.flush()
+            for done in cf.as_completed(futures):
+                results[futures[done]] = done.result()
+                row = dict(results[futures[done]][0])
+                row["notes"] = [scrub(n, where) for n in row["notes"]]
+                w.writerow(_csv_row(row))
+                f.flush()
     finally:  # interrupted too: start nothing more, stop what runs, then remove the folders
         run.closing = True
         pool.shutdown(wait=False, cancel_futures=True)
@@ -970,7 +1000,6 @@ def grade(
         for a, b in ((p["a"], p["b"]), (p["b"], p["a"])):
             flagged.setdefault(a, []).append(f"near-identical to {b} ({p['similarity']:.2f})")
     rows = [r for r, _ in results]
-    where = ((subs_dir, "<submissions>"), (out_csv.parent, "<grades>"), (fb, "<grades>"))
     for r in rows:  # notes are feedback: no path of the grading machine in them
         r["notes"] = [scrub(n, where) for n in r["notes"]]
     for r in rows:
@@ -981,25 +1010,12 @@ def grade(
     for path in (out_csv, fb, similarity_csv, similarity_csv.with_suffix(".html")):
         path.parent.mkdir(parents=True, exist_ok=True)
         _ensure_ignored(path)
-    fields = (
-        ["submission", "status"]
-        + [q for q, _ in qs]
-        + ["total", "possible", "graded_file", "notes", "flags", "review"]
-    )
     with out_csv.open("w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         for r in rows:
-            w.writerow(
-                {
-                    k: (
-                        f"{v:g}"
-                        if isinstance(v, float)
-                        else _cell("; ".join(v) if isinstance(v, list) else str(v))
-                    )
-                    for k, v in r.items()
-                }
-            )
+            w.writerow(_csv_row(r))
+    progress.unlink(missing_ok=True)  # the gradebook is complete
     similarity.write_report(pairs, similarity_csv, cell=_cell)
     fb.mkdir(parents=True, exist_ok=True)
     for row, detail in results:
