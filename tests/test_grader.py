@@ -1610,6 +1610,62 @@ def _plan_with_given(given: str, submitted: str):
     return reach.plan(cells, released, {"ex1": ["autograd"]})
 
 
+# lab 8's exercise 1 self-check as an earlier release handed it out (it held a getattr)
+EARLIER_LAB8_GIVEN = (
+    'def in_order(fn):\n    """fn, returning first which gradient came first, told by the shapes (A and B\n'
+    '    differ)."""\n\n    def run(grad_Wp, A, B, s):\n        grads = fn(grad_Wp, A, B, s)\n'
+    "        if grads is None or grads is ...:\n            return grads\n"
+    "        if not isinstance(grads, (tuple, list)) or len(grads) != 2:\n"
+    '            return (f"a {type(grads).__name__}, not a pair", None, None)\n'
+    '        shapes = [tuple(getattr(t, "shape", ())) for t in grads]\n'
+    "        swapped = shapes == [tuple(B.shape), tuple(A.shape)]\n"
+    '        return ("(grad_B, grad_A)" if swapped else "(grad_A, grad_B)", *grads)\n\n    return run\n\n\n'
+    "grad_Wp1 = g.T @ x  # (out, R) @ (R, in) -> (out, in)\n"
+    "expected = autograd_grads(lambda A_, B_: W + s * B_ @ A_, (A, B), grad_Wp1)\n"
+    'check(\n    in_order(grads_from_W_prime),\n    ("(grad_A, grad_B)", *expected),\n'
+    '    args=(grad_Wp1, A, B, s),\n    outputs=("order returned", "grad_A", "grad_B"),\n'
+    '    name="Exercise 1 · grads_from_W_prime",\n    against="autograd",\n'
+    '    factors={"s": s, "s²": s * s},\n)'
+)
+
+
+def test_a_notebook_from_an_earlier_release_is_read_against_that_releases_given_cells():
+    """Issue 33: a notebook handed in from an older release of lab 8 had its old given cells read as the
+    student's code (an honest debug print: 9 of 11 points pending). Every release's given cells are in
+    labs/source/given_history.json (written by release): such a cell is given, its lines are not the
+    student's; a line of the student's own beside them is still read."""
+    import harness
+    import reach
+
+    lab = "lab08_lora"
+    qs = harness.questions(labs.source_path(lab))
+    released = harness.released_cells({"source": str(labs.source_path(lab))}, qs)
+    earlier = harness.earlier_given({"source": str(labs.source_path(lab))})
+    sol = _solutions(lab)
+
+    def plan(text, past):
+        return reach.plan(
+            _cells(text),
+            released,
+            {q.name: q.by_hand for q in qs},
+            {q.name: {t.function for t in q.tests} for q in qs},
+            past,
+        )
+
+    assert reach.given_key(EARLIER_LAB8_GIVEN) in earlier["cells"]
+    as_then = _submission(lab, sol, insert=[(1, EARLIER_LAB8_GIVEN)])
+    debug = _submission(
+        lab, sol, insert=[(1, EARLIER_LAB8_GIVEN.replace("check(\n", "print(expected)\ncheck(\n"))]
+    )
+    for text in (as_then, debug):
+        assert plan(text, {}).reach  # read as the student's own: getattr
+        checked = plan(text, earlier)
+        assert not checked.reach and not checked.review, checked
+    assert [c.kind for c in plan(as_then, earlier).cells].count("added") == 0
+    hostile = _submission(lab, sol, insert=[(1, EARLIER_LAB8_GIVEN + "\ngetattr(torch, 'sys')\n")])
+    assert any(x.startswith("getattr") for x in plan(hostile, earlier).reach)
+
+
 def test_an_edited_given_cell_counts_only_the_lines_the_student_wrote():
     """A given cell that holds `getattr`: a debug print added there costs nothing, a getattr added is read."""
     debug = GIVEN_WITH_GETATTR.replace(LINE_WITH_GETATTR, LINE_WITH_GETATTR + "    print(seen)\n")

@@ -83,6 +83,38 @@ def read_nb(path: Path):
     return nbformat.read(path, as_version=4)
 
 
+# every release's given cells, per lab: a notebook handed in from an earlier release is read against its own
+GIVEN_HISTORY = SOURCES / "given_history.json"
+
+
+def given_history() -> dict:
+    """{lab: {"cells": [key of a given cell], "lines": [a given cell's line]}} of every release so far."""
+    return json.loads(GIVEN_HISTORY.read_text(encoding="utf-8")) if GIVEN_HISTORY.exists() else {}
+
+
+def _given_of(nb) -> list[str]:
+    """A released notebook's given code cells (its answer cells left out)."""
+    return [
+        c.source
+        for c in nb.cells
+        if c.cell_type == "code" and "otter_answer_cell" not in c.metadata.get("tags", [])
+    ]
+
+
+def remember_given(lab: str) -> None:
+    """Add labs/LAB.ipynb's given cells to GIVEN_HISTORY (what release does after writing it)."""
+    history = given_history()
+    had = history.get(lab, {"cells": [], "lines": []})
+    now = reach().given_record(_given_of(read_nb(student_path(lab))))
+    history[lab] = {k: sorted(set(had[k]) | set(now[k])) for k in ("cells", "lines")}
+    GIVEN_HISTORY.write_text(json.dumps(history, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def reach():
+    """tools/grader/reach.py: how the grader reads a submission's code."""
+    return module_at("reach", ROOT / "tools" / "grader" / "reach.py")
+
+
 def contract(lab: str):
     """The lab's contract (labs/source/contracts/LAB.py): the one declaration of its exercises."""
     from helpers.labcontract import instructor_module
@@ -278,6 +310,7 @@ def release(lab: str, execute: bool = True) -> None:
     nbformat.write(student_notebook(lab), dest)
     if execute:
         nbtool.execute(dest)
+    remember_given(lab)
     print(f"released {lab}: {dest.relative_to(ROOT)}")
 
 
@@ -302,7 +335,10 @@ def stale(lab: str) -> str | None:
         return f"{lab}: cannot generate the student notebook ({type(exc).__name__}: {first})"
     have, want = skeleton(read_nb(dest)), skeleton(fresh)
     if have == want:
-        return None
+        record = given_history().get(lab, {"cells": [], "lines": []})
+        if set(reach().given_record(_given_of(fresh))["cells"]) <= set(record["cells"]):
+            return None
+        return f"{GIVEN_HISTORY.relative_to(ROOT)} lacks this release's given cells: run `python tools/labs.py release {lab}`"
     first = next((i for i, (a, b) in enumerate(zip(have, want)) if a != b), min(len(have), len(want)))
     return (
         f"{dest.relative_to(ROOT)} is stale (first difference at cell {first}): "

@@ -422,6 +422,7 @@ def grade(spec: dict) -> dict:
         released_cells(spec, qs),
         {q.name: list(q.by_hand) for q in qs},
         {q.name: {t.function for t in q.tests} for q in qs},
+        earlier_given(spec),
     )
     review = _review(checked, qs, spec.get("distrust", ()))
 
@@ -557,6 +558,13 @@ def released_cells(spec: dict, qs: list) -> list[tuple[str, str | None]]:
     source = Path(spec["source"])
     path = Path(spec.get("released") or source.parent.parent / source.name)
     return reach.released_cells(json.loads(path.read_text(encoding="utf-8")), [q.name for q in qs])
+
+
+def earlier_given(spec: dict) -> dict:
+    """The given cells of every release of the lab (labs/source/given_history.json, beside the source)."""
+    source = Path(spec["source"])
+    path = source.parent / "given_history.json"
+    return json.loads(path.read_text(encoding="utf-8")).get(source.stem, {}) if path.exists() else {}
 
 
 def _review(checked: reach.Plan, qs: list, distrust=()) -> dict[str, list[str]]:

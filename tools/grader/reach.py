@@ -34,6 +34,7 @@ from __future__ import annotations
 import ast
 import builtins
 import difflib
+import hashlib
 import re
 from dataclasses import dataclass, field
 
@@ -1013,11 +1014,26 @@ def _guarded(construct: str, guarded: set[str]) -> bool:
     return any(text == g or text.startswith(g + ".") or g.startswith(text + ".") for g in guarded)
 
 
+def given_key(src: str) -> str:
+    """A given cell's key in the release history: its stripped text's sha256 (16 hex digits)."""
+    return hashlib.sha256(src.strip().encode()).hexdigest()[:16]
+
+
+def given_record(given: list[str]) -> dict:
+    """{"cells": [given_key], "lines": [stripped line]} of a release's given cells: its entry in the
+    history of releases (labs/source/given_history.json, written by `tools/labs.py release`)."""
+    return {
+        "cells": sorted({given_key(c) for c in given if c.strip()}),
+        "lines": sorted({ln.strip() for c in given for ln in c.splitlines() if ln.strip()}),
+    }
+
+
 def plan(
     cells: list[tuple[int, str]],
     released: list[tuple[str, str | None]],
     by_hand: dict,
     functions: dict | None = None,
+    earlier: dict | None = None,
 ) -> Plan:
     """Read a submission's code cells against the released ones: what each is, what goes to review.
 
@@ -1031,8 +1047,17 @@ def plan(
     * against the list of each by-hand exercise whose graded functions can run it (the function, the
       helpers and aliases it reads, transitively): off that list, that exercise goes to review.
       Without ``functions``, a statement in a by-hand exercise's part of the notebook is that exercise's.
+
+    ``earlier``: the given cells of every release of the lab (``given_record``'s form): a notebook handed
+    in from an earlier release has that release's given cells, which are the course's code too (a cell
+    equal to one is given; a line of one, in a cell the student changed or added, is not theirs).
     """
     out = Plan(classify(cells, released))
+    past = set((earlier or {}).get("cells", ()))
+    for c in out.cells:
+        if c.kind in ("edited", "added") and given_key(c.source) in past:
+            c.kind, c.released = "given", c.source  # as an earlier release handed it out
+    past_lines = "\n".join((earlier or {}).get("lines", ()))
     own = [c for c in out.cells if c.kind != "given"]
     given = [r for r, o in released if o is None]
     sc = scope(given, [c.source for c in own])
@@ -1048,7 +1073,7 @@ def plan(
     reach, gradient, anywhere = set(), set(), set()
     review: dict[str, set] = {}
     for (c, node), qs in zip(parts, reached):
-        excuse = c.released if c.kind == "edited" else ""
+        excuse = "\n".join(filter(None, (c.released if c.kind == "edited" else "", past_lines)))
         everywhere = set()
         for construct, _, severity in unlisted(c.source, sc, "any", excuse, also, [node]):
             named = f"{construct} (cell {c.number})"
