@@ -1530,6 +1530,21 @@ def test_a_helper_defined_anywhere_is_read_against_the_list_of_the_by_hand_exerc
     assert set(checked.review) == {"ex4"}, checked.review
 
 
+def test_a_cell_of_many_statements_is_read_a_cell_at_a_time(monkeypatch):
+    """Reading a statement at a time split the cell's text once per statement: a cell of 8,000 lines took
+    8 s, 32,000 would take minutes (a stalled class). Now each cell is read once per group of
+    statements the same exercises reach, whatever its length."""
+    import reach
+
+    calls = []
+    real = reach.unlisted
+    monkeypatch.setattr(reach, "unlisted", lambda *a, **k: calls.append(1) or real(*a, **k))
+    big = "\n".join(f"x{i} = torch.zeros({i})" for i in range(5000))
+    checked = _plan(LAB, _submission(LAB, _solutions(LAB), insert=[(2, big)]))
+    assert not checked.review and not checked.reach
+    assert len(calls) <= 2 * 8, len(calls)  # the solutions' 6 answer cells and the added one
+
+
 def test_checking_a_by_hand_answer_against_autograd_in_a_scratch_cell_is_not_sent_to_review():
     """What the course asks learners to do (compare with PyTorch) is honest: a scratch cell after the
     answer that runs autograd at the top level serves no hidden test, and the run-time guard watches

@@ -981,27 +981,36 @@ def _reads(node: ast.stmt) -> set[str]:
 def live(nodes: list[ast.stmt], roots) -> set[int]:
     """The indices of the top-level statements the names ``roots`` can run: those binding a root, then,
     transitively, those binding a name they read (a helper, an alias, a class)."""
+    return live_each(nodes, {None: roots})[None]
+
+
+def live_each(nodes: list[ast.stmt], roots: dict) -> dict:
+    """``live`` for each of several sets of roots ({key: names} -> {key: indices}), reading each
+    statement once."""
     binders: dict[str, list[int]] = {}
     for i, node in enumerate(nodes):
         for n in _binds(node):
             binders.setdefault(n, []).append(i)
     reads: dict[int, set[str]] = {}
-    todo, seen = [i for n in roots for i in binders.get(n, [])], set()
-    while todo:
-        i = todo.pop()
-        if i not in seen:
-            seen.add(i)
-            reads[i] = reads.get(i) or _reads(nodes[i])
-            todo += [j for n in reads[i] for j in binders.get(n, [])]
-    return seen
+    out = {}
+    for key, names in roots.items():
+        todo, seen = [i for n in names for i in binders.get(n, [])], set()
+        while todo:
+            i = todo.pop()
+            if i not in seen:
+                seen.add(i)
+                if i not in reads:
+                    reads[i] = _reads(nodes[i])
+                todo += [j for n in reads[i] for j in binders.get(n, [])]
+        out[key] = seen
+    return out
 
 
 def _reached(parts: list[tuple[Cell, ast.stmt]], functions: dict) -> list[set[str]]:
     """For each statement, the questions whose graded functions can run it (``live`` from their names)."""
     out = [set() for _ in parts]
-    nodes = [node for _, node in parts]
-    for q, names in functions.items():
-        for i in live(nodes, names):
+    for q, seen in live_each([node for _, node in parts], functions).items():
+        for i in seen:
             out[i].add(q)
     return out
 
@@ -1070,12 +1079,20 @@ def plan(
         reached = _reached(parts, {q: functions.get(q, ()) for q, names in by_hand.items() if names})
     # what a by-hand list names is guarded at run time in the exercises that refuse it: read only where reached
     guarded = {n for names in by_hand.values() for n in names if "." in n}
+    # read a cell at a time (and a group of its statements that the same exercises reach), not a statement
+    # at a time: a cell of many statements is read in time linear in its size
+    groups: dict[int, dict[frozenset, list]] = {}
+    for (c, node), qs in zip(parts, reached):
+        groups.setdefault(id(c), {}).setdefault(frozenset(qs), []).append(node)
     reach, gradient, anywhere = set(), set(), set()
     review: dict[str, set] = {}
-    for (c, node), qs in zip(parts, reached):
+    for c in own:
+        if id(c) not in groups:
+            continue
         excuse = "\n".join(filter(None, (c.released if c.kind == "edited" else "", past_lines)))
         everywhere = set()
-        for construct, _, severity in unlisted(c.source, sc, "any", excuse, also, [node]):
+        every_node = [n for nodes in groups[id(c)].values() for n in nodes]
+        for construct, _, severity in unlisted(c.source, sc, "any", excuse, also, every_node):
             named = f"{construct} (cell {c.number})"
             if severity in ("reach", "gradient"):  # could switch the guards off / a gradient computed unseen
                 (reach if severity == "reach" else gradient).add(named)
@@ -1084,10 +1101,15 @@ def plan(
             else:
                 continue
             everywhere.add(construct)
-        for q in qs:  # and against the list of each by-hand exercise that can run it
-            for construct, _, _ in unlisted(c.source, sc, tier_of(by_hand[q]), excuse, also, [node]):
-                if construct not in everywhere:
-                    review.setdefault(q, set()).add(f"{construct} (cell {c.number})")
+        for qs, nodes in groups[
+            id(c)
+        ].items():  # and against the list of each by-hand exercise that can run it
+            for tier in {tier_of(by_hand[q]) for q in qs}:
+                for construct, _, _ in unlisted(c.source, sc, tier, excuse, also, nodes):
+                    if construct not in everywhere:
+                        for q in qs:
+                            if tier_of(by_hand[q]) == tier:
+                                review.setdefault(q, set()).add(f"{construct} (cell {c.number})")
     for q, names in by_hand.items():
         if not names:
             continue
