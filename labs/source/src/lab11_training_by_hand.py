@@ -6,7 +6,7 @@
 # forward → backward → clip → step. Here you write them yourself, with a few variants the
 # chapter did not print (dampening, AMSGrad, warm restarts, uneven micro-batches): each
 # optimizer step must give, from any state, the step `torch.optim` takes (float64, to
-# 1e-12), and your loop with gradient accumulation must give exactly the parameters of one
+# 1e-12 for SGD, 1e-14 for Adam), and your loop with gradient accumulation must give exactly the parameters of one
 # big batch.
 # This lab goes with [Chapter 11](../chapters/11_training_by_hand.ipynb).
 #
@@ -159,7 +159,7 @@ check_contract("lab11", "ex1", sgd_step)
 #   `opt.state[p]` shows what torch keeps.
 #
 # Return the **raw** $m$ and $v$ (the correction is recomputed at every step), and mind where
-# $\epsilon$ goes: the self-check compares to 1e-12.
+# $\epsilon$ goes: the self-check compares to 1e-14 (rtol 1e-12).
 #
 # <details><summary>Hint: the order</summary>
 #
@@ -203,7 +203,7 @@ def adam_step(
 # **Self-check 2** (recorded reference outputs, one step of `torch.optim.Adam(amsgrad=True)`
 # from a given state for each promise: the first step, a later one, `v_max` above the new $v$
 # and below it, `betas` given, `eps` given, $\epsilon$ alone in the denominator, L2 weight
-# decay, a 2-D `theta`; atol 1e-12):
+# decay, a 2-D `theta`; atol 1e-14, rtol 1e-12):
 
 # %%
 check_contract("lab11", "ex2", adam_step)
