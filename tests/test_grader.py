@@ -1187,6 +1187,26 @@ def test_a_mistake_seen_only_through_the_boundary_loses_points(name):
 
 @pytest.mark.sandbox
 @pytest.mark.slow
+def test_lab4s_softmax_function_may_call_a_wrong_exercise_1_and_keep_its_points():
+    """Lab 4 exercise 2 asked learners to write exercise 1's lines again "so that it is graded on its own",
+    a rule nothing measured (a newcomer's call got ✓) and a wrong exercise 1 cost both. It now declares
+    that it calls exercise 1: the hidden tests put the course's softmax_backward there."""
+    got, _ = _grade_in_harness(
+        "lab04_custom_functions",
+        [
+            (
+                "        inner = (grad_P * P).sum(-1, keepdim=True)  # (..., 1)\n        return P * (grad_P - inner)  # (..., n)",
+                "        return softmax_backward(P, grad_P)",
+            ),
+            ("    return P * (grad_P - inner)  # (..., n)", "    return P * (grad_P - inner) * 1.5"),
+        ],
+        skip=["ex3", "ex4"],
+    )
+    assert got["ex1"][0] < got["ex1"][1] and got["ex2"][0] == got["ex2"][1], got
+
+
+@pytest.mark.sandbox
+@pytest.mark.slow
 def test_a_product_formed_in_the_workers_process_is_seen_in_every_class_not_only_the_memory_capped_one():
     """products_formed runs the call, and its trace, where the answer runs: across the boundary as in the
     self-check (the harness's own trace saw none of the worker's ops: 1 of 9 classes lost, the capped one)."""

@@ -160,6 +160,7 @@ ex2 = Exercise(
     probe="backward_and_saved",
     points=2,
     by_hand=("autograd", "helpers.functions.softmax_backward"),
+    calls=("ex1",),  # backward may call the learner's softmax_backward: a mistake there costs points once
 )
 
 # --------------------------------------------------------------------------- ex3

@@ -124,9 +124,10 @@ check_contract("lab04", "ex1", softmax_backward)
 #   `ctx.save_for_backward`): exercise 1 showed that backward needs nothing else, and `Z` would
 #   cost a second tensor of the same size. The self-check counts the tensors you save: one;
 # * `backward(ctx, grad_P)`: unpack `ctx.saved_tensors` and return $\partial L/\partial Z$, the product you derived
-#   in exercise 1. Write its lines here again rather than calling `softmax_backward`, so that
-#   this exercise is graded on its own. Never write into `grad_P`: autograd may hand the same
-#   tensor to other nodes.
+#   in exercise 1: call your `softmax_backward`, or write its lines again. Either way this
+#   exercise is graded on its own: its hidden tests put the course's `softmax_backward` in place
+#   of yours, so a mistake in exercise 1 costs points there only. Never write into `grad_P`:
+#   autograd may hand the same tensor to other nodes.
 
 # %% [raw]
 # # BEGIN SOLUTION
