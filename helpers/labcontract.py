@@ -1015,8 +1015,11 @@ def backward_and_saved(
         n += ": " + ", ".join(_what_was_saved(saved.records, outs, args))
     held = _held_on_ctx(outs, ctx_attributes)
     if held:  # said whether counted or not: a tensor on ctx is never what the prompt asks for
-        n += f"; {len(held)} held on ctx" + (
-            ": " + ", ".join(_what_was_saved(held, outs, args)) if which else ""
+        k = len(held)
+        n += (
+            f" (and {k} tensor{'' if k == 1 else 's'} held on ctx as an attribute, not saved with save_for_backward"
+            + (": " + ", ".join(_what_was_saved(held, outs, args)) if which else "")
+            + ")"
         )
     extra = (n,) if saves else ()
     said = "left unchanged" if kept else "changed in place"
