@@ -939,6 +939,18 @@ MUTANTS = {
             ),
         ],
     ),
+    # a call that raises brings back the state it left: the hooks still on the model (the self-check saw
+    # them, the hidden tests did not: ✗ but 3 of 3)
+    "hooks removed without a finally (lab 5)": (
+        "lab05_losses_and_flow",
+        "ex2",
+        [
+            (
+                "    try:\n        for name, module in model.named_modules():\n            if name and not list(module.children()):\n                handles.append(\n                    module.register_forward_hook(\n                        lambda m, i, o, name=name: forward_hook(m, i, o, name)\n                    )\n                )\n        F.cross_entropy(model(X), y).backward()\n    finally:\n        for h in handles:\n            h.remove()",
+                "    for name, module in model.named_modules():\n        if name and not list(module.children()):\n            handles.append(\n                module.register_forward_hook(\n                    lambda m, i, o, name=name: forward_hook(m, i, o, name)\n                )\n            )\n    F.cross_entropy(model(X), y).backward()\n    for h in handles:\n        h.remove()",
+            )
+        ],
+    ),
     "both gradients returned ungated (lab 4)": (
         "lab04_custom_functions",
         "ex3",

@@ -213,7 +213,12 @@ class HarnessPeer(wire.Peer):
         reply = self.request(header, (value, torch.get_rng_state()), True)
         torch.set_rng_state(reply["rng"])
         self.apply_mutated(reply["mutated"])
-        self.apply_echo(reply["modules"])
+        self.apply_echo(
+            reply["modules"]
+        )  # a call that raised brings back what it left too (hooks on a model)
+        if "raised" in reply:
+            kind, message = (list(reply["raised"]) + ["", ""])[:2]
+            raise wire.RemoteError(str(kind)[:80], str(message)[:300])
         return reply
 
     def capped(self, fn, args, kwargs, inner, options, budget: int | None, trace: bool = False) -> dict:

@@ -368,7 +368,15 @@ def synced(work):
     def handler(msg, value):
         payload, rng = value
         torch.set_rng_state(rng)
-        result = work(msg, payload)
+        try:
+            result = work(msg, payload)
+        except (EOFError, BrokenPipeError, KeyboardInterrupt):
+            raise
+        except BaseException as e:  # noqa: BLE001 - the call raised: its error, and the state it left, go back
+            if isinstance(e, wire.RemoteError):  # raised further along a nested call: the original
+                result = {"raised": [e.kind, e.message]}
+            else:
+                result = {"raised": [type(e).__name__, (str(e).splitlines() or [""])[0][:300]]}
         result["rng"] = torch.get_rng_state()
         result["mutated"] = PEER.mutated()
         result["modules"] = PEER.module_echo()
