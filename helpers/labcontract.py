@@ -783,12 +783,14 @@ def _run_case(fn, case: dict, spec: dict) -> tuple[str, str | None]:
     return ("fail", why) if why else ("pass", None)
 
 
-def _diagnosis(fn, case: dict, spec: dict, why: str) -> str:
-    """labcheck's one-line diagnosis of the failing case (factors, transpose, terms, recorded mistakes)."""
+def _diagnosis(fn, case: dict, spec: dict, why: str, ruled_out=frozenset()) -> str:
+    """labcheck's one-line diagnosis of the failing case (factors, transpose, terms, recorded mistakes,
+    less those ``ruled_out``: mistakes that would fail a class the learner's answer passes)."""
     mistakes = {
-        out: {label: decode(v) for label, v in by_label.items()}
+        out: {label: decode(v) for label, v in by_label.items() if label not in ruled_out}
         for out, by_label in case.get("mistakes", {}).items()
     }
+    mistakes = {out: m for out, m in mistakes.items() if m}
     args, kwargs = decode(case["args"]), decode(case.get("kwargs", {"dict": {}}))
     try:
         got = run_probe(
@@ -819,6 +821,19 @@ def _diagnosis(fn, case: dict, spec: dict, why: str) -> str:
     if result.status in ("fail", "error") and result.line.startswith(prefix):
         return result.line[len(prefix) :]
     return why
+
+
+def _ruled_out(spec: dict, working: list[str]) -> set[str]:
+    """The recorded mistakes the learner cannot have made: each would fail a class their answer passes
+    (two mistakes that give the same numbers in the failing class are told apart by the others)."""
+    return {
+        label
+        for cls in spec["classes"]
+        if cls["name"] in working
+        for case in cls["cases"]
+        for by_label in case.get("mistakes", {}).values()
+        for label in by_label
+    }
 
 
 def _listed(names: list[str], most: int = 2) -> str:
@@ -860,7 +875,7 @@ def evaluate_contract(lab: str, exercise: str, fn) -> CheckResult:
         if status == "error"
         else why
         if why.startswith(("changed its argument", "uses "))
-        else _diagnosis(fn, case, spec, why)
+        else _diagnosis(fn, case, spec, why, _ruled_out(spec, working))
     )
     fails = [v[0] for v in failing]
     if working:
