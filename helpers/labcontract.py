@@ -27,6 +27,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -164,6 +165,7 @@ def run_probe(name: str | None, answer, args, kwargs, options: dict | None = Non
 
 # ------------------------------------------------------------ memory: what a call must not form
 
+_FACTORY = re.compile(r"new_\w+|\w+_like")  # x.new_full(...), torch.zeros_like(x): x's values are not read
 _PRODUCT_OPS = ("mm", "bmm", "addmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "_addmm_activation")
 
 
@@ -223,7 +225,8 @@ def _trace_mode():
             if (new or (not func.is_view and ptr not in self.given)) and size > seen["largest"][0]:
                 seen["largest"] = [size, list(out.shape)]
             if new:
-                if not func.is_view and ins:
+                # a view reads nothing; nor does a factory that takes only its input's shape and dtype
+                if not func.is_view and ins and not _FACTORY.match(name):
                     widest = max(ins, key=lambda t: t.numel())
                     if widest.numel() > seen["reads"][0]:
                         seen["reads"] = [widest.numel(), name, list(widest.shape)]

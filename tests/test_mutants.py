@@ -25,6 +25,9 @@ def test_the_catalogs_are_big_enough_and_well_formed():
         for e in yaml.safe_load(mutants.catalog_path(lab).read_text()):
             assert {"exercise", "mistake", "replace"} <= set(e), (lab, e)
             assert all(len(edit) == 2 for edit in e["replace"]), (lab, e)
+            if e.get("honest"):  # an honest variant: it must pass, so it names no cause and is no mistake
+                assert "says" not in e and "known" not in e, (lab, e)
+                continue
             says = str(e.get("says", ""))
             assert says and not says.endswith("is wrong") and not any(g in says for g in GENERIC), (
                 f"{lab}: {e['mistake']!r} needs a says: naming its cause, got {says!r}"
@@ -71,7 +74,7 @@ def test_with_a_contract_the_self_check_says_x_if_and_only_if_the_hidden_tests_t
     wrong = [
         v for v in controls if v.caught_by_selfcheck or v.caught_by_tests or not v.selfcheck.startswith("✓")
     ]
-    assert not wrong, "\n".join(f"{v.exercise} solution: {v.selfcheck} [{v.tests_failed}]" for v in wrong)
+    assert not wrong, "\n".join(f"{v.exercise} {v.mistake}: {v.selfcheck} [{v.tests_failed}]" for v in wrong)
     unnamed = [v for v in verdicts if v.named is False]
     assert not unnamed, "\n".join(
         f"{v.exercise} {v.mistake}: {v.selfcheck} [cause NOT named: {v.says!r}]" for v in unnamed

@@ -13,6 +13,8 @@ solutions), one entry per typical mistake::
       checked_by: ex5      # optional: edit this exercise's solution, judge by another's checks
       known: "the KV-cache alignment"  # optional, labs with a contract (labs/source/contracts/): its outputs
                                        # on the public cases are recorded, and its ✗ says "… matches <known>"
+      honest: true         # optional: not a mistake but an honest answer written otherwise, which
+                           # must pass (✓, every hidden test) like the solution
 
 Each ``old`` must occur exactly once in the exercise's solution cells.  A mutant is *caught by
 the self-check* when the exercise's self-check prints a ✗ line (a crash of the self-check cell
@@ -171,7 +173,8 @@ def _mutate(code: list[str], edits: list, where: str) -> list[str]:
 
 
 def run_lab(lab: str) -> tuple[list[Verdict], list[Verdict]]:
-    """(controls, mutants): the unchanged solutions (must pass), then every catalogued mistake."""
+    """(controls, mutants): the unchanged solutions and the catalog's honest variants (``honest: true``,
+    an answer written otherwise: must pass), then every catalogued mistake."""
     exs = exercises(lab)
     catalog = yaml.safe_load(catalog_path(lab).read_text()) or []
     controls = [run_one(lab, ex, ex.solution, "(the solution)", None) for ex in exs.values()]
@@ -183,6 +186,9 @@ def run_lab(lab: str) -> tuple[list[Verdict], list[Verdict]]:
                 f"{where}: exercise: expected one of {sorted(exs)}, got {entry.get('exercise')!r}"
             )
         edited = _mutate(exs[entry["exercise"]].solution, entry["replace"], where)
+        if entry.get("honest"):  # an honest answer written otherwise: it must pass, as the solution does
+            controls.append(run_one(lab, exs[entry["exercise"]], edited, entry["mistake"], None))
+            continue
         judge = entry.get("checked_by", entry["exercise"])
         if judge not in exs:
             raise ValueError(f"{where}: checked_by: expected one of {sorted(exs)}, got {judge!r}")
@@ -220,7 +226,7 @@ def main(argv: list[str]) -> int:
             ok = not v.caught_by_selfcheck and not v.caught_by_tests and v.selfcheck.startswith("✓")
             bad += not ok
             print(
-                f"{'ok ' if ok else 'BAD'} {lab} {v.exercise} solution: {v.selfcheck}  "
+                f"{'ok ' if ok else 'BAD'} {lab} {v.exercise} {v.mistake}: {v.selfcheck}  "
                 f"[hidden tests failed {v.tests_failed}/{v.tests_total}]"
             )
         for v in mutants:
