@@ -951,6 +951,21 @@ MUTANTS = {
             )
         ],
     ),
+    # issue 33's second red team: lab 3's backward(root) as root.backward(), the course's engine, on Values
+    # that live in the harness: 3 of 3 before; the harness now refuses Value.backward in exercise 3
+    "backward(root) as root.backward() (lab 3)": (
+        "lab03_inside_autograd",
+        "ex3",
+        [
+            (
+                "    count = dependencies(root)\n    root.grad = 1.0\n    ready = [root]\n    while ready:\n"
+                "        v = ready.pop()\n        v._backward()\n        for p in v._parents:\n"
+                "            count[id(p)] -= 1\n            if count[id(p)] == 0:  # every use has sent its share\n"
+                "                ready.append(p)",
+                "    root.backward()",
+            )
+        ],
+    ),
     "both gradients returned ungated (lab 4)": (
         "lab04_custom_functions",
         "ex3",
@@ -1589,6 +1604,43 @@ def test_checking_a_by_hand_answer_against_autograd_in_a_scratch_cell_is_not_sen
     )
     checked = _plan(LAB, _submission(LAB, _solutions(LAB), insert=[(2, scratch)]))
     assert not checked.review and not checked.reach and not checked.gradient, checked
+
+
+def test_a_match_statement_reads_attributes_by_name_and_is_read_so():
+    """Issue 33's second red team: `match x: case object(attr=y)` reads x.attr with no Attribute node, and
+    the reader saw nothing: `__globals__` of a guard (the guards switched off), `torch._C`'s second
+    engine, `torch._make_dual`, `grad_fn` nodes, all at full marks. Each is now the construct it reads."""
+    import reach
+
+    sc = reach.scope(["import torch"], [])
+    for code, construct in [
+        ("match torch:\n    case object(func=tf):\n        pass", "torch.func"),
+        ("match f:\n    case object(__globals__=G):\n        G['STATE']['forbidden'] = {}", ".__globals__"),
+        ("match torch:\n    case object(_C=CC, _make_dual=MD):\n        pass", "torch._C"),
+        ("match y:\n    case object(grad_fn=node) | None:\n        pass", ".grad_fn"),
+        ("match box:\n    case {'k': object(next_functions=n)}:\n        pass", ".next_functions"),
+    ]:
+        got = [x for x, _, _ in reach.unlisted(code, sc, "by_hand")]
+        assert construct in got, (code, got)
+    # a pattern's captures are names the student bound: what reads them reaches what was stored there
+    tree = reach.parse("match torch:\n    case object(_C=CC):\n        pass")
+    assert reach._binds(tree.body[0]) >= {"CC"}
+
+
+def test_what_the_worker_says_was_used_is_repeated_only_if_the_exercise_forbids_it():
+    """Issue 33's second red team wrote a hidden test's inputs into the worker's record of by-hand
+    violations; the harness printed it in the student's note ("used y_hat=1.186 | y=-1.4 | …")."""
+    import harness
+
+    class Peer:
+        forbidden = {"ex3": {"autograd", "helpers.cat_mlp.backward"}, "ex6": {"autograd"}}
+
+        def request(self, msg):
+            return {"ex3": "autograd", "ex6": "y_hat=1.186 | y=-1.4", None: "x", "ex9": "autograd"}
+
+    student = harness.Student.__new__(harness.Student)
+    student.peer = Peer()
+    assert student.violations() == {"ex3": "autograd", "ex6": "a function this exercise forbids"}
 
 
 def test_a_magic_hides_nothing_from_the_allow_list():

@@ -348,7 +348,19 @@ class Student:
         return ns
 
     def violations(self) -> dict:
-        return self.peer.request({"op": "violations"})
+        """{question: what the worker's guards saw used there}: a name the question's by-hand list holds,
+        else "a function this exercise forbids" (the worker is the student's process: text it sends is
+        not repeated to them, where it could carry a hidden test's inputs)."""
+        got = self.peer.request({"op": "violations"})
+        if not isinstance(got, dict):
+            return {}
+        return {
+            q: what
+            if isinstance(what, str) and what in self.peer.forbidden.get(q, ())
+            else "a function this exercise forbids"
+            for q, what in got.items()
+            if q in self.peer.forbidden
+        }
 
     def close(self) -> None:
         try:

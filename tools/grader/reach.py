@@ -283,6 +283,10 @@ def _bind(tree: ast.AST, scope: Scope, own: bool) -> None:
                 }
         elif isinstance(node, ast.ExceptHandler) and node.name:
             names.add(node.name)
+        elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:  # `case object(x=name)`
+            names.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            names.add(node.rest)
         elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and own:
             scope.own_attrs.add(node.attr)
 
@@ -359,6 +363,29 @@ class _Uses(ast.NodeVisitor):
             self.add("given", n, node)
         elif hasattr(builtins, n) or _is_dunder(n) or n in NEVER_ANY["builtins"]:
             self.add("builtin", n, node)
+
+    def visit_Match(self, node):
+        # `match x: case object(attr=y)` reads x.attr by name, with no Attribute node: read each such
+        # attribute as the dotted path it is (`torch.func`) where the subject names one, else as `.attr`
+        path = self.scope.path(node.subject)
+        self.visit(node.subject)
+        for case in node.cases:
+            top = case.pattern
+            while isinstance(top, ast.MatchAs) and top.pattern is not None:
+                top = top.pattern
+            tops = top.patterns if isinstance(top, ast.MatchOr) else [top]
+            for pat in ast.walk(case.pattern):
+                if isinstance(pat, ast.MatchClass):
+                    for attr in pat.kwd_attrs:
+                        if path is not None and pat in tops:
+                            self.add("dotted", f"{path}.{attr}", pat)
+                        else:
+                            self.add("attr", attr, pat)
+            self.visit(case.pattern)
+            if case.guard is not None:
+                self.visit(case.guard)
+            for stmt in case.body:
+                self.visit(stmt)
 
     def visit_Call(self, node):
         magic = _magic(node)
@@ -963,6 +990,16 @@ def _binds(node: ast.stmt) -> set[str]:
             out.add(n.name)
         elif isinstance(n, (ast.Import, ast.ImportFrom)):
             out |= {a.asname or a.name.split(".")[0] for a in n.names}
+        elif isinstance(n, (ast.MatchAs, ast.MatchStar)) and n.name:  # a pattern's capture binds a name
+            out.add(n.name)
+        elif isinstance(n, ast.MatchMapping) and n.rest:
+            out.add(n.rest)
+        elif isinstance(n, (ast.Attribute, ast.Subscript)) and isinstance(n.ctx, ast.Store):
+            base = n.value  # `box.f = g`, `tools["ag"] = g`: what is stored in box is box's
+            while isinstance(base, (ast.Attribute, ast.Subscript)):
+                base = base.value
+            if isinstance(base, ast.Name):
+                out.add(base.id)
     return out
 
 

@@ -266,7 +266,8 @@ check_contract("lab03", "ex2c", exp)
 #   Run a ready node's `_backward()`, then take 1 off the count of each of its parents, once
 #   per use; a parent whose count reaches 0 has received every share and is ready. Each rule
 #   runs exactly once, after the rules of all its users. Assume every `.grad` starts at 0;
-#   return nothing.
+#   return nothing. This is the engine itself: calling the course's `Value.backward` or
+#   `topological_order` here gives the exercise 0 points.
 #
 # The checks build their graphs with the course's `Value`: a node used twice by one node, a
 # node reached along two paths, nodes used outside `root`'s graph too, two nodes of equal
