@@ -1579,8 +1579,8 @@ def test_a_helper_defined_anywhere_is_read_against_the_list_of_the_by_hand_exerc
 
 def test_a_cell_of_many_statements_is_read_a_cell_at_a_time(monkeypatch):
     """Reading a statement at a time split the cell's text once per statement: a cell of 8,000 lines took
-    8 s, 32,000 would take minutes (a stalled class). Now each cell is read once per group of
-    statements the same exercises reach, whatever its length."""
+    8 s, 32,000 would take minutes (a stalled class). Now each cell is read a few times (all of it, the
+    part by-hand exercises reach, each group the same exercises reach), whatever its length."""
     import reach
 
     calls = []
@@ -1589,7 +1589,7 @@ def test_a_cell_of_many_statements_is_read_a_cell_at_a_time(monkeypatch):
     big = "\n".join(f"x{i} = torch.zeros({i})" for i in range(5000))
     checked = _plan(LAB, _submission(LAB, _solutions(LAB), insert=[(2, big)]))
     assert not checked.review and not checked.reach
-    assert len(calls) <= 2 * 8, len(calls)  # the solutions' 6 answer cells and the added one
+    assert len(calls) <= 3 * 8, len(calls)  # the solutions' 6 answer cells and the added one
 
 
 def test_checking_a_by_hand_answer_against_autograd_in_a_scratch_cell_is_not_sent_to_review():
@@ -1603,6 +1603,20 @@ def test_checking_a_by_hand_answer_against_autograd_in_a_scratch_cell_is_not_sen
         "x.unsqueeze_(0)\nprint(torch.linalg.vector_norm(x))"
     )
     checked = _plan(LAB, _submission(LAB, _solutions(LAB), insert=[(2, scratch)]))
+    assert not checked.review and not checked.reach and not checked.gradient, checked
+    # what an honest-corpus helper's scratch cells used (each sent every by-hand exercise to review):
+    # the optimizers the hints ask to run, gradcheck, a Jacobian, the course's forward helpers, stdlib
+    more = (
+        "import copy, itertools\nfrom helpers.attention import attention_forward, causal_mask\n"
+        "from helpers.block import BLOCK_PARAM_NAMES\n"
+        "p = torch.nn.Parameter(torch.randn(3))\nopt = torch.optim.Adam([p], amsgrad=True)\n"
+        "(p ** 2).sum().backward()\nopt.step()\nprint(opt.state[p], opt.param_groups[0]['lr'])\n"
+        "q = copy.deepcopy(p)\nprint(list(itertools.product(range(2), repeat=2)))\n"
+        "x64 = torch.randn(3, dtype=torch.float64, requires_grad=True)\n"
+        "print(torch.autograd.gradcheck(torch.tanh, (x64,)))\n"
+        "print(torch.autograd.functional.jacobian(torch.tanh, x64))\nprint(y_hat.grad_fn)"
+    )
+    checked = _plan(LAB, _submission(LAB, _solutions(LAB), insert=[(2, scratch), (4, more)]))
     assert not checked.review and not checked.reach and not checked.gradient, checked
 
 
@@ -1681,8 +1695,14 @@ def test_lab6_an_aten_alias_and_a_helper_bound_before_the_guard_are_off_the_list
     assert any(x.startswith("torch.ops.aten._scaled_dot_product_attention_math") for x in checked.reach), (
         checked
     )
+    # the alias bound in the answer's cell and called by the answer (an alias nothing calls serves nothing)
+    called = sol[2].replace(
+        "    grad_S = P * (grad_P - (grad_P * P).sum(-1, keepdim=True))  # (..., Nq, Nk)",
+        "    grad_S = sb(P, grad_P)",
+    )
+    assert called != sol[2]
     alias = (
-        sol[:2] + ["import helpers.attention\nsb = helpers.attention.softmax_backward\n" + sol[2]] + sol[3:]
+        sol[:2] + ["import helpers.attention\nsb = helpers.attention.softmax_backward\n" + called] + sol[3:]
     )
     checked = _plan(lab, _submission(lab, alias))
     assert any(x.startswith("helpers.attention.softmax_backward") for x in checked.review.get("ex3", [])), (

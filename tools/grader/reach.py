@@ -428,6 +428,8 @@ def allowed(kind: str, text: str, tier: str) -> bool:
     a = ALLOWED[tier]
     if (kind == "import" and text in BARE_IMPORTS) or (kind == "dotted" and text in EXITS):
         return True
+    if kind in ("dotted", "import") and tier == "any" and _course_helper(text):
+        return True
     if kind == "import":  # a module, or an object imported from one (`from helpers.show import show`)
         return text in a["imports"] or text in a["dotted"]
     if kind == "dotted":
@@ -446,6 +448,16 @@ def allowed(kind: str, text: str, tier: str) -> bool:
     if kind == "string":
         return text in HARMLESS_DUNDERS
     return False
+
+
+# the course's helper modules a learner may call in any code that is not a by-hand answer (the course's
+# reference answers are named in the by-hand lists and guarded at run time); labcontract is the checks'
+COURSE_HELPERS = re.compile(r"helpers(\.(?!labcontract\b)[A-Za-z]\w*)*")
+
+
+def _course_helper(text: str) -> bool:
+    """Whether a module path is the course's helpers or a public name in one (`helpers.cat_mlp.cat_params`)."""
+    return COURSE_HELPERS.fullmatch(text) is not None
 
 
 def describe(kind: str, text: str) -> str:
@@ -521,6 +533,11 @@ modules named_modules children named_children parameters named_parameters
 # autograd, alias memory, serialise, compile or trace, or change a global setting. A student who
 # writes `torch.linalg.solve` or `x.unsqueeze_(0)` did ordinary tensor work.
 MATH_NAMESPACES = (
+    "torch.optim",
+    "torch.optim.Optimizer",
+    "itertools",
+    "functools",
+    "copy",
     "torch",
     "torch.Tensor",
     "torch.nn",
@@ -558,7 +575,17 @@ def public_math() -> frozenset:
 
 
 VETTED = {
-    "imports": ("math", "torch", "torch.nn", "torch.nn.functional", "functools", "itertools", "typing"),
+    "imports": (
+        "math",
+        "torch",
+        "torch.nn",
+        "torch.nn.functional",
+        "torch.optim",
+        "functools",
+        "itertools",
+        "typing",
+        "copy",
+    ),
     "dotted": (
         "torch.Tensor",
         "torch.no_grad",
@@ -574,12 +601,17 @@ VETTED = {
         "helpers.device.get_device",
         "helpers.device.no_tf32",
         "helpers.labcontract.ffn_block",  # lab 9's prose names it beside the given ffn_dropout
+        # chapter 4's checks, which the labs ask learners to pass (they compare, they return a bool)
+        "torch.autograd.gradcheck",
+        "torch.autograd.gradgradcheck",
     ),
     # plain Python on lists, dicts and strings
     "attributes": tuple(VETTED_TENSOR.split())
     + tuple(public_math())
     + (
         "fft",
+        "state",  # an optimizer's (the labs' hints print opt.state[p])
+        "param_groups",
         "append",
         "extend",
         "items",
@@ -1109,6 +1141,7 @@ def plan(
     sc = scope(given, [c.source for c in own])
     # what the course's own cells use a student may use too (a self-check line copied to debug)
     also = frozenset((k, t) for g in given for k, t, _ in uses(g, sc))
+    also |= {("dotted", t) for k, t in also if k == "import"}  # `cat_params()` after the given import
     parts = [(c, node) for c in own for node in getattr(parse(c.source), "body", [])]
     if functions is None:
         reached = [{c.owner} if by_hand.get(c.owner) else set() for c, _ in parts]
@@ -1129,10 +1162,19 @@ def plan(
         excuse = "\n".join(filter(None, (c.released if c.kind == "edited" else "", past_lines)))
         everywhere = set()
         every_node = [n for nodes in groups[id(c)].values() for n in nodes]
+        reached_nodes = [n for qs, nodes in groups[id(c)].items() if qs for n in nodes]
+        unseen_here = {
+            x for x, _, sev in unlisted(c.source, sc, "any", excuse, also, reached_nodes) if sev == "gradient"
+        }
         for construct, _, severity in unlisted(c.source, sc, "any", excuse, also, every_node):
             named = f"{construct} (cell {c.number})"
-            if severity in ("reach", "gradient"):  # could switch the guards off / a gradient computed unseen
-                (reach if severity == "reach" else gradient).add(named)
+            if severity == "reach":  # could switch the guards off, wherever it stands
+                reach.add(named)
+            elif (
+                severity == "gradient"
+            ):  # a gradient computed unseen: only where a by-hand exercise can run it
+                if construct in unseen_here:  # (at the top level it runs once, on the notebook's own values)
+                    gradient.add(named)
             elif not _guarded(construct, guarded):
                 anywhere.add(named)
             else:
