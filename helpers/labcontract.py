@@ -1109,8 +1109,9 @@ def recorded_and_hooks_left(answer, args, kwargs, raises=False):
 
 @probe
 def clipped_leaves(answer, args, kwargs):
-    """(total, the .grads after, concatenated, how many .grad were replaced, not changed in place) for answer(params, …),
-    params built as leaves whose .grad is args[0]'s tensors (a torch.Size: a parameter whose .grad is None)."""
+    """(total, how many None .grads were filled in, the other .grads after, concatenated, how many of those were
+    replaced, not changed in place) for answer(params, …), params built as leaves whose .grad is args[0]'s
+    tensors (a torch.Size: a parameter whose .grad is None, which must stay None)."""
     specs = args[0]
     dtype = next((g.dtype for g in specs if isinstance(g, torch.Tensor)), torch.float64)
     params = []
@@ -1121,9 +1122,11 @@ def clipped_leaves(answer, args, kwargs):
         params.append(p)
     before = [p.grad for p in params]
     total = _given(answer(params, *args[1:], **kwargs))
-    grads = [p.grad.detach().reshape(-1) for p in params if p.grad is not None]
+    had = [(p, b) for p, b in zip(params, before) if b is not None]
+    grads = [p.grad.detach().reshape(-1) for p, _ in had if p.grad is not None]
     after = torch.cat(grads) if grads else torch.zeros(0, dtype=dtype)
-    return total, after, sum(p.grad is not b for p, b in zip(params, before))
+    filled = sum(p.grad is not None for p, b in zip(params, before) if b is None)
+    return total, filled, after, sum(p.grad is not b for p, b in had)
 
 
 # ------------------------------------------------------------ lab 8's probes (appended)

@@ -484,7 +484,12 @@ ex4 = Exercise(
     "(params, max_norm)",
     "Exercise 4 · clip_by_global_norm",
     clip_by_global_norm,
-    ("total", "grads", ".grad tensors replaced, not scaled in place"),
+    (
+        "total",
+        "None .grads filled in (a parameter without a gradient keeps .grad None)",
+        "grads",
+        ".grad tensors replaced, not scaled in place",
+    ),
     [
         CaseClass(
             "‖g‖ exceeds max_norm (clipping happens)",
