@@ -966,6 +966,25 @@ MUTANTS = {
             )
         ],
     ),
+    # issue 33's third red team: autograd inside a by-hand answer whose every hidden case is a capped or
+    # traced call (lab 6 ex3), where the worker let the first backward through as the probe's own
+    "autograd in a call with rules (lab 6 ex3)": (
+        "lab06_attention_backward",
+        "ex3",
+        [
+            (
+                "def attention_backward(Q, K, V, P, grad_O, scale, Bias):\n",
+                "def attention_backward(Q, K, V, P, grad_O, scale, Bias):\n"
+                "    with torch.enable_grad():\n"
+                "        q, k, v, sc, b = [t.detach().clone().requires_grad_() for t in (Q, K, V, scale, Bias)]\n"
+                "        S = q @ k.transpose(-2, -1) * sc + b\n"
+                "        logp = torch.where(P > 0, P.log(), torch.full_like(P, -1e30))\n"
+                "        P2 = torch.where(P > 0, torch.softmax(S + (logp - S).detach(), dim=-1), torch.zeros_like(P))\n"
+                "        g = torch.autograd.grad(P2 @ v, (q, k, v, sc, b), grad_O)\n"
+                "    return tuple(x.detach() for x in g)\n",
+            )
+        ],
+    ),
     "both gradients returned ungated (lab 4)": (
         "lab04_custom_functions",
         "ex3",
@@ -1590,6 +1609,26 @@ def test_a_cell_of_many_statements_is_read_a_cell_at_a_time(monkeypatch):
     checked = _plan(LAB, _submission(LAB, _solutions(LAB), insert=[(2, big)]))
     assert not checked.review and not checked.reach
     assert len(calls) <= 3 * 8, len(calls)  # the solutions' 6 answer cells and the added one
+
+
+def test_a_helper_stored_in_a_container_or_a_dunder_defined_is_read_where_it_can_run():
+    """Issue 33's third red team: an autograd helper appended to a list at the top level (append bound no
+    name, so the answer calling tools[0] did not reach it); a dict key whose class defines a property
+    `__class__`, which runs in the grader's own isinstance, after the guards are off."""
+    sol = _solutions(LAB)
+    helper = (
+        "tools = []\n\ndef _vjp(y, x, g):\n    return torch.autograd.grad(y, x, g)[0]\n\ntools.append(_vjp)"
+    )
+    answer = sol[2].replace("    return grad_W2", "    _check = tools[0]\n    return grad_W2")
+    checked = _plan(LAB, _submission(LAB, sol[:2] + [answer] + sol[3:], insert=[(-1, helper)]))
+    assert any(x.startswith("torch.autograd.grad (cell ") for x in checked.review.get("ex3", [])), (
+        checked.review
+    )
+    key = "class Key:\n    @property\n    def __class__(self):\n        return str\n"
+    checked = _plan(LAB, _submission(LAB, sol, insert=[(5, key)]))
+    assert any(x.startswith(".__class__ (cell ") for x in checked.reach), checked.reach
+    honest = "class Pair:\n    def __init__(self, a, b):\n        self.a, self.b = a, b\n\n    def __repr__(self):\n        return 'Pair'"
+    assert not _plan(LAB, _submission(LAB, sol, insert=[(5, honest)])).reach
 
 
 def test_checking_a_by_hand_answer_against_autograd_in_a_scratch_cell_is_not_sent_to_review():

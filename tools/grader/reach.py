@@ -351,9 +351,22 @@ class _Uses(ast.NodeVisitor):
         self.add("attr", node.attr, node)
         self.visit(node.value)
 
+    def _defines(self, name: str, node) -> None:
+        # a dunder the student defines runs when Python or the grader touches the object (a property
+        # `__class__` runs in the grader's isinstance, `__del__` whenever it is collected): unless harmless
+        if _is_dunder(name) and name not in HARMLESS_DUNDERS:
+            self.add("attr", name, node)
+
+    def visit_FunctionDef(self, node):
+        self._defines(node.name, node)
+        self.generic_visit(node)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
     def visit_Name(self, node):
         n = node.id
         if not isinstance(node.ctx, ast.Load):
+            self._defines(n, node)  # `__class__ = property(...)` in a class body
             return
         if n in self.scope.imports:
             self.add("dotted", self.scope.imports[n], node)
@@ -1000,6 +1013,10 @@ def classify(cells: list[tuple[int, str]], released: list[tuple[str, str | None]
 
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+# a container's methods that store what they are given in it (`tools.append(helper)` binds tools)
+STORING_METHODS = frozenset(
+    ("append", "extend", "insert", "update", "setdefault", "add", "appendleft", "extendleft", "__setitem__")
+)
 
 
 def _outer(node: ast.AST):
@@ -1026,6 +1043,13 @@ def _binds(node: ast.stmt) -> set[str]:
             out.add(n.name)
         elif isinstance(n, ast.MatchMapping) and n.rest:
             out.add(n.rest)
+        elif (
+            isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Attribute)
+            and n.func.attr in STORING_METHODS
+            and isinstance(n.func.value, ast.Name)
+        ):
+            out.add(n.func.value.id)  # `tools.append(g)`: what is stored in tools is tools'
         elif isinstance(n, (ast.Attribute, ast.Subscript)) and isinstance(n.ctx, ast.Store):
             base = n.value  # `box.f = g`, `tools["ag"] = g`: what is stored in box is box's
             while isinstance(base, (ast.Attribute, ast.Subscript)):
