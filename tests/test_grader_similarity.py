@@ -702,7 +702,11 @@ def test_a_copy_padded_with_dead_helpers_scores_as_the_copy_does(lab):
     sol = solutions(lab)
     dead = "\n\n".join(corpus(lab)["ana"].values())
     padded = {ex: _padded(code, dead, 3) for ex, code in sol.items()}
-    answers = class_answers(lab, {"plain": sol, "padded": padded})
+    rel = released(lab)
+    answers = {
+        n: similarity.exercise_answers(handed_in(lab, exs), rel)
+        for n, exs in (("plain", sol), ("padded", padded))
+    }
     given = similarity.given_code(released(lab))
     rows = exercise_scores(answers, sol, given=given)
     got = {(r["exercise"], r["a"]): round(r["similarity"], 6) for r in rows if r["b"] == SOLUTIONS}

@@ -994,14 +994,14 @@ def grade(
         progress.parent.mkdir(parents=True, exist_ok=True)
         _ensure_ignored(progress)
         results: list = [None] * len(subs)
-        futures = {
-            pool.submit(grade_submission, run, lab, s, qs, timeout, skip, unsafe, secrets): i
-            for i, s in enumerate(subs)
-        }
         with progress.open("w", newline="", encoding="utf-8") as f:
             w = csv.DictWriter(f, fieldnames=fields)
             w.writeheader()
-            f.flush()
+            f.flush()  # the header is there before anyone is graded
+            futures = {
+                pool.submit(grade_submission, run, lab, s, qs, timeout, skip, unsafe, secrets): i
+                for i, s in enumerate(subs)
+            }
             for done in cf.as_completed(futures):
                 results[futures[done]] = done.result()
                 row = dict(results[futures[done]][0])
