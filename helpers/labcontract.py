@@ -226,7 +226,7 @@ def _trace_mode():
                 seen["largest"] = [size, list(out.shape)]
             if new:
                 # a view reads nothing; nor does a factory that takes only its input's shape and dtype
-                if not func.is_view and ins and not _FACTORY.match(name):
+                if not func.is_view and ins and not _FACTORY.fullmatch(name):
                     widest = max(ins, key=lambda t: t.numel())
                     if widest.numel() > seen["reads"][0]:
                         seen["reads"] = [widest.numel(), name, list(widest.shape)]
