@@ -409,6 +409,25 @@ JS_CODE_BOXES = """(wide) => {
   return problems;
 }"""
 
+# Every formula in MathJax's fonts and every piece of code in a monospace font, on both editions
+# (a CSS rule for Chinese prose once outranked both, and drew them in the CJK sans font); code on
+# a Chinese page names a monospace font with CJK glyphs.
+JS_FONTS = r"""() => {
+  const problems = [], fam = e => getComputedStyle(e).fontFamily;
+  const code = [...document.querySelectorAll('main pre, main code, main kbd, main samp')];
+  const prose = code.filter(e => !/monospace\s*$/.test(fam(e)));
+  if (prose.length) problems.push(`${prose.length} of ${code.length} code elements not in a monospace font ` +
+                                  `(${fam(prose[0])}): ${prose[0].textContent.trim().slice(0, 40)}`);
+  const glyphs = [...document.querySelectorAll('main mjx-container[jax="CHTML"] mjx-c')];
+  const other = glyphs.filter(e => !/^MJX/.test(fam(e)));
+  if (other.length) problems.push(`${other.length} of ${glyphs.length} formula glyphs not in MathJax's fonts ` +
+                                  `(${fam(other[0])}): ${other[0].closest('mjx-container').textContent.slice(0, 40)}`);
+  if (document.documentElement.lang === 'zh-CN' && code.length && !/CJK|Mono SC|Micro Hei Mono/.test(fam(code[0])))
+    problems.push(`code on a Chinese page has no monospace font with CJK glyphs: ${fam(code[0])}`);
+  return problems;
+}"""
+
+
 JS_IMAGES = """async () => {
   const imgs = Array.from(document.querySelectorAll('main img'));
   for (const img of imgs) if (img.loading === 'lazy') img.loading = 'eager';
@@ -496,6 +515,7 @@ def test_page_in_browser(browser, server, site, docname):
     try:
         page = visit.page
         problems = _check_math(page)
+        problems += page.evaluate(JS_FONTS)
         # At 1280 px no display equation is wider than the text column (long ones are aligned lines).
         wide = page.evaluate(JS_WIDE_EQUATIONS)
         if wide:
@@ -770,8 +790,9 @@ JS_PAGE_OVERFLOW = """() => {
 @pytest.mark.parametrize("width", [390, 900])
 def test_no_page_scrolls_sideways_on_a_phone_or_tablet(browser, server, site, width):
     """Every page at 390 px (a phone) and 900 px, in one context each (a new context per page
-    would cost a minute): the page never scrolls sideways, and every code box keeps the code
-    size rule of JS_CODE_BOXES (it may scroll inside itself, within the screen)."""
+    would cost a minute): the page never scrolls sideways, every code box keeps the code
+    size rule of JS_CODE_BOXES (it may scroll inside itself, within the screen), and formulas and
+    code keep their fonts (JS_FONTS)."""
     phone = width < 600
     context = browser.new_context(
         viewport={"width": width, "height": 844},
@@ -786,6 +807,10 @@ def test_no_page_scrolls_sideways_on_a_phone_or_tablet(browser, server, site, wi
             if extra > 1:
                 problems.append(f"{docname} is {extra} px wider than the screen: {wide}")
             problems += [f"{docname}: {p}" for p in page.evaluate(JS_CODE_BOXES, False)]
+            if page.locator("main .math").count():
+                page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise")
+                page.evaluate("() => MathJax.startup.promise")
+            problems += [f"{docname}: {p}" for p in page.evaluate(JS_FONTS)]
     finally:
         context.close()
     assert not problems, f"at {width} px:\n  " + "\n  ".join(problems)
@@ -1022,6 +1047,17 @@ PDF_SUMMARY = re.compile(
 )
 
 
+def _pdf_fonts(reader) -> set[str]:
+    """The base names of the fonts a PDF embeds (subset prefixes like ABCDEF+ dropped)."""
+    names = set()
+    for page in reader.pages:
+        fonts = (page.get("/Resources") or {}).get("/Font") or {}
+        for ref in fonts.values():
+            base = str(ref.get_object().get("/BaseFont", ""))
+            names.add(base.lstrip("/").split("+", 1)[-1])
+    return names
+
+
 @pytest.mark.browser
 def test_the_whole_book_pdf_has_a_contents_page_and_an_outline(browser, tmp_path, capsys):
     """tools/pdf.py's main, end to end on a small book: its summary line, a first page listing the
@@ -1061,6 +1097,9 @@ def test_the_whole_book_pdf_has_a_contents_page_and_an_outline(browser, tmp_path
             )
     assert "Chapters and labs" in contents and "Reference" in contents, contents
     assert reader.page_mode == "/UseOutlines"
+    assert reader.metadata.title == "Backprop by Hand", reader.metadata
+    fonts = _pdf_fonts(reader)
+    assert any("Mono" in f for f in fonts), f"no monospace font embedded: {sorted(fonts)}"
 
 
 @pytest.mark.browser
@@ -1087,6 +1126,10 @@ def test_the_chinese_pdf_has_its_own_title_contents_and_captions(browser, tmp_pa
     assert top[0] == i18n.PDF_LABELS["introduction"] and len(top) == 4, top
     chapter = i18n.translations("chapters/01_cat_mlp").get("1. The cat MLP by hand", "1. The cat MLP by hand")
     assert top[1].replace(" ", "") == chapter.replace("\\", "").replace(" ", ""), (top[1], chapter)
+    assert reader.metadata.title.startswith(book_title), reader.metadata  # the book's, not a page's
+    # code in a monospace font (the CJK sans drew it once: JS_FONTS checks the pages themselves)
+    fonts = _pdf_fonts(reader)
+    assert any("Mono" in f for f in fonts), f"no monospace font embedded: {sorted(fonts)}"
 
 
 # ---------------------------------------------------------------------------------------------

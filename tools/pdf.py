@@ -298,15 +298,15 @@ def _with_outline(reader, outline, out: Path, title: str = TITLE) -> int:
     dests = reader.named_destinations
     parents: list = [None]  # parents[level - 1]: the item that new items of `level` go under
     n = 0
-    for level, title, id_ in outline:
+    for level, label, id_ in outline:  # not `title`: that is the document's (a bug once)
         dest = dests.get("/" + id_) or dests.get(id_)
-        if dest is None or not title:
+        if dest is None or not label:
             continue
         level = min(level, len(parents))  # never deeper than one under the last item
         top = dest.get("/Top")
         fit = Fit.xyz(left=dest.get("/Left"), top=top, zoom=None) if top is not None else Fit.fit()
         item = writer.add_outline_item(
-            title=title,
+            title=label,
             page_number=reader.get_destination_page_number(dest),
             parent=parents[level - 1],
             fit=fit,
