@@ -1,4 +1,4 @@
-/* Backprop by Hand: two things a reader on a phone needs that the theme does not do.
+/* Backprop by Hand: three things a reader needs that the theme does not do.
    Jupyter Book adds every .js file in _static/ to every page (no entry in _config.yml).
 
    1. Figures at full size.  A notebook figure (div.cell_output img) or an animation's frame
@@ -12,11 +12,43 @@
       at least 9 px at that size.
    2. The page's drawers close when one of their links is followed.  pydata-sphinx-theme
       opens the Contents (☷) and chapter (☰) drawers as modal dialogs and leaves them open
-      after a tap on a link, covering the section the reader asked for. */
+      after a tap on a link, covering the section the reader asked for.
+   3. The language switch lands on the section the reader is in, in the other edition.
+   The words it adds to a page are in the page's language (WORDS). */
 (function () {
   "use strict";
 
   const FIGURES = "main div.cell_output img, main div.animation img";
+
+  // The words this script adds to a page, in the page's language (the Chinese edition sets
+  // <html lang="zh-CN">); tests/test_site.py reads the Chinese ones on a Chinese page.
+  const WORDS = {
+    en: {
+      overlay: "Figure at full size",
+      previous: "Previous frame",
+      next: "Next frame",
+      hint: "Full size: scroll or pinch to move around",
+      close: "Close the full-size figure (Escape)",
+      closeTitle: "Close (Esc)",
+      button: "⤢ Full size",
+      buttonLabel: "Show this figure at full size",
+      figure: "Figure, shown smaller than its size: show it at full size",
+      figureTitle: "Show at full size",
+    },
+    zh: {
+      overlay: "原尺寸的图",
+      previous: "上一帧",
+      next: "下一帧",
+      hint: "原尺寸：滑动或双指缩放来查看",
+      close: "关闭原尺寸的图（Esc）",
+      closeTitle: "关闭（Esc）",
+      button: "⤢ 原尺寸",
+      buttonLabel: "以原尺寸查看这张图",
+      figure: "这张图显示得比原尺寸小：点按以原尺寸查看",
+      figureTitle: "以原尺寸查看",
+    },
+  };
+  const T = WORDS[(document.documentElement.lang || "en").toLowerCase().startsWith("zh") ? "zh" : "en"];
 
   function ready(fn) {
     if (document.readyState !== "loading") fn();
@@ -36,15 +68,15 @@
   function buildOverlay() {
     const d = document.createElement("dialog");
     d.className = "bbh-zoom";
-    d.setAttribute("aria-label", "Figure at full size");
+    d.setAttribute("aria-label", T.overlay);
     d.innerHTML =
       '<div class="bbh-zoom__bar">' +
       '<span class="bbh-zoom__frames">' +
-      '<button type="button" class="bbh-zoom__step" data-step="previous" aria-label="Previous frame">‹</button>' +
-      '<button type="button" class="bbh-zoom__step" data-step="next" aria-label="Next frame">›</button>' +
+      `<button type="button" class="bbh-zoom__step" data-step="previous" aria-label="${T.previous}">‹</button>` +
+      `<button type="button" class="bbh-zoom__step" data-step="next" aria-label="${T.next}">›</button>` +
       "</span>" +
-      '<span class="bbh-zoom__hint">Full size: scroll or pinch to move around</span>' +
-      '<button type="button" class="bbh-zoom__close" aria-label="Close the full-size figure (Escape)" title="Close (Esc)">×</button>' +
+      `<span class="bbh-zoom__hint">${T.hint}</span>` +
+      `<button type="button" class="bbh-zoom__close" aria-label="${T.close}" title="${T.closeTitle}">×</button>` +
       "</div>" +
       '<div class="bbh-zoom__view"><img class="bbh-zoom__img" alt=""></div>';
     d.querySelector(".bbh-zoom__close").addEventListener("click", () => d.close());
@@ -100,8 +132,8 @@
       const hint = document.createElement("button");
       hint.type = "button";
       hint.className = "bbh-zoom-hint";
-      hint.textContent = "⤢ Full size";
-      hint.setAttribute("aria-label", "Show this figure at full size");
+      hint.textContent = T.button;
+      hint.setAttribute("aria-label", T.buttonLabel);
       hint.addEventListener("click", () => open(img));
       img.insertAdjacentElement("afterend", hint);
       img.bbhHint = hint;
@@ -119,8 +151,8 @@
     if (small) {
       img.tabIndex = 0;
       img.setAttribute("role", "button");
-      img.setAttribute("aria-label", "Figure, shown smaller than its size: show it at full size");
-      img.title = "Show at full size";
+      img.setAttribute("aria-label", T.figure);
+      img.title = T.figureTitle;
     } else {
       img.removeAttribute("tabindex");
       img.removeAttribute("role");
@@ -165,12 +197,36 @@
     }
   }
 
+  /* ------------------------------------- the language switch keeps the reader's place */
+
+  // The section the reader is in: the last one whose heading is above the top third of the
+  // window (headings come in document order, so their tops only grow). null at the page's top.
+  function sectionInView() {
+    if (window.scrollY < 40) return null;
+    let here = null;
+    for (const section of document.querySelectorAll("main article section[id]")) {
+      const heading = section.querySelector(":scope > h1, :scope > h2, :scope > h3, :scope > h4");
+      if (!heading) continue;
+      if (heading.getBoundingClientRect().top > window.innerHeight / 3) break;
+      here = section;
+    }
+    return here;
+  }
+
   // The language switch (English / 中文) lands on the section the reader is in: both editions
-  // keep the English headings' ids, so the current #hash carries over.
+  // keep the English headings' ids, so the #hash the reader followed carries over while its
+  // target is on the screen, and otherwise the id of the section in view.
   function keepSectionOnLanguageSwitch() {
     for (const link of document.querySelectorAll("a[data-bbh-language-switch]")) {
       link.addEventListener("click", () => {
-        if (window.location.hash) link.hash = window.location.hash;
+        const hash = window.location.hash;
+        const target = hash && document.getElementById(decodeURIComponent(hash.slice(1)));
+        const box = target && target.getBoundingClientRect();
+        if (box && box.top < window.innerHeight && box.bottom > 0) link.hash = hash; // still in it
+        else {
+          const here = sectionInView();
+          if (here) link.hash = "#" + here.id;
+        }
       });
     }
   }

@@ -1161,6 +1161,17 @@ JS_SWITCH_IN_ROW = """() => {
 }"""
 
 
+# a section (past the first three) whose heading is followed by more than a screen and a half
+# before the next heading
+JS_LONG_SECTION = """() => {
+  const heads = [...document.querySelectorAll('main article section[id] > :is(h1, h2, h3, h4)')];
+  const top = h => h.getBoundingClientRect().top + window.scrollY;
+  for (let i = 3; i + 1 < heads.length; i++)
+    if (top(heads[i + 1]) - top(heads[i]) > 1.5 * window.innerHeight) return heads[i].parentElement.id;
+  return null;
+}"""
+
+
 @pytest.mark.browser
 def test_the_language_switch_lands_on_the_same_section(browser, server, site):
     """A reader in a section of chapter 1 switches language and is at the same section, both ways."""
@@ -1186,6 +1197,45 @@ def test_the_language_switch_lands_on_the_same_section(browser, server, site):
         assert not visit.errors, visit.errors
     finally:
         visit.close()
+    # No #hash: a reader who scrolled into a section (past its heading, and the next heading
+    # not yet in view) lands on it too.
+    visit = _Visit(browser, f"{server}chapters/01_cat_mlp.html", PHONE, True)
+    try:
+        visit.page.evaluate("() => MathJax.startup.promise")  # typeset first: it moves the headings
+        inner = visit.page.evaluate(JS_LONG_SECTION)
+        assert inner, "chapter 1 has no section longer than a phone's screen"
+        for want in (f"zh/chapters/01_cat_mlp.html#{inner}", f"chapters/01_cat_mlp.html#{inner}"):
+            visit.page.wait_for_load_state("load")
+            visit.page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise")
+            visit.page.evaluate("() => MathJax.startup.promise")
+            visit.page.evaluate(f"() => document.getElementById({inner!r}).scrollIntoView()")
+            visit.page.evaluate("() => window.scrollBy(0, 150)")
+            # a tap where the button is: page.click() would first scroll the sticky header's
+            # button "into view", some 400 px up the page, which no reader's tap does
+            with visit.page.expect_navigation():
+                visit.page.evaluate("() => document.querySelector('a[data-bbh-language-switch]').click()")
+            assert visit.page.url == server + want, f"scrolled into #{inner}, landed on {visit.page.url}"
+        visit.page.evaluate("() => window.scrollTo(0, 0)")  # at the top: the other edition's top
+        with visit.page.expect_navigation():
+            visit.page.evaluate("() => document.querySelector('a[data-bbh-language-switch]').click()")
+        assert visit.page.url == server + "zh/chapters/01_cat_mlp.html", visit.page.url
+    finally:
+        visit.close()
+
+
+@pytest.mark.browser
+def test_the_figure_buttons_speak_the_page_language(browser, server, site):
+    """reader.js's words: "⤢ Full size" on an English page, "⤢ 原尺寸" on a Chinese one (390 px)."""
+    for docname, want in (("chapters/01_cat_mlp", "⤢ Full size"), ("zh/chapters/01_cat_mlp", "⤢ 原尺寸")):
+        visit = _Visit(browser, f"{server}{docname}.html", PHONE, True)
+        try:
+            visit.page.evaluate(JS_IMAGES)
+            hints = visit.page.eval_on_selector_all(
+                "button.bbh-zoom-hint:not([hidden])", "els => els.map(e => e.textContent)"
+            )
+            assert hints and set(hints) == {want}, f"{docname}: {hints}"
+        finally:
+            visit.close()
 
 
 def test_a_lab_page_of_the_chinese_edition_says_in_one_line_that_it_stays_english(site):
