@@ -842,6 +842,38 @@ def test_a_result_of_the_wrong_shape_or_with_no_elements_is_not_close_to_the_ref
     # themselves, so the harness's strict allclose names no shapes for it; the scores are the promise
 
 
+# a channel out of the hidden tests (red team 3): an exception class picked from a hidden input, one
+# of eight per test; the notes name one class an exercise, whatever the tests raised
+CHANNEL = (
+    "_K = [ValueError, KeyError, IndexError, ZeroDivisionError, LookupError, ArithmeticError, OSError, EOFError]\n"
+    "def grad_loss(y_hat, y_true):\n"
+    "    raise _K[int(abs(float(y_hat.reshape(-1)[0])) * 1000) % 8]('x')\n"
+)
+
+
+@pytest.mark.sandbox
+@pytest.mark.slow
+def test_the_hidden_tests_notes_carry_no_value_the_student_chose():
+    out = _harness_grade(LAB, _submission(LAB, _solutions(LAB)[:1] + [CHANNEL] + _solutions(LAB)[2:]))
+    ex2 = [n for n in out["notes"] if n.startswith("ex2:")]
+    named = {
+        k
+        for k in (
+            "ValueError",
+            "KeyError",
+            "IndexError",
+            "ZeroDivisionError",
+            "LookupError",
+            "ArithmeticError",
+            "OSError",
+            "EOFError",
+        )
+        if any(k in n for n in ex2)
+    }
+    assert len(ex2) == 1 and len(named) == 1 and "and other exceptions" in ex2[0], ex2
+    assert out["questions"]["ex2"]["score"] == 0 and out["questions"]["ex3"]["score"] == 2, out
+
+
 # an empty lab 8 that answers what used to be counted in its own process: FLOP counts read as zero,
 # every function a TorchFunctionMode entered for good (3 to 5.33 of 11 before; issue 24)
 FLOP_FORGER = (
@@ -1630,6 +1662,44 @@ def test_a_helper_stored_in_a_container_or_a_dunder_defined_is_read_where_it_can
     assert any(x.startswith(".__class__ (cell ") for x in checked.reach), checked.reach
     honest = "class Pair:\n    def __init__(self, a, b):\n        self.a, self.b = a, b\n\n    def __repr__(self):\n        return 'Pair'"
     assert not _plan(LAB, _submission(LAB, sol, insert=[(5, honest)])).reach
+
+
+# red team 3: a helper reached by no name (handed to a function that stores it on torch.Tensor) that
+# walks autograd's graph, calling each node; and complex-step differentiation, f(x + ih).imag / h,
+# which is exact and computes a derivative nobody wrote. Both scored full marks with no review.
+NODE_WALKER = (
+    "def _walk(x, f, g):\n    y = f(x.detach().requires_grad_())\n    node = y.grad_fn\n"
+    "    return node(g), node.next_functions\n\n"
+    "def _put(obj, fn):\n    obj.vjp_of = fn\n\n_put(torch.Tensor, _walk)"
+)
+COMPLEX_STEP = (
+    "def numgrad(f, x):\n    g = torch.zeros(x.numel(), dtype=torch.float64)\n"
+    "    for k in range(x.numel()):\n        d = torch.zeros(x.numel(), dtype=torch.complex128)\n"
+    "        d[k] = 1e-30j\n        g[k] = f(x + d.reshape(x.shape)).imag / 1e-30\n    return g.reshape(x.shape)"
+)
+
+
+def test_a_gradient_no_guard_sees_counts_in_any_function_body_and_complex_numbers_compute_one():
+    sol = _solutions(LAB)
+    walker = sol[3].replace(
+        "    return grad_h", "    grad_h = h.vjp_of(torch.relu, grad_a)\n    return grad_h"
+    )
+    checked = _plan(LAB, _submission(LAB, sol[:3] + [walker] + sol[4:], insert=[(-1, NODE_WALKER)]))
+    autograd_by_hand = BY_HAND_1 - {"ex1"}  # ex1 (the forward pass) refuses only the reference
+    assert set(checked.review) == autograd_by_hand and checked.gradient, checked
+    assert all(".grad_fn (cell " in " ".join(v) for v in checked.review.values()), checked.review
+    answer = sol[3].replace(
+        "    return grad_h", "    grad_h = numgrad(lambda t: (grad_a * t).sum(), h)\n    return grad_h"
+    )
+    checked = _plan(LAB, _submission(LAB, sol[:3] + [answer] + sol[4:], insert=[(-1, COMPLEX_STEP)]))
+    got = " ".join(checked.review.get("ex4", []))
+    assert "a complex number (1e-30j)" in got and "torch.complex128" in got and ".imag" in got, checked
+    # the same helpers, defined where no exercise calls them: still every by-hand exercise (a body can
+    # be handed on); printing a graph node at the top level is a learner looking, not a gradient
+    checked = _plan(LAB, _submission(LAB, sol, insert=[(4, COMPLEX_STEP)]))
+    assert set(checked.review) == autograd_by_hand, checked.review
+    honest = "y = torch.relu(torch.randn(3, requires_grad=True))\nprint(y.grad_fn, y.grad_fn.next_functions)"
+    assert not _plan(LAB, _submission(LAB, sol, insert=[(4, honest)])).review
 
 
 def test_checking_a_by_hand_answer_against_autograd_in_a_scratch_cell_is_not_sent_to_review():

@@ -176,13 +176,25 @@ UNSEEN = {
 }
 
 
+# Complex numbers: f(x + ih)'s imaginary part over h is f'(x) to machine precision (complex-step
+# differentiation), a derivative no backward was written for and no guard sees. The labs are real-valued:
+# a complex literal, dtype or part (`1e-30j`, `torch.complex128`, `.imag`, `view_as_real`) computes one.
+COMPLEX = re.compile(r"complex|cfloat|cdouble|chalf|imag|^real$|view_as_real|polar|^conj|resolve_conj|angle")
+
+
 def _unseen(kind: str, text: str) -> bool:
     """Whether a use computes a gradient where no run-time guard sees it (so it can serve any exercise)."""
+    if kind == "complex":
+        return True
     if kind in ("import", "dotted"):
-        return any(text == d or text.startswith(d + ".") for d in UNSEEN["dotted"]) or any(
-            p in UNSEEN["attributes"] for p in text.split(".")[1:]
+        return (
+            any(text == d or text.startswith(d + ".") for d in UNSEEN["dotted"])
+            or any(p in UNSEEN["attributes"] for p in text.split(".")[1:])
+            or any(COMPLEX.search(p) for p in text.split(".")[1:])
         )
-    return kind == "attr" and text in UNSEEN["attributes"]
+    if kind == "builtin":
+        return text == "complex"
+    return kind == "attr" and (text in UNSEEN["attributes"] or COMPLEX.search(text) is not None)
 
 
 def _is_dunder(name: str) -> bool:
@@ -414,6 +426,8 @@ class _Uses(ast.NodeVisitor):
             self.add("builtin", "get_ipython", node)
 
     def visit_Constant(self, node):
+        if isinstance(node.value, complex):
+            self.add("complex", repr(node.value), node)
         if isinstance(node.value, str):
             for d in sorted(set(re.findall(r"__\w+?__", node.value))):
                 self.add("string", d, node)
@@ -481,6 +495,8 @@ def describe(kind: str, text: str) -> str:
         return f".{text}"
     if kind == "string":
         return f"a string holding {text}"
+    if kind == "complex":
+        return f"a complex number ({text})"
     return text
 
 
@@ -514,7 +530,9 @@ def unlisted(
 
 # ordinary Python: every builtin but the few that reach into a running program
 ORDINARY_BUILTINS = frozenset(
-    n for n in dir(builtins) if not n.startswith("_") and n not in NEVER_ANY["builtins"]
+    n
+    for n in dir(builtins)
+    if not n.startswith("_") and n not in NEVER_ANY["builtins"] and not COMPLEX.search(n)
 )
 
 # Ordinary tensor work, vetted by hand: what an honest answer may use beyond what the solutions use
@@ -563,6 +581,7 @@ MATH_NAMESPACES = (
 NOT_MATH = re.compile(
     r"grad|backward|hook|register|storage|_ptr|share_memory|pin_memory|dlpack|from_file|frombuffer|save|load"
     r"|compile|script|jit|vmap|func|autograd|library|deterministic|anomaly|autocast|thread|^set_(?!rng_state)"
+    r"|" + COMPLEX.pattern
 )
 
 
@@ -1029,6 +1048,17 @@ def _outer(node: ast.AST):
             todo += ast.iter_child_nodes(n)
 
 
+def _bodies(node: ast.AST):
+    """The outermost function, lambda and class definitions in ``node`` (``node`` itself if it is one)."""
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        if isinstance(n, _SCOPES):
+            yield n
+        else:
+            todo += ast.iter_child_nodes(n)
+
+
 def _binds(node: ast.stmt) -> set[str]:
     """The names a top-level statement binds (a def, a class, an import, an assignment, a loop's target)."""
     out = set()
@@ -1187,16 +1217,20 @@ def plan(
         everywhere = set()
         every_node = [n for nodes in groups[id(c)].values() for n in nodes]
         reached_nodes = [n for qs, nodes in groups[id(c)].items() if qs for n in nodes]
+        # a gradient computed unseen counts where a by-hand exercise can run it: in a statement its graded
+        # functions reach by name, or in any function, lambda or class body, which can be handed on where
+        # no name shows it (`_put(torch.Tensor, helper)`, a decorator, a default argument)
+        callable_nodes = [b for n in every_node for b in _bodies(n)]
         unseen_here = {
-            x for x, _, sev in unlisted(c.source, sc, "any", excuse, also, reached_nodes) if sev == "gradient"
+            x
+            for x, _, sev in unlisted(c.source, sc, "any", excuse, also, reached_nodes + callable_nodes)
+            if sev == "gradient"
         }
         for construct, _, severity in unlisted(c.source, sc, "any", excuse, also, every_node):
             named = f"{construct} (cell {c.number})"
             if severity == "reach":  # could switch the guards off, wherever it stands
                 reach.add(named)
-            elif (
-                severity == "gradient"
-            ):  # a gradient computed unseen: only where a by-hand exercise can run it
+            elif severity == "gradient":  # a gradient computed unseen: where a by-hand exercise can run it
                 if construct in unseen_here:  # (at the top level it runs once, on the notebook's own values)
                     gradient.add(named)
             elif not _guarded(construct, guarded):
