@@ -449,7 +449,7 @@ def test_notes_and_feedback_name_the_cause_and_never_quote_hidden_material(redte
         "(the cells after it ran): `while True:`" in rows["infinite_loop"]["notes"]
     ), rows["infinite_loop"]["notes"]
     assert (
-        f"still running after the time limit in cell {loop_cell} (`while True:`)"
+        f"still running at the notebook's time limit ({LOOP_TIMEOUT:.0f} s), in cell {loop_cell} (`while True:`)"
         in rows["stubborn_loop"]["notes"]
     ), rows["stubborn_loop"]["notes"]
     assert "not a notebook" in rows["corrupt"]["notes"]

@@ -3,7 +3,7 @@
     python tools/labs.py release [LAB ...] [--no-execute]   # sources -> labs/LAB.ipynb
     python tools/labs.py record [LAB ...]                    # contract -> helpers/data/LAB.contract.json
     python tools/labs.py check-stale                         # fail if a student notebook is stale or leaks
-    python tools/labs.py grade LAB SUBMISSIONS_DIR [--out gradebook.csv] [--timeout 300] [--jobs 1]
+    python tools/labs.py grade LAB SUBMISSIONS_DIR [--out gradebook.csv] [--timeout S] [--jobs 1]
                                                              # [--feedback DIR] [--skip-question ex6] [--unsafe]
 
 A lab is two files: its source, ``labs/source/LAB.ipynb`` (prose, given code, solutions between
@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import yaml
@@ -49,6 +50,11 @@ nbformat = nbtool.nbformat  # imported there, without the IRI checker that costs
 LABS = ROOT / "labs"
 SOURCES = LABS / "source"
 DEFAULT_TIMEOUT = 300
+# without --timeout, a notebook may take CALIBRATION times what the published solutions took to grade in
+# the same run (at least TIMEOUT_FLOOR s, at most DEFAULT_TIMEOUT): a notebook that spins holds a grading
+# slot for about a minute, not five (a class of 200 with two such finishes within 1.1 × its clean run)
+CALIBRATION = 10
+TIMEOUT_FLOOR = 60
 
 # ---------------------------------------------------------------- lab sources
 
@@ -822,7 +828,7 @@ def grade_submission(
     if out.get("status") in ("timeout", "crashed"):
         cell = out.get("cell")
         where = (
-            f" in cell {cell[0]} (`{cell[1]}`), which did not stop at its own limit"
+            f", in cell {cell[0]} (`{cell[1]}`)"
             if isinstance(cell, list)
             and len(cell) == 2
             and isinstance(cell[0], int)
@@ -830,7 +836,8 @@ def grade_submission(
             else ""
         )
         msg = (
-            f"still running after the time limit{where}: an infinite loop or a very slow cell?"
+            f"still running at the notebook's time limit ({timeout:.0f} s){where}: an infinite loop, "
+            "or cells that each ran to their own limit?"
             if out["status"] == "timeout"
             else "the notebook's process died before it could be graded (os._exit, a segfault, out of memory?)"
         )
@@ -947,11 +954,28 @@ def _ensure_ignored(path: Path) -> None:
         gi.write_text("\n".join(lines + ["/" + rel.as_posix()]) + "\n")
 
 
+def calibrated_timeout(run: Run, lab: str, qs, skip, unsafe: bool) -> tuple[float, float, str | None]:
+    """(CALIBRATION × the seconds the published solutions take to grade here, within [TIMEOUT_FLOOR,
+    DEFAULT_TIMEOUT]; those seconds; why grading cannot go on, or None): the solutions graded first, as
+    a notebook is.
+    They must score every point: anything less is this machine's or this checkout's problem, not a
+    student's, and nobody is graded on it."""
+    t0 = time.monotonic()
+    out = run_harness(run, lab, "solutions", solution_notebook(lab), DEFAULT_TIMEOUT, skip, unsafe)
+    took = time.monotonic() - t0
+    got = {q: (out.get("questions", {}).get(q) or {}).get("score", 0) for q, _ in qs}
+    short = [f"{q} {got[q]:g} of {p:g}" for q, p in qs if got[q] < p]
+    if out.get("status") not in ("ok", None) or short:
+        why = ", ".join(short) or out.get("status", "?")
+        return DEFAULT_TIMEOUT, took, f"the published solutions do not score full marks here ({why})"
+    return min(DEFAULT_TIMEOUT, max(TIMEOUT_FLOOR, CALIBRATION * took)), took, None
+
+
 def grade(
     lab: str,
     subs_dir: Path,
     out_csv: Path | None = None,
-    timeout: float = DEFAULT_TIMEOUT,
+    timeout: float | None = DEFAULT_TIMEOUT,
     jobs: int = 1,
     feedback_dir: Path | None = None,
     skip=(),
@@ -960,6 +984,7 @@ def grade(
     """Grade every student's notebook in an LMS export folder: a CSV row each, a feedback file each, a similarity report.
 
     Questions in ``skip`` (made optional) get no column and count neither in ``total`` nor in ``possible``.
+    ``timeout`` None: ``calibrated_timeout`` (the command's default).
     """
     reason = sandbox.missing_reason()
     if reason and not unsafe:
@@ -991,6 +1016,14 @@ def grade(
         problem = setup_problem(run, unsafe)  # the grader's own setup first: nobody is graded on a broken one
         if problem:
             raise SystemExit(f"refusing to grade: {problem}")
+        if timeout is None:
+            timeout, took, problem = calibrated_timeout(run, lab, qs, skip, unsafe)
+            if problem:
+                raise SystemExit(f"refusing to grade: {problem}")
+            print(
+                f"[grade] time limit per notebook: {timeout:.0f} s ({CALIBRATION} × the {took:.1f} s the "
+                f"published solutions took here, {TIMEOUT_FLOOR} to {DEFAULT_TIMEOUT} s; --timeout S sets it)"
+            )
         progress.parent.mkdir(parents=True, exist_ok=True)
         _ensure_ignored(progress)
         results: list = [None] * len(subs)
@@ -1090,7 +1123,13 @@ def main(argv: list[str]) -> int:
         default=None,
         help="gradebook CSV (default: ~/backprop-by-hand-grades/LAB/gradebook.csv, outside the repository)",
     )
-    g.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per notebook")
+    g.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help=f"seconds per notebook (default: {CALIBRATION} × what the published solutions take to grade "
+        f"here, {TIMEOUT_FLOOR} to {DEFAULT_TIMEOUT} s)",
+    )
     g.add_argument("--jobs", type=int, default=1, help="notebooks graded at once")
     g.add_argument("--feedback", type=Path, default=None, help="folder for feedback files")
     g.add_argument(
