@@ -503,8 +503,14 @@ def _tbwd_case(p, seed, kind="plain", flags=()):
     return Case((*args, *blocks, *flags), factors=_factors(p))
 
 
-def _tbwd_class(name, shapes, kind="plain", flags=()):
-    return CaseClass(name, shapes, lambda p, s: _tbwd_case(p, s, kind, flags), **TOL)
+def _tbwd_class(name, shapes, kind="plain", flags=(), rules=None):
+    return CaseClass(name, shapes, lambda p, s: _tbwd_case(p, s, kind, flags), rules=rules or {}, **TOL)
+
+
+def _tiled_bwd_room(Q, K, V, O, L, grad_O, slopes, block_q=16, block_k=16, causal=False, window=None):
+    """Bytes a tiled backward may hold in one tensor: as the forward (``_tiled_room``); the gradients it
+    accumulates are the inputs' size."""
+    return _tiled_room(Q, K, V, slopes, block_q, block_k)
 
 
 ex4 = Exercise(
@@ -527,6 +533,13 @@ ex4 = Exercise(
         _tbwd_class("B > 1 (grad_slopes from every batch)", _shapes(B=st.integers(2, 3))),
         _tbwd_class("the slopes are 0 (plain attention)", _shapes(), "zero"),
         _tbwd_class("causal=False and window=None are passed", _shapes(), flags=(False, None)),
+        # "only ever holding one (block_q, block_k) tile of S, P, dP and dS": measured where the whole
+        # (B, H, Nq, Nk) matrix is 10× a tile on every draw (a backward from the full matrices passed)
+        _tbwd_class(
+            "Nq, Nk = 40–48 in blocks of 8 (no room for the whole (B, H, Nq, Nk) matrices)",
+            _long(),
+            rules={"largest": _tiled_bwd_room},
+        ),
     ],
     question="ex4",
     calls=("ex2", "ex3"),

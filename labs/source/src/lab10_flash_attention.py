@@ -389,8 +389,9 @@ check_contract("lab10", "ex3b", attention_backward_from_L)
 # ## Exercise 4 · The tiled backward, query blocks outside (4 points)
 #
 # **Goal:** the same gradients as Exercise 3 while only ever holding one
-# `(block_q, block_k)` tile of $S$, $P$, $dP$ and $dS$, in the loop order the chapter did
-# *not* use.
+# `(block_q, block_k)` tile of $S$, $P$, $dP$ and $dS$ (the checks measure the largest tensor
+# your function makes, on sequences of 40–48 in blocks of 8, as in Exercise 2), in the loop
+# order the chapter did *not* use.
 #
 # Write `tiled_backward(Q, K, V, O, L, grad_O, slopes, block_q, block_k, causal=False, window=None)`
 # returning `(grad_Q, grad_K, grad_V, grad_slopes)` with the shapes of `Q, K, V, slopes`.
@@ -418,8 +419,9 @@ check_contract("lab10", "ex3b", attention_backward_from_L)
 # </details>
 #
 # Compute $D = \mathrm{rowsum}(dO \circ O)$ once, before the loops (your `row_D` does it; per tile
-# it would be the same numbers, computed again for every key block). The checks see values,
-# not the loop order: the order is the exercise, and your instructor may read it. Leave every
+# it would be the same numbers, computed again for every key block). The checks see values and
+# the largest tensor, not the loop order or where $D$ is computed: those are the exercise, and
+# your instructor may read them. Leave every
 # input as it came
 # (`Q, K, V, O, L, grad_O, slopes`: a backward never edits its inputs in place; the checks
 # see it). The shapes and blocks are as in Exercise 2 (`N` not a multiple of the blocks,
