@@ -561,3 +561,44 @@ def test_traced_counts_multiply_adds_reads_largest_and_ungated_gradients():
     assert traced(None, lambda x: x[:2], (g,), {}, {})[1]["aliases"] == [0]
     assert traced(None, lambda x: x * 1, (g,), {}, {})[1]["aliases"] == []
     assert "output 0" in broken_rule({"new": True}, {"aliases": [0]}, {})
+
+
+class _Square(torch.autograd.Function):
+    """y = x², backward 2x·g: a Function graded by its own backward."""
+
+    @staticmethod
+    def forward(x):
+        return x * x
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        (x,) = inputs
+        ctx.save_for_backward(x)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        (x,) = ctx.saved_tensors
+        return 2 * x * grad_y
+
+
+def test_a_function_is_graded_through_its_own_backward_never_autograds_derivative_of_apply():
+    """Issue 33: a lab 4 answer replaced `apply` by a differentiable expression, and the grader's own
+    backward request let autograd do the work (7.7 of 10 with no backward written)."""
+    x = torch.tensor([1.0, -2.0], dtype=torch.float64, requires_grad=True)
+    y = labcontract.method_of(_Square, "apply")(x)
+    (g,) = torch.autograd.grad(y.sum(), x)
+    assert torch.equal(g, 2 * x.detach())
+
+    class Replaced(_Square):
+        pass
+
+    Replaced.apply = staticmethod(lambda x: x * x)  # autograd would differentiate this itself
+    with pytest.raises(
+        TypeError, match=r"Replaced\.apply returned a tensor whose gradient autograd would take"
+    ):
+        labcontract.method_of(Replaced, "apply")(x)
+    # a function is called as it is; another method by its name
+    assert labcontract.method_of(torch.sin, None) is torch.sin
+    assert labcontract.method_of(_Square, "forward") is _Square.forward
+    # an output autograd does not track (a detached result, an int) is not the Function's to check
+    assert labcontract.method_of(_Square, "apply")(x.detach()).grad_fn is None

@@ -816,6 +816,54 @@ def test_no_page_scrolls_sideways_on_a_phone_or_tablet(browser, server, site, wi
     assert not problems, f"at {width} px:\n  " + "\n  ".join(problems)
 
 
+JS_WIDE_FORMULA = """() => {
+  const wide = [...document.querySelectorAll('main mjx-container[display="true"]')]
+    .filter(m => m.scrollWidth > m.clientWidth + 8 && m.getBoundingClientRect().height > 10);
+  if (!wide.length) return null;
+  wide[0].scrollIntoView({block: 'center'});
+  return wide.length;
+}"""
+
+
+def _edge_darkness(png: bytes) -> tuple[float, float]:
+    """The mean darkness (0 white, 1 black) of the leftmost and the rightmost 4 px of a screenshot."""
+    import io
+
+    from PIL import Image
+
+    img = Image.open(io.BytesIO(png)).convert("L")
+    w, h = img.size
+    edge = lambda x0: 1 - sum(img.crop((x0, 0, x0 + 4, h)).getdata()) / (4 * h * 255)  # noqa: E731
+    return edge(0), edge(w - 4)
+
+
+@pytest.mark.browser
+def test_a_formula_wider_than_a_phone_shows_that_it_scrolls(browser, server, site):
+    """At 390 px 29 display formulas were cut at the column's edge with no sign that they scroll
+    (a phone shows no scrollbar until touched): a shadow marks the edge a formula goes on past, and
+    moves to the other edge once it is scrolled to its end."""
+    visit = _Visit(browser, f"{server}chapters/06_attention_backward.html", PHONE, True)
+    try:
+        page = visit.page
+        page.evaluate("() => MathJax.startup.promise")
+        assert page.evaluate(JS_WIDE_FORMULA), "no display formula wider than a phone on chapter 6"
+        box = (
+            page.locator('main mjx-container[display="true"]')
+            .filter(has=page.locator("mjx-math"))
+            .evaluate_all(
+                "ms => ms.findIndex(m => m.scrollWidth > m.clientWidth + 8 && m.getBoundingClientRect().height > 10)"
+            )
+        )
+        formula = page.locator('main mjx-container[display="true"]').nth(box)
+        left, right = _edge_darkness(formula.screenshot())
+        assert right > left + 0.02, f"at the start: no shadow on the right edge ({left:.3f}, {right:.3f})"
+        formula.evaluate("m => { m.scrollLeft = m.scrollWidth; }")
+        left, right = _edge_darkness(formula.screenshot())
+        assert left > right + 0.02, f"at the end: no shadow on the left edge ({left:.3f}, {right:.3f})"
+    finally:
+        visit.close()
+
+
 # ---------------------------------------------------------------------------------------------
 # figures a phone can read: shown at their size, or a tap opens them at it (_static/reader.js)
 # ---------------------------------------------------------------------------------------------
@@ -1056,6 +1104,26 @@ def _pdf_fonts(reader) -> set[str]:
             base = str(ref.get_object().get("/BaseFont", ""))
             names.add(base.lstrip("/").split("+", 1)[-1])
     return names
+
+
+@pytest.mark.browser
+def test_a_folded_cell_prints_unfolded(browser, server, site):
+    """The PDF printed 4 folded cells as a "Show code cell content" title over nothing; pdf.py opens
+    them and hides the fold's title in print: chapter 2's folded cell shows its code on paper."""
+    visit = _Visit(browser, f"{server}chapters/02_chain_rule.html")
+    try:
+        page = visit.page
+        page.add_style_tag(content=_pdf.BOOK_CSS)
+        assert page.evaluate(_pdf.OPEN_HIDDEN_CELLS) >= 1
+        page.emulate_media(media="print")
+        shown = page.evaluate(
+            """() => [...document.querySelectorAll('div.tag_hide-cell')].map(c => [
+                 c.querySelector('pre').getBoundingClientRect().height,
+                 getComputedStyle(c.querySelector('summary')).display])"""
+        )
+        assert shown and all(h > 20 and d == "none" for h, d in shown), shown
+    finally:
+        visit.close()
 
 
 @pytest.mark.browser

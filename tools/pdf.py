@@ -123,6 +123,11 @@ WAIT_FOR_PAGE = """async () => {
   return [document.querySelectorAll('mjx-container').length, imgs.length];
 }"""
 
+# A cell the site shows folded ("Show code cell content") prints unfolded: on paper a fold is a
+# heading with nothing under it. Returns how many it opened.
+OPEN_HIDDEN_CELLS = """() => { const folded = [...document.querySelectorAll('div.cell details.hide')];
+  folded.forEach(d => { d.open = true; d.classList.add('bbh-printed-open'); }); return folded.length; }"""
+
 # Code boxes wider than the printed column would be cut on paper: the longest line of each.
 CUT_CODE = """() => [...document.querySelectorAll('pre')].filter(p => p.scrollWidth > p.clientWidth + 1)
   .map(p => p.textContent.split('\\n').reduce((a, l) => l.length > a.length ? l : a, '').trim().slice(0, 60))"""
@@ -133,6 +138,8 @@ PLACEHOLDER = "000"  # a page number before it is known: as wide as any the book
 # The book's print layout on top of _static/custom.css and the theme's print rules.
 BOOK_CSS = """
 @media print {
+  /* a folded cell, opened (OPEN_HIDDEN_CELLS): its code and output without the fold's title */
+  details.bbh-printed-open > summary { display: none !important; }  /* the theme sets it, more specific */
   /* each chapter, lab and reference page starts a page (singlehtml: a span, then its section) */
   span[id^="document-"] + section { break-before: page; }
   #bbh-contents { break-after: page; font-size: 0.88rem; }
@@ -360,6 +367,7 @@ def print_pdf(
         parts = [[(captions or {}).get(c, c), docs] for c, docs in read_toc(toc)] if toc else None
         book = page.evaluate(PREPARE_BOOK, [PLACEHOLDER, parts, labels or LABELS])
         page.add_style_tag(content=BOOK_CSS)
+        page.evaluate(OPEN_HIDDEN_CELLS)
         page.emulate_media(media="print")
         page.set_viewport_size({"width": A4_COLUMN_PX, "height": 900})
         done.cut = page.evaluate(CUT_CODE)
