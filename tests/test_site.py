@@ -286,6 +286,17 @@ def test_pages_fetch_nothing_from_other_hosts(site):
     assert not remote, "the site must work offline; these load from the internet:\n" + "\n".join(remote)
 
 
+def test_every_figure_has_alt_text_that_says_what_it_shows(site):
+    """18 chapter figures had their file's path as alt text (what a screen reader read out, or a
+    reader whose image did not load saw); each now has a sentence (cell metadata mystnb.image.alt)."""
+    paths = []
+    for page in _pages(site):
+        for alt in re.findall(r'<img alt="([^"]*)"', page.read_text(encoding="utf-8")):
+            if not alt.strip() or re.search(r"\.(png|svg|jpe?g|gif)$|_images/", alt):
+                paths.append(f"{page.relative_to(site)}: {alt[:60]!r}")
+    assert not paths, f"{len(paths)} images whose alt text is a path or empty: {paths[:5]}"
+
+
 def test_mathjax_and_widget_javascript_are_served_locally(site):
     assert (site / "_vendor" / "mathjax" / "startup.js").is_file()
     assert (site / "_vendor" / "widgets" / "embed.js").is_file()

@@ -372,7 +372,7 @@ for label, (name, idx) in {
 # gradients travel right to left (red). The dead unit shows up as the zeros in $\partial L/\partial h$
 # and in the second row of $\partial L/\partial W_1$.
 
-# %%
+# %% mystnb={"image": {"alt": "The cat MLP's computation graph: forward values flow left to right in blue, gradients right to left in red; the dead ReLU unit shows as zeros in \u2202L/\u2202h and in the second row of \u2202L/\u2202W1."}}
 import matplotlib.pyplot as plt
 
 from helpers.plot_cat import draw_cat_graph

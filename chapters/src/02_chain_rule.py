@@ -354,7 +354,7 @@ for dt in (torch.float32, torch.float64):
     )
     print(f"    measured best h {fmt_sci(hs[best], 0)}, error {fmt_sci(e[best], 0)}")
 
-# %%
+# %% mystnb={"image": {"alt": "Log-log plot of the central difference's error for x\u00b3 at x = 1 against the step h: the error falls as h shrinks until rounding error takes over and it rises again."}}
 import matplotlib.pyplot as plt
 
 from helpers.plot_cat import plot_fd_errors

@@ -110,7 +110,7 @@ graph = autograd_graph(L, names)
 print(format_graph(graph))
 print("saved for backward:", graph.saved_bytes, "bytes")
 
-# %%
+# %% mystnb={"image": {"alt": "The autograd graph behind the cat MLP's loss L: a node per operation, from the leaves x, W1, b1, W2, b2 to L, arrows in the direction gradients flow."}}
 fig = plot_graph(
     graph,
     title="the graph behind the cat MLP's L (arrows: gradient flow)",

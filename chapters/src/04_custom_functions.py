@@ -617,7 +617,7 @@ for form in ("none", "tanh"):
 gap = (hf.gelu(xs, "none") - hf.gelu(xs, "tanh")).abs().max()
 show("max |gelu_erf - gelu_tanh| on [-6, 6]", gap, 6)
 
-# %%
+# %% mystnb={"image": {"alt": "Two panels over x from \u22124 to 4: above, GELU and ReLU; below, their derivatives, GELU's smooth curve against ReLU's step from 0 to 1."}}
 xs_cpu = xs.cpu()
 d_erf = hf.gelu_backward(xs_cpu, torch.ones_like(xs_cpu), "none")
 # one panel above the other: each stays readable on a phone

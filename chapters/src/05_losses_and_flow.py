@@ -134,7 +134,7 @@ ok = compare(
     "2(z - onehot) vs autograd", 2 * (zs.detach() - F.one_hot(target, 10)), grad_mse
 )
 
-# %%
+# %% mystnb={"image": {"alt": "Log-log plot of the gradient norm at the logits per example against the logit scale s, for cross-entropy (softmax minus one-hot) and for MSE on the logits."}}
 from helpers.plot_flow import plot_ce_vs_mse
 
 fig = plot_ce_vs_mse(scales, ce_norms, mse_norms)
@@ -601,7 +601,7 @@ for init in inits:
             first, last = fmt_sci(n[0]), fmt_sci(n[-1])
             print(f"{fmt(init, 1):>4} {name:>12} {act:>10}  {first:>8} {last:>8}")
 
-# %%
+# %% mystnb={"image": {"alt": "A grid of panels, one architecture per row and the two initialisation scales side by side: each layer's gradient norm, first layer to last, for each activation."}}
 from helpers.plot_flow import plot_flow_grid
 
 # One architecture per row, the two inits side by side: two panels a row stay

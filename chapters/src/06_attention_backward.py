@@ -440,7 +440,7 @@ print("gradcheck with the scale missing:", ok)
 #
 # One function, `causal_mask(Nq, Nk, align=...)`, builds both.
 
-# %%
+# %% mystnb={"image": {"alt": "Three causal masks as grids of visible and hidden cells: 4 queries by 7 keys aligned top-left, the same aligned bottom-right, and 7 queries by 4 keys aligned bottom-right, whose first rows see no key."}}
 M_top_left = causal_mask(4, 7)  # = is_causal=True
 M_bottom_right = causal_mask(4, 7, align="bottom_right")  # KV cache
 show("causal_mask(4, 7), top-left", M_top_left.int(), 0)
@@ -774,7 +774,7 @@ grad_S = softmax_backward(cache["P"], grad_P)  # (1, H, N, N)
 # Now the pictures, for head 0: the attention weights $P$, the gradient arriving at them
 # $|dL/dP|$, and what survives the softmax backward, $|dL/dS|$.
 
-# %%
+# %% mystnb={"image": {"alt": "Three heat maps for head 0, query i down and key j across: the attention weights P, the gradient arriving at them |dL/dP|, and the gradient after the softmax backward |dL/dS|."}}
 # Stacked, not side by side: each panel stays wide enough to read on a phone.
 fig, axes = plt.subplots(3, 1, figsize=(4.2, 9.6))
 panels = (cache["P"][0, 0], grad_P[0, 0].abs(), grad_S[0, 0].abs())

@@ -159,7 +159,7 @@ show("row sums without the mean path", no_mean.sum(-1))
 # hand-written forward and backward with and without the two skip connections per block
 # (`residual=False` drops them) and print $\lVert\partial L/\partial X_l\rVert$ at the input of every block.
 
-# %%
+# %% mystnb={"image": {"alt": "The gradient norm \u2016\u2202L/\u2202X_l\u2016 at the input of each of 12 pre-norm blocks, with and without the skip connections."}}
 B, N, d, H, d_ff, depth = 2, 8, 32, 4, 64, 12
 
 
@@ -561,7 +561,7 @@ show("‖grad_wte['t']‖ assignment ", assigned[t].norm())
 # parameter gradient norms, we can look at the flow through the stack. We make a deeper model for
 # it, 8 blocks.
 
-# %%
+# %% mystnb={"image": {"alt": "Two panels for the 8-block GPT: above, each block's parameter gradient norm \u2016\u2202L/\u2202\u03b8\u2016; below, the gradient norm \u2016\u2202L/\u2202X_l\u2016 at each block's input."}}
 deep = GPTConfig(
     vocab_size=tok.vocab_size, n_ctx=16, d_model=32, n_heads=4, n_layers=8, d_ff=64
 )

@@ -443,7 +443,7 @@ for name, (A0, B0) in inits.items():
 # so both are 0 at step 0, nothing moves, and they are 0 at every later step too. $A = B = 0$
 # is a saddle point that gradient descent never leaves. Sixty Adam steps of each:
 
-# %%
+# %% mystnb={"image": {"alt": "Training loss over sixty Adam steps for each initialisation of LoRA's A and B; with both at zero the loss never moves."}}
 curves = {}
 for name, (A0, B0) in inits.items():
     with torch.no_grad():
@@ -515,7 +515,7 @@ for (rs, steps), row in dW.items():
         + " ".join(f"{fmt(v, 4):>7s}" for v in row)
     )
 
-# %%
+# %% mystnb={"image": {"alt": "Log-log plot of \u2016\u0394W\u2016 after Adam steps against the rank r, with the \u03b1/r and the \u03b1/\u221ar scaling, after one step and after more."}}
 fig, ax = plt.subplots(figsize=(6, 3))
 for (rs, steps), row in dW.items():
     ax.loglog(
@@ -738,7 +738,7 @@ show(
 for name, run in runs.items():
     varies(f"{name:9s} {1e3 * run['seconds'] / STEPS:.1f} ms per training step")
 
-# %%
+# %% mystnb={"image": {"alt": "Fine-tuning loss (running mean of 10 steps) for each way of fine-tuning, with the pretrained model's loss before fine-tuning as a dotted line."}}
 fig, ax = plt.subplots(figsize=(6.5, 3.4))
 smooth = lambda v, k=10: [
     sum(v[max(0, i - k + 1) : i + 1]) / len(v[max(0, i - k + 1) : i + 1])

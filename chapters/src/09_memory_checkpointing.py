@@ -193,7 +193,7 @@ for n_tok in (12, 24):
 # $N^* = (10d + 4 + 2 d_\text{ff})/H$. For a GPT-2-small-sized stack
 # ($d = 768$, $H = 12$, $d_\text{ff} = 3072$, 12 blocks, $B = 8$, float16):
 
-# %%
+# %% mystnb={"image": {"alt": "Activation memory in GiB against the sequence length N for a GPT-2-small-sized stack in float16: attention's math path, which stores the N \u00d7 N weights, against the fused kernel."}}
 d_, H_, f_, L_, B_ = 768, 12, 3072, 12, 8
 Ns = [128 * 2**k for k in range(7)]  # 128 .. 8192
 math_GiB = [

@@ -117,7 +117,7 @@ for s in steps:
 show("two-pass m", x.max())
 show("two-pass ℓ", torch.exp(x - x.max()).sum())
 
-# %%
+# %% mystnb={"image": {"alt": "Two panels: above, the scores as bars in blocks of 4 with the running max m after each block; below, the running normaliser \u2113 per block: the old \u2113 rescaled by exp(m_old \u2212 m_new), then the block's sum added."}}
 # Two rows at the column's width (6.8 in), so the text stays >= 9 px on the page.
 fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(6.8, 6.4))
 ax1.bar(range(len(x)), x.numpy(), color="lightgray", label="scores x")
@@ -591,7 +591,7 @@ print(
     [fmt(b / a, 2) for a, b in zip(tiled_b, tiled_b[1:])],
 )
 
-# %%
+# %% mystnb={"image": {"alt": "Log-log plot of the bytes saved for backward against N (B = H = 1, d = 16, float32): naive attention saves P and grows as N\u00b2, the tiled pass saves O and L and grows as N."}}
 fig, ax = plt.subplots(figsize=(5, 3.4))
 ax.loglog(Ns, naive_b, "o-", base=2, label="naive: P saved (∝ N²)")
 ax.loglog(Ns, tiled_b, "s-", base=2, label="tiled: O, L saved (∝ N)")
