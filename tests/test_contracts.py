@@ -563,8 +563,8 @@ def test_traced_counts_multiply_adds_reads_largest_and_ungated_gradients():
     assert "output 0" in broken_rule({"new": True}, {"aliases": [0]}, {})
 
 
-class _Square(torch.autograd.Function):
-    """y = x², backward 2x·g: a Function graded by its own backward."""
+class _Squared(torch.autograd.Function):
+    """y = x², backward 2x·g: a Function graded by its own backward (no `wrong` switch: _Square has one)."""
 
     @staticmethod
     def forward(x):
@@ -585,11 +585,11 @@ def test_a_function_is_graded_through_its_own_backward_never_autograds_derivativ
     """Issue 33: a lab 4 answer replaced `apply` by a differentiable expression, and the grader's own
     backward request let autograd do the work (7.7 of 10 with no backward written)."""
     x = torch.tensor([1.0, -2.0], dtype=torch.float64, requires_grad=True)
-    y = labcontract.method_of(_Square, "apply")(x)
+    y = labcontract.method_of(_Squared, "apply")(x)
     (g,) = torch.autograd.grad(y.sum(), x)
     assert torch.equal(g, 2 * x.detach())
 
-    class Replaced(_Square):
+    class Replaced(_Squared):
         pass
 
     Replaced.apply = staticmethod(lambda x: x * x)  # autograd would differentiate this itself
@@ -599,6 +599,6 @@ def test_a_function_is_graded_through_its_own_backward_never_autograds_derivativ
         labcontract.method_of(Replaced, "apply")(x)
     # a function is called as it is; another method by its name
     assert labcontract.method_of(torch.sin, None) is torch.sin
-    assert labcontract.method_of(_Square, "forward") is _Square.forward
+    assert labcontract.method_of(_Squared, "forward") is _Squared.forward
     # an output autograd does not track (a detached result, an int) is not the Function's to check
-    assert labcontract.method_of(_Square, "apply")(x.detach()).grad_fn is None
+    assert labcontract.method_of(_Squared, "apply")(x.detach()).grad_fn is None

@@ -653,6 +653,8 @@ def test_grade_can_leave_an_optional_question_out_of_the_total(tmp_path, monkeyp
     earned = {"ex1": 1.0, "ex2": 0.0, "ex3": 2.0, "ex4": 2.0, "ex5": 2.0, "ex6": 3.0}
 
     def fake_harness(run, lab, name, nb, timeout, skip, unsafe, **kw):  # nothing runs: only the bookkeeping
+        if name == "solutions":  # the command's calibration (no --timeout): the published solutions
+            return {"status": "ok", "questions": {q: {"score": p} for q, p in labs.questions(LAB)}}
         return {
             "status": "ok",
             "errors": [],
@@ -854,23 +856,17 @@ CHANNEL = (
 @pytest.mark.sandbox
 @pytest.mark.slow
 def test_the_hidden_tests_notes_carry_no_value_the_student_chose():
+    """Red teams 3 and 4 picked an exception class from a hidden input, one per test: the notes name one
+    class an exercise, and only the few a wrong answer raises by mistake (``harness.HIDDEN_KINDS``)."""
+    import harness
+
     out = _harness_grade(LAB, _submission(LAB, _solutions(LAB)[:1] + [CHANNEL] + _solutions(LAB)[2:]))
     ex2 = [n for n in out["notes"] if n.startswith("ex2:")]
-    named = {
-        k
-        for k in (
-            "ValueError",
-            "KeyError",
-            "IndexError",
-            "ZeroDivisionError",
-            "LookupError",
-            "ArithmeticError",
-            "OSError",
-            "EOFError",
-        )
-        if any(k in n for n in ex2)
-    }
-    assert len(ex2) == 1 and len(named) == 1 and "and other exceptions" in ex2[0], ex2
+    assert len(ex2) == 1 and "and other exceptions" in ex2[0], ex2
+    named = re.search(r"raised (.+?) in hidden test", ex2[0]).group(1)
+    assert named in harness.HIDDEN_KINDS | {"an exception"}, ex2
+    for rare in ("LookupError", "ArithmeticError", "OSError", "EOFError"):
+        assert rare not in ex2[0], ex2
     assert out["questions"]["ex2"]["score"] == 0 and out["questions"]["ex3"]["score"] == 2, out
 
 

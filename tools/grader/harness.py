@@ -414,10 +414,19 @@ def _tests(ks: list[int]) -> str:
     return f"hidden test {ks[0]}" if len(ks) == 1 else f"hidden tests {', '.join(map(str, ks))}"
 
 
-def kind(exc: BaseException) -> str:
-    """An exception's type name fit for feedback: the student's own class names are not repeated."""
+# the exceptions a wrong answer raises by mistake, the only ones a hidden test's note names: each name
+# is a value the student's code could pick from a hidden input (red team 4: one of 60 built-in classes)
+HIDDEN_KINDS = frozenset(
+    "TypeError ValueError RuntimeError IndexError AttributeError KeyError NotImplementedError "
+    "ZeroDivisionError NameError OverflowError ByHandError OutOfMemoryError".split()
+)
+
+
+def kind(exc: BaseException, hidden: bool = False) -> str:
+    """An exception's type name fit for feedback: the student's own class names are not repeated, and in
+    a hidden test's note only ``HIDDEN_KINDS`` are."""
     k = exc.kind if isinstance(exc, wire.RemoteError) else type(exc).__name__
-    return k if k in SAFE_KINDS else "an exception"
+    return k if k in (HIDDEN_KINDS if hidden else SAFE_KINDS) else "an exception"
 
 
 def grade(spec: dict) -> dict:
@@ -496,7 +505,7 @@ def grade(spec: dict) -> dict:
                     return _finish(result, qs, skip)
                 student.peer.exercise, student.peer.in_place = q.name, case.in_place
             except wire.RemoteError as e:
-                raised.setdefault(kind(e), []).append(k)
+                raised.setdefault(kind(e, hidden=True), []).append(k)
             except Exception:  # noqa: BLE001 - a wrong return type etc.: the test fails, quietly
                 pass
             finally:
