@@ -5,6 +5,7 @@ failure names the file and the command that fixes it; the tests on a copy prove 
 fails when a text and its notebook drift apart.
 """
 
+import re
 import shutil
 import subprocess
 import sys
@@ -163,3 +164,21 @@ def test_build_from_a_text_executes_keeps_ids_and_rewrites_the_text(tmp_path):
     # the text now holds the setup cell too: the pair agrees
     assert nbtool.sync_problem(nb_path) is None
     assert jupytext.read(text_path).cells[1].source.startswith(nbtool.SETUP_MARK)
+
+
+# A MyST role ({term}`chain rule`) is raw text in Colab and JupyterLab, where the notebooks are read:
+# chapter 1's first line read "{term}`Backpropagation <backpropagation>`". A notebook names a glossary
+# term with a Markdown link (tools/web/glossary_links.py makes it a glossary reference on the site).
+ROLE_IN_PROSE = re.compile(r"\{[a-z][\w:-]*\}`")
+
+
+@pytest.mark.parametrize("nb_path", PAIRED, ids=lambda p: p.stem)
+def test_no_myst_role_in_a_notebooks_markdown(nb_path):
+    nb = nbformat.read(nb_path, as_version=4)
+    raw = [
+        (i, m.group(0))
+        for i, c in enumerate(nb.cells)
+        if c.cell_type == "markdown"
+        for m in ROLE_IN_PROSE.finditer(c.source)
+    ]
+    assert not raw, f"{nb_path.name}: MyST roles Colab shows raw (cell, role): {raw[:5]}"

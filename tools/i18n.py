@@ -157,6 +157,17 @@ def glossary_terms() -> dict[str, str]:
     return terms
 
 
+# a notebook links a glossary term with Markdown (Colab and JupyterLab show a {term} role raw)
+GLOSSARY_LINK = re.compile(r"\]\([./]*pages/glossary\.md#(term-[^)\s]+)\)")
+
+
+def term_ids(terms: dict[str, str]) -> dict[str, str]:
+    """{the id Sphinx gives a glossary term's entry: the term} (``term-dead-ReLU``)."""
+    from sphinx.util.nodes import _make_id
+
+    return {_make_id("term-" + t): t for t in terms}
+
+
 def _roles(text: str) -> list[tuple[str, str]]:
     return sorted((kind, target.strip().lower()) for kind, target in ROLE.findall(text))
 
@@ -191,6 +202,11 @@ def problems(msgid: str, msgstr: str, terms: dict[str, str]) -> list[str]:
         zh = terms.get(target.strip()) or terms.get(target.strip().lower())
         if kind == "term" and zh and zh not in msgstr:
             out.append(f"the glossary term {target.strip()!r} is not rendered as {zh}")
+    by_id = term_ids(terms)
+    for target in GLOSSARY_LINK.findall(msgid):  # a notebook's glossary link: [text](…/glossary.md#term-…)
+        term = by_id.get(target)
+        if term and terms[term] not in msgstr:
+            out.append(f"the glossary term {term!r} is not rendered as {terms[term]}")
     if re.match(r"(\d+\.|[-*+]) ", msgstr):  # a translation is parsed as a paragraph of Markdown
         out.append(
             "starts like a Markdown list or heading: escape it ('1\\. …'), or the paragraph is not translated"

@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 1. The cat MLP by hand
 #
-# {term}`Backpropagation <backpropagation>` (反向传播) is the {term}`chain rule` applied one layer at a time, from the loss
+# [Backpropagation](../pages/glossary.md#term-backpropagation) (反向传播) is the [chain rule](../pages/glossary.md#term-chain-rule) applied one layer at a time, from the loss
 # back to every parameter. In this chapter we do it with a pencil — well, with plain tensor
 # arithmetic and no autograd — on a network small enough that every number fits on one line:
 # the "cat" embedding $x = [1, 2, -1, 0.5]$ through two linear layers with a ReLU between
@@ -118,13 +118,13 @@ show("y_hat", y_hat, 8)
 show("L", L, 8)
 
 # %% [markdown]
-# The {term}`forward pass` gives $h = [0.725, -0.15]$, $a = [0.725, 0]$, $\hat y = 0.5625$ and
+# The [forward pass](../pages/glossary.md#term-forward-pass) gives $h = [0.725, -0.15]$, $a = [0.725, 0]$, $\hat y = 0.5625$ and
 # $L = 0.19140625$. We kept every intermediate ($h$, $a$, $\hat y$): the backward pass needs
 # them. That is why training uses more memory than inference.
 #
 # ## Backward pass: the chain rule, layer by layer
 #
-# The {term}`backward pass` computes a {term}`gradient` for every parameter: we want $\partial L/\partial\theta$ for every parameter $\theta \in \{W_1, b_1, W_2, b_2\}$.
+# The [backward pass](../pages/glossary.md#term-backward-pass) computes a [gradient](../pages/glossary.md#term-gradient) for every parameter: we want $\partial L/\partial\theta$ for every parameter $\theta \in \{W_1, b_1, W_2, b_2\}$.
 # We never write $L$ as one big formula in $W_1$. Instead we walk back along the chain
 # $x \to h \to a \to \hat y \to L$ and at each node multiply *the gradient that arrived from
 # above* by *the local derivative of this node*. We call the arriving gradient `grad_<name>`
@@ -332,7 +332,7 @@ show("W1.grad from autograd", q["W1"].grad, 8)
 # Look again at $\partial L/\partial W_1$: its second row and $\partial L/\partial b_{1}[1]$
 # are all zero. Nothing went wrong. In the forward pass $h_2 = -0.15 < 0$, so ReLU output
 # $a_2 = 0$ *whatever small change we make to $h_2$*: the unit is switched off for this input
-# (a {term}`dead ReLU`).
+# (a [dead ReLU](../pages/glossary.md#term-dead-ReLU)).
 # The chain rule multiplies by $\mathrm{ReLU}'(h_2) = 0$, and everything upstream of $h_2$
 # — the whole second row of $W_1$ and $b_1[1]$ — receives a zero gradient.
 #
@@ -368,7 +368,7 @@ for label, (name, idx) in {
 #
 # ## The computation graph
 #
-# The figure puts all of it on one picture, the {term}`computational graph`: forward values travel left to right (blue),
+# The figure puts all of it on one picture, the [computational graph](../pages/glossary.md#term-computational-graph): forward values travel left to right (blue),
 # gradients travel right to left (red). The dead unit shows up as the zeros in $\partial L/\partial h$
 # and in the second row of $\partial L/\partial W_1$.
 
@@ -387,7 +387,7 @@ plt.show()
 #
 # $$\theta \leftarrow \theta - \eta\,\frac{\partial L}{\partial \theta}$$
 #
-# with {term}`learning rate` $\eta = 0.1$. `helpers.cat_mlp.sgd_step` does exactly this for
+# with [learning rate](../pages/glossary.md#term-learning-rate) $\eta = 0.1$. `helpers.cat_mlp.sgd_step` does exactly this for
 # $W_1, b_1, W_2, b_2$ and returns new tensors.
 
 # %%

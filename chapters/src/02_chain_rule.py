@@ -7,10 +7,10 @@
 #
 # **Learning goals.** After this chapter you can
 #
-# 1. apply the {term}`chain rule` (链式法则) to scalars and explain why a value used twice
+# 1. apply the [chain rule](../pages/glossary.md#term-chain-rule) (链式法则) to scalars and explain why a value used twice
 #    *accumulates* its gradient (a sum over paths);
 # 2. say what `backward()` really computes: a vector–Jacobian product $v^\top J$, not the Jacobian;
-# 3. check a gradient with central {term}`finite differences`, choose the step $h$, and explain the
+# 3. check a gradient with central [finite differences](../pages/glossary.md#term-finite-differences), choose the step $h$, and explain the
 #    V-shaped error curve (truncation vs round-off) and why checks run in float64;
 # 4. use `torch.autograd.gradcheck`;
 # 5. derive and verify the three gradients of a linear layer in `nn.Linear`'s layout,
@@ -181,7 +181,7 @@ w.grad = None  # what zero_grad() does (set_to_none=True is its default)
 # %% [markdown]
 # ## Jacobians and what `backward()` really computes
 #
-# For a function $f: \mathbb{R}^n \to \mathbb{R}^m$, the **{term}`Jacobian`** $J$ is the $m\times n$
+# For a function $f: \mathbb{R}^n \to \mathbb{R}^m$, the **[Jacobian](../pages/glossary.md#term-Jacobian)** $J$ is the $m\times n$
 # matrix $J_{ij} = \partial f_i/\partial x_j$: row $i$ is the gradient of output $i$. The chain rule
 # for vectors is a product of Jacobians: if $L = \ell(f(x))$ with scalar $L$, then
 #
@@ -189,7 +189,7 @@ w.grad = None  # what zero_grad() does (set_to_none=True is its default)
 #   \underbrace{J}_{m\times n} \qquad (1\times n).$$
 #
 # Backpropagation never builds $J$. Each operation receives $v = \partial L/\partial f$ and returns
-# $v^\top J$ directly — a **{term}`vector–Jacobian product`** (VJP). `y.backward(gradient=v)` and
+# $v^\top J$ directly — a **[vector–Jacobian product](../pages/glossary.md#term-vectorJacobian-product)** (VJP). `y.backward(gradient=v)` and
 # `torch.autograd.grad(y, x, grad_outputs=v)` compute exactly this; `loss.backward()` is the
 # special case of a scalar output with $v = 1$.
 #
@@ -370,7 +370,7 @@ plt.show()
 # the error is the whole derivative, 3. The measured optima match the theory's order of
 # magnitude (this $x^3$ is kinder than the worst case $\varepsilon^{2/3}$).
 #
-# Lesson: **run {term}`gradient checks <gradient check>` in float64**. In float32 even the best step leaves an error
+# Lesson: **run [gradient checks](../pages/glossary.md#term-gradient-check) in float64**. In float32 even the best step leaves an error
 # around $\varepsilon^{2/3} \approx 2\times 10^{-5}$ relative to the function's size, and a
 # step that is off by a factor 100 costs several more digits: too coarse to tell a subtle bug from round-off.
 #
@@ -616,7 +616,7 @@ for B_v, seed in ((4, 60), (16, 61), (64, 62)):
 #
 # ## Broadcasting's backward is a sum
 #
-# In $Y = XW^\top + b$ the bias $b$ of shape $(\text{out},)$ is **broadcast** ({term}`broadcasting`): the same $b$ is added
+# In $Y = XW^\top + b$ the bias $b$ of shape $(\text{out},)$ is **broadcast** ([broadcasting](../pages/glossary.md#term-broadcasting)): the same $b$ is added
 # to all $B$ rows. A value used $B$ times collects $B$ gradient contributions — the
 # accumulation rule again — so its gradient is the sum over the broadcast dimension. In general:
 # sum over the dimensions that broadcasting added (leading ones) and over the size-1 dimensions it

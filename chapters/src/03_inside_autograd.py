@@ -49,7 +49,7 @@ varies(f"device: {describe(dev)}")
 # ## 3.1 The graph autograd records
 #
 # We rebuild the cat MLP of chapter 1 (float64, the seed's numbers).
-# {term}`Autograd <autograd>` records a {term}`computational graph`: every operation on a
+# [Autograd](../pages/glossary.md#term-autograd) records a [computational graph](../pages/glossary.md#term-computational-graph): every operation on a
 # tensor that requires grad does two things: it computes its result, and it attaches to
 # that result a *backward node* (`grad_fn`) that knows how to turn the gradient of the
 # result into gradients of its inputs.
@@ -140,12 +140,12 @@ fig = plot_graph(
 #   `PowBackward0` keeps its input `ŷ - y`.
 #
 # Nine float64 numbers, the 72 bytes printed above. In a real network these saved tensors
-# are the *{term}`activations <activation>`*, and they are what fills a GPU during training (chapter 9).
+# are the *[activations](../pages/glossary.md#term-activation)*, and they are what fills a GPU during training (chapter 9).
 
 # %% [markdown]
 # ## 3.2 Leaves, `requires_grad`, `retain_grad`, `detach`
 #
-# A tensor is a **{term}`leaf`** if no recorded operation made it: it has no `grad_fn`. Parameters
+# A tensor is a **[leaf](../pages/glossary.md#term-leaf)** if no recorded operation made it: it has no `grad_fn`. Parameters
 # and inputs are leaves; `h`, `a`, `y_hat`, `L` are not.
 
 # %%
@@ -393,7 +393,7 @@ except RuntimeError as err:
     print(textwrap.fill(f"RuntimeError: {first_line}", 88, subsequent_indent="  "))
 
 # %% [markdown]
-# What was freed are the **{term}`saved tensors`**. The graph's nodes are still there (so the
+# What was freed are the **[saved tensors](../pages/glossary.md#term-saved-tensors)**. The graph's nodes are still there (so the
 # second call finds them), but the first backward released what they kept, because a
 # normal training step never needs it again. Walk the graph after backward:
 

@@ -10,9 +10,9 @@
 # * write a `torch.autograd.Function` in the modern form (`forward` + `setup_context` +
 #   `backward`), decide what to save, honour `ctx.needs_input_grad`, and say why `backward`
 #   must never write into `grad_output`;
-# * derive the backward of a linear layer, of softmax (its {term}`Jacobian`
+# * derive the backward of a linear layer, of softmax (its [Jacobian](../pages/glossary.md#term-Jacobian)
 #   $\operatorname{diag}(p) - p p^\top$ and the cheap product $p \odot (g - \langle g, p\rangle)$),
-#   and of {term}`LayerNorm <layer normalization>` (the mean path and the variance path);
+#   and of [LayerNorm](../pages/glossary.md#term-layer-normalization) (the mean path and the variance path);
 # * use `torch.autograd.gradcheck` to catch a plausible wrong backward, such as the
 #   diagonal-only softmax derivative in seed 000's attention code;
 # * explain why cross-entropy is computed from logits with log-sum-exp, and why its gradient
@@ -132,7 +132,7 @@ show("grad_W", ours[1])
 #
 # ### Broadcasting's backward is a sum
 #
-# `b` has shape `(out,)` but is added to every one of the `B` rows of $x W^\top$: {term}`broadcasting`
+# `b` has shape `(out,)` but is added to every one of the `B` rows of $x W^\top$: [broadcasting](../pages/glossary.md#term-broadcasting)
 # *uses* each `b_o` `B` times. A value used several times collects one gradient per use, added up
 # (chapter 3's `+=`), so `grad_b` is a sum over the broadcast dimension. The general rule: sum
 # the upstream gradient over every dimension that was broadcast, with `keepdim=True` where the
@@ -285,7 +285,7 @@ _ = compare(
 # (Float64 here, with `compare`'s float64 default `atol 1e-10, rtol 1e-08`.)
 #
 # Backward never builds $J$: it is $n \times n$ for every row, quadratic in the number of
-# classes (or keys, in attention). It needs only the {term}`vector–Jacobian product`
+# classes (or keys, in attention). It needs only the [vector–Jacobian product](../pages/glossary.md#term-vectorJacobian-product)
 # $\partial L/\partial z = J^\top g$, with $g = \partial L/\partial p$ (and $J$ is symmetric):
 #
 # $$\begin{aligned}
@@ -528,7 +528,7 @@ print("gradcheck(layer_norm):", gradcheck(hf.layer_norm, (Xr, gr, br)))
 # %% [markdown]
 # ## 4. Cross-entropy from logits, stably
 #
-# For logits $z$ (one row, $C$ classes) and target class $t$, the {term}`cross-entropy` is
+# For logits $z$ (one row, $C$ classes) and target class $t$, the [cross-entropy](../pages/glossary.md#term-cross-entropy) is
 # $L = -\log \operatorname{softmax}(z)_t = -z_t + \log \sum_c e^{z_c}$. Computing `softmax`
 # first and then its `log` overflows: $e^{z}$ is `inf` in float32 once $z$ exceeds the log of
 # the largest float32 (printed below). The log-sum-exp trick subtracts the row maximum $m$
@@ -839,7 +839,7 @@ show("grad b3", pairs[-1][1].grad)
 #   with a mean path and a variance path; cross-entropy's
 #   $(\operatorname{softmax}(z) - \text{onehot}(t))/N$.
 # * `gradcheck` compares the Jacobian your backward implies with finite differences in float64; it
-#   catches the diagonal-only softmax backward of seed 000 at once ({term}`gradient check`). Matching the built-in in float32
+#   catches the diagonal-only softmax backward of seed 000 at once ([gradient check](../pages/glossary.md#term-gradient-check)). Matching the built-in in float32
 #   within `atol 1e-05, rtol 0.0001` is the second, everyday check.
 # * Save inputs or outputs where you can (they usually exist anyway); save small statistics (`lse`,
 #   $\mu$, $1/\sigma$) instead of big intermediates; save a `bool` mask rather than a float one.

@@ -53,7 +53,7 @@ no_tf32()
 # %% [markdown]
 # ## 5.1 Cross-entropy: the gradient is softmax − one-hot
 #
-# For one example of the {term}`cross-entropy` loss, with logits $z \in \mathbb{R}^C$ and class $y$,
+# For one example of the [cross-entropy](../pages/glossary.md#term-cross-entropy) loss, with logits $z \in \mathbb{R}^C$ and class $y$,
 #
 # $$L = -\log \operatorname{softmax}(z)_y = -z_y + \log \sum_j e^{z_j}.$$
 #
@@ -287,7 +287,7 @@ ok = compare("kept rows: grad = (softmax - onehot) / n_keep", grad_kept, z.grad[
 #
 # ## 5.5 Numerical safety: when softmax really overflows
 #
-# A **naive** {term}`softmax`, `exp(z) / exp(z).sum()`, overflows once a logit exceeds
+# A **naive** [softmax](../pages/glossary.md#term-30), `exp(z) / exp(z).sum()`, overflows once a logit exceeds
 # $\log(\text{float max})$; `F.softmax` subtracts the row maximum first,
 # $\operatorname{softmax}(z) = \operatorname{softmax}(z - \max z)$, so the largest exponent
 # is $e^0 = 1$ and nothing overflows.
@@ -474,7 +474,7 @@ show("train: distinct values of x.grad (mask / (1 - p))", torch.unique(x.grad))
 # %% [markdown]
 # ## 5.7 Gradient clipping by global norm
 #
-# {term}`Gradient clipping <gradient clipping>` caps the size of an update.
+# [Gradient clipping](../pages/glossary.md#term-gradient-clipping) caps the size of an update.
 # This section borrows three tools that section 5.8 introduces properly:
 # `helpers.gradflow.deep_mlp` (a deep MLP of chosen depth, width and activation),
 # `fixed_batch` (the same random batch everywhere) and `init_scale=2.0` (weights twice the
@@ -564,12 +564,12 @@ show("loss after the step", F.cross_entropy(model(X), y), 4)
 # Backward multiplies the gradient by every layer's Jacobian on its way down:
 # $\partial L/\partial h_{i} = (\partial h_{i+1}/\partial h_i)^\top \partial L/\partial h_{i+1}$.
 # If those Jacobians shrink vectors (sigmoid's slope is at most 1/4) the gradient vanishes
-# geometrically with depth (a {term}`vanishing gradient`); if they stretch them (weights too
-# large) it explodes (an {term}`exploding gradient`).
+# geometrically with depth (a [vanishing gradient](../pages/glossary.md#term-vanishing-gradient)); if they stretch them (weights too
+# large) it explodes (an [exploding gradient](../pages/glossary.md#term-exploding-gradient)).
 #
 # `helpers.gradflow.deep_mlp` builds a stack of blocks
-# $h \mapsto \text{act}(W\,\text{LN}(h) + b)$ ({term}`LayerNorm <layer normalization>`
-# optional), with a {term}`residual <residual connection>` $h + \cdots$ optional, and
+# $h \mapsto \text{act}(W\,\text{LN}(h) + b)$ ([LayerNorm](../pages/glossary.md#term-layer-normalization)
+# optional), with a [residual](../pages/glossary.md#term-residual-connection) $h + \cdots$ optional, and
 # weights drawn as $\texttt{init\_scale} \cdot \mathcal N(0, 1/\text{fan\_in})$ from fixed
 # seeds. `layer_grad_norms` runs one cross-entropy backward on a fixed batch (64 examples,
 # width 32) and returns $\lVert\partial L/\partial W\rVert$ for every block, input side
@@ -664,7 +664,7 @@ print("plain relu, init √2: layer 1", fmt_sci(n_he[0]), " layer 20", fmt_sci(n
 # ### Dead ReLU units
 #
 # A ReLU unit whose pre-activation is $\le 0$ on every example of a batch outputs 0 on all of
-# them, and $\mathrm{ReLU}' = 0$ there (a {term}`dead ReLU`): on that batch no gradient passes through it, so **its own
+# them, and $\mathrm{ReLU}' = 0$ there (a [dead ReLU](../pages/glossary.md#term-dead-ReLU)): on that batch no gradient passes through it, so **its own
 # incoming weights and bias** get exactly zero gradient. That makes it *dead on this batch*,
 # not dead for good: on other inputs it may fire, and a unit in layer 2 or deeper can come
 # back when the layers below it learn and change its input (we will watch it happen). Only a

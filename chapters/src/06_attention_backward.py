@@ -8,17 +8,17 @@
 #
 # **Learning goals.** After this chapter you can
 #
-# 1. write the {term}`softmax` {term}`Jacobian` $\operatorname{diag}(p) - pp^\top$, and its cheap
-#    {term}`vector–Jacobian product` $p \circ (g - \langle g, p\rangle)$, and explain why the
+# 1. write the [softmax](../pages/glossary.md#term-30) [Jacobian](../pages/glossary.md#term-Jacobian) $\operatorname{diag}(p) - pp^\top$, and its cheap
+#    [vector–Jacobian product](../pages/glossary.md#term-vectorJacobian-product) $p \circ (g - \langle g, p\rangle)$, and explain why the
 #    "diagonal only" form $p(1-p)$ is wrong;
 # 2. derive $dV$, $dP$, $dS$, $dQ$, $dK$ for $O = \mathrm{softmax}(QK^\top/\sqrt d)\,V$ and
-#    package them as a `torch.autograd.Function` with {term}`causal <causal mask>` and
-#    key-padding {term}`masks <mask>`;
+#    package them as a `torch.autograd.Function` with [causal](../pages/glossary.md#term-causal-mask) and
+#    key-padding [masks](../pages/glossary.md#term-mask);
 # 3. cross-check the result against `F.scaled_dot_product_attention` and
 #    `nn.MultiheadAttention` (outputs and every gradient), and with `gradcheck`;
 # 4. explain why a padded key gets exactly zero gradient, and trace one token's gradient
 #    through the Q/K/V projections, attention and LayerNorm;
-# 5. count the $N\times N$ {term}`saved tensors` attention keeps for backward and check a
+# 5. count the $N\times N$ [saved tensors](../pages/glossary.md#term-saved-tensors) attention keeps for backward and check a
 #    memory claim against the formula $B\cdot H\cdot N^2\cdot\text{bytes}$.
 #
 # The starting point is seed 000, one of the source articles this course grew from (a Chinese

@@ -9,16 +9,16 @@
 #
 # **Learning goals.** After this chapter you can
 #
-# 1. recall LayerNorm's ({term}`layer normalization`) backward and name its two extra paths
+# 1. recall LayerNorm's ([layer normalization](../pages/glossary.md#term-layer-normalization)) backward and name its two extra paths
 #    (through the mean and through the variance);
-# 2. explain why a {term}`residual connection` copies the gradient to both branches, and show
+# 2. explain why a [residual connection](../pages/glossary.md#term-residual-connection) copies the gradient to both branches, and show
 #    numerically why that keeps the gradient of a deep stack alive (no
-#    {term}`vanishing gradient`);
+#    [vanishing gradient](../pages/glossary.md#term-vanishing-gradient));
 # 3. write the FFN backward from chapter 4's pieces;
 # 4. write the backward of a whole block, post-norm and pre-norm, and match autograd on
 #    `nn.TransformerEncoderLayer` for every parameter and the input;
 # 5. chain block backwards into a decoder-only GPT, and avoid the embedding scatter-add trap;
-# 6. list what each sub-layer keeps for backward (its {term}`saved tensors`) and check a memory
+# 6. list what each sub-layer keeps for backward (its [saved tensors](../pages/glossary.md#term-saved-tensors)) and check a memory
 #    formula against a measurement.
 #
 # Seed 004's "手写 GPT" (a hand-written GPT: embedding → blocks → LayerNorm → output head) is the

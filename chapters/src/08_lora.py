@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 8. LoRA from the gradient up
 #
-# {term}`LoRA` (low-rank adaptation) fine-tunes a big frozen {term}`weight` matrix $W$ by learning a small
+# [LoRA](../pages/glossary.md#term-LoRA) (low-rank adaptation) fine-tunes a big frozen [weight](../pages/glossary.md#term-weight) matrix $W$ by learning a small
 # correction next to it:
 #
 # $$\begin{gathered}
@@ -22,10 +22,10 @@
 # 3. explain what a frozen base (`requires_grad=False`) does and does not save, and measure it;
 # 4. explain why $B = 0$ makes the adapted model start equal to the base, why then
 #    $\partial L/\partial A = 0$ at step 0, and what the other initialisations do;
-# 5. say how $\alpha/r$ (and rsLoRA's $\alpha/\sqrt r$) interacts with the {term}`learning rate` when $r$
+# 5. say how $\alpha/r$ (and rsLoRA's $\alpha/\sqrt r$) interacts with the [learning rate](../pages/glossary.md#term-learning-rate) when $r$
 #    changes, and merge an adapter into $W$ for inference;
 # 6. put adapters on the Q and V projections of a Transformer and compare LoRA with full
-#    fine-tuning in loss, parameters, {term}`optimizer` memory and time.
+#    fine-tuning in loss, parameters, [optimizer](../pages/glossary.md#term-optimizer) memory and time.
 #
 # The starting point is seed 003, a Chinese blog post that derives LoRA's gradients inside a
 # hand-written Transformer backward. Its formulas are right; several of its statements and code

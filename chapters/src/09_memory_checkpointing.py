@@ -2,10 +2,10 @@
 # # 9. Where backward's memory goes: activations, checkpointing, mixed precision
 #
 # Training a Transformer runs out of memory long before its weights fill the GPU. What fills it
-# is what the {term}`forward pass` **keeps for backward** (its {term}`saved tensors`): the
+# is what the [forward pass](../pages/glossary.md#term-forward-pass) **keeps for backward** (its [saved tensors](../pages/glossary.md#term-saved-tensors)): the
 # activations. This chapter counts them byte by byte for chapter 7's GPT, trades them for
-# compute with {term}`gradient checkpointing` written by hand, and then halves every byte with
-# float16 ({term}`mixed precision`), which brings its own ways to go wrong.
+# compute with [gradient checkpointing](../pages/glossary.md#term-gradient-checkpointing) written by hand, and then halves every byte with
+# float16 ([mixed precision](../pages/glossary.md#term-mixed-precision)), which brings its own ways to go wrong.
 #
 # **Learning goals.** After this chapter you can
 #
@@ -17,7 +17,7 @@
 #    passes the weights as explicit inputs, and restores the RNG so dropout repeats its mask;
 # 4. measure what checkpointing saves and what it costs, against `torch.utils.checkpoint`;
 # 5. predict float16 overflow (above 65504) and underflow (below $2^{-24}$), explain why
-#    {term}`LayerNorm <layer normalization>`'s `eps=1e-12` is 0 in float16, and do loss scaling by hand the way
+#    [LayerNorm](../pages/glossary.md#term-layer-normalization)'s `eps=1e-12` is 0 in float16, and do loss scaling by hand the way
 #    `torch.amp.GradScaler` does;
 # 6. compare the ranges of float16, bfloat16 and float32.
 #

@@ -9,18 +9,18 @@
 #
 # **Learning goals.** After this chapter you can
 #
-# * compute a {term}`softmax` in one pass with a running max $m$ and normaliser $\ell$ (an
-#   {term}`online softmax`), and say why the
+# * compute a [softmax](../pages/glossary.md#term-30) in one pass with a running max $m$ and normaliser $\ell$ (an
+#   [online softmax](../pages/glossary.md#term-online-softmax)), and say why the
 #   accumulated sum must be *rescaled* whenever $m$ grows;
-# * write a tiled ({term}`tiling`) attention forward that never materialises $N \times N$ and
+# * write a tiled ([tiling](../pages/glossary.md#term-tiling)) attention forward that never materialises $N \times N$ and
 #   returns $O$ and the
 #   row log-sum-exp $L$;
 # * derive the FlashAttention-2 backward: $D = \mathrm{rowsum}(dO \circ O)$, $P = e^{S - L}$
 #   recomputed per tile;
 # * wrap it in an `autograd.Function` that saves only $Q, K, V, O, L$, and check it (SDPA,
-#   {term}`gradient check`);
+#   [gradient check](../pages/glossary.md#term-gradient-check));
 # * read a Triton kernel that does the same, and run it on a CPU under `TRITON_INTERPRET=1`;
-# * measure the {term}`saved tensors`' bytes: quadratic in $N$ for naive attention, linear
+# * measure the [saved tensors](../pages/glossary.md#term-saved-tensors)' bytes: quadratic in $N$ for naive attention, linear
 #   for the tiled one.
 
 # %% tags=["remove-cell"]
@@ -238,7 +238,7 @@ ok = compare(
 #
 # `helpers.flash.flash_forward(Q, K, V, causal, block_q, block_k, scale)` is the same for
 # `(B, H, N, d)` tensors, plus **causal masking**. `causal=True` means what it means in chapter 6
-# and in SDPA's `is_causal=True` (a {term}`causal mask`): query $i$ may look at keys $j \le i$
+# and in SDPA's `is_causal=True` (a [causal mask](../pages/glossary.md#term-causal-mask)): query $i$ may look at keys $j \le i$
 # (*top-left aligned*). Two
 # consequences: key blocks that start after a query block's last row are skipped entirely (about
 # half the work), and a tile that crosses the diagonal gets $-\infty$ above it. Row $i$ always

@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 11. Training by hand: optimizers, a tiny GPT trained on our own backward passes, and gradients across processes
 #
-# Ten chapters computed {term}`gradients <gradient>`. Seed 004 ends where this chapter starts: once the gradient is
+# Ten chapters computed [gradients](../pages/glossary.md#term-gradient). Seed 004 ends where this chapter starts: once the gradient is
 # computed, how should the parameters be updated with it, and how large a step should they
 # take? Its next episodes are gradient descent, then Adam. Here the loop closes: we write the optimizers
 # ourselves, put them in a training loop with the order seed 000 insists on, and train the small
@@ -11,15 +11,15 @@
 #
 # **Learning goals.** After this chapter you can
 #
-# * write the {term}`optimizers <optimizer>` SGD, momentum, Nesterov, Adam and AdamW as a few
+# * write the [optimizers](../pages/glossary.md#term-optimizer) SGD, momentum, Nesterov, Adam and AdamW as a few
 #   tensor operations each, in the order
 #   `torch.optim` uses, and check them against it step for step (float64, to 1e-12);
 # * explain what Adam's bias correction fixes, and why L2 regularisation and decoupled weight
 #   decay are different things for Adam (and the same for plain SGD);
-# * write a {term}`learning rate` warm-up followed by a cosine decay;
+# * write a [learning rate](../pages/glossary.md#term-learning-rate) warm-up followed by a cosine decay;
 # * write a training loop in the order zero_grad → forward → backward → clip
-#   ({term}`gradient clipping`) → step, with gradient accumulation that gives exactly the
-#   full-{term}`batch` step;
+#   ([gradient clipping](../pages/glossary.md#term-gradient-clipping)) → step, with gradient accumulation that gives exactly the
+#   full-[batch](../pages/glossary.md#term-batch) step;
 # * train a transformer with your own backward pass and show that it follows autograd's
 #   loss curve to round-off;
 # * compute a gradient with data parallelism: shard the batch, `all_reduce`, divide by the
