@@ -34,6 +34,7 @@
       buttonLabel: "Show this figure at full size",
       figure: "Figure, shown smaller than its size: show it at full size",
       figureTitle: "Show at full size",
+      errata: "What the source articles got wrong",
     },
     zh: {
       overlay: "原尺寸的图",
@@ -46,6 +47,7 @@
       buttonLabel: "以原尺寸查看这张图",
       figure: "这张图显示得比原尺寸小：点按以原尺寸查看",
       figureTitle: "以原尺寸查看",
+      errata: "源文章中的错误",
     },
   };
   const T = WORDS[(document.documentElement.lang || "en").toLowerCase().startsWith("zh") ? "zh" : "en"];
@@ -231,7 +233,16 @@
     }
   }
 
+  // The notebooks' asides (<details class="bbh-errata">) carry their English title: the Chinese
+  // edition translates the paragraphs inside from its catalogs, and the title here.
+  function translateAsides() {
+    for (const s of document.querySelectorAll("details.bbh-errata > summary")) {
+      if (s.textContent.trim() === WORDS.en.errata) s.textContent = T.errata;
+    }
+  }
+
   ready(() => {
+    translateAsides();
     keepSectionOnLanguageSwitch();
     markAll();
     let timer = null;

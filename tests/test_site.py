@@ -1304,7 +1304,20 @@ def test_the_language_switch_lands_on_the_same_section(browser, server, site):
 
 @pytest.mark.browser
 def test_the_figure_buttons_speak_the_page_language(browser, server, site):
-    """reader.js's words: "⤢ Full size" on an English page, "⤢ 原尺寸" on a Chinese one (390 px)."""
+    """reader.js's words: "⤢ Full size" on an English page, "⤢ 原尺寸" on a Chinese one (390 px); an
+    aside's title ("What the source articles got wrong", a <details> in the notebook) the same way."""
+    for docname, title in (
+        ("chapters/02_chain_rule", "What the source articles got wrong"),
+        ("zh/chapters/02_chain_rule", "源文章中的错误"),
+    ):
+        visit = _Visit(browser, f"{server}{docname}.html")
+        try:
+            got = visit.page.eval_on_selector_all(
+                "details.bbh-errata > summary", "els => els.map(e => e.textContent.trim())"
+            )
+            assert len(got) == 2 and set(got) == {title}, f"{docname}: {got}"
+        finally:
+            visit.close()
     for docname, want in (("chapters/01_cat_mlp", "⤢ Full size"), ("zh/chapters/01_cat_mlp", "⤢ 原尺寸")):
         visit = _Visit(browser, f"{server}{docname}.html", PHONE, True)
         try:

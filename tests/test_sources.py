@@ -169,16 +169,20 @@ def test_build_from_a_text_executes_keeps_ids_and_rewrites_the_text(tmp_path):
 # A MyST role ({term}`chain rule`) is raw text in Colab and JupyterLab, where the notebooks are read:
 # chapter 1's first line read "{term}`Backpropagation <backpropagation>`". A notebook names a glossary
 # term with a Markdown link (tools/web/glossary_links.py makes it a glossary reference on the site).
+# The same for a directive (```{admonition} …, :::{note}): the asides are <details> blocks, which
+# both Jupyter and the site render.
 ROLE_IN_PROSE = re.compile(r"\{[a-z][\w:-]*\}`")
+DIRECTIVE = re.compile(r"^\s*(?:`{3,}|:{3,})\{[a-z][\w:-]*\}", re.M)
 
 
 @pytest.mark.parametrize("nb_path", PAIRED, ids=lambda p: p.stem)
-def test_no_myst_role_in_a_notebooks_markdown(nb_path):
+def test_no_myst_role_or_directive_in_a_notebooks_markdown(nb_path):
     nb = nbformat.read(nb_path, as_version=4)
     raw = [
-        (i, m.group(0))
+        (i, m.group(0).strip())
         for i, c in enumerate(nb.cells)
         if c.cell_type == "markdown"
-        for m in ROLE_IN_PROSE.finditer(c.source)
+        for pattern in (ROLE_IN_PROSE, DIRECTIVE)
+        for m in pattern.finditer(c.source)
     ]
-    assert not raw, f"{nb_path.name}: MyST roles Colab shows raw (cell, role): {raw[:5]}"
+    assert not raw, f"{nb_path.name}: MyST syntax Colab shows raw (cell, what): {raw[:5]}"

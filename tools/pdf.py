@@ -124,9 +124,12 @@ WAIT_FOR_PAGE = """async () => {
 }"""
 
 # A cell the site shows folded ("Show code cell content") prints unfolded: on paper a fold is a
-# heading with nothing under it. Returns how many it opened.
+# heading with nothing under it; so do the asides ("What the source articles got wrong"), under
+# their title. Returns how many cells it opened.
 OPEN_HIDDEN_CELLS = """() => { const folded = [...document.querySelectorAll('div.cell details.hide')];
-  folded.forEach(d => { d.open = true; d.classList.add('bbh-printed-open'); }); return folded.length; }"""
+  folded.forEach(d => { d.open = true; d.classList.add('bbh-printed-open'); });
+  document.querySelectorAll('details.bbh-errata').forEach(d => { d.open = true; });  // title kept
+  return folded.length; }"""
 
 # Code boxes wider than the printed column would be cut on paper: the longest line of each.
 CUT_CODE = """() => [...document.querySelectorAll('pre')].filter(p => p.scrollWidth > p.clientWidth + 1)

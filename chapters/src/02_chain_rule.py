@@ -482,8 +482,8 @@ for dtype in (torch.float32, f64):
         compare(f"{name} {tuple(o.shape)} vs autograd ({dtype})", o, r)
 
 # %% [markdown]
-# ```{admonition} What the source articles got wrong
-# :class: dropdown
+# <details class="bbh-errata">
+# <summary>What the source articles got wrong</summary>
 #
 # Seed 000 writes that `nn.Linear`'s weight gradient is `input.t() @ grad_output` and
 # "verifies" `grad_w` against `x.t() @ torch.ones_like(y)` for `loss = y.sum()`. Look at the
@@ -492,7 +492,8 @@ for dtype in (torch.float32, f64):
 # $(\text{out}, \text{in}) = (5, 3)$. The comparison cannot even run (the hidden cell after
 # this aside shows it; click to show). That formula is right for the *other* layout,
 # $Y = XW$ with $W$ of shape $(\text{in}, \text{out})$ — not `nn.Linear`'s.
-# ```
+#
+# </details>
 
 # %% tags=["hide-cell"]
 x = randn(4, 3, seed=20, device=dev)  # (B, in)
@@ -570,14 +571,15 @@ _ = compare(
 # by $B$ explicitly for the per-sample mean.) Which one you use changes the gradient's size by a factor $B$, and so
 # the learning rate that works.
 #
-# ```{admonition} What the source articles got wrong
-# :class: dropdown
+# <details class="bbh-errata">
+# <summary>What the source articles got wrong</summary>
 #
 # Seed 000 says that the batch gradient is "implicitly divided by B", and (3.1) that a larger
 # `batch_size` makes `grad_w`'s variance smaller "because it is the average of the B
 # samples' gradients". Both hold for a mean loss only; with a sum loss the gradient is the
 # sum of the per-sample gradients, and its variance grows with $B$ (measured below).
-# ```
+#
+# </details>
 #
 # The same factor decides what a larger batch does to the gradient's *noise*. A larger batch
 # makes the gradient's variance smaller for a mean loss only: the variance of a mean of $B$

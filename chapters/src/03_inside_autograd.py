@@ -499,15 +499,16 @@ except RuntimeError as err:
 # until backward. It becomes a leak only when retained graphs pile up, for instance when a
 # training loop keeps the loss tensor itself:
 #
-# ```{admonition} What the source articles got wrong
-# :class: dropdown
+# <details class="bbh-errata">
+# <summary>What the source articles got wrong</summary>
 #
 # Seed 000 advises against `retain_graph=True` because "it will OOM", and suggests
 # `torch.autograd.grad(loss, model.parameters(), retain_graph=False)` instead. The
 # suggestion is fine code, but it is not an alternative: it frees the graph exactly like
 # `backward()`. And the warning is exaggerated: retaining one graph costs one forward pass's
 # activations; the OOM comes from retained graphs piling up (the cell below).
-# ```
+#
+# </details>
 
 # %%
 history = []

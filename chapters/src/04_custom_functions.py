@@ -171,13 +171,14 @@ show("grad_b for L = sum of all 4 rows of y", grad_b_sum)
 # The $1/B$ of a mean loss arrives already inside `grad_y` (chapter 3's micro-batches depend
 # on exactly this).
 #
-# ```{admonition} What the source articles got wrong
-# :class: dropdown
+# <details class="bbh-errata">
+# <summary>What the source articles got wrong</summary>
 #
 # Seed 000 says that `grad_W = x.t() @ grad_y` "is the average of the B samples' gradients
 # (implicitly divided by B)". It is their sum; the $1/B$ of a mean loss arrives already
 # inside `grad_y`.
-# ```
+#
+# </details>
 #
 # Now freeze `W` and `b` (as in fine-tuning) and look at what backward was asked for:
 
@@ -422,8 +423,8 @@ for label, bwd in (
 # `grad_K` are wrong with the diagonal-only version. (The seed's Function also saves `scores`,
 # which its backward never reads: an `(N, N)` tensor per head kept alive for nothing.)
 #
-# ```{admonition} What the source articles got wrong
-# :class: dropdown
+# <details class="bbh-errata">
+# <summary>What the source articles got wrong</summary>
 #
 # Seed 000's softmax backward keeps only the Jacobian's diagonal (above), and its attention
 # code computes $\operatorname{softmax}(Q K^\top) V$: attention is
@@ -431,7 +432,8 @@ for label, bwd in (
 # its code drops it). We keep it unscaled here only to test the seed's backward against its
 # own forward. Chapter 6 derives the scaled version and checks it against
 # `F.scaled_dot_product_attention`.
-# ```
+#
+# </details>
 #
 # ## 3. LayerNorm: two hidden paths from x to the output
 #

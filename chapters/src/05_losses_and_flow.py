@@ -72,14 +72,15 @@ no_tf32()
 # The target's entry is never positive (in the cell below it is the one negative entry of
 # each row, e.g. −0.2144 in row 0, i.e. $(p_y - 1)/B$); it is what pulls the correct logit up.
 #
-# ```{admonition} What the source articles got wrong
-# :class: dropdown
+# <details class="bbh-errata">
+# <summary>What the source articles got wrong</summary>
 #
 # Seed 000 (3.3) says softmax compresses the gradient's *magnitude* ("梯度幅值") into
 # $[0, 1]$. About magnitude it is right: $|p_i - [i = y]| \le 1$. What the phrase hides is the
 # sign of the entry that matters most: the target's entry $p_y - 1$ is never positive, and it
 # is what pulls the correct logit up.
-# ```
+#
+# </details>
 
 # %%
 B, C = 4, 5
@@ -207,8 +208,8 @@ _ = compare(
 # correct logit, while plain cross-entropy still says −0.0002 (keep going). Smoothing moves
 # the target, and with it the point where the gradient vanishes.
 #
-# ```{admonition} What the source articles got wrong
-# :class: dropdown
+# <details class="bbh-errata">
+# <summary>What the source articles got wrong</summary>
 #
 # Seed 000 calls smoothing "spreading the gradient evenly over all classes"; what it does is
 # move the target, and with it the point where the gradient vanishes (the cell above).
@@ -224,7 +225,8 @@ _ = compare(
 # $\log(0.5/N)$ never enters the loss or its gradient (it would appear only in the constant
 # $\sum q \log q$ of the KL form), and it is a harmless −2.3026 anyway. What a large
 # $\varepsilon$ does is set a poor target ($q_y = 0.6$ here), not a numerical trap.
-# ```
+#
+# </details>
 
 # %% tags=["hide-cell"]
 # (1, C)
@@ -277,13 +279,14 @@ ok = compare("kept rows: grad = (softmax - onehot) / n_keep", grad_kept, z.grad[
 # Three of six rows are kept, so each kept row's gradient is divided by 3, not 6; the
 # padding rows' gradients are exactly zero (the `exact` comparison).
 #
-# ```{admonition} What the source articles got wrong
-# :class: dropdown
+# <details class="bbh-errata">
+# <summary>What the source articles got wrong</summary>
 #
 # Seed 000 (5.3) recommends `ignore_index` "because it has numerical protection inside": it
 # has none to offer, it removes rows; the numerical protection is the log-sum-exp of the
 # next section.
-# ```
+#
+# </details>
 #
 # ## 5.5 Numerical safety: when softmax really overflows
 #
@@ -292,13 +295,14 @@ ok = compare("kept rows: grad = (softmax - onehot) / n_keep", grad_kept, z.grad[
 # $\operatorname{softmax}(z) = \operatorname{softmax}(z - \max z)$, so the largest exponent
 # is $e^0 = 1$ and nothing overflows.
 #
-# ```{admonition} What the source articles got wrong
-# :class: dropdown
+# <details class="bbh-errata">
+# <summary>What the source articles got wrong</summary>
 #
 # Seed 000 (5.3) says "when `x.max() > 88`, `exp(x)` overflows to inf and softmax returns
 # NaN". Half true: only the naive softmax does (the cells below); `F.softmax`,
 # `F.log_softmax` and `F.cross_entropy` subtract the maximum and never overflow.
-# ```
+#
+# </details>
 
 # %%
 show("log(float32 max)", math.log(torch.finfo(torch.float32).max))
@@ -362,12 +366,13 @@ print(
 # `F.cross_entropy` needs no protection, and clamp's derivative is 0 outside the range: any
 # logit that is clamped receives **no gradient at all**.
 #
-# ```{admonition} What the source articles got wrong
-# :class: dropdown
+# <details class="bbh-errata">
+# <summary>What the source articles got wrong</summary>
 #
 # Seed 000 (5.3) recommends exactly this clamp "to prevent exp overflow". The cell below
 # shows what it costs.
-# ```
+#
+# </details>
 
 # %%
 z = torch.tensor([60.0, 55.0, 0.0], device=dev, requires_grad=True)
@@ -451,12 +456,13 @@ show("x.grad (double where)", x.grad)
 # In eval mode dropout *is* the identity, so its gradient is exactly 1; in train mode it is
 # the mask divided by $1 - p$.
 #
-# ```{admonition} What the source articles got wrong
-# :class: dropdown
+# <details class="bbh-errata">
+# <summary>What the source articles got wrong</summary>
 #
 # Seed 000 (5.4) says Dropout in eval mode "outputs the input but its gradient is 0", and
 # suggests this as a cause of tiny gradients. The cell below shows the gradient is 1.
-# ```
+#
+# </details>
 
 # %%
 drop = nn.Dropout(p=0.5)
@@ -639,8 +645,8 @@ plt.show()
 #   within about one order of magnitude from layer 1 to layer 20 (ReLU at init 1: 2.9e+00 to
 #   9.9e-01).
 #
-# ```{admonition} What the source articles got wrong
-# :class: dropdown
+# <details class="bbh-errata">
+# <summary>What the source articles got wrong</summary>
 #
 # Seed 000 (4.3) prescribes, for a vanishing gradient, replacing `nn.ReLU()` by `nn.GELU()`
 # ("its derivative is non-zero in the negative region"), or adding a LayerNorm. The table
@@ -649,7 +655,8 @@ plt.show()
 # below −0.1289) does not restore a signal that the forward pass has already shrunk; what
 # cures this stack is the scale of the weights or the seed's second remedy, a
 # normalisation.
-# ```
+#
+# </details>
 #
 # The critical scale for ReLU is He's $\sqrt 2$: it exactly compensates for ReLU zeroing half
 # the signal, so a plain ReLU stack neither vanishes nor explodes:
@@ -834,8 +841,8 @@ for name in ("0", "2", "4"):
     )
 
 # %% [markdown]
-# ```{admonition} What the source articles got wrong
-# :class: dropdown
+# <details class="bbh-errata">
+# <summary>What the source articles got wrong</summary>
 #
 # Seed 000 (4.3) offers a `debug_gradient_flow`. The first hidden cell below (click to show
 # it) runs it, logic unchanged, on the MLP above, and it reports an empty dict.
@@ -857,7 +864,8 @@ for name in ("0", "2", "4"):
 # `linear1: 0.0032` (its sign of a "vanishing" FFN) cannot come from its code: run as
 # written it raises before printing anything, and once those errors are repaired it prints
 # nothing (its `grads` dict is empty, so the loop over it never runs).
-# ```
+#
+# </details>
 
 
 # %% tags=["hide-cell"]

@@ -129,11 +129,13 @@ _ = compare("softmax_vjp vs autograd", softmax_vjp(p, g), grad_s_autograd)
 # test shows it cannot be right: if $g = \mathbf 1$ then $L = \sum_i p_i = 1$ whatever $s$
 # is, so the true gradient is zero.
 #
-# ```{admonition} What the source articles got wrong
-# :class: dropdown
+# <details class="bbh-errata">
+# <summary>What the source articles got wrong</summary>
+#
 # Seed 000 writes the softmax derivative exactly this way:
 # `grad_attn * (attn_weights - attn_weights ** 2)`, i.e. $g \circ p(1-p)$.
-# ```
+#
+# </details>
 
 # %%
 ones = torch.ones_like(p)
@@ -221,14 +223,16 @@ _ = compare("rowsum(dP∘P) = rowsum(dO∘O)", D_from_P, D_from_O)
 # Function whose backward uses the diagonal-only softmax derivative (seed 000's, see the
 # aside), compared with autograd on *its own* forward, and with `gradcheck`.
 #
-# ```{admonition} What the source articles got wrong
-# :class: dropdown
+# <details class="bbh-errata">
+# <summary>What the source articles got wrong</summary>
+#
 # Seed 000's `SimpleAttention` makes two mistakes: its softmax backward is the diagonal-only
 # form, and its forward has no $1/\sqrt d$ at all (`scores = q @ k.T`). The cell below is
 # that Function moved to the house style (`forward` + `setup_context`), with its formulas
 # untouched. Compared with autograd on its own forward, the missing scale does not matter;
 # the softmax does.
-# ```
+#
+# </details>
 
 
 # %%
@@ -316,14 +320,16 @@ print(inspect.getsource(Attention))
 # Either keep $P$ or recompute it on purpose (chapter 10); the scores $S$ are never needed
 # again once $P$ is kept, and $d$ comes from `Q.shape[-1]`.
 #
-# ```{admonition} What the source articles got wrong
-# :class: dropdown
+# <details class="bbh-errata">
+# <summary>What the source articles got wrong</summary>
+#
 # The seeds' attention Functions get this bookkeeping wrong in opposite directions. Seed
 # 000's `SimpleAttention` saves `q, k, v, attn_weights, scores`: the scores $S$ are never
 # needed again once $P$ is kept. Seed 003's `ManualAttention` saves only `Q, K, V`, so its
 # (unwritten) backward would have to rebuild $P$, and its forward divides by `sqrt(d_k)`
 # with `d_k` defined nowhere.
-# ```
+#
+# </details>
 #
 # The softmax VJP inside `attention_backward` is chapter 4's `helpers.functions.softmax_backward`
 # (one function for one idea), and it is the one we derived, digit for digit:
@@ -571,15 +577,17 @@ with torch.no_grad():
 # a shape the math got wrong. The next cell checks that a `rearrange` one source article
 # recommends for the $W_Q$ gradient changes nothing (see the aside).
 #
-# ```{admonition} What the source articles got wrong
-# :class: dropdown
+# <details class="bbh-errata">
+# <summary>What the source articles got wrong</summary>
+#
 # Seed 003 recommends einops as "a practical trick for aligning dimensions" in the $W_Q$
 # gradient: `dL_dW_Q = rearrange(X.T @ dL_dQ, 'd n -> d (n)')`. The product
 # $X^\top\,\partial L/\partial Q$ is already $(d, d_k)$, the pattern calls its second axis
 # `n` though it is $d_k$, and `(n)` groups a single axis, so the call does nothing (its
 # other line, `rearrange(X @ W_Q, 'n d -> n 1 d')`, adds an axis nothing uses). Here there
 # was nothing to fix.
-# ```
+#
+# </details>
 
 # %%
 from einops import rearrange
@@ -661,12 +669,14 @@ for dtype in (F64, torch.float32):
 # With a key-padding mask, the padded **column** (the key) gets weight $0$ from every
 # query. The padded token's own **row**, its query, still attends to the real tokens.
 #
-# ```{admonition} What the source articles got wrong
-# :class: dropdown
+# <details class="bbh-errata">
+# <summary>What the source articles got wrong</summary>
+#
 # Seed 000 (its section 4.2) says that the attention **row** of a padding token is all
 # zero, and that this is why padding does not take part in the gradient. It is the other
 # way round: the padded key's column is zero, and its row is an ordinary probability row.
-# ```
+#
+# </details>
 #
 # The column being zero is what zeroes the gradient, exactly and not approximately:
 # $dV_j = \sum_i P_{ij}\,dO_i = 0$ and $dS_{ij} = P_{ij}(\dots) = 0$ so
@@ -884,11 +894,13 @@ show("12 layers (BERT-base), GiB", 12 * n_kept * one / 2**30, 4)
 # backward briefly allocates $dP$ and $dS$, two more $N\times N$ tensors per layer, while it
 # runs. The formula tells you what to measure; `SavedTensors` tells you what is kept.
 #
-# ```{admonition} What the source articles got wrong
-# :class: dropdown
+# <details class="bbh-errata">
+# <summary>What the source articles got wrong</summary>
+#
 # Seed 000 states that at these shapes "$QK^\top$ alone" takes 1.2 GB: about 5.96 times
 # the true size of one such tensor (0.2013 GB), and $QK^\top$ is not even kept.
-# ```
+#
+# </details>
 #
 # ## Summary
 #
