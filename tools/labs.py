@@ -31,6 +31,7 @@ import json
 import os
 import pickle
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -596,9 +597,32 @@ class Run:
     def __init__(self):
         self.dir = Path(tempfile.mkdtemp(prefix=RUN_PREFIX))
         (self.dir / "owner.pid").write_text(str(os.getpid()))
-        self.procs: set[subprocess.Popen] = set()
+        self.procs: set[int] = set()  # the harnesses running: each leads a process group of its own
         self.closing = False
         self._cases: dict[str, Path] = {}
+        self._server: subprocess.Popen | None = None
+
+    def start_harness(self, spec: Path, lab: str) -> int:
+        """Start a harness on ``spec`` (its folder is its working directory); its pid. Forked by one
+        server per run (``harness.py serve``) that has imported torch and the lab's contract once."""
+        with self._lock:
+            if self._server is None or self._server.poll() is not None:
+                self._server = subprocess.Popen(
+                    [sys.executable, str(ROOT / "tools" / "grader" / "harness.py"), "serve"],
+                    cwd=self.dir,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                    start_new_session=True,
+                )
+            self._server.stdin.write(json.dumps([str(spec), lab]) + "\n")
+            self._server.stdin.flush()
+            reply = self._server.stdout.readline()
+            if not reply.strip().isdigit():
+                raise RuntimeError("the harness server stopped")
+            pid = int(reply)
+            self.procs.add(pid)
+            return pid
 
     def hidden_cases(self, lab: str) -> Path:
         """The lab's hidden cases and the references' outputs on them, drawn once for the whole run
@@ -613,13 +637,28 @@ class Run:
             return self._cases[lab]
 
     def kill_all(self) -> None:
-        for proc in list(self.procs):
+        for pid in list(self.procs):
             with contextlib.suppress(OSError):
-                os.killpg(proc.pid, signal.SIGKILL)
+                os.killpg(pid, signal.SIGKILL)
 
     def close(self) -> None:
+        if self._server is not None:
+            self._server.kill()
+            self._server.wait()
         self.kill_all()
         remove_tree(self.dir)
+
+
+def wait_for(pid: int, timeout: float) -> bool:
+    """Whether the process ``pid`` (not our child: the harness server's) ended within ``timeout`` s."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True  # already ended and reaped
+    try:
+        return bool(select.select([fd], [], [], timeout)[0])
+    finally:
+        os.close(fd)
 
 
 def remove_stale_runs() -> None:
@@ -716,27 +755,23 @@ def run_harness(run: Run, lab: str, name: str, nb, timeout: float, skip, unsafe:
     (ctl / "spec.json").write_text(json.dumps(spec))
     if run.closing:
         raise KeyboardInterrupt("grading stopped")
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "tools" / "grader" / "harness.py"), str(ctl / "spec.json")],
-        cwd=ctl,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
-    run.procs.add(proc)
+    pid = None
     try:
-        _, err = proc.communicate(timeout=timeout + 60)
+        pid = run.start_harness(ctl / "spec.json", lab)
+        if not wait_for(pid, timeout + 60):
+            return {"status": "timeout"}
         result = Path(spec["result"])
-        return json.loads(result.read_text()) if result.exists() else _no_result(err)
-    except subprocess.TimeoutExpired:
-        return {"status": "timeout"}
-    except (OSError, ValueError):
+        if result.exists():
+            return json.loads(result.read_text())
+        return _no_result((ctl / "harness.err").read_bytes() if (ctl / "harness.err").exists() else b"")
+    except (OSError, ValueError, RuntimeError):
         return _no_result(b"")
     finally:
-        run.procs.discard(proc)
-        with contextlib.suppress(OSError):
-            os.killpg(proc.pid, signal.SIGKILL)  # nothing of this submission outlives its grading
-        proc.wait()
+        if pid is not None:
+            run.procs.discard(pid)
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)  # nothing of this submission outlives its grading
+            wait_for(pid, 10)
         remove_tree(work)
 
 
