@@ -209,7 +209,13 @@ def _trace_mode():
 
         def __init__(self):
             super().__init__()
-            self.seen = {"products": [], "multiply_adds": 0, "largest": [0, []], "reads": [0, "", []]}
+            self.seen = {
+                "products": [],
+                "multiply_adds": 0,
+                "largest": [0, []],
+                "reads": [0, "", []],
+                "writes": 0,
+            }
             self.ops: set = set()
             self.given: set = set()  # data_ptr of the call's arguments' storages
 
@@ -217,6 +223,8 @@ def _trace_mode():
             out = func(*a, **(kw or {}))
             name, seen = func.overloadpacket.__name__, self.seen
             self.ops.add(name)
+            if not func.is_view:  # a view writes nothing; every other op writes each entry it returns
+                seen["writes"] += sum(t.numel() for t in _tensors_in(out))
             if not isinstance(out, torch.Tensor):
                 return out
             ins = _tensors_in([*a, *(kw or {}).values()])
@@ -294,6 +302,9 @@ RULES = {  # name: what is measured; a number is a factor of the reference's mea
     "multiply_adds": "the multiply–adds of every matrix product",
     "largest": "the bytes of the largest new tensor",
     "reads": "the entries of the largest tensor one op (not a view) reads at once",
+    # finite differences run the forward pass once per input entry: on a large case that is the number of
+    # inputs times what the derived backward writes (the work grows with the product of the sizes)
+    "writes": "the tensor entries every op writes, summed (forward and backward)",
     "avoids": "no op whose name holds one of the words given (forward or backward)",
     "gated": "a custom Function's backward returns None for every input that needs no gradient",
     "new": "every tensor the call returns is new memory: no argument, no view of one",
@@ -302,6 +313,7 @@ _AMOUNT = {
     "multiply_adds": lambda m: m["multiply_adds"],
     "largest": lambda m: m["largest"][0],
     "reads": lambda m: m["reads"][0],
+    "writes": lambda m: m["writes"],
 }
 
 
@@ -344,6 +356,11 @@ def broken_rule(rules: dict, seen: dict, bounds: dict) -> str | None:
             if rule == "largest":
                 n, shape = seen["largest"]
                 return f"uses a {tuple(shape)} tensor ({_kib(n)}) where nothing needs more than {_kib(bounds[rule])}"
+            if rule == "writes":
+                return (
+                    f"writes {seen['writes']:,} tensor entries where {bounds[rule]:,.0f} suffice: its work grows "
+                    "with the number of inputs times a forward pass (finite differences, not a backward)"
+                )
             _, op, shape = seen["reads"]
             return f"uses {op} on a {tuple(shape)} tensor at once, where no step needs more than {bounds[rule]:,.0f} entries"
         if rule == "avoids":

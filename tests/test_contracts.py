@@ -391,6 +391,59 @@ def test_a_by_hand_exercise_answered_with_autograd_gets_a_cross_on_both_sides():
         c.hidden_check("ex3", space["layer2_backward"], c.exercises["ex3"].classes[0].name)
 
 
+# a backward by finite differences, written as a learner would (only ops every allow-list holds): right in
+# value to 1e-10 (central differences are exact for a function linear in each entry), and no autograd
+FINITE_DIFFERENCES = """
+def _slope(f, args, i, eps=1.0):
+    g = torch.zeros_like(args[i])
+    for k in range(args[i].numel()):
+        up = [a.clone() for a in args]
+        down = [a.clone() for a in args]
+        up[i].view(-1)[k] += eps
+        down[i].view(-1)[k] -= eps
+        g.view(-1)[k] = (f(*up) - f(*down)) / (2 * eps)
+    return g
+
+def layer2_backward(grad_y_hat, a, W2):
+    b2 = torch.zeros_like(grad_y_hat)
+    f = lambda a_, W, b: (grad_y_hat * (W @ a_ + b)).sum()
+    return _slope(f, [a, W2, b2], 1), _slope(f, [a, W2, b2], 2), _slope(f, [a, W2, b2], 0)
+"""
+
+
+def test_a_backward_by_finite_differences_gets_a_cross_on_both_sides_on_the_large_case_only():
+    """The prompt's "no finite differences", measured: the tensor entries written on the large case, against
+    WORK_FACTOR × the reference's. Every other class passes, so the ✗ names the large one alone."""
+    space = {"torch": torch}
+    exec(FINITE_DIFFERENCES, space)
+    line = labcontract.evaluate_contract("lab01", "ex3", space["layer2_backward"]).line
+    assert line.startswith("✗ Exercise 3 · layer2_backward fails when the tensors are large"), line
+    assert "works when the sizes are the cat's" in line and "(finite differences, not a backward)" in line
+    c = contract.load("lab01_cat_mlp")
+    large = [k.name for k in c.exercises["ex3"].classes if k.rules.get("writes")]
+    assert len(large) == 1
+    with pytest.raises(AssertionError, match="finite differences"):
+        c.hidden_check("ex3", space["layer2_backward"], large[0])
+    c.hidden_check("ex3", space["layer2_backward"], c.exercises["ex3"].classes[0].name)  # right in value
+    c.hidden_check("ex3", c.exercises["ex3"].reference, large[0])
+
+
+def test_every_lab_that_measures_the_work_says_so_in_its_prompt_with_the_factor_it_uses():
+    measured = {
+        lab
+        for lab in LABS
+        for ex in contract.load(lab).exercises.values()
+        for k in ex.classes
+        if "writes" in {**ex.rules, **k.rules}
+    }
+    assert {"lab01_cat_mlp", "lab04_custom_functions", "lab06_attention_backward"} <= measured
+    for lab in LABS:
+        lines = (ROOT / "labs" / "source" / "src" / f"{lab}.py").read_text(encoding="utf-8").splitlines()
+        text = " ".join(" ".join(ln.removeprefix("#").strip() for ln in lines).split())
+        stated = f"at most {contract.WORK_FACTOR} × what the course's backward writes" in text
+        assert stated == (lab in measured), lab
+
+
 def test_a_cross_caused_by_an_earlier_answer_says_so():
     """Lab 6 exercise 4 calls the learner's causal_mask: with exercise 1 wrong (align ignored) and exercise 4
     right, exercise 4's ✗ adds that exercise 1 fails its own self-check (one bug, named once at its source)."""

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import hypothesis.strategies as st
 import torch
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -83,6 +84,25 @@ class CaseClass:
     # stated rules measured on this class's cases only (a size where a rule bites on every draw), over
     # the exercise's own (Exercise.rules)
     rules: dict = field(default_factory=dict)
+
+
+# an honest backward written otherwise (loops, a float64 copy, the forward recomputed) writes a few times
+# the entries a derived one does; finite differences write (input entries) × (a forward pass) of them
+WORK_FACTOR = 10
+
+
+def large_class(sizes: str, make: Callable[[int], Case], **tol) -> CaseClass:
+    """The prompt's "by hand, no finite differences", measured: one case large enough that one forward pass
+    per input entry writes hundreds of times the entries a derived backward writes (rule "writes")."""
+    return CaseClass(
+        f"the tensors are large ({sizes}): the work grows with the sizes, not with their product",
+        st.integers(0, 10),  # no free size: the draw only moves the seed
+        lambda i, seed: make(seed + i),
+        public=1,
+        hidden=1,
+        rules={"writes": WORK_FACTOR},
+        **tol,
+    )
 
 
 @dataclass

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hypothesis.strategies as st
 import torch
-from contract import Case, CaseClass, Contract, Exercise, near
+from contract import Case, CaseClass, Contract, Exercise, large_class, near
 
 from helpers.device import randn
 
@@ -177,6 +177,7 @@ ex2 = Exercise(
             lambda n, s: _loss((n,), s, dtype=F32),
             **F32_TOL,
         ),
+        large_class("ŷ (256,)", lambda s: _loss((256,), s), **F64_TOL),
     ],
     points=1,
     by_hand=("autograd", "helpers.cat_mlp.backward"),
@@ -235,6 +236,7 @@ ex3 = Exercise(
             lambda i, s: _layer2(1, 2, s + i, dtype=F32),
             **F32_TOL,
         ),
+        large_class("W2 (16, 32)", lambda s: _layer2(16, 32, s), **F64_TOL),
     ],
     points=2,
     by_hand=("autograd", "helpers.cat_mlp.backward"),
@@ -373,6 +375,7 @@ ex5 = Exercise(
             lambda i, s: _layer1(2, 4, s + i, dtype=F32),
             **F32_TOL,
         ),
+        large_class("x (32,), h (32,)", lambda s: _layer1(32, 32, s), **F64_TOL),
     ],
     points=2,
     by_hand=("autograd", "helpers.cat_mlp.backward"),
@@ -457,6 +460,7 @@ ex6 = Exercise(
             atol=1e-4,
             rtol=1e-4,
         ),
+        large_class("X (8, 16), W1 (16, 16), W2 (4, 16)", lambda s: _batch(8, 16, 16, 4, s), **F64_TOL),
     ],
     probe="dict_entries",
     points=3,

@@ -33,7 +33,7 @@ import hypothesis.extra.numpy as hnp
 import hypothesis.strategies as st
 import torch
 import torch.nn.functional as F
-from contract import Case, CaseClass, Contract, Exercise
+from contract import WORK_FACTOR, Case, CaseClass, Contract, Exercise, large_class
 
 from helpers.device import randn
 
@@ -94,6 +94,7 @@ ex1 = Exercise(
             "n = 1024, where the n × n Jacobian (8 MiB) does not fit the call's 2 MiB",
             st.sampled_from([1.0, 2.0, 3.0]),  # one row (the data is recorded), softmax's temperature drawn
             lambda t, s: _probs((1, 1024), s, scale=t, budget=True),
+            rules={"writes": WORK_FACTOR},  # and no finite differences: 1024 forward passes
             **F64_TOL,
         ),
     ],
@@ -156,6 +157,7 @@ ex2 = Exercise(
             lambda d, s: _logits(d, s, count=True),
             **F64_TOL,
         ),
+        large_class("Z (4, 256)", lambda s: _logits((4, 256), s), **F64_TOL),
     ],
     probe="backward_and_saved",
     points=2,
@@ -279,6 +281,7 @@ ex3 = Exercise(
             lambda d, s: _rms(d, s, count=True),
             **F64_TOL,
         ),
+        large_class("x (4, 128)", lambda s: _rms((4, 128), s), **F64_TOL),
     ],
     probe="backward_and_saved",
     points=3,
@@ -380,6 +383,7 @@ ex4 = Exercise(
             lambda p, s: _ce(*p, s, ignored=1, dtype=F32),
             **F32_TOL,
         ),
+        large_class("logits (16, 64)", lambda s: _ce(16, 64, s, ignored=1), **F64_TOL),
     ],
     probe="backward_and_saved",
     points=3,

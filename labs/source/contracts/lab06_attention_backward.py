@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import hypothesis.strategies as st
 import torch
-from contract import Case, CaseClass, Contract, Exercise
+from contract import Case, CaseClass, Contract, Exercise, large_class
 
 from helpers.device import randn
 
@@ -401,6 +401,9 @@ ex3 = Exercise(
         _bwd_class("there are more queries than keys (Nq > Nk)", "plain", "gt"),
         _bwd_class("P comes from a masked forward (zeros, a row of zeros)", "masked"),
         _bwd_class("Q, K, V are 3-D (B, N, d): no head dim", "3d"),
+        large_class(
+            "B = H = 2, Nq = Nk = 16, d = 8", lambda s: _bwd((2, 2, 16, 16, 8, 8), s, "plain"), **TOL
+        ),
     ],
     points=3,
     by_hand=("autograd", "helpers.attention.attention_backward", "helpers.functions.softmax_backward"),

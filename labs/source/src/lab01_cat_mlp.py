@@ -26,6 +26,12 @@
 # with other values. A `✓` means every kind passes here; the hidden tests try each kind again.
 # To hand it in: run all cells, then *File → Download → .ipynb*.
 #
+# **By hand** means derived: a graded backward may not call autograd, and an estimate by finite
+# differences (the forward run again for each input entry) does not count either. One kind of
+# case of each backward is large, and there the self-check and the hidden tests count the tensor
+# entries your code writes, forward and backward: at most 10 × what the course's backward
+# writes, room enough for any derived backward (loops and float64 copies included).
+#
 # **The seed's numbers** (chapter 1, the cat): $x = (1, 2, -1, 0.5)$,
 # $W_1 = \begin{pmatrix} 0.1 & 0.2 & -0.1 & 0.05 \\ 0.3 & -0.1 & 0.2 & 0.1 \end{pmatrix}$,
 # $b_1 = (0.1, -0.1)$, $W_2 = (0.5, -0.4)$ (shape (1, 2)), $b_2 = 0.2$, $y = 1$

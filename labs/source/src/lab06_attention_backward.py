@@ -36,6 +36,12 @@
 # on other inputs. `ref` is chapter 6's `helpers.attention`: compare with it in a cell of your
 # own if you like (the graded functions may not call what their exercise asks you to write).
 # `unbroadcast` is chapter 2's (a gradient summed back to a broadcast input's shape).
+#
+# **By hand** means derived: a graded backward may not call autograd, and an estimate by finite
+# differences (the forward run again for each input entry) does not count either. One kind of
+# case of each backward is large, and there the self-check and the hidden tests count the tensor
+# entries your code writes, forward and backward: at most 10 × what the course's backward
+# writes, room enough for any derived backward (loops and float64 copies included).
 
 # %% tags=["remove-cell"]
 # Colab setup (hidden on the site): installs the course helpers in Colab only.
