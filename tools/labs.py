@@ -594,7 +594,8 @@ class Run:
         with self._lock:
             return sandbox.UID_BASE + next(self._uids) % sandbox.UID_COUNT
 
-    def __init__(self):
+    def __init__(self, mode: str = "bwrap"):
+        self.mode = mode  # the sandbox: "bwrap", or "user", the fallback without namespaces (sandbox.py)
         self.dir = Path(tempfile.mkdtemp(prefix=RUN_PREFIX))
         (self.dir / "owner.pid").write_text(str(os.getpid()))
         self.procs: set[int] = set()  # the harnesses running: each leads a process group of its own
@@ -671,13 +672,24 @@ def remove_stale_runs() -> None:
             remove_tree(d)
 
 
-# what the worker needs before any submission can be graded: torch, IPython and the course's helpers
-PROBE = """import json
+# what the worker needs before any submission can be graded: torch, IPython and the course's helpers;
+# and what it must not have: a route to the network, a view of the paths given as arguments (the lab
+# sources, the run's folder). A UDP socket's connect sends nothing: it only needs a route.
+PROBE = """import json, os, socket, sys
+out = {}
 try:
     import torch, IPython, helpers
-    print(json.dumps({"helpers": getattr(helpers, "__file__", None) or str(list(helpers.__path__))}))
+    out["helpers"] = getattr(helpers, "__file__", None) or str(list(helpers.__path__))
 except BaseException as e:
-    print(json.dumps({"error": f"{type(e).__name__}: {str(e)[:160]}"}))
+    out["error"] = f"{type(e).__name__}: {str(e)[:160]}"
+try:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.connect(("192.0.2.1", 9))
+    out["network"] = True
+except OSError:
+    out["network"] = False
+out["readable"] = [p for p in sys.argv[1:] if os.access(p, os.R_OK)]
+print(json.dumps(out))
 """
 
 
@@ -692,11 +704,12 @@ def setup_problem(run: Run, unsafe: bool) -> str | None:
 
     home = Path(tempfile.mkdtemp(prefix="probe-", dir=run.dir)) / "home"
     home.mkdir()
-    argv = [sys.executable, "-I", "-c", PROBE]
+    hidden = [SOURCES, SOURCES / "contracts" / "contract.py", run.dir]
+    argv = [sys.executable, "-I", "-c", PROBE, *map(str, hidden)]
     if unsafe:
         cmd = sandbox.unsafe_command(argv)
     else:
-        cmd = sandbox.command(home, argv, helpers_dir=ROOT / "helpers", uid=run.next_uid())
+        cmd = sandbox.command(home, argv, helpers_dir=ROOT / "helpers", uid=run.next_uid(), mode=run.mode)
     ours = ROOT / "helpers" / "__init__.py"
     spec = importlib.util.find_spec("helpers")
     host = Path(spec.origin) if spec is not None and spec.origin else None
@@ -720,6 +733,10 @@ def setup_problem(run: Run, unsafe: bool) -> str | None:
         return f"{where} cannot import torch, IPython and the course's helpers ({got['error']}): {hint}"
     if Path(str(got["helpers"])).resolve() != ours.resolve():
         return f"{where} imports helpers from {got['helpers']}, not {ours}: {hint}"
+    if not unsafe and got.get("network") is not False:
+        return f"{where} reaches the network (a UDP socket connected to 192.0.2.1)"
+    if not unsafe and got.get("readable"):
+        return f"{where} can read {', '.join(map(str, got['readable']))}: the lab sources and the run's folder must be root's alone"
     return None
 
 
@@ -735,7 +752,12 @@ def run_harness(run: Run, lab: str, name: str, nb, timeout: float, skip, unsafe:
         worker = sandbox.unsafe_command(sandbox.worker_argv(home), **limits)
     else:
         worker = sandbox.command(
-            home, sandbox.worker_argv(), helpers_dir=ROOT / "helpers", uid=run.next_uid(), **limits
+            home,
+            sandbox.worker_argv(),
+            helpers_dir=ROOT / "helpers",
+            uid=run.next_uid(),
+            mode=run.mode,
+            **limits,
         )
     spec = {
         "source": str(source_path(lab)),
@@ -744,8 +766,8 @@ def run_harness(run: Run, lab: str, name: str, nb, timeout: float, skip, unsafe:
         "skip": list(skip),
         "result": str(ctl / "result.json"),
         "distrust": list(distrust),
-        # in the sandbox the worker has a PID namespace of its own: what a cell starts ends with it
-        "reap": not unsafe,
+        # in bubblewrap the worker has a PID namespace of its own: what a cell starts ends with it
+        "reap": not unsafe and run.mode == "bwrap",
         # the harness reads it once, before any of the student's code runs, and hands the same cells
         # to every start of the worker (a notebook that rewrites its file changes nothing)
         "notebook": str(home / "submission.ipynb"),
@@ -921,32 +943,40 @@ def grade_submission(
     ), detail
 
 
-def feedback_text(lab: str, row: dict, detail: dict, qs, skipped=()) -> str:
-    """What a student reads: status, points per exercise, how many hidden tests passed, their own errors."""
-    lines = [
+FEEDBACK_TAIL = [
+    "Run your notebook top to bottom and read the self-check lines: each exercise's",
+    "self-check names what is wrong. The hidden tests call the same functions on other inputs.",
+]
+
+
+def feedback_parts(lab: str, row: dict, detail: dict, qs, skipped=()) -> dict:
+    """A student's feedback in parts: "head" (title, score, status), "questions" ({question: its line}),
+    "skipped" (lines), "notes" (their notes); ``feedback_text`` and the Gradescope results join them."""
+    head = [
         f"{title(read_nb(student_path(lab))) or lab}: feedback for {row['submission']}",
         f"Score: {row['total']:g} / {row['possible']:g}   (status: {row['status']}: "
         f"{STATUS_HELP[row['status']]})",
-        "",
     ]
     qd = detail.get("questions", {})
+    lines = {}
     for q, pts in qs:
         d = qd.get(q)
         tests = f"{d['passed']} of {d['cases']} hidden tests pass" if d else "not graded"
         got = "review" if row[q] == PENDING else f"{row[q]:g}"
-        lines.append(
-            f"  {q:<6} {got} / {pts:g}   {tests}"
-            + ("   (points pending your instructor's review)" if row[q] == PENDING else "")
+        lines[q] = f"  {q:<6} {got} / {pts:g}   {tests}" + (
+            "   (points pending your instructor's review)" if row[q] == PENDING else ""
         )
-    for q in skipped:
-        lines.append(f"  {q:<6} optional this time: not graded, not counted")
-    if row["notes"]:
-        lines += ["", "Notes:"] + [f"  {n}" for n in row["notes"]]
-    lines += [
-        "",
-        "Run your notebook top to bottom and read the self-check lines: each exercise's",
-        "self-check names what is wrong. The hidden tests call the same functions on other inputs.",
-    ]
+    skipped_lines = [f"  {q:<6} optional this time: not graded, not counted" for q in skipped]
+    return {"head": head, "questions": lines, "skipped": skipped_lines, "notes": list(row["notes"])}
+
+
+def feedback_text(lab: str, row: dict, detail: dict, qs, skipped=()) -> str:
+    """What a student reads: status, points per exercise, how many hidden tests passed, their own errors."""
+    parts = feedback_parts(lab, row, detail, qs, skipped)
+    lines = parts["head"] + [""] + list(parts["questions"].values()) + parts["skipped"]
+    if parts["notes"]:
+        lines += ["", "Notes:"] + [f"  {n}" for n in parts["notes"]]
+    lines += [""] + FEEDBACK_TAIL
     return "\n".join(lines) + "\n"
 
 
@@ -1006,47 +1036,24 @@ def calibrated_timeout(run: Run, lab: str, qs, skip, unsafe: bool) -> tuple[floa
     return min(DEFAULT_TIMEOUT, max(TIMEOUT_FLOOR, CALIBRATION * took)), took, None
 
 
-def grade(
-    lab: str,
-    subs_dir: Path,
-    out_csv: Path | None = None,
-    timeout: float | None = DEFAULT_TIMEOUT,
-    jobs: int = 1,
-    feedback_dir: Path | None = None,
-    skip=(),
-    unsafe: bool = False,
-) -> list[dict]:
-    """Grade every student's notebook in an LMS export folder: a CSV row each, a feedback file each, a similarity report.
+def all_secrets() -> list[str]:
+    """Every lab's solution snippets: a note quoting one is withheld (``_clean``)."""
+    return sorted({x for other in labs() for x in secret_snippets(read_nb(source_path(other)))})
 
-    Questions in ``skip`` (made optional) get no column and count neither in ``total`` nor in ``possible``.
-    ``timeout`` None: ``calibrated_timeout`` (the command's default).
-    """
-    reason = sandbox.missing_reason()
+
+@contextlib.contextmanager
+def grading_run(lab: str, qs, timeout: float | None, skip=(), unsafe: bool = False, mode: str = "bwrap"):
+    """A grading run, ready: (the Run, the time limit per notebook). Refuses (SystemExit, one line) where
+    the sandbox (``mode``: "bwrap", or "user", the fallback) cannot hold, where the grader's own setup is
+    broken, or where the published solutions do not score every point; stops its processes and removes
+    its folder however it ends. ``grade`` and the Gradescope runner both grade in one."""
+    reason = sandbox.missing_reason() if mode == "bwrap" else sandbox.user_mode_reason()
     if reason and not unsafe:
         raise SystemExit(f"refusing to grade: {reason}")
-    try:
-        subs = collect.collect(subs_dir)
-    except collect.CollectError as e:
-        raise SystemExit(str(e)) from None
-    qs = graded_questions(lab, skip)
-    skipped = [q for q, _ in questions(lab) if q in skip]
     if unsafe:
         print("WARNING: --unsafe: submissions run without a sandbox, as you, with your files in reach")
-    out_csv = Path(out_csv) if out_csv else default_out(lab)
-    fb = Path(feedback_dir) if feedback_dir else out_csv.with_name(out_csv.stem + "_feedback")
-    similarity_csv = out_csv.with_name(out_csv.stem + "_similarity.csv")
-    secrets = sorted({x for other in labs() for x in secret_snippets(read_nb(source_path(other)))})
-    fields = (
-        ["submission", "status"]
-        + [q for q, _ in qs]
-        + ["total", "possible", "graded_file", "notes", "flags", "review"]
-    )
-    where = ((subs_dir, "<submissions>"), (out_csv.parent, "<grades>"), (fb, "<grades>"))
-    # the rows so far, as each submission's grading ends (no similarity flags yet: those need the class)
-    progress = out_csv.with_name(out_csv.stem + "_in_progress.csv")
     remove_stale_runs()
-    run = Run()
-    pool = cf.ThreadPoolExecutor(max_workers=max(1, jobs))
+    run = Run(mode)
     try:
         problem = setup_problem(run, unsafe)  # the grader's own setup first: nobody is graded on a broken one
         if problem:
@@ -1059,30 +1066,25 @@ def grade(
                 f"[grade] time limit per notebook: {timeout:.0f} s ({CALIBRATION} × the {took:.1f} s the "
                 f"published solutions took here, {TIMEOUT_FLOOR} to {DEFAULT_TIMEOUT} s; --timeout S sets it)"
             )
-        progress.parent.mkdir(parents=True, exist_ok=True)
-        _ensure_ignored(progress)
-        results: list = [None] * len(subs)
-        with progress.open("w", newline="", encoding="utf-8") as f:
-            w = csv.DictWriter(f, fieldnames=fields)
-            w.writeheader()
-            f.flush()  # the header is there before anyone is graded
-            futures = {
-                pool.submit(grade_submission, run, lab, s, qs, timeout, skip, unsafe, secrets): i
-                for i, s in enumerate(subs)
-            }
-            for done in cf.as_completed(futures):
-                results[futures[done]] = done.result()
-                row = dict(results[futures[done]][0])
-                row["notes"] = [scrub(n, where) for n in row["notes"]]
-                w.writerow(_csv_row(row))
-                f.flush()
-    finally:  # interrupted too: start nothing more, stop what runs, then remove the folders
+        yield run, timeout
+    finally:
         run.closing = True
-        pool.shutdown(wait=False, cancel_futures=True)
         run.kill_all()
-        pool.shutdown(wait=True)
         run.close()
 
+
+def grade_one(
+    run: Run, lab: str, sub, qs, timeout: float, skip, unsafe: bool, secrets, where
+) -> tuple[dict, dict]:
+    """One submission graded: its gradebook row, notes without the grading machine's paths (``where``:
+    more (path, name) for ``scrub``), and the details for feedback. What ``grade`` calls per student."""
+    row, detail = grade_submission(run, lab, sub, qs, timeout, skip, unsafe, secrets)
+    row["notes"] = [scrub(n, where) for n in row["notes"]]
+    return row, detail
+
+
+def similarity_flags(lab: str, results: list) -> tuple[list[dict], dict[str, list[str]]]:
+    """(flagged pairs, {submission: ["near-identical to B (0.97)", ...]}) for ``results`` [(row, detail)]."""
     # a student named like the solutions' pseudo-submission is renamed in the report, not a crash
     label = {
         row["submission"]: row["submission"]
@@ -1103,9 +1105,50 @@ def grade(
     ):  # a copy of the solutions named first
         for a, b in ((p["a"], p["b"]), (p["b"], p["a"])):
             flagged.setdefault(a, []).append(f"near-identical to {b} ({p['similarity']:.2f})")
+    return pairs, flagged
+
+
+def grade(
+    lab: str,
+    subs_dir: Path,
+    out_csv: Path | None = None,
+    timeout: float | None = DEFAULT_TIMEOUT,
+    jobs: int = 1,
+    feedback_dir: Path | None = None,
+    skip=(),
+    unsafe: bool = False,
+) -> list[dict]:
+    """Grade every student's notebook in an LMS export folder: a CSV row each, a feedback file each, a similarity report.
+
+    Questions in ``skip`` (made optional) get no column and count neither in ``total`` nor in ``possible``.
+    ``timeout`` None: ``calibrated_timeout`` (the command's default).
+    """
+    if not unsafe and sandbox.missing_reason():
+        raise SystemExit(f"refusing to grade: {sandbox.missing_reason()}")
+    try:
+        subs = collect.collect(subs_dir)
+    except collect.CollectError as e:
+        raise SystemExit(str(e)) from None
+    qs = graded_questions(lab, skip)
+    skipped = [q for q, _ in questions(lab) if q in skip]
+    out_csv = Path(out_csv) if out_csv else default_out(lab)
+    fb = Path(feedback_dir) if feedback_dir else out_csv.with_name(out_csv.stem + "_feedback")
+    similarity_csv = out_csv.with_name(out_csv.stem + "_similarity.csv")
+    secrets = all_secrets()
+    fields = (
+        ["submission", "status"]
+        + [q for q, _ in qs]
+        + ["total", "possible", "graded_file", "notes", "flags", "review"]
+    )
+    where = ((subs_dir, "<submissions>"), (out_csv.parent, "<grades>"), (fb, "<grades>"))
+    # the rows so far, as each submission's grading ends (no similarity flags yet: those need the class)
+    progress = out_csv.with_name(out_csv.stem + "_in_progress.csv")
+    with grading_run(lab, qs, timeout, skip, unsafe) as (run, timeout):
+        results = _grade_all(
+            run, lab, subs, qs, timeout, jobs, skip, unsafe, secrets, where, progress, fields
+        )
+    pairs, flagged = similarity_flags(lab, results)
     rows = [r for r, _ in results]
-    for r in rows:  # notes are feedback: no path of the grading machine in them
-        r["notes"] = [scrub(n, where) for n in r["notes"]]
     for r in rows:
         similar = flagged.get(r["submission"], [])
         if len(similar) > 3:
@@ -1134,6 +1177,33 @@ def grade(
         )
     print(f"gradebook: {out_csv}   feedback: {fb}/   similarity: {similarity_csv} ({len(pairs)} pairs)")
     return rows
+
+
+def _grade_all(run, lab, subs, qs, timeout, jobs, skip, unsafe, secrets, where, progress, fields) -> list:
+    """[(row, detail)] of every submission, ``jobs`` at once, each row written to ``progress`` as it ends."""
+    pool = cf.ThreadPoolExecutor(max_workers=max(1, jobs))
+    try:
+        progress.parent.mkdir(parents=True, exist_ok=True)
+        _ensure_ignored(progress)
+        results: list = [None] * len(subs)
+        with progress.open("w", newline="", encoding="utf-8") as f:
+            w = csv.DictWriter(f, fieldnames=fields)
+            w.writeheader()
+            f.flush()  # the header is there before anyone is graded
+            futures = {
+                pool.submit(grade_one, run, lab, s, qs, timeout, skip, unsafe, secrets, where): i
+                for i, s in enumerate(subs)
+            }
+            for done in cf.as_completed(futures):
+                results[futures[done]] = done.result()
+                w.writerow(_csv_row(dict(results[futures[done]][0])))
+                f.flush()
+    finally:  # interrupted too: start nothing more, stop what runs (grading_run then removes the folders)
+        run.closing = True
+        pool.shutdown(wait=False, cancel_futures=True)
+        run.kill_all()
+        pool.shutdown(wait=True)
+    return results
 
 
 # ----------------------------------------------------------------------- main

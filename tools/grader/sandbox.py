@@ -17,6 +17,15 @@ on this machine. Per process: address space, CPU seconds, processes of its user,
 the user id, makes the cgroup and starts a guardian (``guard``, outside the sandbox, in its own
 session) before becoming bubblewrap; the guardian removes the cgroup and ends the lease once the
 sandbox's process is gone, however it ended (the harness ends it with SIGKILL).
+
+Where bubblewrap cannot make its namespaces (a Docker container with the default seccomp profile,
+as on Gradescope), ``mode="user"`` is the fallback (``user_mode_reason`` says whether it holds here):
+the same launcher, user id, cgroup or per-process limits and guardian, but no namespaces: the
+worker runs as the leased unprivileged user in a fresh home of its own, with a seccomp filter that
+refuses every socket but AF_UNIX (and io_uring, which could open one around it), so no network;
+the guardian kills every process of that user when the worker ends. What it cannot hide by mounts
+(the course's sources) the caller must make unreadable to other users; ``tools/labs.py``'s probe
+checks both before anyone is graded.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ import site
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -92,6 +102,126 @@ def missing_reason() -> str | None:
             )
         )
     return _WORKS[b]
+
+
+# ------------------------------------------------------------------ the fallback: no namespaces
+# seccomp_data: nr at 0, arch at 4, args[0] at 16 (its low word on little-endian machines)
+_AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+_NR_SOCKET = {"x86_64": 41, "aarch64": 198}
+_NR_IO_URING_SETUP = 425  # the same on both
+AF_UNIX = 1
+
+
+def _network_filter(machine: str) -> list[tuple[int, int, int, int]]:
+    """A classic BPF program (code, jt, jf, k) for seccomp: socket() only for AF_UNIX, no io_uring,
+    no other ABI (x32 or 32-bit syscalls could reach socketcall around the check)."""
+    ld_w, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    kill, allow = 0x80000000, 0x7FFF0000
+    eacces = 0x00050000 | 13
+    prog = [
+        (ld_w, 0, 0, 4),
+        (jeq, 1, 0, _AUDIT_ARCH[machine]),
+        (ret, 0, 0, kill),
+        (ld_w, 0, 0, 0),
+    ]
+    if machine == "x86_64":  # x32 syscalls: nr with bit 30 set
+        prog += [(jge, 0, 1, 0x40000000), (ret, 0, 0, kill)]
+    prog += [
+        (jeq, 0, 1, _NR_IO_URING_SETUP),
+        (ret, 0, 0, eacces),
+        (jeq, 1, 0, _NR_SOCKET[machine]),
+        (ret, 0, 0, allow),
+        (ld_w, 0, 0, 16),
+        (jeq, 0, 1, AF_UNIX),
+        (ret, 0, 0, allow),
+        (ret, 0, 0, eacces),
+    ]
+    return prog
+
+
+def deny_network() -> None:
+    """Install the network filter on this process and all it will start (OSError where it cannot be)."""
+    import ctypes
+    import platform
+
+    machine = platform.machine()
+    if sys.platform != "linux" or machine not in _AUDIT_ARCH:
+        raise OSError(f"no seccomp network filter for {sys.platform}/{machine}")
+
+    class SockFilter(ctypes.Structure):
+        _fields_ = [
+            ("code", ctypes.c_ushort),
+            ("jt", ctypes.c_ubyte),
+            ("jf", ctypes.c_ubyte),
+            ("k", ctypes.c_uint),
+        ]
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(SockFilter))]
+
+    prog = _network_filter(machine)
+    arr = (SockFilter * len(prog))(*[SockFilter(*ins) for ins in prog])
+    fprog = SockFprog(len(prog), arr)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+    pr_set_no_new_privs, pr_set_seccomp, seccomp_mode_filter = 38, 22, 2
+    if libc.prctl(pr_set_no_new_privs, 1, None, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+    if libc.prctl(
+        pr_set_seccomp, seccomp_mode_filter, ctypes.cast(ctypes.pointer(fprog), ctypes.c_void_p), 0, 0
+    ):
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
+
+
+def _filter_holds() -> str:
+    """'' when, in a child with the network filter, an AF_INET socket is refused and an AF_UNIX one is not; else why."""
+    import socket
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child reports one line and exits, whatever happens
+        os.close(r)
+        try:
+            deny_network()
+            try:
+                socket.socket(socket.AF_INET, socket.SOCK_DGRAM).close()
+                msg = "an AF_INET socket was still allowed"
+            except PermissionError:
+                for end in socket.socketpair(socket.AF_UNIX):
+                    end.close()
+                msg = ""
+        except BaseException as e:  # noqa: BLE001 - the reason goes back to the parent
+            msg = f"{type(e).__name__}: {e}"
+        os.write(w, (msg or "ok").encode()[:300])
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        got = f.read().decode(errors="replace")
+    os.waitpid(pid, 0)
+    return "" if got == "ok" else (got or "the filter's test process died")
+
+
+_USER: dict = {}
+
+
+def user_mode_reason() -> str | None:
+    """Why the fallback (``mode="user"``: no namespaces, an unprivileged user, the network filter)
+    cannot hold here (one line), or None when it can."""
+    if "why" not in _USER:
+        why = None
+        if sys.platform != "linux":
+            why = f"the fallback needs Linux; this is {sys.platform}"
+        elif os.geteuid() != 0:
+            why = "the fallback runs each submission as a user of its own, which needs root"
+        else:
+            missing = [t for t in ("setpriv", "prlimit") if shutil.which(t) is None]
+            if missing:
+                why = f"{' and '.join(missing)} (util-linux) not installed"
+            else:
+                held = _filter_holds()
+                why = f"no seccomp network filter here ({held})" if held else None
+        _USER["why"] = why
+    return _USER["why"]
 
 
 def _readonly_paths(helpers_dir: Path) -> list[Path]:
@@ -321,9 +451,14 @@ _SIZE: dict = {}
 
 
 def limits_notice(
-    *, memory_mb: int = 6144, nproc: int = 256, disk_mb: int = 512, process_memory_mb: int | None = None
+    *,
+    memory_mb: int = 6144,
+    nproc: int = 256,
+    disk_mb: int = 512,
+    process_memory_mb: int | None = None,
+    mode: str = "bwrap",
 ) -> str:
-    """One line: what limits each submission here, as ``command`` applies them."""
+    """One line: what limits each submission here, as ``command`` applies them (in ``mode``)."""
     w = whole_limits()
     mem, pmem = _size(memory_mb), _size(process_memory_mb or memory_mb)
     whole = {
@@ -341,6 +476,13 @@ def limits_notice(
         if size_option_works()
         else "tmpfs without a size (bubblewrap too old for --size)"
     )
+    if mode == "user":
+        disk = "a folder of its own on the machine's disk (no size limit but files of at most 256 MiB) and the shared /tmp"
+        head = (
+            "fallback without namespaces (bubblewrap cannot run here): network refused by a seccomp filter "
+            "(AF_UNIX sockets only), other processes visible but not reachable, what it starts killed with it; "
+            + head
+        )
     users = (
         f"a sandbox user of its own, leased from {UID_BASE}-{UID_BASE + UID_COUNT - 1} across concurrent grade runs"
         if os.geteuid() == 0
@@ -500,6 +642,7 @@ def command(
     disk_mb: int = 512,
     process_memory_mb: int | None = None,
     notice: bool = True,
+    mode: str = "bwrap",
 ) -> list[str]:
     """The command line that runs ``argv`` (paths as seen inside) in a sandbox whose home starts with the files of ``home``.
 
@@ -512,9 +655,14 @@ def command(
     Each process also has ``process_memory_mb`` (default ``memory_mb``) of address space, ``cpu_s``
     CPU seconds and ``fsize_mb`` per file. A guardian process outside the sandbox removes the cgroup
     and ends the lease when the sandbox ends, however it ends (the harness kills it with SIGKILL).
-    ``notice``: print ``limits_notice`` once per process (so once per grade run).
+    ``notice``: print ``limits_notice`` once per process (so once per grade run). ``mode`` "user": the
+    fallback without namespaces (the module's docstring); ``argv``'s paths under /grader and
+    /home/student are then the grader's folder and the submission's fresh home.
     """
+    if mode not in ("bwrap", "user"):
+        raise ValueError(f"sandbox mode {mode!r}: expected 'bwrap' or 'user'")
     spec = {
+        "mode": mode,
         "bwrap": bwrap(),
         "home": str(Path(home).resolve()),
         "argv": list(argv),
@@ -543,7 +691,11 @@ def command(
     }
     if notice:
         line = limits_notice(
-            memory_mb=memory_mb, nproc=nproc, disk_mb=disk_mb, process_memory_mb=process_memory_mb
+            memory_mb=memory_mb,
+            nproc=nproc,
+            disk_mb=disk_mb,
+            process_memory_mb=process_memory_mb,
+            mode=mode,
         )
         with _WHOLE_LOCK:
             new = line not in _NOTICED
@@ -630,6 +782,72 @@ def _bwrap_argv(spec: dict, uid: int, files: list[tuple[str, int | None]]) -> li
     return cmd + spec["argv"]
 
 
+USER_HOMES = "backprop-grader-home-"  # the fallback's homes: /tmp/USER_HOMES<launcher pid>
+
+
+def _user_argv(spec: dict, uid: int, home: Path) -> tuple[list[str], dict]:
+    """The fallback's command line and environment: ``spec["argv"]`` as ``uid`` (no capabilities, no
+    new privileges) under the same per-process limits as in bubblewrap, its paths mapped to the
+    grader's folder and ``home``."""
+
+    def outside(arg: str) -> str:
+        for inside, real in ((GRADER, spec["grader"]), (HOME, str(home))):
+            if arg == inside or arg.startswith(inside + "/"):
+                return real + arg[len(inside) :]
+        return arg
+
+    env = dict(spec["env"], HOME=str(home), TMPDIR=str(home / "tmp"), MPLCONFIGDIR=str(home / "tmp"))
+    cmd = [
+        "setpriv",
+        f"--reuid={uid}",
+        f"--regid={uid}",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+        "--no-new-privs",
+        "prlimit",
+        f"--as={spec['process_memory_mb'] * MiB}",
+        f"--cpu={spec['cpu_s']}",
+        f"--nproc={spec['nproc']}",
+        f"--fsize={spec['fsize_mb'] * MiB}",
+        "--core=0",
+        "--",
+    ]
+    return cmd + [outside(a) for a in spec["argv"]], env
+
+
+def _user_home(spec: dict, uid: int, holder: int) -> Path:
+    """The fallback's home: a fresh folder only ``uid`` may enter, holding a copy of ``spec["home"]``'s files."""
+    home = Path(tempfile.gettempdir()) / f"{USER_HOMES}{holder}"
+    if home.exists() or home.is_symlink():
+        subprocess.run(["rm", "-rf", "--one-file-system", "--", str(home)], check=False)
+    home.mkdir(mode=0o700)
+    shutil.copytree(spec["home"], home, dirs_exist_ok=True, symlinks=True, ignore_dangling_symlinks=True)
+    (home / "tmp").mkdir(exist_ok=True)
+    for top, dirs, files in os.walk(home):
+        for name in [top, *(os.path.join(top, x) for x in dirs + files)]:
+            os.lchown(name, uid, uid)
+    return home
+
+
+def _kill_user(uid: int) -> None:
+    """Kill every process of ``uid`` (what a fallback submission left running), from a child that becomes it."""
+    for _ in range(50):
+        if uid not in uids_in_use():
+            return
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setgroups([])
+                os.setresgid(uid, uid, uid)
+                os.setresuid(uid, uid, uid)
+                os.kill(-1, signal.SIGKILL)  # every process this user may signal: its own
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        time.sleep(0.02)
+
+
 def _home_files(home: Path) -> list[tuple[str, int | None]]:
     """``home``'s folders and regular files (no links), each file open for bubblewrap to copy."""
     out = []
@@ -651,10 +869,16 @@ def _launch(spec: dict) -> None:
     """The launcher: lease a user, make the cgroup, start the guardian, become bubblewrap."""
     holder = os.getpid()
     root = os.geteuid() == 0
+    user = spec.get("mode") == "user"
+    if user and not root:  # fail closed: the fallback's only separation is its own user
+        raise OSError("the fallback sandbox needs root")
     uid = lease_uid(spec["uid"], holder) if root else spec["uid"]
     whole = spec["whole"]
     groups = []
+    home = None
     try:
+        if user:
+            home = _user_home(spec, uid, holder)
         if whole["kind"] in ("cgroup1", "cgroup2"):
             groups = make_cgroups(whole["bases"], holder, spec["memory_mb"], spec["nproc"])
         try:
@@ -665,6 +889,8 @@ def _launch(spec: dict) -> None:
     except BaseException:  # no guardian yet: undo here
         for d in groups:
             remove_cgroup(d)
+        if home is not None:
+            subprocess.run(["rm", "-rf", "--one-file-system", "--", str(home)], check=False)
         if root:
             release_uid(uid, holder)
         raise
@@ -681,6 +907,8 @@ def _launch(spec: dict) -> None:
                 "pidfd": pidfd,
                 "cgroups": [str(d) for d in groups],
                 "uid": uid if root else None,
+                "user": user,
+                "home": str(home) if home is not None else None,
             }
             os.execv(
                 sys.executable,
@@ -693,7 +921,13 @@ def _launch(spec: dict) -> None:
     for d in groups:  # from here on, everything this submission starts is in its cgroup
         if not _write(d / "cgroup.procs", str(holder)):  # fail closed: the notice promised this limit
             raise OSError(f"cannot move into the submission's cgroup {d}")
-    cmd = _bwrap_argv(spec, uid, _home_files(Path(spec["home"])))
+    env = None
+    if user:
+        cmd, env = _user_argv(spec, uid, home)
+        os.chdir(home)
+        deny_network()  # last: from here on no socket but AF_UNIX, in this process and all it starts
+    else:
+        cmd = _bwrap_argv(spec, uid, _home_files(Path(spec["home"])))
     if whole["kind"] == "systemd":
         cmd = [
             "systemd-run",
@@ -708,6 +942,8 @@ def _launch(spec: dict) -> None:
             "--",
             *cmd,
         ]
+    if env is not None:
+        os.execvpe(cmd[0], cmd, env)
     os.execvp(cmd[0], cmd)
 
 
@@ -724,6 +960,10 @@ def _guard(g: dict) -> None:
             time.sleep(0.05)
     for d in g["cgroups"]:
         remove_cgroup(Path(d))
+    if g.get("user") and g["uid"] is not None:  # no PID namespace took them along: the user's processes
+        _kill_user(g["uid"])
+    if g.get("home"):
+        subprocess.run(["rm", "-rf", "--one-file-system", "--", g["home"]], check=False)
     if g["uid"] is not None:
         deadline = time.monotonic() + 10
         while g["uid"] in uids_in_use() and time.monotonic() < deadline:
