@@ -5,6 +5,8 @@
     python tools/labs.py check-stale                         # fail if a student notebook is stale or leaks
     python tools/labs.py grade LAB SUBMISSIONS_DIR [--out gradebook.csv] [--timeout S] [--jobs 1]
                                                              # [--feedback DIR] [--skip-question ex6] [--unsafe]
+    python tools/labs.py gradescope LAB [--out autograder.zip] [--timeout S] [--skip-question ex6] [--visibility V]
+                                                             # a Gradescope autograder (tools/grader/gradescope.py)
 
 A lab is two files: its source, ``labs/source/LAB.ipynb`` (prose, given code, solutions between
 ``# BEGIN/END SOLUTION`` or on ``# SOLUTION`` lines, one ``# BEGIN QUESTION`` marker per question
@@ -1249,7 +1251,37 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="grade without the sandbox (where bubblewrap is missing): submissions can read and write your files",
     )
+    gs = sub.add_parser("gradescope", help="write a lab's Gradescope autograder zip (labs/instructors.md)")
+    gs.add_argument("lab")
+    gs.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="the zip (default: ~/backprop-by-hand-grades/LAB/gradescope_autograder.zip, outside the repository)",
+    )
+    gs.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help=f"seconds per notebook (default: as grade: {CALIBRATION} × what the published solutions take "
+        "to grade there, measured for each submission)",
+    )
+    gs.add_argument("--skip-question", action="append", default=[], metavar="NAME", help="as for grade")
+    gs.add_argument(
+        "--visibility",
+        default="after_due_date",
+        help="when students see each exercise's hidden-test results: after_due_date (default), "
+        "after_published, visible or hidden",
+    )
     a = ap.parse_args(argv)
+    if a.cmd == "gradescope":
+        sys.modules.setdefault("labs", sys.modules[__name__])  # gradescope.py imports this module as labs
+        gradescope = module_at("gradescope", ROOT / "tools" / "grader" / "gradescope.py")
+        out = gradescope.build(resolve_lab(a.lab), a.out, a.timeout, a.skip_question, a.visibility)
+        print(
+            f"gradescope autograder: {out} ({out.stat().st_size >> 10} KiB; it holds the solutions: upload it, never publish it)"
+        )
+        return 0
     if a.cmd == "release":
         for lab in [resolve_lab(x) for x in a.labs] or labs():
             release(lab, execute=not a.no_execute)

@@ -44,7 +44,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["CollectError", "Submission", "collect", "safe_name"]
+__all__ = ["CollectError", "Submission", "collect", "one_student", "safe_name"]
 
 NOTEBOOK_SUFFIX = ".ipynb"
 # Never submissions, at any depth (hidden names, starting with ".", are skipped as well).
@@ -282,6 +282,15 @@ def collect(folder) -> list[Submission]:
     names = _unique_names(ordered)
     subs = [_submission(g, names[i]) for i, g in enumerate(ordered)]
     return sorted(subs, key=lambda s: (s.student.casefold(), s.student))
+
+
+def one_student(folder, student: str) -> Submission:
+    """Everything under ``folder`` as one student's hand-in (Gradescope's /autograder/submission): the
+    notebook graded and the note chosen as ``collect`` chooses them for a student's folder."""
+    root = Path(folder)
+    group = _Group(("folder", student), student, student, [root.name], [], [root])
+    group.files = [_File(path, rel, root.name) for path, rel in _walk(root)]
+    return _submission(group, student)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,408 @@
+"""The Gradescope autograder (`tools/labs.py gradescope`, tools/grader/gradescope.py), tested without Gradescope.
+
+The lab 1 zip is unpacked into a temporary root shaped like Gradescope's /autograder (source/, the
+zip's contents; submission/; results/; run_autograder; venv/, the Python setup.sh would make: here
+this venv's packages, hard-linked, with the unpacked course's helpers), and run_autograder grades
+honest, partial, empty and hostile notebooks in bubblewrap and in the fallback without namespaces
+(forced with BACKPROP_SANDBOX=user), each to the total `tools/labs.py grade` gives the same notebook.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+import gradescope  # noqa: E402
+from test_grader import FORGED, HOSTILE, _solutions, _submission  # noqa: E402  (the red team's notebooks)
+
+import labs  # noqa: E402
+
+LAB = "lab01_cat_mlp"
+TIMEOUT = (
+    60  # the red team's batch limit (test_grader.BATCH_TIMEOUT): the zip is built with it, grade runs with it
+)
+
+# Gradescope's results.json, from "Autograder Specifications", "Output format"
+# (https://gradescope-autograders.readthedocs.io/en/latest/specs/): top-level score (required unless each
+# test has one), execution_time, output, output_format, visibility, stdout_visibility, extra_data, tests,
+# leaderboard; each test: score, max_score, status ("passed"/"failed"), name, name_format, number, output,
+# output_format, tags, visibility, extra_data. Visibility: hidden, after_due_date, after_published, visible.
+VISIBILITY = {"enum": ["hidden", "after_due_date", "after_published", "visible"]}
+FORMAT = {"enum": ["text", "html", "simple_format", "md", "ansi"]}
+TEST = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "score", "max_score", "output", "visibility"],
+    "properties": {
+        "score": {"type": "number"},
+        "max_score": {"type": "number"},
+        "status": {"enum": ["passed", "failed"]},
+        "name": {"type": "string"},
+        "name_format": FORMAT,
+        "number": {"type": "string"},
+        "output": {"type": "string"},
+        "output_format": FORMAT,
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "visibility": VISIBILITY,
+        "extra_data": {"type": "object"},
+    },
+}
+SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["score", "output", "tests", "visibility", "stdout_visibility"],
+    "properties": {
+        "score": {"type": "number"},
+        "execution_time": {"type": "number"},
+        "output": {"type": "string"},
+        "output_format": FORMAT,
+        "visibility": VISIBILITY,
+        "stdout_visibility": VISIBILITY,
+        "extra_data": {"type": "object"},
+        "tests": {"type": "array", "items": TEST},
+        "leaderboard": {"type": "array"},
+    },
+}
+
+# what a Gradescope-specific hostile cell reaches: the network, the lab sources, results.json; it says so
+REACH = (
+    "import os, socket\nfound = []\ntry:\n    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+    "    s.connect(('192.0.2.1', 9))\n    found.append('network')\nexcept OSError:\n    pass\n"
+    "for p in ('{root}/labs/source', '{root}/labs/source/contracts/{lab}.py'):\n"
+    "    if os.access(p, os.R_OK):\n        found.append('read ' + p)\n"
+    "try:\n    open('{out}', 'w').write({forged!r})\n    found.append('wrote results.json')\nexcept OSError:\n    pass\n"
+    "raise ValueError('reached: ' + (', '.join(found) or 'nothing'))"
+)
+TIMES: dict[str, float] = {}
+
+
+def _unpack(zip_path: Path, dest: Path) -> None:
+    """Unzip as Gradescope does, keeping the modes the zip records (zipfile's extractall drops them)."""
+    with zipfile.ZipFile(zip_path) as z:
+        for info in z.infolist():
+            z.extract(info, dest)
+            mode = info.external_attr >> 16 & 0o777
+            if mode:
+                os.chmod(dest / info.filename, mode)
+
+
+def _venv(root: Path) -> None:
+    """root/venv: the Python setup.sh makes (its packages pip-installed there, here hard links to this
+    venv's; the course's helpers from root/source/course, as `pip install -e` would give)."""
+    base = Path(getattr(sys, "_base_executable", sys.executable)).resolve()
+    subprocess.run([str(base), "-m", "venv", "--without-pip", str(root / "venv")], check=True)
+    ver = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    mine = Path(next(p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()))
+    site = root / "venv" / "lib" / ver / "site-packages"
+    shutil.rmtree(site)
+    if subprocess.run(["cp", "-al", str(mine), str(site)], capture_output=True).returncode:
+        pytest.skip(
+            "the fake /autograder's venv hard-links this venv's packages: needs them on the temp folder's filesystem"
+        )
+    for p in site.glob("__editable__*backprop*"):
+        p.unlink()
+    (site / "backprop_course.pth").write_text(str(root / "source" / gradescope.COURSE) + "\n")
+
+
+def _readable_by_all(path: Path) -> bool:
+    return all(os.stat(p).st_mode & 0o005 == 0o005 for p in [path, *path.parents] if p.is_dir())
+
+
+@pytest.fixture(scope="module")
+def zip_path(tmp_path_factory):
+    out = tmp_path_factory.mktemp("zip") / "autograder.zip"
+    assert labs.main(["gradescope", LAB, "--out", str(out), "--timeout", str(TIMEOUT)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def autograder(zip_path):
+    """A Gradescope-shaped /autograder (world-readable where Gradescope's is: the fallback's user reads Python there)."""
+    base = Path(tempfile.mkdtemp(prefix="gradescope-test-", dir="/tmp"))
+    os.chmod(base, 0o755)
+    root = base / "autograder"
+    root.mkdir(mode=0o755)
+    for d in ("source", "submission", "results"):
+        (root / d).mkdir(mode=0o755)
+    _unpack(zip_path, root / "source")
+    shutil.copy2(root / "source" / "run_autograder", root / "run_autograder")
+    _venv(root)
+    yield root
+    subprocess.run(["rm", "-rf", "--one-file-system", str(base)], check=False)
+
+
+def _run(root: Path, files: dict, mode: str = "bwrap") -> dict:
+    """run_autograder on a submission folder holding ``files`` ({name: text or bytes}); its results.json."""
+    sub, res = root / "submission", root / "results"
+    for d in (sub, res):
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(mode=0o755)
+    for name, data in files.items():
+        (sub / name).write_bytes(data if isinstance(data, bytes) else data.encode())
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", gradescope.FORCE)}
+    env["AUTOGRADER_ROOT"] = str(root)
+    if mode == "user":
+        env[gradescope.FORCE] = "user"
+    t0 = time.monotonic()
+    p = subprocess.run(
+        [str(root / "run_autograder")], cwd=root, env=env, capture_output=True, text=True, timeout=300
+    )
+    TIMES[f"{'+'.join(files) or 'nothing'} ({mode})"] = time.monotonic() - t0
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    out = json.loads((res / "results.json").read_text())
+    jsonschema.validate(out, SCHEMA)
+    out["_stdout"] = p.stdout
+    return out
+
+
+def _notebooks(root: Path) -> dict:
+    sol = _solutions(LAB)
+    fill = {
+        "root": str(root / "source" / gradescope.COURSE),
+        "subs": str(root / "submission"),
+        "out": str(root / "results" / "results.json"),
+        "lab": LAB,
+        "forged": FORGED,
+        "snippet": labs.secret_snippets(labs.read_nb(labs.source_path(LAB)))[0],
+    }
+    hostile = [REACH] + [
+        HOSTILE[k] for k in ("fake_output", "monkeypatch", "daemon", "leak_feedback", "rewrite_tests")
+    ]
+    return {
+        "honest": _submission(LAB, sol),
+        "partial": _submission(LAB, sol[:3]),
+        "empty": _submission(LAB),
+        "hostile": _submission(LAB, insert=[(0, code.format(**fill)) for code in hostile]),
+    }
+
+
+def _sandbox_processes() -> list[str]:
+    """Processes of a sandbox user (UID_BASE..): what a submission left running."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                uid = int(
+                    next(
+                        ln for ln in (d / "status").read_text().splitlines() if ln.startswith("Uid:")
+                    ).split()[1]
+                )
+            except (OSError, StopIteration):
+                continue
+            if labs.sandbox.UID_BASE <= uid < labs.sandbox.UID_BASE + labs.sandbox.UID_COUNT:
+                out.append(f"{d.name} uid {uid}")
+    return out
+
+
+@pytest.fixture(scope="module")
+def graded(autograder, tmp_path_factory):
+    """Every run, once: {(notebook, mode): results.json}, and grade's rows {notebook: row} on the same notebooks."""
+    nbs = _notebooks(autograder)
+    got = {}
+    for name, text in nbs.items():
+        got[name, "bwrap"] = _run(autograder, {f"{name}.ipynb": text})
+    user = _readable_by_all(Path(getattr(sys, "_base_executable", sys.executable)).resolve().parent)
+    for name in ("honest", "hostile") if user else ():
+        got[name, "user"] = _run(autograder, {f"{name}.ipynb": nbs[name]}, "user")
+        for _ in range(50):  # the guardian kills what the submission left, just after it ends
+            if not _sandbox_processes():
+                break
+            time.sleep(0.1)
+        got[name, "user"]["_left"] = _sandbox_processes()
+    subs = tmp_path_factory.mktemp("subs")
+    for name, text in nbs.items():
+        (subs / f"{name}.ipynb").write_text(text)
+    out = tmp_path_factory.mktemp("grades") / "gradebook.csv"
+    t0 = time.monotonic()
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tools" / "labs.py"),
+            "grade",
+            LAB,
+            str(subs),
+            "--out",
+            str(out),
+            "--timeout",
+            str(TIMEOUT),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    TIMES[f"grade, {len(nbs)} notebooks"] = time.monotonic() - t0
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    import csv
+
+    rows = {r["submission"]: r for r in csv.DictReader(out.open(encoding="utf-8"))}
+    feedback = {n: (out.parent / "gradebook_feedback" / f"{n}.txt").read_text() for n in nbs}
+    return got, rows, feedback, user
+
+
+# ------------------------------------------------------------------ the zip
+
+
+def test_the_command_writes_a_zip_for_every_lab_with_its_own_contract_only(tmp_path):
+    for lab in labs.labs():
+        out = tmp_path / f"{lab}.zip"
+        assert labs.main(["gradescope", lab, "--out", str(out)]) == 0
+        with zipfile.ZipFile(out) as z:
+            names = set(z.namelist())
+            modes = {i.filename: i.external_attr >> 16 & 0o777 for i in z.infolist()}
+            config = json.loads(z.read(gradescope.CONFIG))
+        assert {"setup.sh", "run_autograder", "requirements.txt", gradescope.CONFIG} <= names
+        assert modes["setup.sh"] == modes["run_autograder"] == 0o755
+        assert config == {"lab": lab, "timeout": None, "skip": [], "visibility": "after_due_date"}
+        contracts = {n for n in names if n.startswith(f"{gradescope.COURSE}/labs/source/contracts/")}
+        assert contracts == {f"{gradescope.COURSE}/labs/source/contracts/{x}.py" for x in ("contract", lab)}
+        assert f"{gradescope.COURSE}/tools/grader/gradescope.py" in names
+
+
+def test_bad_arguments_are_one_line_errors_naming_the_argument(tmp_path):
+    for argv, start in [
+        (["gradescope", "lab99"], "unknown lab 'lab99'"),
+        (["gradescope", LAB, "--visibility", "soon"], "--visibility: expected one of hidden, after_due_date"),
+        (["gradescope", LAB, "--skip-question", "ex9"], "lab01_cat_mlp has no question ex9"),
+        (["gradescope", LAB, "--timeout", "0"], "--timeout: expected seconds from 1 to 300"),
+    ]:
+        with pytest.raises(SystemExit) as e:
+            labs.main([*argv, "--out", str(tmp_path / "x.zip")])
+        assert str(e.value).startswith(start) and "\n" not in str(e.value), e.value
+    assert not (tmp_path / "x.zip").exists()
+
+
+def test_setup_sh_is_valid_bash_and_installs_what_the_course_pins(zip_path, tmp_path):
+    with zipfile.ZipFile(zip_path) as z:
+        setup, reqs = z.read("setup.sh").decode(), z.read("requirements.txt").decode()
+    (tmp_path / "setup.sh").write_text(setup)
+    assert subprocess.run(["bash", "-n", str(tmp_path / "setup.sh")]).returncode == 0
+    version = re.search(r"TORCH_VERSION:-([^}]+)\}", (ROOT / "tools" / "install.sh").read_text()).group(1)
+    assert f'"torch=={version}"' in setup and "download.pytorch.org/whl/cpu" in setup
+    assert "bubblewrap" in setup and "util-linux" in setup and "pip install -q --no-deps -e" in setup
+    assert "chmod -R go-rwx /autograder/source/course/labs/source" in setup
+    pinned = {ln.strip() for ln in (ROOT / "requirements.txt").read_text().splitlines()}
+    lines = [ln for ln in reqs.splitlines() if ln and not ln.startswith("#")]
+    assert lines and all(ln in pinned for ln in lines), lines
+    assert {re.split(r"[=<>;]", ln)[0].lower() for ln in lines} == set(gradescope.PACKAGES)
+
+
+# ------------------------------------------------------------------ grading in a Gradescope-shaped /autograder
+
+
+@pytest.mark.sandbox
+@pytest.mark.slow
+def test_every_total_equals_grade_on_the_same_notebooks_in_bubblewrap_and_the_fallback(graded):
+    got, rows, _, user = graded
+    assert float(rows["honest"]["total"]) == 11 and float(rows["empty"]["total"]) == 0
+    for (name, mode), res in got.items():
+        assert res["score"] == float(rows[name]["total"]), (name, mode, res["score"], rows[name])
+        exercises = [t for t in res["tests"] if t["name"] != gradescope.INSTRUCTOR_TEST]
+        assert [t["name"] for t in exercises] == [q for q, _ in labs.questions(LAB)]
+        for t in exercises:  # each exercise's points as grade's gradebook has them (pending review: 0 for now)
+            cell = rows[name][t["name"]]
+            assert t["score"] == (0.0 if cell == labs.PENDING else float(cell)), (name, mode, t, cell)
+            assert t["visibility"] == "after_due_date", t
+        assert sum(t["score"] for t in exercises) == res["score"]
+        assert sum(t["max_score"] for t in exercises) == 11
+    assert user, "the fallback was not run: this Python's folder is not readable by other users"
+
+
+@pytest.mark.sandbox
+@pytest.mark.slow
+def test_each_exercise_shows_the_students_feedback_line_as_grade_writes_it(graded):
+    got, _, feedback, _ = graded
+    for (name, _mode), res in got.items():
+        lines = [
+            ln.strip()
+            for ln in feedback[name].replace("feedback for " + name, "feedback for submission").splitlines()
+        ]
+        for t in res["tests"]:
+            if t["name"] != gradescope.INSTRUCTOR_TEST:
+                assert t["output"].splitlines()[0] in lines, (t["output"], feedback[name])
+                assert all(n in feedback[name] for n in t["output"].splitlines()[1:])
+        assert res["output"].splitlines()[:2] == lines[:2]  # the title and the score line
+
+
+@pytest.mark.sandbox
+@pytest.mark.slow
+def test_review_flags_and_the_sandbox_used_are_only_in_the_hidden_instructor_test(graded):
+    got, rows, _, _ = graded
+    for (name, mode), res in got.items():
+        hidden = [t for t in res["tests"] if t["visibility"] == "hidden"]
+        assert [t["name"] for t in hidden] == [gradescope.INSTRUCTOR_TEST] and hidden[0]["max_score"] == 0
+        text = hidden[0]["output"]
+        assert f"status: {rows[name]['status']}" in text and "flags:" in text and "review:" in text
+        assert (
+            "sandbox: bubblewrap" if mode == "bwrap" else "sandbox: the fallback without namespaces"
+        ) in text
+        assert res["stdout_visibility"] == "hidden"
+        shown = res["output"] + "".join(t["output"] for t in res["tests"] if t["visibility"] != "hidden")
+        assert "sandbox" not in shown and "flags" not in shown, shown
+
+
+@pytest.mark.sandbox
+@pytest.mark.slow
+def test_a_hostile_notebook_reaches_nothing_forges_nothing_and_leaks_no_hidden_material(graded):
+    got, _, _, _ = graded
+    secrets = labs.all_secrets()
+    for (name, mode), res in got.items():
+        text = json.dumps({k: v for k, v in res.items() if k != "_stdout"}, ensure_ascii=False)
+        assert not [s for s in secrets if labs.found(s, text)], (name, mode)
+        assert "LEAK" not in text and "99.0" not in text
+        if name == "hostile":
+            assert re.search(r"cell \d+: ValueError: reached: nothing", text), (mode, res["output"])
+            assert res["score"] == 0
+        if mode == "user":
+            assert res["_left"] == [], res["_left"]  # the daemon it started did not outlive it
+
+
+@pytest.mark.sandbox
+@pytest.mark.slow
+def test_corrupt_wrong_lab_and_missing_notebooks_get_a_one_line_result(autograder):
+    other = (ROOT / "labs" / "lab02_chain_rule.ipynb").read_text()
+    for files, start in [
+        ({"lab01.ipynb": b'{"cells": ['}, "corrupt: not a readable notebook"),
+        ({"lab02.ipynb": other}, "wrong-lab: a notebook for another lab"),
+        ({"answers.pdf": b"%PDF-1.4"}, "not-a-notebook: not an .ipynb file"),
+    ]:
+        res = _run(autograder, files, "user" if "lab02.ipynb" in files else "bwrap")
+        assert res["score"] == 0 and res["output"].startswith(start) and "\n" not in res["output"], res[
+            "output"
+        ]
+        assert all(t["score"] == 0 for t in res["tests"])
+
+
+def test_where_no_sandbox_holds_nothing_is_graded_and_results_json_says_why(tmp_path, monkeypatch):
+    root = tmp_path / "autograder"
+    (root / "source").mkdir(parents=True)
+    (root / "submission").mkdir()
+    (root / "source" / gradescope.CONFIG).write_text(json.dumps({"lab": LAB, "timeout": None, "skip": []}))
+    (root / "submission" / "a.ipynb").write_text(_submission(LAB))
+    monkeypatch.setenv(gradescope.FORCE, "user")
+    monkeypatch.setattr(labs.sandbox, "user_mode_reason", lambda: "setpriv (util-linux) not installed")
+    monkeypatch.setattr(labs, "grading_run", lambda *a, **k: pytest.fail("graded without a sandbox"))
+    res = gradescope.run(root)
+    jsonschema.validate(res, SCHEMA)
+    assert res["score"] == 0 and res["tests"] == [] and "\n" not in res["output"]
+    assert res["output"].startswith(
+        "Not graded: the autograder refuses to run your notebook here (no sandbox"
+    )
+    assert "setpriv (util-linux) not installed" in res["output"]
+    assert json.loads((root / "results" / "results.json").read_text())["output"] == res["output"]
+
+
+@pytest.mark.sandbox
+@pytest.mark.slow
+def test_times(graded):
+    """Not a check: the seconds each run took, for pages/testing.md and the issue (shown with -s)."""
+    for k, v in TIMES.items():
+        print(f"[gradescope] {k}: {v:.1f} s")
