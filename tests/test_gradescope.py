@@ -81,6 +81,9 @@ REACH = (
     "for p in ('{root}/labs/source', '{root}/labs/source/contracts/{lab}.py'):\n"
     "    if os.access(p, os.R_OK):\n        found.append('read ' + p)\n"
     "try:\n    open('{out}', 'w').write({forged!r})\n    found.append('wrote results.json')\nexcept OSError:\n    pass\n"
+    "status = open('/proc/self/status').read()\n"
+    "if os.getuid() == 0 or 'CapEff:\\t0000000000000000' not in status or 'NoNewPrivs:\\t1' not in status:\n"
+    "    found.append('privileges')\n"
     "raise ValueError('reached: ' + (', '.join(found) or 'nothing'))"
 )
 TIMES: dict[str, float] = {}
@@ -251,6 +254,7 @@ def graded(autograder, tmp_path_factory):
 # ------------------------------------------------------------------ the zip
 
 
+@pytest.mark.slow
 def test_the_command_writes_a_zip_for_every_lab_with_its_own_contract_only(tmp_path):
     for lab in labs.labs():
         out = tmp_path / f"{lab}.zip"
@@ -288,7 +292,7 @@ def test_setup_sh_is_valid_bash_and_installs_what_the_course_pins(zip_path, tmp_
     version = re.search(r"TORCH_VERSION:-([^}]+)\}", (ROOT / "tools" / "install.sh").read_text()).group(1)
     assert f'"torch=={version}"' in setup and "download.pytorch.org/whl/cpu" in setup
     assert "bubblewrap" in setup and "util-linux" in setup and "pip install -q --no-deps -e" in setup
-    assert "chmod -R go-rwx /autograder/source/course/labs/source" in setup
+    assert "chmod -R go-rwx /autograder/source/course/labs/source" in setup and "[setup] torch" in setup
     pinned = {ln.strip() for ln in (ROOT / "requirements.txt").read_text().splitlines()}
     lines = [ln for ln in reqs.splitlines() if ln and not ln.startswith("#")]
     assert lines and all(ln in pinned for ln in lines), lines
@@ -307,7 +311,9 @@ def test_every_total_equals_grade_on_the_same_notebooks_in_bubblewrap_and_the_fa
         assert res["score"] == float(rows[name]["total"]), (name, mode, res["score"], rows[name])
         exercises = [t for t in res["tests"] if t["name"] != gradescope.INSTRUCTOR_TEST]
         assert [t["name"] for t in exercises] == [q for q, _ in labs.questions(LAB)]
-        for t in exercises:  # each exercise's points as grade's gradebook has them (pending review: 0 for now)
+        for (
+            t
+        ) in exercises:  # each exercise's points as grade's gradebook has them (pending review: 0 for now)
             cell = rows[name][t["name"]]
             assert t["score"] == (0.0 if cell == labs.PENDING else float(cell)), (name, mode, t, cell)
             assert t["visibility"] == "after_due_date", t
@@ -330,6 +336,9 @@ def test_each_exercise_shows_the_students_feedback_line_as_grade_writes_it(grade
                 assert t["output"].splitlines()[0] in lines, (t["output"], feedback[name])
                 assert all(n in feedback[name] for n in t["output"].splitlines()[1:])
         assert res["output"].splitlines()[:2] == lines[:2]  # the title and the score line
+        assert "Per exercise, how many hidden tests pass shows after the due date." in res["output"]
+        assert res["output"].endswith("\n".join(labs.FEEDBACK_TAIL))
+        assert res["_stdout"].startswith(f"[gradescope] {LAB}: sandbox: ")
 
 
 @pytest.mark.sandbox
@@ -359,20 +368,20 @@ def test_a_hostile_notebook_reaches_nothing_forges_nothing_and_leaks_no_hidden_m
         assert not [s for s in secrets if labs.found(s, text)], (name, mode)
         assert "LEAK" not in text and "99.0" not in text
         if name == "hostile":
-            assert re.search(r"cell \d+: ValueError: reached: nothing", text), (mode, res["output"])
+            assert re.search(r"cell \d+: ValueError: reached: nothing", res["output"]), (mode, res["output"])
             assert res["score"] == 0
         if mode == "user":
             assert res["_left"] == [], res["_left"]  # the daemon it started did not outlive it
+            assert "limits: fallback without namespaces" in res["_stdout"]
 
 
 @pytest.mark.sandbox
 @pytest.mark.slow
-def test_corrupt_wrong_lab_and_missing_notebooks_get_a_one_line_result(autograder):
+def test_corrupt_and_wrong_lab_notebooks_get_a_one_line_result(autograder):
     other = (ROOT / "labs" / "lab02_chain_rule.ipynb").read_text()
     for files, start in [
         ({"lab01.ipynb": b'{"cells": ['}, "corrupt: not a readable notebook"),
         ({"lab02.ipynb": other}, "wrong-lab: a notebook for another lab"),
-        ({"answers.pdf": b"%PDF-1.4"}, "not-a-notebook: not an .ipynb file"),
     ]:
         res = _run(autograder, files, "user" if "lab02.ipynb" in files else "bwrap")
         assert res["score"] == 0 and res["output"].startswith(start) and "\n" not in res["output"], res[
@@ -406,3 +415,40 @@ def test_times(graded):
     """Not a check: the seconds each run took, for pages/testing.md and the issue (shown with -s)."""
     for k, v in TIMES.items():
         print(f"[gradescope] {k}: {v:.1f} s")
+
+
+def test_the_fallbacks_filter_refuses_inet_sockets_and_io_uring_and_allows_unix_ones():
+    import ctypes
+    import socket
+
+    pid = os.fork()
+    if pid == 0:  # the filter stays on this child: it reports by its exit status
+        code = 1
+        try:
+            labs.sandbox.deny_network()
+            try:
+                socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            except PermissionError:
+                a, b = socket.socketpair(socket.AF_UNIX)
+                libc = ctypes.CDLL(None, use_errno=True)
+                params = ctypes.create_string_buffer(120)
+                if libc.syscall(425, 1, params) == -1 and ctypes.get_errno() == 13:  # io_uring_setup: EACCES
+                    code = 0
+        finally:
+            os._exit(code)
+    assert os.waitpid(pid, 0)[1] == 0
+
+
+@pytest.mark.sandbox
+@pytest.mark.parametrize(
+    "found, says", [({"network": True}, "reaches the network"), ({"readable": ["/x"]}, "can read /x")]
+)
+def test_the_probe_refuses_a_sandbox_that_reaches_the_network_or_reads_the_sources(monkeypatch, found, says):
+    got = {"helpers": str(ROOT / "helpers" / "__init__.py"), "network": False, "readable": [], **found}
+    monkeypatch.setattr(labs, "PROBE", f"print({json.dumps(json.dumps(got))})")
+    run = labs.Run("user" if labs.sandbox.user_mode_reason() is None else "bwrap")
+    try:
+        problem = labs.setup_problem(run, False)
+    finally:
+        run.close()
+    assert problem and says in problem and "\n" not in problem, problem
