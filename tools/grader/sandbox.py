@@ -204,6 +204,11 @@ def _filter_holds() -> str:
 _USER: dict = {}
 
 
+def _others_reach(path: Path) -> bool:
+    """Whether a user with no rights of its own can reach ``path`` (every folder above it: r and x for others)."""
+    return all(os.stat(d).st_mode & 0o005 == 0o005 for d in path.parents if d.is_dir())
+
+
 def user_mode_reason() -> str | None:
     """Why the fallback (``mode="user"``: no namespaces, an unprivileged user, the network filter)
     cannot hold here (one line), or None when it can."""
@@ -218,8 +223,14 @@ def user_mode_reason() -> str | None:
             if missing:
                 why = f"{' and '.join(missing)} (util-linux) not installed"
             else:
-                held = _filter_holds()
-                why = f"no seccomp network filter here ({held})" if held else None
+                hidden = [
+                    q for q in (Path(sys.base_prefix), Path(sys.executable).resolve()) if not _others_reach(q)
+                ]
+                held = None if hidden else _filter_holds()
+                if hidden:
+                    why = f"the submissions' user cannot reach this Python ({hidden[0]}: a folder above it is not world-readable)"
+                elif held:
+                    why = f"no seccomp network filter here ({held})"
         _USER["why"] = why
     return _USER["why"]
 
