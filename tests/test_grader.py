@@ -35,7 +35,7 @@ TIMEOUT = 150  # seconds per notebook; a real one takes 4-10 s
 # the hostile batch's limit: about what `grade` gives lab 1 by itself (10 × the solutions' 4 s, at least
 # 30 s), with room for a busy machine; its fork bomb and hogs hold their slots for this long
 BATCH_TIMEOUT = 60
-LOOP_TIMEOUT = 30  # the infinite loops are graded on their own, so the suite need not wait 150 s
+LOOP_TIMEOUT = 16  # the infinite loops are graded on their own (a cell may spin 4 s; lab 1 grades in about 3)
 # a loop that catches what stops its cell: only the notebook's time limit ends it (it waits rather
 # than spins: what it proves is the same, and the suite's other worker keeps the core for 30 s)
 STUBBORN_LOOP = (
@@ -750,7 +750,7 @@ def test_the_instructors_page_states_the_points_graded_in_the_harness_as_measure
     page = " ".join((ROOT / "labs" / "instructors.md").read_text().split())
     assert f"all {total:g} points of the eleven labs are graded in the harness" in page
     classes = sum(len(e.classes) for lab in labs.labs() for e in labs.contract(lab).exercises.values())
-    assert n_tests == classes and "lab01_cat_mlp: 11 points, 34 hidden tests" in text, text
+    assert n_tests == classes and "lab01_cat_mlp: 11 points, 38 hidden tests" in text, text
 
 
 @pytest.mark.sandbox
@@ -1243,6 +1243,21 @@ MUTANTS = {
                 "    return (grad_x, grad_A, grad_B)",
                 "    return tuple(v if n else None for v, n in zip((grad_x, grad_A, grad_B), needs))",
             ),
+        ],
+    ),
+    # issue 33's fourth red team: a backward by central differences of the student's own forward, exact to
+    # the tolerance on every small case; the large class's "writes" rule counts the forward passes
+    "grad_W2 by finite differences (lab 1)": (
+        "lab01_cat_mlp",
+        "ex3",
+        [
+            (
+                "    grad_W2 = torch.outer(grad_y_hat, a)  # SOLUTION",
+                "    grad_W2 = torch.zeros_like(W2)\n    for k in range(W2.numel()):\n"
+                "        up, down = W2.clone(), W2.clone()\n        up.view(-1)[k] += 1.0\n"
+                "        down.view(-1)[k] -= 1.0\n"
+                "        grad_W2.view(-1)[k] = ((grad_y_hat * (up @ a)).sum() - (grad_y_hat * (down @ a)).sum()) / 2",
+            )
         ],
     ),
     "micro-batch losses summed (lab 11)": (

@@ -3,7 +3,7 @@
 The lab 1 zip is unpacked into a temporary root shaped like Gradescope's /autograder (source/, the
 zip's contents; submission/; results/; run_autograder; venv/, the Python setup.sh would make: here
 this venv's packages, hard-linked, with the unpacked course's helpers), and run_autograder grades
-honest, partial, empty and hostile notebooks in bubblewrap and in the fallback without namespaces
+honest, empty and hostile notebooks in bubblewrap and in the fallback without namespaces
 (forced with BACKPROP_SANDBOX=user), each to the total `tools/labs.py grade` gives the same notebook.
 """
 
@@ -199,7 +199,6 @@ def _notebooks(root: Path) -> dict:
     ]
     return {
         "honest": _submission(LAB, sol),
-        "partial": _submission(LAB, sol[:3]),
         "empty": _submission(LAB),
         "hostile": _submission(LAB, insert=[(0, code.format(**fill)) for code in hostile]),
     }

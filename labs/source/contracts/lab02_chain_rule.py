@@ -21,7 +21,7 @@ import math
 import hypothesis.extra.numpy as hnp
 import hypothesis.strategies as st
 import torch
-from contract import Case, CaseClass, Contract, Exercise
+from contract import Case, CaseClass, Contract, Exercise, large_class
 
 from helpers.device import randn
 from helpers.labcontract import FUNCTIONS
@@ -189,6 +189,7 @@ ex2 = Exercise(
             lambda p, s: _dense(p[0], *p[1], s, transposed=True),
             **F64_TOL,
         ),
+        large_class("X (8, 32), W (32, 16)", lambda s: _dense((8,), 32, 16, s), **F64_TOL),
     ],
     points=3,
     by_hand=("autograd", "helpers.numgrad.linear_backward"),
@@ -239,6 +240,7 @@ ex3 = Exercise(
             lambda p, s: _residual(p[0], p[1], s, zero_W=True),
             **F64_TOL,
         ),
+        large_class("X (8, 32), W (32, 32)", lambda s: _residual(8, 32, s), **F64_TOL),
     ],
     points=2,
     by_hand=("autograd", "helpers.numgrad.linear_backward"),
@@ -330,6 +332,7 @@ ex4 = Exercise(
             lambda p, s: _tiled(*p[:2], s, p[2]),
             **F64_TOL,
         ),
+        large_class("x (16, 16) repeated (2, 2)", lambda s: _tiled((16, 16), (2, 2), s, False), **F64_TOL),
     ],
     points=3,
     by_hand=("autograd", "helpers.numgrad.unbroadcast"),

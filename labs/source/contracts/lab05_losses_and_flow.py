@@ -36,7 +36,7 @@ import math
 import hypothesis.strategies as st
 import torch
 import torch.nn.functional as F
-from contract import Case, CaseClass, Contract, Exercise
+from contract import Case, CaseClass, Contract, Exercise, large_class
 
 from helpers.device import randn
 from helpers.labcontract import Made
@@ -158,6 +158,9 @@ ex1 = Exercise(
             lambda p, s: _ce(*p[0][0], s, ignored=p[0][1], eps=p[1], dtype=F32),
             atol=1e-6,
             rtol=1e-5,
+        ),
+        large_class(
+            "logits (16, 64), label_smoothing 0.1", lambda s: _ce(16, 64, s, ignored=(1, 5), eps=0.1), **TOL
         ),
     ],
     points=2,

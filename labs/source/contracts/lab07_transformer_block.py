@@ -34,7 +34,7 @@ import hypothesis.extra.numpy as hnp
 import hypothesis.strategies as st
 import torch
 import torch.nn.functional as F
-from contract import Case, CaseClass, Contract, Exercise
+from contract import Case, CaseClass, Contract, Exercise, large_class
 
 from helpers.attention import attention_forward, causal_mask, merge_heads, split_heads
 from helpers.block import BLOCK_PARAM_NAMES, block_params
@@ -139,6 +139,7 @@ ex1 = Exercise(
             lambda p, s: _ln_case(p[0], p[1], s, dtype=F32),
             **F32_TOL,
         ),
+        large_class("x (4, 8, 64)", lambda s: _ln_case((4, 8), 64, s), **F64_TOL),
     ],
     points=2,
     by_hand=("autograd", "helpers.block.block_manual_backward", "helpers.functions.layernorm_backward"),
@@ -377,6 +378,7 @@ ex4 = Exercise(
         _tied_class("the chunk ends the context (start + N = n_ctx)", end=True),
         _tied_class("there is one sequence (B = 1)", B=(1, 1)),
         _tied_class("grad_X0 is float32", dtype=F32),
+        large_class("B 2, N 8, d 16, V 64", lambda s: _tied_case(2, 8, 16, 64, 12, 2, s), **F64_TOL),
     ],
     points=1,
     by_hand=("autograd", "helpers.block.block_manual_backward", "helpers.gpt.embedding_backward"),
@@ -500,6 +502,7 @@ ex5 = Exercise(
             st.tuples(st.integers(3, 5), st.integers(2, 3)),
             lambda p, s: _block_case(1, p[0], 2, p[1], s, activation="gelu", causal=True),
         ),
+        large_class("B 2, N 8, H 2, d_h 8", lambda s: _block_case(2, 8, 2, 8, s), **F64_TOL),
     ],
     calls=("ex1", "ex3"),
     points=3,

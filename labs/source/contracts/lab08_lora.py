@@ -35,7 +35,7 @@ import math
 import contract as machinery
 import hypothesis.strategies as st
 import torch
-from contract import Case, CaseClass, Contract, Exercise
+from contract import Case, CaseClass, Contract, Exercise, large_class
 
 from helpers.device import rand, randn
 from helpers.labcontract import Made
@@ -113,6 +113,7 @@ ex1 = Exercise(
             lambda p, s: _wp_case(*p[0], p[1], s, dtype=F32),
             **F32_TOL,
         ),
+        large_class("W (32, 32), r 4", lambda s: _wp_case(32, 32, 4, 0.7, s), **F64_TOL),
     ],
     points=2,
     by_hand=("autograd",),
@@ -257,6 +258,7 @@ ex2 = Exercise(
             lambda p, s: _huge_case(8, HUGE, p[0], 8, p[1], s, (False, False, True)),
             **HUGE_TOL,
         ),
+        large_class("x (8, 32), W (32, 32), r 4", lambda s: _backward_case(8, 32, 32, 4, 1.3, s), **F64_TOL),
     ],
     probe="products_formed",
     points=2,
@@ -515,6 +517,9 @@ ex5 = Exercise(
             st.tuples(st.sampled_from([2, 4]), scale),
             lambda p, s: _fn_case((p[0], 8 // p[0]), HUGE, 8, 8, p[1], s, wrt=(3,), huge=True),
             **HUGE_TOL,
+        ),
+        large_class(
+            "x (2, 4, 32), W (32, 32), r 4", lambda s: _fn_case((2, 4), 32, 32, 4, 0.7, s), **F64_TOL
         ),
     ],
     probe="products_formed",

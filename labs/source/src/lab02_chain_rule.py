@@ -20,6 +20,12 @@
 # what is wrong and, where it can tell, which mistake explains it, or `·` not implemented
 # yet. Your instructor grades the notebook you hand in with hidden tests that call the same
 # functions on other inputs.
+#
+# **By hand** means derived: exercises 2–4 may not call autograd, and an estimate by finite
+# differences (exercise 1's tool: the forward run again for each input entry) does not count
+# there either. One kind of case of each of them is large, and there the self-check and the
+# hidden tests count the tensor entries your code writes: at most 10 × what the course's backward
+# writes, room enough for any derived backward (loops and float64 copies included).
 
 # %% tags=["remove-cell"]
 # Colab setup (hidden on the site): installs the course helpers in Colab only.

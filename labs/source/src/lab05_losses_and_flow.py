@@ -23,6 +23,12 @@
 # tell, which mistake explains it), or `·` not implemented yet. Your instructor grades the
 # notebook you hand in with hidden tests that call the same functions on other cases of the
 # same kinds.
+#
+# **By hand** means derived: a graded backward may not call autograd, and an estimate by finite
+# differences (the forward run again for each input entry) does not count either. One kind of
+# case of each backward is large, and there the self-check and the hidden tests count the tensor
+# entries your code writes, forward and backward: at most 10 × what the course's backward
+# writes, room enough for any derived backward (loops and float64 copies included).
 
 # %% tags=["remove-cell"]
 # Colab setup (hidden on the site): installs the course helpers in Colab only.
