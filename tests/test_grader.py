@@ -459,10 +459,13 @@ def test_notes_and_feedback_name_the_cause_and_never_quote_hidden_material(redte
     assert "lab02_chain_rule" in rows["wrong_lab"]["notes"]
     assert "MemoryError" in rows["memory_bomb"]["notes"]
     assert "message withheld" in rows["leak_feedback"]["notes"]
-    assert (
-        "ex1: your function returned None (or ...) in every hidden test: not written yet"
-        in rows["empty"]["notes"]
-    )
+    # every exercise, its large class too (there the worker runs the probe: a stub's TypeError read "raised")
+    for q in ("ex1", "ex2", "ex3", "ex4", "ex5", "ex6"):
+        assert (
+            f"{q}: your function returned None (or ...) in every hidden test: not written yet"
+            in (rows["empty"]["notes"])
+        ), rows["empty"]["notes"]
+    assert "raised" not in rows["empty"]["notes"], rows["empty"]["notes"]
     assert (
         "getattr" in rows["guards_off"]["flags"]
         and "wait for your instructor's review" in rows["guards_off"]["notes"]
@@ -1314,7 +1317,7 @@ def test_a_product_formed_in_the_workers_process_is_seen_in_every_class_not_only
     """products_formed runs the call, and its trace, where the answer runs: across the boundary as in the
     self-check (the harness's own trace saw none of the worker's ops: 1 of 9 classes lost, the capped one)."""
     got = _graded_with_mistakes(_mutant_group("gᵀx formed for a frozen W in LoRALinearFn (lab 8)"))
-    assert got["ex5"] == (1, 9), got  # only "W is trainable (it gets gᵀx)" may form it
+    assert got["ex5"] == (1, 10), got  # only "W is trainable (it gets gᵀx)" may form it
 
 
 def _mutant_group(name: str) -> tuple:

@@ -151,17 +151,6 @@ class Across(torch.autograd.Function):
         return (None, *[g if isinstance(g, torch.Tensor) else None for g in grads])
 
 
-def _empty(value) -> bool:
-    """None, `...`, or a tuple/list/dict of only those: what a stub returns."""
-    if value is None or value is Ellipsis:
-        return True
-    if isinstance(value, (list, tuple)) and value:
-        return all(_empty(v) for v in value)
-    if isinstance(value, dict) and value:
-        return all(_empty(v) for v in value.values())
-    return False
-
-
 def _replace(value, new: iter):
     """``value`` with its tensors replaced, in order, by ``new``'s."""
     if isinstance(value, torch.Tensor):
@@ -227,6 +216,9 @@ class HarnessPeer(wire.Peer):
         no limit); with ``trace``, also {"trace": what the call computed} (helpers.labcontract.traced)."""
         value = (fn, tuple(args), dict(kwargs), inner, dict(options or {}), budget and int(budget), trace)
         reply = self.request({"op": "capped", "opts": {"exercise": self.exercise}}, value, True)
+        if isinstance(reply, dict) and reply.get("stub") is True:  # the test fails quietly: "not written yet"
+            self.returned_nothing.add(self.exercise)
+            raise ValueError("the answer is still the stub")
         if isinstance(reply, dict) and reply.get("changed") and not self.in_place:
             raise InPlaceEdit(f"changed {len(reply['changed'])} of its tensor arguments in place")
         return reply
@@ -255,7 +247,7 @@ class HarnessPeer(wire.Peer):
                 else:
                     t.grad = grad
         result = reply["result"]
-        if _empty(result):
+        if wire.stub_value(result):
             self.returned_nothing.add(self.exercise)
         if not track:
             return result

@@ -808,6 +808,17 @@ def _plain(v) -> bool:
     return False
 
 
+def stub_value(value) -> bool:
+    """None, `...`, or a tuple/list/dict of only those: what a stub returns."""
+    if value is None or value is Ellipsis:
+        return True
+    if isinstance(value, (list, tuple)) and value:
+        return all(stub_value(v) for v in value)
+    if isinstance(value, dict) and value:
+        return all(stub_value(v) for v in value.values())
+    return False
+
+
 def values_only(value, depth: int = 0) -> bool:
     """Whether ``value`` crosses by value alone: plain data and tensors in tuples, lists and str-keyed dicts."""
     if depth > MAX_DEPTH:

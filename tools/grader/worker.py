@@ -38,9 +38,13 @@ wire = module_at("wire", os.path.join(os.path.dirname(os.path.abspath(__file__))
 
 # bound here, before any student code runs: a submission that rebinds helpers.memory.saved_in_graph
 # (a plain attribute assignment, which reach.py does not flag) does not change what these names call
+from helpers.labcheck import _is_todo_error as IS_STUB  # noqa: E402  (the self-check's "· not implemented yet")
 from helpers.labcontract import run_probe as RUN_PROBE  # noqa: E402
 from helpers.labcontract import traced as TRACED  # noqa: E402
 from helpers.memory import saved_in_graph  # noqa: E402
+
+# a probe that raised because the answer is still the stub (a `...` in it): said as such, not as an error
+STUB_REPLY = {"result": None, "over": False, "stub": True, "changed": []}
 
 AUTOGRAD = "autograd"
 
@@ -535,9 +539,15 @@ def capped(msg, value):
             else:
                 reply = {"result": RUN_PROBE(inner, fn, args, kwargs, options), "over": False}
             reply["changed"] = _values_changed(ins, before)
+        except Exception as e:
+            if not IS_STUB(e):
+                raise
+            reply = STUB_REPLY
         finally:
             STATE["exercise"], STATE["ours"] = None, False
         if not wire.values_only(reply):
+            if wire.stub_value(reply["result"]):  # `...` cannot cross: the answer is still the stub
+                return STUB_REPLY
             raise TypeError("returned an object that is not a value")
         return reply
     said, tell = os.pipe()  # the child's by-hand violations, back to this process's STATE
@@ -558,11 +568,15 @@ def capped(msg, value):
                     reply = {"result": RUN_PROBE(inner, fn, args, kwargs, options), "over": False}
                 reply["changed"] = _values_changed(ins, before)
                 if not wire.values_only(reply):  # a handle made here would die with this process
-                    raise TypeError("returned an object that is not a value")
+                    if not wire.stub_value(reply["result"]):
+                        raise TypeError("returned an object that is not a value")
+                    reply = STUB_REPLY
                 PEER.send({"kind": "reply"}, reply, True)
             except BaseException as e:  # noqa: BLE001 - the student's error is the answer
                 if _over_memory(e):
                     PEER.send({"kind": "reply"}, {"result": None, "over": True}, True)
+                elif IS_STUB(e):
+                    PEER.send({"kind": "reply"}, STUB_REPLY, True)
                 else:
                     PEER.send({"kind": "reply", "error": type(e).__name__, "message": str(e)[:300]})
             code = 0
