@@ -282,11 +282,18 @@ def grade_here(root: Path, config: dict) -> dict:
         os.chmod(labs.SOURCES, 0o700)
     sub = labs.collect.one_student(root / "submission", "submission")
     where = ((root / "submission", "<submission>"), (root, "<autograder>"))
-    try:
-        with labs.grading_run(lab, qs, config.get("timeout"), skip, False, mode) as (run, timeout):
-            row, detail = labs.grade_one(run, lab, sub, qs, timeout, skip, False, labs.all_secrets(), where)
-    except SystemExit as e:  # the grader's refusal: nobody is graded
-        return not_graded(f"Not graded: {str(e).removeprefix('refusing to grade: ')}.", lab)
+    nb, bad = labs.read_submission(sub.path)
+    if bad or labs.identify(nb, lab)[0] == "wrong-lab":  # nothing of it runs: no sandbox to set up
+        row, detail = labs.grade_one(None, lab, sub, qs, 0, skip, False, labs.all_secrets(), where)
+        line, timeout = f"{line} (not started: nothing to run)", 0
+    else:
+        try:
+            with labs.grading_run(lab, qs, config.get("timeout"), skip, False, mode) as (run, timeout):
+                row, detail = labs.grade_one(
+                    run, lab, sub, qs, timeout, skip, False, labs.all_secrets(), where
+                )
+        except SystemExit as e:  # the grader's refusal: nobody is graded
+            return not_graded(f"Not graded: {str(e).removeprefix('refusing to grade: ')}.", lab)
     _, flagged = labs.similarity_flags(lab, [(row, detail)])
     row["flags"] = "; ".join(filter(None, [row["flags"], *flagged.get(row["submission"], [])]))
     out = results(lab, row, detail, qs, skipped, f"{line}; time limit {timeout:.0f} s", config)
