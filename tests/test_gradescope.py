@@ -319,8 +319,9 @@ def test_setup_sh_is_valid_bash_and_installs_what_the_course_pins(zip_path, tmp_
 
 @pytest.mark.sandbox
 @pytest.mark.slow
-def test_every_total_equals_grade_on_the_same_notebooks_in_bubblewrap_and_the_fallback(graded):
+def test_every_total_equals_grade_on_the_same_notebooks_in_bubblewrap_and_the_fallback(graded, figure):
     got, rows, _, user = graded
+    figure("[gradescope] seconds per run_autograder: " + ", ".join(f"{k} {v:.1f}" for k, v in TIMES.items()))
     assert float(rows["honest"]["total"]) == 11 and float(rows["empty"]["total"]) == 0
     # the released notebook as it is: every exercise reads "not written yet", none "raised"
     for t in got["empty", "bwrap"]["tests"]:
@@ -427,14 +428,6 @@ def test_where_no_sandbox_holds_nothing_is_graded_and_results_json_says_why(tmp_
     )
     assert "setpriv (util-linux) not installed" in res["output"]
     assert json.loads((root / "results" / "results.json").read_text())["output"] == res["output"]
-
-
-@pytest.mark.sandbox
-@pytest.mark.slow
-def test_times(graded):
-    """Not a check: the seconds each run took, for pages/testing.md and the issue (shown with -s)."""
-    for k, v in TIMES.items():
-        print(f"[gradescope] {k}: {v:.1f} s")
 
 
 def test_the_fallbacks_filter_refuses_inet_sockets_and_io_uring_and_allows_unix_ones():
