@@ -205,19 +205,18 @@ def _notebooks(root: Path) -> dict:
 
 
 def _sandbox_processes() -> list[str]:
-    """Processes of a sandbox user (UID_BASE..): what a submission left running."""
+    """Processes of a sandbox user (UID_BASE..) in this PID namespace: what a fallback submission left
+    running (bubblewrap's, a concurrent test's gradings, each have a PID namespace of their own)."""
     out = []
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                uid = int(
-                    next(
-                        ln for ln in (d / "status").read_text().splitlines() if ln.startswith("Uid:")
-                    ).split()[1]
-                )
-            except (OSError, StopIteration):
+                status = dict(ln.split(":", 1) for ln in (d / "status").read_text().splitlines() if ":" in ln)
+                uid, nspid = int(status["Uid"].split()[0]), status.get("NSpid", "").split()
+            except (OSError, KeyError, ValueError):
                 continue
-            if labs.sandbox.UID_BASE <= uid < labs.sandbox.UID_BASE + labs.sandbox.UID_COUNT:
+            own = labs.sandbox.UID_BASE <= uid < labs.sandbox.UID_BASE + labs.sandbox.UID_COUNT
+            if own and len(nspid) <= 1:
                 out.append(f"{d.name} uid {uid}")
     return out
 
