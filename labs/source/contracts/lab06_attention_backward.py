@@ -484,6 +484,11 @@ ex4 = Exercise(
         _grads_class("key_padding_mask pads every key of a batch row (zeros, no NaN)", "pad_all"),
         _grads_class("causal=False with align and window given (no mask at all)", "not_causal"),
         _grads_class("scale is 0-dim and Bias is (Nq, Nk)", "scalar"),
+        large_class(
+            "B = H = 2, Nq = 8, Nk = 12, d = 8, causal",
+            lambda s: _grads((2, 2, 8, 12, 8, 8), s, "causal"),
+            **TOL,
+        ),
     ],
     calls=("ex1", "ex2", "ex3"),
     points=3,

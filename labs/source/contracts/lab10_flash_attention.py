@@ -39,7 +39,7 @@ import math
 
 import hypothesis.strategies as st
 import torch
-from contract import Case, CaseClass, Contract, Exercise
+from contract import Case, CaseClass, Contract, Exercise, large_class
 
 from helpers.device import randn
 
@@ -483,6 +483,9 @@ ex3b = Exercise(
         _bwd_class("B > 1 (grad_slopes sums over the batch)", _shapes(B=st.integers(2, 3))),
         _bwd_class("the slopes are 0 (plain attention)", _shapes(), "zero"),
         _bwd_class("a slope is steep (4: far keys get ~0 weight)", _shapes(), "steep"),
+        large_class(
+            "H = 2, Nq = Nk = 16, d = 8", lambda s: _bwd_case((1, 2, 16, 16, 8, 4, 4), s, "plain"), **TOL
+        ),
     ],
     question="ex3",
     rules={"avoids": ("softmax",)},  # "do not call torch.softmax"
@@ -539,6 +542,9 @@ ex4 = Exercise(
             "Nq, Nk = 40–48 in blocks of 8 (no room for the whole (B, H, Nq, Nk) matrices)",
             _long(),
             rules={"largest": _tiled_bwd_room},
+        ),
+        large_class(
+            "H = 2, Nq = Nk = 16, d = 8, blocks of 4", lambda s: _tbwd_case((1, 2, 16, 16, 8, 4, 4), s), **TOL
         ),
     ],
     question="ex4",
@@ -778,7 +784,14 @@ ex6 = Exercise(
         "grad_slopes",
         "what it saves (shapes)",
     ),
-    _fn_classes(wrapper=False),
+    _fn_classes(wrapper=False)
+    + [
+        large_class(
+            "H = 2, Nq = Nk = 16, d = 8, blocks of 4, causal",
+            lambda s: _fn_case((1, 2, 16, 16, 8, 4, 4), s, (True, None)),
+            **TOL,
+        )
+    ],
     question="ex6",
     probe="backward_saving",
     calls=("ex5b", "ex5c"),
