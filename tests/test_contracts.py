@@ -428,6 +428,24 @@ def test_a_backward_by_finite_differences_gets_a_cross_on_both_sides_on_the_larg
     c.hidden_check("ex3", c.exercises["ex3"].reference, large[0])
 
 
+def test_every_backward_a_question_asks_by_hand_declares_a_large_case_where_its_work_is_measured():
+    """By construction, not by a list: an exercise returning a gradient whose question forbids autograd
+    has a class with the "writes" rule (lab 9's backward is autograd's by design: its questions allow it)."""
+    missing = []
+    for lab in LABS:
+        c = contract.load(lab)
+        first: dict = {}
+        for e in c.exercises.values():
+            first.setdefault(e.question, e)
+        for e in c.exercises.values():
+            derived = "autograd" in first[e.question].by_hand and any(
+                str(o).startswith("grad_") for o in e.outputs
+            )
+            if derived and not any("writes" in {**e.rules, **k.rules} for k in e.classes):
+                missing.append(f"{lab} {e.name}")
+    assert not missing, missing
+
+
 def test_every_lab_that_measures_the_work_says_so_in_its_prompt_with_the_factor_it_uses():
     measured = {
         lab

@@ -753,7 +753,8 @@ def test_the_instructors_page_states_the_points_graded_in_the_harness_as_measure
     page = " ".join((ROOT / "labs" / "instructors.md").read_text().split())
     assert f"all {total:g} points of the eleven labs are graded in the harness" in page
     classes = sum(len(e.classes) for lab in labs.labs() for e in labs.contract(lab).exercises.values())
-    assert n_tests == classes and "lab01_cat_mlp: 11 points, 38 hidden tests" in text, text
+    lab1 = sum(len(e.classes) for e in labs.contract(LAB).exercises.values())
+    assert n_tests == classes and f"lab01_cat_mlp: 11 points, {lab1} hidden tests" in text, text
 
 
 @pytest.mark.sandbox
@@ -1554,7 +1555,27 @@ def test_the_allow_list_never_holds_what_computes_a_gradient_unseen_or_reaches_t
     assert reach.allowed("dotted", "torch.autograd.Function", "by_hand")
 
 
+# red team 5: names any object may hold, assigned once on a box of the student's so that they read as
+# the student's own attributes; then reached on an object that holds torch or the course's helpers
+OWN_ATTR_BOX = (
+    "import torch\nimport helpers\nclass Box:\n    pass\nbox = Box()\n"
+    "box._make_dual = box._unpack_dual = box.labcontract = box.backward_through = None\n"
+    "store = {}\ndef fill(s):\n    s['t'], s['h'] = torch, helpers\nfill(store)\n"
+)
+EX3_DUAL_TWINS = OWN_ATTR_BOX + (
+    "def layer2_backward(grad_y_hat, a, W2):\n    t = store['t']\n"
+    "    d = t._make_dual(a, torch.ones_like(a), level=0)\n"
+    "    return torch.outer(grad_y_hat, a), grad_y_hat.clone(), t._unpack_dual(W2.T @ grad_y_hat + 0 * d, level=0)[0]"
+)
+EX3_PROBE = OWN_ATTR_BOX + (
+    "def layer2_backward(grad_y_hat, a, W2):\n    h = store['h']\n"
+    "    out = h.labcontract.backward_through(lambda W, v, b: W @ v + b, (W2, a, grad_y_hat * 0), {},\n"
+    "                                         wrt=(0, 1, 2), grad_output=grad_y_hat, method=None)\n"
+    "    return out[1], out[3], out[2]"
+)
+
 OFF_THE_LIST = {  # name: (lab 1's ex3 answer, the construct named, whether every by-hand exercise goes too)
+    "forward AD's C twins as own attributes": (EX3_DUAL_TWINS, "._make_dual", False),
     "forward AD": (EX3_FORWARD_AD, "import torch.autograd.forward_ad", False),
     "grad_fn nodes": (EX3_GRAD_FN, ".grad_fn", False),
     "jacfwd": (EX3_JACFWD, "import torch._functorch.eager_transforms.jacfwd", True),
@@ -1578,6 +1599,24 @@ def test_a_by_hand_answer_off_the_allow_list_goes_to_review_naming_the_construct
         # (ex1 too where the answer also uses what no list holds: forward AD's `.tangent`)
         assert {"ex2", "ex3", "ex4", "ex5", "ex6"} <= set(checked.review) and not checked.reach, checked
         assert checked.gradient, checked
+
+
+def test_a_module_reached_through_a_name_the_student_also_assigns_is_not_their_own_attribute():
+    """`box.labcontract = None` once does not make `helpers.labcontract` the student's (red team 5)."""
+    sol = _solutions(LAB)
+    checked = _plan(LAB, _submission(LAB, sol[:2] + [EX3_PROBE] + sol[3:]))
+    assert any(x.startswith(".labcontract") for x in checked.review.get("ex3", [])), checked.review
+
+
+@pytest.mark.sandbox
+def test_a_course_probe_called_by_the_answer_runs_no_backward_for_it():
+    """The autograd guard lets a probe's backward through only when the grader called the probe (red team
+    5: an answer calling helpers.labcontract.backward_through got autograd's gradients: 11/11)."""
+    sol = _solutions(LAB)
+    out = _harness_grade(LAB, _submission(LAB, sol[:2] + [EX3_PROBE] + sol[3:]))
+    assert out["questions"]["ex3"]["score"] == 0, out["questions"]
+    assert any("used autograd in ex3" in n for n in out["notes"]), out["notes"]
+    assert out["questions"]["ex4"]["score"] == 2, out["questions"]  # the others keep their points
 
 
 def test_a_self_check_line_copied_into_a_cell_the_student_added_is_not_sent_to_review():

@@ -75,7 +75,9 @@ SCHEMA = {
 }
 
 # what a Gradescope-specific hostile cell reaches: the network, the lab sources, results.json; it says so
+TMP_PLANT = "/tmp/bbh-gradescope-planted"  # what a fallback submission writes to the shared /tmp
 REACH = (
+    f"open({TMP_PLANT!r}, 'w').write('hidden inputs')\n"
     "import os, socket\nfound = []\ntry:\n    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
     "    s.connect(('192.0.2.1', 9))\n    found.append('network')\nexcept OSError:\n    pass\n"
     "for p in ('{root}/labs/source', '{root}/labs/source/contracts/{lab}.py'):\n"
@@ -231,11 +233,12 @@ def graded(autograder, tmp_path_factory):
     user = _base_python() is not None
     for name in ("honest", "hostile") if user else ():
         got[name, "user"] = _run(autograder, {f"{name}.ipynb": nbs[name]}, "user")
-        for _ in range(50):  # the guardian kills what the submission left, just after it ends
-            if not _sandbox_processes():
+        for _ in range(50):  # the guardian kills and removes what the submission left, just after it ends
+            if not _sandbox_processes() and not os.path.exists(TMP_PLANT):
                 break
             time.sleep(0.1)
         got[name, "user"]["_left"] = _sandbox_processes()
+        got[name, "user"]["_planted"] = os.path.exists(TMP_PLANT)
     subs = tmp_path_factory.mktemp("subs")
     for name, text in nbs.items():
         (subs / f"{name}.ipynb").write_text(text)
@@ -279,6 +282,7 @@ def test_the_command_writes_a_zip_for_every_lab_with_its_own_contract_only(tmp_p
             config = json.loads(z.read(gradescope.CONFIG))
         assert {"setup.sh", "run_autograder", "requirements.txt", gradescope.CONFIG} <= names
         assert modes["setup.sh"] == modes["run_autograder"] == 0o755
+        assert out.stat().st_mode & 0o777 == 0o600  # it holds the solutions: the instructor's alone
         assert config == {"lab": lab, "timeout": None, "skip": [], "visibility": "after_due_date"}
         contracts = {n for n in names if n.startswith(f"{gradescope.COURSE}/labs/source/contracts/")}
         assert contracts == {f"{gradescope.COURSE}/labs/source/contracts/{x}.py" for x in ("contract", lab)}
@@ -392,6 +396,7 @@ def test_a_hostile_notebook_reaches_nothing_forges_nothing_and_leaks_no_hidden_m
             assert res["score"] == 0
         if mode == "user":
             assert res["_left"] == [], res["_left"]  # the daemon it started did not outlive it
+            assert not res["_planted"]  # nor a file it left in the shared /tmp for the next submission
             assert "limits: fallback without namespaces" in res["_stdout"]
 
 

@@ -152,6 +152,8 @@ def build(
         z.writestr(info, data)
 
     tmp = out.with_name(out.name + ".part")
+    tmp.touch(mode=0o600)  # the solutions: readable by the instructor alone, wherever it is written
+    os.chmod(tmp, 0o600)
     with zipfile.ZipFile(tmp, "w") as z:
         put(z, "setup.sh", setup_sh().encode(), 0o755)
         put(z, "run_autograder", RUN_AUTOGRADER.encode(), 0o755)
@@ -231,7 +233,8 @@ def results(lab: str, row: dict, detail: dict, qs, skipped, sandbox_line: str, c
     instructor = "\n".join(
         [
             f"status: {row['status']}",
-            f"graded file: {row['graded_file'] or '-'}",
+            # the student names the file: one line, control characters shown, never a forged "review:" line
+            f"graded file: {ascii(row['graded_file']) if row['graded_file'] else '-'}",
             f"review: {row['review'] or 'none'}",
             f"flags: {row['flags'] or 'none'}",
             f"sandbox: {sandbox_line}",

@@ -36,6 +36,7 @@ import builtins
 import difflib
 import hashlib
 import re
+import sys
 from dataclasses import dataclass, field
 
 # plain attribute names a dunder check would otherwise flag, but which any answer may use
@@ -172,7 +173,16 @@ SPELLED = (
 # of those, what no run-time guard sees (autograd's engine sees torch.autograd.grad and .backward())
 UNSEEN = {
     "dotted": ("torch.autograd.forward_ad", "torch.autograd.functional", "torch.func", "torch.vmap"),
-    "attributes": ("grad_fn", "next_functions"),
+    # forward-mode AD's C twins are reached by name on any object that holds torch (red team 5)
+    "attributes": (
+        "grad_fn",
+        "next_functions",
+        "_make_dual",
+        "_unpack_dual",
+        "dual_level",
+        "_fw_grad",
+        "forward_ad",
+    ),
 }
 
 
@@ -180,6 +190,12 @@ UNSEEN = {
 # differentiation), a derivative no backward was written for and no guard sees. The labs are real-valued:
 # a complex literal, dtype or part (`1e-30j`, `torch.complex128`, `.imag`, `view_as_real`) computes one.
 COMPLEX = re.compile(r"complex|cfloat|cdouble|chalf|imag|^real$|view_as_real|polar|^conj|resolve_conj|angle")
+
+
+def _names_module(name: str) -> bool:
+    """Whether ``name`` is a module's (``hub``, ``labcontract``, ``zipfile``): assigning ``box.hub = None``
+    somewhere does not make ``x.hub`` the student's own attribute (red team 5 reached torch.hub so)."""
+    return name in sys.modules or any(m.endswith("." + name) for m in list(sys.modules))
 
 
 def _unseen(kind: str, text: str) -> bool:
@@ -517,8 +533,14 @@ def unlisted(
     lines = code.splitlines()
     out = []
     for kind, text, line in uses(code, scope, nodes):
-        if kind == "attr" and text in scope.own_attrs and not _never(kind, text, tier):
-            continue  # the student's own attribute (self.cache, ctx.shape)
+        if (
+            kind == "attr"
+            and text in scope.own_attrs
+            and not _never(kind, text, tier)
+            and not _unseen(kind, text)
+        ):
+            if not _names_module(text):
+                continue  # the student's own attribute (self.cache, ctx.shape)
         if allowed(kind, text, tier) or ((kind, text) in also and not _never(kind, text, tier)):
             continue
         if 0 < line <= len(lines) and lines[line - 1].strip() in excused:
@@ -1117,14 +1139,19 @@ def live_each(nodes: list[ast.stmt], roots: dict) -> dict:
     reads: dict[int, set[str]] = {}
     out = {}
     for key, names in roots.items():
-        todo, seen = [i for n in names for i in binders.get(n, [])], set()
+        # each name's binders are pushed once: 8,000 statements reading and rebinding one name made
+        # this quadratic (red team 5: 32 s of a notebook's time limit, 35 s of the similarity pass)
+        done = set(names)
+        todo, seen = [i for n in done for i in binders.get(n, [])], set()
         while todo:
             i = todo.pop()
             if i not in seen:
                 seen.add(i)
                 if i not in reads:
                     reads[i] = _reads(nodes[i])
-                todo += [j for n in reads[i] for j in binders.get(n, [])]
+                new = reads[i] - done
+                done |= new
+                todo += [j for n in new for j in binders.get(n, [])]
         out[key] = seen
     return out
 

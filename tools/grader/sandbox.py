@@ -958,6 +958,32 @@ def _launch(spec: dict) -> None:
     os.execvp(cmd[0], cmd)
 
 
+SHARED_TMP = ("/tmp", "/var/tmp", "/dev/shm")
+
+
+def _remove_owned(uid: int, limit: int = 200_000) -> None:
+    """Everything ``uid`` owns in the shared temporary folders, removed (the fallback has no private /tmp:
+    red team 5 left a submission's hidden-test inputs there for the next one to print)."""
+    seen = 0
+    for base in SHARED_TMP:
+        for top, dirs, files in os.walk(base, topdown=True, followlinks=False):
+            keep = []
+            for name in dirs + files:
+                seen += 1
+                path = os.path.join(top, name)
+                try:
+                    st = os.lstat(path)
+                except OSError:
+                    continue
+                if st.st_uid == uid:
+                    subprocess.run(["rm", "-rf", "--one-file-system", "--", path], check=False)
+                elif name in dirs and st.st_mode & 0o002:  # it can write only where anyone can
+                    keep.append(name)
+            dirs[:] = keep
+            if seen > limit:
+                return
+
+
 def _guard(g: dict) -> None:
     """The guardian: once the sandbox's process is gone, remove its cgroup and end its user's lease."""
     holder = g["holder"]
@@ -973,6 +999,7 @@ def _guard(g: dict) -> None:
         remove_cgroup(Path(d))
     if g.get("user") and g["uid"] is not None:  # no PID namespace took them along: the user's processes
         _kill_user(g["uid"])
+        _remove_owned(g["uid"])  # nor a private /tmp: what it wrote there would reach the next submission
     if g.get("home"):
         subprocess.run(["rm", "-rf", "--one-file-system", "--", g["home"]], check=False)
     if g["uid"] is not None:

@@ -67,11 +67,25 @@ PROBE_CODES = _codes(sys.modules["helpers.labcontract"])
 TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 
 
+# where the grader's own frames come from: a probe the grader called has only these beneath it, one a
+# student's answer called has the answer's frame (red team 5: an answer calling backward_through got
+# autograd's gradients in every by-hand exercise)
+TRUSTED_DIRS = tuple(
+    os.path.dirname(m.__file__) + os.sep for m in (torch, os, sys.modules["helpers.labcontract"])
+) + (os.path.dirname(os.path.abspath(__file__)) + os.sep,)
+
+
 def _from_probe() -> bool:
     f = sys._getframe(2)  # the caller of run_backward's caller
     while f is not None and f.f_code.co_filename.startswith(TORCH_DIR):
         f = f.f_back
-    return f is not None and f.f_code in PROBE_CODES
+    if f is None or f.f_code not in PROBE_CODES:
+        return False
+    while f is not None:  # and the probe was the grader's call, not one made by the answer
+        if not f.f_code.co_filename.startswith(TRUSTED_DIRS):
+            return False
+        f = f.f_back
+    return True
 
 
 STATE = {"exercise": None, "forbidden": {}, "violations": {}, "ours": False, "bound": {}}
@@ -124,6 +138,7 @@ class _Engine:
 # where they are defined, and every other name they are bound to (torch.func.jacfwd) with them
 NO_ENGINE = (
     ("torch.autograd.forward_ad", ("make_dual", "unpack_dual")),
+    ("torch", ("_make_dual", "_unpack_dual")),  # their C twins (red team 5, under a forward_ad.dual_level)
     ("torch.autograd.functional", ("jacobian", "hessian", "jvp", "vjp", "hvp", "vhp")),
     ("torch._functorch.eager_transforms", ("jacfwd", "jacrev", "jvp", "vjp", "hessian", "linearize")),
     ("torch._functorch.apis", ("grad", "grad_and_value")),

@@ -221,6 +221,7 @@ ex2 = Exercise(
             lambda p, s: _ffn_case(p[0], *p[1], s, p[2], dtype=F32),
             **F32_TOL,
         ),
+        large_class("h (4, 8, 16), d_ff 64", lambda s: _ffn_case((4, 8), 16, 64, s, "gelu"), **F64_TOL),
     ],
     points=2,
     by_hand=("autograd", "helpers.block.block_manual_backward", "helpers.numgrad.linear_backward"),

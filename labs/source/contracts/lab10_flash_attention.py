@@ -695,7 +695,14 @@ ex5c = Exercise(
     "Exercise 5 · tiled_backward (causal)",
     tiled_backward,
     ("grad_Q", "grad_K", "grad_V", "grad_slopes"),
-    _causal_classes(backward=True),
+    _causal_classes(backward=True)
+    + [
+        large_class(
+            "H = 2, Nq = Nk = 16, d = 8, blocks of 4, window 6",
+            lambda s: _causal_case((1, 2, 16, 16, 8, 4, 4, 6), s, True),
+            **TOL,
+        )
+    ],
     question="ex5",
     calls=("ex2", "ex3"),
 )
@@ -805,7 +812,14 @@ ex6b = Exercise(
     "Exercise 6 · flash_attn",
     flash_attn,
     ("O", "grad_Q", "grad_K", "grad_V", "grad_slopes", "what it saves (shapes)"),
-    _fn_classes(wrapper=True),
+    _fn_classes(wrapper=True)
+    + [
+        large_class(
+            "H = 2, Nq = Nk = 16, d = 8, blocks of 4, causal",
+            lambda s: _fn_case((1, 2, 16, 16, 8, 4, 4), s, (True, None), wrapper=True),
+            **TOL,
+        )
+    ],
     question="ex6",
     probe="backward_saving",
     calls=("ex5b", "ex5c"),  # a mistake in tiled_forward or tiled_backward costs points there, once

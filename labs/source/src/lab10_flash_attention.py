@@ -46,7 +46,7 @@
 #
 # **By hand** means derived: a graded backward may not call autograd, and an estimate by finite
 # differences (the forward run again for each input entry) does not count either. One kind of
-# case of each backward (exercises 3, 4 and 6) is large, and there the self-check and the hidden
+# case of each backward (exercises 3–6) is large, and there the self-check and the hidden
 # tests count the tensor entries your code writes, forward and backward: at most 10 × what the
 # course's backward writes, room enough for any derived backward (a tiled one writes about 2 ×).
 
