@@ -3,7 +3,7 @@
 The lab 1 zip is unpacked into a temporary root shaped like Gradescope's /autograder (source/, the
 zip's contents; submission/; results/; run_autograder; venv/, the Python setup.sh would make: here
 this venv's packages, hard-linked, with the unpacked course's helpers), and run_autograder grades
-honest, empty and hostile notebooks in bubblewrap and in the fallback without namespaces
+honest and empty notebooks in bubblewrap, honest and hostile ones in the fallback without namespaces
 (forced with BACKPROP_SANDBOX=user), each to the total `tools/labs.py grade` gives the same notebook.
 """
 
@@ -228,9 +228,10 @@ def graded(autograder, tmp_path_factory):
     """Every run, once: {(notebook, mode): results.json}, and grade's rows {notebook: row} on the same notebooks."""
     nbs = _notebooks(autograder)
     got = {}
-    for name, text in nbs.items():
-        got[name, "bwrap"] = _run(autograder, {f"{name}.ipynb": text})
     user = _base_python() is not None
+    for name, text in nbs.items():
+        if name != "hostile" or not user:  # the hostile one where Gradescope most likely runs it: the
+            got[name, "bwrap"] = _run(autograder, {f"{name}.ipynb": text})  # fallback (bwrap: test_grader)
     for name in ("honest", "hostile") if user else ():
         got[name, "user"] = _run(autograder, {f"{name}.ipynb": nbs[name]}, "user")
         for _ in range(50):  # the guardian kills and removes what the submission left, just after it ends
