@@ -771,26 +771,27 @@ def _bwrap_argv(spec: dict, uid: int, files: list[tuple[str, int | None]]) -> li
     for k, v in spec["env"].items():
         cmd += ["--setenv", k, v]
     cmd.append("--")
-    if os.geteuid() == 0:  # drop to an unprivileged user with no capabilities
-        cmd += [
-            "setpriv",
-            f"--reuid={uid}",
-            f"--regid={uid}",
-            "--clear-groups",
-            "--inh-caps=-all",
-            "--bounding-set=-all",
-            "--no-new-privs",
-        ]
-    cmd += [
-        "prlimit",
+    # drop to an unprivileged user with no capabilities (as root), under the per-process limits
+    return cmd + _as_user(spec, uid if os.geteuid() == 0 else None) + spec["argv"]
+
+
+def _as_user(spec: dict, uid: int | None) -> list[str]:
+    """setpriv to ``uid`` (no capabilities, no new privileges; None: stay who we are), then prlimit with
+    the per-process limits: the one prefix both sandboxes run a submission's command under."""
+    drop = (
+        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+        + ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"]
+        if uid is not None
+        else []
+    )
+    limits = [
         f"--as={spec['process_memory_mb'] * MiB}",
         f"--cpu={spec['cpu_s']}",
         f"--nproc={spec['nproc']}",
         f"--fsize={spec['fsize_mb'] * MiB}",
         "--core=0",
-        "--",
     ]
-    return cmd + spec["argv"]
+    return drop + ["prlimit", *limits, "--"]
 
 
 USER_HOMES = "backprop-grader-home-"  # the fallback's homes: /tmp/USER_HOMES<launcher pid>
@@ -808,23 +809,7 @@ def _user_argv(spec: dict, uid: int, home: Path) -> tuple[list[str], dict]:
         return arg
 
     env = dict(spec["env"], HOME=str(home), TMPDIR=str(home / "tmp"), MPLCONFIGDIR=str(home / "tmp"))
-    cmd = [
-        "setpriv",
-        f"--reuid={uid}",
-        f"--regid={uid}",
-        "--clear-groups",
-        "--inh-caps=-all",
-        "--bounding-set=-all",
-        "--no-new-privs",
-        "prlimit",
-        f"--as={spec['process_memory_mb'] * MiB}",
-        f"--cpu={spec['cpu_s']}",
-        f"--nproc={spec['nproc']}",
-        f"--fsize={spec['fsize_mb'] * MiB}",
-        "--core=0",
-        "--",
-    ]
-    return cmd + [outside(a) for a in spec["argv"]], env
+    return _as_user(spec, uid) + [outside(a) for a in spec["argv"]], env
 
 
 def _user_home(spec: dict, uid: int, holder: int) -> Path:
