@@ -31,8 +31,7 @@ import zipfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))  # tools/: labs.py and nbtool.py
-import labs  # noqa: E402
+import labs  # noqa: E402  (tools/: run_autograder puts it on PYTHONPATH, as the tests' pythonpath does)
 
 COURSE = "course"  # where the zip holds the course, under /autograder/source
 CONFIG = "gradescope.json"
@@ -105,7 +104,8 @@ chmod -R go-rwx /autograder/source/{COURSE}/labs/source
 RUN_AUTOGRADER = f"""#!/usr/bin/env bash
 # Gradescope runs this once per submission, as root; it writes $AUTOGRADER_ROOT/results/results.json.
 ROOT="${{AUTOGRADER_ROOT:-/autograder}}"
-exec "$ROOT/venv/bin/python" "$ROOT/source/{COURSE}/tools/grader/gradescope.py" run --root "$ROOT"
+PYTHONPATH="$ROOT/source/{COURSE}/tools" exec "$ROOT/venv/bin/python" \\
+  "$ROOT/source/{COURSE}/tools/grader/gradescope.py" run --root "$ROOT"
 """
 
 
