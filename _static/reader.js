@@ -14,6 +14,7 @@
       opens the Contents (☷) and chapter (☰) drawers as modal dialogs and leaves them open
       after a tap on a link, covering the section the reader asked for.
    3. The language switch lands on the section the reader is in, in the other edition.
+   4. Search finds Chinese words in body text, and its snippets show formulas as text, not TeX.
    The words it adds to a page are in the page's language (WORDS). */
 (function () {
   "use strict";
@@ -241,7 +242,99 @@
     }
   }
 
+  /* ------------------------------------------------------------ search */
+  // Sphinx indexes Chinese text as the words jieba cut at build time (反向, 计算), but
+  // searchtools.js splits a query only at spaces and punctuation: 反向计算 was looked up as one
+  // word the index does not hold, and 1 of the 14 pages that say it was found.  Each run of Han
+  // characters in a query is cut here into the longest words the index holds (forward maximum
+  // matching, with the index as the dictionary); a lone character no word holds is dropped, as
+  // the index drops one-character words.  searchtools.js keeps a splitQuery defined before it.
+  function indexed(word) {
+    const index = typeof Search !== "undefined" && Search._index;
+    return !!index && (Object.hasOwn(index.terms, word) || Object.hasOwn(index.titleterms, word));
+  }
+
+  function cutHan(run) {
+    const words = [];
+    for (let i = 0; i < run.length; ) {
+      let j = run.length;
+      while (j > i + 1 && !indexed(run.slice(i, j))) j--;
+      if (j > i + 1 || indexed(run[i])) words.push(run.slice(i, j));
+      i = j;
+    }
+    return words.length ? words : [run];
+  }
+
+  window.splitQuery = (query) =>
+    query
+      .split(/[^\p{Letter}\p{Number}_\p{Emoji_Presentation}]+/gu) // searchtools.js's own split
+      .filter((term) => term)
+      .flatMap((term) => term.match(/\p{Script=Han}+|\P{Script=Han}+/gu))
+      .flatMap((part) => (/\p{Script=Han}/u.test(part) ? cutHan(part) : [part]));
+
+  // A result's snippet is the page's text around the words found, and a formula in that text
+  // was its TeX source (\(\partial L/\partial \hat y\)): MathJax typesets the page, not the
+  // snippet.  Formulas are turned into plain text first (∂L/∂ŷ).
+  const SYMBOLS = {
+    alpha: "α", beta: "β", gamma: "γ", delta: "δ", epsilon: "ε", varepsilon: "ε", zeta: "ζ",
+    eta: "η", theta: "θ", kappa: "κ", lambda: "λ", mu: "μ", nu: "ν", xi: "ξ", pi: "π", rho: "ρ",
+    sigma: "σ", tau: "τ", phi: "φ", varphi: "φ", chi: "χ", psi: "ψ", omega: "ω", Gamma: "Γ",
+    Delta: "Δ", Theta: "Θ", Lambda: "Λ", Pi: "Π", Sigma: "Σ", Phi: "Φ", Psi: "Ψ", Omega: "Ω",
+    partial: "∂", nabla: "∇", cdot: "·", times: "×", odot: "⊙", otimes: "⊗", sum: "Σ", prod: "Π",
+    infty: "∞", le: "≤", leq: "≤", ge: "≥", geq: "≥", ne: "≠", neq: "≠", approx: "≈", sim: "∼",
+    propto: "∝", to: "→", rightarrow: "→", Rightarrow: "⇒", leftarrow: "←", mapsto: "↦",
+    longrightarrow: "→", xrightarrow: "→", in: "∈", top: "ᵀ", ldots: "…", cdots: "⋯", dots: "…", pm: "±",
+    lVert: "‖", rVert: "‖", Vert: "‖", lvert: "|", rvert: "|", mid: "|", langle: "⟨",
+    rangle: "⟩", circ: "∘", ell: "ℓ", forall: "∀", exists: "∃", lfloor: "⌊", rfloor: "⌋",
+    lceil: "⌈", rceil: "⌉", sqrt: "√", quad: " ", qquad: " ", max: "max", min: "min",
+    exp: "exp", log: "log", tanh: "tanh", softmax: "softmax", arg: "arg", det: "det",
+  };
+  const SCRIPTS = {
+    "^": { 0: "⁰", 1: "¹", 2: "²", 3: "³", 4: "⁴", 5: "⁵", 6: "⁶", 7: "⁷", 8: "⁸", 9: "⁹",
+           "-": "⁻", "+": "⁺", T: "ᵀ", "ᵀ": "ᵀ", n: "ⁿ", i: "ⁱ" },
+    _: { 0: "₀", 1: "₁", 2: "₂", 3: "₃", 4: "₄", 5: "₅", 6: "₆", 7: "₇", 8: "₈", 9: "₉",
+         "-": "₋", "+": "₊", i: "ᵢ", j: "ⱼ", k: "ₖ", t: "ₜ", o: "ₒ" },
+  };
+
+  function texToText(tex) {
+    let s = tex.trim().replace(/^\\[(\[]|\\[)\]]$/g, "").replace(/^\$+|\$+$/g, "");
+    s = s.replace(/\\(?:begin|end)\{[^{}]*\}/g, " ").replace(/\\\\/g, "; ").replace(/&/g, "");
+    s = s.replace(/\\(?:left|right|big|Big|bigg|Bigg)\b/g, "").replace(/\\[,;:! ]/g, " ");
+    s = s.replace(/\\mathbb\s*\{R\}/g, "ℝ");
+    s = s.replace(/\\(hat|widehat|tilde|widetilde|bar|overline)\s*\{?([A-Za-z])\}?/g, (m, accent, x) =>
+      x + { hat: "\u0302", widehat: "\u0302", tilde: "\u0303", widetilde: "\u0303" }[accent] || x + "\u0304");
+    for (let before = ""; before !== s; ) { // font and text commands, innermost first
+      before = s;
+      s = s.replace(/\\(?:mathrm|mathbf|mathit|mathsf|mathcal|mathtt|text|textrm|textbf|operatorname|boldsymbol|bm)\s*\{([^{}]*)\}/g, "$1");
+    }
+    // a command ends at a space, which is not the formula's: \partial L is ∂L (an operator keeps its spaces)
+    s = s.replace(/\\([A-Za-z]+)( ?)/g, (m, name, space) =>
+      name === "frac" ? m : (SYMBOLS[name] ?? name) + (/^(partial|nabla|sqrt|top)$/.test(name) ? "" : space));
+    s = s.replace(/([\^_])(?:\{([^{}]*)\}|(\S))/g, (m, mark, group, one) => {
+      const body = group ?? one, table = SCRIPTS[mark];
+      const all = [...body].every((c) => table[c]);
+      return all ? [...body].map((c) => table[c]).join("") : mark + (body.length > 1 ? `(${body})` : body);
+    });
+    const part = (x) => (/^[^\s+\-]+$/.test(x.trim()) ? x.trim() : `(${x.trim()})`);
+    for (let before = ""; before !== s; ) {
+      before = s;
+      s = s.replace(/\\frac ?\{([^{}]*)\}\s*\{([^{}]*)\}/g, (m, a, b) => `${part(a)}/${part(b)}`);
+    }
+    return s.replace(/[{}]/g, "").replace(/\\/g, "").replace(/\s+/g, " ").trim();
+  }
+
+  function plainFormulasInSnippets() {
+    if (typeof Search === "undefined" || !Search.htmlToText) return;
+    const toText = Search.htmlToText;
+    Search.htmlToText = (html, anchor) => {
+      const doc = new DOMParser().parseFromString(html, "text/html");
+      for (const m of doc.querySelectorAll(".math")) m.textContent = " " + texToText(m.textContent) + " ";
+      return toText(doc.documentElement.outerHTML, anchor);
+    };
+  }
+
   ready(() => {
+    plainFormulasInSnippets();
     translateAsides();
     keepSectionOnLanguageSwitch();
     markAll();

@@ -7,6 +7,7 @@ here), and every translation keeps its math, code, links and roles, with the glo
 Chinese rendering of each term it references.
 """
 
+import re
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,109 @@ def test_apply_sets_translations_and_refuses_an_unknown_message(tmp_path, monkey
     assert i18n.translations(page)[first.id] == "一"
     with pytest.raises(SystemExit, match="not in 01_cat_mlp.po"):
         i18n.apply(page, {"no such paragraph": "无"})
+
+
+# ---------------------------------------------------------------------------------------------
+# the Chinese notebooks (zh/chapters/*.ipynb): what the Chinese site's Colab and download buttons give
+# ---------------------------------------------------------------------------------------------
+
+
+def test_the_chinese_notebooks_are_committed_as_the_chapters_and_catalogs_give_them():
+    """Every block of prose has its translation, and zh/ holds what `i18n.py notebooks` writes now."""
+    assert i18n.notebooks(check=True) == []
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "chapters").glob("[0-9]*.ipynb")), ids=lambda p: p.stem)
+def test_a_chinese_notebook_has_the_english_code_and_outputs_and_chinese_prose(path):
+    """Code cells and their outputs byte for byte (nbval's check of the English covers them);
+    each Markdown cell with English words in it has Chinese in it."""
+    import json
+
+    english = json.loads(path.read_text(encoding="utf-8"))
+    chinese = json.loads((i18n.NOTEBOOKS / "chapters" / path.name).read_text(encoding="utf-8"))
+    assert [c["cell_type"] for c in chinese["cells"]] == [c["cell_type"] for c in english["cells"]]
+    assert chinese["metadata"] == english["metadata"]
+    for en, zh in zip(english["cells"], chinese["cells"]):
+        if en["cell_type"] == "code":
+            assert zh == en
+        elif i18n.has_prose("".join(en["source"]), {}):
+            assert re.search(r"[\u4e00-\u9fff]", "".join(zh["source"])), "".join(en["source"])[:80]
+
+
+def test_translate_markdown_replaces_each_block_where_it_stands_and_names_what_it_cannot():
+    text = "\n".join(
+        [
+            "# 1. A heading",
+            "",
+            "A paragraph over",
+            "two lines with $x^2$.",
+            "",
+            "1. an item that",
+            "   wraps",
+            "- another",
+            "",
+            "> a quote",
+            "",
+            "| name | what |",
+            "| --- | --- |",
+            "| `f` | a function |",
+            "",
+            "Nothing translates this sentence at all.",
+        ]
+    )
+    tr = {
+        "1. A heading": "1\\. 标题",
+        "A paragraph over two lines with $x^2$.": "跨两行的段落，含 $x^2$。",
+        "an item that wraps": "会换行的一项",
+        "another": "另一项",
+        "a quote": "引文",
+        "name": "名称",
+        "what": "含义",
+        "a function": "一个函数",
+    }
+    out, missing = i18n.translate_markdown(text, tr)
+    assert out.split("\n") == [
+        "# 1\\. 标题",
+        "",
+        "跨两行的段落，含 $x^2$。",
+        "",
+        "1. 会换行的一项",
+        "- 另一项",
+        "",
+        "> 引文",
+        "",
+        "| 名称 | 含义 |",
+        "| --- | --- |",
+        "| `f` | 一个函数 |",
+        "",
+        "Nothing translates this sentence at all.",
+    ]
+    assert missing == ["Nothing translates this sentence at all."]
+
+
+def test_a_chinese_notebooks_relative_links_lead_where_the_english_ones_do():
+    """From zh/chapters/: a chapter to its Chinese notebook, anything else to the English file."""
+    text = (
+        "[glossary](../pages/glossary.md#term-chain-rule), [next](02_chain_rule.ipynb), "
+        "[lab](../labs/lab01_cat_mlp.ipynb), [web](https://pytorch.org/docs), [here](#the-network)"
+    )
+    assert i18n._relink(text, "chapters/01_cat_mlp") == (
+        "[glossary](../../pages/glossary.md#term-chain-rule), [next](02_chain_rule.ipynb), "
+        "[lab](../../labs/lab01_cat_mlp.ipynb), [web](https://pytorch.org/docs), [here](#the-network)"
+    )
+
+
+@pytest.mark.slow
+def test_the_chinese_notebook_of_chapter_1_runs_and_reproduces_its_outputs(tmp_path):
+    """What the Chinese Colab button opens executes: nbval on zh/chapters/01_cat_mlp.ipynb."""
+    import subprocess
+    import sys
+
+    nb = i18n.NOTEBOOKS / "chapters" / "01_cat_mlp.ipynb"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(ROOT), str(nb)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:]

@@ -25,6 +25,7 @@ root), ``SITE_SCREENSHOTS_ALL`` (1: the whole review set).  See pages/testing.md
 from __future__ import annotations
 
 import functools
+import html
 import http.server
 import os
 import posixpath
@@ -100,12 +101,17 @@ def _config() -> dict:
 
 
 def _colab_url(docname: str) -> str:
-    """Where a page's Colab button must point: its notebook in the configured repository."""
+    """Where a page's Colab button must point: its notebook in the configured repository; on a
+    Chinese page (``zh/…``) the Chinese notebook, zh/chapters/NN.ipynb, where there is one (the labs
+    are English)."""
     cfg = _config()
     repo = cfg["repository"]
     org_repo = urllib.parse.urlparse(repo["url"]).path.strip("/")
     book = (repo.get("path_to_book") or "").strip("/")
-    path = posixpath.join(book, docname + ".ipynb") if book else docname + ".ipynb"
+    source = docname.removeprefix("zh/")
+    if docname.startswith("zh/") and (SOURCE / "zh" / (source + ".ipynb")).exists():
+        source = docname
+    path = posixpath.join(book, source + ".ipynb") if book else source + ".ipynb"
     colab = cfg["launch_buttons"]["colab_url"].rstrip("/")
     return f"{colab}/github/{org_repo}/blob/{repo.get('branch', 'main')}/{path}"
 
@@ -311,6 +317,28 @@ def test_notebook_pages_have_colab_and_download_buttons(site):
         hrefs = {url for _, url in refs.links}
         assert _colab_url(d) in hrefs, f"{d}: no Colab button to {_colab_url(d)}"
         assert any(h.endswith(f"_sources/{d}.ipynb") for h in hrefs), f"{d}: no .ipynb download"
+
+
+def test_the_chinese_sites_colab_and_download_buttons_give_chinese_notebooks(site):
+    """A chapter's Colab button on the Chinese site opens zh/chapters/NN.ipynb, which is committed,
+    and its download is that notebook; a lab's (English only) stays the English notebook's."""
+    chapters = [d for d in DOCNAMES if d.startswith("chapters/") and _is_notebook(d)]
+    assert chapters
+    for d in chapters:
+        hrefs = {url for _, url in _parse(site / "zh" / (d + ".html")).links}
+        colab = _colab_url("zh/" + d)
+        assert colab.endswith(f"/zh/{d}.ipynb") and colab in hrefs, f"zh/{d}: {sorted(hrefs)[:3]}"
+        assert (SOURCE / "zh" / (d + ".ipynb")).is_file(), (
+            f"the Colab button opens zh/{d}.ipynb: not committed"
+        )
+        download = (site / "zh" / "_sources" / (d + ".ipynb")).read_bytes()
+        assert download == (SOURCE / "zh" / (d + ".ipynb")).read_bytes(), (
+            f"zh/{d}: the download is not the Chinese notebook"
+        )
+    labs = [d for d in DOCNAMES if d.startswith("labs/lab") and _is_notebook(d)]
+    for d in labs:
+        hrefs = {url for _, url in _parse(site / "zh" / (d + ".html")).links}
+        assert _colab_url(d) in hrefs, f"zh/{d}: the lab's Colab button should stay {_colab_url(d)}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -543,8 +571,8 @@ def test_page_in_browser(browser, server, site, docname):
             hrefs = page.eval_on_selector_all(
                 "a[href*='colab.research.google.com']", "els => els.map(e => e.href)"
             )
-            if _colab_url(source) not in hrefs:
-                problems.append(f"Colab button {hrefs} should point at {_colab_url(source)}")
+            if _colab_url(docname) not in hrefs:
+                problems.append(f"Colab button {hrefs} should point at {_colab_url(docname)}")
         if docname.startswith("zh/"):
             problems += page.evaluate(JS_CHINESE_PAGE)
         problems += _check_animations(page)
@@ -767,6 +795,49 @@ def test_search_finds_english_and_chinese_with_its_icon_beside_the_query(browser
             assert not visit.errors, visit.errors
         finally:
             visit.close()
+
+
+JS_RESULTS = """() => [...document.querySelectorAll('#search-results ul.search li')].map(li => ({
+  href: li.querySelector('a').getAttribute('href'),
+  snippet: (li.querySelector('p.context') || {}).textContent || null}))"""
+
+
+def _article_text(path: Path) -> str:
+    """A page's article as text: no tags, no scripts (what Sphinx's search indexes, roughly)."""
+    page = path.read_text(encoding="utf-8")
+    article = page[page.find("<main") : page.rfind("</main>")]
+    article = re.sub(r"<(script|style)\b.*?</\1>", " ", article, flags=re.S)
+    return html.unescape(re.sub(r"<[^>]+>", " ", article))
+
+
+@pytest.mark.browser
+def test_chinese_search_finds_words_in_body_text_and_shows_formulas_as_text(browser, server, site):
+    """zh/search.html?q=反向计算 finds every page whose text says it (the browser cuts the query into
+    the words jieba indexed: 反向, 计算), and no snippet shows TeX (\\partial, \\(, $)."""
+    query = "反向计算"
+    pages = [d for d in ZH_DOCNAMES if query in _article_text(site / (d + ".html"))]
+    assert len(pages) >= 5, pages  # the phrase is common in the chapters: the test must see it
+    visit = _Visit(browser, "about:blank", DESKTOP, False)
+    try:
+        visit.page.goto(server + "zh/search.html?q=" + urllib.parse.quote(query), wait_until="load")
+        visit.page.wait_for_function(
+            """() => { const li = document.querySelectorAll('#search-results ul.search li');
+                       return li.length && [...li].every(l => l.querySelector('p.context'))
+                              && (document.querySelector('#search-results .search-summary') || {}).textContent; }""",
+            timeout=30000,
+        )
+        results = visit.page.evaluate(JS_RESULTS)
+        found = {r["href"].split(".html")[0] for r in results}
+        missing = [d for d in pages if d.removeprefix("zh/") not in found]
+        assert not missing, (
+            f"{query!r}: {len(missing)} of the {len(pages)} pages that say it not found: {missing}"
+        )
+        tex = [r["snippet"][:120] for r in results if re.search(r"\\[A-Za-z]+|\\[()\[\]]|\$", r["snippet"])]
+        assert not tex, f"{len(tex)} of {len(results)} snippets show TeX: {tex[:2]}"
+        assert any("∂" in r["snippet"] for r in results), "no snippet shows a formula as text"
+        assert not visit.errors, visit.errors
+    finally:
+        visit.close()
 
 
 def test_each_lab_comes_right_after_its_chapter_and_instructors_are_out_of_the_way(site):

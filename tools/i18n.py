@@ -5,6 +5,8 @@
     python tools/i18n.py build       # the Chinese site into _build/html/zh/ (from committed outputs, like the English one)
     python tools/i18n.py check       # every translation keeps the math, code, links and roles of its English, with the glossary's terms
     python tools/i18n.py apply PAGE FILE.json   # set translations {msgid: msgstr} into PAGE's catalog (fuzzy flags cleared)
+    python tools/i18n.py notebooks   # the Chinese notebooks, zh/chapters/*.ipynb, from the chapters and the catalogs
+    python tools/i18n.py notebooks --check      # exit 1 if a committed Chinese notebook is not what the sources give
 
 Only prose is translated. Sphinx's gettext builder extracts every paragraph, heading, list item
 and table cell of every page (one ``.pot`` per page: ``gettext_compact: false`` in _config.yml)
@@ -18,6 +20,13 @@ themselves are the sources and no copy of them exists.
 An English edit changes a paragraph's msgid: ``update`` then marks its Chinese *fuzzy* (the old
 translation kept as a suggestion), and ``coverage`` fails until someone translates it again
 and removes the fuzzy flag (CONTRIBUTING.md, "The Chinese edition").
+
+The Chinese site's Colab and download buttons open Chinese notebooks: ``zh/chapters/NN.ipynb``,
+written by ``notebooks`` from the English notebook and the same catalogs. Each Markdown paragraph,
+heading, list item and table cell is replaced by its translation (the catalog's msgid is the
+block's Markdown, as MyST's parser gives it); code cells and their outputs are the English
+notebook's, byte for byte, so nbval's check of the English notebook covers them. The files are
+committed (Colab opens them from GitHub); a test regenerates them and compares.
 """
 
 from __future__ import annotations
@@ -43,6 +52,9 @@ CATALOGS = LOCALES / LANGUAGE / "LC_MESSAGES"
 REQUIRED = ("intro", "chapters/", "pages/notation", "pages/glossary")
 TITLE = "手推反向传播 · Backprop by Hand"
 PDF_LABELS = {"contents": "目录", "introduction": "简介"}  # tools/pdf.py's contents page
+# The Chinese notebooks (``notebooks``): zh/chapters/NN.ipynb, the path the Chinese site's Colab
+# button opens (tools/web/translated_notebooks.py) and its download button serves.
+NOTEBOOKS = ROOT / "zh"
 
 
 def jupyter_book(*args: str) -> None:
@@ -256,6 +268,121 @@ def apply(page: str, translations: dict[str, str]) -> int:
     return done
 
 
+def _markdown_parser():
+    """MyST's Markdown parser with the book's extensions (_config.yml's parse: myst_enable_extensions)."""
+    from markdown_it.renderer import RendererHTML
+    from myst_parser.config.main import MdParserConfig
+    from myst_parser.parsers.mdit import create_md_parser
+
+    config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
+    extensions = set(config.get("parse", {}).get("myst_enable_extensions", []))
+    return create_md_parser(MdParserConfig(enable_extensions=extensions), RendererHTML)
+
+
+def errata_title(lang: str) -> str:
+    """The title of the asides on what the seeds got wrong, in ``lang`` ('en', 'zh'): reader.js's
+    ``WORDS[lang].errata`` (the site's one owner; a notebook has no script to translate its <summary>)."""
+    js = (ROOT / "_static" / "reader.js").read_text(encoding="utf-8")
+    return re.search(lang + r": \{.*?errata: \"([^\"]+)\"", js, re.S).group(1)
+
+
+LINK_TARGET = re.compile(r"(\]\()([^)\s#]+)([^)\s]*\))")
+
+
+def _relink(text: str, page: str) -> str:
+    """Relative links of ``page``'s Markdown, made to work from zh/: to the Chinese notebook where
+    there is one, else to the English file (GitHub's viewer follows relative links)."""
+
+    def target(m: re.Match) -> str:
+        href = m.group(2)
+        if re.match(r"[a-z]+:", href) or href.startswith("/"):
+            return m.group(0)
+        dest = os.path.normpath(os.path.join(os.path.dirname(page), href))  # relative to the repository
+        here = os.path.dirname(f"zh/{page}")
+        zh = NOTEBOOKS / dest
+        new = os.path.relpath(
+            f"zh/{dest}" if zh.suffix == ".ipynb" and is_required(dest[:-6]) else dest, here
+        )
+        return m.group(1) + new + m.group(3)
+
+    return LINK_TARGET.sub(target, text)
+
+
+def translate_markdown(text: str, tr: dict[str, str], parser=None) -> tuple[str, list[str]]:
+    """A Markdown cell with every block the catalog translates replaced by its translation;
+    returns (the text, the English of each block with prose that has no translation)."""
+    parser = parser or _markdown_parser()
+    lines = text.split("\n")
+    missing = []
+    tokens = parser.parse(text)
+    # bottom-up, so that a replaced block does not move the lines of those above it
+    for i in sorted(range(len(tokens)), key=lambda i: (tokens[i].map or [0])[0], reverse=True):
+        tok = tokens[i]
+        if tok.type != "inline" or not tok.map or not tok.content.strip():
+            continue
+        msgid = tok.content.replace("\n", " ").strip()
+        zh = tr.get(msgid)
+        if zh is None:
+            if has_prose(msgid, {}):
+                missing.append(msgid)
+            continue
+        start, end = tok.map
+        first = tok.content.split("\n")[0]
+        at = lines[start].find(first)
+        if i > 0 and tokens[i - 1].type in ("th_open", "td_open") or end - start == 1:
+            # a table cell shares its line with the row's other cells: replace the text in place
+            lines[start] = lines[start][:at] + zh + lines[start][at + len(first) :]
+        else:
+            prefix = lines[start][:at]  # a list marker, a quote's '>', indentation
+            body = zh.replace("\n", "\n" + " " * len(prefix))
+            lines[start:end] = [prefix + body]
+    return "\n".join(lines), missing
+
+
+def translate_notebook(path: Path, parser=None) -> tuple[dict, list[str]]:
+    """The Chinese notebook of chapter ``path`` (its JSON) and the English blocks left untranslated."""
+    page = path.relative_to(ROOT).with_suffix("").as_posix()
+    tr = translations(page)
+    summary = f"<summary>{errata_title('en')}</summary>", f"<summary>{errata_title('zh')}</summary>"
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    missing = []
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "markdown":
+            continue
+        text, left = translate_markdown("".join(cell["source"]), tr, parser)
+        text = _relink(text.replace(*summary), page)
+        missing += left
+        cell["source"] = text.splitlines(keepends=True)
+    return nb, missing
+
+
+def notebook_text(nb: dict) -> str:
+    """A notebook as nbformat writes it (one-space indent, a final newline), the chapters' format."""
+    return json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
+
+
+def notebooks(check: bool = False) -> list[str]:
+    """Writes (or with ``check`` compares) zh/chapters/*.ipynb; returns what is wrong: a stale or
+    missing file, a block without translation."""
+    parser = _markdown_parser()
+    problems = []
+    for path in sorted((ROOT / "chapters").glob("[0-9]*.ipynb")):
+        nb, missing = translate_notebook(path, parser)
+        rel = path.relative_to(ROOT).as_posix()
+        problems += [f"{rel}: no translation for {m[:60]!r}" for m in missing]
+        out = NOTEBOOKS / rel
+        text = notebook_text(nb)
+        if check:
+            if not out.exists() or out.read_text(encoding="utf-8") != text:
+                problems.append(
+                    f"zh/{rel} is not what the sources give: run `python tools/i18n.py notebooks`"
+                )
+        else:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(text, encoding="utf-8")
+    return problems
+
+
 def zh_config(out: Path) -> Path:
     """The English _config.yml with the Chinese edition's settings, written under ``out``."""
     config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
@@ -312,8 +439,14 @@ def build(
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("command", choices=("update", "coverage", "build", "check", "apply"))
+    ap.add_argument("command", choices=("update", "coverage", "build", "check", "apply", "notebooks"))
     args, extra = ap.parse_known_args(argv)
+    if args.command == "notebooks":
+        found = notebooks(check="--check" in extra)
+        print(
+            "\n".join(found) or f"i18n notebooks: {NOTEBOOKS.name}/chapters/*.ipynb are what the sources give"
+        )
+        return 1 if found else 0
     if args.command == "check":
         found = check()
         print(
