@@ -27,6 +27,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -194,6 +195,55 @@ def _multiply_adds(name: str, a: tuple, out: torch.Tensor) -> int:
     return out.numel() * first.shape[-1]
 
 
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+# files whose reading of a tensor's values is not the answer's: torch, the standard library, this module (probes)
+_NOT_THE_ANSWER = (_TORCH_DIR, os.path.dirname(os.__file__) + os.sep, __file__)
+
+
+def _the_answer_reads(depth: int, not_the_answer: tuple) -> bool:
+    """Whether the code that asked for a tensor's values ``depth`` frames up (torch's own frames skipped:
+    ``__array__``, ``__format__``, the printer) is the answer's: not in a file under ``not_the_answer``."""
+    f = sys._getframe(depth + 1)
+    while f is not None and f.f_code.co_filename.startswith(_TORCH_DIR):
+        f = f.f_back
+    return f is not None and not f.f_code.co_filename.startswith(not_the_answer)
+
+
+# Reading values out of tensors into Python or NumPy: work done there is not a tensor op, so no rule sees
+# it (finite differences in NumPy wrote no tensor entries). ``.item()`` and float() go through the
+# dispatcher (_local_scalar_dense, counted there); these do not, and are counted while ``traced`` runs.
+# A bool tensor's values are bits a loop branches on (``if h[i] > 0``), not numbers: not counted.
+_EXITS = ("numpy", "tolist", "__repr__")
+
+
+def _counting_exits(seen: dict, not_the_answer: tuple):
+    """Replaces torch.Tensor's ``_EXITS`` with versions that add the entries they read to ``seen["exits"]``
+    when the answer calls them (``_the_answer_reads``); returns a function that puts them back."""
+    own = {name: torch.Tensor.__dict__.get(name) for name in _EXITS}
+
+    def counted(name):
+        plain = getattr(torch.Tensor, name)
+
+        def read(self, *a, **kw):
+            if self.dtype != torch.bool and _the_answer_reads(1, not_the_answer):
+                seen["exits"] += self.numel()
+            return plain(self, *a, **kw)
+
+        return read
+
+    for name in _EXITS:
+        setattr(torch.Tensor, name, counted(name))
+
+    def restore():
+        for name, method in own.items():
+            if method is None:
+                delattr(torch.Tensor, name)
+            else:
+                setattr(torch.Tensor, name, method)
+
+    return restore
+
+
 def _trace_mode():
     """A TorchDispatchMode that keeps what a call computes, op by op, backward too (``.seen``): the
     matrix products (last two dims) and their multiply–adds, the largest tensor the call wrote (new
@@ -215,9 +265,11 @@ def _trace_mode():
                 "largest": [0, []],
                 "reads": [0, "", []],
                 "writes": 0,
+                "exits": 0,
             }
             self.ops: set = set()
             self.given: set = set()  # data_ptr of the call's arguments' storages
+            self.not_the_answer: tuple = _NOT_THE_ANSWER  # files whose reads of values are not the answer's
 
         def __torch_dispatch__(self, func, types, a=(), kw=None):
             out = func(*a, **(kw or {}))
@@ -225,6 +277,12 @@ def _trace_mode():
             self.ops.add(name)
             if not func.is_view:  # a view writes nothing; every other op writes each entry it returns
                 seen["writes"] += sum(t.numel() for t in _tensors_in(out))
+            if (
+                name == "_local_scalar_dense"
+                and a[0].dtype != torch.bool
+                and _the_answer_reads(1, self.not_the_answer)
+            ):
+                seen["exits"] += 1  # .item(), float(t); not bool(h[i] > 0), a branch on one bit
             if not isinstance(out, torch.Tensor):
                 return out
             ins = _tensors_in([*a, *(kw or {}).values()])
@@ -246,9 +304,11 @@ def _trace_mode():
     return Trace()
 
 
-def traced(inner, answer, args, kwargs, options) -> tuple:
+def traced(inner, answer, args, kwargs, options, not_the_answer: tuple = ()) -> tuple:
     """(the inner probe's outputs, what the call computed: ``_trace_mode``'s record, its op names sorted, and
-    "ungated": each custom Function's backward that returned a gradient for an input that needs none)."""
+    "ungated": each custom Function's backward that returned a gradient for an input that needs none).
+    ``not_the_answer``: more folders whose code's reads of values are the caller's own (the grader's wire
+    sending a tensor to a reference), not the answer's."""
     from torch.autograd.function import BackwardCFunction
 
     mode, ungated, plain = _trace_mode(), [], BackwardCFunction.apply
@@ -260,6 +320,7 @@ def traced(inner, answer, args, kwargs, options) -> tuple:
         for t in v.state_dict().values()
     ]
     mode.given = {t.untyped_storage().data_ptr() for t in mine}
+    mode.not_the_answer = _NOT_THE_ANSWER + tuple(not_the_answer)
 
     def apply(node, *grads):  # the engine calls this for every custom Function's backward
         out = plain(node, *grads)
@@ -270,11 +331,13 @@ def traced(inner, answer, args, kwargs, options) -> tuple:
         return out
 
     BackwardCFunction.apply = apply
+    restore = _counting_exits(mode.seen, mode.not_the_answer)
     try:  # backward on this thread, where the mode sees it
         with torch.autograd.set_multithreading_enabled(False), mode:
             out = _given(run_probe(inner, answer, args, kwargs, options))
     finally:
         BackwardCFunction.apply = plain
+        restore()
     given = {t.untyped_storage().data_ptr() for t in _tensors_in([*args, *kwargs.values()])}
     outs = out if isinstance(out, tuple) else (out,)
     aliases = [
@@ -305,6 +368,8 @@ RULES = {  # name: what is measured; a number is a factor of the reference's mea
     # finite differences run the forward pass once per input entry: on a large case that is the number of
     # inputs times what the derived backward writes (the work grows with the product of the sizes)
     "writes": "the tensor entries every op writes, summed (forward and backward)",
+    # work done on values read out of tensors is not measured by the rules above
+    "exits": "the tensor entries the answer reads out into Python or NumPy (.item(), float(), .tolist(), .numpy(), printing)",
     "avoids": "no op whose name holds one of the words given (forward or backward)",
     "gated": "a custom Function's backward returns None for every input that needs no gradient",
     "new": "every tensor the call returns is new memory: no argument, no view of one",
@@ -314,14 +379,21 @@ _AMOUNT = {
     "largest": lambda m: m["largest"][0],
     "reads": lambda m: m["reads"][0],
     "writes": lambda m: m["writes"],
+    "exits": lambda m: m.get("exits", 0),
 }
+
+
+# what a rule allows beyond the factor × the reference's: a few scalars read out (a count, a norm, a printed
+# loss) do no work that grows with the sizes; finite differences read every entry of the inputs
+ALLOWANCE = {"exits": 8}
 
 
 def rule_bounds(rules: dict, args, kwargs, ref: dict) -> dict:
     """{rule: the most a call may use on this case} for the measured rules: the declared function of the
-    case's arguments, or the declared factor × the reference's call (``ref``: ``traced``'s record)."""
+    case's arguments, or the declared factor × the reference's call (``ref``: ``traced``'s record) plus the
+    rule's ``ALLOWANCE``."""
     return {
-        rule: arg(*args, **kwargs) if callable(arg) else arg * _AMOUNT[rule](ref)
+        rule: arg(*args, **kwargs) if callable(arg) else arg * _AMOUNT[rule](ref) + ALLOWANCE.get(rule, 0)
         for rule, arg in (rules or {}).items()
         if rule in _AMOUNT
     }
@@ -338,6 +410,25 @@ def measured(name, answer, args, kwargs, options, rules) -> tuple:
             return run_probe(name, answer, args, kwargs, options), None
         return reply["result"], reply["trace"]
     return traced(name, answer, args, kwargs, options)
+
+
+# The rules that say a call was not derived by hand: breaking one costs the whole exercise in the hidden
+# tests (``not_by_hand``), as calling autograd does, where another rule costs its case class.
+BY_HAND_RULES = {
+    "writes": "finite differences (work that grows with the number of inputs times a forward pass)",
+    "exits": "values read out of tensors into Python or NumPy, where no work is measured",
+}
+
+
+def not_by_hand(rules: dict, seen: dict | None, bounds: dict) -> str | None:
+    """What a call did that no derived backward does (``BY_HAND_RULES``'s words for the first of them it
+    broke), or None."""
+    if seen is None:
+        return None
+    for rule in BY_HAND_RULES:
+        if rule in (rules or {}) and rule in bounds and _AMOUNT[rule](seen) > bounds[rule]:
+            return BY_HAND_RULES[rule]
+    return None
 
 
 def _kib(n: int) -> str:
@@ -359,7 +450,14 @@ def broken_rule(rules: dict, seen: dict, bounds: dict) -> str | None:
             if rule == "writes":
                 return (
                     f"writes {seen['writes']:,} tensor entries where {bounds[rule]:,.0f} suffice: its work grows "
-                    "with the number of inputs times a forward pass (finite differences, not a backward)"
+                    "with the number of inputs times a forward pass (finite differences, not a backward): "
+                    "0 points for the exercise when graded"
+                )
+            if rule == "exits":
+                return (
+                    f"reads {seen['exits']:,} values out of tensors into Python or NumPy (.item(), float(), "
+                    f".tolist(), .numpy(), printing) where {bounds[rule]:,.0f} suffice: work done there is not "
+                    "measured, so a backward must compute with tensors (0 points for the exercise when graded)"
                 )
             _, op, shape = seen["reads"]
             return f"uses {op} on a {tuple(shape)} tensor at once, where no step needs more than {bounds[rule]:,.0f} entries"

@@ -428,6 +428,61 @@ def test_a_backward_by_finite_differences_gets_a_cross_on_both_sides_on_the_larg
     c.hidden_check("ex3", c.exercises["ex3"].reference, large[0])
 
 
+NUMPY_DIFFERENCES = """
+import numpy as np
+
+def layer1_backward(grad_h, x):
+    gh, xx = grad_h.detach().double().numpy(), x.detach().double().numpy()
+    W, g = np.zeros((gh.shape[0], xx.shape[0])), np.zeros((gh.shape[0], xx.shape[0]))
+    for k in range(W.size):
+        up, down = W.copy(), W.copy()
+        up.flat[k] += 1.0
+        down.flat[k] -= 1.0
+        g.flat[k] = ((gh * (up @ xx)).sum() - (gh * (down @ xx)).sum()) / 2
+    return torch.from_numpy(g).to(grad_h.dtype), grad_h.clone()
+"""
+
+
+def test_finite_differences_on_numpy_copies_get_a_cross_for_the_values_they_read_out_of_tensors():
+    """NumPy's work writes no tensor entries ("writes" saw nothing): the large class counts the values the
+    answer reads out of tensors instead ("exits"), and the course's own backward reads none."""
+    space = {"torch": torch}
+    exec(NUMPY_DIFFERENCES, space)
+    line = labcontract.evaluate_contract("lab01", "ex5", space["layer1_backward"]).line
+    assert line.startswith("✗ Exercise 5 · layer1_backward fails when the tensors are large"), line
+    assert "values out of tensors into Python or NumPy" in line and "0 points for the exercise" in line, line
+    c = contract.load("lab01_cat_mlp")
+    large = [k.name for k in c.exercises["ex5"].classes if k.rules.get("exits")]
+    assert len(large) == 1
+    with pytest.raises(AssertionError, match="NumPy"):
+        c.hidden_check("ex5", space["layer1_backward"], large[0])
+    c.hidden_check("ex5", c.exercises["ex5"].reference, large[0])
+
+
+def test_a_value_read_out_of_a_tensor_counts_where_the_answer_reads_it_not_where_torch_or_a_probe_does():
+    """``.item()``, ``float()``, ``.tolist()``, ``.numpy()``, ``np.asarray`` and printing, each counted once
+    per entry, and only from the answer's own code (torch's printer reads every entry itself); a bool
+    tensor's bits (a loop's ``if h[i] > 0``) are not values."""
+    import numpy as np
+
+    x = torch.arange(6.0).reshape(2, 3)
+
+    def reads(fn):
+        return labcontract.traced(None, fn, (x,), {}, None)[1]["exits"]
+
+    assert reads(lambda t: t * 2) == 0
+    assert reads(lambda t: t[0, 0].item()) == 1
+    assert reads(lambda t: float(t[1, 2])) == 1
+    assert reads(lambda t: t.tolist()) == 6
+    assert reads(lambda t: t.numpy() + 1) == 6
+    assert reads(lambda t: np.asarray(t)) == 6
+    assert reads(lambda t: repr(t)) == 6
+    # a branch per entry reads bits, not values
+    assert reads(lambda t: [bool(v > 2) for v in t.view(-1)]) == 0
+    assert reads(lambda t: (t > 2).tolist()) == 0
+    assert torch.Tensor.numpy is torch._C.TensorBase.numpy  # put back after the call
+
+
 def test_every_backward_a_question_asks_by_hand_declares_a_large_case_where_its_work_is_measured():
     """By construction, not by a list: an exercise returning a gradient whose question forbids autograd
     has a class with the "writes" rule (lab 9's backward is autograd's by design: its questions allow it)."""
@@ -460,6 +515,11 @@ def test_every_lab_that_measures_the_work_says_so_in_its_prompt_with_the_factor_
         text = " ".join(" ".join(ln.removeprefix("#").strip() for ln in lines).split())
         stated = f"at most {contract.WORK_FACTOR} × what the course's backward writes" in text
         assert stated == (lab in measured), lab
+        exits = (
+            f"count too, at most {labcontract.ALLOWANCE['exits']}" in text
+            and "scores 0 for its exercise" in text
+        )
+        assert exits == (lab in measured), f"{lab}: the prompt does not state the exits rule and its cost"
 
 
 def test_a_cross_caused_by_an_earlier_answer_says_so():

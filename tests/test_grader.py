@@ -1264,6 +1264,26 @@ MUTANTS = {
             )
         ],
     ),
+    # the fifth red team's: the same differences taken on NumPy copies, which write no tensor entries; the
+    # large class's "exits" rule counts the values read out of tensors
+    "grad_W1 by finite differences in NumPy (lab 1)": (
+        "lab01_cat_mlp",
+        "ex5",
+        [
+            (
+                "    grad_W1 = torch.outer(grad_h, x)  # SOLUTION",
+                "    import numpy as np\n"
+                "    gh, xx = grad_h.detach().double().numpy(), x.detach().double().numpy()\n"
+                "    W, g = np.zeros((gh.shape[0], xx.shape[0])), np.zeros((gh.shape[0], xx.shape[0]))\n"
+                "    for k in range(W.size):\n"
+                "        up, down = W.copy(), W.copy()\n"
+                "        up.flat[k] += 1.0\n"
+                "        down.flat[k] -= 1.0\n"
+                "        g.flat[k] = ((gh * (up @ xx)).sum() - (gh * (down @ xx)).sum()) / 2\n"
+                "    grad_W1 = torch.from_numpy(g).to(grad_h.dtype)",
+            )
+        ],
+    ),
     "micro-batch losses summed (lab 11)": (
         "lab11_training_by_hand",
         "ex5",
@@ -1290,6 +1310,21 @@ def test_a_mistake_seen_only_through_the_boundary_loses_points(name):
         for q, (p, n) in got.items()
         if q not in mutated and not (lab.startswith("lab09") and q == "ex4")
     ), got
+
+
+@pytest.mark.sandbox
+@pytest.mark.slow
+def test_a_backward_not_derived_scores_0_for_its_exercise():
+    """Finite differences pass every small case to the tolerance, so losing the large class alone left them
+    most of the points (10.57 of 11 in NumPy, for no backward written): a break of a by-hand rule ("writes",
+    "exits") now costs the exercise, as calling autograd does: none of its hidden tests pass."""
+    by_torch, by_numpy = (
+        "grad_W2 by finite differences (lab 1)",
+        "grad_W1 by finite differences in NumPy (lab 1)",
+    )
+    assert _mutant_group(by_torch) == _mutant_group(by_numpy)  # one grading of both
+    got = _graded_with_mistakes(_mutant_group(by_torch))
+    assert got["ex3"][0] == 0 and got["ex5"][0] == 0, got
 
 
 @pytest.mark.sandbox

@@ -560,6 +560,9 @@ ORDINARY_BUILTINS = frozenset(
 # Ordinary tensor work, vetted by hand: what an honest answer may use beyond what the solutions use
 # (a student who writes `torch.matmul` where the solution has `@` did the exercise). Names here are
 # allowed as `torch.X`, `F.X` and `tensor.X`; nothing that computes a gradient or reaches a graph.
+# A module's forward-hook dicts: an honest check that hooks were removed reads len(net[0]._forward_hooks)
+# (lab 5; the honest corpus's one review); the backward ones stay out, since writing into them registers
+# a backward hook with no register_* call for the guard to see.
 VETTED_TENSOR = """
 T mT H abs absolute acos add add_ addcdiv_ addcmul_ addmm all allclose amax amin any arange argmax argmin
 argsort asin atan atan2 baddbmm bfloat16 bmm bool broadcast_to cat ceil chunk clamp clamp_ clamp_max
@@ -580,6 +583,7 @@ cross_entropy nll_loss binary_cross_entropy narrow index_put_ scatter_ scatter_a
 values type is_floating_point nelement element_size storage_offset sigmoid_ relu_ fill_diagonal_
 isneginf isposinf signbit fmax fmin exp2 expm1 log2 log10 hypot abs_ square_ weight bias in_features out_features
 modules named_modules children named_children parameters named_parameters
+_forward_hooks _forward_pre_hooks
 """
 # Public tensor math, by construction rather than by list: every public function, method, dtype and
 # class of torch's math namespaces, less the names that compute or reach a gradient, hook into

@@ -72,7 +72,7 @@ TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 # autograd's gradients in every by-hand exercise)
 TRUSTED_DIRS = tuple(
     os.path.dirname(m.__file__) + os.sep for m in (torch, os, sys.modules["helpers.labcontract"])
-) + (os.path.dirname(os.path.abspath(__file__)) + os.sep,)
+) + (os.path.dirname(os.path.abspath(__file__)) + os.sep,)  # the last: the grader's folder (traced's too)
 
 
 def _from_probe() -> bool:
@@ -549,7 +549,7 @@ def capped(msg, value):
         STATE["exercise"] = exercise  # the probe's own backward pass is told apart by its frame
         try:
             if trace:
-                out, seen = TRACED(inner, fn, args, kwargs, options)
+                out, seen = TRACED(inner, fn, args, kwargs, options, TRUSTED_DIRS[-1:])
                 reply = {"result": out, "over": False, "trace": seen}
             else:
                 reply = {"result": RUN_PROBE(inner, fn, args, kwargs, options), "over": False}
@@ -577,7 +577,7 @@ def capped(msg, value):
                 _limit_growth(int(budget))
             try:
                 if trace:  # the stated rules' measure, taken where the call runs
-                    out, seen = TRACED(inner, fn, args, kwargs, options)
+                    out, seen = TRACED(inner, fn, args, kwargs, options, TRUSTED_DIRS[-1:])
                     reply = {"result": out, "over": False, "trace": seen}
                 else:
                     reply = {"result": RUN_PROBE(inner, fn, args, kwargs, options), "over": False}

@@ -94,7 +94,8 @@ ex1 = Exercise(
             "n = 1024, where the n × n Jacobian (8 MiB) does not fit the call's 2 MiB",
             st.sampled_from([1.0, 2.0, 3.0]),  # one row (the data is recorded), softmax's temperature drawn
             lambda t, s: _probs((1, 1024), s, scale=t, budget=True),
-            rules={"writes": WORK_FACTOR},  # and no finite differences: 1024 forward passes
+            # and no finite differences: 1024 forward passes
+            rules={"writes": WORK_FACTOR, "exits": WORK_FACTOR},
             **F64_TOL,
         ),
     ],

@@ -31,6 +31,10 @@
 # case of each backward is large, and there the self-check and the hidden tests count the tensor
 # entries your code writes, forward and backward: at most 10 × what the course's backward
 # writes, room enough for any derived backward (loops and float64 copies included).
+# Values read out of tensors into Python or NumPy there (`.item()`, `float()`, `.tolist()`,
+# `.numpy()`, printing) count too, at most 8 (a count or a norm, not a tensor): work done outside
+# tensors cannot be measured. A backward over either limit scores 0 for its exercise, as one that
+# calls autograd does.
 #
 # **The seed's numbers** (chapter 1, the cat): $x = (1, 2, -1, 0.5)$,
 # $W_1 = \begin{pmatrix} 0.1 & 0.2 & -0.1 & 0.05 \\ 0.3 & -0.1 & 0.2 & 0.1 \end{pmatrix}$,

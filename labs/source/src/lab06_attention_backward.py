@@ -42,6 +42,10 @@
 # case of each backward is large, and there the self-check and the hidden tests count the tensor
 # entries your code writes, forward and backward: at most 10 × what the course's backward
 # writes, room enough for any derived backward (loops and float64 copies included).
+# Values read out of tensors into Python or NumPy there (`.item()`, `float()`, `.tolist()`,
+# `.numpy()`, printing) count too, at most 8 (a count or a norm, not a tensor): work done outside
+# tensors cannot be measured. A backward over either limit scores 0 for its exercise, as one that
+# calls autograd does.
 
 # %% tags=["remove-cell"]
 # Colab setup (hidden on the site): installs the course helpers in Colab only.
