@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import html
 import http.server
+import io
 import os
 import posixpath
 import re
@@ -1159,6 +1160,131 @@ def test_the_pdf_command_fails_when_a_code_box_would_be_cut(tmp_path, monkeypatc
     assert "1 code boxes cut" in printed.out and "a very long line" in printed.err, printed
 
 
+def test_the_pdf_command_fails_when_a_page_is_empty(tmp_path, monkeypatch, capsys):
+    """A page with nothing but the footer (an empty code frame once): exit 1, the pages named."""
+    out = tmp_path / PDF_NAME
+
+    def fake_print(folder, out, browser=None, **options):
+        out.write_bytes(b"%PDF-1.4")
+        return _pdf.Printed(formulas=3, images=1, empty=[47, 89], pages=100)
+
+    monkeypatch.setattr(_pdf, "build_singlehtml", lambda path_output, toc=None, config=None: tmp_path)
+    monkeypatch.setattr(_pdf, "print_pdf", fake_print)
+    assert _pdf.main(["--out", str(out)], browser=object()) == 1
+    printed = capsys.readouterr()
+    assert "0 code boxes cut, 2 empty-frame pages" in printed.out and "pages 47, 89" in printed.err, printed
+
+
+def test_the_pdf_empty_page_check_flags_a_page_that_is_only_a_grey_frame():
+    """empty_pages: a grey frame under the footer is an empty page; text or an image on it is not."""
+    import pypdf
+    from pypdf.generic import DecodedStreamObject, DictionaryObject, NameObject
+
+    footer = b"BT /F1 8 Tf 250 20 Td (Backprop by Hand \\267 2 / 3) Tj ET"  # in the 16 mm margin
+    frame = b"0.97 0.97 0.97 rg 40 50 515 740 re f "
+    pages = {
+        "frame": frame + footer,
+        "frame and code": frame + b"BT /F1 10 Tf 60 700 Td (import inspect) Tj ET " + footer,
+        "nothing": footer,
+        "image": b"q 100 0 0 100 100 400 cm BI /W 1 /H 1 /CS /G /BPC 8 ID \x80 EI Q " + footer,
+    }
+    writer = pypdf.PdfWriter()
+    font = DictionaryObject(
+        {
+            NameObject("/Type"): NameObject("/Font"),
+            NameObject("/Subtype"): NameObject("/Type1"),
+            NameObject("/BaseFont"): NameObject("/Helvetica"),
+        }
+    )
+    for content in pages.values():
+        page = writer.add_blank_page(595, 842)
+        stream = DecodedStreamObject()
+        stream.set_data(content)
+        page[NameObject("/Contents")] = writer._add_object(stream)
+        page[NameObject("/Resources")] = DictionaryObject(
+            {NameObject("/Font"): DictionaryObject({NameObject("/F1"): font})}
+        )
+    data = io.BytesIO()
+    writer.write(data)
+    reader = pypdf.PdfReader(io.BytesIO(data.getvalue()))
+    assert "import inspect" in reader.pages[1].extract_text()  # the test's PDF reads as meant
+    assert _pdf.empty_pages(reader) == [1, 3], list(pages)
+
+
+def _cell(lines: list[str], output: list[str] = ()) -> str:
+    """A code cell as myst-nb writes it in the book: a framed input, its output under it."""
+    out = (
+        "<div class='cell_output docutils container'><div class='output stream highlight-myst-ansi "
+        f"notranslate'><div class='highlight'><pre>{chr(10).join(output)}</pre></div></div></div>"
+        if output
+        else ""
+    )
+    return (
+        "<div class='cell docutils container'><div class='cell_input docutils container'>"
+        "<div class='highlight-python notranslate'><div class='highlight'><pre>"
+        f"{chr(10).join(lines)}</pre></div></div></div>{out}</div>"
+    )
+
+
+@pytest.mark.browser
+def test_the_pdf_printer_breaks_a_cell_taller_than_a_page_without_an_empty_frame(browser, tmp_path):
+    """The book printed an empty grey frame alone on a page before tall cells (the theme keeps each
+    code box whole, inside a cell kept whole): with the book's own style sheets, a cell taller than
+    a page, one whose input alone is, and one a little taller than what is left of a page print
+    with no empty page, every line printed; the small cell goes whole to the next page."""
+    import myst_nb
+    import pydata_sphinx_theme
+    import pypdf
+    import sphinx_book_theme
+
+    sheets = [
+        Path(pydata_sphinx_theme.__file__).parent
+        / "theme/pydata_sphinx_theme/static/styles/pydata-sphinx-theme.css",
+        Path(sphinx_book_theme.__file__).parent
+        / "theme/sphinx_book_theme/static/styles/sphinx-book-theme.css",
+        Path(myst_nb.__file__).parent / "static/mystnb.css",
+        ROOT / "_static" / "custom.css",
+    ]
+    css = "".join(f"<style>{p.read_text(encoding='utf-8')}</style>" for p in sheets)
+    # A4 holds about 57 lines of code in these styles, 265 mm high
+    tall = [f"tall_{i} = step(tall_{i - 1})  # line {i}" for i in range(1, 81)]  # about 1.4 pages
+    over = [f"over_{i} = step(over_{i - 1})" for i in range(1, 61)]  # its input a little over a page
+    small = [f"small_{i} = step(small_{i - 1})" for i in range(1, 13)]  # about 60 mm
+    (tmp_path / "book.html").write_text(
+        f"<html><head>{css}</head><body><div class='bd-main'><div class='bd-content'>"
+        f"<article class='bd-article'><h1>Backprop</h1><p>Lead.</p>{_cell(tall, ['tall done'])}"
+        f"<p>A short paragraph.</p>{_cell(over, ['over done'] * 8)}"
+        # a page's paragraph 215 mm high: the small cell does not fit under it
+        "<p style='break-before: page; height: 215mm'>Before the small cell.</p>"
+        f"{_cell(small, ['small done'])}<p>The end.</p></article></div></div></body></html>",
+        encoding="utf-8",
+    )
+    out = tmp_path / "out" / PDF_NAME
+    done = print_pdf(tmp_path, out, browser)
+    reader = pypdf.PdfReader(out)
+    texts = [page.extract_text() for page in reader.pages]
+    where = {
+        line: [n for n, text in enumerate(texts, 1) if line in text]
+        for line in [
+            *tall,
+            *over,
+            small[0],
+            small[-1],
+            "Before the small cell.",
+            "tall done",
+            "over done",
+            "small done",
+        ]
+    }
+    assert done.empty == _pdf.empty_pages(reader) == [], (
+        f"pages {done.empty} of {done.pages} print nothing (an empty code frame?)"
+    )
+    assert all(where.values()), [line for line, pages in where.items() if not pages]  # nothing lost
+    before = where["Before the small cell."][0]
+    assert where[small[0]] == where[small[-1]] == where["small done"] == [before + 1], where  # kept whole
+    assert max(where[tall[-1]]) > min(where[tall[0]]), "the tall cell should break across pages"
+
+
 # A small book for the printer's end-to-end run: the introduction, a chapter with its lab, a
 # reference page, in the parts of _toc.yml.
 PDF_TOC = """format: jb-book
@@ -1176,7 +1302,7 @@ parts:
 
 PDF_SUMMARY = re.compile(
     r"pdf: (?P<out>\S+) \((?P<mb>[\d.]+) MB, (?P<pages>\d+) pages\): (?P<formulas>\d+) formulas, "
-    r"(?P<images>\d+) images, (?P<cut>\d+) code boxes cut; contents (?P<contents>\d+) entries, "
+    r"(?P<images>\d+) images, (?P<cut>\d+) code boxes cut, (?P<empty>\d+) empty-frame pages; contents (?P<contents>\d+) entries, "
     r"outline (?P<bookmarks>\d+) bookmarks"
 )
 
@@ -1226,7 +1352,7 @@ def test_the_whole_book_pdf_has_a_contents_page_and_an_outline(browser, tmp_path
     summary = PDF_SUMMARY.search(printed)
     assert rc == 0 and summary, printed
     reader = pypdf.PdfReader(out)
-    assert int(summary["pages"]) == len(reader.pages) and summary["cut"] == "0", printed
+    assert int(summary["pages"]) == len(reader.pages) and summary["cut"] == summary["empty"] == "0", printed
     assert int(summary["formulas"]) > 100 and int(summary["images"]) >= 1, printed
 
     def flat(text: str) -> str:  # one space between words; the PDF's ligatures (ﬁ, ﬂ) as letters

@@ -21,9 +21,11 @@ headings: each chapter, lab and reference page at the top level, its sections un
 (Chromium's own ``outline`` option needs a tagged PDF and takes its titles from the printed lines:
 headings that wrap lose a space, formulas vanish, some titles come out twice.)
 
-It prints one line: pages, formulas, images, code boxes cut, contents entries and bookmarks.
-A code box too wide for the A4 column would be cut on paper: the PDF is still written, the boxes
-are named, and the exit status is 1.  ``tools/book.sh`` runs this after the website when Chromium
+It prints one line: pages, formulas, images, code boxes cut, empty-frame pages, contents entries
+and bookmarks.  A code box too wide for the A4 column would be cut on paper, and a page with
+nothing on it but the footer wastes paper (there were empty grey code frames before tall cells,
+see _static/custom.css, and a blank page before a lab, see BOOK_CSS): the PDF is still written,
+the boxes and pages are named, and the exit status is 1.  ``tools/book.sh`` runs this after the website when Chromium
 is installed.
 """
 
@@ -36,6 +38,7 @@ import http.server
 import io
 import logging
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -136,6 +139,7 @@ CUT_CODE = """() => [...document.querySelectorAll('pre')].filter(p => p.scrollWi
   .map(p => p.textContent.split('\\n').reduce((a, l) => l.length > a.length ? l : a, '').trim().slice(0, 60))"""
 A4_COLUMN_PX = 688  # (210 mm − 2 × 14 mm margins) at 96 px per inch
 
+MARGIN = {"top": "16mm", "bottom": "16mm", "left": "14mm", "right": "14mm"}  # the footer is in the bottom one
 PLACEHOLDER = "000"  # a page number before it is known: as wide as any the book will need
 
 # The book's print layout on top of _static/custom.css and the theme's print rules.
@@ -143,8 +147,10 @@ BOOK_CSS = """
 @media print {
   /* a folded cell, opened (OPEN_HIDDEN_CELLS): its code and output without the fold's title */
   details.bbh-printed-open > summary { display: none !important; }  /* the theme sets it, more specific */
-  /* each chapter, lab and reference page starts a page (singlehtml: a span, then its section) */
-  span[id^="document-"] + section { break-before: page; }
+  /* each chapter, lab and reference page starts a page (singlehtml: a span, then its section);
+     the break goes before the span, the target of links to the page, made a block: inline after
+     a full page, it printed a blank page of its own before the section's break */
+  span[id^="document-"]:has(+ section) { display: block; break-before: page; }
   #bbh-contents { break-after: page; font-size: 0.88rem; }
   #bbh-contents h2 { font-size: 1.5rem; margin: 0.8rem 0 0.3rem; padding: 0; border: 0; }
   #bbh-contents .bbh-part { font-weight: 700; margin: 0.6rem 0 0.1rem; color: #1f3a5f; }
@@ -275,6 +281,7 @@ class Printed:
     formulas: int = 0
     images: int = 0
     cut: list[str] = field(default_factory=list)  # the longest line of each code box cut on paper
+    empty: list[int] = field(default_factory=list)  # pages with nothing but the footer (empty_pages)
     pages: int = 0
     contents: list[tuple[str, str, int, int]] = field(default_factory=list)  # (id, title, level, page)
     bookmarks: int = 0
@@ -297,6 +304,44 @@ def _pdf_pages(data: bytes, ids) -> tuple[object, dict[str, int]]:
         if dest is not None:
             pages[id_] = reader.get_destination_page_number(dest) + 1
     return reader, pages
+
+
+SHOWN_TEXT = re.compile(rb"(?<![A-Za-z])(?:Tj|TJ)(?![A-Za-z])")  # the operators that show a string
+FOOTER_STRINGS = 12  # the footer shows 5 strings (6 in Chinese); a page showing more has text of its own
+
+
+def empty_pages(reader, margin_pt: float = float(MARGIN["top"][:-2]) * 72 / 25.4) -> list[int]:
+    """The 1-based pages with no text between the top and bottom margins and no image.
+
+    Such a page holds the footer and at most frames and rules: Chromium printed a tall cell's
+    grey input frame alone on a page, its code on the next (see _static/custom.css), and once a
+    blank page before a lab (BOOK_CSS).  Text is placed by pypdf's text visitor (PDF space: y
+    from the page's bottom); an image is a drawn XObject or an inline image.  Only pages showing
+    few strings are read that closely (reading every page's text takes 15 s for the book).
+    """
+    from pypdf.generic import ContentStream
+
+    empty = []
+    for number, page in enumerate(reader.pages, 1):
+        contents = page.get_contents()
+        data = contents.get_data() if contents is not None else b""
+        if len(SHOWN_TEXT.findall(data)) > FOOTER_STRINGS:
+            continue
+        height, body = float(page.mediabox.height), []
+
+        def visit(text, cm, tm, font, size, height=height, body=body):
+            y = tm[4] * cm[1] + tm[5] * cm[3] + cm[5]  # the text's origin: Tm, then the CTM
+            if text.strip() and margin_pt < y < height - margin_pt:
+                body.append(text)
+
+        page.extract_text(visitor_text=visit)
+        if body or (
+            contents is not None
+            and any(op in (b"Do", b"INLINE IMAGE") for _, op in ContentStream(contents, reader).operations)
+        ):
+            continue
+        empty.append(number)
+    return empty
 
 
 def _with_outline(reader, outline, out: Path, title: str = TITLE) -> int:
@@ -382,7 +427,7 @@ def print_pdf(
                 format="A4",
                 print_background=True,
                 tagged=tagged and final,
-                margin={"top": "16mm", "bottom": "16mm", "left": "14mm", "right": "14mm"},
+                margin=MARGIN,
                 display_header_footer=True,
                 header_template="<span></span>",
                 footer_template=(
@@ -409,6 +454,7 @@ def print_pdf(
             raise RuntimeError(f"pdf: no destination in the PDF for contents entries {missing}")
         done.contents = [(i, title, level, pages[i]) for i, title, level in book["contents"]]
         done.pages = len(reader.pages)
+        done.empty = empty_pages(reader)
         done.bookmarks = _with_outline(reader, book["outline"], out, title)
     finally:
         page.close()
@@ -417,7 +463,7 @@ def print_pdf(
 
 
 def main(argv: list[str], browser=None) -> int:
-    """Build the singlehtml book, print it; 1 when a code box would be cut on paper."""
+    """Build the singlehtml book, print it; 1 when a code box would be cut on paper or a page is empty."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--path-output", type=Path, default=ROOT, help="build in DIR/_build (default: the repo)")
     ap.add_argument("--toc", type=Path, default=None)
@@ -454,9 +500,9 @@ def main(argv: list[str], browser=None) -> int:
     size = out.stat().st_size / 1e6
     print(
         f"pdf: {out} ({size:.1f} MB, {done.pages} pages): {done.formulas} formulas, {done.images} images, "
-        f"{len(done.cut)} code boxes cut; contents {len(done.contents)} entries, outline {done.bookmarks} "
-        f"bookmarks; {time.time() - start:.0f} s ({built - start:.0f} s singlehtml build, "
-        f"{done.passes} prints)",
+        f"{len(done.cut)} code boxes cut, {len(done.empty)} empty-frame pages; "
+        f"contents {len(done.contents)} entries, outline {done.bookmarks} bookmarks; "
+        f"{time.time() - start:.0f} s ({built - start:.0f} s singlehtml build, {done.passes} prints)",
         flush=True,
     )
     if done.cut:
@@ -465,8 +511,13 @@ def main(argv: list[str], browser=None) -> int:
             "their longest lines:\n  " + "\n  ".join(done.cut),
             file=sys.stderr,
         )
-        return 1
-    return 0
+    if done.empty:
+        print(
+            f"pdf: {len(done.empty)} pages hold nothing but the footer (an empty code frame?): pages "
+            + ", ".join(map(str, done.empty)),
+            file=sys.stderr,
+        )
+    return 1 if done.cut or done.empty else 0
 
 
 if __name__ == "__main__":
