@@ -222,9 +222,17 @@ def results(lab: str, row: dict, detail: dict, qs, skipped, sandbox_line: str, c
             "hidden": "never (your instructor shares them)",
             "visible": "now",
         }[visibility]
+        # Before then, no score and no status: "review" (or a lower total) shown at once would tell a
+        # student which of their constructs the allow-list holds, submission after submission.
+        head = parts["head"] if visibility == "visible" else parts["head"][:1]
+        shows = (
+            "Per exercise, how many hidden tests pass shows"
+            if visibility == "visible"
+            else "Your score, and per exercise how many hidden tests pass, show"
+        )
         output = "\n".join(
-            parts["head"]
-            + [f"Per exercise, how many hidden tests pass shows {later}."]
+            head
+            + [f"{shows} {later}."]
             + [ln.strip() for ln in parts["skipped"]]
             + (["", "Notes:"] + [f"  {n}" for n in general] if general else [])
             + [""]
