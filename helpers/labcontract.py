@@ -1720,6 +1720,12 @@ def backward_saving(
         on = [f"output {k}" for k, o in enumerate(outs) if isinstance(o, torch.Tensor) and o.requires_grad]
         marks = (", ".join(on) or "none",)
     grads = grad_output if isinstance(grad_output, tuple) else (grad_output,)
+    if grad_output is not None and len(outs) != len(grads):  # one gradient per output the case expects
+        raise TypeError(
+            f"returned a tuple of {len(outs)} where one tensor is expected"
+            if len(grads) == 1
+            else f"returned {len(outs)} outputs where {len(grads)} are expected"
+        )
     pairs = [(o, g) for o, g in zip(outs, grads) if g is not None]
     torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
     got = [args[i].grad if i in wrt else None for i in report]
