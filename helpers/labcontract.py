@@ -5,7 +5,7 @@
 prints one line, naming the failing *case class* in words before any number:
 
 * ``✓ Exercise 2 · dense_backward: matches the recorded reference in all 8 case classes (X is 1-D (in,), …)``
-* ``✗ Exercise 2 · dense_backward fails when X is 1-D (in,) — works when X is 2-D (R, in), …: grad_W has
+* ``✗ Exercise 2 · dense_backward fails when X is 1-D (in,) — works when X is 2-D (R, in); …: grad_W has
   shape (4,), expected (4, 3)`` (the part after the colon is ``helpers.labcheck``'s diagnosis of
   the first failing case: a shape, a dtype, a factor, the transpose, a known mistake, …)
 * ``· Exercise 2 · dense_backward: not implemented yet``
@@ -196,8 +196,9 @@ def _multiply_adds(name: str, a: tuple, out: torch.Tensor) -> int:
 
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-# files whose reading of a tensor's values is not the answer's: torch, the standard library, this module (probes)
-_NOT_THE_ANSWER = (_TORCH_DIR, os.path.dirname(os.__file__) + os.sep, __file__)
+# files whose reading of a tensor's values is not the answer's: torch's own, and this module's (the probes);
+# not the standard library's (red team 6: functools.singledispatch(torch.Tensor.tolist)(t) read from there)
+_NOT_THE_ANSWER = (_TORCH_DIR, __file__)
 
 
 def _the_answer_reads(depth: int, not_the_answer: tuple) -> bool:
@@ -211,37 +212,39 @@ def _the_answer_reads(depth: int, not_the_answer: tuple) -> bool:
 
 # Reading values out of tensors into Python or NumPy: work done there is not a tensor op, so no rule sees
 # it (finite differences in NumPy wrote no tensor entries). ``.item()`` and float() go through the
-# dispatcher (_local_scalar_dense, counted there); these do not, and are counted while ``traced`` runs.
-# A bool tensor's values are bits a loop branches on (``if h[i] > 0``), not numbers: not counted.
-_EXITS = ("numpy", "tolist", "__repr__")
+# dispatcher (_local_scalar_dense, counted there); ``_READS`` do not, and count through wrappers put on
+# torch.Tensor once, when this module is imported: before any answer is defined, so a reference to the
+# method an answer keeps (``_vals = torch.Tensor.tolist``, red team 6) is the counting one. A bool
+# tensor's values are bits a loop branches on (``if h[i] > 0``): counted apart ("branches"), since
+# comparisons can read a float bit by bit.
+_READS = ("numpy", "tolist", "__repr__")
+_READING: list = []  # [(the trace's record, not_the_answer)] while ``traced`` runs
 
 
-def _counting_exits(seen: dict, not_the_answer: tuple):
-    """Replaces torch.Tensor's ``_EXITS`` with versions that add the entries they read to ``seen["exits"]``
-    when the answer calls them (``_the_answer_reads``); returns a function that puts them back."""
-    own = {name: torch.Tensor.__dict__.get(name) for name in _EXITS}
+def _read(seen: dict, t: torch.Tensor, n: int, not_the_answer: tuple, depth: int) -> None:
+    if _the_answer_reads(depth + 1, not_the_answer):
+        seen["branches" if t.dtype == torch.bool else "exits"] += n
 
-    def counted(name):
+
+def _counting_reads() -> None:
+    """Wraps torch.Tensor's ``_READS`` (once per process) to count the entries they read while a trace runs."""
+    for name in _READS:
         plain = getattr(torch.Tensor, name)
+        if getattr(plain, "_counts_reads", False):
+            continue
 
-        def read(self, *a, **kw):
-            if self.dtype != torch.bool and _the_answer_reads(1, not_the_answer):
-                seen["exits"] += self.numel()
-            return plain(self, *a, **kw)
+        def read(self, *a, _plain=plain, **kw):
+            if _READING:
+                _read(_READING[-1][0], self, self.numel(), _READING[-1][1], 1)
+            return _plain(self, *a, **kw)
 
-        return read
+        read._counts_reads = True
+        read.__name__ = read.__qualname__ = name
+        read.__doc__ = plain.__doc__
+        setattr(torch.Tensor, name, read)
 
-    for name in _EXITS:
-        setattr(torch.Tensor, name, counted(name))
 
-    def restore():
-        for name, method in own.items():
-            if method is None:
-                delattr(torch.Tensor, name)
-            else:
-                setattr(torch.Tensor, name, method)
-
-    return restore
+_counting_reads()
 
 
 def _trace_mode():
@@ -266,6 +269,7 @@ def _trace_mode():
                 "reads": [0, "", []],
                 "writes": 0,
                 "exits": 0,
+                "branches": 0,
             }
             self.ops: set = set()
             self.given: set = set()  # data_ptr of the call's arguments' storages
@@ -277,12 +281,8 @@ def _trace_mode():
             self.ops.add(name)
             if not func.is_view:  # a view writes nothing; every other op writes each entry it returns
                 seen["writes"] += sum(t.numel() for t in _tensors_in(out))
-            if (
-                name == "_local_scalar_dense"
-                and a[0].dtype != torch.bool
-                and _the_answer_reads(1, self.not_the_answer)
-            ):
-                seen["exits"] += 1  # .item(), float(t); not bool(h[i] > 0), a branch on one bit
+            if name == "_local_scalar_dense":  # .item(), float(t); bool(h[i] > 0) reads a bit
+                _read(seen, a[0], 1, self.not_the_answer, 1)
             if not isinstance(out, torch.Tensor):
                 return out
             ins = _tensors_in([*a, *(kw or {}).values()])
@@ -331,13 +331,13 @@ def traced(inner, answer, args, kwargs, options, not_the_answer: tuple = ()) -> 
         return out
 
     BackwardCFunction.apply = apply
-    restore = _counting_exits(mode.seen, mode.not_the_answer)
+    _READING.append((mode.seen, mode.not_the_answer))
     try:  # backward on this thread, where the mode sees it
         with torch.autograd.set_multithreading_enabled(False), mode:
             out = _given(run_probe(inner, answer, args, kwargs, options))
     finally:
         BackwardCFunction.apply = plain
-        restore()
+        _READING.pop()
     given = {t.untyped_storage().data_ptr() for t in _tensors_in([*args, *kwargs.values()])}
     outs = out if isinstance(out, tuple) else (out,)
     aliases = [
@@ -370,6 +370,9 @@ RULES = {  # name: what is measured; a number is a factor of the reference's mea
     "writes": "the tensor entries every op writes, summed (forward and backward)",
     # work done on values read out of tensors is not measured by the rules above
     "exits": "the tensor entries the answer reads out into Python or NumPy (.item(), float(), .tolist(), .numpy(), printing)",
+    # a comparison read out (if h[i] > 0) is a bit: a branch per entry is derived work, 30 bits per value
+    # rebuild the value (red team 6 did, to difference a forward in Python)
+    "branches": "the bool entries the answer reads out (if h[i] > 0; bool(), .tolist() of a mask)",
     "avoids": "no op whose name holds one of the words given (forward or backward)",
     "gated": "a custom Function's backward returns None for every input that needs no gradient",
     "new": "every tensor the call returns is new memory: no argument, no view of one",
@@ -380,12 +383,18 @@ _AMOUNT = {
     "reads": lambda m: m["reads"][0],
     "writes": lambda m: m["writes"],
     "exits": lambda m: m.get("exits", 0),
+    "branches": lambda m: m.get("branches", 0),
 }
 
 
 # what a rule allows beyond the factor × the reference's: a few scalars read out (a count, a norm, a printed
 # loss) do no work that grows with the sizes; finite differences read every entry of the inputs
 ALLOWANCE = {"exits": 8}
+
+
+def two_per_entry(*args, **kwargs) -> int:
+    """The "branches" bound of a case: two comparisons read out per entry of its tensors, and 8 more."""
+    return 2 * sum(t.numel() for t in _tensors_in([*args, *kwargs.values()])) + ALLOWANCE["exits"]
 
 
 def rule_bounds(rules: dict, args, kwargs, ref: dict) -> dict:
@@ -417,6 +426,7 @@ def measured(name, answer, args, kwargs, options, rules) -> tuple:
 BY_HAND_RULES = {
     "writes": "finite differences (work that grows with the number of inputs times a forward pass)",
     "exits": "values read out of tensors into Python or NumPy, where no work is measured",
+    "branches": "values read out of tensors bit by bit (comparisons), where no work is measured",
 }
 
 
@@ -458,6 +468,12 @@ def broken_rule(rules: dict, seen: dict, bounds: dict) -> str | None:
                     f"reads {seen['exits']:,} values out of tensors into Python or NumPy (.item(), float(), "
                     f".tolist(), .numpy(), printing) where {bounds[rule]:,.0f} suffice: work done there is not "
                     "measured, so a backward must compute with tensors (0 points for the exercise when graded)"
+                )
+            if rule == "branches":
+                return (
+                    f"reads {seen['branches']:,} comparisons out of tensors (if h[i] > 0, bool(), a mask's "
+                    f".tolist()) where {bounds[rule]:,.0f} suffice (two per entry): that many rebuild values "
+                    "bit by bit (0 points for the exercise when graded)"
                 )
             _, op, shape = seen["reads"]
             return f"uses {op} on a {tuple(shape)} tensor at once, where no step needs more than {bounds[rule]:,.0f} entries"
@@ -954,8 +970,12 @@ def _ruled_out(spec: dict, working: list[str]) -> set[str]:
     }
 
 
-def _listed(names: list[str], most: int = 2) -> str:
-    return ", ".join(names[:most]) + (f" (and {len(names) - most} more)" if len(names) > most else "")
+def _listed(names: list[str], most: int = 2, sep: str = ", ") -> str:
+    return sep.join(names[:most]) + (f" (and {len(names) - most} more)" if len(names) > most else "")
+
+
+# case classes are listed with "; " between them: 145 of their names hold a comma ("W2 (k, n_h), k > 1")
+CLASSES = "; "
 
 
 def evaluate_contract(lab: str, exercise: str, fn) -> CheckResult:
@@ -997,9 +1017,11 @@ def evaluate_contract(lab: str, exercise: str, fn) -> CheckResult:
     )
     fails = [v[0] for v in failing]
     if working:
-        head = f"✗ {title} fails when {_listed(fails)} — works when {_listed(working)}"
+        head = (
+            f"✗ {title} fails when {_listed(fails, sep=CLASSES)} — works when {_listed(working, sep=CLASSES)}"
+        )
     else:
-        head = f"✗ {title} fails in every case class ({_listed(fails)})"
+        head = f"✗ {title} fails in every case class ({_listed(fails, sep=CLASSES)})"
     return CheckResult("fail", f"{head}: {detail}{_earlier_failing(lab, exercise, fn)}")
 
 

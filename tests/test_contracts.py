@@ -372,21 +372,24 @@ def test_by_hand_refuses_what_the_exercise_forbids_only_while_the_answer_runs():
     assert labcontract.by_hand(torch.autograd.Function, ["autograd"]) is torch.autograd.Function
 
 
+def _lab1_layer2(body: str, header: str = "") -> tuple[dict, str]:
+    """(the namespace, the self-check's line) of a lab 1 exercise 3 answer: ``header``, then the def and ``body``."""
+    space = {"torch": torch}
+    exec(header + "def layer2_backward(grad_y_hat, a, W2):\n" + body, space)
+    return space, labcontract.evaluate_contract("lab01", "ex3", space["layer2_backward"]).line
+
+
 def test_a_by_hand_exercise_answered_with_autograd_gets_a_cross_on_both_sides():
     """Lab 1 exercise 3 asks for grad_a by hand: an answer by autograd is right in value, and gets ✗
     naming autograd in the self-check and an AssertionError in its hidden tests."""
-    space = {"torch": torch}
-    exec(
-        "def layer2_backward(grad_y_hat, a, W2):\n"
+    space, line = _lab1_layer2(
         "    a_ = a.detach().requires_grad_()\n"
         "    (grad_a,) = torch.autograd.grad(W2 @ a_, a_, grad_y_hat)\n"
-        "    return torch.outer(grad_y_hat, a), grad_y_hat.clone(), grad_a\n",
-        space,
+        "    return torch.outer(grad_y_hat, a), grad_y_hat.clone(), grad_a\n"
     )
-    line = labcontract.evaluate_contract("lab01", "ex3", space["layer2_backward"]).line
     assert line.startswith("✗") and "uses autograd (grad)" in line, line
     c = contract.load("lab01_cat_mlp")
-    assert c.exercises["ex3"].by_hand == ("autograd", "helpers.cat_mlp.backward")
+    assert c.exercises["ex3"].by_hand[:2] == ("autograd", "helpers.cat_mlp.backward")  # then the course's
     with pytest.raises(AssertionError, match="uses autograd"):
         c.hidden_check("ex3", space["layer2_backward"], c.exercises["ex3"].classes[0].name)
 
@@ -462,25 +465,73 @@ def test_finite_differences_on_numpy_copies_get_a_cross_for_the_values_they_read
 def test_a_value_read_out_of_a_tensor_counts_where_the_answer_reads_it_not_where_torch_or_a_probe_does():
     """``.item()``, ``float()``, ``.tolist()``, ``.numpy()``, ``np.asarray`` and printing, each counted once
     per entry, and only from the answer's own code (torch's printer reads every entry itself); a bool
-    tensor's bits (a loop's ``if h[i] > 0``) are not values."""
+    tensor's bits (a loop's ``if h[i] > 0``) apart, as branches. Red team 6's two ways around it count too:
+    the method kept before the call, and a read made from a standard-library frame."""
+    import functools
+
     import numpy as np
 
     x = torch.arange(6.0).reshape(2, 3)
+    kept = torch.Tensor.tolist  # taken before any trace: the counting wrapper, put there on import
 
     def reads(fn):
-        return labcontract.traced(None, fn, (x,), {}, None)[1]["exits"]
+        seen = labcontract.traced(None, fn, (x,), {}, None)[1]
+        return seen["exits"], seen["branches"]
 
-    assert reads(lambda t: t * 2) == 0
-    assert reads(lambda t: t[0, 0].item()) == 1
-    assert reads(lambda t: float(t[1, 2])) == 1
-    assert reads(lambda t: t.tolist()) == 6
-    assert reads(lambda t: t.numpy() + 1) == 6
-    assert reads(lambda t: np.asarray(t)) == 6
-    assert reads(lambda t: repr(t)) == 6
-    # a branch per entry reads bits, not values
-    assert reads(lambda t: [bool(v > 2) for v in t.view(-1)]) == 0
-    assert reads(lambda t: (t > 2).tolist()) == 0
-    assert torch.Tensor.numpy is torch._C.TensorBase.numpy  # put back after the call
+    assert reads(lambda t: t * 2) == (0, 0)
+    assert reads(lambda t: t[0, 0].item()) == (1, 0)
+    assert reads(lambda t: float(t[1, 2])) == (1, 0)
+    assert reads(lambda t: t.tolist()) == (6, 0)
+    assert reads(lambda t: t.numpy() + 1) == (6, 0)
+    assert reads(lambda t: np.asarray(t)) == (6, 0)
+    assert reads(lambda t: repr(t)) == (6, 0)
+    assert reads(lambda t: kept(t)) == (6, 0)
+    assert reads(lambda t: functools.singledispatch(torch.Tensor.tolist)(t)) == (6, 0)
+    assert reads(lambda t: functools.singledispatch(float)(t[0, 0])) == (1, 0)
+    assert reads(lambda t: [bool(v > 2) for v in t.view(-1)]) == (0, 6)
+    assert reads(lambda t: (t > 2).tolist()) == (0, 6)
+    assert x.tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]  # outside a trace the wrapper only passes through
+    assert labcontract.two_per_entry(x, scale=torch.ones(3)) == 2 * 9 + labcontract.ALLOWANCE["exits"]
+
+
+def test_comparisons_read_out_one_per_entry_pass_and_thirty_per_value_do_not():
+    """A branch per entry (``if h[i] > 0``) is derived work; rebuilding a value bit by bit from comparisons
+    (red team 6's way to difference a forward in plain Python) reads many per entry: "branches"."""
+    branch = "def relu_backward(grad_a, h):\n    return torch.stack([g if v > 0 else g * 0 for g, v in zip(grad_a, h)])\n"
+    bits = (
+        "def relu_backward(grad_a, h):\n"
+        "    gate = [sum(bool(v > k / 8) for k in range(-4, 4)) > 4 for v in h]\n"
+        "    return torch.stack([g if o else g * 0 for g, o in zip(grad_a, gate)])\n"
+    )
+    lines = {}
+    for name, code in (("branch", branch), ("bits", bits)):
+        space = {"torch": torch}
+        exec(code, space)
+        lines[name] = labcontract.evaluate_contract("lab01", "ex4", space["relu_backward"]).line
+    large = "the tensors are large (h (1024,))"
+    assert large not in lines["branch"].split(" — works when")[0], lines["branch"]
+    assert large in lines["bits"].split(" — works when")[0] or large in lines["bits"], lines["bits"]
+
+
+def test_every_exercise_that_asks_for_a_gradient_by_hand_refuses_the_courses_backwards_it_is_not_given():
+    """By construction (contract.course_backwards, contract.given_helpers): lab 1's answer may not be
+    helpers.numgrad.linear_backward; lab 7 gives attention_backward, so only an exercise naming it refuses it."""
+    backwards = set(contract.course_backwards())
+    assert {"helpers.numgrad.linear_backward", "helpers.attention.attention_backward"} <= backwards
+    # what a given helper calls in turn is given with it (lab 7's attention_backward calls softmax_backward)
+    assert "helpers.functions.softmax_backward" in contract.given_helpers("lab07_transformer_block")
+    for lab in LABS:
+        c = contract.load(lab)
+        given = contract.given_helpers(lab)
+        for e in c.exercises.values():
+            if "autograd" in e.by_hand:
+                missing = backwards - given - set(e.by_hand)
+                assert not missing, f"{lab} {e.name} may call {sorted(missing)[:3]}"
+    _, line = _lab1_layer2(
+        "    ga, gW, gb = linear_backward(a[None], W2, grad_y_hat[None])\n    return gW, gb[0], ga[0]\n",
+        "from helpers.numgrad import linear_backward\n",
+    )
+    assert line.startswith("✗") and "helpers.numgrad.linear_backward" in line, line
 
 
 def test_every_backward_a_question_asks_by_hand_declares_a_large_case_where_its_work_is_measured():

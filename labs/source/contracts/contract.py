@@ -23,8 +23,10 @@ tensors come from ``helpers.device.randn`` with a seed per case.
 
 from __future__ import annotations
 
+import ast
 import inspect
 import json
+import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +54,7 @@ from helpers.labcontract import (  # noqa: E402  (one owner: the student side's)
     not_by_hand,
     rule_bounds,
     run_probe,
+    two_per_entry,
     unguarded,
 )
 from helpers.labcontract import load as load_recorded  # noqa: E402  (the committed helpers/data JSON)
@@ -101,7 +104,7 @@ def large_class(sizes: str, make: Callable[[int], Case], **tol) -> CaseClass:
         lambda i, seed: make(seed + i),
         public=1,
         hidden=1,
-        rules={"writes": WORK_FACTOR, "exits": WORK_FACTOR},
+        rules={"writes": WORK_FACTOR, "exits": WORK_FACTOR, "branches": two_per_entry},
         **tol,
     )
 
@@ -277,6 +280,56 @@ class Question:
     tests: list = field(default_factory=list)
 
 
+def course_backwards() -> tuple:
+    """Every public backward pass, Jacobian and finite-difference tool the course's helpers define, by its
+    dotted name (read from the files: importing every helper would bring matplotlib and widgets)."""
+    found = []
+    for path in sorted((ROOT / "helpers").glob("*.py")):
+        if path.stem in ("labcontract", "labcheck", "__init__"):
+            continue
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if (
+                isinstance(node, ast.FunctionDef)
+                and not node.name.startswith("_")
+                and re.search(r"backward|jacobian|numerical_grad", node.name)
+            ):
+                found.append(f"helpers.{path.stem}.{node.name}")
+    return tuple(found)
+
+
+def _names_in(dotted: str) -> set:
+    """The names a helper function's body mentions (``softmax_backward`` in attention_backward's)."""
+    _, module, name = dotted.split(".", 2)
+    path = ROOT / "helpers" / f"{module}.py"
+    if not path.exists():
+        return set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | {
+                n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)
+            }
+    return set()
+
+
+def given_helpers(lab: str) -> set:
+    """The helpers a lab's given cells import by name (``from helpers.attention import attention_backward``):
+    tools its prompt hands the learner, so a by-hand exercise may call them unless it names them itself;
+    with them, the course's backwards they call in turn (attention_backward calls softmax_backward)."""
+    text = (SOURCES / "src" / f"{lab}.py").read_text(encoding="utf-8")
+    given = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("helpers."):
+            given |= {f"{node.module}.{a.name}" for a in node.names}
+    backwards, todo = course_backwards(), list(given)
+    while todo:
+        mentioned = _names_in(todo.pop())
+        for b in backwards:
+            if b.rsplit(".", 1)[1] in mentioned and b not in given:
+                given.add(b)
+                todo.append(b)
+    return given
+
+
 class Contract:
     """A lab's exercises and their case classes."""
 
@@ -286,6 +339,14 @@ class Contract:
         self.base_seed = base_seed
         self._drawn: dict = {}  # (exercise, class) -> (public, hidden): drawing is seeded, so once suffices
         self._expected: dict = {}  # (exercise, class, k) -> the reference's outputs on hidden case k
+        # By construction, not by a list per exercise: an exercise that asks for a gradient by hand may call
+        # none of the course's own backward passes but those its lab gives (red team 6: lab 1's backward as
+        # helpers.numgrad.linear_backward, lab 10's as helpers.attention.attention_backward, full marks)
+        given = given_helpers(lab)
+        for e in exercises:
+            if e.question == e.name and "autograd" in e.by_hand:
+                more = [b for b in course_backwards() if b not in given and b not in e.by_hand]
+                e.by_hand = (*e.by_hand, *more)
         for e in exercises:
             if e.question != e.name:  # a question's later function: its first one declares for both
                 if e.points or e.by_hand:

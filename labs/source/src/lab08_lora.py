@@ -36,11 +36,12 @@
 # differences (the forward run again for each input entry) does not count either. One kind of
 # case of each backward is large, and there the self-check and the hidden tests count the tensor
 # entries your code writes, forward and backward: at most 10 × what the course's backward
-# writes, room enough for any derived backward (loops and float64 copies included).
+# writes, room enough for any derived backward on rows and matrices (loops over rows or samples and float64 copies included; a loop over every single entry may not fit).
 # Values read out of tensors into Python or NumPy there (`.item()`, `float()`, `.tolist()`,
-# `.numpy()`, printing) count too, at most 8 (a count or a norm, not a tensor): work done outside
-# tensors cannot be measured. A backward over either limit scores 0 for its exercise, as one that
-# calls autograd does.
+# `.numpy()`, printing) count too, at most 8 (a count or a norm, not a tensor), and comparisons
+# read out (`if h[i] > 0`) at most two per entry: work done outside tensors cannot be measured. A
+# backward over any of these limits scores 0 for its exercise, as one that calls autograd does;
+# so does one that calls a backward pass of the course's `helpers` that this lab does not import for you.
 
 # %% tags=["remove-cell"]
 # Colab setup (hidden on the site): installs the course helpers in Colab only.

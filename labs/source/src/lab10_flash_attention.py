@@ -50,9 +50,10 @@
 # tests count the tensor entries your code writes, forward and backward: at most 10 × what the
 # course's backward writes, room enough for any derived backward (a tiled one writes about 2 ×).
 # Values read out of tensors into Python or NumPy there (`.item()`, `float()`, `.tolist()`,
-# `.numpy()`, printing) count too, at most 8 (a count or a norm, not a tensor): work done outside
-# tensors cannot be measured. A backward over either limit scores 0 for its exercise, as one that
-# calls autograd does.
+# `.numpy()`, printing) count too, at most 8 (a count or a norm, not a tensor), and comparisons
+# read out (`if h[i] > 0`) at most two per entry: work done outside tensors cannot be measured. A
+# backward over any of these limits scores 0 for its exercise, as one that calls autograd does;
+# so does one that calls a backward pass of the course's `helpers` that this lab does not import for you.
 
 # %% tags=["remove-cell"]
 # Colab setup (hidden on the site): installs the course helpers in Colab only.
