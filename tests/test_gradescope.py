@@ -23,6 +23,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 import gradescope  # noqa: E402
+import sandbox  # noqa: E402
 from test_grader import FORGED, HOSTILE, _solutions, _submission  # noqa: E402  (the red team's notebooks)
 
 import labs  # noqa: E402
@@ -76,8 +77,12 @@ SCHEMA = {
 
 # what a Gradescope-specific hostile cell reaches: the network, the lab sources, results.json; it says so
 TMP_PLANT = "/tmp/bbh-gradescope-planted"  # what a fallback submission writes to the shared /tmp
+LOCK_PLANT = "/run/lock/bbh-gradescope-planted"  # and to another world-writable folder (red team 6)
 REACH = (
     f"open({TMP_PLANT!r}, 'w').write('hidden inputs')\n"
+    f"try:\n    open({LOCK_PLANT!r}, 'w').write('hidden inputs')\nexcept OSError:\n    pass\n"
+    # a System V segment anyone may read (IPC_PRIVATE, IPC_CREAT | 0666): it outlived its grading
+    "import ctypes\ntry:\n    ctypes.CDLL(None).shmget(0, 4096, 0o1666)\nexcept Exception:\n    pass\n"
     "import os, socket\nfound = []\ntry:\n    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
     "    s.connect(('192.0.2.1', 9))\n    found.append('network')\nexcept OSError:\n    pass\n"
     "for p in ('{root}/labs/source', '{root}/labs/source/contracts/{lab}.py'):\n"
@@ -223,6 +228,17 @@ def _sandbox_processes() -> list[str]:
     return out
 
 
+def _sandbox_segments() -> list[str]:
+    """System V shared-memory segments a sandbox user owns (/proc/sysvipc/shm: id and uid)."""
+    lines = Path("/proc/sysvipc/shm").read_text().splitlines() if Path("/proc/sysvipc/shm").exists() else []
+    if not lines:
+        return []
+    head = lines[0].split()
+    at_id, at_uid = head.index("shmid"), head.index("uid")
+    uids = sandbox.sandbox_uids()
+    return [r.split()[at_id] for r in lines[1:] if int(r.split()[at_uid]) in uids]
+
+
 @pytest.fixture(scope="module")
 def graded(autograder, tmp_path_factory):
     """Every run, once: {(notebook, mode): results.json}, and grade's rows {notebook: row} on the same notebooks."""
@@ -234,6 +250,10 @@ def graded(autograder, tmp_path_factory):
             got[name, "bwrap"] = _run(autograder, {f"{name}.ipynb": text})  # fallback (bwrap: test_grader)
     for name in ("honest", "hostile") if user else ():
         got[name, "user"] = _run(autograder, {f"{name}.ipynb": nbs[name]}, "user")
+        # removed before results.json is written, not just after (the next submission may start at once)
+        got[name, "user"]["_at_results"] = [p for p in (TMP_PLANT, LOCK_PLANT) if os.path.exists(p)] + [
+            f"SysV shm {row}" for row in _sandbox_segments()
+        ]
         for _ in range(50):  # the guardian kills and removes what the submission left, just after it ends
             if not _sandbox_processes() and not os.path.exists(TMP_PLANT):
                 break
@@ -403,6 +423,7 @@ def test_a_hostile_notebook_reaches_nothing_forges_nothing_and_leaks_no_hidden_m
         if mode == "user":
             assert res["_left"] == [], res["_left"]  # the daemon it started did not outlive it
             assert not res["_planted"]  # nor a file it left in the shared /tmp for the next submission
+            assert res["_at_results"] == [], res["_at_results"]  # nor in /run/lock, nor a SysV segment
             assert "limits: fallback without namespaces" in res["_stdout"]
 
 

@@ -305,6 +305,8 @@ def grade_here(root: Path, config: dict) -> dict:
                 )
         except SystemExit as e:  # the grader's refusal: nobody is graded
             return not_graded(f"Not graded: {str(e).removeprefix('refusing to grade: ')}.", lab)
+    if mode == "user":  # before results.json: nothing this submission left stays for the next one
+        labs.sandbox.remove_leftovers(labs.sandbox.sandbox_uids())
     _, flagged = labs.similarity_flags(lab, [(row, detail)])
     row["flags"] = "; ".join(filter(None, [row["flags"], *flagged.get(row["submission"], [])]))
     out = results(lab, row, detail, qs, skipped, f"{line}; time limit {timeout:.0f} s", config)

@@ -315,11 +315,16 @@ def given_helpers(lab: str) -> set:
     """The helpers a lab's given cells import by name (``from helpers.attention import attention_backward``):
     tools its prompt hands the learner, so a by-hand exercise may call them unless it names them itself;
     with them, the course's backwards they call in turn (attention_backward calls softmax_backward)."""
-    text = (SOURCES / "src" / f"{lab}.py").read_text(encoding="utf-8")
+    cells = json.loads((SOURCES / f"{lab}.ipynb").read_text(encoding="utf-8"))["cells"]  # what the grader has
     given = set()
-    for node in ast.walk(ast.parse(text)):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("helpers."):
-            given |= {f"{node.module}.{a.name}" for a in node.names}
+    for cell in cells:
+        try:
+            tree = ast.parse("".join(cell["source"])) if cell["cell_type"] == "code" else None
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree) if tree else ():
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("helpers."):
+                given |= {f"{node.module}.{a.name}" for a in node.names}
     backwards, todo = course_backwards(), list(given)
     while todo:
         mentioned = _names_in(todo.pop())
