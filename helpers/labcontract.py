@@ -1138,11 +1138,11 @@ def _held_on_ctx(outs, ctx_attributes) -> list[dict]:
     seen, held = set(), []
     nodes = {o.grad_fn for o in outs if isinstance(o, torch.Tensor) and o.grad_fn is not None}
     for node in nodes:
-        for _, t in ctx_attributes(node):
+        for name, t in ctx_attributes(node):
             key = t.untyped_storage().data_ptr()
             if key not in seen:
                 seen.add(key)
-                held.append({"storage": key, "counted": True})
+                held.append({"storage": key, "counted": True, "name": name})
     return held
 
 
@@ -1171,10 +1171,11 @@ def backward_and_saved(
     held = _held_on_ctx(outs, ctx_attributes)
     if held:  # said whether counted or not: a tensor on ctx is never what the prompt asks for
         k = len(held)
+        # its name (ctx.eps) says which: a float kept as a tensor reads as a tensor too (a newcomer's)
+        names = ", ".join(h["name"] for h in held)
         n += (
-            f" (and {k} tensor{'' if k == 1 else 's'} held on ctx as an attribute, not saved with save_for_backward"
-            + (": " + ", ".join(_what_was_saved(held, outs, args)) if which else "")
-            + ")"
+            f" (and {k} tensor{'' if k == 1 else 's'} held on ctx as an attribute, {names}, not saved with "
+            "save_for_backward" + (": " + ", ".join(_what_was_saved(held, outs, args)) if which else "") + ")"
         )
     extra = (n,) if saves else ()
     said = "left unchanged" if kept else "changed in place"

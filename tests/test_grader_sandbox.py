@@ -356,3 +356,28 @@ def test_a_sandbox_whose_cgroup_cannot_be_made_does_not_start_and_says_why_in_on
     assert err.startswith("sandbox: cannot start: ") and err.count("\n") == 1, err
     leases = sandbox.LEASES.glob("[0-9]*") if sandbox.LEASES.is_dir() else []
     assert not [f for f in leases if f.read_text() == str(proc.pid)]  # its lease was ended
+
+
+def test_leftovers_are_removed_from_every_shared_folder_however_many_there_are(tmp_path, monkeypatch):
+    """Red team 7 filled the first shared folder with 200,500 files of its own to use up the walk's limit,
+    and its file in a later folder outlived its grading: the limit counts only others' entries, per folder."""
+    first, later = tmp_path / "dev_shm", tmp_path / "var_tmp"
+    for d in (first, later):
+        d.mkdir()
+        d.chmod(0o1777)
+    mine = os.getuid()
+    for i in range(60):
+        (first / f"j{i}").write_text("")
+    (first / "sub").mkdir()
+    (first / "sub" / "deep").write_text("x")
+    (later / "hidden inputs").write_text("x")
+    other = tmp_path / "not shared"
+    other.mkdir()
+    (other / "keep").write_text("x")
+    monkeypatch.setattr(sandbox, "shared_dirs", lambda: [str(first), str(later)])
+    sandbox._remove_owned({mine}, limit=10)
+    assert list(first.iterdir()) == [] and list(later.iterdir()) == []
+    assert (other / "keep").exists()  # only the shared folders are walked
+    (later / "someone else's").write_text("x")
+    sandbox._remove_owned({mine + 1}, limit=10)  # another user's files stay
+    assert (later / "someone else's").exists()

@@ -972,17 +972,18 @@ def _remove_owned(uids: set, limit: int = 200_000) -> None:
     """Everything ``uids`` own in the shared folders, removed (the fallback has no private /tmp: red team 5
     left a submission's hidden-test inputs there for the next one to print); unlinked here, not one ``rm``
     process per entry (red team 6's 188,000 files kept the next submission waiting)."""
-    seen = 0
     for base in shared_dirs():
+        seen = 0  # others' entries walked in this folder: the limit bounds the walk, never what is removed
+        # (red team 7 filled /dev/shm with 200,500 files of its own, and its files in /tmp outlived grading)
         for top, dirs, files in os.walk(base, topdown=True, followlinks=False):
             keep = []
             for name in dirs + files:
-                seen += 1
                 path = os.path.join(top, name)
                 try:
                     st = os.lstat(path)
                 except OSError:
                     continue
+                seen += st.st_uid not in uids
                 if st.st_uid in uids:
                     if stat.S_ISDIR(st.st_mode):
                         shutil.rmtree(path, ignore_errors=True)  # never follows a link out of it
@@ -995,7 +996,7 @@ def _remove_owned(uids: set, limit: int = 200_000) -> None:
                     keep.append(name)
             dirs[:] = keep
             if seen > limit:
-                return
+                break  # this folder's walk only: the next shared folder is still cleaned
 
 
 def _remove_ipc(uids: set) -> None:
