@@ -1284,6 +1284,19 @@ MUTANTS = {
             )
         ],
     ),
+    # the sixth red team's: the course's own linear backward in a by-hand exercise of a lab that does not give
+    # it (every helpers backward is refused unless the lab's given cells import it)
+    "grad_W2 by the course's linear_backward (lab 1)": (
+        "lab01_cat_mlp",
+        "ex3",
+        [
+            (
+                "    grad_W2 = torch.outer(grad_y_hat, a)  # SOLUTION",
+                "    from helpers.numgrad import linear_backward\n"
+                "    grad_W2 = linear_backward(a[None], W2, grad_y_hat[None])[1]  # right values",
+            )
+        ],
+    ),
     "micro-batch losses summed (lab 11)": (
         "lab11_training_by_hand",
         "ex5",

@@ -24,6 +24,7 @@ tensors come from ``helpers.device.randn`` with a seed per case.
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import json
 import re
@@ -95,6 +96,11 @@ class CaseClass:
 WORK_FACTOR = 10
 
 
+# the large class's stated rules (helpers.labcontract.BY_HAND_RULES): the entries written, the values read out,
+# the comparisons read out; breaking one costs the exercise
+BY_HAND_WORK = {"writes": WORK_FACTOR, "exits": WORK_FACTOR, "branches": two_per_entry}
+
+
 def large_class(sizes: str, make: Callable[[int], Case], **tol) -> CaseClass:
     """The prompt's "by hand, no finite differences", measured: one case large enough that one forward pass
     per input entry writes hundreds of times the entries a derived backward writes (rule "writes")."""
@@ -104,7 +110,7 @@ def large_class(sizes: str, make: Callable[[int], Case], **tol) -> CaseClass:
         lambda i, seed: make(seed + i),
         public=1,
         hidden=1,
-        rules={"writes": WORK_FACTOR, "exits": WORK_FACTOR, "branches": two_per_entry},
+        rules=BY_HAND_WORK,
         **tol,
     )
 
@@ -280,6 +286,7 @@ class Question:
     tests: list = field(default_factory=list)
 
 
+@functools.lru_cache(maxsize=None)
 def course_backwards() -> tuple:
     """Every public backward pass, Jacobian and finite-difference tool the course's helpers define, by its
     dotted name (read from the files: importing every helper would bring matplotlib and widgets)."""

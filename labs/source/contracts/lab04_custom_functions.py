@@ -33,7 +33,7 @@ import hypothesis.extra.numpy as hnp
 import hypothesis.strategies as st
 import torch
 import torch.nn.functional as F
-from contract import WORK_FACTOR, Case, CaseClass, Contract, Exercise, large_class, two_per_entry
+from contract import BY_HAND_WORK, Case, CaseClass, Contract, Exercise, large_class
 
 from helpers.device import randn
 
@@ -95,7 +95,7 @@ ex1 = Exercise(
             st.sampled_from([1.0, 2.0, 3.0]),  # one row (the data is recorded), softmax's temperature drawn
             lambda t, s: _probs((1, 1024), s, scale=t, budget=True),
             # and no finite differences: 1024 forward passes
-            rules={"writes": WORK_FACTOR, "exits": WORK_FACTOR, "branches": two_per_entry},
+            rules=BY_HAND_WORK,
             **F64_TOL,
         ),
     ],
