@@ -218,12 +218,17 @@ def _the_answer_reads(depth: int, not_the_answer: tuple) -> bool:
 # tensor's values are bits a loop branches on (``if h[i] > 0``): counted apart ("branches"), since
 # comparisons can read a float bit by bit.
 _READS = ("numpy", "tolist", "__repr__")
-_READING: list = []  # [(the trace's record, not_the_answer)] while ``traced`` runs
+_READING: list = []  # the trace modes running (``traced``): one may run inside another's probe
 
 
-def _read(seen: dict, t: torch.Tensor, n: int, not_the_answer: tuple, depth: int) -> None:
-    if _the_answer_reads(depth + 1, not_the_answer):
-        seen["branches" if t.dtype == torch.bool else "exits"] += n
+def _read(mode, t: torch.Tensor, n: int, depth: int) -> None:
+    """Count ``n`` values of ``t`` read out by the answer, unless they are integers the call was given and
+    did not write (class indices, red team 8's honest ``int(target[r])``): given data, no derivative."""
+    given = t.untyped_storage().data_ptr()
+    if not (t.is_floating_point() or t.dtype == torch.bool) and given in mode.given - mode.written:
+        return
+    if _the_answer_reads(depth + 1, mode.not_the_answer):
+        mode.seen["branches" if t.dtype == torch.bool else "exits"] += n
 
 
 def _counting_reads() -> None:
@@ -234,8 +239,8 @@ def _counting_reads() -> None:
             continue
 
         def read(self, *a, _plain=plain, **kw):
-            for seen, not_the_answer in _READING:  # every trace running: one may run inside another's probe
-                _read(seen, self, self.numel(), not_the_answer, 1)
+            for mode in _READING:
+                _read(mode, self, self.numel(), 1)
             return _plain(self, *a, **kw)
 
         read._counts_reads = True
@@ -273,6 +278,7 @@ def _trace_mode():
             }
             self.ops: set = set()
             self.given: set = set()  # data_ptr of the call's arguments' storages
+            self.written: set = set()  # those of them an op wrote into
             self.not_the_answer: tuple = _NOT_THE_ANSWER  # files whose reads of values are not the answer's
 
         def __torch_dispatch__(self, func, types, a=(), kw=None):
@@ -281,8 +287,9 @@ def _trace_mode():
             self.ops.add(name)
             if not func.is_view:  # a view writes nothing; every other op writes each entry it returns
                 seen["writes"] += sum(t.numel() for t in _tensors_in(out))
+                self.written |= {t.untyped_storage().data_ptr() for t in _tensors_in(out)} & self.given
             if name == "_local_scalar_dense":  # .item(), float(t); bool(h[i] > 0) reads a bit
-                _read(seen, a[0], 1, self.not_the_answer, 1)
+                _read(self, a[0], 1, 1)
             if not isinstance(out, torch.Tensor):
                 return out
             ins = _tensors_in([*a, *(kw or {}).values()])
@@ -331,7 +338,7 @@ def traced(inner, answer, args, kwargs, options, not_the_answer: tuple = ()) -> 
         return out
 
     BackwardCFunction.apply = apply
-    _READING.append((mode.seen, mode.not_the_answer))
+    _READING.append(mode)
     try:  # backward on this thread, where the mode sees it
         with torch.autograd.set_multithreading_enabled(False), mode:
             out = _given(run_probe(inner, answer, args, kwargs, options))

@@ -497,6 +497,22 @@ def test_a_value_read_out_of_a_tensor_counts_where_the_answer_reads_it_not_where
     assert labcontract.two_per_entry(x, scale=torch.ones(3)) == 2 * 9 + labcontract.ALLOWANCE["exits"]
 
 
+def test_integers_the_call_was_given_are_read_free_unless_it_wrote_them():
+    """Red team 8's honest cross-entropy backward read each row's class, ``int(target[r])``, and lost lab 4
+    ex4 (0/3): given integers carry no derivative. Integers the call computed, or wrote into an argument
+    first (floats scaled into it), still count."""
+    x = torch.randn(4, 3)
+
+    def reads(fn):
+        return labcontract.traced(None, fn, (x, torch.tensor([2, 0, 1, 1])), {}, None)[1]["exits"]
+
+    assert reads(lambda x, t: [int(t[r]) for r in range(4)]) == 0
+    assert reads(lambda x, t: t.tolist()) == 0
+    assert reads(lambda x, t: (x * 1e6).long().tolist()) == 12  # integers it made from floats
+    assert reads(lambda x, t: t.copy_((x[:, 0] * 1e6).long()).tolist()) == 4  # written into the given
+    assert reads(lambda x, t: [float(x[r, int(t[r])]) for r in range(4)]) == 4  # the floats still count
+
+
 def test_comparisons_read_out_one_per_entry_pass_and_thirty_per_value_do_not():
     """A branch per entry (``if h[i] > 0``) is derived work; rebuilding a value bit by bit from comparisons
     (red team 6's way to difference a forward in plain Python) reads many per entry: "branches"."""

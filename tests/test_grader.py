@@ -1865,6 +1865,29 @@ def test_a_match_statement_reads_attributes_by_name_and_is_read_so():
     assert reach._binds(tree.body[0]) >= {"CC"}
 
 
+def test_super_with_arguments_reaches_past_the_counting_wrappers_and_is_read_so():
+    """Red team 8: `super(torch.Tensor, t).tolist()` is TensorBase's own method, which the wrappers that
+    count values read out of tensors cannot cover (a C type's methods cannot be replaced): finite
+    differences in plain Python got 11/11 on lab 1 with no review. A bare `super()` in a class's method
+    reaches only past the student's own class, to torch.Tensor's counting method at most."""
+    import reach
+
+    import helpers.labcontract  # noqa: F401  (installs the wrappers)
+
+    t = torch.arange(3.0)
+    assert torch.Tensor.tolist is not torch._C.TensorBase.tolist  # the wrapper is on Tensor alone
+    assert super(torch.Tensor, t).tolist() == [0.0, 1.0, 2.0]  # the way around it, at run time
+    sc = reach.scope(["import torch"], [])
+    for code in (
+        "def f(t):\n    return super(torch.Tensor, t).tolist()",
+        "def f(t):\n    return super(type(t), t).numpy()",
+        "s = super\ndef f(t):\n    return s(torch.Tensor, t).tolist()",
+    ):
+        assert ("super", "reach") in [(x, sev) for x, _, sev in reach.unlisted(code, sc, "any")], code
+    bare = "class Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()"
+    assert "super" not in [x for x, *_ in reach.unlisted(bare, sc, "any")]
+
+
 def test_what_the_worker_says_was_used_is_repeated_only_if_the_exercise_forbids_it():
     """Issue 33's second red team wrote a hidden test's inputs into the worker's record of by-hand
     violations; the harness printed it in the student's note ("used y_hat=1.186 | y=-1.4 | …")."""

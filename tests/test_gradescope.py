@@ -496,3 +496,27 @@ def test_the_probe_refuses_a_sandbox_that_reaches_the_network_or_reads_the_sourc
     finally:
         run.close()
     assert problem and says in problem and "\n" not in problem, problem
+
+
+def test_every_note_a_hidden_test_leads_to_names_its_exercise():
+    """Notes that name an exercise go with its test (hidden until the due date); one that named none was
+    shown at once, a bit of a hidden input per submission (red team 8: spin in a hidden test when the
+    input says so, and "could not be restarted in time" appeared). Read from the harness's source."""
+    import ast
+
+    import harness
+
+    tree = ast.parse(Path(harness.__file__).read_text())
+    grade = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "grade")
+    appends = [
+        n.args[0]
+        for n in ast.walk(grade)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and n.func.attr == "append"
+        and ast.unparse(n.func.value) == "result['notes']"
+    ]
+    assert len(appends) >= 5
+    for note in appends:
+        assert "{q.name}" in ast.unparse(note), ast.unparse(note)
+    assert gradescope._about("ex3", "ex3: grading stopped here: the notebook could not be restarted in time")

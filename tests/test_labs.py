@@ -175,6 +175,77 @@ def test_no_graded_exercise_is_printed_in_the_chapters_or_helpers(lab):
         )
 
 
+# ---------------------------------------------------------------------------------------------
+# Issue #35: hints that climb. Each graded exercise says what the learner derives and what is
+# given; its hints go from the idea to one step to how to check yourself, and a formula or a line
+# of the answer's code stands, if anywhere, only behind the last one.
+# ---------------------------------------------------------------------------------------------
+
+HINT = re.compile(r"<summary>(Hint[^<]*)</summary>(.*?)</details>", re.S)
+RUNG = re.compile(r"Hint (\d+) of (\d+) · (.+)")
+SHOWN = ("$$", "```", "\\begin{")  # display math, code, an environment: the answer written out
+
+
+def _prompt_markdown(lab: str) -> dict[str, str]:
+    """{question: the Markdown of its prompt (prose and hints)}."""
+    out = {q: "" for q, _ in labs.questions(lab)}
+    for q, where, c in labs.regions(labs.read_nb(labs.source_path(lab)), markdown=True):
+        if q in out and where == "prompt" and c.cell_type == "markdown":
+            out[q] += c.source + "\n"
+    return out
+
+
+def _ladder_problems(md: str, solution: list[str]) -> list[str]:
+    """What keeps a prompt's hints from climbing (idea, step, check) and its answer unwritten."""
+    bad = [f"no '{s} …' line" for s in ("**You derive:**", "**You are given:**") if s not in md]
+    hints = HINT.findall(md)
+    rungs = [RUNG.fullmatch(t.strip()) for t, _ in hints]
+    n = len(hints)
+    if (
+        n < 3
+        or not all(rungs)
+        or [(int(r[1]), int(r[2])) for r in rungs] != [(k, n) for k in range(1, n + 1)]
+    ):
+        return bad + [f"hints titled 'Hint k of n · …', n >= 3, in order; got {[t for t, _ in hints]}"]
+    want = ["the idea"] + ["a step"] * (n - 2) + ["check yourself"]
+    bad += [
+        f"hint {k} is '{r[3]}', not '{w} …'"
+        for k, (r, w) in enumerate(zip(rungs, want), 1)
+        if not r[3].startswith(w)
+    ]
+    for k, (_, body) in enumerate(hints[:-1], 1):
+        shown = [s for s in SHOWN if s in body] + [s for s in solution if labs.found(s, body)]
+        bad += [f"hint {k} of {n} shows {s!r}: a formula or code only behind the last" for s in shown]
+    return bad
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_every_exercise_says_what_is_derived_and_its_hints_climb(lab):
+    solutions = _solution_lines(lab)
+    for q, md in _prompt_markdown(lab).items():
+        assert not _ladder_problems(md, solutions[q]), f"{lab} {q}: {_ladder_problems(md, solutions[q])}"
+
+
+def test_the_ladder_check_catches_a_formula_or_a_line_of_code_before_the_last_hint():
+    def hint(k, title, body):
+        return f"<details><summary>Hint {k} of 3 · {title}</summary>\n\n{body}\n\n</details>\n"
+
+    good = "**You derive:** grad_a.\n**You are given:** h.\n" + "".join(
+        hint(k, t, "words") for k, t in ((1, "the idea"), (2, "a step: one term"), (3, "check yourself"))
+    )
+    assert _ladder_problems(good, ["grad_a = grad_h * (h > 0)"]) == []
+    early_formula = good.replace("words", "$$g \\odot 1[h>0]$$", 1)
+    early_code = good.replace("words", "`grad_a = grad_h * (h > 0)`", 1)
+    assert "formula or code only behind the last" in _ladder_problems(early_formula, [])[0]
+    assert (
+        "formula or code only behind the last"
+        in _ladder_problems(early_code, ["grad_a = grad_h * (h > 0)"])[0]
+    )
+    assert _ladder_problems(good.replace("$$", "").replace("check yourself", "the formula"), [])  # last rung
+    assert _ladder_problems(good.replace("Hint 3 of 3", "Hint 3"), [])  # a rung out of the ladder
+    assert _ladder_problems(good.replace("**You derive:**", "Derive"), [])  # what is derived unsaid
+
+
 def test_regions_reads_every_question_and_region_of_a_source():
     """labs.regions, the one reader of the markers that tools/mutants.py and tests/test_contracts.py use."""
     for lab in LABS:

@@ -145,14 +145,15 @@ REGION_MARKERS = (
 )
 
 
-def regions(src_nb):
+def regions(src_nb, markdown=False):
     """Each code cell of a lab source with its question and region: (question, where, cell).
 
     ``where`` is 'setup' before the first question, then 'prompt', 'solution' or 'selfcheck'
     (after ``# END QUESTION``, up to the next question);
     ``question`` is the name of the current question (None in the setup). A raw marker cell
     yields (question, marker, cell) with ``where`` the region it starts, so a reader can act
-    on entering a region. One reader of the lab format's markers for the tools and the tests.
+    on entering a region. With ``markdown=True`` the Markdown cells come too (a prompt's prose and
+    hints). One reader of the lab format's markers for the tools and the tests.
     """
     question, where = None, "setup"
     for cell in src_nb.cells:
@@ -166,7 +167,7 @@ def regions(src_nb):
                     yield question, "marker:" + region, cell
                     break
             continue
-        if cell.cell_type == "code":
+        if cell.cell_type == "code" or (markdown and cell.cell_type == "markdown"):
             yield question, where, cell
 
 

@@ -451,6 +451,9 @@ def grade(spec: dict) -> dict:
             raise TimeoutError("no time left")
         return Student(spec["worker"], forbidden, left, cell_timeout, checked.cells, bool(spec.get("reap")))
 
+    # Every note a hidden test leads to names its exercise: it then shows with that exercise's result,
+    # which Gradescope hides until the due date (red team 8 read one bit of a hidden input per submission
+    # from a note shown at once: spin in a hidden test when the input says so, and the restart fails).
     result = {"questions": {}, "errors": [], "notes": [], "restarts": 0, "review": {}}
     result["edited"] = [c.number for c in checked.cells if c.kind == "edited"]
     result["reach"] = checked.reach
@@ -493,7 +496,9 @@ def grade(spec: dict) -> dict:
                     student = start()
                 except Exception:  # noqa: BLE001 - nothing more can be graded
                     result["questions"][q.name] = _score(q, passed)
-                    result["notes"].append("grading stopped: the notebook could not be restarted in time")
+                    result["notes"].append(
+                        f"{q.name}: grading stopped here: the notebook could not be restarted in time"
+                    )
                     return _finish(result, qs, skip)
                 student.peer.exercise, student.peer.in_place = q.name, case.in_place
             except wire.RemoteError as e:

@@ -140,6 +140,10 @@ NEVER_ANY = {
         "dir",
         "get_ipython",
         "__builtins__",
+        # super(torch.Tensor, t).tolist() is TensorBase's own method, under the wrappers that count the
+        # values read out of tensors (red team 8); a bare `super()` in a class's method is read as
+        # ordinary (``visit_Call``): it reaches only past the student's own class
+        "super",
     ),
 }
 # modules that other modules hand on as attributes (`torch.sys`, `os.sys`)
@@ -430,6 +434,11 @@ class _Uses(ast.NodeVisitor):
 
     def visit_Call(self, node):
         magic = _magic(node)
+        bare_super = (
+            isinstance(node.func, ast.Name) and node.func.id == "super" and not (node.args or node.keywords)
+        )
+        if bare_super and "super" not in self.scope.own:
+            return
         if magic is None:
             self.generic_visit(node)
         elif magic:  # %time, %%timeit: the code they run is read as the cell's own

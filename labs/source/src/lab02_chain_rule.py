@@ -56,6 +56,13 @@ from helpers.labcontract import check_contract
 # **Goal:** a check you can trust without any calculus, at two evaluations of $f$ per
 # direction instead of two per entry of $x$.
 #
+# **You derive:** the central difference along a direction, from the Taylor expansion of
+# $g(\pm\varepsilon)$: what to subtract, what to divide by, and why its error is
+# $O(\varepsilon^2)$.
+#
+# **You are given:** `f` (a tensor to a 0-dim tensor), the point `x`, the directions `U`
+# (k, *x.shape) and the step `eps`.
+#
 # Chapter 2's `numerical_grad` moves every entry $x_i$ by $\pm h$ in turn: $2n$ evaluations for
 # $n$ entries, too many for a layer's weights. A cheaper check moves **all** entries at once,
 # along a direction $u$ (a tensor of the shape of $x$): the central difference of
@@ -74,11 +81,40 @@ from helpers.labcontract import check_contract
 # divide by, and why the error is $O(\varepsilon^2)$ where a one-sided difference's is
 # $O(\varepsilon)$. Leave `x` unchanged. A loop over the directions is fine.
 #
-# <details><summary>Hint: the formula (check yours against it)</summary>
+# <details><summary>Hint 1 of 3 · the idea: one direction is a function of one number</summary>
 #
-# $\dfrac{f(x + \varepsilon U_j) - f(x - \varepsilon U_j)}{2\varepsilon}$: the even terms of
-# the two expansions cancel, so the first error term is $\varepsilon^2 g'''(0)/6$. A step of
-# $\varepsilon$ in every entry, `x + eps`, would be the direction of all ones, not $U_j$.
+# Along direction $j$ the whole problem is one-dimensional: $g(t) = f(x + t\,U_j)$, with
+# $x + t\,U_j$ a tensor of the shape of `x` and $g'(0)$ the number you want. Expand
+# $g(\varepsilon)$ and $g(-\varepsilon)$ around $t = 0$ and look for the combination of the two
+# in which $g(0)$ and the $\varepsilon^2$ term drop out. One loop over the k directions, one
+# entry of the (k,) result per direction.
+#
+# </details>
+#
+# <details><summary>Hint 2 of 3 · a step: the two expansions</summary>
+#
+# $g(\pm\varepsilon) = g(0) \pm \varepsilon\, g'(0) + \tfrac{\varepsilon^2}{2} g''(0) \pm
+# \tfrac{\varepsilon^3}{6} g'''(0) + O(\varepsilon^4)$. Subtract one from the other and see
+# which terms are left, then what you divide by to leave $g'(0)$ alone. The step moves `x`
+# along $U_j$ as it is: do not normalise $U_j$ (a longer $U_j$ has a larger slope, and that is
+# the slope asked for), and a step of $\varepsilon$ in every entry, `x + eps`, is the
+# direction of all ones, not $U_j$.
+#
+# </details>
+#
+# <details><summary>Hint 3 of 3 · check yourself: a cubic, where you know the answer</summary>
+#
+# Take $f(x) = \sum_i x_i^3$ on a float64 `x` of shape (2, 3) and k = 4 random directions: the
+# exact slope along $u$ is $\sum_i 3x_i^2 u_i$, and your central difference must match it to
+# about $10^{-8}$ at the default step. With `eps = 1e-2` it is off by exactly
+# $\varepsilon^2 \sum_i u_i^3$ (here $g''' = 6\sum_i u_i^3$), a one-sided difference by about
+# $3\varepsilon \sum_i x_i u_i^2$. Try k = 1 (the result is still shape (1,)) and check that
+# `x` did not change. To check yours against:
+#
+# $$\frac{f(x + \varepsilon U_j) - f(x - \varepsilon U_j)}{2\varepsilon},$$
+#
+# whose first error term is $\varepsilon^2 g'''(0)/6$: the even terms of the two expansions
+# cancel.
 #
 # </details>
 
@@ -131,6 +167,12 @@ check_contract("lab02", "ex1", directional_derivatives)
 # **Goal:** the linear layer's backward in the layout chapter 2 did not print, for inputs
 # with any number of leading dimensions.
 #
+# **You derive:** `grad_X` (..., in), `grad_W` (in, out) and `grad_b` (out,) for
+# $Y = X W + b$, each from one entry of $Y$.
+#
+# **You are given:** `grad_Y` (..., out), the forward's `X` and `W`, and chapter 2's
+# derivation for `nn.Linear`'s layout.
+#
 # Chapter 2 derived the gradients of `nn.Linear`'s $Y = X W^\top + b$, with `W` stored as
 # (out, in). JAX's Flax (`nn.Dense`) and many hand-written layers store the weight the other
 # way round: $Y = X W + b$ with `W` (in, out), `b` (out,). And a layer inside a transformer
@@ -145,12 +187,36 @@ check_contract("lab02", "ex1", directional_derivatives)
 # it as a matrix product or a sum; the shapes leave one answer. A weight or a bias is shared
 # by every row, so its gradient adds up over all of them.
 #
-# <details><summary>Hint: the rows (check yours against it)</summary>
+# <details><summary>Hint 1 of 3 · the idea: which entries each input touches</summary>
 #
-# Flatten the leading dimensions into one, `X.reshape(-1, X.shape[-1])` (R, in) and
-# `grad_Y.reshape(-1, grad_Y.shape[-1])` (R, out), and the layer is a 2-D one with R rows;
-# `grad_X` keeps `X`'s shape, and a matmul with a 2-D right operand works on `(..., k)`
-# tensors as they are.
+# In $Y_{ro} = \sum_i X_{ri} W_{io} + b_o$, the entry $X_{ri}$ touches row $r$ of $Y$ only
+# (every output $o$), while $W_{io}$ and $b_o$ touch every row. The chain rule sums over what
+# each touches. Leading dimensions change nothing: every leading index is one more row $r$.
+#
+# </details>
+#
+# <details><summary>Hint 2 of 3 · a step: the rows</summary>
+#
+# Flatten the leading dimensions into one: `X` as (R, in) and `grad_Y` as (R, out), with R
+# the product of the leading sizes (use `reshape`, not `view`: `X` may be non-contiguous).
+# Then the layer is a 2-D one with R rows, and the weight's sum over rows is a product that
+# sums over R. `grad_X` keeps `X`'s shape, and a matmul with a 2-D right operand works on
+# `(..., k)` tensors as they are.
+#
+# </details>
+#
+# <details><summary>Hint 3 of 3 · check yourself: against autograd, then the odd shapes</summary>
+#
+# In a scratch cell (delete it before handing in): float64 `X` (2, 3), `W` (3, 4), `b` (4,)
+# with `requires_grad=True`, `(grad_Y * (X @ W + b)).sum().backward()`, then compare `.grad`
+# with yours. Repeat with a square `W` (a missing transpose shows there), `X` of shape
+# (2, 3, 4), a transposed view such as `torch.randn(4, 2, 3).transpose(0, 1)`, and a 1-D `X`
+# (in,), where `grad_b` equals `grad_Y`. To check yours against, with the rows flattened:
+#
+# $$\frac{\partial L}{\partial X} = \frac{\partial L}{\partial Y} W^\top, \qquad
+# \frac{\partial L}{\partial W} = X_{\text{rows}}^\top \Big(\frac{\partial L}{\partial
+# Y}\Big)_{\text{rows}}, \qquad \frac{\partial L}{\partial b} = \sum_{r}
+# \Big(\frac{\partial L}{\partial Y}\Big)_{r,:}.$$
 #
 # </details>
 
@@ -197,6 +263,12 @@ check_contract("lab02", "ex2", dense_backward)
 # **Goal:** when a value feeds two branches, its gradient is the **sum** of what each branch
 # sends back: accumulate with `+=`, never overwrite.
 #
+# **You derive:** `grad_X` (B, D), the sum of the two branches' shares, and `grad_W` (D, D),
+# through the tanh.
+#
+# **You are given:** `grad_Y` (B, D), `X`, `W` (nothing saved: recompute the tanh from them),
+# and the linear layer's backward of chapter 2 and of exercise 2.
+#
 # A residual block: $Y = \tanh(X W^\top) + X$ with `X` (B, D) for any $B \ge 1$ and a square
 # `W` (D, D), any values (0 included). `X` is
 # used twice, inside the layer and on the skip connection. Given `grad_Y` (B, D), return
@@ -205,6 +277,39 @@ check_contract("lab02", "ex2", dense_backward)
 # Exercise 2 costs points once).
 # Leave the arguments unchanged: `grad_X = grad_Y` then `grad_X += …` would write into
 # `grad_Y` (the two names are one tensor); start from a new tensor.
+#
+# <details><summary>Hint 1 of 3 · the idea: name the intermediates, then two branches</summary>
+#
+# Name $H = X W^\top$ (B, D) and $T = \tanh(H)$, so $Y = T + X$. Walk back
+# $Y \to T \to H \to (X, W)$ for the layer, and $Y \to X$ straight along the skip. `X` gets one
+# share from each branch, and its gradient is their sum.
+#
+# </details>
+#
+# <details><summary>Hint 2 of 3 · a step: through the tanh</summary>
+#
+# $\frac{d}{dh}\tanh h = 1 - \tanh^2 h$, entry by entry: multiply `grad_Y` by it, with $T$
+# recomputed from `X` and `W`, to get $\partial L/\partial H$. From $H$ on it is a linear layer
+# in `nn.Linear`'s layout (weight (out, in), used transposed). To reuse `dense_backward`,
+# whose weight is (in, out), pass it `W.T` and transpose the weight gradient it returns;
+# there is no bias, so ignore its `grad_b`.
+#
+# </details>
+#
+# <details><summary>Hint 3 of 3 · check yourself: W = 0, then autograd</summary>
+#
+# With `W = 0`: $T = 0$ and $\tanh' = 1$, so `grad_X` is exactly `grad_Y` (the layer's share
+# is $\partial L/\partial H \cdot 0$) and `grad_W` is $G_Y^\top X$ (with $G_Y$ = `grad_Y`).
+# Then, in a scratch cell (delete it before handing in), take float64 `X` (2, 3) and `W`
+# (3, 3) with `requires_grad=True`, compute `(grad_Y * (torch.tanh(X @ W.T) + X)).sum()`,
+# call `.backward()` and compare; also B = 1 and B > D. Keep `grad_Y.clone()` and check
+# with `torch.equal` that `grad_Y` did not change. To check yours against, with
+# $G_H = G_Y \odot (1 - T^2)$:
+#
+# $$\frac{\partial L}{\partial X} = G_H W + G_Y, \qquad \frac{\partial L}{\partial W} =
+# G_H^\top X.$$
+#
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION
@@ -246,6 +351,12 @@ check_contract("lab02", "ex3", residual_backward)
 # **Goal:** a tensor tiled in forward was *copied*, and a copy's backward is a sum: add up
 # what every copy receives, and return it in the input's own shape.
 #
+# **You derive:** which entries of `grad` are copies of the same entry of `x`, and the
+# reshapes and sums that add them up into the shape `shape`.
+#
+# **You are given:** `grad` (the shape of `y`), `shape`, `reps`, the layout of `repeat`
+# described below, and chapter 2's rule for a value used many times.
+#
 # `x.repeat(*reps)` tiles `x`: when `reps` is longer than `x.dim()`, `x` first gets leading
 # dimensions of size 1 (the shapes line up on the right, as in broadcasting); then a
 # dimension of size $n$ repeated $r$ times becomes one of size $r \cdot n$ that holds the
@@ -261,11 +372,36 @@ check_contract("lab02", "ex3", residual_backward)
 # times: sum what each use sends back); work out which entries of `grad` are copies of the
 # same entry of `x`.
 #
-# <details><summary>Hint: the recipe</summary>
+# <details><summary>Hint 1 of 3 · the idea: a copy's backward is a sum</summary>
 #
-# Pad `shape` on the left with 1s to the length of `reps`. Reshape `grad` so that each
-# dimension of size $r \cdot n$ becomes two, $(r, n)$: which tile, then where in the tile.
-# Sum over the tile dimensions, then reshape to `shape` (dropping the padded 1s).
+# Each entry of `x` was copied many times, and $\partial L/\partial x$ at that entry is the sum
+# of `grad` over all its copies. Work one dimension at a time, and first line the shapes up
+# the way `repeat` does: pad `shape` on the left with 1s to the length of `reps`.
+#
+# </details>
+#
+# <details><summary>Hint 2 of 3 · a step: one dimension, split in two</summary>
+#
+# A dimension of size $r \cdot n$ holds entry $i$ of tile $t$ at $t \cdot n + i$. Reshape it
+# into two dimensions $(r, n)$, tile first: the first says which tile, the second where in the
+# tile, so all copies of one entry share the second index. (The order $(n, r)$ would be
+# `repeat_interleave`'s layout.) What is left is to sum over the tile dimensions and reshape
+# to `shape`, dropping the padded 1s.
+#
+# </details>
+#
+# <details><summary>Hint 3 of 3 · check yourself: against autograd in a scratch cell</summary>
+#
+# In a scratch cell (delete it before handing in; the graded function may not call autograd):
+# `x = torch.randn(shape, dtype=torch.float64, requires_grad=True)`,
+# `x.repeat(*reps).backward(g)` for a random `g`, and compare `x.grad` with
+# `unrepeat(g, shape, reps)`. Try `shape` (3, 2) with `reps` (4, 2, 3), reps of 1, a dim of
+# size 1 repeated, `shape` `()` with `reps` (2, 3). A `grad` of all ones must give a tensor of
+# `shape` filled with the number of copies, the product of `reps`. To check yours against, in
+# the padded shape:
+#
+# $$\frac{\partial L}{\partial x_{i_1 \dots i_d}} = \sum_{t_1, \dots, t_d}
+# G_{t_1 n_1 + i_1,\; \dots,\; t_d n_d + i_d}.$$
 #
 # </details>
 

@@ -78,6 +78,12 @@ from helpers.micrograd import Value
 # **Goal:** a local backward rule is a closure that adds *local derivative × `out.grad`* into
 # each input's `.grad`.
 #
+# **You derive:** the local derivatives of $a \cdot b$ (with respect to each input) and of
+# $a^k$ for a constant $k$, and the closures that add them, times `out.grad`, into the inputs'
+# `.grad`.
+#
+# **You are given:** the `Value` class and the pattern of its `__add__` above.
+#
 # Write `mul(a, b)` for two Values and `power(a, k)` for a Value `a` and a constant number
 # `k`. Each creates `out = Value(forward value, parents, op name)` with its inputs as parents,
 # sets `out._backward` to a closure, and returns `out`; copy the pattern of `__add__`. Derive
@@ -88,11 +94,39 @@ from helpers.micrograd import Value
 # `k ≥ 2`. Your function is also used inside expressions (`x·y·x`, `x^k · x^k`) whose
 # backward the course engine runs.
 #
-# <details><summary>Hint: the method</summary>
+# <details><summary>Hint 1 of 3 · the idea: one partial derivative per input</summary>
 #
 # Write the forward value as a function of the inputs' `.data` and differentiate it w.r.t. each
-# input, holding the others fixed; write the result with the inputs' data directly, not as a
-# ratio of the output to an input.
+# input, holding the others fixed. Each input's rule is then one line in the closure: local
+# derivative × `out.grad`, **added** into that input's `.grad`. The closure reads `.data` and
+# `out.grad` when backward runs it, not when you build `out`.
+#
+# </details>
+#
+# <details><summary>Hint 2 of 3 · a step: the product's two slopes, the power's one</summary>
+#
+# Holding $b$ fixed, $a \cdot b$ changes with slope `b.data` per unit of $a$; the slope for $b$
+# is the mirror image. Keep the two `+=` lines separate: in `mul(x, x)` both add into the same
+# `x.grad`, and that is how it receives both shares. For $a^k$ use the power rule with `k` a
+# constant, written with `a.data` directly, never as `out.data / a.data` (that divides by 0
+# at $a = 0$).
+#
+# </details>
+#
+# <details><summary>Hint 3 of 3 · check yourself: small numbers you can do in your head</summary>
+#
+# In a scratch cell (delete it before handing in): `x, y = Value(3.0), Value(-2.0)`,
+# `out = mul(x, y)`, set `x.grad = 0.5` and `out.grad = 2.5`, run `out._backward()`: `x.grad`
+# must be $0.5 + 2.5 \cdot (-2) = -4.5$ and `y.grad` $2.5 \cdot 3 = 7.5$. `mul(x, x)` at
+# $x = 3$ with `out.grad = 1` gives 6. With `out.grad = 1`, `power(Value(0.0), 3)` gives 0,
+# `power(Value(4.0), 0.5)` 0.25, `power(Value(2.0), -1)` −0.25, `power(Value(-2.0), 2)` −4. The
+# course's `x * y` and `x ** k` in the scratch cell give the same numbers. To check yours
+# against:
+#
+# $$\frac{\partial (ab)}{\partial a} = b, \qquad \frac{\partial (ab)}{\partial b} = a,
+# \qquad \frac{d\,a^k}{da} = k\,a^{k-1},$$
+#
+# each times `out.grad`, added into the input's `.grad`.
 #
 # </details>
 
@@ -157,6 +191,12 @@ check_contract("lab03", "ex1b", power)
 # **Goal:** the derivative of a nonlinearity is often cheapest from its **output**, the
 # number the forward already computed.
 #
+# **You derive:** the local derivatives of ReLU, tanh and exp, the ones of tanh and exp
+# written with the output $y$, and their closures.
+#
+# **You are given:** `math.tanh`, `math.exp`, the `Value` pattern of `__add__` and your
+# rules of exercise 1.
+#
 # Write `relu(a)`, `tanh(a)` and `exp(a)` in the same pattern (use `math.tanh`, `math.exp`),
 # with `+=` again: in `relu(x) + relu(x)` both ReLUs add their share into `x.grad`. Derive
 # each local derivative first, and write the tanh and exp ones in terms of the output. At
@@ -165,11 +205,36 @@ check_contract("lab03", "ex1b", power)
 # negative inputs, at exactly 0 and a hair above it (ReLU: $10^{-300}$ passes too), where tanh
 # saturates ($|a| \ge 4$), and where $\cosh a$ overflows a float ($|a| > 710$).
 #
-# <details><summary>Hint: the method</summary>
+# <details><summary>Hint 1 of 3 · the idea: derivatives from the output</summary>
 #
-# Differentiate $\tanh$ and $e^a$ and write each derivative as a function of the output $y$
-# (for tanh, use $\cosh^2 - \sinh^2 = 1$). ReLU passes the gradient where its input was
-# positive and nowhere else.
+# Each op has one parent and one rule, as in exercise 1. Compute the output once in forward,
+# keep it in a local name the closure can see, and write the tanh and exp derivatives with
+# that output $y$: no `cosh`, no second `exp` in backward. ReLU is a gate: it passes the
+# gradient where its input was positive and nowhere else.
+#
+# </details>
+#
+# <details><summary>Hint 2 of 3 · a step: tanh through its output</summary>
+#
+# Write $\tanh = \sinh/\cosh$ and use the quotient rule: the numerator becomes
+# $\cosh^2 - \sinh^2 = 1$, so the derivative is $1/\cosh^2 a$. Now express $1/\cosh^2$ with
+# $\tanh$ alone (divide the identity by $\cosh^2$). Computing $\cosh a$ itself fails for
+# $|a| > 710$ (`math.cosh` overflows); the output form does not. For ReLU, compare the input
+# with 0 strictly: closed at exactly 0, open at $10^{-300}$.
+#
+# </details>
+#
+# <details><summary>Hint 3 of 3 · check yourself: against the course's operators</summary>
+#
+# In a scratch cell (delete it before handing in), build a fresh `Value` for each input, call
+# your op, set `out.grad = 2.5`, run `out._backward()`, and compare the input's `.grad` with
+# the same steps through the course's `x.relu()`, `x.tanh()`, `x.exp()`. Try $-2$, $0$,
+# $10^{-300}$, $5$, and $800$ for tanh (its gradient is 0 there, not an error). For
+# `s = relu(x) + relu(x)` at $x = 2$, the course's `s.backward()` must leave `x.grad` at 2.
+# To check yours against, with $y$ the output:
+#
+# $$\mathrm{relu}'(a) = \mathbb{1}[a > 0], \qquad \tanh'(a) = 1 - y^2, \qquad
+# (e^a)' = e^a = y.$$
 #
 # </details>
 
@@ -255,6 +320,12 @@ check_contract("lab03", "ex2c", exp)
 # runs a node as soon as its count drops to 0 (Kahn's algorithm). Write that engine, for a
 # `root` Value of chapter 3's engine.
 #
+# **You derive:** the two loops: a walk without recursion that counts every use of every
+# reachable node, and the ready-list loop that runs each rule once, after all its users.
+#
+# **You are given:** each node's `_parents` and its `_backward` rule (already set by the
+# operations), and the rules of the two functions below.
+#
 # * `dependencies(root)`: a dict `{id(v): n}` with an entry for every node `v` reachable from
 #   `root` through `_parents` (`root` included, leaves included), where `n` is the number of
 #   times `v` appears in the `_parents` of the nodes reachable from `root` (in `v * v`, `v` is
@@ -275,17 +346,41 @@ check_contract("lab03", "ex2c", exp)
 # a leaf. They compare your counts (sorted: the grader sees your keys only as numbers) and, for
 # `backward`, the leaves' gradients and how many rules never ran, ran twice or ran early.
 #
-# <details><summary>Hint: the walk in dependencies</summary>
+# <details><summary>Hint 1 of 4 · the idea: count edges, visit nodes once</summary>
+#
+# `dependencies` is a graph walk with your own list as the stack: it must *visit* each node
+# once (a node reached along two paths is walked from only once) but *count* every edge, every
+# entry of a node's `_parents`, duplicates included. `backward` is Kahn's algorithm on those
+# counts: a node is ready when its count reaches 0, and running it lowers its parents' counts.
+#
+# </details>
+#
+# <details><summary>Hint 2 of 4 · a step: the walk in dependencies</summary>
 #
 # Give `root` the count 0 and put it on a stack. Pop a node and go through its parents: a
 # parent met for the first time gets the count 0 and goes on the stack (so each node is
 # walked from once); then every parent, new or not, gets 1 added for this use.
+#
 # </details>
 #
-# <details><summary>Hint: the ready nodes in backward</summary>
+# <details><summary>Hint 3 of 4 · a step: the ready nodes in backward</summary>
 #
 # A list used as a stack is enough: the order among ready nodes does not matter, only that
-# a node goes on it once, when the last of its uses has taken 1 off its count.
+# a node goes on it once, when the last of its uses has taken 1 off its count. In `v * v`,
+# `v` is in the parents twice, so it loses 1 twice and is ready only after the second.
+#
+# </details>
+#
+# <details><summary>Hint 4 of 4 · check yourself: small graphs you can count by hand</summary>
+#
+# In a scratch cell (delete it before handing in), build graphs with the course's operators:
+# for `w = v * v`, the counts are `{id(w): 0, id(v): 2}`. For `a = Value(1.5)`, `b = a.tanh()`,
+# `c = a * b`, `d = c + b`: `d` 0, `c` 1, `b` 2, `a` 2; an extra `e = a.exp()` that `d` does not
+# use changes nothing. A chain of 5000 `y = y * 1.0001` must not raise `RecursionError`. For
+# `backward`, build the same graph twice (leaves keep their `.grad`), run yours on one and the
+# course's `d.backward()` on the other, and compare the leaves' `.grad`: a rule run twice
+# doubles a share, one run too early misses one.
+#
 # </details>
 
 # %% [raw]
@@ -350,6 +445,12 @@ check_contract("lab03", "ex3b", backward)
 # **Goal:** the memory backward costs is the tensors each node **saves** in forward; a
 # `torch.autograd.graph.saved_tensors_hooks(pack, unpack)` context sees every one of them.
 #
+# **You derive:** which key tells one storage from another, and how the three rules below
+# become bookkeeping inside `pack`.
+#
+# **You are given:** the `saved_tensors_hooks(pack, unpack)` context, `f` and `inputs`, and
+# the three rules below.
+#
 # Write `saved_bytes(f, inputs)` for a function `f` and a tuple of tensors `inputs` (`f`
 # marks the weights it needs gradients for itself): run `f(*inputs)` inside a
 # `saved_tensors_hooks` context whose `pack(t)` records `t` and returns it unchanged (`unpack`
@@ -368,11 +469,31 @@ check_contract("lab03", "ex3b", backward)
 # product at different offsets, a slice of an input at an offset, and a small MLP with a
 # softmax.
 #
-# <details><summary>Hint: which key tells storages apart</summary>
+# <details><summary>Hint 1 of 3 · the idea: storages, not tensors</summary>
+#
+# `pack` is called once per saved tensor, often a view. All three rules talk about
+# *storages*: key each saved tensor by its storage, add a storage's bytes the first time its
+# key shows up, and put the inputs' keys in the "seen" set before `f` runs. `pack` returns
+# `t` unchanged and `unpack` returns what it gets; the total lives outside `pack`.
+#
+# </details>
+#
+# <details><summary>Hint 2 of 3 · a step: which key tells storages apart</summary>
 #
 # `t.data_ptr()` is where a tensor's first element lives: two views of one storage at
 # different offsets have different ones. `t.untyped_storage()` is the storage itself; look at
 # what it offers for its size and its address.
+#
+# </details>
+#
+# <details><summary>Hint 3 of 3 · check yourself: totals you can predict</summary>
+#
+# In a scratch cell (delete it before handing in), with float64 `x` (2, 3) and `W` (3, 4)
+# where only `W` requires grad and `inputs = (x, W)`: `torch.relu(x @ W)` saves `x` (an
+# input: 0) and the ReLU's (2, 4) output: 64 bytes. `(x @ W)[:, 1:].sin()` saves a (2, 3)
+# slice, but its whole (2, 4) storage counts: 64, not 48. `P = x @ W` then
+# `P[:, :2].sin() + P[:, 2:].sin()`: two slices of one storage, 64 once. `W[1:].sin()`: a
+# slice of an input, 0. Check that the result is an `int`.
 #
 # </details>
 

@@ -63,6 +63,12 @@ from helpers.labcontract import check_contract
 # **Goal:** the Jacobian of $p = \mathrm{softmax}(z)$ is an $n \times n$ matrix per row;
 # backward needs only its product with the upstream gradient, $J^\top g$, which costs $O(n)$.
 #
+# **You derive:** $\partial p_i/\partial z_j$, and from it $J^\top g$ for one row, simplified
+# until no $n \times n$ matrix is left, then applied to every row of `(..., n)`.
+#
+# **You are given:** the forward's output `P` and `grad_P` $= \partial L/\partial P$; `Z` is
+# not needed.
+#
 # Write `softmax_backward(P, grad_P)` for `P = softmax(Z, dim=-1)` and
 # `grad_P` $= \partial L/\partial P$ of the same shape: return `grad_Z` $= \partial L/\partial Z$,
 # row by row along the last dim, in the shape and dtype of `P`. `P` may have any shape
@@ -73,17 +79,36 @@ from helpers.labcontract import check_contract
 # (softmax does not change when a constant is added to a row of `Z`). Do not build $J$, and
 # leave `P` and `grad_P` unchanged.
 #
-# <details><summary>Hint 1: the Jacobian</summary>
+# <details><summary>Hint 1 of 3 · the idea: one row, two cases</summary>
 #
-# $\partial p_i/\partial z_j = p_i(\delta_{ij} - p_j)$, so $J = \mathrm{diag}(p) - p\,p^\top$,
-# which is symmetric. Multiply it by $g$ one term at a time.
+# Rows do not mix: each row of `P` has its own $n \times n$ Jacobian, and every leading index
+# is one more row. For one row, differentiate $p_i = e^{z_i} / \sum_k e^{z_k}$ with the quotient
+# rule, once for $j = i$ (the numerator and the sum move) and once for $j \ne i$ (only the sum
+# moves). Write both with $p$ alone.
 #
 # </details>
 #
-# <details><summary>Hint 2: the formula (check yours against it)</summary>
+# <details><summary>Hint 2 of 3 · a step: the Jacobian, then one term at a time</summary>
 #
-# $J^\top g = p \odot (g - \langle g, p\rangle)$, the inner product taken along the last dim
-# per row (`keepdim=True`, so that it broadcasts back along the row).
+# $\partial p_i/\partial z_j = p_i(\delta_{ij} - p_j)$, so $J = \mathrm{diag}(p) - p\,p^\top$,
+# which is symmetric. Multiply it by $g$ one term at a time: $\mathrm{diag}(p)\,g$ is an
+# entry-by-entry product, and in $p\,p^\top g$ the part $p^\top g$ is one number per row.
+# Keep that number in a `(..., 1)` shape so that it broadcasts back along its row.
+#
+# </details>
+#
+# <details><summary>Hint 3 of 3 · check yourself: against autograd, and a constant row</summary>
+#
+# In a scratch cell (delete it before handing in): float64 `Z` (2, 3) with
+# `requires_grad=True`, `P = torch.softmax(Z, -1)`, a random `G`, then
+# `torch.autograd.grad(P, Z, G)[0]` must equal `softmax_backward(P.detach(), G)`. Repeat for
+# a 1-D and a 3-D `Z`. A `grad_P` that is the same number along a row must give a zero row,
+# up to round-off (softmax ignores a constant added to a row of `Z`), and so must n = 1.
+# Check that `P` and `grad_P` did not change. To check yours against, per row:
+#
+# $$J^\top g = p \odot \big(g - \langle g, p\rangle\big),$$
+#
+# the inner product taken along the last dim (`keepdim=True`).
 #
 # </details>
 
@@ -126,6 +151,12 @@ check_contract("lab04", "ex1", softmax_backward)
 # **Goal:** the anatomy of a modern `autograd.Function`: `forward` computes (no `ctx`),
 # `setup_context` saves what backward needs, `backward` turns $\partial L/\partial\,\text{output}$ into $\partial L/\partial\,\text{input}$.
 #
+# **You derive:** why subtracting each row's largest logit leaves softmax unchanged and what
+# it avoids, and what the three methods each do with `Z`, `P` and `grad_P`.
+#
+# **You are given:** exercise 1's product (your `softmax_backward`, or the course's in the
+# hidden tests), `ctx.save_for_backward` / `ctx.saved_tensors`, and `once_differentiable`.
+#
 # Fill in `Softmax` (softmax over the last dim, one input `Z` of any shape `(..., n)`, 1-D to
 # 4-D, float32 or float64), used as `P = Softmax.apply(Z)`:
 # * `forward(Z)`: the **stable** softmax along the last dim, which stays finite on a row of
@@ -139,6 +170,38 @@ check_contract("lab04", "ex1", softmax_backward)
 #   exercise is graded on its own: its hidden tests put the course's `softmax_backward` in place
 #   of yours, so a mistake in exercise 1 costs points there only. Never write into `grad_P`:
 #   autograd may hand the same tensor to other nodes.
+#
+# <details><summary>Hint 1 of 3 · the idea: a constant per row cancels</summary>
+#
+# Add a number $c$ to every logit of a row: each $e^{z_i}$ gets the factor $e^c$, in the
+# numerator and in every term of the sum, so it cancels. Choose $c$ per row so that no
+# exponent is positive: nothing overflows, and the largest term is exactly 1, so the sum is
+# never 0.
+#
+# </details>
+#
+# <details><summary>Hint 2 of 3 · a step: who sees what</summary>
+#
+# `forward(Z)` sees only `Z`: the row maximum along the last dim, kept as `(..., 1)` so that
+# it broadcasts (`amax` gives only the values; `max` with a `dim` also gives indices), then
+# exponentials over their row sum. `setup_context(ctx, inputs, output)` receives `P` as
+# `output`: that is the one tensor to save. `backward` unpacks it and returns one gradient, for
+# the one input, as a new tensor: no in-place operation on `grad_P`.
+#
+# </details>
+#
+# <details><summary>Hint 3 of 3 · check yourself: ±1000, gradcheck, one saved tensor</summary>
+#
+# In a scratch cell (delete it before handing in): a float64 `Z` with a row
+# `[1000., -1000., 0.]` must give a finite `P` whose rows sum to 1, equal to
+# `torch.softmax(Z, -1)`. `torch.autograd.gradcheck(Softmax.apply, (Z,))` on a small float64
+# `Z` (2, 3) with `requires_grad=True` must return `True`. `len(P.grad_fn.saved_tensors)` must
+# be 1; keep `G.clone()` and check with `torch.equal` that `P.backward(G)` left `G` unchanged.
+# To check your forward against, with $m$ the row's largest logit:
+#
+# $$p_i = \frac{e^{z_i - m}}{\sum_c e^{z_c - m}}.$$
+#
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION
@@ -200,6 +263,12 @@ check_contract("lab04", "ex2", Softmax)
 # (Llama and most recent language models use it); chapter 4's method, one path at a time,
 # derives it.
 #
+# **You derive:** $\partial L/\partial x$ `(..., D)`, the sum of the direct path and the path
+# through $r$, and $\partial L/\partial \gamma$ `(D,)`, both written with $\hat x$ and $r$.
+#
+# **You are given:** the forward below, `grad_y` `(..., D)`, the saved `x` and `weight`, and
+# `eps` on `ctx`.
+#
 # Over the last dim (size $D$): $r = \sqrt{\mathrm{mean}(x^2) + \varepsilon}$, $\hat x = x / r$,
 # $y = \gamma \odot \hat x$, with `weight` $\gamma$ of shape `(D,)`. Derive
 # $\partial L/\partial x$ and $\partial L/\partial \gamma$ on paper first: follow $x$ along its
@@ -219,16 +288,44 @@ check_contract("lab04", "ex2", Softmax)
 #   `weight` (only `x` needs a gradient) or hold `x` constant (only `weight` does), and the
 #   other gradient must still be right. Never write into `grad_y`.
 #
-# <details><summary>Hint 1: the hidden path</summary>
+# <details><summary>Hint 1 of 4 · the idea: two paths from x, one row at a time</summary>
 #
-# With $g = \partial L/\partial y \odot \gamma$ (the gradient reaching $\hat x$): the direct
-# path gives $g / r$; $\partial r/\partial x_i = x_i/(D r)$, so the path through $r$ adds
-# $-\sum_j g_j x_j / r^2 \cdot x_i / (D r)$. Write $x_j / r$ as $\hat x_j$.
-# $\gamma$ is shared by every row: its gradient adds up over all of them.
+# Rows are independent; within a row, $x_i$ reaches $\hat x_i$ directly and reaches *every*
+# $\hat x_j$ through $r$. First the gradient reaching $\hat x$: $y = \gamma \odot \hat x$ is
+# entry by entry, so call it $g = \partial L/\partial y \odot \gamma$. Then the chain rule
+# through $\hat x_j = x_j / r$, with $r$ depending on all of the row's $x$. $\gamma$ is shared
+# by every row: its gradient adds up over all of them.
 #
 # </details>
 #
-# <details><summary>Hint 2: the formulas (check yours against them)</summary>
+# <details><summary>Hint 2 of 4 · a step: the hidden path's slope</summary>
+#
+# $\partial r/\partial x_i = x_i/(D r)$. The direct path gives $g_i / r$. The path through
+# $r$ adds, for each $j$, $g_j$ times $\partial (x_j / r)/\partial r = -x_j / r^2$, times
+# $\partial r / \partial x_i$: a sum over $j$, one number per row. Write each $x / r$ you meet
+# as $\hat x$ and see the sum become a mean.
+#
+# </details>
+#
+# <details><summary>Hint 3 of 4 · a step: the weight, the flags and eps</summary>
+#
+# $y_j = \gamma_j \hat x_j$, so each row sends $\gamma_j$ the slope $\hat x_j$ times its
+# $\partial L/\partial y_j$; sum that over every leading index (flatten them into one row
+# dimension, as in lab 2). Compute each gradient only when `ctx.needs_input_grad` asks for it
+# and return `None` for the other; recompute $r$ with `ctx.eps`, the value the caller gave.
+# A row of zeros has $r = \sqrt{\varepsilon} > 0$, so dividing by $r$ stays finite.
+#
+# </details>
+#
+# <details><summary>Hint 4 of 4 · check yourself: gradcheck, the flags, a zero row</summary>
+#
+# In a scratch cell (delete it before handing in): float64 `x` (2, 3) and `weight` (3,) with
+# `requires_grad=True`, `eps = 0.05`, then
+# `torch.autograd.gradcheck(lambda x, w: RMSNorm.apply(x, w, 0.05), (x, weight))` must be
+# `True`. Compare with autograd through `F.rms_norm(x, (3,), weight, 0.05)` for a 3-D `x`,
+# with a row of zeros, and with `weight.requires_grad_(False)` (then `weight.grad` stays
+# `None`). Call `y.backward(G)` with a random `G`, keep `G.clone()` and check with
+# `torch.equal` that `G` did not change. To check yours against:
 #
 # $$\frac{\partial L}{\partial x} = \frac{1}{r}\Big(g - \hat x\,\mathrm{mean}(g \odot \hat x)
 # \Big), \qquad \frac{\partial L}{\partial \gamma} = \sum_{\text{rows}}
@@ -307,6 +404,12 @@ check_contract("lab04", "ex3", RMSNorm)
 # **Goal:** fuse log-softmax and the negative log-likelihood: the forward never overflows and
 # the backward, once derived, is one short line per row.
 #
+# **You derive:** $\partial L/\partial z$ (R, C) for every row, kept and ignored, with the
+# $1/N$ and `grad_L`, and a forward that leaves ignored rows out safely.
+#
+# **You are given:** the loss $L$ below, `torch.logsumexp`, `gather` / `F.one_hot`, and
+# `grad_L` (0-dim) in backward.
+#
 # Fill in `CrossEntropy`, used as `L = CrossEntropy.apply(logits, target, ignore_index)`, for
 # `logits` (R, C) with any R ≥ 1 (float32 or float64), an int64 `target` (R,) and an int
 # `ignore_index`: row $r$ is **kept** unless `target[r] == ignore_index`. The caller chooses
@@ -320,20 +423,46 @@ check_contract("lab04", "ex3", RMSNorm)
 # `grad_L`, which need not be 1: a caller may scale the loss); it must be exactly **0** on
 # ignored rows; `target` and `ignore_index` get `None`. Never write into `grad_L`.
 #
-# <details><summary>Hint 1: the ignored rows</summary>
+# <details><summary>Hint 1 of 4 · the idea: each row's term, scaled</summary>
 #
-# An ignored row's target (e.g. −100) is no valid index; replace it by 0 before
-# `gather`/`one_hot`, compute as if every row were kept, then multiply by a 0/1 mask of the
-# kept rows (in forward and in backward). Compare with `target != ignore_index`, never with
-# a fixed number.
+# $L$ is $1/N$ times a sum of per-row terms, and row $r$'s term depends on $z_r$ only. So
+# $\partial L/\partial z_r$ is `grad_L` $/N$ times the gradient of that one term, and exactly 0
+# on an ignored row, which is not in $L$ at all. Each term has two pieces: $\mathrm{lse}(z_r)$
+# and the picked logit $z_{r, t_r}$.
 #
 # </details>
 #
-# <details><summary>Hint 2: the formula (check yours against it)</summary>
+# <details><summary>Hint 2 of 4 · a step: the two pieces of one row</summary>
 #
-# $\partial\,\mathrm{lse}(z)/\partial z_c = \mathrm{softmax}(z)_c$, so on kept rows
-# $\partial L/\partial z_r = g_L\,(\mathrm{softmax}(z_r) - \text{one-hot}(t_r))/N$, with
-# $g_L$ = `grad_L`.
+# Differentiate $\log \sum_c e^{z_c}$ with respect to $z_c$: the chain rule through the log,
+# then through the sum (the shift by $m$ changes nothing, as in exercise 2's forward). You met
+# the resulting vector in exercises 1 and 2. The picked logit $z_{r, t_r}$ has slope 1 in
+# column $t_r$ and 0 in every other column.
+#
+# </details>
+#
+# <details><summary>Hint 3 of 4 · a step: the ignored rows</summary>
+#
+# An ignored row's target (e.g. −100) is no valid index; replace it by 0 before
+# `gather`/`one_hot`, compute as if every row were kept, then multiply by a 0/1 mask of the
+# kept rows (in forward and in backward). Build the mask by comparing `target` with the
+# `ignore_index` you were given, never with a fixed number. $N$ is the mask's sum.
+#
+# </details>
+#
+# <details><summary>Hint 4 of 4 · check yourself: against F.cross_entropy</summary>
+#
+# In a scratch cell (delete it before handing in): float64 logits (3, 4) with
+# `requires_grad=True` and `target = torch.tensor([1, -100, 3])`; your `L` must equal
+# `F.cross_entropy(logits, target, ignore_index=-100)`, and after
+# `L.backward(torch.tensor(2.5, dtype=torch.float64))` your gradient must equal autograd's
+# through `F.cross_entropy` with the same `2.5`. The ignored row must be exactly 0
+# (`torch.equal` with zeros), and each kept row's gradient sums to 0 up to round-off. Try a
+# row of ±1000 logits, `ignore_index = 2` with no kept target 2, and a single row. To check
+# yours against, on kept rows, with $g_L$ = `grad_L`:
+#
+# $$\frac{\partial L}{\partial z_r} = \frac{g_L}{N}\big(\mathrm{softmax}(z_r) -
+# \text{one-hot}(t_r)\big).$$
 #
 # </details>
 

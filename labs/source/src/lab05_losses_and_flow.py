@@ -60,6 +60,13 @@ from helpers.labcontract import check_contract
 # **Goal:** derive the gradient of mean cross-entropy w.r.t. the logits, then see what label
 # smoothing (a softer target) and `ignore_index` (rows left out) change in it.
 #
+# **You derive:** $\partial L/\partial z_r$ (C,) for one kept row with a smoothed target, then
+# the factor the mean over the kept rows puts in front, and the rows that get 0: the whole
+# (R, C) gradient.
+#
+# **You are given:** the loss itself (below) and `torch.softmax`, `F.one_hot`; chapter 5's
+# sections 5.1, 5.3 and 5.4 did the plain, smoothed and masked cases one at a time.
+#
 # Write `ce_grad(logits, target, ignore_index=-100, label_smoothing=0.0)` for `logits` (R, C)
 # in float32 or float64 and an int64 `target` (R,): return $\partial L/\partial\,\text{logits}$,
 # of the shape and dtype of `logits`, for
@@ -81,12 +88,48 @@ from helpers.labcontract import check_contract
 # Derive $\partial L/\partial z_r$ for a kept row first: write $\log\mathrm{softmax}$ out and
 # use $\sum_c q_c = 1$.
 #
-# <details><summary>Hint: the method</summary>
+# <details><summary>Hint 1 of 4 · the idea: one row, then the mean</summary>
 #
-# $-\sum_c q_c \log \mathrm{softmax}(z)_c = -\sum_c q_c z_c + \log \sum_j e^{z_j}$ since the $q_c$
-# sum to 1; differentiate each term w.r.t. $z_k$. The mean over $N$ rows puts a factor in
-# front; an ignored row does not appear in $L$ at all. `torch.softmax` is computed stably; a
-# hand-written `exp(z) / exp(z).sum()` overflows for large logits.
+# Rows do not mix: kept row $r$'s loss depends on $z_r$ alone, so work on one row $z$ (C,)
+# with its target distribution $q$ (C,) and differentiate w.r.t. one logit $z_k$. Write
+# $\log\mathrm{softmax}(z)_c$ out as $z_c$ minus a log-sum-exp over all classes. Only then
+# look at the mean: each kept row enters $L$ once, with the same weight; an ignored row not
+# at all.
+#
+# </details>
+#
+# <details><summary>Hint 2 of 4 · a step: one row's loss, rewritten</summary>
+#
+# Since the $q_c$ sum to 1, $-\sum_c q_c \log \mathrm{softmax}(z)_c = -\sum_c q_c z_c +
+# \log \sum_j e^{z_j}$. The first term is linear in $z$; the second is the log-sum-exp of
+# chapter 5.1. Differentiate each w.r.t. $z_k$: neither depends on which class is the target
+# any more, only on $q$.
+#
+# </details>
+#
+# <details><summary>Hint 3 of 4 · a step: the ignored rows and the count</summary>
+#
+# $N$ counts the kept rows, not $R$. An ignored row's `target` may be −100 or ≥ C, which
+# `F.one_hot` refuses: give those rows any valid class when you build $q$, then set their
+# whole gradient row to 0 (multiply by the kept-row mask). When $N = 0$ every row is already
+# 0, so divide by $\max(N, 1)$. Take the softmax with `torch.softmax`, which is stable; a
+# hand-written `exp(z) / exp(z).sum()` overflows at $|z| \sim 10^3$.
+#
+# </details>
+#
+# <details><summary>Hint 4 of 4 · check yourself: autograd in a scratch cell</summary>
+#
+# In a scratch cell (delete it before handing in), make 2×3 float64 logits with
+# `requires_grad=True`, compute `F.cross_entropy(logits, target, ignore_index=...,
+# label_smoothing=...)`, call `torch.autograd.grad` on it and compare with your `ce_grad`.
+# Try: $\varepsilon = 0$ and 0.3; one row ignored with −100, with 7 (≥ C) and with a class
+# index such as 1; every row ignored (autograd's gradient is then zeros); logits times 1000.
+# Each kept row of your gradient sums to 0 (to round-off); each ignored row is exactly 0.
+# The formula, to check yours against, with $m_r = 1$ for a kept row and 0 for an ignored
+# one:
+#
+# $$\frac{\partial L}{\partial z_r} = \frac{m_r}{\max(N, 1)}\big(\mathrm{softmax}(z_r) - q_r\big),
+# \qquad q_r = (1 - \varepsilon)\,\text{one-hot}(t_r) + \varepsilon / C.$$
 #
 # </details>
 
@@ -140,6 +183,13 @@ check_contract("lab05", "ex1", ce_grad)
 # measurement with the layer's name (seed 000's recorder stored by module and looked up by
 # name, so it recorded nothing).
 #
+# **You derive:** the plumbing: which hook goes on which object and when it fires, how each
+# measurement carries its module's name, and how the hooks are cleaned up.
+#
+# **You are given:** a fresh `model`, its input `X` and labels `y`; PyTorch's
+# `register_forward_hook` on modules and `register_hook` on tensors; chapter 5.9 describes the
+# same recorder (`helpers.gradflow.GradFlowRecorder`).
+#
 # Write `record_output_grad_norms(model, X, y)` for any `nn.Module` `model`, `X` its input
 # and `y` int64 class labels: for every **leaf** module (one without children; the names
 # `model.named_modules()` gives, skipping the root's empty name), register a **forward hook**
@@ -157,10 +207,46 @@ check_contract("lab05", "ex1", ce_grad)
 # dict's order does not matter (it fills during backward, the head first). The model you get is
 # fresh, with no hooks; leave none on it.
 #
-# <details><summary>Hint: every entry lands under the last name</summary>
+# <details><summary>Hint 1 of 4 · the idea: a hook that plants a hook</summary>
 #
-# A closure made in a loop reads the loop variable when it runs, not when it was made: capture
-# the name as a default argument, `def hook(m, i, o, name=name)`.
+# Two moments: the forward hands a module's forward hook its `output` tensor; the backward
+# later hands a tensor hook on that `output` its gradient $\partial L/\partial\,\text{output}$,
+# of the output's shape. So the forward hook's one job is to register the tensor hook, and
+# the tensor hook's one job is to store the norm. Decide first which modules are leaves
+# (`module.children()` is empty) and where the name comes from (`model.named_modules()`).
+#
+# </details>
+#
+# <details><summary>Hint 2 of 4 · a step: every entry lands under the last name</summary>
+#
+# A closure made in a loop reads the loop variable when it runs, not when it was made: by
+# backward time the loop has ended, so every hook sees the last name. Make each hook *for*
+# its name: capture it as a default argument, `def hook(m, i, o, name=name)`, or build the
+# hook in a small function that takes the name.
+#
+# </details>
+#
+# <details><summary>Hint 3 of 4 · a step: the order, and what can go wrong</summary>
+#
+# Register the forward hooks and keep every handle they return in a list; run the forward
+# and the backward inside `try`; remove every handle in `finally`, so an exception (a label
+# out of range) still leaves no hook. The tensor hooks live on the outputs and go away with
+# them. An output that does not require grad (an `nn.Flatten` first) refuses `register_hook`:
+# test `output.requires_grad` first and skip it.
+#
+# </details>
+#
+# <details><summary>Hint 4 of 4 · check yourself: against the chapter's recorder</summary>
+#
+# In a scratch cell (delete it before handing in), with `from torch import nn` and
+# `from helpers.gradflow import GradFlowRecorder`, build a small float64 model, e.g.
+# `nn.Sequential(nn.Flatten(), nn.Linear(6, 4), nn.ReLU(), nn.Linear(4, 3)).double()` for `X`
+# of shape (5, 2, 3), and a `copy.deepcopy` of it. Run your function on the model, then
+# `with GradFlowRecorder(twin) as rec: F.cross_entropy(twin(X), y).backward()` on the copy,
+# and compare your dict with `rec.output_grad_norms` key by key (`"0"`, the Flatten, must be
+# missing from both). Try a nested model too (names like `"blocks.0.linear"`), and a label
+# out of range: the error must reach you, and afterwards `module._forward_hooks` must be
+# empty for every module.
 #
 # </details>
 
@@ -232,6 +318,12 @@ check_contract("lab05", "ex2", record_output_grad_norms)
 # **across it**: the gradient leaves it far smaller than it entered. (A layer that blows the
 # gradient up would show the opposite, a ratio far above 1; here you look for the collapse.)
 #
+# **You derive:** the list of ratios, one per layer `names[i]` with $i \ge 1$, each from the
+# right pair of norms, and which layer has the smallest.
+#
+# **You are given:** `norms` (a dict, in any order) and `names` (the forward order); the
+# ratio's definition below.
+#
 # Write `steepest_drop(norms, names)`: `names` (a list of str) lists the layers in forward
 # order and `norms` maps each to its $\lVert \partial L/\partial\,\text{output} \rVert$, in
 # any order (a recorder fills it during backward, head first): the order to follow is that of
@@ -241,6 +333,37 @@ check_contract("lab05", "ex2", record_output_grad_norms)
 # layer's output is this layer's input); `names[0]` has no layer before it. Return the name
 # (a str of `names`) with the smallest ratio leaves / enters, also when no layer collapses.
 # Compare ratios, not differences: the largest drop in absolute terms may be elsewhere.
+#
+# <details><summary>Hint 1 of 3 · the idea: follow names, not the dict</summary>
+#
+# The dict's order is whatever backward left, and sorting the keys breaks on `"10"` and
+# nested names. Walk `names` by index: position $i$ and position $i - 1$ are neighbours in
+# the network, so they give one ratio for `names[i]`; there are `len(names) - 1` ratios.
+#
+# </details>
+#
+# <details><summary>Hint 2 of 3 · a step: keep the name with its ratio</summary>
+#
+# You return a name, not a ratio or an index into the ratios: store each ratio together with
+# its layer's name (a dict keyed by name, or pairs), then pick the pair whose ratio is
+# smallest. `min` with a `key` does that in one call. A ratio below 1 means the gradient
+# shrank across that layer; with no collapse the smallest ratio may be above 1, and you still
+# return it.
+#
+# </details>
+#
+# <details><summary>Hint 3 of 3 · check yourself: a profile made by hand</summary>
+#
+# In a scratch cell (delete it before handing in): `names = ["0", "1", "2", "3"]`,
+# `norms = {"3": 1.0, "2": 0.9, "1": 0.01, "0": 0.009}`. The gradient enters `"2"` at 0.9
+# and leaves it at 0.01, a ratio of about 0.011, the smallest: the answer is `"2"`. Then try
+# the same dict built in the other order (same answer), names `"2"` … `"10"` in forward
+# order, and a profile where 100 → 50 (ratio 0.5, drop 50) sits beside 1 → 0.01 (ratio 0.01,
+# drop 0.99). What to check yours against:
+#
+# $$\text{answer} = \arg\min_{i \ge 1}\ \frac{\text{norms}[\text{names}[i-1]]}{\text{norms}[\text{names}[i]]}.$$
+#
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION
@@ -284,6 +407,12 @@ check_contract("lab05", "ex3", steepest_drop)
 # **Goal:** clipping rescales **all** gradients by one factor, so the update keeps its
 # direction and only its length shrinks.
 #
+# **You derive:** the global norm as one number over every gradient there is, the one factor
+# and when it applies, and how to rescale the `.grad` tensors without replacing them.
+#
+# **You are given:** `params` with their `.grad` already filled (some may be `None`) and the
+# rule below; chapter 5.7 wrote it out as `clip_by_hand`.
+#
 # Write `clip_by_global_norm(params, max_norm)` for a list of parameters (leaf tensors, of any
 # shapes, float32 or float64): over the parameters whose `.grad` is not `None`, the global
 # norm is $\lVert g\rVert = \sqrt{\sum_p \lVert g_p\rVert^2}$; if
@@ -293,6 +422,41 @@ check_contract("lab05", "ex3", steepest_drop)
 # before clipping, as a 0-dim tensor of the gradients' dtype. There may be one parameter or
 # several; the gradients may be tiny ($\lVert g\rVert \sim 10^{-5}$, where the $10^{-6}$ matters)
 # or all zero ($\lVert g\rVert = 0$: nothing to clip, and nothing to divide by zero).
+#
+# <details><summary>Hint 1 of 3 · the idea: one long vector</summary>
+#
+# Think of all the gradients flattened and concatenated into one vector $g$. Its squared
+# norm is a sum over its entries, so it is the sum over parameters of each $\lVert g_p\rVert^2$,
+# whatever their shapes; a parameter whose `.grad` is `None` adds nothing. One factor then
+# multiplies every entry of $g$, so the direction is kept.
+#
+# </details>
+#
+# <details><summary>Hint 2 of 3 · a step: the order, and "in place"</summary>
+#
+# First collect the gradients that are not `None`, then the norm, then the factor; compare
+# it with 1, and only if it is smaller scale each gradient with an in-place method
+# (`mul_`). `g = g * c` only rebinds a name, and `p.grad = p.grad * c` puts a new tensor
+# there: neither is in place. With all-zero gradients the norm is 0, the $10^{-6}$ keeps the
+# factor finite (and large), so nothing is clipped. Return the norm computed before the
+# scaling, 0-dim, in the gradients' dtype.
+#
+# </details>
+#
+# <details><summary>Hint 3 of 3 · check yourself: against PyTorch</summary>
+#
+# In a scratch cell (delete it before handing in), make two sets of the same parameters
+# (e.g. shapes (2, 3) and (3,), float64) with the same `.grad`, call yours on one and
+# `torch.nn.utils.clip_grad_norm_` on the other, and compare the returned norms and every
+# gradient. Keep `ref = p.grad` before your call and check `p.grad is ref` after it. Try
+# `max_norm` above the norm (nothing changes), a parameter whose `.grad` is `None`,
+# gradients of size $10^{-5}$ with `max_norm` between $\lVert g\rVert$ and
+# $\lVert g\rVert + 10^{-6}$, and all-zero gradients. The rule, to check yours against:
+#
+# $$\lVert g\rVert = \sqrt{\textstyle\sum_p \lVert g_p\rVert^2},\qquad g_p \leftarrow g_p \cdot
+# \min\Big(1, \frac{\text{max\_norm}}{\lVert g\rVert + 10^{-6}}\Big).$$
+#
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION

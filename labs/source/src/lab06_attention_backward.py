@@ -84,6 +84,13 @@ from helpers.numgrad import unbroadcast
 # `window=1` keeps the diagonal alone, and `window=None` (the default) keeps every key the
 # triangle allows.
 #
+# **You derive:** for query $i$, in each alignment, the last key it may see and the first key
+# the window keeps, as two inequalities on the indices $i$ and $j$, turned into a (Nq, Nk)
+# bool tensor.
+#
+# **You are given:** the two alignments' rules above, `torch.arange` and broadcasting
+# (chapter 2).
+#
 # Write `causal_mask(Nq, Nk, align="top_left", device=None, window=None)`: a `(Nq, Nk)`
 # **bool** tensor (not 0/1 floats), True = may attend, for any sizes: `Nq == Nk` (both
 # alignments are then the usual lower triangle), fewer queries than keys and more (with
@@ -95,12 +102,39 @@ from helpers.numgrad import unbroadcast
 # for query $i$, the last key it may see and the first one the window keeps, in each
 # alignment.
 #
-# <details><summary>Hint: building it</summary>
+# <details><summary>Hint 1 of 3 · the idea: a column against a row</summary>
 #
-# Compare an `arange` column (queries) with an `arange` row (keys): the two alignments differ
-# by one number added to $i$. The window is a second comparison, combined with `&`; count on
-# a small case (`window=1` must keep exactly the diagonal) to get the strict or non-strict
-# inequality right.
+# A mask entry depends only on $i$ and $j$. An index column of shape (Nq, 1) compared with an
+# index row of shape (1, Nk) broadcasts to a (Nq, Nk) bool tensor in one operation, no loop;
+# make both indices on `device`. The two alignments differ by one number added to $i$; the
+# window is a second comparison, combined with the first by `&`.
+#
+# </details>
+#
+# <details><summary>Hint 2 of 3 · a step: count on a small case</summary>
+#
+# Take `Nq = Nk = 4`, top-left, `window=2`. Query 3 may see keys 0 to 3; the window keeps
+# the 2 most recent of them, keys 2 and 3; query 0 sees key 0 only. Write, for query $i$,
+# "the last visible key" and "the first kept key" so that these counts come out, then decide
+# strict or non-strict inequality from them; `window=1` must keep exactly the diagonal key,
+# the last one the triangle allows. For bottom-right, redo the count with `Nq = 2`,
+# `Nk = 4`: query 1 is the newest token.
+#
+# </details>
+#
+# <details><summary>Hint 3 of 3 · check yourself: print small masks</summary>
+#
+# In a scratch cell (delete it before handing in), print `causal_mask(3, 5, ...).int()` and
+# `causal_mask(5, 3, ...).int()` in both alignments and read them against the rules above.
+# Without a window, `ref.causal_mask(Nq, Nk, align)` (chapter 6's) must give the same mask;
+# top-left is also `torch.ones(Nq, Nk, dtype=torch.bool).tril()` and bottom-right
+# `.tril(diagonal=Nk - Nq)`. Then: `window=1` leaves at most one True per row, on the
+# diagonal; with Nq ≤ Nk, `window=Nk` gives the unwindowed mask; bottom-right with Nq > Nk
+# has its first Nq − Nk rows all False; `.dtype` is `torch.bool`; with `device="meta"`,
+# `.device.type` is `"meta"`. To check yours against, with $\delta = 0$ (top-left) or
+# $N_k - N_q$ (bottom-right) and window $w$:
+#
+# $$\text{mask}_{ij} = \big(j \le i + \delta\big)\ \wedge\ \big(j > i + \delta - w\big).$$
 #
 # </details>
 
@@ -150,6 +184,12 @@ check_contract("lab06", "ex1", causal_mask)
 # $-\infty$, so its weight $e^{-\infty} = 0$; but a query that sees **no** key would get
 # $0/0$ = NaN, and must get $P = 0$, $O = 0$ instead.
 #
+# **You derive:** where a fully masked row turns into NaN in a stable softmax, and the two
+# guards that give it zeros instead, in a forward that broadcasts `scale`, `Bias` and `mask`.
+#
+# **You are given:** the forward's definition below, `masked_fill`, `torch.where`, and
+# chapter 6's `ref.attention_forward` (no bias, a number `scale`) to compare with.
+#
 # Write `attention_forward(Q, K, V, mask=None, Bias=None, scale=None)` returning `(O, P)`:
 # * `Q` (..., Nq, d), `K` (..., Nk, d), `V` (..., Nk, d_v) with any leading dims (none, or
 #   (B, H)), `Nq` and `Nk` in either order, `d_v` ≠ `d` allowed, float32 or float64 (`O` and
@@ -169,10 +209,38 @@ check_contract("lab06", "ex1", causal_mask)
 # Work out first what a stable softmax does with a row whose every entry is $-\infty$, and
 # where that turns into NaN; then where the row max must be taken, before or after masking.
 #
-# <details><summary>Hint: the two places a fully masked row breaks</summary>
+# <details><summary>Hint 1 of 3 · the idea: build S, then a guarded softmax</summary>
+#
+# Go in the forward's order: scores (..., Nq, Nk), times `scale`, plus `Bias` (both
+# broadcast), then the mask, then the softmax over the last dim (keys), then $PV$. The mask
+# must come before the row max: a masked $+1000$ taken into the max would push every visible
+# $e^{S - \max}$ to 0. A stable softmax subtracts the row max and divides by the row sum;
+# look at what each of those two does to a row that is all $-\infty$.
+#
+# </details>
+#
+# <details><summary>Hint 2 of 3 · a step: the two places a fully masked row breaks</summary>
 #
 # Subtracting the row max: the max is $-\infty$ and $-\infty - (-\infty)$ is NaN, so subtract 0
-# for such a row. Dividing by the row sum: it is 0, so divide by 1 there ($0/1 = 0$).
+# for such a row (replace a max that is not finite by 0, with `torch.where`). Dividing by the
+# row sum: it is 0, so divide by 1 there ($0/1 = 0$). Keep both with `keepdim=True`, shape
+# (..., Nq, 1).
+#
+# </details>
+#
+# <details><summary>Hint 3 of 3 · check yourself: against torch.softmax, and NaN hunting</summary>
+#
+# In a scratch cell (delete it before handing in), with float64 `Q` (2, 2, 3, 4), `K`
+# (2, 2, 5, 4), `V` (2, 2, 5, 3), a `scale` (2, 1, 1) and a `Bias` (2, 1, 5): compute
+# `S = Q @ K.transpose(-2, -1) * scale + Bias`, mask it with `S.masked_fill(~mask, float("-inf"))`
+# and compare your `P` with `torch.softmax` of that on every row that sees at least one key.
+# Then a row that sees no key: `P` and `O` rows exactly 0 and `torch.isnan(P).any()` False;
+# `Q` times 100 (scores near $10^3$); a masked score of $+1000$ beside visible scores of
+# $-200$. Without `Bias`, `ref.attention_forward(Q, K, V, mask, scale)` with a number `scale`
+# must agree. To check yours against, for row $i$:
+#
+# $$m_i = \max_j S_{ij}\ (0 \text{ if that is } -\infty),\quad Z_i = \sum_j e^{S_{ij} - m_i},\quad
+# P_{ij} = \frac{e^{S_{ij} - m_i}}{Z_i\ (1 \text{ if } Z_i = 0)},\quad O = PV.$$
 #
 # </details>
 
@@ -235,6 +303,13 @@ check_contract("lab06", "ex2", attention_forward)
 # your call makes: no more than 1.5 × what the course's backward needs), and **no mask** (say
 # to yourself why none is needed).
 #
+# **You derive:** the five gradients, step by step backward: $dV$ and $dP$ from $O = PV$, $dS$
+# from the softmax, $d\text{Bias}$, $d\,\text{scale}$ and $dA$ from $S = A\cdot\text{scale} +
+# \text{Bias}$, then $dQ$ and $dK$ from $A = QK^\top$, each in its own shape.
+#
+# **You are given:** `P` and `grad_O` $= dO$ from the forward, `Q`, `K`, `V`, `scale`, `Bias`,
+# `unbroadcast` (chapter 2), and chapter 6's derivation for a number `scale` and no bias.
+#
 # Write `attention_backward(Q, K, V, P, grad_O, scale, Bias)` returning
 # `(grad_Q, grad_K, grad_V, grad_scale, grad_Bias)`, each with the shape of what it is the
 # gradient of (`grad_scale` has `scale.shape`, `grad_Bias` has `Bias.shape`). `scale` is a
@@ -246,23 +321,52 @@ check_contract("lab06", "ex2", attention_forward)
 # `scale` and no bias; what changes when `scale` is a tensor with its own gradient, and what
 # does chapter 2 say a broadcast does to a gradient? Open a hint only when stuck.
 #
-# <details><summary>Hint 1: the order of the steps</summary>
+# <details><summary>Hint 1 of 4 · the idea: four steps, backward</summary>
 #
-# $O = PV$ is a matrix product: it gives $dV$ and $dP$. The softmax turns $dP$ into $dS$ (chapter
-# 4's VJP, row by row). $S = A\cdot\text{scale} + \text{Bias}$ with $A = QK^\top$ is a sum and an
-# elementwise product: $d\text{Bias}$ and $d\,\text{scale}$ come from $dS$ (and $A$), summed back
-# to their own shapes over the dims they were broadcast along (`helpers.numgrad.unbroadcast`,
-# chapter 2), and $dA$ from $dS$ and scale. $A = QK^\top$ is a matrix product again: it gives
-# $dQ$ and $dK$. A masked entry has $P = 0$, and the softmax VJP multiplies by $P$.
+# $O = PV$ is a matrix product: it gives $dV$ and $dP$. The softmax turns $dP$ into $dS$
+# (chapter 4's VJP, row by row over the keys). $S = A\cdot\text{scale} + \text{Bias}$ with
+# $A = QK^\top$ is a sum and an elementwise product: $d\text{Bias}$ and $d\,\text{scale}$ come
+# from $dS$ (and $A$), summed back to their own shapes over the dims they were broadcast
+# along (`unbroadcast`, chapter 2), and $dA$ from $dS$ and scale. $A = QK^\top$ is a matrix
+# product again: it gives $dQ$ and $dK$. Why no mask: a masked entry has $P = 0$, and look
+# at what the softmax VJP multiplies by.
 #
 # </details>
 #
-# <details><summary>Hint 2: check your formulas</summary>
+# <details><summary>Hint 2 of 4 · a step: the softmax, one entry</summary>
 #
-# Your $dS$ should be $P \odot \big(dP - \textstyle\sum_{\text{keys}} dP \odot P\big)$ (the sum
-# over the last dim with `keepdim=True`). Your $dA$ is elementwise, $dS \odot \text{scale}$, and
-# $d\,\text{scale}$ is $dS \odot A$ summed to `scale.shape`. $dQ$ and $dK$ need $dA$ and a
-# transpose of the last two dims (`.transpose(-2, -1)`) for one of them.
+# Within one row, $\partial P_j/\partial S_k = P_j\,([j = k] - P_k)$. Then
+# $dS_k = \sum_j dP_j\, \partial P_j/\partial S_k$: split the sum into the $j = k$ term and
+# the rest, and you get $dS$ with one sum over the keys per row, of shape (..., Nq, 1), never
+# the Nk × Nk Jacobian.
+#
+# </details>
+#
+# <details><summary>Hint 3 of 4 · a step: the scale and the bias</summary>
+#
+# After broadcasting, $S_{\dots ij} = A_{\dots ij}\,\text{scale}_{\dots ij} + \text{Bias}_{\dots ij}$
+# entry by entry, so $\partial S/\partial\,\text{scale}$ at each entry is that entry of $A$, and
+# $\partial S/\partial\,\text{Bias}$ is 1. A `scale` of shape (H, 1, 1) was copied to every
+# (b, i, j) of its head: its gradient is the sum over those copies. $A$ is not saved:
+# recompute it from `Q` and `K`.
+#
+# </details>
+#
+# <details><summary>Hint 4 of 4 · check yourself: autograd in a scratch cell</summary>
+#
+# In a scratch cell (delete it before handing in), make float64 `Q` (2, 2, 3, 4), `K`
+# (2, 2, 5, 4), `V` (2, 2, 5, 3), `scale` (2, 1, 1), `Bias` (2, 1, 5), all with
+# `requires_grad=True`, run the forward with `torch.softmax`, and get the five gradients from
+# `torch.autograd.grad(O, (Q, K, V, scale, Bias), grad_O)`; compare with yours. Try Nq > Nk,
+# a full-size `Bias` (then `grad_Bias` is $dS$), a `P` with masked zeros and a row of zeros
+# (that row's $dQ$ is 0), and 3-D inputs with a 0-dim `scale`. The formulas, to check yours
+# against:
+#
+# $$\begin{gathered}
+# dV = P^\top dO,\quad dP = dO\,V^\top,\quad dS = P \odot \big(dP - \textstyle\sum_{\text{keys}} dP \odot P\big), \\
+# d\text{Bias} = \text{unbroadcast}(dS),\quad d\,\text{scale} = \text{unbroadcast}(dS \odot A),\quad dA = dS \odot \text{scale}, \\
+# dQ = dA\,K,\quad dK = dA^\top Q .
+# \end{gathered}$$
 #
 # </details>
 
@@ -317,6 +421,12 @@ check_contract("lab06", "ex3", attention_backward)
 # is never attended to, so nothing flows back into it: its `grad_K` and `grad_V` rows are
 # **exactly** zero.
 #
+# **You derive:** one may-attend mask from the two flags (or none), of a shape that broadcasts
+# against (B, H, Nq, Nk), and the order of the calls.
+#
+# **You are given:** your `causal_mask`, `attention_forward` and `attention_backward` of
+# exercises 1 to 3.
+#
 # Write `attention_grads(Q, K, V, Bias, scale, grad_O, causal=False, key_padding_mask=None,
 # align="top_left", window=None)` for (B, H, N, d) tensors, returning
 # `(grad_Q, grad_K, grad_V, grad_scale, grad_Bias)`:
@@ -336,6 +446,38 @@ check_contract("lab06", "ex3", attention_backward)
 # mask; a batch row whose keys are all padding (its gradients are zeros, not NaN); `align`
 # and `window` given with `causal=False` (then there is no mask). `scale` is one per head
 # (H, 1, 1) or 0-dim, `Bias` (H, Nq, Nk) or (Nq, Nk).
+#
+# <details><summary>Hint 1 of 3 · the idea: one may-attend mask, or none</summary>
+#
+# Two masks with opposite conventions and different shapes: the causal one (Nq, Nk), True =
+# may attend; the padding one (B, Nk), True = padding. Bring both to "True = may attend" and
+# to shapes that broadcast against (B, H, Nq, Nk), then a key is visible only if both allow
+# it. With no flag set the mask is `None`. The forward gives $P$; the backward needs no mask.
+#
+# </details>
+#
+# <details><summary>Hint 2 of 3 · a step: the padding mask's shape</summary>
+#
+# Invert it with `~` (not `1 -` on a bool), then give it singleton dims for the heads and the
+# queries, so that (B, Nk) becomes (B, 1, 1, Nk): batch row $b$'s padded key $j$ is then
+# hidden from every head and every query. A (Nq, Nk) causal mask broadcasts against it to
+# (B, 1, Nq, Nk). Pass `align` and `window` to `causal_mask` only when `causal` is True.
+#
+# </details>
+#
+# <details><summary>Hint 3 of 3 · check yourself: zero rows, and autograd</summary>
+#
+# In a scratch cell (delete it before handing in), on float64 (2, 2, 4, 3) inputs with
+# `key_padding_mask = torch.tensor([[False, False, True, True], [False] * 4])`: the rows 2
+# and 3 of `grad_K[0]` and `grad_V[0]` must be exactly 0 (`torch.equal` with zeros). Compare
+# your five gradients with `torch.autograd.grad` through your own `attention_forward` (inputs
+# with `requires_grad=True`, the same mask), with `causal=True` in both alignments, with a
+# window, and Nq ≠ Nk. A batch row whose keys are all padding gives zeros, not NaN. The
+# combined mask, to check yours against:
+#
+# $$\text{mask}_{b,\cdot,i,j} = \text{causal}_{ij}\ \wedge\ \lnot\,\text{padding}_{b,j}.$$
+#
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION

@@ -76,6 +76,12 @@ from helpers.numgrad import linear_backward
 # $\mu$ and $1/\sigma$ taken from the forward's cache (two floats per row) instead of recomputed.
 # $x$ reaches the output directly, through the mean and through the variance: three terms.
 #
+# **You derive:** $\partial L/\partial x$ (..., D) as the sum of its three paths, and
+# $\partial L/\partial\gamma$, $\partial L/\partial\beta$ (D,) summed over every row.
+#
+# **You are given:** the saved `mu` and `rstd` $= 1/\sigma$ (..., 1), `weight` $\gamma$ and
+# `grad_y`; chapter 7, section 1 did one row.
+#
 # Write `layernorm_backward(x, mu, rstd, weight, grad_y)` for `x` of shape `(..., D)` with any
 # number of leading dims (none: one row `(D,)`; `(R, D)`; `(B, N, D)`; 4 dims), in float32 or
 # float64; `mu` and `rstd` $= 1/\sigma$ of shape `(..., 1)` (what
@@ -91,20 +97,46 @@ from helpers.numgrad import linear_backward
 # only 1.4350 to 5.7914 with `eps` 0.5), so do not use it. When `grad_x` is wrong, the
 # self-check says which path is missing.
 #
-# <details><summary>Hint 1: the method</summary>
+# <details><summary>Hint 1 of 4 · the idea: three paths, one row at a time</summary>
 #
-# Write $y$ as a function of $x$, $\mu(x)$ and $\sigma(x)$. The chain rule gives three terms:
-# the partial derivative with $\mu$ and $\sigma$ fixed, plus $\partial L/\partial\mu \cdot
-# \partial\mu/\partial x_i$, plus $\partial L/\partial\sigma \cdot \partial\sigma/\partial x_i$.
-# Work out $\partial\mu/\partial x_i = 1/D$ and $\partial\sigma/\partial x_i$ from
-# $\sigma^2 = \mathrm{mean}((x-\mu)^2) + \varepsilon$, then collect the terms with
-# $g = \partial L/\partial y \odot \gamma$.
+# Rows are independent: work on one row $x$ (D,). Write $y$ as a function of $x$, $\mu(x)$
+# and $\sigma(x)$. The chain rule gives three terms: the partial derivative with $\mu$ and
+# $\sigma$ fixed, plus $\partial L/\partial\mu \cdot \partial\mu/\partial x_i$, plus
+# $\partial L/\partial\sigma \cdot \partial\sigma/\partial x_i$. Everything before $\hat x$ sees
+# only $g = \partial L/\partial y \odot \gamma$, the gradient of $\hat x$: name it first. The
+# parameter gradients are simpler: $y$ is elementwise in $\gamma$ and $\beta$, summed over rows.
 #
 # </details>
 #
-# <details><summary>Hint 2: the formulas (check your derivation against them)</summary>
+# <details><summary>Hint 2 of 4 · a step: how μ and σ move with x_i</summary>
 #
-# With means along the last dim:
+# $\partial\mu/\partial x_i = 1/D$. For $\sigma$, differentiate
+# $\sigma^2 = \mathrm{mean}((x-\mu)^2) + \varepsilon$: the term through $\mu$ drops out because
+# $\sum_j (x_j - \mu) = 0$, and $\partial\sigma/\partial x_i = (x_i - \mu)/(D\sigma) = \hat x_i / D$,
+# for any $\varepsilon$ (the $\varepsilon$ sits inside $\sigma$).
+#
+# </details>
+#
+# <details><summary>Hint 3 of 4 · a step: ∂L/∂μ and ∂L/∂σ</summary>
+#
+# $\hat x_j = (x_j - \mu)/\sigma$ gives $\partial\hat x_j/\partial\mu = -1/\sigma$ and
+# $\partial\hat x_j/\partial\sigma = -\hat x_j/\sigma$, for every $j$. So $\partial L/\partial\mu$
+# and $\partial L/\partial\sigma$ are each a sum over the row of $g_j$ times one of these.
+# Multiply by Hint 2's factors and collect the three terms over $1/\sigma$ (`rstd`); write the
+# sums as means along the last dim with `keepdim=True`.
+#
+# </details>
+#
+# <details><summary>Hint 4 of 4 · check yourself: autograd in a scratch cell</summary>
+#
+# In a scratch cell (delete it before handing in), make float64 `x` (2, 3, 6), `weight` and
+# `bias` (6,), all with `requires_grad=True`, and `y = F.layer_norm(x, (6,), weight, bias,
+# eps)`; get the three gradients with `torch.autograd.grad(y, (x, weight, bias), grad_y)`.
+# Give your function `mu = x.mean(-1, keepdim=True)` and
+# `rstd = 1 / torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + eps)` (detached). Try
+# `eps` = 1e-5 and 0.5 (a formula that used $\sum_i \hat x_i^2 = D$ fails there), a 1-D `x`
+# and a 4-D one. Every row of your `grad_x` sums to 0, to round-off. The formulas, to check
+# yours against, with means along the last dim:
 #
 # $$\begin{gathered}
 # \frac{\partial L}{\partial x} = \frac{1}{\sigma}\Big(g - \underbrace{\mathrm{mean}(g)}_{\text{through }\mu}
@@ -163,6 +195,12 @@ check_contract("lab07", "ex1", layernorm_backward)
 # shape against the layout (with `d_ff` = d a transposed product has the right shape and the
 # wrong values).
 #
+# **You derive:** the backward of each of the three steps, last step first: $dF \to da \to
+# dU \to dh$, with $dW_2$, $db_2$, $dW_1$, $db_1$ on the way, summed over every row.
+#
+# **You are given:** the forward (above, recomputed from `h`), `gelu_backward(U, grad_a)` for
+# the GELU step (chapter 4), and chapter 2's linear-layer gradients as a method.
+#
 # Write `ffn_backward(h, W1, b1, W2, b2, grad_F, activation="relu")` returning
 # `(grad_h, grad_W1, grad_b1, grad_W2, grad_b2)` in the shapes and dtype of `h`, `W1`, `b1`,
 # `W2`, `b2`. `h` is `(..., d)` with any number of leading dims (`(R, d)`, `(B, N, d)`, 4 dims),
@@ -173,22 +211,46 @@ check_contract("lab07", "ex1", layernorm_backward)
 # from chapter 4. The weight and bias gradients sum over **every row**: flatten all leading
 # dims to `(R, ·)` first (a mean there shows as a factor R).
 #
-# <details><summary>Hint 1: the method</summary>
+# <details><summary>Hint 1 of 4 · the idea: three steps, each its own backward</summary>
 #
 # Each step's backward takes the gradient of its output and returns those of its inputs. A
 # linear step is chapter 2's (the gradient of its input, of its weight, of its bias); an
-# elementwise step multiplies by the derivative at its **input**. Write each product, then
-# check its shape.
+# elementwise step multiplies by the derivative at its **input**. Go $F \to a \to U \to h$.
+# Write each product, then check its shape: $dW_2$ must be (d, d_ff), $dW_1$ (d_ff, d).
 #
 # </details>
 #
-# <details><summary>Hint 2: the three steps backward</summary>
+# <details><summary>Hint 2 of 4 · a step: the first one</summary>
 #
-# | step | forward | backward |
-# | --- | --- | --- |
-# | 1 | $F = aW_2^\top + b_2$ | $da = dF\,W_2$, $\;dW_2 = dF^\top a$, $\;db_2 = \sum dF$ |
-# | 2 | $a = \mathrm{act}(U)$ | $dU = da \odot \mathrm{act}'(U)$ |
-# | 3 | $U = hW_1^\top + b_1$ | $dh = dU\,W_1$, $\;dW_1 = dU^\top h$, $\;db_1 = \sum dU$ |
+# $F = aW_2^\top + b_2$ with $a$ (R, d_ff) and $W_2$ (d, d_ff): entry by entry
+# $F_{rk} = \sum_m a_{rm} W_{2,km} + b_{2,k}$, so $\partial F_{rk}/\partial W_{2,km} = a_{rm}$ for
+# every row $r$: $dW_2$ is a sum over the rows, a product of two (R, ·) matrices with R
+# contracted. Flatten the leading dims to R first so one matmul does that sum.
+#
+# </details>
+#
+# <details><summary>Hint 3 of 4 · a step: the activation</summary>
+#
+# The derivative is taken at $U$, the activation's input, not at $a$. ReLU's is 1 where
+# $U > 0$ and 0 elsewhere, so $dU$ is $da$ with the other entries set to 0. For `"gelu"`,
+# `gelu_backward(U, grad_a)` already returns $dU$ (the product, not the derivative alone).
+#
+# </details>
+#
+# <details><summary>Hint 4 of 4 · check yourself: autograd in a scratch cell</summary>
+#
+# In a scratch cell (delete it before handing in), make float64 `h` (2, 3, 4), `W1` (5, 4),
+# `b1` (5,), `W2` (4, 5), `b2` (4,), all with `requires_grad=True`, compute
+# `F.linear(F.relu(F.linear(h, W1, b1)), W2, b2)` (or `F.gelu`), and compare with
+# `torch.autograd.grad(out, (h, W1, b1, W2, b2), grad_F)`. Try `d_ff` = d (a transposed
+# product only shows there by its values), `h` 2-D and 4-D, the activation left at its
+# default. The three steps, to check yours against (sums over every row):
+#
+# $$\begin{aligned}
+# &F = aW_2^\top + b_2: & da &= dF\,W_2, & dW_2 &= dF^\top a, & db_2 &= \textstyle\sum dF, \\
+# &a = \mathrm{act}(U): & dU &= da \odot \mathrm{act}'(U), & & & & \\
+# &U = hW_1^\top + b_1: & dh &= dU\,W_1, & dW_1 &= dU^\top h, & db_1 &= \textstyle\sum dU.
+# \end{aligned}$$
 #
 # </details>
 
@@ -249,6 +311,12 @@ check_contract("lab07", "ex2", ffn_backward)
 # Y = X_1 + \mathrm{FF}(h_2), \\ h_2 = \mathrm{LN}_2(X_1) = \gamma_2 \odot (X_1 - \mu_2)\cdot\tfrac{1}{\sigma_2} + \beta_2 .
 # \end{gathered}$$
 #
+# **You derive:** the order of the backward through $\mathrm{FF}$ and $\mathrm{LN}_2$, what each
+# piece takes as its input, and where the skip path and the branch meet.
+#
+# **You are given:** your `ffn_backward` and `layernorm_backward` (exercises 1 and 2), $\mathrm{LN}_2$'s
+# saved `mu2` and `rstd2`, and the parameters by name.
+#
 # Write `ffn_sublayer_backward(X1, mu2, rstd2, params, grad_Y, activation="relu")`: `X1` is
 # `(B, N, d)` in float64, `mu2` and `rstd2` $= 1/\sigma_2$ are $\mathrm{LN}_2$'s saved `(B, N, 1)`
 # statistics (computed with whatever `eps` the forward used, 1e-5 or a large one), `params` is
@@ -262,6 +330,40 @@ check_contract("lab07", "ex2", ffn_backward)
 # way, not a rule: the checks look at the values only, and the hidden tests run your block with
 # the course's `ffn_backward` and `layernorm_backward` in place of yours, so a mistake in
 # exercises 1 or 2 costs points there, once.
+#
+# <details><summary>Hint 1 of 3 · the idea: walk Y back to X1 on two paths</summary>
+#
+# $Y = X_1 + \mathrm{FF}(h_2)$: `grad_Y` is the gradient of the skip path's end and of FF's
+# output at once. Walk the branch backward: FF from its output to its input $h_2$ (and its
+# four parameters), then $\mathrm{LN}_2$ from $h_2$ to $X_1$ (and $\gamma_2$, $\beta_2$). Two
+# gradients of $X_1$ arrive, one per path: they add.
+#
+# </details>
+#
+# <details><summary>Hint 2 of 3 · a step: what each piece takes</summary>
+#
+# `ffn_backward` wants FF's own input, $h_2$, not $X_1$: rebuild $h_2$ from `X1`, `mu2`,
+# `rstd2` and the norm2 parameters, as in the forward above. `layernorm_backward` wants
+# $\mathrm{LN}_2$'s input `X1`, its saved statistics, $\gamma_2$ and the gradient of $h_2$ that
+# `ffn_backward` returned first. Then map the returned tuples to the names: linear1 is
+# $W_1, b_1$, linear2 is $W_2, b_2$, norm2 is $\gamma_2, \beta_2$.
+#
+# </details>
+#
+# <details><summary>Hint 3 of 3 · check yourself: autograd in a scratch cell</summary>
+#
+# In a scratch cell (delete it before handing in), make a float64 `X1` (2, 3, 4) and the six
+# parameters (d = 4, d_ff = 5) with `requires_grad=True`, compute
+# `Y = X1 + F.linear(F.relu(F.linear(F.layer_norm(X1, (4,), g2, b2, eps), W1, c1)), W2, c2)`
+# and compare `torch.autograd.grad(Y, (X1, ...), grad_Y)` with your dict; give your function
+# `mu2` and `rstd2` computed from `X1` with the same `eps` (detached). Try `"gelu"`,
+# `eps` = 0.5, and `linear2.weight` = 0: then the branch sends nothing back and your `"X1"`
+# must equal `grad_Y` exactly. To check yours against:
+#
+# $$\frac{\partial L}{\partial X_1} = \underbrace{\frac{\partial L}{\partial Y}}_{\text{skip}} +
+# \underbrace{\mathrm{LN}_2^{\,\text{backward}}\big(\mathrm{FF}^{\,\text{backward}}(\partial L/\partial Y)\big)}_{\text{branch}}.$$
+#
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION
@@ -332,6 +434,12 @@ check_contract("lab07", "ex3", ffn_sublayer_backward)
 # sequence whose first $s$ = `start` tokens were processed earlier (their keys and values in a
 # KV cache), so token $n$ sits at position $s + n$; `start + N <= n_ctx`.
 #
+# **You derive:** $\partial L/\partial W_{te}$ as the sum of the head's share and the input's
+# share, each of shape (vocab_size, d), and $\partial L/\partial W_{pe}$ (n_ctx, d).
+#
+# **You are given:** `grad_X0` and `grad_logits` from the rest of the backward, `Hf`, and
+# `linear_backward` (chapter 2).
+#
 # Write `tied_embedding_backward(idx, grad_X0, Hf, grad_logits, n_ctx, start=0)` for `idx`
 # (B, N) int64 token ids, `grad_X0` $= \partial L/\partial X_0$ (B, N, d) (what the blocks'
 # backward hands down), `Hf` (B, N, d) and `grad_logits` $= \partial L/\partial\,\mathrm{logits}$
@@ -344,27 +452,51 @@ check_contract("lab07", "ex3", ffn_sublayer_backward)
 # the head's share only. When `grad_wte` is wrong, the self-check says which of the two uses is
 # missing.
 #
-# <details><summary>Hint 1: a matrix used twice</summary>
+# <details><summary>Hint 1 of 4 · the idea: a matrix used twice</summary>
 #
 # A tensor read in two places gets the sum of the gradients each place sends back (chapter 7's
 # residual: the copy's backward is a sum). Compute the head's share and the input's share of
-# $\partial L/\partial W_{te}$, each with the shape of $W_{te}$, and add them.
+# $\partial L/\partial W_{te}$, each with the shape of $W_{te}$, and add them. $W_{pe}$ is read
+# in one place only.
 #
 # </details>
 #
-# <details><summary>Hint 2: the head's share</summary>
+# <details><summary>Hint 2 of 4 · a step: the head's share</summary>
 #
 # The head is a Linear layer with no bias whose weight is $W_{te}$ and whose input is $H_f$:
-# its weight gradient is chapter 2's, every row of every sequence counted
-# (`linear_backward(Hf, None, grad_logits, needs=(False, True, False))` returns it too).
+# its weight gradient is chapter 2's, every row of every sequence counted, so flatten
+# (B, N, ·) to (B·N, ·) first (`linear_backward(Hf, None, grad_logits, needs=(False, True,
+# False))` returns it too).
 #
 # </details>
 #
-# <details><summary>Hint 3: the input's share</summary>
+# <details><summary>Hint 3 of 4 · a step: the input's share, and W_pe</summary>
 #
+# Row $\mathrm{idx}_{b,n}$ of $W_{te}$ receives row $(b, n)$ of `grad_X0`.
 # `grad_wte[idx.flatten()] += rows` looks like an accumulation but is not one: with a repeated
-# index, one of the rows is kept. `grad_wte.index_add_(0, ids, rows)` adds them all.
-# $W_{pe}$ is read once per sequence at each position $s + n$: sum over the batch.
+# index, one of the rows is kept. `index_add_` along dim 0 adds them all. $W_{pe}$ is read once
+# per sequence at each position $s + n$: sum over the batch, put the (N, d) result at rows
+# $s$ to $s + N - 1$ of a zero (n_ctx, d).
+#
+# </details>
+#
+# <details><summary>Hint 4 of 4 · check yourself: autograd in a scratch cell</summary>
+#
+# In a scratch cell (delete it before handing in), make float64 `wte` (7, 4) and `wpe`
+# (6, 4) with `requires_grad=True`, compute `X0 = F.embedding(idx, wte) + wpe[start:start + N]`
+# and `logits = Hf @ wte.T`, then `torch.autograd.grad((X0 * grad_X0).sum() + (logits *
+# grad_logits).sum(), (wte, wpe))` and compare. Try `idx` with a repeated token, one token
+# everywhere, `start` = 0 and `start + N = n_ctx`, B = 1. A token absent from `idx` gets the
+# head's share alone. To check yours against, with $G$ = `grad_logits` and $H_f$ flattened
+# to (B·N, ·):
+#
+# $$\begin{gathered}
+# \frac{\partial L}{\partial W_{te}} = G^\top H_f + \sum_{b,n} e_{\mathrm{idx}_{b,n}}
+# \Big(\frac{\partial L}{\partial X_0}\Big)_{b,n}^{\!\top}, \qquad
+# \frac{\partial L}{\partial W_{pe}}[s + n] = \sum_b \Big(\frac{\partial L}{\partial X_0}\Big)_{b,n}
+# \end{gathered}$$
+#
+# ($e_v$ the one-hot column of token $v$; rows of $W_{pe}$ outside $s, \dots, s + N - 1$ get 0).
 #
 # </details>
 
@@ -477,32 +609,77 @@ check_contract("lab07", "ex4", tied_embedding_backward)
 #   (B, H, N, d_h), P (B, H, N, N); returns `(grad_Q, grad_K, grad_V)`), `split_heads` and
 #   `merge_heads`.
 #
+# **You derive:** the order of the backward from `Y` to `X`, which cache entries each step
+# takes, how the heads are split and packed back, and where the two residuals add.
+#
+# **You are given:** the pieces above, the cache of `block_forward` (with `H`, `activation`
+# and `causal` in it), and the forward itself, printed above.
+#
 # Two residuals: each copies its incoming gradient to the skip and to the branch, and adds
 # what comes back.
-#
-# <details><summary>Hint: the five steps</summary>
-#
-# 1. **FFN sub-layer**: your `ffn_sublayer_backward(X1, mu2, rstd2, params, grad_Y, activation)`
-#    gives `grad_X1` (skip + branch) and six parameter gradients.
-# 2. **out_proj**: $X_1 = X + A W_o^\top + b_o$, so the attention branch receives a copy of
-#    `grad_X1`: `linear_backward(A, W_o, grad_X1)` gives `grad_A` and the out_proj gradients.
-# 3. **attention**: split `grad_A` (B, N, d) into heads, `grad_O` (B, H, N, d_h), then chapter 6's
-#    `attention_backward(Q, K, V, P, grad_O, scale)` with scale $1/\sqrt{d_h}$. No mask is needed
-#    in backward: a masked entry already has $P = 0$.
-# 4. **in_proj**: merge the three gradients back to (B, N, d) each and concatenate them in the
-#    packed order Q, K, V along the last dim, (B, N, 3d); `linear_backward(h1, W_in, grad_QKV)`
-#    gives `grad_h1` and the in_proj gradients.
-# 5. **$\mathrm{LN}_1$ and the first residual**: your
-#    `layernorm_backward(X, mu1, rstd1, gamma1, grad_h1)`, with `gamma1` $= \gamma_1$ =
-#    `params["norm1.weight"]`, gives the branch's gradient of `X` and the norm1 gradients; $\partial L/\partial X$ = `grad_X1` (the skip) + that.
-#
-# </details>
 #
 # Write `block_backward(grad_Y, cache)` for a cache of `block_forward` above (float64, B ≥ 1,
 # one head or several, ReLU or GELU, causal or not, any LayerNorm `eps`: all of it is in the
 # cache), returning a dict with exactly the key `"X"` and every name of `BLOCK_PARAM_NAMES`
 # (`"self_attn.in_proj_weight"`, `"self_attn.in_proj_bias"`, `"self_attn.out_proj.weight"`,
 # `"self_attn.out_proj.bias"`, `"linear1.weight"`, …, `"norm2.bias"`), without autograd.
+#
+# <details><summary>Hint 1 of 4 · the idea: the forward's lines, bottom up</summary>
+#
+# Read the forward from its last line to its first; each line has one piece that undoes it:
+# the FFN sub-layer (exercise 3), the out_proj Linear, the attention, the in_proj Linear,
+# $\mathrm{LN}_1$. At each residual the incoming gradient goes both to the skip and into the
+# branch, and what comes back out of the branch is added. Note the shapes at each boundary:
+# (B, N, d) between the Linears, (B, H, N, d_h) inside the attention, (B, N, 3d) for the packed
+# $[Q\,K\,V]$.
+#
+# </details>
+#
+# <details><summary>Hint 2 of 4 · a step: the order of the five steps</summary>
+#
+# 1. **FFN sub-layer**: `ffn_sublayer_backward` gives the gradient of `X1` (skip and branch
+#    already added) and six parameter gradients.
+# 2. **out_proj**: $X_1 = X + A W_o^\top + b_o$, so its Linear receives a copy of the gradient
+#    of $X_1$; `linear_backward` with the cached `A` gives the gradient of `A` and two
+#    parameter gradients.
+# 3. **attention**: from the gradient of `A` to those of `Q`, `K`, `V` (Hint 3).
+# 4. **in_proj**: one Linear from `h1` to the packed $[Q\,K\,V]$; `linear_backward` gives the
+#    gradient of `h1` and two parameter gradients.
+# 5. **$\mathrm{LN}_1$ and the first residual**: `layernorm_backward` with the cached `X`,
+#    `mu1`, `rstd1` and `params["norm1.weight"]` gives the branch's share of the gradient of
+#    `X` and the norm1 gradients; add the skip's share.
+#
+# </details>
+#
+# <details><summary>Hint 3 of 4 · a step: through the heads and back</summary>
+#
+# `A` is `merge_heads(O)`, so `split_heads(·, H)` turns the gradient of `A` (B, N, d) into that
+# of `O` (B, H, N, d_h). The attention's scale is $1/\sqrt{d_h}$ with $d_h$ = `Q.shape[-1]`, not
+# $1/\sqrt d$; no mask is needed even when `causal` is True, since a masked entry of `P` is
+# already 0. Going back, merge each of the three gradients to (B, N, d) and concatenate them
+# along the last dim in the packed order Q, K, V (rows $0$ to $d-1$ of `in_proj` make Q).
+#
+# </details>
+#
+# <details><summary>Hint 4 of 4 · check yourself: autograd on the same forward</summary>
+#
+# In a scratch cell (delete it before handing in), copy `block_forward` above after
+# `from helpers.functions import layernorm_forward` and
+# `from helpers.attention import attention_forward, causal_mask`. Make a float64 `X`
+# (2, 5, 8) and the twelve parameters with `params = block_params(8, 16, dtype=torch.float64)`
+# (`from helpers.block import block_params`), all with `requires_grad_()`, run
+# `Y, cache = block_forward(X, params, 2)`, and compare your dict with
+# `torch.autograd.grad(Y, [X, *params.values()], grad_Y)`, name by name. Try
+# `causal=True`, `activation="gelu"`, one head, `eps=0.5`, B = 1. Compare in backward order,
+# `linear2.weight` first and `X` last: the first one that differs is where your backward first
+# goes off. To check yours against:
+#
+# $$\frac{\partial L}{\partial X} = \frac{\partial L}{\partial X_1} +
+# \mathrm{LN}_1^{\,\text{backward}}\Big(\mathrm{in\_proj}^{\text{backward}}\big(\mathrm{attn}^{\text{backward}}
+# (\mathrm{out\_proj}^{\text{backward}}(\partial L/\partial X_1))\big)\Big),\quad
+# \frac{\partial L}{\partial X_1} = \frac{\partial L}{\partial Y} + \text{its FFN branch}.$$
+#
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION

@@ -71,6 +71,12 @@ from helpers.labcontract import check_contract
 # **Goal:** the product rule on $W' = W + s\,BA$: for $Y = PQ$, $dP = dY\,Q^\top$ and
 # $dQ = P^\top dY$.
 #
+# **You derive:** $\partial L/\partial A$ (r, in) and $\partial L/\partial B$ (out, r) from
+# $\partial L/\partial W'$, with the scale $s$ in the right place.
+#
+# **You are given:** `grad_Wp` $= \partial L/\partial W'$, `A`, `B`, `s`, and the product rule
+# above.
+#
 # Write `grads_from_W_prime(grad_Wp, A, B, s)`: given `grad_Wp` $= \partial L/\partial W'$
 # (out, in), `A` (r, in), `B` (out, r) and the float `s` (use the one passed: each call has its
 # own, 1 included), return `(grad_A, grad_B)`, of shapes (r, in) and (out, r), in that order
@@ -82,18 +88,34 @@ from helpers.labcontract import check_contract
 # (This is the route of chapter 8, section 1: correct, but it needs the out × in
 # $\partial L/\partial W'$, exactly the size of the weight we froze.)
 #
-# <details><summary>Hint 1: the method</summary>
+# <details><summary>Hint 1 of 3 · the idea: W is a constant, sBA a product</summary>
 #
-# Treat $s\,B$ as $P$ and $A$ as $Q$ in the product rule above, then $B$ as $P$ and $s\,A$ as
-# $Q$. Write the shapes under each factor: (out, r) (r, in).
+# $W$ is frozen and does not depend on $A$ or $B$: only $s\,BA$ matters, and
+# $\partial L/\partial(s\,BA) = \partial L/\partial W'$. Treat $s\,B$ as $P$ and $A$ as $Q$ in the
+# product rule above, then $B$ as $P$ and $s\,A$ as $Q$. Write the shapes under each factor:
+# (out, r) (r, in).
 #
 # </details>
 #
-# <details><summary>Hint 2: the formulas (check yours against them)</summary>
+# <details><summary>Hint 2 of 3 · a step: one entry</summary>
 #
-# $\partial L/\partial A = s\,B^\top\,\partial L/\partial W'$ (r, in) and
-# $\partial L/\partial B = s\,\partial L/\partial W'\,A^\top$ (out, r): the scale appears once
-# in each.
+# $W'_{ij} = W_{ij} + s \sum_k B_{ik} A_{kj}$, so $\partial W'_{ij}/\partial A_{kj} = s\,B_{ik}$, and
+# $A_{kj}$ appears in every row $i$ of column $j$: $\partial L/\partial A_{kj}$ is a sum over $i$.
+# Read that sum as a matrix product of shape (r, out) (out, in). Do the same for $B_{ik}$,
+# which appears in every column $j$ of row $i$.
+#
+# </details>
+#
+# <details><summary>Hint 3 of 3 · check yourself: autograd in a scratch cell</summary>
+#
+# In a scratch cell (delete it before handing in), make float64 `W` (3, 5), `A` (2, 5) and
+# `B` (3, 2), the last two with `requires_grad=True`, `Wp = W + s * B @ A`, and compare
+# `torch.autograd.grad(Wp, (A, B), grad_Wp)` with yours. Try r = 1, a square $W'$ (out = in,
+# where a transposed answer still has the right shape), and both $s = 1$ and $s = 2$ (a scale
+# applied twice, or not at all, shows only when $s \ne 1$). The formulas, to check yours against:
+#
+# $$\frac{\partial L}{\partial A} = s\,B^\top\,\frac{\partial L}{\partial W'}\ \ (r \times \text{in}),\qquad
+# \frac{\partial L}{\partial B} = s\,\frac{\partial L}{\partial W'}\,A^\top\ \ (\text{out} \times r).$$
 #
 # </details>
 
@@ -138,6 +160,12 @@ check_contract("lab08", "ex1", grads_from_W_prime)
 # (out, r) from $y = xW^\top + s\,(xA^\top)B^\top$, without ever multiplying two factors whose
 # product is out × in.
 #
+# **You derive:** the three gradients, each regrouped so that every matrix product has r or
+# R on one side, and which of them share the product $gB$.
+#
+# **You are given:** `g` $= \partial L/\partial y$, `x`, `W`, `A`, `B`, `s`, `needs`, exercise 1's
+# route and chapter 8's $\partial L/\partial W' = g^\top x$.
+#
 # Write `lora_backward(g, x, W, A, B, s, needs=(True, True, True))` returning
 # `(grad_x, grad_A, grad_B)` for 2-D `g` and `x` (R = 1 row included; r = 1 included; float32
 # or float64; `s` the float passed). `needs` says which of the three to compute: left at its
@@ -148,7 +176,7 @@ check_contract("lab08", "ex1", grads_from_W_prime)
 # the matrix products your function forms (a hidden test also counts its multiply–adds).
 # Compute `g @ B` once if two gradients need it.
 #
-# <details><summary>Hint 1: where to start</summary>
+# <details><summary>Hint 1 of 4 · the idea: same answer, other parentheses</summary>
 #
 # Chapter 8's $\partial L/\partial W' = g^\top x$ plugged into exercise 1 gives correct
 # formulas with the out × in matrix in them; matrix products are associative, so move the
@@ -157,7 +185,32 @@ check_contract("lab08", "ex1", grads_from_W_prime)
 #
 # </details>
 #
-# <details><summary>Hint 2: the formulas (check yours against them)</summary>
+# <details><summary>Hint 2 of 4 · a step: one gradient regrouped</summary>
+#
+# Exercise 1 with $g^\top x$ gives $\partial L/\partial B = s\,(g^\top x)\,A^\top$: the
+# parentheses make (out, R)(R, in) = out × in first. Grouped the other way, the first product
+# is $xA^\top$, (R, in)(in, r) = (R, r), the r-dimensional activation of the goal. Do the same
+# for $\partial L/\partial A$; its first product comes out (R, r) too.
+#
+# </details>
+#
+# <details><summary>Hint 3 of 4 · a step: needs, and the shared product</summary>
+#
+# The adapter path of $\partial L/\partial x$ and $\partial L/\partial A$ both start from the same
+# (R, r) product of `g` and `B`: compute it once, and only if one of those two is asked for.
+# Start all three results at `None` and fill in each only under its own flag; with
+# `(False, False, False)` no product is formed at all.
+#
+# </details>
+#
+# <details><summary>Hint 4 of 4 · check yourself: autograd in a scratch cell</summary>
+#
+# In a scratch cell (delete it before handing in), make small float64 `x` (4, 5), `W`
+# (3, 5), `A` (2, 5), `B` (3, 2) with `requires_grad=True`, `y = x @ (W + s * B @ A).T` (a
+# scratch cell may form out × in), and compare `torch.autograd.grad(y, (x, A, B), g)` with
+# yours. Loop over the 8 `needs` with `itertools.product([False, True], repeat=3)` and check
+# that `None` stands exactly where a flag is False. Try R = 1 and r = 1. The formulas, to
+# check yours against:
 #
 # $$\begin{aligned}
 # \frac{\partial L}{\partial B} &= s\,g^\top(xA^\top), &
@@ -217,8 +270,13 @@ check_contract("lab08", "ex2", lora_backward)
 # ## Exercise 3 · Initialisation: start exactly at the base (2 points)
 #
 # **Goal:** with $B = 0$ the product $BA$ is $0$, so the adapted layer starts equal to the base,
-# and at step 0 $\partial L/\partial A = s\,(gB)^\top x = 0$ while
-# $\partial L/\partial B = s\,g^\top(xA^\top) \ne 0$: $B$ moves first.
+# and at step 0 $\partial L/\partial A = 0$ while $\partial L/\partial B \ne 0$: $B$ moves first.
+#
+# **You derive:** why this initialisation gives the base layer's output exactly and a zero
+# $\partial L/\partial A$, and the shapes, dtype and device of `A` and `B` from `W`.
+#
+# **You are given:** the recipe for `A` below (with `helpers.device.rand`, imported), and
+# exercise 2's gradients.
 #
 # Write `init_adapter(W, r, seed)` returning `(A, B)` as the reference implementations do, for
 # any `W` (out, in) (square or not) in float32 or float64, any rank `r` (1 included) and the
@@ -231,6 +289,38 @@ check_contract("lab08", "ex2", lora_backward)
 #
 # With them, one forward of the adapted layer gives the base layer's output bit for bit, and one
 # backward gives $\partial L/\partial A = 0$ exactly and $\partial L/\partial B \ne 0$.
+#
+# <details><summary>Hint 1 of 3 · the idea: which factor is zero</summary>
+#
+# The adapter adds $s\,(xA^\top)B^\top$. For it to be exactly 0 whatever $x$ and $A$, one factor
+# must be exactly 0: the one whose zero also stops the gradient of the other (look at which
+# factor every path to $A$ runs through, in exercise 2's gradients). The other one must be
+# random, or both would stay at 0.
+#
+# </details>
+#
+# <details><summary>Hint 2 of 3 · a step: sizes and dtype from W</summary>
+#
+# `W.shape` is (out, in): `A` takes `in` (its columns), `B` takes `out` (its rows). Draw `A`
+# in float64 with the recipe, so the same `seed` gives the same numbers whatever `W`'s dtype,
+# and only then convert it with `.to(dtype=..., device=...)` to `W`'s. Make `B` with
+# `torch.zeros` directly in `W`'s dtype and on its device.
+#
+# </details>
+#
+# <details><summary>Hint 3 of 3 · check yourself: the base layer, bit for bit</summary>
+#
+# In a scratch cell (delete it before handing in), with a float32 `W` (3, 5), `x` (4, 5) and
+# `A, B = init_adapter(W, 2, seed=0)`: `torch.equal(x @ W.T, x @ W.T + s * (x @ A.T) @ B.T)`
+# is True; `A.abs().max()` is at most $1/\sqrt 5$; shapes (2, 5) and (3, 2), dtype float32. Then
+# with `A` and `B` made leaves that require grad and any loss of the adapted output,
+# `A.grad` is exactly 0 and `B.grad` is not. Try r = 1 and a square `W`. Exercise 2's
+# gradients say why, to check your reasoning against:
+#
+# $$\frac{\partial L}{\partial A} = s\,(g\,\underbrace{B}_{=\,0})^\top x = 0,\qquad
+# \frac{\partial L}{\partial B} = s\,g^\top(xA^\top) \ne 0.$$
+#
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION
@@ -274,6 +364,11 @@ check_contract("lab08", "ex3", init_adapter)
 # layer is a plain `nn.Linear` again (no extra matmuls); unmerging subtracts it back, to
 # round-off.
 #
+# **You derive:** how to change a layer's weight in place, with autograd recording nothing,
+# for the update given here.
+#
+# **You are given:** the layer, `A`, `B`, `s`, and the update $W \leftarrow W \pm s\,BA$ itself.
+#
 # Write `merge_(layer, A, B, s)` and `unmerge_(layer, A, B, s)` for an `nn.Linear` `layer`
 # (trainable or frozen, with or without a bias, float32 or float64; any rank, r = 1 included):
 # change `layer.weight` **in place** (the same `Parameter`; inside `torch.no_grad()`, since
@@ -281,6 +376,38 @@ check_contract("lab08", "ex3", init_adapter)
 # return `layer` itself. Leave the bias and `requires_grad` alone. The merged layer's output
 # must equal the unmerged $xW^\top + b + s\,(xA^\top)B^\top$ to float tolerance (the additions
 # happen in another order, so not bit for bit), and merge then unmerge must give $W$ back.
+#
+# <details><summary>Hint 1 of 3 · the idea: change the Parameter, not the name</summary>
+#
+# "In place" means the tensor object `layer.weight` keeps its identity and its storage;
+# assigning `layer.weight = ...` would put a new tensor there. An in-place change of a leaf
+# that requires grad is refused by autograd unless autograd is off: that is what
+# `torch.no_grad()` is for, and it also keeps the weight free of a graph.
+#
+# </details>
+#
+# <details><summary>Hint 2 of 3 · a step: the one out × in product</summary>
+#
+# Merging is the one place where forming $BA$ is right: (out, r)(r, in) gives the (out, in)
+# update, formed once, scaled by $s$. Add it in place with `+=` or `add_` inside the
+# `no_grad` block, subtract it the same way for `unmerge_`, and return `layer`. The bias and
+# `requires_grad` are never touched.
+#
+# </details>
+#
+# <details><summary>Hint 3 of 3 · check yourself: identity, graph, round trip</summary>
+#
+# In a scratch cell (delete it before handing in): `layer = torch.nn.Linear(5, 3)`,
+# `W0 = layer.weight.detach().clone()`, `w = layer.weight`; after `merge_(layer, A, B, s)`:
+# `layer.weight is w`, `layer.weight.grad_fn is None`, `layer.weight.requires_grad` unchanged,
+# and `torch.allclose(layer(x), x @ W0.T + layer.bias + s * (x @ A.T) @ B.T)`; after
+# `unmerge_`, `torch.allclose(layer.weight, W0)`. Try a frozen layer
+# (`requires_grad_(False)`), `bias=False`, float32 and r = 1. The update, to check yours
+# against:
+#
+# $$W \leftarrow W + s\,BA \ \ (\texttt{merge\_}),\qquad W \leftarrow W - s\,BA \ \ (\texttt{unmerge\_}).$$
+#
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION
@@ -338,6 +465,13 @@ check_contract("lab08", "ex4b", unmerge_)
 # gradient $g^\top x$, not a silent `None` (that would make `gradcheck` over `W` fail and an
 # optimizer skip `W` without a word).
 #
+# **You derive:** the bookkeeping around exercise 2: what `forward` computes and in which
+# order, what is saved, how `ctx.needs_input_grad` maps to `lora_backward`'s flags, the
+# reshapes between (..., ·) and 2-D, and $\partial L/\partial W$ only when asked.
+#
+# **You are given:** your `lora_backward` (exercise 2), the class skeleton with
+# `@once_differentiable`, and $\partial L/\partial W = g^\top x$ from the goal.
+#
 # Fill in `LoRALinearFn` with inputs `(x, W, A, B, s)`, `x` of shape (..., in) (2-D (R, in),
 # 3-D (batch, tokens, in), or more dims), float32 or float64, any rank r (1 included):
 # * `forward(x, W, A, B, s)`: $y = xW^\top + s\,(xA^\top)B^\top$, shape (..., out), never
@@ -360,12 +494,46 @@ check_contract("lab08", "ex4b", unmerge_)
 # there shows here too, and the ✗ says so); the hidden tests run the course's `lora_backward` in
 # its place, so a mistake in exercise 2 costs points once, in exercise 2.
 #
-# <details><summary>Hint: the bookkeeping</summary>
+# <details><summary>Hint 1 of 4 · the idea: every leading dim is a row</summary>
 #
-# `g2 = grad_y.reshape(-1, grad_y.shape[-1])` and `x2 = x.reshape(-1, x.shape[-1])`;
-# `needs = (needs_input_grad[0], needs_input_grad[2], needs_input_grad[3])` (x, A, B);
-# `grad_x.reshape(x.shape)` when it is not `None`; `grad_W = g2.T @ x2`; return
-# `(grad_x, grad_W, grad_A, grad_B, None)`.
+# A linear layer treats each (in,) vector of `x` on its own, so `x` (..., in) is just R rows,
+# R the product of the leading dims, and `grad_y` (..., out) the same R rows. Flatten both to
+# 2-D, call `lora_backward`, and give `grad_x` back the shape of `x`. `forward` groups its
+# products as exercise 2 does: $xA^\top$ first, the r-dimensional one, never $BA$.
+#
+# </details>
+#
+# <details><summary>Hint 2 of 4 · a step: the flags</summary>
+#
+# `ctx.needs_input_grad` has one bool per input of `forward`, in its order: `x`, `W`, `A`, `B`,
+# `s`. `lora_backward` takes flags for `x`, `A` and `B` only, so pass it the entries 0, 2 and
+# 3; entry 1 (`W`) decides whether you compute $\partial L/\partial W$ at all.
+#
+# </details>
+#
+# <details><summary>Hint 3 of 4 · a step: the weight's gradient, and the return</summary>
+#
+# With `W` trainable, $\partial L/\partial W$ (out, in) is the sum over all R rows of the outer
+# products of a row of $g$ and the same row of $x$: one matmul of the 2-D `grad_y` and `x`.
+# `backward` returns five values, one per input of `forward`, `None` for `s` and for every
+# gradient not asked for.
+#
+# </details>
+#
+# <details><summary>Hint 4 of 4 · check yourself: gradcheck and autograd</summary>
+#
+# In a scratch cell (delete it before handing in), with float64 `x` (2, 3, 5), `W` (4, 5),
+# `A` (2, 5), `B` (4, 2) and `s = 0.5`: make `W` trainable and run
+# `torch.autograd.gradcheck(LoRALinearFn.apply, (x, W, A, B, s))` (all four tensors with
+# `requires_grad=True`); then compare the gradients with those of `x @ (W + s * B @ A).T`
+# through autograd. Repeat with `W` frozen (its `.grad` stays `None`), with `x` plain data,
+# with only `x` asking, with 2-D and 4-D `x`, and r = 1. To check yours against:
+#
+# $$\frac{\partial L}{\partial W} = g^\top x\ \text{(only if asked)},\qquad
+# (\partial_x, \partial_A, \partial_B) = \text{lora\_backward}(g, x, W, A, B, s, (n_0, n_2, n_3)),$$
+#
+# with $g$, $x$ flattened to (R, ·), $n$ = `ctx.needs_input_grad`, and `backward` returning
+# $(\partial_x, \partial_W, \partial_A, \partial_B, \text{None})$.
 #
 # </details>
 

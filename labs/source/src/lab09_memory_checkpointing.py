@@ -59,6 +59,13 @@ from helpers.labcontract import check_contract, ffn_dropout
 # **Goal:** read a block as a list of operations and say, without running it, what each one
 # keeps for backward and how many bytes that is.
 #
+# **You derive:** how many numbers each operation keeps per row of `x`, which of them are one
+# and the same tensor, and from that the bytes kept as a formula in `B`, `d`, `d_ff` and the
+# bytes per element.
+#
+# **You are given:** the block's code and the list below of what each CPU kernel keeps
+# (chapter 9, section 1).
+#
 # The block, with `x` of shape (B, d), hidden width `d_ff` and `act` ReLU or GELU:
 #
 # ```python
@@ -84,10 +91,37 @@ from helpers.labcontract import check_contract, ffn_dropout
 # keeps it. Walk the block operation by operation and ask, for each tensor kept, whether
 # another operation already keeps the very same tensor.
 #
-# <details><summary>Hint: the one shared tensor</summary>
+# <details><summary>Hint 1 of 3 · the idea: count per row, then look for repeats</summary>
 #
-# With ReLU one tensor is kept by two operations (ReLU's output is also W2's matmul input);
-# with GELU it is not (GELU keeps its input, the matmul keeps GELU's output).
+# Every tensor kept here has `B` rows (the shapes are in the comments of the block), so count
+# numbers per row and multiply by `B` and by the bytes per element at the end. Go down the
+# four lines of the block and, for each kept tensor, ask which operation produced it: a tensor
+# two operations keep is counted once.
+#
+# </details>
+#
+# <details><summary>Hint 2 of 3 · a step: the activation</summary>
+#
+# The first two lines keep `x`, $\mu$, $1/\sigma$ and the LayerNorm output `h`, whatever the
+# activation. The activation decides the rest. With ReLU one tensor is kept by two operations
+# (ReLU's output is also W2's matmul input); with GELU it is not (GELU keeps its input `z`,
+# the matmul keeps GELU's output `a`: two tensors of shape (B, d_ff)).
+#
+# </details>
+#
+# <details><summary>Hint 3 of 3 · check yourself: measure it</summary>
+#
+# In a scratch cell, copy the block (with `import torch.nn.functional as F`), make parameters
+# that require a gradient, and run it inside `SavedTensors(exclude=[ln_w, ln_b, W1, b1, W2, b2])`
+# from `helpers.memory` (as chapter 9 does); `.total_bytes` is what it kept. Use sizes that
+# are all different, e.g. `B, d, d_ff = 3, 4, 5`, so each term tells which size it is, then
+# try `B = 1`, `d_ff = d`, both activations and float64, float32, float16. Your function must
+# give the same `int` every time. The formula to check yours against:
+#
+# $$\text{bytes} = B\,(2d + 2 + d_\text{ff})\cdot\text{bytes\_per\_element} \;\text{(ReLU)},\qquad
+# B\,(2d + 2 + 2d_\text{ff})\cdot\text{bytes\_per\_element} \;\text{(GELU)}.$$
+#
+# Delete the scratch cell before handing in.
 #
 # </details>
 
@@ -133,6 +167,14 @@ check_contract("lab09", "ex1", predict_saved_bytes)
 # between forward and backward, and backward re-runs the stack in segments so that no more
 # than `every` blocks hold their activations at any moment.
 #
+# **You derive:** the order of the work in `backward`: which segment inputs to recompute first,
+# what each segment's re-run differentiates and with respect to which leaves, and how the
+# gradient passes from one segment to the one before.
+#
+# **You are given:** the block `fn` (`ffn_block` in the self-check), chapter 9's
+# `FirstCheckpoint` (one block, one re-run, leaves gated on `ctx.needs_input_grad`), and
+# `torch.autograd.grad`.
+#
 # The stack is $x_l = \mathrm{fn}(x_{l-1}, \theta_l)$ with `fn` a block such as `ffn_block`
 # and $\theta_l = (W_1, b_1, W_2, b_2)$ its 4 parameters; they are passed flattened, 4 per
 # block, in order. `x` has any shape `(..., d)` (2-D or 3-D), in float32 or float64. Fill in
@@ -160,22 +202,48 @@ check_contract("lab09", "ex1", predict_saved_bytes)
 # Work out on paper first what each segment's re-run must differentiate, and with respect to
 # what: which of its leaves need a gradient, and where each result goes.
 #
-# <details><summary>Hint 1: the order of the work</summary>
+# <details><summary>Hint 1 of 4 · the idea: the chain rule across segment boundaries</summary>
+#
+# The stack is a chain of segments, each a function of its input and its own parameters. The
+# gradient with respect to a segment's input is the upstream gradient of the segment before,
+# so backward must go from the last segment to the first, and it needs every segment's input
+# (each of the shape of `x`) before it can start. Only $x_0$ was kept: the other inputs must
+# be computed again.
+#
+# </details>
+#
+# <details><summary>Hint 2 of 4 · a step: the segment inputs, without a graph</summary>
+#
+# With $k$ = `every`, segment $s$ starts at block $s k$ and its parameters are the 4 per block
+# from index $4 s k$ on. One pass under `torch.no_grad()` from $x_0$ through every segment but
+# the last gives the $\lceil L/k\rceil$ segment inputs ($x_0$ first); nothing of it is kept
+# but those inputs.
+#
+# </details>
+#
+# <details><summary>Hint 3 of 4 · a step: one segment, backwards</summary>
 #
 # Keep a list `grads` with one slot per parameter (`None` to start) and a tensor `g`, the
 # gradient arriving at the current segment's output (`grad_y` for the last one). For each
 # segment, backwards: leaves for its input (requiring a gradient unless it is the first
-# segment and `x` needs none) and for its parameters (as their flags say); one
-# `torch.autograd.grad(y_segment, wanted_leaves, g)`; the input's gradient becomes `g`, the
-# parameters' go into their slots.
+# segment and `x` needs none) and for its parameters (as their flags say); the segment re-run
+# under `torch.enable_grad()`; one `torch.autograd.grad` of its output, with `g` as the
+# upstream gradient, with respect to the leaves that require one; the input's gradient
+# becomes `g`, the parameters' go into their slots. The graph of a segment lives from its
+# re-run until `torch.autograd.grad` returns, then it is freed: re-running the next (earlier)
+# segment only after that keeps one segment's activations alive at a time.
 #
 # </details>
 #
-# <details><summary>Hint 2: why only `every` blocks at once</summary>
+# <details><summary>Hint 4 of 4 · check yourself: against the plain stack</summary>
 #
-# The graph of a segment lives from its re-run until `torch.autograd.grad` returns; then it is
-# freed. Re-running the next (earlier) segment only after that keeps one segment's activations
-# alive at a time, plus the $\lceil L/k\rceil$ segment inputs of the no-grad pass.
+# In a scratch cell, in float64: import `ffn_block` from `helpers.labcontract`, make $L = 5$
+# blocks with `d = 4`, `d_ff = 6` and an `x` of shape (2, 3, 4), all requiring a gradient.
+# Compare `torch.autograd.grad((y ** 2).sum(), [x, *params])` for
+# `y = StackCheckpoint.apply(ffn_block, every, x, *params)` with the same for the plain loop
+# over the blocks, to `atol 1e-12`, for `every` = 1, 2 (a shorter last segment), 5 and 7.
+# Then an `x` without `requires_grad` (ask for the parameters' gradients only) and one frozen
+# `W1` and `b1`. Delete the scratch cell before handing in.
 #
 # </details>
 
@@ -275,6 +343,13 @@ check_contract("lab09", "ex2", StackCheckpoint)
 # dropout that means the same random mask, so the RNG state must be taken before the forward
 # and put back for the re-run.
 #
+# **You derive:** the moment the RNG state must be taken, and how `backward` rewinds the
+# generators for the re-run without changing what is drawn after it.
+#
+# **You are given:** `get_rng_state` and `set_rng_state` from `helpers.checkpoint`, the block
+# `fn`, and the checkpoint pattern of chapter 9's `FirstCheckpoint` (fresh leaves gated on
+# `ctx.needs_input_grad`, one `torch.autograd.grad`).
+#
 # A checkpoint that simply re-runs `ffn_dropout` in backward gives wrong gradients: the
 # re-run draws a new mask. Write a checkpoint of **one** block that repeats the mask:
 # * `CheckpointRNG`: `forward(fn, rng_state, x, *params)` returns `fn(x, *params)` without a
@@ -298,12 +373,42 @@ check_contract("lab09", "ex2", StackCheckpoint)
 # rewind the generator for the re-run without changing the random numbers the rest of
 # training draws after backward.
 #
-# <details><summary>Hint: when, and how to rewind without a trace</summary>
+# <details><summary>Hint 1 of 4 · the idea: the mask is a function of the generator's state</summary>
+#
+# Dropout draws its mask from the generator's state at the moment it runs. The re-run draws
+# the same mask only if it starts from that same state. So look at two moments: the last one
+# before the forward's dropout runs (that is the state to keep), and the one after backward
+# (the generator must be where it would be had backward never rewound it).
+#
+# </details>
+#
+# <details><summary>Hint 2 of 4 · a step: when to take the state</summary>
 #
 # `setup_context` runs *after* `forward`, when the mask is already drawn: take the state in
-# `checkpoint_rng`, before `apply`. In `backward`, re-run inside
-# `torch.random.fork_rng(devices=[i for i, _ in ctx.rng_state.cuda])`, calling
-# `set_rng_state(ctx.rng_state)` first: `fork_rng` undoes the rewind when the block ends.
+# `checkpoint_rng`, before `apply`, and pass it to `apply` as an input. It is not a tensor, so
+# its gradient is `None`.
+#
+# </details>
+#
+# <details><summary>Hint 3 of 4 · a step: rewind without a trace</summary>
+#
+# `torch.random.fork_rng` saves the generators' states when its `with` block starts and puts
+# them back when it ends. Give it, as `devices`, the CUDA device indices listed in the saved
+# state's `.cuda` pairs; inside it, first put the generators back with `set_rng_state` and the
+# saved state, then re-run `fn` with a graph. After the block, the stream goes on as if nothing
+# had happened.
+#
+# </details>
+#
+# <details><summary>Hint 4 of 4 · check yourself: the same numbers, before and after</summary>
+#
+# In a scratch cell, in float64: `torch.manual_seed(0)`, run `ffn_dropout` plainly, draw
+# `torch.rand(3)` (training drawing something between forward and backward), take the
+# gradients of `(y ** 2).sum()` with `torch.autograd.grad`, then draw `torch.rand(4)`. Do it
+# again from the same seed with `checkpoint_rng(ffn_dropout, x, *params)`: the output, every
+# gradient and both draws must be equal. Try `ffn_block` too, an `x` without `requires_grad`,
+# and a frozen `W1`. To see the bug, leave out the rewind: the gradients change. Delete the
+# scratch cell before handing in.
 #
 # </details>
 
@@ -386,6 +491,12 @@ check_contract("lab09", "ex3", checkpoint_rng)
 # **Goal:** what checkpointing leaves in memory is one tensor per checkpointed segment; the
 # segment length trades that against the activations of one segment during backward.
 #
+# **You derive:** how to turn a run of blocks into one function of its input and its
+# parameters, and the cut of the list into segments.
+#
+# **You are given:** your `checkpoint_rng` from exercise 3 (it keeps the RNG state, so the
+# masks repeat) and `ffn_dropout`.
+#
 # `layers` is a list of parameter tuples `(W1, b1, W2, b2)`, one per `ffn_dropout` block; the
 # stack computes $x_l = \mathrm{ffn\_dropout}(x_{l-1}, \theta_l)$, `x` of any shape `(..., d)`
 # in float32 or float64. Write `checkpoint_stack(x, layers, segment)`: cut the list into
@@ -402,6 +513,43 @@ check_contract("lab09", "ex3", checkpoint_rng)
 # one segment is recomputed with its full activations, so the peak is the kept inputs **plus
 # one segment's activations**. With $L$ blocks, segments of about $\sqrt{L}$ blocks balance the
 # two.
+#
+# <details><summary>Hint 1 of 4 · the idea: a segment is one function of its input and its weights</summary>
+#
+# A segment maps its input $h$ to its output through its blocks; to `checkpoint_rng` it must
+# look like any block, `fn(h, *params)`. Autograd gives gradients only to a Function's inputs
+# (chapter 9's closure pitfall), so the segment's weights must be arguments, not captured.
+# One RNG state taken before the segment covers all its masks: the re-run draws them in the
+# same order.
+#
+# </details>
+#
+# <details><summary>Hint 2 of 4 · a step: the segment's function</summary>
+#
+# Define, inside `checkpoint_stack`, a function of `(h, *flat)` that walks `flat` 4 at a time
+# and sends `h` through `ffn_dropout` with each group `(W1, b1, W2, b2)`, in order. Capturing
+# nothing but the block function is fine.
+#
+# </details>
+#
+# <details><summary>Hint 3 of 4 · a step: the loop over segments</summary>
+#
+# The segments start at blocks 0, `segment`, 2·`segment`, …; a slice of `layers` past its end
+# is simply shorter, which gives the short last segment. Flatten each slice's tuples into one
+# list, and feed the output of one `checkpoint_rng` call to the next as its input.
+#
+# </details>
+#
+# <details><summary>Hint 4 of 4 · check yourself: the same gradients, fewer bytes</summary>
+#
+# In a scratch cell, in float64, with 5 blocks (`d = 4`, `d_ff = 6`) and `x` of shape
+# (2, 3, 4): `torch.manual_seed(1)`, run the plain stack of `ffn_dropout` and take the
+# gradients of `(y ** 2).sum()`; seed again and do the same with `checkpoint_stack`. They must
+# agree to `atol 1e-12` for `segment` = 1, 2, 5 and 7. Run `checkpoint_stack` inside
+# `SavedTensors(exclude=params)` (from `helpers.memory`): `.total_bytes` divided by `x`'s bytes
+# must be 5, 3, 1 and 1. Delete the scratch cell before handing in.
+#
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION
@@ -472,6 +620,12 @@ check_contract("lab09", "ex4", checkpoint_stack)
 # (the table above); scaling the loss moves them into range, and a scale that adapts handles
 # both, which is what `torch.amp.GradScaler` does.
 #
+# **You derive:** one step of dynamic loss scaling as code: in which order to compute, check,
+# update and count, and what `(scale, tracker, stepped)` is on each of its three paths.
+#
+# **You are given:** `loss_fn`, the four rules below (those of `GradScaler`, chapter 9,
+# section 4) and `torch.isfinite`.
+#
 # `loss_fn(*params)` computes a loss whose forward runs in float16 from float32 parameters
 # (like chapter 9's `fp16_forward_loss`; the self-check uses `fp16_tanh_loss`,
 # `fp16_linear_loss`, `fp16_uneven_loss` and `fp16_tiny_loss` from `helpers.labcontract`). Write
@@ -488,6 +642,42 @@ check_contract("lab09", "ex4", checkpoint_stack)
 #    scale and reset `tracker` to 0.
 #
 # Return `(scale, tracker, stepped)`: a float, an int and a bool.
+#
+# <details><summary>Hint 1 of 4 · the idea: decide first, then touch</summary>
+#
+# There are three outcomes: skipped, stepped below `growth_interval`, stepped and reaching it.
+# Which one it is depends only on the unscaled gradients of *all* parameters together, so
+# compute and check them all before any parameter changes.
+#
+# </details>
+#
+# <details><summary>Hint 2 of 4 · a step: one verdict for all gradients</summary>
+#
+# `torch.isfinite(g)` is a bool tensor of `g`'s shape; `.all()` reduces it to one bool per
+# tensor, and Python's `all` over the list gives one verdict. A single `inf` in the second
+# parameter's gradient must skip the step for the first parameter too.
+#
+# </details>
+#
+# <details><summary>Hint 3 of 4 · a step: the tracker</summary>
+#
+# `tracker` counts clean steps in a row. A skip sets it to 0 whatever it was. A clean step
+# adds 1 first and compares with `growth_interval` after: with `tracker = growth_interval - 1`
+# on entry, this step doubles the scale and returns a tracker of 0.
+#
+# </details>
+#
+# <details><summary>Hint 4 of 4 · check yourself: against GradScaler</summary>
+#
+# In a scratch cell, start two copies of `W` (3, 4) and `b` (3,) in float32 and run, step by
+# step, your `scaled_step` with `fp16_tanh_loss` (from `helpers.labcontract`) on one and
+# `torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_interval=3)` with
+# `torch.optim.SGD(lr=0.01)` on the other, as chapter 9 does. The scale and skips must match
+# `scaler.get_scale()` at every step, and the weights `torch.allclose` (SGD rounds its update
+# slightly differently). Also try `fp16_tiny_loss` at scale 1 (every gradient 0) and
+# $2^{16}$ (not 0). Delete the scratch cell before handing in.
+#
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION

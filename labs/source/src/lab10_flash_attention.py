@@ -88,13 +88,11 @@ from helpers.labcontract import check_contract
 # **Derive** $(m, \ell)$ of the union of two disjoint parts $a$ and $b$ from $(m_a, \ell_a)$ and
 # $(m_b, \ell_b)$ alone, without seeing the entries again.
 #
-# <details><summary>Hint: the merge</summary>
+# **You derive:** the merged $(m, \ell)$ of two parts from their statistics alone (empty parts
+# included), and the one-pass fold of a row's blocks into a running $(m, \ell)$.
 #
-# Re-base each sum to the common max with $e^{x - m} = e^{x - m_a}\, e^{m_a - m}$:
-#
-# $$m = \max(m_a, m_b),\qquad \ell = \ell_a\, e^{\,m_a - m} + \ell_b\, e^{\,m_b - m}.$$
-#
-# </details>
+# **You are given:** the definitions of $m_a$ and $\ell_a$ above, and chapter 10's online
+# softmax (a running sum rescaled when one new block raises the max).
 #
 # 1. Write `merge_stats(m_a, ell_a, m_b, ell_b)` → `(m, ell)`, elementwise over any shape.
 #    A part with no entries has $m = -\infty$, $\ell = 0$: your merge must then return the other part
@@ -112,6 +110,46 @@ from helpers.labcontract import check_contract
 #    checks measure the largest tensor any one step of your call reads: one block's worth).
 #    `x` may be 1-D; `block` may divide `n` or not, be 1, or be `n` or more (one block); the
 #    max may sit in the last, short block; the entries may be near 1000 ($e^x$ overflows).
+#
+# <details><summary>Hint 1 of 4 · the idea: one common reference for both sums</summary>
+#
+# $\ell_a$ and $\ell_b$ are sums of exponentials measured against two different maxima. To add
+# them, measure both against one reference: the max of the union, which you know from $m_a$
+# and $m_b$. Everything is elementwise: the statistics have any shape, one pair per row.
+#
+# </details>
+#
+# <details><summary>Hint 2 of 4 · a step: one term, re-based</summary>
+#
+# One term of part $a$ against the new max $m$: $e^{x_j - m} = e^{x_j - m_a}\, e^{m_a - m}$.
+# The second factor does not depend on $j$, so it comes out of the sum over part $a$; it is at
+# most 1, so nothing overflows. Do the same for part $b$.
+#
+# </details>
+#
+# <details><summary>Hint 3 of 4 · a step: empty parts, then the fold</summary>
+#
+# An empty part has $m = -\infty$, $\ell = 0$; its factor $e^{-\infty - m}$ is 0 when the other
+# part is not empty. When both are empty, $m = -\infty$ and $m_a - m$ is $-\infty + \infty$,
+# NaN: re-base about a finite number (0) in those entries (`torch.where` on `torch.isinf`).
+# For `online_softmax_stats`: start at $(-\infty, 0)$ of shape `x.shape[:-1]`, take each
+# block's own max and sum of exponentials (against that max), and merge it in.
+#
+# </details>
+#
+# <details><summary>Hint 4 of 4 · check yourself: against logsumexp</summary>
+#
+# In a scratch cell, in float64: for `x = torch.randn(2, 3, 7)`, your `(m, ell)` with `block`
+# 3, 1, 7 and 10 must give `m == x.amax(-1)` and `m + ell.log()` equal to
+# `torch.logsumexp(x, -1)` (to about 1e-15); add 1000 to `x` and check again (no `inf`).
+# Merge a part with `(-inf, 0)` on either side (the other part comes back unchanged) and two
+# such parts (`(-inf, 0)`, no NaN). The formula to check yours against:
+#
+# $$m = \max(m_a, m_b),\qquad \ell = \ell_a\, e^{\,m_a - m} + \ell_b\, e^{\,m_b - m}.$$
+#
+# Delete the scratch cell before handing in.
+#
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION
@@ -170,6 +208,13 @@ check_contract("lab10", "ex1b", online_softmax_stats)
 # **Goal:** attention that only ever holds one `(block_q, block_k)` tile of scores *and of
 # the bias*, and one number per row, $L$, that summarises the whole softmax for backward.
 #
+# **You derive:** one tile of the ALiBi bias from global indices, where the bias enters a tile
+# of scores, how $m$, $\ell$ and `acc` follow when a tile raises the max, and $O$ and $L$ of a
+# query block at the end.
+#
+# **You are given:** the scores $S$ (in the notation above), your merge from Exercise 1, and
+# chapter 10's tiled forward without a bias.
+#
 # 1. Write `alibi_tile(q0, k0, bq, bk, slopes)`: the bias of the tile whose first query is
 #    `q0` and first key is `k0`, shape `(H, bq, bk)`, entry `[h, r, c]` equal to
 #    $-m_h\,|i - j|$ ($m_h$ = `slopes[h]`) for the **global** indices `i = q0 + r`, `j = k0 + c`. Build it on
@@ -190,17 +235,49 @@ check_contract("lab10", "ex1b", online_softmax_stats)
 #    `(B, H, bq, bk)` tile (the checks measure it, on sequences of 40–48 too): no whole
 #    `(Nq, Nk)` bias or score matrix.
 #
-# <details><summary>Hint: one tile</summary>
+# <details><summary>Hint 1 of 4 · the idea: a tile is a part of each row</summary>
 #
-# * $S = Q_i K_j^\top \cdot s$ + `alibi_tile(q0, k0, bq, bk, slopes)`, the only scores in
-#   memory (the bias is added *after* the scale);
-# * $m_\text{new} = \max(m, \mathrm{rowmax}\, S)$, $\tilde P = e^{S - m_\text{new}}$,
-#   $\alpha = e^{m - m_\text{new}}$;
-# * $\ell \leftarrow \alpha \ell + \mathrm{rowsum}\, \tilde P$ and
-#   $\mathrm{acc} \leftarrow \alpha\, \mathrm{acc} + \tilde P V_j$: the accumulator is rescaled by
-#   the same $\alpha$.
+# Within one query block, a key block's scores are, for every row, one *part* of that row in
+# the sense of Exercise 1: the running $(m, \ell)$ absorbs it by the merge. `acc` is a sum of
+# the same exponentials, each times a row of $V$, so it must be re-based by the same factor as
+# $\ell$. The bias depends only on the global indices and the head: a column of query indices
+# `(bq, 1)` and a row of key indices `(1, bk)` broadcast to the tile, times the slopes as
+# `(H, 1, 1)`.
 #
-# After the last key block, $O = \mathrm{acc} / \ell$ and $L = m + \log \ell$ for those rows.
+# </details>
+#
+# <details><summary>Hint 2 of 4 · a step: the tile's scores</summary>
+#
+# `Qi` `(B, H, bq, d)` times `Kj` transposed `(B, H, d, bk)`, times $s$, then plus
+# `alibi_tile(q0, k0, bq, bk, slopes)` `(H, bq, bk)`, which broadcasts over `B`. The bias is
+# added *after* the scale. Use the block's real sizes `bq`, `bk` (a short last block).
+#
+# </details>
+#
+# <details><summary>Hint 3 of 4 · a step: the order of the update</summary>
+#
+# First the new running max (old max against the tile's row max); then the tile's
+# exponentials against the new max, $\tilde P$, and the factor $\alpha$ that moves the old max to
+# the new one; then $\ell$ and `acc` both multiply by $\alpha$ before adding the tile's part
+# (its row sums, and $\tilde P V_j$). Only after the last key block divide, once.
+#
+# </details>
+#
+# <details><summary>Hint 4 of 4 · check yourself: against the full scores</summary>
+#
+# In a scratch cell, in float64, build the full scores for small shapes (`B, H = 2, 3`,
+# `Nq, Nk = 5, 7` and `7, 5`, `d = 4`), with the bias from two `arange`s, and take
+# `O = torch.softmax(S, -1) @ V`, `L = torch.logsumexp(S, -1)`. Yours must agree (to
+# `torch.allclose`) for blocks `(2, 3)`, `(1, 1)` and `(16, 16)`, slopes `[0, 0.5, 2]`, and with `Q`
+# times 100 (scores in the thousands). Compare `alibi_tile` with a slice of that full bias for
+# a tile on, below and above the diagonal. The per-tile update to check yours against:
+#
+# $$m_\text{new} = \max(m, \mathrm{rowmax}\, S),\quad \tilde P = e^{S - m_\text{new}},\quad
+# \alpha = e^{m - m_\text{new}},\quad \ell \leftarrow \alpha \ell + \mathrm{rowsum}\, \tilde P,\quad
+# \mathrm{acc} \leftarrow \alpha\, \mathrm{acc} + \tilde P V_j,$$
+#
+# and after the last key block $O = \mathrm{acc} / \ell$, $L = m + \log \ell$. Delete the
+# scratch cell before handing in.
 #
 # </details>
 #
@@ -297,6 +374,12 @@ check_contract("lab10", "ex2b", tiled_forward)
 # per row computable from $O$, and $P$ itself is one $\exp$ away from $L$), and the gradient of
 # a parameter that enters the scores *additively*.
 #
+# **You derive:** $D_i = dO_i \cdot O_i$, how $P$ comes back from $S$ and $L$, and
+# `grad_slopes` from $dS$; then the four gradients on full matrices.
+#
+# **You are given:** softmax's backward from chapter 6 (below), the scores $S$ (in the
+# notation above), and $O$, $L$ from the forward.
+#
 # Softmax's backward (chapter 6) is $dS = P \circ (dP - D)$ with $D_i = \sum_k P_{ik}\, dP_{ik}$ and
 # $dP = dO\, V^\top$, where $dS$ is the gradient of the loss with respect to the scores $S$ that go
 # into the softmax. **First, on paper:**
@@ -321,20 +404,52 @@ check_contract("lab10", "ex2b", tiled_forward)
 #   than 1 (each head's slope gets one number from every batch entry), and the slopes may be
 #   0 or steep.
 #
-# <details><summary>Hint: the recipe</summary>
+# <details><summary>Hint 1 of 5 · the idea: swap two sums, and the chain rule through S</summary>
 #
-# Recompute $S = Q K^\top \cdot s - m_h |i - j|$, then $P = e^{S - L}$ (already normalised:
-# $L = \mathrm{logsumexp}(S)$), and
+# $D_i$ is a sum over keys $k$ of $P_{ik}\, dP_{ik}$, and $dP_{ik}$ is itself a sum over the $d$
+# feature columns: swap the two sums so the sum over $k$ acts first, on $P_{ik}$ times a row of
+# $V$. For the slopes: every score $S_{bhij}$ depends on one slope, $m_h$; the chain rule
+# through $S$ sums, over every score that slope touches, $dS$ times the score's derivative
+# with respect to the slope.
 #
-# $$\begin{aligned} dV &= P^\top dO, & dP &= dO\, V^\top, & dS &= P \circ (dP - D),\\
-# dQ &= dS\, K \cdot s, & dK &= dS^\top Q \cdot s, \end{aligned}$$
+# </details>
 #
-# with $dQ, dK, dV$ the `grad_Q`, `grad_K`, `grad_V` you return. The bias is added
-# to $S$ unscaled, so its gradient is $dS$ itself, and
+# <details><summary>Hint 2 of 5 · a step: dP as a dot product</summary>
 #
-# $$\frac{\partial\,\text{Loss}}{\partial\,\text{slopes}_h} = -\sum_{b}\sum_{i,j} dS_{b h i j}\,|i - j|,$$
+# $dP_{ik} = \sum_c dO_{ic} V_{kc}$: row $i$ of $dO$ with row $k$ of $V$. Put it into $D_i$ and
+# move $\sum_k P_{ik}$ inside the sum over $c$; what is left next to $dO_{ic}$ is a
+# definition from the forward.
 #
-# summed over the batch and both sequence dimensions (no $s$).
+# </details>
+#
+# <details><summary>Hint 3 of 5 · a step: P from L</summary>
+#
+# $L_i$ is the log of row $i$'s normaliser, $\sum_k e^{S_{ik}}$. So the softmax is $e^{S - L}$
+# with $L$ broadcast along the keys: already normalised, no max, no sum. Recompute $S$ first,
+# bias included.
+#
+# </details>
+#
+# <details><summary>Hint 4 of 5 · a step: one entry's derivative for the slopes</summary>
+#
+# $\partial S_{bhij} / \partial m_h = -|i - j|$, and 0 for every other head. The bias is added
+# after the scale, so $s$ does not appear. The slope is shared by every batch entry `b`.
+#
+# </details>
+#
+# <details><summary>Hint 5 of 5 · check yourself: against autograd on the full scores</summary>
+#
+# In a scratch cell, in float64 (`B, H = 2, 3`, `Nq, Nk = 4, 6`, then `6, 4`, `d = 3` and
+# `d = 1`), compute `O` and `L` from the full scores with `torch.softmax` and
+# `torch.logsumexp`, take `Loss = (O * G).sum()` for a random `G`, and get its gradients with
+# `torch.autograd.grad` with respect to `Q, K, V, slopes`. Your function, given `grad_O = G`,
+# must agree to about 1e-13, with slopes 0 and steep (5). Keep autograd in the scratch cell,
+# never in the graded function, and delete the cell before handing in. The formulas to check
+# yours against, with $dQ, dK, dV$ the `grad_Q`, `grad_K`, `grad_V` you return:
+#
+# $$\begin{aligned} P &= e^{S - L}, & dV &= P^\top dO, & dP &= dO\, V^\top, & dS &= P \circ (dP - D),\\
+# dQ &= dS\, K \cdot s, & dK &= dS^\top Q \cdot s, &
+# \frac{\partial\,\text{Loss}}{\partial\,\text{slopes}_h} &= -\sum_{b}\sum_{i,j} dS_{b h i j}\,|i - j|. \end{aligned}$$
 #
 # </details>
 
@@ -404,6 +519,13 @@ check_contract("lab10", "ex3b", attention_backward_from_L)
 # your function makes, on sequences of 40–48 in blocks of 8, as in Exercise 2), in the loop
 # order the chapter did *not* use.
 #
+# **You derive:** the tiled form of Exercise 3's backward with query blocks outside: what is
+# sliced once per outer pass, which gradient is local to it, which accumulate across it, and
+# one tile's share of `grad_slopes`.
+#
+# **You are given:** the formulas of Exercise 3 (with your `row_D`), `alibi_tile`, and `O`,
+# `L` from the forward.
+#
 # Write `tiled_backward(Q, K, V, O, L, grad_O, slopes, block_q, block_k, causal=False, window=None)`
 # returning `(grad_Q, grad_K, grad_V, grad_slopes)` with the shapes of `Q, K, V, slopes`.
 # The chapter's FlashAttention-2 backward loops outer over key blocks, so that `dKj`, `dVj`
@@ -416,16 +538,47 @@ check_contract("lab10", "ex3b", attention_backward_from_L)
 #   slice on every tile, never overwrite);
 # * what one tile contributes to `grad_slopes`.
 #
-# <details><summary>Hint: one tile</summary>
+# <details><summary>Hint 1 of 4 · the idea: which index each gradient sums over</summary>
 #
-# * $S = Q_i K_j^\top \cdot s$ + `alibi_tile(q0, k0, bq, bk, slopes)` and $P = e^{S - L_i}$,
-#   recomputed and normalised ($L_i$, $D_i$: the rows `q0` to `q0 + bq - 1` of $L$ and $D$);
-# * $dV_j \mathrel{+}= P^\top dO_i$, $dP = dO_i\, V_j^\top$, $dS = P \circ (dP - D_i)$;
-# * $dQ_i \mathrel{+}= dS\, K_j \cdot s$ (local to the outer pass) and
-#   $dK_j \mathrel{+}= dS^\top Q_i \cdot s$, $dV_j$ (sums over the outer loop, into `grad_K`,
-#   `grad_V`);
-# * `grad_slopes` $\mathrel{+}= \sum dS \circ (-|i - j|)$ over the batch and the tile, per head:
-#   $-|i - j|$ of the tile is `alibi_tile(q0, k0, bq, bk, torch.ones_like(slopes))`.
+# Exercise 3's formulas hold entry by entry, so a tile (query block $i$, key block $j$) needs
+# only the rows of $Q$, $dO$, $L$, $D$ in the query block and the rows of $K$, $V$ in the key
+# block. Then ask, for each gradient, what it sums over: $dQ_i$ sums over keys (the inner
+# loop), $dK_j$ and $dV_j$ sum over queries (the outer loop), `grad_slopes` over everything.
+#
+# </details>
+#
+# <details><summary>Hint 2 of 4 · a step: one outer pass</summary>
+#
+# Slice `Qi`, `dOi` `(B, H, bq, d)` and the rows `q0` to `q0 + bq - 1` of $L$ and $D$, as
+# `(B, H, bq, 1)` so they broadcast along the keys. Start a local `grad_Qi` of zeros; after
+# the inner loop it is complete: write it into its rows of `grad_Q` once.
+#
+# </details>
+#
+# <details><summary>Hint 3 of 4 · a step: one tile</summary>
+#
+# Recompute the tile's $S$, bias included, and $P = e^{S - L_i}$ (normalised). Then, in
+# Exercise 3's order: $dV_j$'s share, $dP$, $dS$, then $dQ_i$'s and $dK_j$'s shares; add the
+# shares of $dK_j$, $dV_j$ into the rows `k0` to `k0 + bk - 1` of `grad_K`, `grad_V` with
+# `+=`. For `grad_slopes`, the tile's $-|i - j|$ is
+# `alibi_tile(q0, k0, bq, bk, torch.ones_like(slopes))`: sum $dS$ times it over the batch and
+# both tile dimensions, one number per head.
+#
+# </details>
+#
+# <details><summary>Hint 4 of 4 · check yourself: against Exercise 3</summary>
+#
+# In a scratch cell, in float64 (`B, H = 2, 3`, `Nq, Nk = 7, 5` and `5, 7`, `d = 4`): your
+# `tiled_backward` must agree with your `attention_backward_from_L` (or Exercise 3's
+# scratch autograd reference) to about 1e-13 for blocks `(2, 3)`, `(1, 1)` and `(16, 16)`,
+# slopes `[0, 0.5, 2]`. Clone the inputs first and check with `torch.equal` that none changed.
+# The tile's shares to check yours against ($L_i$, $D_i$ the block's rows):
+#
+# $$\begin{aligned} P &= e^{S - L_i}, & dV_j &\mathrel{+}= P^\top dO_i, & dS &= P \circ (dO_i V_j^\top - D_i),\\
+# dQ_i &\mathrel{+}= dS\, K_j \cdot s, & dK_j &\mathrel{+}= dS^\top Q_i \cdot s, &
+# \text{grad\_slopes}_h &\mathrel{+}= -\sum_{b}\sum_{r,c} dS_{bhrc}\, |(q_0 + r) - (k_0 + c)|. \end{aligned}$$
+#
+# Delete the scratch cell before handing in.
 #
 # </details>
 #
@@ -530,6 +683,12 @@ check_contract("lab10", "ex4", tiled_backward)
 # mask, what a row that sees no key in a tile does to the running max, and why the backward
 # masks $P$ with zeros where the forward masked $S$ with $-\infty$.
 #
+# **You derive:** the visible set of one tile, which key blocks a query block can skip, what a
+# row with no visible key does to the running statistics, and how the backward masks $P$.
+#
+# **You are given:** the causal and window rule below, and your `tiled_forward`,
+# `tiled_backward`, `alibi_tile` and `row_D`.
+#
 # With `causal=True`, query $i$ may look at keys $j \le i$ (*top-left aligned*: what
 # `causal=True` means everywhere in the course, like SDPA's `is_causal=True`, also when
 # $N_q \ne N_k$; lab 6's `align="bottom_right"` is not asked for here). A **window** $w$ (an
@@ -554,16 +713,51 @@ check_contract("lab10", "ex4", tiled_backward)
 #    `row_D` as before: the hidden tests run the course's there, so a mistake in Exercises 2
 #    or 3 costs points once.
 #
-# <details><summary>Hint: the causal tile</summary>
+# <details><summary>Hint 1 of 4 · the idea: two comparisons in global indices</summary>
 #
-# * skip key blocks that start after the query block's last row (`k0 > q0 + bq - 1`) and,
-#   with a window, those that end before the window of its first row
-#   (`k0 + bk - 1 <= q0 - window`): start at `max(0, q0 - window + 1) // block_k * block_k`;
-# * forward: fill the masked scores with $-\infty$ before the running max. A row whose scores in
-#   this tile are all $-\infty$, and that has seen no key before, has $m_\text{new} = -\infty$, and
-#   $e^{-\infty - (-\infty)}$ is NaN: subtract 0 instead of $m_\text{new}$ in those rows
-#   (`torch.where`), so $\tilde P = 0$ and $\alpha = 0$ there;
-# * backward: visit the same tiles, and set $P$ to 0 where the mask is `False` before using it.
+# Key $j$ is visible to query $i$ when $j \le i$ and, with a window, $j > i - w$: two
+# comparisons between a column of query indices `(bq, 1)` and a row of key indices `(1, bk)`.
+# A whole tile is invisible when even its most favourable corner is: compare the key block's
+# first key with the query block's last row, and its last key with the window of the query
+# block's first row.
+#
+# </details>
+#
+# <details><summary>Hint 2 of 4 · a step: which key blocks to visit</summary>
+#
+# Key blocks that start after the query block's last row (`k0 > q0 + bq - 1`) are skipped:
+# stop the inner loop there (or at `Nk`). With a window, those that end before the window of
+# the first row (`k0 + bk - 1 <= q0 - window`) are skipped too: start at the first key that
+# row sees (0 at least), rounded down to a multiple of `block_k` so the key blocks keep their
+# usual boundaries. The backward visits the same tiles.
+#
+# </details>
+#
+# <details><summary>Hint 3 of 4 · a step: an empty row, and the backward's P</summary>
+#
+# Forward: fill the masked scores with $-\infty$ before the running max. A row whose scores in
+# this tile are all $-\infty$, and that has seen no key before, has $m_\text{new} = -\infty$,
+# and $e^{-\infty - (-\infty)}$ is NaN: subtract 0 instead of $m_\text{new}$ in those rows
+# (`torch.where`), so $\tilde P = 0$ and $\alpha = 0$ there. Backward: $e^{S - L}$ of the
+# unmasked $S$ is not 0 where the forward masked it; set $P$ to 0 where the mask is `False`
+# before it enters $dV$ and $dS$.
+#
+# </details>
+#
+# <details><summary>Hint 4 of 4 · check yourself: against the full masked scores</summary>
+#
+# In a scratch cell, in float64: `causal_tile_mask(q0, k0, bq, bk, w)` must equal the slice
+# `[q0:q0 + bq, k0:k0 + bk]` of the full mask built from two `arange`s, for tiles across,
+# above and below the diagonal. Then fill the full scores with $-\infty$ where that mask is
+# `False`, take `torch.softmax`, `torch.logsumexp` and autograd as in Exercise 3's check, and
+# compare your `O`, `L` and gradients for `Nq = Nk = 7` with `window = 3` and blocks
+# `(3, 2)` (row 5 sees no key in its first tile), `Nq, Nk = 5, 8` with `window = 1`, and
+# `Nq, Nk = 8, 5` without a window (with a window there, the last rows would see no key at
+# all). No NaN anywhere. The first key block to visit, to check yours against:
+#
+# $$k_\text{start} = \left\lfloor \max(0,\; q_0 - w + 1) / \text{block\_k} \right\rfloor \cdot \text{block\_k}.$$
+#
+# Delete the scratch cell before handing in.
 #
 # </details>
 
@@ -613,6 +807,13 @@ check_contract("lab10", "ex5c", tiled_backward)
 # **Goal:** plug your forward and backward into autograd, keeping for backward only tensors of
 # size $O(N d)$ (and the slopes), and prove the result, slopes included, with `gradcheck`.
 #
+# **You derive:** which tensors the backward needs saved (none $N \times N$), and how
+# `backward`'s return values line up with `forward`'s eight inputs.
+#
+# **You are given:** your `tiled_forward` and `tiled_backward`, and the course's rules for
+# custom Functions (chapter 4: `forward` without `ctx`, `setup_context`,
+# `@once_differentiable`).
+#
 # Fill in `FlashAttentionFn`, following the course's rules for custom Functions:
 #
 # * `forward(Q, K, V, slopes, causal, window, block_q, block_k)` (no `ctx`) returns `(O, L)`
@@ -635,6 +836,46 @@ check_contract("lab10", "ex5c", tiled_backward)
 # there shows here too, and the ✗ says so), while the hidden tests run the course's
 # `tiled_forward` and `tiled_backward` in their place, so a mistake costs points once, where
 # it is. It is the last step, and your instructor may make it optional.
+#
+# <details><summary>Hint 1 of 4 · the idea: read `tiled_backward`'s signature</summary>
+#
+# Every tensor `tiled_backward` takes, except `grad_O`, must come from `ctx.saved_tensors`;
+# `grad_O` arrives as `backward`'s argument. Each is an input or an output of `forward`, and
+# none is $N \times N$: `Q`, `K`, `V`, `O` are `(B, H, N, d)`, `L` is `(B, H, Nq)`, the slopes
+# `(H,)`. The four non-tensor arguments go on `ctx` as attributes.
+#
+# </details>
+#
+# <details><summary>Hint 2 of 4 · a step: two outputs</summary>
+#
+# `forward` returns the pair `(O, L)`: `setup_context` receives it as `output`, and
+# `backward` gets one gradient per output, `grad_O` and `grad_L`. `L` is marked
+# non-differentiable, so `grad_L` carries nothing: leave it unused. `flash_attn` unpacks the
+# pair from `apply` and returns `O`.
+#
+# </details>
+#
+# <details><summary>Hint 3 of 4 · a step: what `backward` returns</summary>
+#
+# One value per input of `forward`, in its order: eight. The first four are
+# `tiled_backward`'s gradients, each kept only if its flag in `ctx.needs_input_grad` is
+# `True` (else `None`); the last four, for `causal`, `window`, `block_q`, `block_k`, are
+# `None`.
+#
+# </details>
+#
+# <details><summary>Hint 4 of 4 · check yourself: gradcheck and the saved shapes</summary>
+#
+# In a scratch cell, in float64, with `B, H = 1, 2`, `Nq, Nk = 5, 4`, `d = 3`, slopes
+# `[0.3, 1.0]`, all four requiring a gradient:
+# `torch.autograd.gradcheck(lambda q, k, v, sl: flash_attn(q, k, v, sl, c, w, 2, 3), (Q, K, V, slopes))`
+# must be `True` for `(c, w)` = `(False, None)`, `(True, None)` and `(True, 2)`.
+# `[t.shape for t in O.grad_fn.saved_tensors]` shows what you saved: nothing `(Nq, Nk)`.
+# With only `V` requiring a gradient, `O.grad_fn.apply(torch.ones_like(O), None)` calls your
+# `backward` directly: it must return eight values, all `None` but the third (`grad_V`).
+# Delete the scratch cell before handing in.
+#
+# </details>
 
 # %% [raw]
 # # BEGIN SOLUTION
