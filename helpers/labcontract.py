@@ -800,9 +800,11 @@ def _resolve(name: str):
 
 def by_hand(fn, forbidden=()):
     """fn, called with what its exercise forbids ('autograd', reference functions by dotted name)
-    raising ByHand while it runs; fn itself if nothing is forbidden or fn is an autograd.Function
-    (autograd runs its backward; the grader's guards judge those)."""
-    if not forbidden or isinstance(fn, type) or not callable(fn):
+    raising ByHand while it runs; fn itself if nothing is forbidden. An autograd.Function comes back as a
+    subclass whose backward runs so guarded: autograd's own call into it is the check's, a call the
+    backward makes is the answer's (a newcomer's backward that called torch.autograd.grad got ✓ here
+    and 0 in the hidden tests, whose worker guards autograd's engine)."""
+    if not forbidden or not callable(fn):
         return fn
     names = [n for n in forbidden if n != "autograd"]
     if "autograd" in forbidden:
@@ -817,8 +819,8 @@ def by_hand(fn, forbidden=()):
 
         return refused
 
-    def guarded(*args, **kwargs):
-        saved = []  # (owner, attribute, original): module attributes and fn's own global names
+    def run(f, *args, **kwargs):
+        saved = []  # (owner, attribute, original): module attributes and f's own global names
         _REFUSING.append(saved)
         try:
             for name in names:
@@ -826,15 +828,33 @@ def by_hand(fn, forbidden=()):
                 stop = refuse(name)
                 saved.append((owner, attr, obj))
                 setattr(owner, attr, stop)
-                space = getattr(fn, "__globals__", {})
+                space = getattr(inspect.unwrap(f), "__globals__", {})
                 for k, v in list(space.items()):
                     if v is obj:  # 'from helpers.cat_mlp import backward' in the learner's notebook
                         saved.append((space, k, v))
                         space[k] = stop
-            return fn(*args, **kwargs)
+            return f(*args, **kwargs)
         finally:
             _REFUSING.remove(saved)
             _put(saved)
+
+    if isinstance(fn, type):
+        if not (issubclass(fn, torch.autograd.Function) and "backward" in vars(fn)):
+            return fn
+        plain = fn.backward
+
+        def checked_backward(ctx, *grads):
+            return run(plain, ctx, *grads)
+
+        attrs = {
+            "backward": staticmethod(checked_backward),
+            "__qualname__": fn.__qualname__,
+            "__doc__": fn.__doc__,
+        }
+        return type(fn.__name__, (fn,), {"__module__": fn.__module__, **attrs})
+
+    def guarded(*args, **kwargs):
+        return run(fn, *args, **kwargs)
 
     guarded.__wrapped__ = fn
     return guarded
@@ -1157,7 +1177,7 @@ def _held_on_ctx(outs, ctx_attributes) -> list[dict]:
 def backward_and_saved(
     answer, args, kwargs, wrt=(0,), grad_output=None, report=None, saves=True, count=True, which=False
 ):
-    """(outputs…, args[i].grad for i in report (None where args[i] needs no gradient), "2 tensors" saved (if saves; "not counted" unless count; with which, also what they are: "1 tensor: the output"), "left unchanged" or "changed in place"): an autograd.Function judged by what autograd gets, what it saved for backward (saved-tensor hooks) and what its backward did to grad_output."""
+    """(outputs…, args[i].grad for i in report (None where args[i] needs no gradient), "2 tensors" saved (if saves; "nothing held on ctx" unless count; with which, also what they are: "1 tensor: the output"), "left unchanged" or "changed in place"): an autograd.Function judged by what autograd gets, what it saved for backward (saved-tensor hooks) and what its backward did to grad_output."""
     from helpers.memory import SavedTensors, ctx_attributes
 
     args = list(args)
@@ -1172,7 +1192,7 @@ def backward_and_saved(
     torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
     kept = all(g is None or torch.equal(g, b) for g, b in zip(grads, before))
     got = [args[i].grad for i in (wrt if report is None else report)]
-    n = f"{saved.count} tensor{'' if saved.count == 1 else 's'}" if count else "not counted"
+    n = f"{saved.count} tensor{'' if saved.count == 1 else 's'}" if count else "nothing held on ctx"
     if count and which and saved.count:
         n += ": " + ", ".join(_what_was_saved(saved.records, outs, args))
     held = _held_on_ctx(outs, ctx_attributes)
@@ -1180,10 +1200,13 @@ def backward_and_saved(
         k = len(held)
         # its name (ctx.eps) says which: a float kept as a tensor reads as a tensor too (a newcomer's)
         names = ", ".join(h["name"] for h in held)
-        n += (
-            f" (and {k} tensor{'' if k == 1 else 's'} held on ctx as an attribute, {names}, not saved with "
-            "save_for_backward" + (": " + ", ".join(_what_was_saved(held, outs, args)) if which else "") + ")"
+        what = (
+            f"{k} tensor{'' if k == 1 else 's'} held on ctx as an attribute, {names}, not saved with "
+            "save_for_backward" + (": " + ", ".join(_what_was_saved(held, outs, args)) if which else "")
         )
+        # uncounted, the saved ones are not compared: what is held leads (a newcomer read "'not counted (and
+        # 1 tensor held …)', expected 'not counted'" as the same)
+        n = f"{n} (and {what})" if count else what
     extra = (n,) if saves else ()
     said = "left unchanged" if kept else "changed in place"
     return (*[o.detach() if isinstance(o, torch.Tensor) else o for o in outs], *got, *extra, said)

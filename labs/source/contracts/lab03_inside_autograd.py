@@ -177,6 +177,13 @@ ex1b = _op_exercise(
             st.tuples(POSITIVE, st.integers(2, 3)),
             lambda p, s: _rule(*p, values=1, expression="x^k · x^k"),
         ),
+        # a power of a power: the inner node is reached only through the outer one's parents (a newcomer's
+        # `Value(a.data ** k)`, with no parents, got ✓ from x^k · x^k, where both nodes hang off `*`)
+        CaseClass(
+            "it is applied to its own output, (x²)^1.5 + x⁻¹ (backward by the course engine)",
+            POSITIVE,
+            lambda x, s: _rule(x, values=1, expression="(x²)^1.5 + x⁻¹"),
+        ),
     ],
 )
 

@@ -35,7 +35,7 @@
 # `.numpy()`, printing) count too, at most 8 (a count or a norm, not a tensor), and comparisons
 # read out (`if h[i] > 0`) at most two per entry: work done outside tensors cannot be measured. A
 # backward over any of these limits scores 0 for its exercise, as one that calls autograd does;
-# so does one that calls a backward pass of the course's `helpers` that this lab does not import for you.
+# so does one that calls a backward pass of the course's `helpers`, unless the lab's own code uses it for you and the exercise does not name it.
 #
 # **The seed's numbers** (chapter 1, the cat): $x = (1, 2, -1, 0.5)$,
 # $W_1 = \begin{pmatrix} 0.1 & 0.2 & -0.1 & 0.05 \\ 0.3 & -0.1 & 0.2 & 0.1 \end{pmatrix}$,
@@ -73,7 +73,9 @@ from helpers.labcontract import check_contract
 # 0-dim `L`.
 #
 # **You are given:** the formulas below, the seed's numbers (`cat_mlp.cat_params()`) and the
-# values they give ($h$, $a$, $\hat y$, $L$ in the introduction).
+# values they give ($h$, $a$, $\hat y$, $L$ in the introduction). The course's own
+# `cat_mlp.forward` is what you write here: calling it scores 0 for this exercise, as calling
+# `cat_mlp.backward` does in the exercises after it.
 #
 # Write `forward_pass` for the seed's network, $h = W_1 x + b_1$, $a = \mathrm{relu}(h)$,
 # $\hat y = W_2 a + b_2$, $L = \sum (\hat y - y)^2$ (a sum over the outputs). The cat has `x`
@@ -378,7 +380,7 @@ def relu_backward(grad_a, h):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 4** (recorded reference outputs: a 1-D `h`, an `h` of 2 or more dims, an `h`
+# **Self-check 4** (recorded reference outputs: a 1-D `h`, a 2-D `h`, an `h` of 3 or more dims, an `h`
 # with entries exactly `0.0`, one with entries `-0.0`, one with entries a hair from 0 (±1e-300
 # to ±1e-3), float32):
 

@@ -30,7 +30,7 @@
 # `.numpy()`, printing) count too, at most 8 (a count or a norm, not a tensor), and comparisons
 # read out (`if h[i] > 0`) at most two per entry: work done outside tensors cannot be measured. A
 # backward over any of these limits scores 0 for its exercise, as one that calls autograd does;
-# so does one that calls a backward pass of the course's `helpers` that this lab does not import for you.
+# so does one that calls a backward pass of the course's `helpers`, unless the lab's own code uses it for you and the exercise does not name it.
 
 # %% tags=["remove-cell"]
 # Colab setup (hidden on the site): installs the course helpers in Colab only.
@@ -336,7 +336,7 @@ def residual_backward(grad_Y, X, W):
 
 # %% [markdown]
 # **Self-check 3** (recorded reference outputs: one row, more rows than features, fewer rows
-# than features, and `W = 0`):
+# than features, `W = 0`, and entries of $XW^\top$ far past ±355, where $\tanh$ is saturated):
 
 # %%
 check_contract("lab02", "ex3", residual_backward)

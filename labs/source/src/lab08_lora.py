@@ -41,7 +41,7 @@
 # `.numpy()`, printing) count too, at most 8 (a count or a norm, not a tensor), and comparisons
 # read out (`if h[i] > 0`) at most two per entry: work done outside tensors cannot be measured. A
 # backward over any of these limits scores 0 for its exercise, as one that calls autograd does;
-# so does one that calls a backward pass of the course's `helpers` that this lab does not import for you.
+# so does one that calls a backward pass of the course's `helpers`, unless the lab's own code uses it for you and the exercise does not name it.
 
 # %% tags=["remove-cell"]
 # Colab setup (hidden on the site): installs the course helpers in Colab only.

@@ -53,7 +53,7 @@
 # `.numpy()`, printing) count too, at most 8 (a count or a norm, not a tensor), and comparisons
 # read out (`if h[i] > 0`) at most two per entry: work done outside tensors cannot be measured. A
 # backward over any of these limits scores 0 for its exercise, as one that calls autograd does;
-# so does one that calls a backward pass of the course's `helpers` that this lab does not import for you.
+# so does one that calls a backward pass of the course's `helpers`, unless the lab's own code uses it for you and the exercise does not name it.
 
 # %% tags=["remove-cell"]
 # Colab setup (hidden on the site): installs the course helpers in Colab only.
@@ -588,7 +588,7 @@ check_contract("lab10", "ex3b", attention_backward_from_L)
 # your instructor may read them. Leave every
 # input as it came
 # (`Q, K, V, O, L, grad_O, slopes`: a backward never edits its inputs in place; the checks
-# see it). The shapes and blocks are as in Exercise 2 (`N` not a multiple of the blocks,
+# compare each input's values before and after the call). The shapes and blocks are as in Exercise 2 (`N` not a multiple of the blocks,
 # either order of `Nq` and `Nk`, blocks of 1 or longer than `N`, the defaults, B > 1,
 # slopes of 0, `causal=False, window=None` passed). As in Exercise 2, leave `causal` and `window` for Exercise 5
 # (`if causal: raise NotImplementedError`).
