@@ -322,8 +322,8 @@ def redteam(tmp_path_factory):
 # submission: (status, ex1..ex6, total) with ex points 1, 1, 2, 2, 2, 3 (11 in all)
 EXPECTED = {
     "full": ("ok", "1 1 2 2 2 3", "11"),
-    # relu'(0) = 1 fails three of ex4's eight tests (0, −0.0, the edge): 2 × 5/8
-    "partial": ("ok", "1 1 2 1.25 0 0", "5.25"),
+    # relu'(0) = 1 fails three of ex4's nine tests (0, −0.0, the edge): 2 × 6/9
+    "partial": ("ok", "1 1 2 1.33333 0 0", "5.33333"),
     "empty": ("ok", "0 0 0 0 0 0", "0"),
     "syntax_error": ("errors", "1 1 2 2 0 3", "9"),
     "exits_midway": ("errors", "1 1 2 2 2 3", "11"),  # sys.exit / os._exit end a cell, not the grading
@@ -485,7 +485,7 @@ def test_notes_and_feedback_name_the_cause_and_never_quote_hidden_material(redte
     files = sorted(p.name for p in fb.iterdir())
     assert files == sorted(f"{n}.txt" for n in rows), files
     partial = (fb / "partial.txt").read_text()
-    assert "Score: 5.25 / 11" in partial and "5 of 8 hidden tests pass" in partial
+    assert "Score: 5.33333 / 11" in partial and "6 of 9 hidden tests pass" in partial
     for p in fb.iterdir():
         text = p.read_text()
         assert not [s for s in redteam["secrets"] if labs.found(s, text)], p.name

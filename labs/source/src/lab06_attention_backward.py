@@ -80,9 +80,11 @@ from helpers.numgrad import unbroadcast
 #   query $i$ may see key $j$ iff $j \le i + (N_k - N_q)$, so the last query sees every key.
 #
 # A **sliding window** of `window` keys (Mistral's local attention) keeps, of the keys a
-# query may see, only the `window` most recent ones, its own diagonal key included; so
-# `window=1` keeps the diagonal alone, and `window=None` (the default) keeps every key the
-# triangle allows.
+# query may see, only those less than `window` positions before the query's own diagonal
+# position (the last key its alignment lets it see), that position included; so `window=1`
+# keeps the diagonal alone, and `window=None` (the default) keeps every key the triangle
+# allows. Where the diagonal position lies past the last key (top-left, a query $i \ge N_k$),
+# the window still counts back from it: `window=1` keeps no key in that row.
 #
 # **You derive:** for query $i$, in each alignment, the last key it may see and the first key
 # the window keeps, as two inequalities on the indices $i$ and $j$, turned into a (Nq, Nk)
@@ -239,8 +241,10 @@ check_contract("lab06", "ex1", causal_mask)
 # $-200$. Without `Bias`, `ref.attention_forward(Q, K, V, mask, scale)` with a number `scale`
 # must agree. To check yours against, for row $i$:
 #
-# $$m_i = \max_j S_{ij}\ (0 \text{ if that is } -\infty),\quad Z_i = \sum_j e^{S_{ij} - m_i},\quad
-# P_{ij} = \frac{e^{S_{ij} - m_i}}{Z_i\ (1 \text{ if } Z_i = 0)},\quad O = PV.$$
+# $$\begin{gathered}
+# m_i = \max_j S_{ij}\ (0 \text{ if that is } -\infty),\quad Z_i = \sum_j e^{S_{ij} - m_i}, \\
+# P_{ij} = \frac{e^{S_{ij} - m_i}}{Z_i\ (1 \text{ if } Z_i = 0)},\quad O = PV.
+# \end{gathered}$$
 #
 # </details>
 
@@ -363,8 +367,10 @@ check_contract("lab06", "ex2", attention_forward)
 # against:
 #
 # $$\begin{gathered}
-# dV = P^\top dO,\quad dP = dO\,V^\top,\quad dS = P \odot \big(dP - \textstyle\sum_{\text{keys}} dP \odot P\big), \\
-# d\text{Bias} = \text{unbroadcast}(dS),\quad d\,\text{scale} = \text{unbroadcast}(dS \odot A),\quad dA = dS \odot \text{scale}, \\
+# dV = P^\top dO,\quad dP = dO\,V^\top, \\
+# dS = P \odot \big(dP - \textstyle\sum_{\text{keys}} dP \odot P\big), \\
+# d\text{Bias} = \text{unbroadcast}(dS),\quad d\,\text{scale} = \text{unbroadcast}(dS \odot A), \\
+# dA = dS \odot \text{scale}, \\
 # dQ = dA\,K,\quad dK = dA^\top Q .
 # \end{gathered}$$
 #

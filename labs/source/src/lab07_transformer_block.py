@@ -86,7 +86,8 @@ from helpers.numgrad import linear_backward
 # number of leading dims (none: one row `(D,)`; `(R, D)`; `(B, N, D)`; 4 dims), in float32 or
 # float64; `mu` and `rstd` $= 1/\sigma$ of shape `(..., 1)` (what
 # `helpers.functions.layernorm_forward` returns), computed with whatever `eps` the forward used:
-# `nn.LayerNorm`'s 1e-5 or a large one (0.1 to 1), so use the saved ones, do not recompute them;
+# `nn.LayerNorm`'s 1e-5 or a large one (0.1 to 1), so use the saved `rstd` (one recomputed
+# without that `eps` gives other numbers; recomputing `mu` is only work done twice);
 # `weight` $\gamma$ of shape `(D,)` (not all ones) and `grad_y` $= \partial L/\partial y$ like `x`.
 # Return `(grad_x, grad_weight, grad_bias)` in the dtype of `x`, `grad_x` of the shape of `x`,
 # the parameter gradients `(D,)`: they sum over every row ("rows" = every leading dim).
@@ -674,10 +675,12 @@ check_contract("lab07", "ex4", tied_embedding_backward)
 # `linear2.weight` first and `X` last: the first one that differs is where your backward first
 # goes off. To check yours against:
 #
-# $$\frac{\partial L}{\partial X} = \frac{\partial L}{\partial X_1} +
-# \mathrm{LN}_1^{\,\text{backward}}\Big(\mathrm{in\_proj}^{\text{backward}}\big(\mathrm{attn}^{\text{backward}}
-# (\mathrm{out\_proj}^{\text{backward}}(\partial L/\partial X_1))\big)\Big),\quad
-# \frac{\partial L}{\partial X_1} = \frac{\partial L}{\partial Y} + \text{its FFN branch}.$$
+# $$\begin{gathered}
+# \frac{\partial L}{\partial X} = \frac{\partial L}{\partial X_1} + \mathrm{LN}_1^{\,\text{backward}}\Big(
+# \mathrm{in\_proj}^{\text{backward}}\big(\mathrm{attn}^{\text{backward}} \\
+# (\mathrm{out\_proj}^{\text{backward}}(\partial L/\partial X_1))\big)\Big), \\
+# \frac{\partial L}{\partial X_1} = \frac{\partial L}{\partial Y} + \text{its FFN branch}.
+# \end{gathered}$$
 #
 # </details>
 

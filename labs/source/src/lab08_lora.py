@@ -529,8 +529,10 @@ check_contract("lab08", "ex4b", unmerge_)
 # through autograd. Repeat with `W` frozen (its `.grad` stays `None`), with `x` plain data,
 # with only `x` asking, with 2-D and 4-D `x`, and r = 1. To check yours against:
 #
-# $$\frac{\partial L}{\partial W} = g^\top x\ \text{(only if asked)},\qquad
-# (\partial_x, \partial_A, \partial_B) = \text{lora\_backward}(g, x, W, A, B, s, (n_0, n_2, n_3)),$$
+# $$\begin{gathered}
+# \frac{\partial L}{\partial W} = g^\top x\ \text{(only if asked)}, \\
+# (\partial_x, \partial_A, \partial_B) = \text{lora\_backward}(g, x, W, A, B, s, (n_0, n_2, n_3)),
+# \end{gathered}$$
 #
 # with $g$, $x$ flattened to (R, ·), $n$ = `ctx.needs_input_grad`, and `backward` returning
 # $(\partial_x, \partial_W, \partial_A, \partial_B, \text{None})$.

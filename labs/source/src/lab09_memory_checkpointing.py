@@ -118,8 +118,10 @@ from helpers.labcontract import check_contract, ffn_dropout
 # try `B = 1`, `d_ff = d`, both activations and float64, float32, float16. Your function must
 # give the same `int` every time. The formula to check yours against:
 #
-# $$\text{bytes} = B\,(2d + 2 + d_\text{ff})\cdot\text{bytes\_per\_element} \;\text{(ReLU)},\qquad
-# B\,(2d + 2 + 2d_\text{ff})\cdot\text{bytes\_per\_element} \;\text{(GELU)}.$$
+# $$\begin{aligned}
+# \text{bytes} &= B\,(2d + 2 + d_\text{ff})\cdot\text{bytes\_per\_element} \;\text{(ReLU)}, \\
+# \text{bytes} &= B\,(2d + 2 + 2d_\text{ff})\cdot\text{bytes\_per\_element} \;\text{(GELU)}.
+# \end{aligned}$$
 #
 # Delete the scratch cell before handing in.
 #

@@ -272,9 +272,12 @@ check_contract("lab10", "ex1b", online_softmax_stats)
 # times 100 (scores in the thousands). Compare `alibi_tile` with a slice of that full bias for
 # a tile on, below and above the diagonal. The per-tile update to check yours against:
 #
-# $$m_\text{new} = \max(m, \mathrm{rowmax}\, S),\quad \tilde P = e^{S - m_\text{new}},\quad
-# \alpha = e^{m - m_\text{new}},\quad \ell \leftarrow \alpha \ell + \mathrm{rowsum}\, \tilde P,\quad
-# \mathrm{acc} \leftarrow \alpha\, \mathrm{acc} + \tilde P V_j,$$
+# $$\begin{gathered}
+# m_\text{new} = \max(m, \mathrm{rowmax}\, S),\quad \tilde P = e^{S - m_\text{new}},\quad
+# \alpha = e^{m - m_\text{new}}, \\
+# \ell \leftarrow \alpha \ell + \mathrm{rowsum}\, \tilde P,\quad
+# \mathrm{acc} \leftarrow \alpha\, \mathrm{acc} + \tilde P V_j,
+# \end{gathered}$$
 #
 # and after the last key block $O = \mathrm{acc} / \ell$, $L = m + \log \ell$. Delete the
 # scratch cell before handing in.
@@ -447,9 +450,9 @@ check_contract("lab10", "ex2b", tiled_forward)
 # never in the graded function, and delete the cell before handing in. The formulas to check
 # yours against, with $dQ, dK, dV$ the `grad_Q`, `grad_K`, `grad_V` you return:
 #
-# $$\begin{aligned} P &= e^{S - L}, & dV &= P^\top dO, & dP &= dO\, V^\top, & dS &= P \circ (dP - D),\\
-# dQ &= dS\, K \cdot s, & dK &= dS^\top Q \cdot s, &
-# \frac{\partial\,\text{Loss}}{\partial\,\text{slopes}_h} &= -\sum_{b}\sum_{i,j} dS_{b h i j}\,|i - j|. \end{aligned}$$
+# $$\begin{gathered} P = e^{S - L},\quad dV = P^\top dO,\quad dP = dO\, V^\top,\quad dS = P \circ (dP - D),\\
+# dQ = dS\, K \cdot s,\quad dK = dS^\top Q \cdot s, \\
+# \frac{\partial\,\text{Loss}}{\partial\,\text{slopes}_h} = -\sum_{b}\sum_{i,j} dS_{b h i j}\,|i - j|. \end{gathered}$$
 #
 # </details>
 
@@ -574,9 +577,9 @@ check_contract("lab10", "ex3b", attention_backward_from_L)
 # slopes `[0, 0.5, 2]`. Clone the inputs first and check with `torch.equal` that none changed.
 # The tile's shares to check yours against ($L_i$, $D_i$ the block's rows):
 #
-# $$\begin{aligned} P &= e^{S - L_i}, & dV_j &\mathrel{+}= P^\top dO_i, & dS &= P \circ (dO_i V_j^\top - D_i),\\
-# dQ_i &\mathrel{+}= dS\, K_j \cdot s, & dK_j &\mathrel{+}= dS^\top Q_i \cdot s, &
-# \text{grad\_slopes}_h &\mathrel{+}= -\sum_{b}\sum_{r,c} dS_{bhrc}\, |(q_0 + r) - (k_0 + c)|. \end{aligned}$$
+# $$\begin{gathered} P = e^{S - L_i},\quad dV_j \mathrel{+}= P^\top dO_i,\quad dS = P \circ (dO_i V_j^\top - D_i),\\
+# dQ_i \mathrel{+}= dS\, K_j \cdot s,\quad dK_j \mathrel{+}= dS^\top Q_i \cdot s, \\
+# \text{grad\_slopes}_h \mathrel{+}= -\sum_{b}\sum_{r,c} dS_{bhrc}\, |(q_0 + r) - (k_0 + c)|. \end{gathered}$$
 #
 # Delete the scratch cell before handing in.
 #

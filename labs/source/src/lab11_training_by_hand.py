@@ -121,10 +121,12 @@ from helpers.labcontract import check_contract
 # Nesterov, weight decay 0.01, and momentum 0 (given and left out). The update to check
 # yours against, with $\lambda$ the weight decay, $\mu$ the momentum, $\tau$ the dampening:
 #
-# $$g \leftarrow g + \lambda\theta,\qquad b \leftarrow \begin{cases} g & \text{first step}\\
-# \mu b + (1-\tau)\,g & \text{later} \end{cases},\qquad
+# $$\begin{gathered}
+# g \leftarrow g + \lambda\theta,\qquad b \leftarrow \begin{cases} g & \text{first step}\\
+# \mu b + (1-\tau)\,g & \text{later} \end{cases}, \\
 # \theta \leftarrow \theta - \eta \begin{cases} g + \mu b & \text{Nesterov}\\ b & \text{else}
-# \end{cases}\quad (\theta \leftarrow \theta - \eta g \text{ if } \mu = 0).$$
+# \end{cases}\quad (\theta \leftarrow \theta - \eta g \text{ if } \mu = 0).
+# \end{gathered}$$
 #
 # Delete the scratch cell before handing in.
 #
@@ -241,9 +243,11 @@ check_contract("lab11", "ex1", sgd_step)
 # entries, `g = 0` where `v = v_max = 0`, `weight_decay = 0.1`, other `betas` and `eps`. The
 # step to check yours against ($g$ already holding $\lambda\theta$):
 #
-# $$m \leftarrow \beta_1 m + (1-\beta_1)\, g,\quad v \leftarrow \beta_2 v + (1-\beta_2)\, g^2,\quad
-# v_{\max} \leftarrow \max(v_{\max}, v),\quad
-# \theta \leftarrow \theta - \frac{\eta}{1-\beta_1^t}\cdot\frac{m}{\sqrt{v_{\max}}/\sqrt{1-\beta_2^t} + \epsilon}.$$
+# $$\begin{gathered}
+# m \leftarrow \beta_1 m + (1-\beta_1)\, g,\quad v \leftarrow \beta_2 v + (1-\beta_2)\, g^2,\quad
+# v_{\max} \leftarrow \max(v_{\max}, v), \\
+# \theta \leftarrow \theta - \frac{\eta}{1-\beta_1^t}\cdot\frac{m}{\sqrt{v_{\max}}/\sqrt{1-\beta_2^t} + \epsilon}.
+# \end{gathered}$$
 #
 # Delete the scratch cell before handing in.
 #
