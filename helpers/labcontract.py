@@ -222,10 +222,12 @@ _READING: list = []  # the trace modes running (``traced``): one may run inside 
 
 
 def _read(mode, t: torch.Tensor, n: int, depth: int) -> None:
-    """Count ``n`` values of ``t`` read out by the answer, unless they are integers the call was given and
-    did not write (class indices, red team 8's honest ``int(target[r])``): given data, no derivative."""
+    """Count ``n`` values of ``t`` read out by the answer, unless they are integers of an integer argument
+    the call did not write (class indices, red team 8's honest ``int(target[r])``): given data, no
+    derivative. The argument's own dtype decides, not the view's: red team 9 read every float argument
+    free as ``x.view(torch.int64)``, bits and all."""
     given = t.untyped_storage().data_ptr()
-    if not (t.is_floating_point() or t.dtype == torch.bool) and given in mode.given - mode.written:
+    if not (t.is_floating_point() or t.dtype == torch.bool) and given in mode.given_int - mode.written:
         return
     if _the_answer_reads(depth + 1, mode.not_the_answer):
         mode.seen["branches" if t.dtype == torch.bool else "exits"] += n
@@ -279,6 +281,7 @@ def _trace_mode():
             self.ops: set = set()
             self.given: set = set()  # data_ptr of the call's arguments' storages
             self.written: set = set()  # those of them an op wrote into
+            self.given_int: set = set()  # those of the arguments whose own dtype is an integer one
             self.not_the_answer: tuple = _NOT_THE_ANSWER  # files whose reads of values are not the answer's
 
         def __torch_dispatch__(self, func, types, a=(), kw=None):
@@ -327,6 +330,11 @@ def traced(inner, answer, args, kwargs, options, not_the_answer: tuple = ()) -> 
         for t in v.state_dict().values()
     ]
     mode.given = {t.untyped_storage().data_ptr() for t in mine}
+    mode.given_int = {
+        t.untyped_storage().data_ptr()
+        for t in mine
+        if not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
+    }
     mode.not_the_answer = _NOT_THE_ANSWER + tuple(not_the_answer)
 
     def apply(node, *grads):  # the engine calls this for every custom Function's backward
