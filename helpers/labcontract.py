@@ -217,7 +217,9 @@ def _the_answer_reads(depth: int, not_the_answer: tuple) -> bool:
 # method an answer keeps (``_vals = torch.Tensor.tolist``, red team 6) is the counting one. A bool
 # tensor's values are bits a loop branches on (``if h[i] > 0``): counted apart ("branches"), since
 # comparisons can read a float bit by bit.
-_READS = ("numpy", "tolist", "__repr__")
+# ``apply_``, ``map_`` and ``map2_`` hand every entry to a Python function, with no op the dispatcher sees
+# (red team 10 read whole tensors so, for differences in plain Python)
+_READS = ("numpy", "tolist", "__repr__", "apply_", "map_", "map2_")
 _READING: list = []  # the trace modes running (``traced``): one may run inside another's probe
 
 
@@ -242,7 +244,8 @@ def _counting_reads() -> None:
 
         def read(self, *a, _plain=plain, **kw):
             for mode in _READING:
-                _read(mode, self, self.numel(), 1)
+                for t in (self, *(x for x in a if isinstance(x, torch.Tensor))):  # map_'s other tensors too
+                    _read(mode, t, t.numel(), 1)
             return _plain(self, *a, **kw)
 
         read._counts_reads = True

@@ -523,6 +523,10 @@ def test_a_value_read_out_of_a_tensor_counts_where_the_answer_reads_it_not_where
     assert reads(lambda t: functools.singledispatch(float)(t[0, 0])) == (1, 0)
     assert reads(lambda t: [bool(v > 2) for v in t.view(-1)]) == (0, 6)
     assert reads(lambda t: (t > 2).tolist()) == (0, 6)
+    # every entry handed to a Python function (red team 10: differences in plain Python, 9.22/11 on lab 1)
+    assert reads(lambda t: t.clone().apply_(lambda v: v)) == (6, 0)
+    assert reads(lambda t: t.clone().map_(t, lambda a, b: a)) == (12, 0)
+    assert reads(lambda t: t.clone().map2_(t, t, lambda a, b, c: a)) == (18, 0)
     assert x.tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]  # outside a trace the wrapper only passes through
     # a probe that traces inside the trace (within_budget's memory watch): the outer one counts too
     capped = labcontract.traced("within_budget", lambda t: t.tolist(), (x,), {}, {"cap": 1 << 30})[1]
