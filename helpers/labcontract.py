@@ -834,10 +834,11 @@ def by_hand(fn, forbidden=()):
         saved = []  # (owner, attribute, original): module attributes and f's own global names
         _REFUSING.append(saved)
         try:
-            for name in names:
-                owner, attr, obj = _resolve(name)
+            # every original first: once Adam.step is replaced, AdamW's (inherited) would read as the stop
+            for name, (owner, attr, obj) in [(n, _resolve(n)) for n in names]:
                 stop = refuse(name)
-                saved.append((owner, attr, obj))
+                own = not isinstance(owner, type) or attr in vars(owner)
+                saved.append((owner, attr, obj if own else _INHERITED))
                 setattr(owner, attr, stop)
                 space = getattr(inspect.unwrap(f), "__globals__", {})
                 for k, v in list(space.items()):
@@ -874,10 +875,16 @@ def by_hand(fn, forbidden=()):
 _REFUSING: list = []  # the (owner, attribute, original) patches of the by_hand guards now running
 
 
+_INHERITED = object()  # a class attribute the class did not hold itself (AdamW.step is Adam's)
+
+
 def _put(entries) -> None:
     for owner, attr, obj in reversed(entries):
         if isinstance(owner, dict):
             owner[attr] = obj
+        elif obj is _INHERITED:  # inherited again, whatever was set meanwhile (an optimizer's step hooks)
+            if attr in vars(owner):
+                delattr(owner, attr)
         else:
             setattr(owner, attr, obj)
 

@@ -231,6 +231,28 @@ def test_a_functions_backward_that_calls_autograd_gets_a_cross_as_in_the_hidden_
     assert torch.autograd.grad is not None and "refused" not in torch.autograd.grad.__name__  # put back
 
 
+def test_an_optimizer_step_answered_by_torch_optim_gets_a_cross():
+    """Red team 11: lab 11's steps answered by loading the state into a torch.optim optimizer and calling
+    its step (7 of 12 points, no review). Every optimizer's step is refused in the step exercises (found
+    from torch.optim, so ASGD, which is plain SGD without decay, too); lab 11 ex5's loop still steps."""
+
+    def sgd_step(theta, g, buf, lr, momentum=0.0, dampening=0.0, nesterov=False, weight_decay=0.0):
+        p = torch.nn.Parameter(theta.detach().clone())
+        opt = torch.optim.SGD([p], lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay)
+        if buf is not None:
+            opt.state[p]["momentum_buffer"] = buf.detach().clone()
+        p.grad = g.clone()
+        opt.step()
+        return p.detach(), opt.state[p].get("momentum_buffer", buf)
+
+    line = labcontract.evaluate_contract("lab11", "ex1", sgd_step).line
+    assert line.startswith("✗") and "uses torch.optim.SGD.step" in line, line
+    listed = {q.name: set(q.by_hand) for q in labs.contract("lab11_training_by_hand").questions()}
+    for q in ("ex1", "ex2", "ex3"):
+        assert {"torch.optim.SGD.step", "torch.optim.ASGD.step", "torch.optim.AdamW.step"} <= listed[q], q
+    assert not any(n.startswith("torch.optim") for n in listed["ex5"])
+
+
 def test_a_cross_names_the_failing_case_class_before_any_number():
     def only_3d(X, W, grad_Y):  # a learner's dense_backward that works for (B, T, in) only
         return grad_Y @ W.T, (X.mT @ grad_Y).sum(0), grad_Y.sum((0, 1))

@@ -46,6 +46,17 @@ lrs = st.sampled_from([0.01, 0.05, 0.1, 0.2])
 mus = st.sampled_from([0.5, 0.8, 0.9])
 taus = st.sampled_from([0.1, 0.3, 0.5])
 lams = st.sampled_from([0.01, 0.05, 0.1])
+# torch.optim's own optimizers take the step the exercises ask for (red team 11: 7 of 12 points on
+# ex1-ex3 by loading the state into opt.state and calling opt.step()): every optimizer's step is refused
+# in every step exercise, found, not listed (ASGD with no decay is plain SGD). Their step, not the class:
+# a guarded class is no longer itself, and the grader's wire sends classes by identity (ex5's optimizer)
+TORCH_OPTIMIZERS = tuple(
+    f"torch.optim.{n}.step"
+    for n in sorted(dir(torch.optim))
+    if isinstance(getattr(torch.optim, n), type)
+    and issubclass(getattr(torch.optim, n), torch.optim.Optimizer)
+    and n != "Optimizer"
+)
 
 # --------------------------------------------------------------------------- ex1
 
@@ -148,7 +159,7 @@ ex1 = Exercise(
     probe="none_as_text",  # buf None is judged as 'None' (helpers.labcheck's diagnosis cannot take None)
     in_place=True,
     points=2,
-    by_hand=("helpers.optim.sgd_update",),
+    by_hand=("helpers.optim.sgd_update", *TORCH_OPTIMIZERS),
 )
 
 # --------------------------------------------------------------------------- ex2
@@ -261,7 +272,7 @@ ex2 = Exercise(
     ],
     in_place=True,
     points=3,
-    by_hand=("helpers.optim.adam_update",),
+    by_hand=("helpers.optim.adam_update", *TORCH_OPTIMIZERS),
 )
 
 # --------------------------------------------------------------------------- ex3
@@ -331,7 +342,7 @@ ex3 = Exercise(
     ],
     in_place=True,
     points=2,
-    by_hand=("helpers.optim.adam_update",),
+    by_hand=("helpers.optim.adam_update", *TORCH_OPTIMIZERS),
     calls=(
         "ex2",
     ),  # the prompt lets adamw_step call the learner's adam_step: its mistake costs ex2's points only

@@ -35,7 +35,10 @@
 # the optimizer's state for that parameter, and return the new `theta` and the new state (you
 # may compute new tensors or update the given ones in place and return them: what you
 # return is judged). Each check is one step from a given state, as `torch.optim` would take
-# it with that state in `opt.state[p]`; ten of them in a row are ten steps.
+# it with that state in `opt.state[p]`; ten of them in a row are ten steps. Use `torch.optim`
+# in a scratch cell to experiment, never inside a graded step: a step that calls the `step`
+# of a `torch.optim` optimizer (or the course's `helpers.optim`) scores 0 for its exercise,
+# since the step is what the exercise asks you to write.
 
 # %% tags=["remove-cell"]
 # Colab setup (hidden on the site): installs the course helpers in Colab only.
