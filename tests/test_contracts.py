@@ -204,15 +204,14 @@ def test_a_functions_backward_that_calls_autograd_gets_a_cross_as_in_the_hidden_
     self-check now runs the Function's backward guarded, as it runs a function."""
     from torch.autograd.function import once_differentiable
 
-    class Softmax(torch.autograd.Function):
-        @staticmethod
-        def forward(Z):
-            return torch.softmax(Z, dim=-1)
+    honest = {
+        "torch": torch,
+        "once_differentiable": once_differentiable,
+    }  # an honest corpus notebook's answers
+    exec((ROOT / "tests/data/similarity/honest/lab04/ana.py").read_text(), honest)
+    assert labcontract.evaluate_contract("lab04", "ex2", honest["Softmax"]).line.startswith("✓")
 
-        @staticmethod
-        def setup_context(ctx, inputs, output):
-            ctx.save_for_backward(output)
-
+    class Softmax(honest["Softmax"]):  # the same forward, a backward by autograd
         @staticmethod
         @once_differentiable
         def backward(ctx, grad_P):
@@ -229,6 +228,20 @@ def test_a_functions_backward_that_calls_autograd_gets_a_cross_as_in_the_hidden_
     assert issubclass(guarded, Softmax) and guarded.__name__ == "Softmax"
     assert labcontract.by_hand(Softmax, ()) is Softmax
     assert torch.autograd.grad is not None and "refused" not in torch.autograd.grad.__name__  # put back
+
+
+def test_lab1s_forward_by_the_course_module_gets_a_cross_as_its_prompt_says():
+    """Lab 1 imports helpers.cat_mlp for the seed's numbers; its prompt says cat_mlp.forward in exercise 1
+    (and cat_mlp.backward after it) scores 0: the self-check says ✗ first."""
+    from helpers import cat_mlp
+
+    def forward_pass(x, W1, b1, W2, b2, y_true):
+        return cat_mlp.forward(x, W1, b1, W2, b2, y_true)
+
+    line = labcontract.evaluate_contract("lab01", "ex1", forward_pass).line
+    assert line.startswith("✗") and "uses helpers.cat_mlp.forward" in line, line
+    text = labs.read_nb(labs.source_path("lab01_cat_mlp")).cells
+    assert any("calling it scores 0 for this exercise" in c.source for c in text if c.cell_type == "markdown")
 
 
 def test_an_optimizer_step_answered_by_torch_optim_gets_a_cross():
