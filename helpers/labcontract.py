@@ -224,12 +224,11 @@ _READING: list = []  # the trace modes running (``traced``): one may run inside 
 
 
 def _read(mode, t: torch.Tensor, n: int, depth: int) -> None:
-    """Count ``n`` values of ``t`` read out by the answer, unless they are integers of an integer argument
-    the call did not write (class indices, red team 8's honest ``int(target[r])``): given data, no
-    derivative. The argument's own dtype decides, not the view's: red team 9 read every float argument
-    free as ``x.view(torch.int64)``, bits and all."""
-    given = t.untyped_storage().data_ptr()
-    if not (t.is_floating_point() or t.dtype == torch.bool) and given in mode.given_int - mode.written:
+    """Count ``n`` values of ``t`` read out by the answer, unless they are integers or bits made from the
+    integer arguments alone (``mode.free``: class indices, red team 8's honest ``int(target[r])``, the rows
+    a mask of them keeps): given data, no derivative. The storage decides, not the view's dtype: red team
+    9 read every float argument free as ``x.view(torch.int64)``, bits and all."""
+    if not t.is_floating_point() and t.untyped_storage().data_ptr() in mode.free:
         return
     if _the_answer_reads(depth + 1, mode.not_the_answer):
         mode.seen["branches" if t.dtype == torch.bool else "exits"] += n
@@ -255,6 +254,28 @@ def _counting_reads() -> None:
 
 
 _counting_reads()
+
+
+def _hands_out_a_value(func, out, ins: list) -> bool:
+    """Whether an op hands the caller a number its inputs' values decide, by what it returns rather than by
+    name: a Python scalar (``torch.equal``, ``allclose``: a bit each, red team 12), or a tensor whose shape
+    the values decide (torch's ``dynamic_output_shape`` tag: ``nonzero``, ``masked_select``, ``x[mask]``,
+    ``repeat_interleave``: its length). Indexing by integer tensors has the index's shape: nothing read."""
+    if isinstance(out, (bool, int, float)):
+        return True
+    if torch.Tag.dynamic_output_shape not in func.tags:
+        return False
+    return func.overloadpacket.__name__ != "index" or any(t.dtype in (torch.bool, torch.uint8) for t in ins)
+
+
+def _deciding(ins: list) -> torch.Tensor:
+    """The input whose values decide such a number: a mask (its bits: "branches"), else integers (counts,
+    classes, repeats), else the first input."""
+    for kinds in ((torch.bool, torch.uint8), None):
+        for t in ins:
+            if (t.dtype in kinds) if kinds else not t.is_floating_point():
+                return t
+    return ins[0]
 
 
 def _trace_mode():
@@ -284,21 +305,29 @@ def _trace_mode():
             self.ops: set = set()
             self.given: set = set()  # data_ptr of the call's arguments' storages
             self.written: set = set()  # those of them an op wrote into
-            self.given_int: set = set()  # those of the arguments whose own dtype is an integer one
+            # storages of integers and bits made from integer arguments alone (those first), no float in
+            # them: an op's output joins when every tensor it read is here, and leaves when written otherwise
+            self.free: set = set()
             self.not_the_answer: tuple = _NOT_THE_ANSWER  # files whose reads of values are not the answer's
 
         def __torch_dispatch__(self, func, types, a=(), kw=None):
             out = func(*a, **(kw or {}))
             name, seen = func.overloadpacket.__name__, self.seen
             self.ops.add(name)
+            ins = _tensors_in([*a, *(kw or {}).values()])
             if not func.is_view:  # a view writes nothing; every other op writes each entry it returns
                 seen["writes"] += sum(t.numel() for t in _tensors_in(out))
                 self.written |= {t.untyped_storage().data_ptr() for t in _tensors_in(out)} & self.given
+                free = all(t.untyped_storage().data_ptr() in self.free for t in ins)
+                for t in _tensors_in(out):  # memory reused after a free integer tensor leaves with its write
+                    ptr = t.untyped_storage().data_ptr()
+                    (self.free.add if free and not t.is_floating_point() else self.free.discard)(ptr)
             if name == "_local_scalar_dense":  # .item(), float(t); bool(h[i] > 0) reads a bit
                 _read(self, a[0], 1, 1)
+            elif ins and _hands_out_a_value(func, out, ins):
+                _read(self, _deciding(ins), 1, 1)
             if not isinstance(out, torch.Tensor):
                 return out
-            ins = _tensors_in([*a, *(kw or {}).values()])
             ptr, size = out.untyped_storage().data_ptr(), out.untyped_storage().nbytes()
             new = ptr not in {t.untyped_storage().data_ptr() for t in ins}
             if (new or (not func.is_view and ptr not in self.given)) and size > seen["largest"][0]:
@@ -333,7 +362,7 @@ def traced(inner, answer, args, kwargs, options, not_the_answer: tuple = ()) -> 
         for t in v.state_dict().values()
     ]
     mode.given = {t.untyped_storage().data_ptr() for t in mine}
-    mode.given_int = {
+    mode.free = {
         t.untyped_storage().data_ptr()
         for t in mine
         if not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
@@ -774,14 +803,40 @@ def _short(v) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _same(a, b) -> bool:
-    """a is still b: values, and .grad (a gradient left on an argument is a change, as the grader's worker sees it)."""
+def changed_tensor(t: torch.Tensor, value: torch.Tensor, version: int) -> bool:
+    """t is not the tensor it was (``value``, ``version`` taken before a call): its shape, dtype or values,
+    or written in place at all, even to the same values (its version counter moved: ``grad_O.mul_(1.0)``
+    kept every value and passed, where the prompt says the arguments are left alone). The one test of
+    "an argument was changed", here and in the grader's worker."""
+    return (
+        t._version != version
+        or t.shape != value.shape
+        or t.dtype != value.dtype
+        or not torch.equal(t.detach(), value.detach())
+    )
+
+
+def _versions(v):
+    """The version counters of the tensors in an argument, in its structure (``_same`` reads them)."""
+    if isinstance(v, torch.Tensor):
+        return v._version
+    if isinstance(v, (tuple, list)) and not isinstance(v, torch.Size):
+        return [_versions(x) for x in v]
+    return None
+
+
+def _same(a, b, version=None) -> bool:
+    """a is still b (a's version counter still ``version``, where given): values, and .grad (a gradient left
+    on an argument is a change, as the grader's worker sees it)."""
     if isinstance(a, torch.Tensor):
-        if not (isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a.detach(), b.detach())):
+        if not isinstance(b, torch.Tensor) or changed_tensor(
+            a, b, a._version if version is None else version
+        ):
             return False
         return (a.grad is None) == (b.grad is None) and (a.grad is None or torch.equal(a.grad, b.grad))
     if isinstance(a, (tuple, list)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+        versions = version if isinstance(version, list) else [None] * len(a)
+        return len(a) == len(b) and all(_same(x, y, v) for x, y, v in zip(a, b, versions))
     return True
 
 
@@ -916,21 +971,30 @@ def _parameter_names(fn) -> list[str]:
         return []
 
 
-def _changed(fn, given, args, given_kw, kwargs) -> list[str]:
-    """The arguments (by the function's own names) a run left different from their recorded values."""
-    names = _parameter_names(fn)
+def _changed(fn, given, args, given_kw, kwargs, versions=None, names=None) -> list[str]:
+    """The arguments (by ``names``, else the function's own) a run left different from their recorded
+    values, or wrote in place (``versions``: ``_versions((given, given_kw))`` before the run)."""
+    names = names or _parameter_names(fn)
+    pos, kw = versions if versions is not None else ([None] * len(given), {})
     out = [
         names[i] if i < len(names) else f"number {i + 1}"
-        for i, (g, a) in enumerate(zip(given, args))
-        if not _same(g, a)
+        for i, (g, a, v) in enumerate(zip(given, args, pos))
+        if not _same(g, a, v)
     ]
-    return out + [k for k in kwargs if not _same(given_kw.get(k), kwargs[k])]
+    return out + [k for k in kwargs if not _same(given_kw.get(k), kwargs[k], kw.get(k))]
+
+
+def not_in_place(allowed, changed: list[str]) -> list[str]:
+    """Those of the ``changed`` arguments the exercise does not let the answer change: ``allowed`` is its
+    ``in_place`` (True: any; a list of names: those; False: none)."""
+    return [] if allowed is True else [n for n in changed if n not in (allowed or ())]
 
 
 def _run_case(fn, case: dict, spec: dict) -> tuple[str, str | None]:
     """('pass' | 'fail' | 'todo' | 'partial' | 'error', reason) of one recorded case of an exercise ``spec``."""
     args, kwargs = decode(case["args"]), decode(case.get("kwargs", {"dict": {}}))
     given, given_kw = _clone(args), _clone(kwargs)
+    versions = _versions(list(given)), {k: _versions(v) for k, v in given_kw.items()}
     answer = by_hand(fn, spec.get("by_hand", ()))
     options = decode(case.get("options", {"dict": {}}))
     try:
@@ -950,7 +1014,7 @@ def _run_case(fn, case: dict, spec: dict) -> tuple[str, str | None]:
     outputs = spec["outputs"]
     if len(outputs) > 1 and isinstance(got, (tuple, list)) and any(v is Ellipsis for v in got):
         return "partial", None  # some outputs still `...`: labcheck says which
-    changed = [] if spec.get("in_place") else _changed(fn, given, args, given_kw, kwargs)
+    changed = not_in_place(spec.get("in_place"), _changed(fn, given, args, given_kw, kwargs, versions))
     if changed:
         return (
             "fail",
@@ -1195,7 +1259,7 @@ def _held_on_ctx(outs, ctx_attributes) -> list[dict]:
 def backward_and_saved(
     answer, args, kwargs, wrt=(0,), grad_output=None, report=None, saves=True, count=True, which=False
 ):
-    """(outputs…, args[i].grad for i in report (None where args[i] needs no gradient), "2 tensors" saved (if saves; "nothing held on ctx" unless count; with which, also what they are: "1 tensor: the output"), "left unchanged" or "changed in place"): an autograd.Function judged by what autograd gets, what it saved for backward (saved-tensor hooks) and what its backward did to grad_output."""
+    """(outputs…, args[i].grad for i in report (None where args[i] needs no gradient), "2 tensors" saved (if saves; "no tensor held on ctx" unless count; with which, also what they are: "1 tensor: the output"), "left unchanged" or "changed in place"): an autograd.Function judged by what autograd gets, what it saved for backward (saved-tensor hooks) and what its backward did to grad_output."""
     from helpers.memory import SavedTensors, ctx_attributes
 
     args = list(args)
@@ -1210,7 +1274,7 @@ def backward_and_saved(
     torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
     kept = all(g is None or torch.equal(g, b) for g, b in zip(grads, before))
     got = [args[i].grad for i in (wrt if report is None else report)]
-    n = f"{saved.count} tensor{'' if saved.count == 1 else 's'}" if count else "nothing held on ctx"
+    n = f"{saved.count} tensor{'' if saved.count == 1 else 's'}" if count else "no tensor held on ctx"
     if count and which and saved.count:
         n += ": " + ", ".join(_what_was_saved(saved.records, outs, args))
     held = _held_on_ctx(outs, ctx_attributes)

@@ -362,6 +362,21 @@ def test_returns_and_changes_reads_the_arguments_after_an_in_place_step():
     assert torch.equal(out[0], torch.zeros(2)) and torch.equal(out[1], torch.zeros(2))
 
 
+def test_an_argument_written_in_place_to_the_same_values_gets_a_cross_on_both_sides():
+    """A newcomer's lab 10 ``grad_O.mul_(1.0)`` kept every value, so a comparison of values passed it (✓ and
+    4/4) where the prompt says the arguments are left alone: the version counter says it was written."""
+
+    def row_D(O, grad_O):
+        return (O * grad_O.mul_(1.0)).sum(-1)
+
+    line = labcontract.evaluate_contract("lab10", "ex3", row_D).line
+    assert line.startswith("✗") and "changed its argument grad_O in place" in line, line
+    c = contract.load("lab10_flash_attention")
+    with pytest.raises(AssertionError, match="changed its argument"):
+        c.hidden_check("ex3", row_D, c.exercises["ex3"].classes[0].name)
+    assert labcontract.evaluate_contract("lab10", "ex3", lambda O, grad_O: (O * grad_O).sum(-1)).line[0] == "✓"
+
+
 def test_a_none_returned_by_an_answer_that_works_elsewhere_is_not_called_a_stub():
     def relu_backward(grad_a, h):
         return None if (h == 0).any() else grad_a * (h > 0)
@@ -562,11 +577,93 @@ def test_a_value_read_out_of_a_tensor_counts_where_the_answer_reads_it_not_where
     assert reads(lambda t: t.clone().apply_(lambda v: v)) == (6, 0)
     assert reads(lambda t: t.clone().map_(t, lambda a, b: a)) == (12, 0)
     assert reads(lambda t: t.clone().map2_(t, t, lambda a, b, c: a)) == (18, 0)
+    # a number an op hands out (red team 12): a Python bool, a length the values decide; not an index's shape
+    assert reads(lambda t: [torch.equal(t[0, 0].clamp(max=k / 8), t[0, 0]) for k in range(30)]) == (30, 0)
+    assert reads(lambda t: t.allclose(t + 1)) == (1, 0)
+    assert reads(lambda t: (t > 2).nonzero().shape[0]) == (0, 1)
+    assert reads(lambda t: t[t > 2].numel()) == (0, 1)
+    assert reads(lambda t: torch.repeat_interleave((t * 100).long().view(-1)).numel()) == (1, 0)
+    assert reads(lambda t: t[torch.arange(2), torch.tensor([1, 2])]) == (0, 0)
     assert x.tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]  # outside a trace the wrapper only passes through
     # a probe that traces inside the trace (within_budget's memory watch): the outer one counts too
     capped = labcontract.traced("within_budget", lambda t: t.tolist(), (x,), {}, {"cap": 1 << 30})[1]
     assert capped["exits"] == 6, capped["exits"]
     assert labcontract.two_per_entry(x, scale=torch.ones(3)) == 2 * 9 + labcontract.ALLOWANCE["exits"]
+
+
+def test_every_tensor_method_a_by_hand_answer_may_call_counts_what_it_hands_out_of_the_values():
+    """The audit of the allow-list's tensor surface, by construction rather than by listing attacks: every
+    method of ``torch.Tensor`` that a by-hand answer may call (``reach.ALLOWED["by_hand"]``), called on
+    tensors that differ only in their values, either hands back the same Python values and shapes for
+    all of them, or is counted as a read on every call (red team 12: ``torch.equal`` and
+    ``.nonzero().shape`` rebuilt floats one bit a call, uncounted)."""
+    import warnings
+
+    import reach
+
+    def seen(v) -> list:  # what the caller gets that is not a tensor's values: Python values and shapes
+        if isinstance(v, torch.Tensor):
+            return [tuple(v.shape)]
+        if isinstance(v, (list, tuple)):
+            return [s for x in v for s in seen(x)]
+        return [repr(v)]
+
+    def variants():  # one shape, values that differ: signs, zeros, repeats, the second tensor equal or not
+        g = torch.Generator().manual_seed(0)
+        t, u = torch.randn(2, 3, 3, generator=g, dtype=torch.float64)
+        for x, y in (
+            (t, t),
+            (t, u),
+            (-t.abs(), u),
+            (t.clamp(min=0), t.clamp(min=0)),
+            (0 * t, 0 * t),
+            (t.round(), u),
+        ):
+            yield x, y.clone()
+
+    unseen, tried = [], 0
+    names = sorted(
+        n for n in reach.ALLOWED["by_hand"]["attributes"] if callable(getattr(torch.Tensor, n, None))
+    )
+    for name in names:
+        for args in (
+            (),
+            ("u",),
+            (0,),
+            ("u", 0.5),
+            ("m",),
+            ("m", 0.5),
+            (0, "i"),
+            (-1,),
+            (1, 0),
+            ((9,),),
+            (0, 1, 2),
+            ("u", "u"),
+        ):
+            got = []
+            for x, u in variants():
+
+                def call(t, u_, _a=args, _n=name):
+                    given = {"u": u_, "m": u_ > 0, "i": torch.tensor([0, 2])}
+                    return getattr(t, _n)(*(given.get(a, a) if isinstance(a, str) else a for a in _a))
+
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        out, trace = labcontract.traced(None, call, (x.clone(), u), {}, None)
+                except Exception:
+                    got = None
+                    break
+                got.append((seen(out), trace["exits"] + trace["branches"]))
+            if got is None:
+                continue  # these arguments do not fit the method: the next set
+            if len({repr(s) for s, _ in got}) > 1 and not all(n for _, n in got):
+                unseen.append(f"{name}{args}")
+            tried += 1
+            break
+    # the rest take arguments drawn otherwise (integers for bitwise ops, batches, vectors, sparse layouts)
+    assert tried > 0.75 * len(names), f"called {tried} of {len(names)}"
+    assert not unseen, f"hand out values uncounted: {unseen}"
 
 
 def test_integers_the_call_was_given_are_read_free_unless_it_wrote_them():
@@ -579,6 +676,11 @@ def test_integers_the_call_was_given_are_read_free_unless_it_wrote_them():
         return labcontract.traced(None, fn, (x, torch.tensor([2, 0, 1, 1])), {}, None)[1]["exits"]
 
     assert reads(lambda x, t: [int(t[r]) for r in range(4)]) == 0
+    # what is made from the given integers alone is given data too: the rows a mask keeps (an honest
+    # corpus answer looped `for r in (target != ignore).nonzero()`: 42 reads, ✗ on lab 5 ex1)
+    assert reads(lambda x, t: [int(t[r]) + int(r) for r in (t != 1).nonzero().flatten()]) == 0
+    assert reads(lambda x, t: (t % 2).tolist() + torch.arange(4).tolist()) == 0
+    assert reads(lambda x, t: (t + (x[:, 0] > 0).long()).tolist()) == 4  # a float's sign in it
     assert reads(lambda x, t: t.tolist()) == 0
     assert reads(lambda x, t: (x * 1e6).long().tolist()) == 12  # integers it made from floats
     assert reads(lambda x, t: t.copy_((x[:, 0] * 1e6).long()).tolist()) == 4  # written into the given

@@ -1143,6 +1143,12 @@ MUTANTS = {
         "ex6",
         [("        ctx.mark_non_differentiable(L)\n", "")],
     ),
+    # written in place to the same values: the worker's version counter says so (a newcomer's, ✓ and 4/4)
+    "grad_O written in place, every value kept (lab 10 ex3)": (
+        "lab10_flash_attention",
+        "ex3",
+        [("    return (grad_O * O).sum(dim=-1)", "    return (grad_O.mul_(1.0) * O).sum(dim=-1)")],
+    ),
     "hooks left on the model (lab 5)": (
         "lab05_losses_and_flow",
         "ex2",
@@ -1886,6 +1892,27 @@ def test_super_with_arguments_reaches_past_the_counting_wrappers_and_is_read_so(
         assert ("super", "reach") in [(x, sev) for x, _, sev in reach.unlisted(code, sc, "any")], code
     bare = "class Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()"
     assert "super" not in [x for x, *_ in reach.unlisted(bare, sc, "any")]
+
+
+def test_quantized_tensors_are_off_the_list_and_a_classs_own_dunder_alias_is_ordinary():
+    """Red team 12 read 22 bits of a float a call as `torch.quantize_per_tensor_dynamic(c, …).q_scale()`
+    (a Python float no counter saw): quantization is not math a by-hand answer needs. Its honest-looking
+    `__radd__ = __add__` in a class body sent all 6 exercises of lab 1 to review: a class's own method,
+    named again, is ordinary."""
+    import reach
+
+    sc = reach.scope(["import torch"], [])
+    quantized = "def f(c):\n    return torch.quantize_per_tensor_dynamic(c, torch.quint8, False).q_scale()"
+    found = [x for x, *_ in reach.unlisted(quantized, sc, "any")]
+    assert any("quantize_per_tensor_dynamic" in x for x in found) and any("q_scale" in x for x in found), (
+        found
+    )
+    alias = (
+        "class V:\n    def __add__(self, o):\n        return self\n\n    def __mul__(self, o):\n"
+        "        return self\n\n    __radd__ = __add__\n    __rmul__ = __mul__"
+    )
+    assert reach.unlisted(alias, reach.scope(["import torch"], [alias]), "by_hand") == []
+    assert reach.unlisted("f = __import__", reach.scope([], ["f = __import__"]), "any")
 
 
 def test_what_the_worker_says_was_used_is_repeated_only_if_the_exercise_forbids_it():

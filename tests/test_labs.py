@@ -364,3 +364,32 @@ def test_grading_refuses_when_the_published_solutions_do_not_score_full_marks(mo
     monkeypatch.setattr(labs, "run_harness", lambda *a, **k: short)
     _, _, problem = labs.calibrated_timeout(None, lab, qs, (), False)
     assert problem == "the published solutions do not score full marks here (ex3 0 of 2)", problem
+
+
+def _loc(text: str) -> int:
+    """Lines of code: not blank, not a comment."""
+    return sum(1 for line in text.splitlines() if line.strip() and not line.strip().startswith("#"))
+
+
+def test_the_check_layer_is_no_larger_than_the_teaching_layer():
+    """Issue 32's measure. The check layer decides ✓, ✗ and the hidden points: the self-check and its
+    diagnosis (``helpers/labcontract.py``, ``helpers/labcheck.py``) and the declarations
+    (``labs/source/contracts/``). The teaching layer is what a learner reads and runs: the chapters'
+    code, the helpers they import, the labs' given code, stubs and solutions. (The grader's sandbox,
+    wire and copy report isolate and transport; they decide nothing, and are not counted.)"""
+    check = [
+        ROOT / "helpers/labcontract.py",
+        ROOT / "helpers/labcheck.py",
+        *ROOT.glob("labs/source/contracts/*.py"),
+    ]
+    teaching = [p for p in ROOT.glob("helpers/*.py") if not p.name.startswith("lab")]
+    cells = [
+        "".join(c["source"])
+        for nb in [*ROOT.glob("chapters/*.ipynb"), *ROOT.glob("labs/source/lab*.ipynb")]
+        for c in json.loads(nb.read_text())["cells"]
+        if c["cell_type"] == "code"
+    ]
+    n_check = sum(_loc(p.read_text()) for p in check)
+    n_teaching = sum(_loc(p.read_text()) for p in teaching) + sum(_loc(c) for c in cells)
+    print(f"check layer {n_check} lines of code, teaching layer {n_teaching}: {n_check / n_teaching:.2f} ×")
+    assert n_check <= n_teaching, (n_check, n_teaching)

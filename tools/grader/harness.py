@@ -170,7 +170,8 @@ class HarnessPeer(wire.Peer):
     """The harness's end: calls of the student's functions carry the exercise, echo in-place edits, join autograd."""
 
     exercise: str | None = None
-    in_place: bool = False
+    in_place: bool | tuple = False  # the hidden test's: any argument, those named, or none may change
+    params: tuple = ()  # the graded function's positional parameter names
     returned_nothing: set = set()
 
     forbidden: dict = {}  # question -> the dotted names its by-hand rule forbids
@@ -219,9 +220,26 @@ class HarnessPeer(wire.Peer):
         if isinstance(reply, dict) and reply.get("stub") is True:  # the test fails quietly: "not written yet"
             self.returned_nothing.add(self.exercise)
             raise ValueError("the answer is still the stub")
-        if isinstance(reply, dict) and reply.get("changed") and not self.in_place:
+        if isinstance(reply, dict) and self.edits(reply.get("changed") or [], args, kwargs):
             raise InPlaceEdit(f"changed {len(reply['changed'])} of its tensor arguments in place")
         return reply
+
+    def edits(self, changed: list[int], args, kwargs) -> list[str]:
+        """The arguments (by name) holding the ``changed`` tensors (indices into ``wire.tensors((args,
+        kwargs))``) that the exercise does not let the answer change (``helpers.labcontract.not_in_place``)."""
+        from helpers.labcontract import not_in_place
+
+        owners = [
+            name
+            for name, v in [
+                *((self.params[i] if i < len(self.params) else str(i), a) for i, a in enumerate(args)),
+                *kwargs.items(),
+            ]
+            for _ in wire.tensors(v)
+        ]
+        return not_in_place(
+            self.in_place, sorted({owners[i] if i < len(owners) else str(i) for i in changed})
+        )
 
     def call(self, fn, args, kwargs, **opts):
         ins = wire.tensors((args, kwargs))
@@ -230,7 +248,7 @@ class HarnessPeer(wire.Peer):
             {"op": "call", "ref": fn._id, "opts": {"exercise": self.exercise, "track": track}},
             (tuple(args), dict(kwargs)),
         )
-        if reply["changed"] and not self.in_place:
+        if self.edits([c[0] for c in reply["changed"]], args, kwargs):
             # the test's own tensors stay as they were, so a reference computed after the call is still right
             raise InPlaceEdit(f"changed {len(reply['changed'])} of its tensor arguments in place")
         with torch.no_grad():
@@ -473,7 +491,7 @@ def grade(spec: dict) -> dict:
         student.peer.exercise = q.name
         for k, case in enumerate(q.tests, 1):
             ok, mismatched = False, []
-            student.peer.in_place = case.in_place
+            student.peer.in_place, student.peer.params = case.in_place, case.params
             try:
                 student.peer.deadline = time.monotonic() + min(
                     case_timeout, spec["timeout"] - (time.monotonic() - started)
@@ -501,6 +519,7 @@ def grade(spec: dict) -> dict:
                     )
                     return _finish(result, qs, skip)
                 student.peer.exercise, student.peer.in_place = q.name, case.in_place
+                student.peer.params = case.params
             except wire.RemoteError as e:
                 raised.setdefault(kind(e, hidden=True), []).append(k)
             except Exception:  # noqa: BLE001 - a wrong return type etc.: the test fails, quietly

@@ -402,8 +402,8 @@ class _Uses(ast.NodeVisitor):
             return
         if n in self.scope.imports:
             self.add("dotted", self.scope.imports[n], node)
-        elif n in self.scope.own and not _is_dunder(n):
-            return
+        elif n in self.scope.own and (not _is_dunder(n) or n in HARMLESS_DUNDERS):
+            return  # the student's own name, `__radd__ = __add__` in their class too (red team 12)
         elif n in self.scope.given and not _is_dunder(n):
             self.add("given", n, node)
         elif hasattr(builtins, n) or _is_dunder(n) or n in NEVER_ANY["builtins"]:
@@ -616,6 +616,8 @@ MATH_NAMESPACES = (
 NOT_MATH = re.compile(
     r"grad|backward|hook|register|storage|_ptr|share_memory|pin_memory|dlpack|from_file|frombuffer|save|load"
     r"|compile|script|jit|vmap|func|autograd|library|deterministic|anomaly|autocast|thread|^set_(?!rng_state)"
+    # quantized tensors hand out their scale as a Python float, 22 bits of a value a call (red team 12)
+    r"|quantiz|^q_|int_repr|dequantiz"
     r"|" + COMPLEX.pattern
 )
 
@@ -678,6 +680,9 @@ VETTED = {
     + (
         "fft",
         "state",  # an optimizer's (the labs' hints print opt.state[p])
+        # autograd's own way to keep a non-leaf's gradient: honest where autograd is allowed (a
+        # newcomer's lab 5 recorder went to review for it); never where it is not (NEVER_BY_HAND)
+        "retain_grad",
         "param_groups",
         "append",
         "extend",

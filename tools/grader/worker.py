@@ -39,6 +39,7 @@ wire = module_at("wire", os.path.join(os.path.dirname(os.path.abspath(__file__))
 # bound here, before any student code runs: a submission that rebinds helpers.memory.saved_in_graph
 # (a plain attribute assignment, which reach.py does not flag) does not change what these names call
 from helpers.labcheck import _is_todo_error as IS_STUB  # noqa: E402  (the self-check's "· not implemented yet")
+from helpers.labcontract import changed_tensor as CHANGED_TENSOR  # noqa: E402
 from helpers.labcontract import run_probe as RUN_PROBE  # noqa: E402
 from helpers.labcontract import traced as TRACED  # noqa: E402
 from helpers.memory import saved_in_graph  # noqa: E402
@@ -318,16 +319,14 @@ def run_notebook(cells: list, cell_timeout: float | None = None, own_namespace: 
 
 
 def _snapshot(t: torch.Tensor):
-    return (t.detach().clone(), None if t.grad is None else t.grad.detach().clone(), id(t.grad))
+    return (t.detach().clone(), t._version, None if t.grad is None else t.grad.detach().clone(), id(t.grad))
 
 
 def _changed(t, snap) -> bool:
-    value, grad, grad_id = snap
+    value, version, grad, grad_id = snap
     now = t.grad
     return (
-        t.shape != value.shape
-        or t.dtype != value.dtype
-        or not torch.equal(t.detach(), value)
+        CHANGED_TENSOR(t, value, version)
         or id(now) != grad_id
         or (now is not None and (now.shape != grad.shape or not torch.equal(now, grad)))
     )
@@ -520,11 +519,9 @@ def _over_memory(e: BaseException) -> bool:
 
 
 def _values_changed(ins: list, before: list) -> list[int]:
-    """Which of a call's tensor arguments it changed (shape, dtype or values), by index."""
+    """Which of a call's tensor arguments it changed (shape, dtype or values, or wrote in place), by index."""
     return [
-        i
-        for i, (t, b) in enumerate(zip(ins, before))
-        if t.shape != b.shape or t.dtype != b.dtype or not torch.equal(t.detach(), b)
+        i for i, (t, (value, version)) in enumerate(zip(ins, before)) if CHANGED_TENSOR(t, value, version)
     ]
 
 
@@ -543,7 +540,7 @@ def capped(msg, value):
     exercise = (msg.get("opts") or {}).get("exercise")
     ins = wire.tensors((args, kwargs))
     before = [
-        t.detach().clone() for t in ins
+        (t.detach().clone(), t._version) for t in ins
     ]  # the harness sent copies: what changed is said, as on_call does
     if not budget:  # no memory cap to hold: no child, the call runs here
         STATE["exercise"] = exercise  # the probe's own backward pass is told apart by its frame

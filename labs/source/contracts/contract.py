@@ -46,6 +46,7 @@ from helpers.labcontract import (  # noqa: E402  (one owner: the student side's)
     _changed,
     _clone,
     _differs,
+    _versions,
     broken_rule,
     by_hand,
     decode,
@@ -53,6 +54,7 @@ from helpers.labcontract import (  # noqa: E402  (one owner: the student side's)
     encode,
     measured,
     not_by_hand,
+    not_in_place,
     rule_bounds,
     run_probe,
     two_per_entry,
@@ -128,7 +130,9 @@ class Exercise:
     classes: list
     question: str = ""  # the source's question, if not `name` (a question with two graded functions)
     probe: str | None = None  # a helpers.labcontract.PROBES name: how a case calls the answer
-    in_place: bool = False  # the prompt lets the answer change its arguments (a step, a merge)
+    # the prompt lets the answer change its arguments: all of them (True: a merge, a clip) or those named
+    # (an optimizer step's theta and state, never its gradient g); any other write is a ✗
+    in_place: bool | tuple = False
     # the question's points and what its answers may not call ('autograd', dotted reference functions):
     # declared on its first function only (whose name is the question's); its other functions share them
     points: float = 0.0
@@ -164,6 +168,13 @@ class Exercise:
 
 
 _ABSENT = object()
+
+
+def _parameters(signature: str) -> list[str]:
+    """The positional parameter names of a declared signature, "(theta, g, buf, lr, momentum=0.0)"."""
+    if signature.startswith("(torch."):
+        return []
+    return [a.arg for a in ast.parse(f"def f{signature}: pass").body[0].args.args]
 
 
 def _globals_of(fn) -> dict:
@@ -264,8 +275,9 @@ class HiddenTest:
     exercise: str
     function: str  # the notebook's name the test calls
     case_class: str
-    in_place: bool = False
+    in_place: bool | tuple = False  # as Exercise.in_place
     points: float = 0.0
+    params: tuple = ()  # the function's positional parameter names (an edit is judged by the name)
 
     @property
     def code(self) -> str:
@@ -375,7 +387,10 @@ class Contract:
         out: dict[str, Question] = {}
         for e in self.exercises.values():
             q = out.setdefault(e.question, Question(e.question, e.points, e.by_hand))
-            q.tests += [HiddenTest(self.lab, e.name, e.function, c.name, e.in_place) for c in e.classes]
+            params = tuple(_parameters(e.signature))
+            q.tests += [
+                HiddenTest(self.lab, e.name, e.function, c.name, e.in_place, params=params) for c in e.classes
+            ]
         for q in out.values():  # a question's points are shared evenly by its hidden tests
             for t in q.tests:
                 t.points = q.points / len(q.tests)
@@ -475,12 +490,14 @@ class Contract:
         for k, case in enumerate(self.cases(exercise, name)[1]):
             args, kwargs = materialize(case.args), materialize(case.kwargs)
             given, given_kw = _clone(args), _clone(kwargs)
+            versions = _versions(list(given)), {k: _versions(v) for k, v in given_kw.items()}
             answer = by_hand(fn, ex.by_hand) if inspect.isfunction(fn) else fn  # not the harness's handle
             try:
                 got, seen = measured(ex.probe, answer, given, given_kw, materialize(case.options), rules)
             except ByHand as e:
                 raise AssertionError(f"{ex.title} {e} when {name}") from None
-            changed = [] if ex.in_place else _changed(fn, given, args, given_kw, kwargs)
+            names = _parameters(ex.signature)  # the grader's handle to the answer tells no names
+            changed = not_in_place(ex.in_place, _changed(fn, given, args, given_kw, kwargs, versions, names))
             assert not changed, (
                 f"{ex.title} changed its argument(s) {' and '.join(changed)} in place when {name}"
             )
@@ -545,7 +562,7 @@ class Contract:
             if ex.probe:
                 out["exercises"][ex.name]["probe"] = ex.probe
             if ex.in_place:
-                out["exercises"][ex.name]["in_place"] = True
+                out["exercises"][ex.name]["in_place"] = True if ex.in_place is True else list(ex.in_place)
             if ex.by_hand:
                 out["exercises"][ex.name]["by_hand"] = list(ex.by_hand)
             if ex.rules:

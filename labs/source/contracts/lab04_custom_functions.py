@@ -21,7 +21,7 @@ The prompts promise (labs/source/src/lab04_custom_functions.py):
 Every exercise from ex2 on is judged through the ``backward_and_saved`` probe
 (helpers.labcontract): the outputs, the gradients autograd gets (None for an input that needs
 none), the number of tensors the Function saved (ex2, ex3: "1 tensor", "2 tensors", in one class of
-its own: "nothing held on ctx" in the others, so that a Function that saves too much loses that class's
+its own: "no tensor held on ctx" in the others, so that a Function that saves too much loses that class's
 points, not all), and what its backward did to grad_output ("left unchanged" or "changed in
 place"; across the grader's boundary grad_output reaches the learner's backward as a copy, so
 only the self-check and the in-process mutant runs can see it written into).

@@ -287,7 +287,13 @@ ex2 = Exercise(
     probe="recorded_and_hooks_left",
     points=3,
     # the prompt's method is a forward hook and a tensor hook: a module's backward hook is another one
-    by_hand=("helpers.gradflow.record_grad_flow", "torch.nn.Module.register_full_backward_hook"),
+    # the course's recorder, by its function or its class (a newcomer's GradFlowRecorder got ✓ here)
+    by_hand=(
+        "helpers.gradflow.record_grad_flow",
+        "helpers.gradflow.GradFlowRecorder",
+        "torch.nn.Module.register_full_backward_hook",
+        "torch.Tensor.retain_grad",
+    ),
 )
 
 # --------------------------------------------------------------------------- ex3
@@ -492,7 +498,7 @@ ex4 = Exercise(
         "total",
         "None .grads filled in (a parameter without a gradient keeps .grad None)",
         "grads",
-        ".grad tensors replaced, not scaled in place",
+        "the number of .grad tensors replaced rather than scaled in place",
     ),
     [
         CaseClass(

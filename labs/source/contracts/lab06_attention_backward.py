@@ -170,6 +170,17 @@ ex1 = Exercise(
             rtol=0,
         ),
         CaseClass(
+            # a newcomer's "window ≥ Nk: no window" kept every key for the last rows (top_left, Nq > Nk)
+            "Nk ≤ window < Nq (top_left: the last rows lose their first keys)",
+            _with(
+                st.tuples(st.integers(4, 8), st.integers(2, 4)).filter(lambda p: p[0] > p[1] + 1),
+                lambda q, k: st.integers(k, q - 2).map(lambda w: {"window": w}),
+            ),
+            _mask_case,
+            atol=0,
+            rtol=0,
+        ),
+        CaseClass(
             "window ≥ Nk > Nq (no key is cut)",
             _with(
                 st.tuples(st.integers(1, 5), st.integers(2, 6)).filter(lambda p: p[0] < p[1]),
@@ -260,6 +271,9 @@ def _fwd(p, seed, kind):
         Bias = torch.where(causal, low, torch.full_like(low, 1e3))
     elif kind == "large":  # a shift of every score: softmax unchanged, exp(S) overflows
         Bias = torch.tensor(1e3, dtype=dtype)
+    elif kind == "rows_apart":  # query rows of one head alternately near +1300 and −200: a max per row
+        rows = torch.arange(Nq, dtype=dtype)[:, None] + torch.arange(H, dtype=dtype)[:, None, None]
+        Bias = 1500.0 * (rows % 2) - 200.0 + randn(H, Nq, Nk, seed=seed + 4, dtype=dtype)
     elif kind == "heads_apart":  # head 0 near +10³, the others near −200: one max for all underflows
         Bias = torch.full((H, 1, 1), -200.0, dtype=dtype)
         Bias[0] = 1e3
@@ -313,6 +327,7 @@ ex2 = Exercise(
         _fwd_class("a query sees no key (its rows of P and O are 0, not NaN)", "no_key"),
         _fwd_class("every score is near +10³ (Bias = 10³): exp must not overflow", "large"),
         _fwd_class("heads' scores lie far apart (head 0 near +10³, the others near −200)", "heads_apart"),
+        _fwd_class("query rows' scores lie far apart (alternately near +1300 and −200)", "rows_apart", "gt"),
         _fwd_class("a masked score is far above the visible ones (Bias +10³ where masked)", "masked_high"),
         _fwd_class("every visible score is far below 0 (Bias ≈ −200): masked means −∞", "visible_low"),
         _fwd_class("Q, K, V are float32", "f32", atol=1e-5, rtol=1e-5),

@@ -306,8 +306,16 @@ def _attn(p, seed, flags=None, big=1.0, zero=False):
     return Q, K, V, slopes
 
 
+def _far_below(Q, K):
+    """Q, K whose every score is below −1000: exp of a score underflows (a running max started at 0 gives
+    ℓ = 0 and L = −∞), where a max taken from the scores is exact."""
+    return -(Q.abs() + 0.5) * 3000, K.abs() + 0.5
+
+
 def _fwd_case(p, seed, kind, flags=()):
     Q, K, V, slopes = _attn(p, seed, big=40.0 if kind == "large" else 1.0, zero=kind == "zero")
+    if kind == "negative":
+        Q, K = _far_below(Q, K)
     blocks = () if kind == "default" else p[5:]
     flags = tuple(flags)
     if kind == "explicit":
@@ -384,6 +392,7 @@ ex2b = Exercise(
         _fwd_class("B > 1 and H > 2", _shapes(B=st.integers(2, 3), H=st.integers(3, 4))),
         _fwd_class("the slopes are 0 (plain attention)", _shapes(), "zero"),
         _fwd_class("the scores are in the thousands (exp(S) overflows)", _shapes(), "large"),
+        _fwd_class("every score is below −1000 (exp(S) underflows to 0)", _shapes(), "negative"),
         _fwd_class("causal=False and window=None are passed", _shapes(), "explicit"),
         CaseClass(  # "without building the (Nq, Nk) bias": measured where it is 10× a tile on every draw
             "Nq, Nk = 40–48 in blocks of 8 (no room for the whole (H, Nq, Nk) bias)",
@@ -650,12 +659,24 @@ def _causal_shapes(rel="any", B=ONE, window="none"):
     return out
 
 
-def _causal_case(p, seed, backward):
+def _late_keys(Q, K):
+    """Q, K whose scores grow by 2000 from one key to the next: the first key a row may not see scores far
+    above every key it sees (a max taken before the mask, or exp(S − L) where masked, gives NaN)."""
+    Q = Q.abs() + 0.5
+    steps = torch.arange(1, K.shape[-2] + 1, dtype=K.dtype)[:, None]  # (Nk, 1)
+    return Q, torch.ones_like(K) * steps * 2000 * math.sqrt(K.shape[-1]) / Q.sum(-1).min()
+
+
+def _causal_case(p, seed, backward, late=False):
     window = p[7]
+    Q, K, V, slopes = _attn(p[:7], seed)
+    if late:
+        Q, K = _late_keys(Q, K)
     if backward:
-        args = _bwd_args(p[:7], seed, causal=True, window=window)
+        O, L = _full(Q, K, V, slopes, True, window)
+        args = (Q, K, V, O, L, randn(*O.shape, seed=seed + 4, dtype=F64), slopes)
     else:
-        args = _attn(p[:7], seed)
+        args = (Q, K, V, slopes)
     return Case((*args, *p[5:7], True, window), factors=_factors(p))
 
 
@@ -674,6 +695,12 @@ def _causal_classes(backward):
             **TOL,
         ),
         CaseClass("causal=True with B > 1", _causal_shapes(B=st.integers(2, 3)), make, **TOL),
+        CaseClass(
+            "causal=True, a key a row may not see scores thousands above those it sees",
+            _causal_shapes("eq"),
+            lambda p, s: _causal_case(p, s, backward, late=True),
+            **TOL,
+        ),
     ]
 
 

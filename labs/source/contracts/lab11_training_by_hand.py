@@ -150,6 +150,12 @@ ex1 = Exercise(
             **TOL,
         ),
         CaseClass(
+            "nesterov=True with weight_decay > 0 (the look-ahead takes g + λθ too)",
+            _hp(mu=mus, wd=lams),
+            lambda p, s: _sgd(p, s, momentum=p["mu"], nesterov=True, weight_decay=p["wd"]),
+            **TOL,
+        ),
+        CaseClass(
             "theta is 2-D (a weight matrix)",
             _hp(mu=mus, shape=st.tuples(st.integers(2, 4), st.integers(2, 4))),
             lambda p, s: _sgd(p, s, shape=p["shape"], momentum=p["mu"]),
@@ -157,7 +163,7 @@ ex1 = Exercise(
         ),
     ],
     probe="none_as_text",  # buf None is judged as 'None' (helpers.labcheck's diagnosis cannot take None)
-    in_place=True,
+    in_place=("theta", "buf"),  # never g: torch.optim leaves p.grad as it was
     points=2,
     by_hand=("helpers.optim.sgd_update", *TORCH_OPTIMIZERS),
 )
@@ -270,7 +276,7 @@ ex2 = Exercise(
             **ADAM_TOL,
         ),
     ],
-    in_place=True,
+    in_place=("theta", "m", "v", "v_max"),  # never g
     points=3,
     by_hand=("helpers.optim.adam_update", *TORCH_OPTIMIZERS),
 )
@@ -340,7 +346,7 @@ ex3 = Exercise(
             **ADAM_TOL,
         ),
     ],
-    in_place=True,
+    in_place=("theta", "m", "v", "v_max"),  # never g
     points=2,
     by_hand=("helpers.optim.adam_update", *TORCH_OPTIMIZERS),
     calls=(

@@ -188,14 +188,15 @@ check_contract("lab05", "ex1", ce_grad)
 #
 # **You are given:** a fresh `model`, its input `X` and labels `y`; PyTorch's
 # `register_forward_hook` on modules and `register_hook` on tensors; chapter 5.9 describes the
-# same recorder (`helpers.gradflow.GradFlowRecorder`).
+# same recorder (`helpers.gradflow.GradFlowRecorder`: compare with it in a scratch cell; called
+# in your answer, it or `record_grad_flow` scores 0 for the exercise).
 #
 # Write `record_output_grad_norms(model, X, y)` for any `nn.Module` `model`, `X` its input
 # and `y` int64 class labels: for every **leaf** module (one without children; the names
 # `model.named_modules()` gives, skipping the root's empty name), register a **forward hook**
 # that, when the module runs, registers a **tensor hook** on its output (not a module's backward
-# hook: the method is the point here); the tensor hook stores
-# `grad.norm().item()` (a Python float) under the module's **name** (a str: `"0"`, `"1"`, … in
+# hook, nor `retain_grad`: the method is the point here, and the check refuses both); the tensor
+# hook stores `grad.norm().item()` (a Python float) under the module's **name** (a str: `"0"`, `"1"`, … in
 # an `nn.Sequential`, `"blocks.0.linear"` when layers are nested). Then run
 # `L = F.cross_entropy(model(X), y)` and `L.backward()`, remove every hook you registered (even
 # if something raised: `try`/`finally`), and return the dict `{name: norm}`, each norm being

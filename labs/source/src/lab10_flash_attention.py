@@ -712,9 +712,12 @@ check_contract("lab10", "ex4", tiled_backward)
 #    running max then, and what does $e^{S - m_\text{new}}$ give? In the backward, $P = e^{S - L}$
 #    is *not* zero where $S$ was masked (you recompute $S$ without the mask). Both must work
 #    for `Nq = Nk`, `Nq < Nk`, `Nq > Nk`, with a window, `window=1`, rows that see no key in
-#    the first tile they visit (no NaN), and B > 1. They keep calling `alibi_tile` and
-#    `row_D` as before: the hidden tests run the course's there, so a mistake in Exercises 2
-#    or 3 costs points once.
+#    the first tile they visit (no NaN), a key a row may not see that scores thousands above
+#    the keys it sees (no NaN either), and B > 1. They keep calling `alibi_tile` and `row_D`
+#    as before: the hidden tests run the course's there, so a mistake in `alibi_tile` or
+#    `row_D` costs points once. But `tiled_forward` and `tiled_backward` themselves are graded
+#    again here, with `causal=True`: a mistake in them, or a broken rule (values read out,
+#    entries written), costs points in Exercise 2 or 4 and here too.
 #
 # <details><summary>Hint 1 of 4 · the idea: two comparisons in global indices</summary>
 #

@@ -33,8 +33,9 @@
 #
 # The optimizer steps are **functions**: they take a parameter `theta`, its gradient `g` and
 # the optimizer's state for that parameter, and return the new `theta` and the new state (you
-# may compute new tensors or update the given ones in place and return them: what you
-# return is judged). Each check is one step from a given state, as `torch.optim` would take
+# may compute new tensors, or update `theta` and the given state in place and return them:
+# what you return is judged). The gradient `g` stays as it was, as `p.grad` does in
+# `torch.optim`: a step that writes into it is a ✗. Each check is one step from a given state, as `torch.optim` would take
 # it with that state in `opt.state[p]`; ten of them in a row are ten steps. Use `torch.optim`
 # in a scratch cell to experiment, never inside a graded step: a step that calls the `step`
 # of a `torch.optim` optimizer (or the course's `helpers.optim`) scores 0 for its exercise,
@@ -77,7 +78,8 @@ from helpers.labcontract import check_contract
 # L2 weight decay), and `torch.optim.SGD` to experiment with.
 #
 # Write `sgd_step(theta, g, buf, lr, momentum=0.0, dampening=0.0, nesterov=False,
-# weight_decay=0.0)` (the order of `torch.optim.SGD`'s arguments), for one parameter `theta`
+# weight_decay=0.0)` (`torch.optim.SGD`'s names; its own order puts `weight_decay` before
+# `nesterov`, so pass them by name), for one parameter `theta`
 # (a vector or a weight matrix, float64) and its gradient `g` (same shape), returning
 # `(theta, buf)` after one step, exactly as `torch.optim.SGD` does with `buf` as its momentum
 # buffer: `buf` is `None` before the first step and a tensor of `theta`'s shape after. With
