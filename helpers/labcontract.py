@@ -1014,7 +1014,12 @@ def _run_case(fn, case: dict, spec: dict) -> tuple[str, str | None]:
     outputs = spec["outputs"]
     if len(outputs) > 1 and isinstance(got, (tuple, list)) and any(v is Ellipsis for v in got):
         return "partial", None  # some outputs still `...`: labcheck says which
-    changed = not_in_place(spec.get("in_place"), _changed(fn, given, args, given_kw, kwargs, versions))
+    allowed = spec.get("in_place")
+    changed = (
+        []
+        if allowed is True
+        else not_in_place(allowed, _changed(fn, given, args, given_kw, kwargs, versions))
+    )
     if changed:
         return (
             "fail",
@@ -1427,15 +1432,22 @@ def layer_after(answer, args, kwargs, layer=0):
     one), "the same Parameter" or "a new object", "True" or "False" (weight.requires_grad), "no graph" or "a graph"):
     an in-place step."""
     obj = args[layer]
-    before, values = obj.weight, obj.weight.detach().clone()
+    before, values, version = obj.weight, obj.weight.detach().clone(), obj.weight._version
     out = answer(*args, **kwargs)
     if (out is None or out is Ellipsis) and obj.weight is before and torch.equal(before.detach(), values):
         raise Stub("returned None and changed nothing")
+    # values changed with the version counter still: written through .data, which a pending backward
+    # that saved the weight cannot notice (a newcomer's `layer.weight.data += …` got ✓ before)
+    unseen = obj.weight is before and version == before._version and not torch.equal(before.detach(), values)
     return (
         "the layer" if out is obj else "None" if out is None else f"a {type(out).__name__}",
         obj.weight.detach().clone(),
         "None" if obj.bias is None else obj.bias.detach().clone(),
-        "the same Parameter" if obj.weight is before else "a new object",
+        "the same Parameter, changed through .data (autograd cannot see it)"
+        if unseen
+        else "the same Parameter"
+        if obj.weight is before
+        else "a new object",
         str(bool(obj.weight.requires_grad)),
         "no graph" if obj.weight.grad_fn is None else "a graph",
     )
@@ -1611,10 +1623,14 @@ def checkpoint_run(answer, args, kwargs, method=None, x_at=0, data_x=False, froz
 
 
 @probe
-def scaler_step(answer, args, kwargs):
+def scaler_step(answer, args, kwargs, stale=None):
     """(scale, tracker, "stepped"/"skipped" (a bool's meaning; another type as itself), the parameters after in one
-    vector) of answer(params, loss_fn, …), params built as fresh leaves from args[0]: a loss-scaling step (lab 9)."""
+    vector) of answer(params, loss_fn, …), params built as fresh leaves from args[0]: a loss-scaling step (lab 9).
+    ``stale``: each parameter arrives with a leftover ``.grad`` of that value (a step that reads ``.grad``
+    after its own ``backward()`` adds it in)."""
     params = [p.detach().clone().requires_grad_() for p in args[0]]
+    for p in params if stale is not None else ():
+        p.grad = torch.full_like(p, stale)
     out = _given(answer(params, *args[1:], **kwargs))
     if not isinstance(out, tuple) or len(out) != 3:
         return out

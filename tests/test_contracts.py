@@ -374,7 +374,9 @@ def test_an_argument_written_in_place_to_the_same_values_gets_a_cross_on_both_si
     c = contract.load("lab10_flash_attention")
     with pytest.raises(AssertionError, match="changed its argument"):
         c.hidden_check("ex3", row_D, c.exercises["ex3"].classes[0].name)
-    assert labcontract.evaluate_contract("lab10", "ex3", lambda O, grad_O: (O * grad_O).sum(-1)).line[0] == "✓"
+    assert (
+        labcontract.evaluate_contract("lab10", "ex3", lambda O, grad_O: (O * grad_O).sum(-1)).line[0] == "✓"
+    )
 
 
 def test_a_none_returned_by_an_answer_that_works_elsewhere_is_not_called_a_stub():

@@ -1915,6 +1915,25 @@ def test_quantized_tensors_are_off_the_list_and_a_classs_own_dunder_alias_is_ord
     assert reach.unlisted("f = __import__", reach.scope([], ["f = __import__"]), "any")
 
 
+def test_a_course_forward_is_ordinary_in_a_by_hand_answer_and_a_course_backward_is_not():
+    """Lab 7 promises "every forward function": a newcomer's block backward that recomputed h1 with
+    `helpers.functions.layernorm_forward` went to review (3 of 3 points pending). A function the course
+    defines whose name says no gradient is on the by-hand list; a backward, a Jacobian, the checks'
+    own modules and anything reached through a helper module's attributes are not."""
+    import reach
+
+    sc = reach.scope(["import torch"], [])
+    ok = "from helpers.functions import layernorm_forward\ndef f(x, g, b):\n    return layernorm_forward(x, g, b, 1e-5)"
+    assert reach.unlisted(ok, sc, "by_hand") == []
+    for bad in (
+        "from helpers.functions import layernorm_backward",
+        "import helpers.functions\nj = helpers.functions.torch.func.jacrev",
+        "from helpers.labcontract import traced",
+        "from helpers.gradflow import record_grad_flow",
+    ):
+        assert reach.unlisted(bad, sc, "by_hand"), bad
+
+
 def test_what_the_worker_says_was_used_is_repeated_only_if_the_exercise_forbids_it():
     """Issue 33's second red team wrote a hidden test's inputs into the worker's record of by-hand
     violations; the harness printed it in the student's note ("used y_hat=1.186 | y=-1.4 | …")."""

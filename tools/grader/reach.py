@@ -480,7 +480,7 @@ def allowed(kind: str, text: str, tier: str) -> bool:
     a = ALLOWED[tier]
     if (kind == "import" and text in BARE_IMPORTS) or (kind == "dotted" and text in EXITS):
         return True
-    if kind in ("dotted", "import") and tier == "any" and _course_helper(text):
+    if kind in ("dotted", "import") and _course_helper(text) and (tier == "any" or _course_forward(text)):
         return True
     if kind == "import":  # a module, or an object imported from one (`from helpers.show import show`)
         return text in a["imports"] or text in a["dotted"]
@@ -510,6 +510,25 @@ COURSE_HELPERS = re.compile(r"helpers(\.(?!labcontract\b)[A-Za-z]\w*)*")
 def _course_helper(text: str) -> bool:
     """Whether a module path is the course's helpers or a public name in one (`helpers.cat_mlp.cat_params`)."""
     return COURSE_HELPERS.fullmatch(text) is not None
+
+
+def _course_forward(text: str) -> bool:
+    """Whether a path names a forward the course defines, ``helpers.<module>.<function>``, whose name says
+    no gradient (``NOT_MATH``, "jacobian") in a module that is not the checks' (``lab*``): what a by-hand
+    answer may call, as the labs promise ("every forward function": a newcomer's lab 7 answer calling
+    ``layernorm_forward`` went to review). The course's backwards are refused at run time besides."""
+    import importlib
+
+    parts = text.split(".")
+    if len(parts) != 3 or parts[1].startswith(("lab", "_")) or parts[2].startswith("_"):
+        return False
+    if NOT_MATH.search(parts[2]) or re.search("jacob|numgrad|numerical", parts[1] + "." + parts[2]):
+        return False
+    try:
+        obj = getattr(importlib.import_module(".".join(parts[:2])), parts[2])
+    except Exception:  # noqa: BLE001 - not a course function: not on the list
+        return False
+    return callable(obj) and (getattr(obj, "__module__", "") or "").startswith("helpers.")
 
 
 def describe(kind: str, text: str) -> str:

@@ -497,7 +497,11 @@ class Contract:
             except ByHand as e:
                 raise AssertionError(f"{ex.title} {e} when {name}") from None
             names = _parameters(ex.signature)  # the grader's handle to the answer tells no names
-            changed = not_in_place(ex.in_place, _changed(fn, given, args, given_kw, kwargs, versions, names))
+            changed = (
+                []
+                if ex.in_place is True
+                else not_in_place(ex.in_place, _changed(fn, given, args, given_kw, kwargs, versions, names))
+            )
             assert not changed, (
                 f"{ex.title} changed its argument(s) {' and '.join(changed)} in place when {name}"
             )

@@ -40,9 +40,11 @@ def directional_derivatives(f, x, U, eps=1e-6):
     return out
 
 
-def _directions(fname: str, shape, k: int, seed: int, eps=None, dtype=F64) -> Case:
+def _directions(fname: str, shape, k: int, seed: int, eps=None, dtype=F64, long=False) -> Case:
     x = randn(*shape, seed=seed, dtype=dtype)
     U = randn(k, *shape, seed=seed + 1, dtype=dtype)  # random lengths: not unit directions
+    if long:  # entries 10 and more: ε² Σ u³ ≥ 2000 ε², so another default eps shows
+        U = 10 * (U.abs() + 1)
     args = (FUNCTIONS[fname], x, U) + (() if eps is None else (eps,))
     return Case(args)
 
@@ -80,8 +82,9 @@ ex1 = Exercise(
         CaseClass(
             "eps is left at its default (1e-6)",
             st.tuples(sides, st.integers(2, 4)),
-            # Σ x³: another eps shows as ε² Σ u³ (about 1e-6 at eps = 1e-3), round-off stays near 1e-9
-            lambda p, s: _directions("sum_of_cubes", (p[0],), p[1], s),
+            # Σ x³ along long directions: another eps shows as ε² Σ u³ (≥ 2e-7 at eps = 1e-5, a
+            # newcomer's default), round-off stays near 1e-9
+            lambda p, s: _directions("sum_of_cubes", (p[0],), p[1], s, long=True),
             atol=1e-8,
             rtol=1e-10,
         ),

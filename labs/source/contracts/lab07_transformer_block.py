@@ -222,6 +222,12 @@ ex2 = Exercise(
             **F32_TOL,
         ),
         large_class("h (4, 8, 16), d_ff 64", lambda s: _ffn_case((4, 8), 16, 64, s, "gelu"), **F64_TOL),
+        # each activation's path measured: a newcomer's ReLU branch read every entry with .item() (✓ before)
+        large_class(
+            'h (4, 8, 16), d_ff 64, activation="relu"',
+            lambda s: _ffn_case((4, 8), 16, 64, s, "relu"),
+            **F64_TOL,
+        ),
     ],
     points=2,
     by_hand=("autograd", "helpers.block.block_manual_backward", "helpers.numgrad.linear_backward"),

@@ -497,11 +497,11 @@ def scaled_step(params, loss_fn, scale, tracker, lr, growth_interval=2000):
     return (scale * 2, 0, True) if tracker >= growth_interval else (scale, tracker, True)
 
 
-def _ex5(loss: str, scale: float, tracker: int, lr: float, seed: int, gi=None) -> Case:
+def _ex5(loss: str, scale: float, tracker: int, lr: float, seed: int, gi=None, stale=None) -> Case:
     W = randn(3, 4, seed=seed, dtype=F32)
     params = [W] if loss == "fp16_tiny_loss" else [W, 0.5 * randn(3, seed=seed + 1, dtype=F32)]
     args = (params, FUNCTIONS[loss], scale, tracker, lr) + (() if gi is None else (gi,))
-    return Case(args, factors={"scale": scale, "lr": lr})
+    return Case(args, factors={"scale": scale, "lr": lr}, options={} if stale is None else {"stale": stale})
 
 
 STEP_TOL = {"atol": 1e-6, "rtol": 1e-5}
@@ -548,6 +548,13 @@ ex5 = Exercise(
             "growth_interval is left at its default (2000)",
             st.tuples(st.sampled_from([2.0**2, 2.0**4, 2.0**6]), lrs),
             lambda p, s: _ex5("fp16_tanh_loss", p[0], 1999, p[1], s),
+            **STEP_TOL,
+        ),
+        CaseClass(
+            # a newcomer's .backward() then p.grad got ✓: each check began with .grad None
+            "the parameters arrive with a leftover .grad (step 1 does not read .grad)",
+            st.tuples(st.sampled_from([2.0**2, 2.0**4, 2.0**6]), lrs, st.sampled_from([0.5, -1.0, 3.0])),
+            lambda p, s: _ex5("fp16_tanh_loss", p[0], 0, p[1], s, gi=8, stale=p[2]),
             **STEP_TOL,
         ),
         CaseClass(

@@ -372,10 +372,12 @@ check_contract("lab08", "ex3", init_adapter)
 # Write `merge_(layer, A, B, s)` and `unmerge_(layer, A, B, s)` for an `nn.Linear` `layer`
 # (trainable or frozen, with or without a bias, float32 or float64; any rank, r = 1 included):
 # change `layer.weight` **in place** (the same `Parameter`; inside `torch.no_grad()`, since
-# autograd must not record this: no graph on the weight afterwards) by $+s\,BA$ or $-s\,BA$, and
-# return `layer` itself. Leave the bias and `requires_grad` alone. The merged layer's output
-# must equal the unmerged $xW^\top + b + s\,(xA^\top)B^\top$ to float tolerance (the additions
-# happen in another order, so not bit for bit), and merge then unmerge must give $W$ back.
+# autograd must not record this: no graph on the weight afterwards; not through `.data`, which
+# hides the change from autograd's version counter, so a backward pending on the old weight
+# would go on silently: the check sees it) by $+s\,BA$ or $-s\,BA$, and return `layer` itself.
+# Leave the bias and `requires_grad` alone. The merged layer's output must equal the unmerged
+# $xW^\top + b + s\,(xA^\top)B^\top$ to float tolerance (the additions happen in another order,
+# so not bit for bit), and merge then unmerge must give $W$ back.
 #
 # <details><summary>Hint 1 of 3 · the idea: change the Parameter, not the name</summary>
 #

@@ -497,7 +497,10 @@ check_contract("lab09", "ex3", checkpoint_rng)
 # parameters, and the cut of the list into segments.
 #
 # **You are given:** your `checkpoint_rng` from exercise 3 (it keeps the RNG state, so the
-# masks repeat) and `ffn_dropout`.
+# masks repeat) and `ffn_dropout`. Unlike the other labs' later exercises, this one is graded
+# with **your** `checkpoint_rng`, not the course's (the checks need your graph, with your
+# `autograd.Function` in it): a mistake in exercise 3 costs points here too, and this
+# exercise's self-check names it first.
 #
 # `layers` is a list of parameter tuples `(W1, b1, W2, b2)`, one per `ffn_dropout` block; the
 # stack computes $x_l = \mathrm{ffn\_dropout}(x_{l-1}, \theta_l)$, `x` of any shape `(..., d)`
