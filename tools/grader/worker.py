@@ -319,6 +319,7 @@ def run_notebook(cells: list, cell_timeout: float | None = None, own_namespace: 
 
 
 def _snapshot(t: torch.Tensor):
+    """(value, version counter, .grad's value, .grad's id): what ``_changed`` and ``on_call`` compare."""
     return (t.detach().clone(), t._version, None if t.grad is None else t.grad.detach().clone(), id(t.grad))
 
 
@@ -354,7 +355,7 @@ def on_call(fn, args, kwargs, opts):
     saved = saved_tensors(ins, wire.tensors(result)) if graph else [[], []]
     # [index, value, .grad, whether .grad is still the same tensor object (edited in place)]
     changed = [
-        [i, t.detach(), t.grad, id(t.grad) == s[2]]
+        [i, t.detach(), t.grad, id(t.grad) == s[3]]
         for i, (t, s) in enumerate(zip(ins, snaps))
         if _changed(t, s)
     ]
