@@ -20,6 +20,10 @@ PY=${PYTHON:-python3}
 export TRITON_INTERPRET=${TRITON_INTERPRET:-1}
 cores=$("$PY" -c "import os; print(len(os.sched_getaffinity(0)))")
 JOBS=${TEST_JOBS:-$(( cores < 4 ? cores : 4 ))}
+# torch's threads per worker: the cores shared out, not a thread per core in every worker (JOBS workers
+# with a thread per core each spun OpenMP threads on cores the other worker needed: on 2 cores the
+# chapters' nbval took 154 s of CPU, 130 s with one thread each); the notebooks' kernels inherit it
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( cores / JOBS > 1 ? cores / JOBS : 1 ))}
 status=0
 # the time per stage is written here by tests/conftest.py and printed last, below pytest's summary
 export BBH_STAGES_FILE=${BBH_STAGES_FILE:-_build/test-stages.txt}
