@@ -22,6 +22,7 @@ checkout and fails outside it.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import importlib
 import importlib.util
@@ -382,6 +383,12 @@ def traced(inner, answer, args, kwargs, options, not_the_answer: tuple = ()) -> 
     try:  # backward on this thread, where the mode sees it
         with torch.autograd.set_multithreading_enabled(False), mode:
             out = _given(run_probe(inner, answer, args, kwargs, options))
+    except BaseException as e:
+        # what the call computed before it raised (out of memory under a cap): every measure only grows,
+        # so a rule it already breaks is broken (``measured`` judges it; the grader's worker sends it back)
+        with contextlib.suppress(BaseException):
+            e.partial_trace = {**mode.seen, "ops": sorted(mode.ops), "ungated": list(ungated), "aliases": []}
+        raise
     finally:
         BackwardCFunction.apply = plain
         _READING.pop()
@@ -462,8 +469,10 @@ def measured(name, answer, args, kwargs, options, rules) -> tuple:
     peer = _boundary(answer)
     if peer is not None:  # under the case's memory cap, if it has one (the kernel's measure stays)
         reply = peer.capped(answer, args, kwargs, name, options, (options or {}).get("cap"), trace=True)
-        if reply["over"]:  # the probe's own words for it: run again through its capped path
-            return run_probe(name, answer, args, kwargs, options), None
+        if reply["over"]:  # the probe's own words for it (run again through its capped path), and the
+            # rules judged on what the call computed before its memory ran out (red team 12: a reader of
+            # every value that ran out of memory kept the rest of the exercise's points)
+            return run_probe(name, answer, args, kwargs, options), reply.get("trace")
         return reply["result"], reply["trace"]
     return traced(name, answer, args, kwargs, options)
 

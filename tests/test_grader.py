@@ -1346,6 +1346,31 @@ def test_a_backward_not_derived_scores_0_for_its_exercise():
     assert got["ex3"][0] == 0 and got["ex5"][0] == 0, got
 
 
+# red team 12: every value read out into Python and the Jacobian built there, as Python lists; in the one
+# class that measures reads (n = 1024, under a 2 MiB memory cap) the lists ran out of memory first
+READER = (
+    "    inner = (grad_P * P).sum(-1, keepdim=True)  # (..., 1): one ⟨g, p⟩ per row\n"
+    "    return P * (grad_P - inner)  # (..., n)",
+    "    n = P.shape[-1]\n"
+    "    rows = []\n"
+    "    for p, g in zip(P.reshape(-1, n).tolist(), grad_P.reshape(-1, n).tolist()):\n"
+    "        J = [[pi * ((i == j) - pj) for j, pj in enumerate(p)] for i, pi in enumerate(p)]\n"
+    "        rows.append([sum(J[j][i] * g[j] for j in range(n)) for i in range(n)])\n"
+    "    return torch.tensor(rows, dtype=P.dtype).reshape(P.shape)",
+)
+
+
+@pytest.mark.sandbox
+@pytest.mark.slow
+def test_a_reader_that_runs_out_of_memory_is_judged_on_what_it_read_before():
+    """The reader passed every small class and failed the capped one as out of memory, with no rule judged
+    there: 5 of 6 classes, 1.67 of 2 points for no backward derived. The capped call now sends back what it
+    computed before its memory ran out (reads only grow), and reading every value breaks a by-hand rule."""
+    got, notes = _grade_in_harness("lab04_custom_functions", [READER], skip=["ex2", "ex3", "ex4", "ex5"])
+    assert got["ex1"][0] == 0, (got, notes)
+    assert any(n.startswith("used ") and "ex1" in n for n in notes), notes
+
+
 @pytest.mark.sandbox
 @pytest.mark.slow
 def test_lab4s_softmax_function_may_call_a_wrong_exercise_1_and_keep_its_points():

@@ -586,8 +586,12 @@ def capped(msg, value):
                     reply = STUB_REPLY
                 PEER.send({"kind": "reply"}, reply, True)
             except BaseException as e:  # noqa: BLE001 - the student's error is the answer
-                if _over_memory(e):
-                    PEER.send({"kind": "reply"}, {"result": None, "over": True}, True)
+                if _over_memory(e):  # with what the call computed before (labcontract.traced), if it fits
+                    partial = getattr(e, "partial_trace", None) if trace else None
+                    try:
+                        PEER.send({"kind": "reply"}, {"result": None, "over": True, "trace": partial}, True)
+                    except MemoryError:
+                        PEER.send({"kind": "reply"}, {"result": None, "over": True}, True)
                 elif IS_STUB(e):
                     PEER.send({"kind": "reply"}, STUB_REPLY, True)
                 else:
