@@ -1076,8 +1076,25 @@ def _diagnosis(fn, case: dict, spec: dict, why: str, ruled_out=frozenset()) -> s
     )
     prefix = f"✗ {spec['title']}: "
     if result.status in ("fail", "error") and result.line.startswith(prefix):
-        return result.line[len(prefix) :]
+        return result.line[len(prefix) :] + _one_tensor(got, tuple(spec["outputs"]))
     return why
+
+
+def _one_tensor(got, outputs: tuple) -> str:
+    """' (h and a are one tensor: …)' when two outputs the answer returned share memory, where the
+    reference's are each their own (an in-place op, a = h.relu_(), changed h after it was computed)."""
+    named = got.items() if isinstance(got, dict) else zip(outputs, got if isinstance(got, tuple) else ())
+    seen: dict = {}
+    for name, t in named:
+        if isinstance(t, torch.Tensor) and t.numel() and t.device.type != "meta":
+            ptr = t.untyped_storage().data_ptr()
+            if ptr in seen:
+                return (
+                    f" ({seen[ptr]} and {name} are one tensor: an in-place op such as relu_ or clamp_ "
+                    f"made {name} by changing {seen[ptr]})"
+                )
+            seen[ptr] = str(name)
+    return ""
 
 
 def _ruled_out(spec: dict, working: list[str]) -> set[str]:
