@@ -1,11 +1,16 @@
 """How long `tools/labs.py grade` takes for a class: N submissions of one lab, sandboxed, --jobs J.
 
-    python benchmarks/grade_speed.py [--lab lab01] [--n 200] [--jobs 2] [--out benchmarks/results/grade_speed.json]
+    python benchmarks/grade_speed.py [--lab lab01] [--n 200] [--jobs 2] [--stallers K] [--out FILE]
 
 The class is a realistic mix made from the lab's own solutions: 60% complete, 25% with the last
 exercise missing, 10% empty, 5% with a cell that raises. Everything is measured in this one run
 (wall-clock seconds of the whole `grade` call, and per submission); the machine's load average
 before and after is recorded, since a busy machine is slower. Not a test.
+
+With ``--stallers K`` the class is graded twice in the same run, at the command's own time limit
+(calibrated on the solutions, as `grade` without --timeout): as made, then with K more notebooks
+that stall (a first cell that catches whatever stops it, so only the notebook's time limit ends
+it); the result holds both times and their ratio (issue 33: at most 1.2 for 200 and 2).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # the folders pyproject's pytest `pythonpath` gives the tests, whose notebook builders this reuses
 for folder in ("tools", "tools/grader", "tests"):
     sys.path.insert(0, str(ROOT / folder))
-from test_grader import _solutions, _submission  # noqa: E402
+from test_grader import STUBBORN_LOOP, _solutions, _submission  # noqa: E402
 
 import labs  # noqa: E402
 
@@ -50,6 +55,7 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "grade_speed.json")
+    ap.add_argument("--stallers", type=int, default=0, help="grade again with this many stalling notebooks")
     a = ap.parse_args(argv)
     lab = labs.resolve_lab(a.lab)
     with tempfile.TemporaryDirectory(prefix="grade-speed-") as d:
@@ -57,10 +63,26 @@ def main(argv=None) -> int:
         subs.mkdir()
         make_class(lab, a.n, subs)
         n = len(list(subs.iterdir()))
+        # the command's own limit with stallers (what they cost is that limit); else the old fixed one
+        timeout = None if a.stallers else labs.DEFAULT_TIMEOUT
         load0 = os.getloadavg()
         t0 = time.monotonic()
-        rows = labs.grade(lab, subs, Path(d) / "out" / "gradebook.csv", jobs=a.jobs)
+        rows = labs.grade(lab, subs, Path(d) / "out" / "gradebook.csv", timeout=timeout, jobs=a.jobs)
         seconds = time.monotonic() - t0
+        stalled = None
+        if a.stallers:
+            sol = _solutions(lab)
+            for k in range(a.stallers):
+                text = _submission(lab, sol, insert=[(0, STUBBORN_LOOP)])
+                (subs / f"student{n + k:03d}_stalls.ipynb").write_text(text)
+            t1 = time.monotonic()
+            more = labs.grade(lab, subs, Path(d) / "out" / "stalled.csv", timeout=timeout, jobs=a.jobs)
+            stalled = {
+                "stallers": a.stallers,
+                "seconds": round(time.monotonic() - t1, 1),
+                "ratio": round((time.monotonic() - t1) / seconds, 3),
+                "stallers_status": sorted(r["status"] for r in more if r["submission"].endswith("_stalls")),
+            }
         load1 = os.getloadavg()
     statuses = {s: sum(r["status"] == s for r in rows) for s in sorted({r["status"] for r in rows})}
     result = {
@@ -76,6 +98,7 @@ def main(argv=None) -> int:
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "sandboxed": True,
+        **({"with_stallers": stalled} if stalled else {}),
     }
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(result, indent=1) + "\n")
