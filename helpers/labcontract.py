@@ -1076,24 +1076,37 @@ def _diagnosis(fn, case: dict, spec: dict, why: str, ruled_out=frozenset()) -> s
     )
     prefix = f"✗ {spec['title']}: "
     if result.status in ("fail", "error") and result.line.startswith(prefix):
-        return result.line[len(prefix) :] + _one_tensor(got, tuple(spec["outputs"]))
+        outputs = tuple(spec["outputs"])
+        return result.line[len(prefix) :] + _one_tensor(got, decode(case["expected"]), outputs)
     return why
 
 
-def _one_tensor(got, outputs: tuple) -> str:
-    """' (h and a are one tensor: …)' when two outputs the answer returned share memory, where the
-    reference's are each their own (an in-place op, a = h.relu_(), changed h after it was computed)."""
-    named = got.items() if isinstance(got, dict) else zip(outputs, got if isinstance(got, tuple) else ())
-    seen: dict = {}
-    for name, t in named:
+def _named(value, outputs: tuple) -> dict:
+    """{output name: value} of a dict answer, or of a tuple one by the exercise's output names."""
+    if isinstance(value, dict):
+        return dict(value)
+    return dict(zip(outputs, value)) if isinstance(value, tuple) else {}
+
+
+def _one_tensor(got, expected, outputs: tuple) -> str:
+    """' (h and a are one tensor: …)' when two outputs the answer returned share memory where the
+    reference's values differ, so both cannot be right (an in-place op, a = h.relu_(), changed h)."""
+    want, seen = _named(expected, outputs), {}
+    for name, t in _named(got, outputs).items():
         if isinstance(t, torch.Tensor) and t.numel() and t.device.type != "meta":
             ptr = t.untyped_storage().data_ptr()
-            if ptr in seen:
+            first, e = seen.get(ptr), want.get(name)
+            if first is not None and not (
+                isinstance(e, torch.Tensor)
+                and isinstance(want.get(first), torch.Tensor)
+                and want[first].shape == e.shape
+                and torch.equal(want[first], e)
+            ):
                 return (
-                    f" ({seen[ptr]} and {name} are one tensor: an in-place op such as relu_ or clamp_ "
-                    f"made {name} by changing {seen[ptr]})"
+                    f" ({first} and {name} are one tensor: an in-place op such as relu_ or clamp_ "
+                    f"made {name} by changing {first})"
                 )
-            seen[ptr] = str(name)
+            seen.setdefault(ptr, str(name))
     return ""
 
 
