@@ -169,6 +169,23 @@ def run_probe(name: str | None, answer, args, kwargs, options: dict | None = Non
 
 _FACTORY = re.compile(r"new_\w+|\w+_like")  # x.new_full(...), torch.zeros_like(x): x's values are not read
 _PRODUCT_OPS = ("mm", "bmm", "addmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "_addmm_activation")
+# ops that evaluate a nonlinearity (a power with a fractional exponent too): a difference along one direction
+# runs the forward's again, where a derived backward of softmax reuses P (rule "nonlinear")
+_NONLINEAR_OPS = frozenset(
+    "exp exp2 expm1 log log2 log10 log1p sqrt rsqrt sigmoid tanh erf erfc erfinv sin cos tan sinh cosh "
+    "asin acos atan atan2 logit xlogy _softmax _log_softmax softmax log_softmax logsumexp special_erfcx".split()
+)
+
+
+def _nonlinear(name: str, a: tuple) -> bool:
+    """Whether the op ``name`` (called on ``a``) evaluates a nonlinearity: an op of ``_NONLINEAR_OPS`` (or its
+    in-place form), or a power whose exponent is not a whole number (x ** 0.5, x ** -1.5; a tensor of them)."""
+    if name.endswith("_") and not name.startswith("_"):
+        name = name[:-1]
+    if name == "pow":
+        e = a[1] if len(a) > 1 else None
+        return not (isinstance(e, (int, float)) and float(e).is_integer())
+    return name in _NONLINEAR_OPS
 
 
 def _boundary(answer):
@@ -302,6 +319,7 @@ def _trace_mode():
                 "writes": 0,
                 "exits": 0,
                 "branches": 0,
+                "nonlinear": 0,
             }
             self.ops: set = set()
             self.given: set = set()  # data_ptr of the call's arguments' storages
@@ -323,6 +341,8 @@ def _trace_mode():
                 for t in _tensors_in(out):  # memory reused after a free integer tensor leaves with its write
                     ptr = t.untyped_storage().data_ptr()
                     (self.free.add if free and not t.is_floating_point() else self.free.discard)(ptr)
+            if _nonlinear(name, a):
+                seen["nonlinear"] += sum(t.numel() for t in _tensors_in(out))
             if name == "_local_scalar_dense":  # .item(), float(t); bool(h[i] > 0) reads a bit
                 _read(self, a[0], 1, 1)
             elif ins and _hands_out_a_value(func, out, ins):
@@ -427,6 +447,9 @@ RULES = {  # name: what is measured; a number is a factor of the reference's mea
     # a comparison read out (if h[i] > 0) is a bit: a branch per entry is derived work, 30 bits per value
     # rebuild the value (red team 6 did, to difference a forward in Python)
     "branches": "the bool entries the answer reads out (if h[i] > 0; bool(), .tolist() of a mask)",
+    # a difference along one direction (the upstream gradient) is the whole vector–Jacobian product where
+    # the Jacobian is symmetric (softmax), for two more evaluations of the forward's nonlinearity
+    "nonlinear": "the entries ops that evaluate a nonlinearity (exp, log, sqrt, tanh, softmax, x ** 0.5) write",
     "avoids": "no op whose name holds one of the words given (forward or backward)",
     "gated": "a custom Function's backward returns None for every input that needs no gradient",
     "new": "every tensor the call returns is new memory: no argument, no view of one",
@@ -438,6 +461,7 @@ _AMOUNT = {
     "writes": lambda m: m["writes"],
     "exits": lambda m: m.get("exits", 0),
     "branches": lambda m: m.get("branches", 0),
+    "nonlinear": lambda m: m.get("nonlinear", 0),
 }
 
 
@@ -483,6 +507,7 @@ BY_HAND_RULES = {
     "writes": "finite differences (work that grows with the number of inputs times a forward pass)",
     "exits": "values read out of tensors into Python or NumPy, where no work is measured",
     "branches": "values read out of tensors bit by bit (comparisons), where no work is measured",
+    "nonlinear": "the forward's nonlinearity evaluated again (a difference along one direction, not a backward)",
 }
 
 
@@ -530,6 +555,12 @@ def broken_rule(rules: dict, seen: dict, bounds: dict) -> str | None:
                     f"reads {seen['branches']:,} comparisons out of tensors (if h[i] > 0, bool(), a mask's "
                     f".tolist()) where {bounds[rule]:,.0f} suffice (two per entry): that many rebuild values "
                     "bit by bit (0 points for the exercise when graded)"
+                )
+            if rule == "nonlinear":
+                return (
+                    f"evaluates exp, log, sqrt, softmax and such on {seen['nonlinear']:,} entries where "
+                    f"{bounds[rule]:,.0f} suffice: the forward run again (a difference along one direction, "
+                    "not a backward): 0 points for the exercise when graded"
                 )
             _, op, shape = seen["reads"]
             return f"uses {op} on a {tuple(shape)} tensor at once, where no step needs more than {bounds[rule]:,.0f} entries"

@@ -1303,6 +1303,21 @@ MUTANTS = {
             )
         ],
     ),
+    # red team 7's: softmax's Jacobian is symmetric, so a central difference along grad_P is the whole product
+    # (two forward passes, exact to the tolerance); the large class bounds what exp, log, softmax compute
+    "softmax again along grad_P (lab 4 ex1)": (
+        "lab04_custom_functions",
+        "ex1",
+        [
+            (
+                "    inner = (grad_P * P).sum(-1, keepdim=True)  # (..., 1): one ⟨g, p⟩ per row\n"
+                "    return P * (grad_P - inner)  # (..., n)",
+                "    s = grad_P.abs().amax(-1, keepdim=True).clamp_min(1e-300)\n"
+                "    Z, d, e = P.double().log(), (grad_P / s).double(), 1e-5\n"
+                "    return (s * (torch.softmax(Z + e * d, -1) - torch.softmax(Z - e * d, -1)) / (2 * e)).to(P.dtype)",
+            )
+        ],
+    ),
     "micro-batch losses summed (lab 11)": (
         "lab11_training_by_hand",
         "ex5",
@@ -1329,6 +1344,15 @@ def test_a_mistake_seen_only_through_the_boundary_loses_points(name):
         for q, (p, n) in got.items()
         if q not in mutated and not (lab.startswith("lab09") and q == "ex4")
     ), got
+
+
+@pytest.mark.sandbox
+@pytest.mark.slow
+def test_a_difference_along_one_direction_scores_0_for_its_exercise():
+    """Red team 7 kept lab 4 ex1 in full with softmax differenced along grad_P (two forward passes, right to
+    the tolerance in every class): the large class counts what exp, log and softmax compute, none here."""
+    got = _graded_with_mistakes(_mutant_group("softmax again along grad_P (lab 4 ex1)"))
+    assert got["ex1"][0] == 0, got
 
 
 @pytest.mark.sandbox

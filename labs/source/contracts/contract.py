@@ -103,16 +103,31 @@ WORK_FACTOR = 10
 BY_HAND_WORK = {"writes": WORK_FACTOR, "exits": WORK_FACTOR, "branches": two_per_entry}
 
 
-def large_class(sizes: str, make: Callable[[int], Case], **tol) -> CaseClass:
+def no_nonlinearity(*args, **kwargs) -> int:
+    """The "nonlinear" bound of a backward whose nonlinearity is given (P = softmax(Z)): a derived one
+    evaluates none, where a difference of softmax along grad_P evaluates log P and two softmaxes."""
+    return 0
+
+
+def no_directional_difference(bound: Callable) -> dict:
+    """The large class's rules where the Jacobian is symmetric (softmax): a difference along the upstream
+    gradient is then the whole product, for two more passes of the forward, so the entries that exp, log,
+    softmax and such compute are bounded too (``bound``: of the case's arguments; the references here go
+    through autograd at log P, so no factor of theirs would do)."""
+    return {**BY_HAND_WORK, "nonlinear": bound}
+
+
+def large_class(sizes: str, make: Callable[[int], Case], rules: dict = BY_HAND_WORK, **tol) -> CaseClass:
     """The prompt's "by hand, no finite differences", measured: one case large enough that one forward pass
-    per input entry writes hundreds of times the entries a derived backward writes (rule "writes")."""
+    per input entry writes hundreds of times the entries a derived backward writes (rule "writes";
+    ``rules``: more of them, as ``no_directional_difference``)."""
     return CaseClass(
         f"the tensors are large ({sizes}): the work grows with the sizes, not with their product",
         st.integers(0, 10),  # no free size: the draw only moves the seed
         lambda i, seed: make(seed + i),
         public=1,
         hidden=1,
-        rules=BY_HAND_WORK,
+        rules=rules,
         **tol,
     )
 

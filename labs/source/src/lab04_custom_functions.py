@@ -33,8 +33,10 @@
 # writes, room enough for any derived backward on rows and matrices (loops over rows or samples and float64 copies included; a loop over every single entry may not fit).
 # Values read out of tensors into Python or NumPy there (`.item()`, `float()`, `.tolist()`,
 # `.numpy()`, printing) count too, at most 8 (a count or a norm, not a tensor), and comparisons
-# read out (`if h[i] > 0`) at most two per entry: work done outside tensors cannot be measured. A
-# backward over any of these limits scores 0 for its exercise, as one that calls autograd does;
+# read out (`if h[i] > 0`) at most two per entry: work done outside tensors cannot be measured. In
+# exercises 1 and 2 that case also counts the entries `exp`, `log`, `sqrt`, softmax and such compute,
+# at most 2 × what the course's code computes: a difference of the forward along one direction is not
+# a backward either. A backward over any of these limits scores 0 for its exercise, as one that calls autograd does;
 # so does one that calls a backward pass of the course's `helpers`, unless the lab's own code uses it for you and the exercise does not name it.
 
 # %% tags=["remove-cell"]
