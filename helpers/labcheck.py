@@ -554,7 +554,7 @@ def _diagnose(
     if len(found) == 1:
         return f"{name} matches {found[0]}"
     if found:
-        return f"{name} matches {found[0]}, or {' or '.join(found[1:])}: the same numbers on this case"
+        return f"{name} matches {', or '.join(found)}: the same numbers on this case"
     if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
         return None
     for label, t in terms:
