@@ -187,10 +187,24 @@ def _where(e: BaseException) -> str:
     return ""
 
 
-def _failure(name: str, e: BaseException) -> CheckResult:
-    """The ✗ line for an exception the learner's answer raised (or this module raised on it)."""
+# what Python's own wording of an error leaves a learner to guess
+_GLOSSES = {
+    # PEP 479: a next() that runs out inside a generator becomes this RuntimeError
+    "generator raised StopIteration": " (a next() inside a generator ran out: an iterator gave fewer items "
+    "than the code asked for, e.g. fewer gradients than the flags it zips them with)",
+}
+
+
+def error_text(e: BaseException) -> str:
+    """'Type: first line of the message', with a gloss where Python's wording hides the cause."""
     msg = _first_line(e)
     text = f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+    return text + _GLOSSES.get(msg, "")
+
+
+def _failure(name: str, e: BaseException) -> CheckResult:
+    """The ✗ line for an exception the learner's answer raised (or this module raised on it)."""
+    text = error_text(e)
     frames = [f for f, _ in traceback.walk_tb(e.__traceback__)][1:]
     if frames and _frame_kind(frames[-1]) == "checker" and "learner" not in map(_frame_kind, frames):
         # raised by the check's own code, on what the learner's code returned: not the learner's line

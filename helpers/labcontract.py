@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from helpers.checks import close
-from helpers.labcheck import CheckResult, Stub, _is_todo_error, evaluate, on_device
+from helpers.labcheck import CheckResult, Stub, _is_todo_error, error_text, evaluate, on_device
 
 __all__ = [
     "check_contract",
@@ -1044,7 +1044,7 @@ def _run_case(fn, case: dict, spec: dict) -> tuple[str, str | None]:
     except ByHand as e:
         return "fail", str(e)
     except Exception as e:  # noqa: BLE001 - a learner's error is a verdict
-        return ("todo", None) if _is_todo_error(e) else ("error", f"{type(e).__name__}: {e}")
+        return ("todo", None) if _is_todo_error(e) else ("error", error_text(e))
     if (
         got is None
         or got is Ellipsis
@@ -1091,7 +1091,7 @@ def _diagnosis(fn, case: dict, spec: dict, why: str, ruled_out=frozenset()) -> s
     except ByHand as e:
         return str(e)
     except Exception as e:  # noqa: BLE001 - a learner's error is a verdict
-        return f"error in your code: {type(e).__name__}: {e}"
+        return f"error in your code: {error_text(e)}"
     result = evaluate(
         got,
         decode(case["expected"]),

@@ -375,6 +375,19 @@ def test_an_error_inside_course_code_is_reported_at_the_learners_call(capsys):
     assert "RuntimeError: mat1 and mat2 shapes cannot be multiplied" in line and "(in my_mm, line" in line
 
 
+def test_a_next_that_runs_out_in_a_generator_is_explained_not_only_named():
+    """Python says "generator raised StopIteration" (PEP 479); a newcomer who zipped flags with fewer
+    gradients (lab 9: chapter 9's needs_input_grad[1:] where this Function needs [2:]) read nothing more."""
+    flags = (True, True, True)
+
+    def my_grads(x):
+        got = iter([x, x])  # two gradients, three flags
+        return tuple(next(got) if n else None for n in flags)
+
+    line = evaluate(my_grads, (X, X, X), args=(X,)).line
+    assert "RuntimeError: generator raised StopIteration (a next() inside a generator ran out" in line, line
+
+
 def test_every_diagnosis_is_one_short_line():
     factors = {"B": 8, "√d": 4.0, "α/r": 2.0, "N/(N−1)": 8 / 7}
     for got in (G / 8, -G, G * 2.5, torch.zeros_like(G)):
