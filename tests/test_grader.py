@@ -409,19 +409,30 @@ def _under(pid: int, ancestor: int, rows) -> bool:
     return False
 
 
+def _is_worker(p: int, pp: int, args: str, rows) -> bool:
+    """A grader worker: started cold (tools/grader/worker.py), or forked by a zygote (its command line
+    is the zygote's: a child of one, or a child of such a child)."""
+    zygotes = {q for q, _, a in rows if "/grader/zygote.py" in a}
+    return "/grader/worker.py" in args or ("/grader/zygote.py" in args and pp in zygotes)
+
+
 def _workers_under(pid: int) -> list[int]:
-    """The grader workers (tools/grader/worker.py) among pid's descendants."""
+    """The grader workers among pid's descendants."""
     rows = _processes()
-    return [p for p, _, args in rows if "/grader/worker.py" in args and _under(p, pid, rows)]
+    return [p for p, pp, args in rows if _is_worker(p, pp, args, rows) and _under(p, pid, rows)]
 
 
 def _leftovers() -> list[str]:
-    """Grading processes still running that this test process started, or orphaned workers (a daemon that escaped)."""
+    """Grading processes still running that this test process started (but the warm start its in-harness
+    gradings keep, ``_zygote``), or orphaned workers (a daemon that escaped)."""
     rows = _processes()
+    ours = {run._zygote.pid for run in _RUNS if run._zygote is not None}
     return [
         args
         for p, pp, args in rows
-        if ("/grader/worker.py" in args or "harness.py" in args) and (_under(p, os.getpid(), rows) or pp == 1)
+        if (_is_worker(p, pp, args, rows) or "harness.py" in args or "/grader/zygote.py" in args)
+        and p not in ours
+        and (_under(p, os.getpid(), rows) or pp == 1)
     ]
 
 
@@ -795,9 +806,24 @@ def test_a_grading_stopped_with_sigterm_leaves_no_folder_and_no_process(tmp_path
     assert not _leftovers()
 
 
+_RUNS: list = []
+
+
+def _zygote() -> str | None:
+    """This test process's warm start (``tools/grader/zygote.py``), kept as a grading run keeps it:
+    the in-harness gradings below fork their workers from it (None where it cannot run: not root)."""
+    if not _RUNS:
+        import atexit
+
+        _RUNS.append(labs.Run())
+        atexit.register(_RUNS[0].close)
+    return _RUNS[0].zygote()
+
+
 def _harness_grade(lab, nb, **spec) -> dict:
-    """The harness's result for notebook `nb` (a notebook or its JSON text), its worker sandboxed;
-    ``spec``: more of the harness's settings (case_timeout)."""
+    """The harness's result for notebook `nb` (a notebook or its JSON text), its worker sandboxed
+    and forked from the warm start where there is one; ``spec``: more of the harness's settings
+    (case_timeout)."""
     import harness
 
     with tempfile.TemporaryDirectory() as d:
@@ -807,13 +833,17 @@ def _harness_grade(lab, nb, **spec) -> dict:
             (home / "submission.ipynb").write_text(nb)
         else:
             nbformat.write(nb, home / "submission.ipynb")
-        cmd = sandbox.command(home, sandbox.worker_argv(), helpers_dir=ROOT / "helpers")
+        zygote = _zygote()
+        cmd = sandbox.command(
+            home, sandbox.worker_argv(), helpers_dir=ROOT / "helpers", hold=zygote is not None
+        )
         return harness.grade(
             {
                 "source": str(labs.source_path(lab)),
                 "worker": cmd,
                 "timeout": TIMEOUT,
                 "notebook": str(home / "submission.ipynb"),
+                "zygote": zygote,
                 **spec,
             }
         )

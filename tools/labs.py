@@ -605,6 +605,10 @@ class Run:
         self.closing = False
         self._cases: dict[str, Path] = {}
         self._server: subprocess.Popen | None = None
+        self._zygote: subprocess.Popen | None = None
+        self._zygote_path: str | None = None
+        # the warm start (tools/grader/zygote.py): bubblewrap as root, unless BBH_ZYGOTE=0
+        self.warm = mode == "bwrap" and os.geteuid() == 0 and os.environ.get("BBH_ZYGOTE", "1") != "0"
 
     def start_harness(self, spec: Path, lab: str) -> int:
         """Start a harness on ``spec`` (its folder is its working directory); its pid. Forked by one
@@ -628,6 +632,42 @@ class Run:
             self.procs.add(pid)
             return pid
 
+    def zygote(self) -> str | None:
+        """The socket of this run's zygote (started at the first call: it imports torch once), or None
+        when it did not start (each worker then starts cold, as ``python worker.py``)."""
+        if not self.warm:
+            return None
+        with self._lock:
+            if self._zygote is None:
+                import socket
+
+                path = str(self.dir / "zygote.sock")  # in the run's folder: root's alone
+                log = self.dir / "zygote.log"  # what it refused, and why
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener, log.open("wb") as err:
+                    listener.bind(path)
+                    listener.listen(64)
+                    self._zygote = subprocess.Popen(
+                        [sys.executable, "-I", str(ROOT / "tools" / "grader" / "zygote.py")],
+                        stdin=listener.fileno(),
+                        stdout=subprocess.PIPE,
+                        stderr=err,
+                        env=sandbox.environment(),
+                        cwd="/",
+                        start_new_session=True,
+                    )
+                ready = (
+                    select.select([self._zygote.stdout], [], [], 180)[0] and self._zygote.stdout.readline()
+                )
+                if ready == b"ready\n":
+                    self._zygote_path = path
+                else:
+                    self._zygote.kill()
+                    print(
+                        "[grade] the warm start did not start: each submission's worker imports torch itself",
+                        flush=True,
+                    )
+            return self._zygote_path
+
     def hidden_cases(self, lab: str) -> Path:
         """The lab's hidden cases and the references' outputs on them, drawn once for the whole run
         (each harness would draw them again: about 1 s of a lab 8 submission's 3.3), in this run's
@@ -646,9 +686,10 @@ class Run:
                 os.killpg(pid, signal.SIGKILL)
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.kill()
-            self._server.wait()
+        for server in (self._server, self._zygote):
+            if server is not None:
+                server.kill()
+                server.wait()
         self.kill_all()
         remove_tree(self.dir)
 
@@ -751,15 +792,18 @@ def run_harness(run: Run, lab: str, name: str, nb, timeout: float, skip, unsafe:
     ctl.mkdir()
     nbformat.write(nb, home / "submission.ipynb")
     limits = {"cpu_s": int(timeout * 2) + 30}
+    zygote = None
     if unsafe:
         worker = sandbox.unsafe_command(sandbox.worker_argv(home), **limits)
     else:
+        zygote = run.zygote()
         worker = sandbox.command(
             home,
             sandbox.worker_argv(),
             helpers_dir=ROOT / "helpers",
             uid=run.next_uid(),
             mode=run.mode,
+            hold=zygote is not None,
             **limits,
         )
     spec = {
@@ -780,6 +824,7 @@ def run_harness(run: Run, lab: str, name: str, nb, timeout: float, skip, unsafe:
         "notebook": str(home / "submission.ipynb"),
         "released": str(student_path(lab)),
         "cases": str(run.hidden_cases(lab)),
+        "zygote": zygote,
     }
     (ctl / "spec.json").write_text(json.dumps(spec))
     if run.closing:

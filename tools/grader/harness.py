@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import reach  # noqa: E402  (beside this file, the folder the script runs from)
+import sandbox  # noqa: E402
 import torch
 import wire  # noqa: E402
 from torch.autograd.function import once_differentiable
@@ -309,11 +310,16 @@ class Student:
         cell_timeout: float | None = None,
         cells: list[reach.Cell] = (),
         reap: bool = False,
+        zygote: str | None = None,
     ):
-        self.proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
-        )
-        self.peer = HarnessPeer(self.proc.stdout, self.proc.stdin)
+        if zygote:  # a held sandbox: the zygote forks the worker into it (sandbox.start_held)
+            self.proc, rfile, wfile = sandbox.start_held(argv, zygote, start_timeout)
+        else:
+            self.proc = subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+            )
+            rfile, wfile = self.proc.stdout, self.proc.stdin
+        self.peer = HarnessPeer(rfile, wfile)
         self.peer.forbidden = {q: set(names) for q, names in forbidden.items()}
         self.peer.used = {}
         self.peer.returned_nothing = set()
@@ -378,6 +384,9 @@ class Student:
         except OSError:
             pass
         self.proc.wait()
+        for f in (self.peer.rfile, self.peer.wfile):
+            with contextlib.suppress(OSError):
+                f.close()
 
 
 # ------------------------------------------------------------- comparisons
@@ -467,7 +476,15 @@ def grade(spec: dict) -> dict:
         left = spec["timeout"] - (time.monotonic() - started)
         if left <= 1:
             raise TimeoutError("no time left")
-        return Student(spec["worker"], forbidden, left, cell_timeout, checked.cells, bool(spec.get("reap")))
+        return Student(
+            spec["worker"],
+            forbidden,
+            left,
+            cell_timeout,
+            checked.cells,
+            bool(spec.get("reap")),
+            spec.get("zygote"),
+        )
 
     # Every note a hidden test leads to names its exercise: it then shows with that exercise's result,
     # which Gradescope hides until the due date (red team 8 read one bit of a hidden input per submission

@@ -639,6 +639,32 @@ def make_cgroups(bases: list[str], holder: int, memory_mb: int, nproc: int) -> l
 # ------------------------------------------------------------------ the sandbox's command line
 
 
+def environment(env: dict | None = None) -> dict:
+    """The submission's environment variables (``env`` added): the same in the sandbox and in the zygote."""
+    return {
+        "PATH": "/usr/bin:/bin",
+        "HOME": HOME,
+        "MPLCONFIGDIR": "/tmp",
+        "TMPDIR": "/tmp",
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "LANG": "C.UTF-8",
+        **(env or {}),
+    }
+
+
+def process_limits(spec: dict) -> dict[str, int]:
+    """The per-process limits of ``spec`` ({RLIMIT name: bytes or seconds}): prlimit's, and the zygote's setrlimit's."""
+    return {
+        "RLIMIT_AS": spec["process_memory_mb"] * MiB,
+        "RLIMIT_CPU": spec["cpu_s"],
+        "RLIMIT_NPROC": spec["nproc"],
+        "RLIMIT_FSIZE": spec["fsize_mb"] * MiB,
+        "RLIMIT_CORE": 0,
+    }
+
+
 def command(
     home: Path,
     argv: list[str],
@@ -654,6 +680,7 @@ def command(
     process_memory_mb: int | None = None,
     notice: bool = True,
     mode: str = "bwrap",
+    hold: bool = False,
 ) -> list[str]:
     """The command line that runs ``argv`` (paths as seen inside) in a sandbox whose home starts with the files of ``home``.
 
@@ -669,9 +696,13 @@ def command(
     ``notice``: print ``limits_notice`` once per process (so once per grade run). ``mode`` "user": the
     fallback without namespaces (the module's docstring); ``argv``'s paths under /grader and
     /home/student are then the grader's folder and the submission's fresh home.
+    ``hold`` (bubblewrap only): the sandbox is built as above but runs ``HOLDER`` instead of ``argv``,
+    and ``zygote.py`` forks the worker into it, its imports done (``start_held``).
     """
     if mode not in ("bwrap", "user"):
         raise ValueError(f"sandbox mode {mode!r}: expected 'bwrap' or 'user'")
+    if hold and mode != "bwrap":
+        raise ValueError("hold=True needs mode 'bwrap': the fallback has no namespaces to join")
     spec = {
         "mode": mode,
         "bwrap": bwrap(),
@@ -687,18 +718,9 @@ def command(
         "fsize_mb": int(fsize_mb),
         "disk_mb": int(disk_mb),
         "sized": size_option_works(),
-        "env": {
-            "PATH": "/usr/bin:/bin",
-            "HOME": HOME,
-            "MPLCONFIGDIR": "/tmp",
-            "TMPDIR": "/tmp",
-            "OMP_NUM_THREADS": "1",
-            "MKL_NUM_THREADS": "1",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "LANG": "C.UTF-8",
-            **(env or {}),
-        },
+        "env": environment(env),
         "whole": whole_limits(),
+        "hold": bool(hold),
     }
     if notice:
         line = limits_notice(
@@ -716,9 +738,107 @@ def command(
     return [sys.executable, "-I", "-S", str(HERE / "sandbox.py"), "launch", json.dumps(spec)]
 
 
-def _bwrap_argv(spec: dict, uid: int, files: list[tuple[str, int | None]]) -> list[str]:
+# A held sandbox's first process (``command(hold=True)``): PID 1 of its namespace, as SANDBOX_UID. It prints
+# its job (argv[1]: the leased uid, the cgroups, the limits, the environment) for ``start_held``, then
+# reaps the orphans a PID namespace's init inherits until the sandbox ends.
+HOLDER = """import os, signal, sys
+def reap(*_):
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+signal.signal(signal.SIGCHLD, reap)
+print(sys.argv[1], flush=True)
+os.close(1)
+while True:
+    signal.pause()
+"""
+
+
+def start_held(argv: list[str], zygote: str, timeout: float) -> tuple[subprocess.Popen, object, object]:
+    """Start the held sandbox of ``argv`` (``command(hold=True)``) and have the zygote listening at
+    ``zygote`` fork the worker into it: (the sandbox's process, the worker's stdout and stdin as files).
+
+    The sandbox is ready when its holder prints its job (bubblewrap runs it after building every
+    mount); the zygote gets a pidfd of the holder, the job and the worker's two pipe ends. TimeoutError
+    past ``timeout`` seconds, OSError when the sandbox or the zygote does not answer as it should.
+    """
+    import socket
+
+    deadline = time.monotonic() + timeout
+    info_r, info_w = os.pipe()
+    spec = json.loads(argv[-1])
+    if not spec.get("hold"):
+        raise ValueError("start_held: argv is not a held sandbox's command (command(hold=True))")
+    cmd = [*argv[:-1], json.dumps({**spec, "info_fd": info_w})]
+    try:
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            pass_fds=(info_w,),
+        )
+    finally:
+        os.close(info_w)
+    try:
+        with os.fdopen(info_r, "rb") as info:
+            holder = _read_json(info.fileno(), deadline)["child-pid"]
+        pidfd = os.pidfd_open(holder)
+        try:
+            job = _read_json(proc.stdout.fileno(), deadline)  # the holder runs: every mount is in place
+            worker_in, to_worker = os.pipe()
+            from_worker, worker_out = os.pipe()
+            try:
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                    s.settimeout(max(0.1, deadline - time.monotonic()))
+                    s.connect(zygote)
+                    socket.send_fds(s, [json.dumps(job).encode()], [pidfd, worker_in, worker_out])
+            except BaseException:
+                for fd in (to_worker, from_worker):
+                    os.close(fd)
+                raise
+            finally:
+                os.close(worker_in)
+                os.close(worker_out)
+        finally:
+            os.close(pidfd)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return proc, os.fdopen(from_worker, "rb"), os.fdopen(to_worker, "wb")
+
+
+def _read_json(fd: int, deadline: float) -> dict:
+    """The first JSON object written to ``fd`` (TimeoutError past ``deadline``, OSError at its end first)."""
+    data = b""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the sandbox did not start in time")
+        if not select.select([fd], [], [], left)[0]:
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            raise OSError(f"the sandbox stopped before it started ({data[:80]!r})")
+        data += chunk
+        try:
+            out = json.loads(data)
+        except ValueError:
+            if len(data) > 1 << 20:
+                raise OSError("the sandbox wrote more than its job") from None
+            continue
+        if not isinstance(out, dict):
+            raise OSError("the sandbox wrote something other than its job")
+        return out
+
+
+def _bwrap_argv(spec: dict, uid: int, files: list[tuple[str, int | None]], groups: list = ()) -> list[str]:
     """bubblewrap's command line for ``spec`` (see ``command``), running as ``uid`` (when root), with
-    ``files`` (path inside the home, an open descriptor of its content or None for a folder)."""
+    ``files`` (path inside the home, an open descriptor of its content or None for a folder);
+    ``groups``, the submission's cgroups, go into a held sandbox's job."""
     cmd = [
         spec["bwrap"],
         "--unshare-pid",
@@ -770,6 +890,17 @@ def _bwrap_argv(spec: dict, uid: int, files: list[tuple[str, int | None]]) -> li
     cmd += ["--chdir", HOME]
     for k, v in spec["env"].items():
         cmd += ["--setenv", k, v]
+    if spec.get("hold"):
+        # the holder is the namespace's init (kill(-1) spares it, and no signal from inside reaches it),
+        # another user than the worker's; it prints the job the zygote needs and reaps what is left
+        cmd += ["--as-pid-1", "--info-fd", str(spec["info_fd"]), "--"]
+        job = {
+            "uid": uid,
+            "cgroups": [str(d) for d in groups],
+            "limits": process_limits(spec),
+            "env": spec["env"],
+        }
+        return cmd + _as_user(spec, SANDBOX_UID) + [sys.executable, "-I", "-S", "-c", HOLDER, json.dumps(job)]
     cmd.append("--")
     # drop to an unprivileged user with no capabilities (as root), under the per-process limits
     return cmd + _as_user(spec, uid if os.geteuid() == 0 else None) + spec["argv"]
@@ -784,13 +915,14 @@ def _as_user(spec: dict, uid: int | None) -> list[str]:
         if uid is not None
         else []
     )
-    limits = [
-        f"--as={spec['process_memory_mb'] * MiB}",
-        f"--cpu={spec['cpu_s']}",
-        f"--nproc={spec['nproc']}",
-        f"--fsize={spec['fsize_mb'] * MiB}",
-        "--core=0",
-    ]
+    option = {
+        "RLIMIT_AS": "as",
+        "RLIMIT_CPU": "cpu",
+        "RLIMIT_NPROC": "nproc",
+        "RLIMIT_FSIZE": "fsize",
+        "RLIMIT_CORE": "core",
+    }
+    limits = [f"--{option[k]}={v}" for k, v in process_limits(spec).items()]
     return drop + ["prlimit", *limits, "--"]
 
 
@@ -923,7 +1055,7 @@ def _launch(spec: dict) -> None:
         os.chdir(home)
         deny_network()  # last: from here on no socket but AF_UNIX, in this process and all it starts
     else:
-        cmd = _bwrap_argv(spec, uid, _home_files(Path(spec["home"])))
+        cmd = _bwrap_argv(spec, uid, _home_files(Path(spec["home"])), groups)
     if whole["kind"] == "systemd":
         cmd = [
             "systemd-run",
