@@ -87,7 +87,7 @@ def test_a_worker_forked_from_the_zygote_sees_what_a_cold_one_sees():
         pytest.skip("the warm start needs root (setns)")
     run = labs.Run()
     try:
-        zygote = run.zygote()
+        zygote = run.zygote(at_once=True)
         assert zygote, "the zygote did not start"
         warm, cold = _facts(zygote, run), _facts(None, run)
     finally:
@@ -137,7 +137,7 @@ def test_a_process_outside_any_sandbox_gets_no_worker_from_the_zygote():
     sleeper = subprocess.Popen(["sleep", "60"])
     groups = []
     try:
-        path = run.zygote()
+        path = run.zygote(at_once=True)
         assert path
         whole = sandbox.whole_limits()
         if whole["kind"] in ("cgroup1", "cgroup2"):

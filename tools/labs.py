@@ -607,6 +607,7 @@ class Run:
         self._server: subprocess.Popen | None = None
         self._zygote: subprocess.Popen | None = None
         self._zygote_path: str | None = None
+        self._asked = 0  # calls of zygote(): the workers asked for
         # the warm start (tools/grader/zygote.py): bubblewrap as root, unless BBH_ZYGOTE=0
         self.warm = mode == "bwrap" and os.geteuid() == 0 and os.environ.get("BBH_ZYGOTE", "1") != "0"
 
@@ -632,12 +633,16 @@ class Run:
             self.procs.add(pid)
             return pid
 
-    def zygote(self) -> str | None:
-        """The socket of this run's zygote (started at the first call: it imports torch once), or None
-        when it did not start (each worker then starts cold, as ``python worker.py``)."""
+    def zygote(self, at_once: bool = False) -> str | None:
+        """The socket of this run's zygote, or None: the worker then starts cold, as ``python worker.py``.
+        It starts at the second call (``at_once``: the first), importing torch once: a run that grades
+        one notebook (a Gradescope submission, solutions uncalibrated) would only pay that import twice."""
         if not self.warm:
             return None
         with self._lock:
+            self._asked += 1
+            if self._zygote is None and self._asked < 2 and not at_once:
+                return None
             if self._zygote is None:
                 import socket
 

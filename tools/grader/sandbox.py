@@ -18,6 +18,10 @@ the user id, makes the cgroup and starts a guardian (``guard``, outside the sand
 session) before becoming bubblewrap; the guardian removes the cgroup and ends the lease once the
 sandbox's process is gone, however it ended (the harness ends it with SIGKILL).
 
+A held sandbox (``command(hold=True)``, ``start_held``) is built the same way but runs ``HOLDER``, and
+``zygote.py`` forks the worker into it, torch already imported: the same namespaces, cgroup, user and
+limits, without a fresh interpreter per submission.
+
 Where bubblewrap cannot make its namespaces (a Docker container with the default seccomp profile,
 as on Gradescope), ``mode="user"`` is the fallback (``user_mode_reason`` says whether it holds here):
 the same launcher, user id, cgroup or per-process limits and guardian, but no namespaces: the
