@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.sandbox]
 # what the worker's process sees of itself and its sandbox: every value but the namespaces' ids and the
 # parent's pid (1, bubblewrap's init, when cold; 0, outside the namespace, when forked in)
 FACTS = r"""
-import os, resource, socket
+import ctypes, os, resource, socket
 def _status():
     return dict(ln.split(":", 1) for ln in open("/proc/self/status").read().splitlines() if ":" in ln)
 _st = _status()
@@ -38,6 +38,7 @@ FACTS = {
     "ids": [_st["Uid"].split(), _st["Gid"].split(), _st["Groups"].strip()],
     "caps": {k: _st[k].strip() for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")},
     "no_new_privs": _st["NoNewPrivs"].strip(),
+    "dumpable": ctypes.CDLL(None).prctl(3, 0, 0, 0, 0),
     "limits": {k: resource.getrlimit(getattr(resource, k))
                for k in ("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_NPROC", "RLIMIT_FSIZE", "RLIMIT_CORE")},
     "env": sorted((k, v) for k, v in os.environ.items() if k != "MPLBACKEND"),

@@ -667,8 +667,12 @@ class Run:
                     self._zygote_path = path
                 else:
                     self._zygote.kill()
+                    self._zygote.wait()
+                    why = (log.read_text(errors="replace").strip().splitlines() or ["no reason given"])[-1][
+                        :160
+                    ]
                     print(
-                        "[grade] the warm start did not start: each submission's worker imports torch itself",
+                        f"[grade] the warm start did not start ({why}): each worker imports torch itself",
                         flush=True,
                     )
             return self._zygote_path

@@ -39,7 +39,7 @@ sandbox = module_at("sandbox", str(HERE / "sandbox.py"))  # python -I leaves thi
 
 NAMESPACES = {"mnt": 0x00020000, "pid": 0x20000000, "net": 0x40000000, "ipc": 0x08000000, "uts": 0x04000000}
 CLONE_NEWCGROUP = 0x02000000
-PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 1, 24, 38, 47
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 1, 4, 24, 38, 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -98,6 +98,7 @@ def _drop(uid: int) -> None:
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)  # from root to another user: the permitted and effective sets empty
+    _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # as exec makes a cold worker (setresuid cleared it)
     if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "cannot set no_new_privs")
     st = _status()
@@ -227,6 +228,10 @@ def main() -> None:
 
     if len(os.listdir("/proc/self/task")) != 1:  # a fork copies one thread: another's locks stay held
         raise SystemExit("zygote: a thread started while importing; not forking from here")
+    own = os.pidfd_open(os.getpid())  # setns on a pidfd (Linux 5.8): joining our own UTS namespace
+    if _libc.setns(own, NAMESPACES["uts"]) != 0:  # changes nothing; where it fails, the run starts cold
+        raise SystemExit(f"zygote: this kernel cannot setns on a pidfd (errno {ctypes.get_errno()})")
+    os.close(own)
     print("ready", flush=True)
     serve(listener)
 
