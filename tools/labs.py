@@ -608,6 +608,7 @@ class Run:
         self._zygote: subprocess.Popen | None = None
         self._zygote_path: str | None = None
         self._asked = 0  # calls of zygote(): the workers asked for
+        self.planned = 0  # the notebooks the run will grade, where known (grading_run)
         # the warm start (tools/grader/zygote.py): bubblewrap as root, unless BBH_ZYGOTE=0
         self.warm = mode == "bwrap" and os.geteuid() == 0 and os.environ.get("BBH_ZYGOTE", "1") != "0"
 
@@ -635,13 +636,14 @@ class Run:
 
     def zygote(self, at_once: bool = False) -> str | None:
         """The socket of this run's zygote, or None: the worker then starts cold, as ``python worker.py``.
-        It starts at the second call (``at_once``: the first), importing torch once: a run that grades
-        one notebook (a Gradescope submission, solutions uncalibrated) would only pay that import twice."""
+        It starts, importing torch once, at the first call where the run will grade two notebooks or more
+        (``planned``), else at the second (``at_once``: the first): a run that grades one notebook (a
+        Gradescope submission with a set time limit) would only pay that import twice."""
         if not self.warm:
             return None
         with self._lock:
             self._asked += 1
-            if self._zygote is None and self._asked < 2 and not at_once:
+            if self._zygote is None and max(self._asked, self.planned) < 2 and not at_once:
                 return None
             if self._zygote is None:
                 import socket
@@ -1103,11 +1105,20 @@ def all_secrets() -> list[str]:
 
 
 @contextlib.contextmanager
-def grading_run(lab: str, qs, timeout: float | None, skip=(), unsafe: bool = False, mode: str = "bwrap"):
+def grading_run(
+    lab: str,
+    qs,
+    timeout: float | None,
+    skip=(),
+    unsafe: bool = False,
+    mode: str = "bwrap",
+    notebooks: int = 1,
+):
     """A grading run, ready: (the Run, the time limit per notebook). Refuses (SystemExit, one line) where
     the sandbox (``mode``: "bwrap", or "user", the fallback) cannot hold, where the grader's own setup is
     broken, or where the published solutions do not score every point; stops its processes and removes
-    its folder however it ends. ``grade`` and the Gradescope runner both grade in one."""
+    its folder however it ends. ``grade`` and the Gradescope runner both grade in one, ``notebooks``
+    submissions in all: with the published solutions, two or more start warm (``Run.zygote``)."""
     reason = sandbox.missing_reason() if mode == "bwrap" else sandbox.user_mode_reason()
     if reason and not unsafe:
         raise SystemExit(f"refusing to grade: {reason}")
@@ -1115,6 +1126,7 @@ def grading_run(lab: str, qs, timeout: float | None, skip=(), unsafe: bool = Fal
         print("WARNING: --unsafe: submissions run without a sandbox, as you, with your files in reach")
     remove_stale_runs()
     run = Run(mode)
+    run.planned = notebooks + (timeout is None)  # the solutions, graded first when calibrating
     try:
         problem = setup_problem(run, unsafe)  # the grader's own setup first: nobody is graded on a broken one
         if problem:
@@ -1204,7 +1216,7 @@ def grade(
     where = ((subs_dir, "<submissions>"), (out_csv.parent, "<grades>"), (fb, "<grades>"))
     # the rows so far, as each submission's grading ends (no similarity flags yet: those need the class)
     progress = out_csv.with_name(out_csv.stem + "_in_progress.csv")
-    with grading_run(lab, qs, timeout, skip, unsafe) as (run, timeout):
+    with grading_run(lab, qs, timeout, skip, unsafe, notebooks=len(subs)) as (run, timeout):
         results = _grade_all(
             run, lab, subs, qs, timeout, jobs, skip, unsafe, secrets, where, progress, fields
         )
