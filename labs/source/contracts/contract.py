@@ -117,12 +117,18 @@ def no_directional_difference(bound: Callable) -> dict:
     return {**BY_HAND_WORK, "nonlinear": bound}
 
 
-def large_class(sizes: str, make: Callable[[int], Case], rules: dict = BY_HAND_WORK, **tol) -> CaseClass:
+def large_class(
+    sizes: str,
+    make: Callable[[int], Case],
+    rules: dict = BY_HAND_WORK,
+    claim: str = "the work grows with the sizes, not with their product",
+    **tol,
+) -> CaseClass:
     """The prompt's "by hand, no finite differences", measured: one case large enough that one forward pass
     per input entry writes hundreds of times the entries a derived backward writes (rule "writes";
-    ``rules``: more of them, as ``no_directional_difference``)."""
+    ``rules``: more of them, as ``no_directional_difference``; ``claim``: what the label promises)."""
     return CaseClass(
-        f"the tensors are large ({sizes}): the work grows with the sizes, not with their product",
+        f"the tensors are large ({sizes}): {claim}",
         st.integers(0, 10),  # no free size: the draw only moves the seed
         lambda i, seed: make(seed + i),
         public=1,

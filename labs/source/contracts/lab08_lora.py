@@ -113,7 +113,12 @@ ex1 = Exercise(
             lambda p, s: _wp_case(*p[0], p[1], s, dtype=F32),
             **F32_TOL,
         ),
-        large_class("W (32, 32), r 4", lambda s: _wp_case(32, 32, 4, 0.7, s), **F64_TOL),
+        large_class(
+            "W (32, 32), r 4",
+            lambda s: _wp_case(32, 32, 4, 0.7, s),
+            claim="the work grows with the sizes, not one product B·A per entry of A and B",
+            **F64_TOL,
+        ),
     ],
     points=2,
     by_hand=("autograd",),

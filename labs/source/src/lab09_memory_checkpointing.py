@@ -322,7 +322,7 @@ class StackCheckpoint(torch.autograd.Function):
 # recorded case of each promise: $L$ a multiple of `every`, a shorter last segment, `every = 1`,
 # `every` ≥ $L$, a data `x`, a frozen weight matrix and bias, a 3-D `x`, float32. For each it compares the
 # output, the gradients, the most blocks holding a graph at once, the order the segments are
-# re-run in, the re-runs of block 0 from a data `x` that required a gradient (none), and the
+# re-run in, how many re-runs of block 0 made a data `x` require a gradient (it must be none), and the
 # bytes saved besides the parameters (one `x`). The tolerance is `atol 1e-12` in float64:
 # backward repeats the very same operations in the same order.
 
@@ -364,8 +364,9 @@ check_contract("lab09", "ex2", StackCheckpoint)
 #   `x` stays without `requires_grad` in the re-run, a frozen weight gets `None`: the checks
 #   look at what `backward` returns for each input, not only at what autograd keeps);
 # * `checkpoint_rng(fn, x, *params)`: take `rng_state = get_rng_state([x, *params])` (from
-#   `helpers.checkpoint`: the CPU generator's state, and the CUDA one's if a tensor is on a
-#   GPU), then return `CheckpointRNG.apply(fn, rng_state, x, *params)`.
+#   `helpers.checkpoint`: an `RNGState` whose `.cpu` is the CPU generator's state and whose
+#   `.cuda` is a tuple of `(device index, state)` pairs, one per GPU a tensor is on, empty on a
+#   CPU), then return `CheckpointRNG.apply(fn, rng_state, x, *params)`.
 #
 # `fn` is any block, with dropout (`ffn_dropout`) or without (`ffn_block`); `x` has any shape
 # `(..., d)`, in float32 or float64. The output and every gradient must be those of `fn`
@@ -476,9 +477,9 @@ def checkpoint_rng(fn, x, *params):
 # **Self-check 3** seeds the generator, runs `checkpoint_rng(fn, x, *params)` and autograd, then
 # draws 4 random numbers, on one recorded case of each promise: a block with dropout, a draw
 # between forward and backward, a block without dropout, a data `x`, a frozen weight matrix and bias, a 3-D
-# `x`, float32. It compares the output, the gradients, the re-runs from a data `x` that
-# required a gradient (none) and the numbers drawn after backward with those of the same
-# block without checkpointing.
+# `x`, float32. It compares the output, the gradients, how many re-runs made a data `x`
+# require a gradient (it must be none) and the numbers drawn after backward with those of the
+# same block without checkpointing.
 
 # %%
 check_contract("lab09", "ex3", checkpoint_rng)
@@ -508,8 +509,9 @@ check_contract("lab09", "ex3", checkpoint_rng)
 # consecutive segments of `segment` blocks (the last one may be shorter: 5 blocks,
 # `segment=2` → 2 + 2 + 1; `segment` may be 1, or $L$ or more: one segment), and run each
 # segment through your `checkpoint_rng` **as one function**. That function must take the
-# segment's parameters as explicit arguments: pass them flattened (`*W1, b1, W2, b2` of every
-# block in the segment, 4 per block) and regroup them by 4 inside. Return the stack's output;
+# segment's parameters as explicit arguments: pass them flattened (the four tensors
+# `W1, b1, W2, b2` of every block in the segment, one after another: 4 per block) and regroup
+# them by 4 inside. Return the stack's output;
 # its gradients must be those of the stack without checkpointing (the same masks).
 #
 # With $L$ blocks, what is kept for backward is then $\lceil L/\text{segment} \rceil$ segment
