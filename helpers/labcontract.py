@@ -298,7 +298,8 @@ def _deciding(ins: list) -> torch.Tensor:
 
 def _trace_mode():
     """A TorchDispatchMode that keeps what a call computes, op by op, backward too (``.seen``): the
-    matrix products (last two dims) and their multiply–adds, the largest tensor the call wrote (new
+    matrix products (last two dims, and "forward" or "backward": whether autograd's engine ran it) and
+    their multiply–adds, the largest tensor the call wrote (new
     memory, or memory it did not get as an argument written in place: a buffer allocated before the
     call counts whole; views write nothing, and ``.given``, the arguments' storages, are the call's
     to change), the largest tensor an op that makes new memory read at once, and the names of the ops."""
@@ -359,8 +360,9 @@ def _trace_mode():
                     widest = max(ins, key=lambda t: t.numel())
                     if widest.numel() > seen["reads"][0]:
                         seen["reads"] = [widest.numel(), name, list(widest.shape)]
-            if name in _PRODUCT_OPS:
-                seen["products"].append(tuple(out.shape[-2:]))
+            if name in _PRODUCT_OPS:  # with where: a product in forward and one in backward read alike
+                where = "forward" if torch._C._current_autograd_node() is None else "backward"
+                seen["products"].append((*out.shape[-2:], where))
                 seen["multiply_adds"] += _multiply_adds(name, a, out)
             return out
 
@@ -423,8 +425,8 @@ def traced(inner, answer, args, kwargs, options, not_the_answer: tuple = ()) -> 
 
 
 def _watched(inner, answer, args, kwargs, options):
-    """(the inner probe's outputs, the matrix products formed (last two dims), the largest new tensor in
-    bytes), watched while the call runs, backward too."""
+    """(the inner probe's outputs, the matrix products formed (last two dims, "forward" or "backward"), the
+    largest new tensor in bytes), watched while the call runs, backward too."""
     out, seen = traced(inner, answer, args, kwargs, options)
     return out, seen["products"], seen["largest"][0]
 
@@ -1461,7 +1463,8 @@ def clipped_leaves(answer, args, kwargs):
 def products_formed(answer, args, kwargs, forbid=(), inner=None, returned=(), cap=None, **options):
     """(with returned = names of the first outputs: which of them are not None, "grad_x, grad_B" or "none"; the
     inner probe's outputs with None written 'None'; per group of shapes in forbid "none formed" or
-    "formed (m, n)"): the matrix products (their last two dims, either way round) the call forms, backward too.
+    "formed (m, n)", with "in forward" or "in backward" where autograd ran a backward): the matrix products
+    (their last two dims, either way round) the call forms, backward too.
     With cap (bytes; returned given): a call that needs a tensor of more than cap bytes is "over its memory
     budget" (measured as :func:`within_budget` does)."""
     peer = _boundary(answer)
@@ -1476,9 +1479,11 @@ def products_formed(answer, args, kwargs, forbid=(), inner=None, returned=(), ca
         out, seen, largest = _watched(inner, answer, args, kwargs, options)
     outs = out if isinstance(out, tuple) else (out,)
     verdicts = []
+    passes = any(s[2] == "backward" for s in seen)  # a Function's call: forward, then autograd's backward
     for group in forbid:
-        hit = [s for s in seen if any(s in (tuple(g), tuple(g)[::-1]) for g in group)]
-        verdicts.append(f"formed {hit[0]}" if hit else "none formed")
+        hit = [s for s in seen if any(tuple(s[:2]) in (tuple(g), tuple(g)[::-1]) for g in group)]
+        where = f" in {hit[0][2]}" if hit and passes else ""
+        verdicts.append(f"formed {tuple(hit[0][:2])}{where}" if hit else "none formed")
     given = [n for n, v in zip(returned, outs) if v is not None]
     head = (", ".join(given) or "none",) if returned else ()
     if cap is not None and largest > cap and all(v == "none formed" for v in verdicts):

@@ -873,7 +873,7 @@ def test_a_memory_class_names_the_product_in_the_learners_process():
     ok = products_formed(cheap, (g, W.T.contiguous().T, A, B), {}, **opts)
     assert ok[0] == "grad_x" and ok[-1] == "none formed"
     bad = products_formed(merged, (g, W, A, B), {}, **opts)
-    assert bad[-1] == "formed (64, 8)"
+    assert bad[-1] == "formed (64, 8)"  # a plain call: no backward ran, so no pass is named
     opts_no_shape = {"returned": ("grad_x",), "forbid": [], "cap": big}
     assert products_formed(merged, (g, W, A, B), {}, **opts_no_shape)[0].startswith("over its 0.00195")
     assert products_formed(cheap, (g, W, A, B), {}, **opts_no_shape)[0] == "grad_x"
@@ -986,3 +986,18 @@ def test_a_function_is_graded_through_its_own_backward_never_autograds_derivativ
     assert labcontract.method_of(_Squared, "forward") is _Squared.forward
     # an output autograd does not track (a detached result, an int) is not the Function's to check
     assert labcontract.method_of(_Squared, "apply")(x.detach()).grad_fn is None
+
+
+def test_the_trace_says_whether_a_product_was_formed_in_forward_or_in_backward():
+    """Lab 8 ex 5's newcomer: B @ A formed in forward and dL/dW formed in backward (W frozen) read the same
+    ✗ line; the trace keeps which pass formed each product."""
+    from helpers.labcontract import _trace_mode
+
+    x = torch.randn(3, 8, requires_grad=True)
+    W = torch.randn(64, 8, requires_grad=True)
+    mode = _trace_mode()
+    with mode:
+        y = x @ W.T  # (3, 8) @ (8, 64) -> (3, 64)
+        y.sum().backward()  # grad_x (3, 8), grad_W (64, 8)
+    products = mode.seen["products"]
+    assert (3, 64, "forward") in products and (64, 8, "backward") in products, products

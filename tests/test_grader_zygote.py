@@ -199,3 +199,21 @@ def test_a_run_of_one_notebook_stays_cold_and_a_run_of_two_starts_warm():
         assert cold.zygote() is None and cold.zygote(at_once=True) is None
     finally:
         cold.close()
+
+
+def test_a_zygote_that_is_gone_costs_no_student_anything():
+    """The red team killed a run's zygote: every notebook after it crashed, blamed on the student. A
+    worker whose zygote cannot be reached starts cold in the same sandbox's command; a run whose
+    zygote died starts the rest cold."""
+    if os.geteuid() != 0:
+        pytest.skip("the warm start needs root (setns)")
+    run = labs.Run()
+    try:
+        facts = _facts(str(run.dir / "no-such-zygote.sock"), run)  # a held command, started cold
+        assert facts["pid"] == 2 and facts["processes"] == [1, 2] and facts["ids"][0][0] != "0"
+        assert run.zygote(at_once=True)
+        run._zygote.kill()
+        run._zygote.wait()
+        assert run.zygote() is None
+    finally:
+        run.close()

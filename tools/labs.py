@@ -642,6 +642,12 @@ class Run:
         if not self.warm:
             return None
         with self._lock:
+            if self._zygote_path and self._zygote.poll() is not None:  # it died: the rest start cold
+                self._zygote_path = None
+                print(
+                    f"[grade] the warm start stopped (exit {self._zygote.returncode}): the rest start cold",
+                    flush=True,
+                )
             self._asked += 1
             if self._zygote is None and max(self._asked, self.planned) < 2 and not at_once:
                 return None

@@ -760,13 +760,23 @@ while True:
 """
 
 
+class WarmStartError(OSError):
+    """The zygote could not be reached: the grader's failure, never the submission's (start it cold)."""
+
+
+def cold(argv: list[str]) -> list[str]:
+    """A held sandbox's command (``command(hold=True)``) that runs its worker itself, cold."""
+    return [*argv[:-1], json.dumps({**json.loads(argv[-1]), "hold": False})]
+
+
 def start_held(argv: list[str], zygote: str, timeout: float) -> tuple[subprocess.Popen, object, object]:
     """Start the held sandbox of ``argv`` (``command(hold=True)``) and have the zygote listening at
     ``zygote`` fork the worker into it: (the sandbox's process, the worker's stdout and stdin as files).
 
     The sandbox is ready when its holder prints its job (bubblewrap runs it after building every
     mount); the zygote gets a pidfd of the holder, the job and the worker's two pipe ends. TimeoutError
-    past ``timeout`` seconds, OSError when the sandbox or the zygote does not answer as it should.
+    past ``timeout`` seconds, OSError when the sandbox does not start, WarmStartError when the zygote
+    cannot be reached (the caller then starts ``cold(argv)``).
     """
     import socket
 
@@ -797,8 +807,11 @@ def start_held(argv: list[str], zygote: str, timeout: float) -> tuple[subprocess
             try:
                 with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
                     s.settimeout(max(0.1, deadline - time.monotonic()))
-                    s.connect(zygote)
-                    socket.send_fds(s, [json.dumps(job).encode()], [pidfd, worker_in, worker_out])
+                    try:
+                        s.connect(zygote)
+                        socket.send_fds(s, [json.dumps(job).encode()], [pidfd, worker_in, worker_out])
+                    except OSError as e:
+                        raise WarmStartError(f"the zygote at {zygote}: {e}") from None
             except BaseException:
                 for fd in (to_worker, from_worker):
                     os.close(fd)

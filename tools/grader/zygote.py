@@ -132,7 +132,8 @@ def _worker(job: dict, fd_in: int, fd_out: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     import random
 
-    random.seed()  # a fresh process's streams, not the zygote's
+    random.seed()  # a fresh process's streams, not the zygote's (torch seeds itself afresh at import too)
+    sys.modules["torch"].seed()
     if "numpy.random" in sys.modules:
         sys.modules["numpy.random"].seed()
     sys.argv = [f"{sandbox.GRADER}/worker.py", f"{sandbox.HOME}/submission.ipynb"]
@@ -184,21 +185,22 @@ def serve(listener: socket.socket) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the children
     while True:
         conn, _ = listener.accept()
-        fds = []
+        fds, job = [], None
         try:
             conn.settimeout(10)
             msg, fds, _flags, _addr = socket.recv_fds(conn, 1 << 20, 3)
             if len(fds) != 3:
-                continue
+                raise ValueError(f"expected 3 descriptors, got {len(fds)}")
             job = check_job(json.loads(msg), bases)
         except (OSError, ValueError) as e:
             print(f"zygote: request refused: {e}", file=sys.stderr, flush=True)
-            continue  # the harness sees its worker's pipes close
         finally:
             conn.close()
-            if len(fds) != 3:
+            if job is None:  # refused: closed at once, so the harness sees its worker's pipes close now
                 for fd in fds:
                     os.close(fd)
+        if job is None:
+            continue
         pidfd, fd_in, fd_out = fds
         child = os.fork()
         if child == 0:
