@@ -65,6 +65,7 @@ import inspect
 import linecache
 import math
 import os
+import re
 import traceback
 from dataclasses import dataclass
 
@@ -188,18 +189,26 @@ def _where(e: BaseException) -> str:
 
 
 # what Python's own wording of an error leaves a learner to guess
-_GLOSSES = {
+_GLOSSES = {  # a pattern of the message's first line: what it means in the learner's code
     # PEP 479: a next() that runs out inside a generator becomes this RuntimeError
-    "generator raised StopIteration": " (a next() inside a generator ran out: an iterator gave fewer items "
+    r"generator raised StopIteration": " (a next() inside a generator ran out: an iterator gave fewer items "
     "than the code asked for, e.g. fewer gradients than the flags it zips them with)",
+    # autograd's check of what a custom Function's backward returned, by position
+    r"returned an invalid gradient at index (\d+)": " (backward returns one gradient per input of forward, "
+    "in forward's order, None where none is needed: the one at position {0}, counting from 0, is shaped "
+    "like another input's; gradients out of order, or one left out?)",
 }
 
 
 def error_text(e: BaseException) -> str:
-    """'Type: first line of the message', with a gloss where Python's wording hides the cause."""
+    """'Type: first line of the message', with a gloss where Python's or torch's wording hides the cause."""
     msg = _first_line(e)
     text = f"{type(e).__name__}: {msg}" if msg else type(e).__name__
-    return text + _GLOSSES.get(msg, "")
+    for pattern, gloss in _GLOSSES.items():
+        m = re.search(pattern, msg)
+        if m:
+            return text + gloss.format(*m.groups())
+    return text
 
 
 def _failure(name: str, e: BaseException) -> CheckResult:

@@ -388,6 +388,33 @@ def test_a_next_that_runs_out_in_a_generator_is_explained_not_only_named():
     assert "RuntimeError: generator raised StopIteration (a next() inside a generator ran out" in line, line
 
 
+def test_a_gradient_returned_out_of_place_is_explained_by_its_position():
+    """autograd says "returned an invalid gradient at index 2" (lab 9 ex2's newcomer: frozen weights'
+    gradients misaligned with forward's inputs); the line says what the index counts."""
+
+    class Swapped(torch.autograd.Function):
+        @staticmethod
+        def forward(x, W):
+            return x @ W  # (1, 3) @ (3, 2) -> (1, 2)
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            ctx.save_for_backward(*inputs)
+
+        @staticmethod
+        def backward(ctx, g):
+            x, W = ctx.saved_tensors
+            return x.T @ g, g @ W.T  # in the wrong order: W's (3, 2) where x's (1, 3) is due
+
+    def my_grads(x, W):
+        x, W = x.detach().requires_grad_(), W.detach().requires_grad_()
+        return torch.autograd.grad(Swapped.apply(x, W).sum(), (x, W))
+
+    x, W = torch.ones(1, 3), torch.ones(3, 2)
+    line = evaluate(my_grads, (x, W), args=(x, W)).line
+    assert "invalid gradient at index 0" in line and "the one at position 0, counting from 0" in line, line
+
+
 def test_every_diagnosis_is_one_short_line():
     factors = {"B": 8, "√d": 4.0, "α/r": 2.0, "N/(N−1)": 8 / 7}
     for got in (G / 8, -G, G * 2.5, torch.zeros_like(G)):
