@@ -500,8 +500,10 @@ check_contract("lab09", "ex3", checkpoint_rng)
 # **You are given:** your `checkpoint_rng` from exercise 3 (it keeps the RNG state, so the
 # masks repeat) and `ffn_dropout`. Unlike the other labs' later exercises, this one is graded
 # with **your** `checkpoint_rng`, not the course's (the checks need your graph, with your
-# `autograd.Function` in it): a mistake in exercise 3 costs points here too, and this
-# exercise's self-check names it first.
+# `autograd.Function` in it): a mistake in exercise 3 that changes what this exercise is checked
+# on (its output, its gradients, the bytes it saves) costs points here too, and this
+# exercise's self-check names it first; one that shows only in what exercise 3 alone checks
+# (the random numbers drawn after backward) costs points in exercise 3.
 #
 # `layers` is a list of parameter tuples `(W1, b1, W2, b2)`, one per `ffn_dropout` block; the
 # stack computes $x_l = \mathrm{ffn\_dropout}(x_{l-1}, \theta_l)$, `x` of any shape `(..., d)`
