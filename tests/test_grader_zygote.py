@@ -217,3 +217,15 @@ def test_a_zygote_that_is_gone_costs_no_student_anything():
         assert run.zygote() is None
     finally:
         run.close()
+
+
+def test_bbh_zygote_0_starts_every_worker_cold(monkeypatch):
+    """instructors.md's switch: with BBH_ZYGOTE=0 a run never starts a zygote, however many it grades."""
+    monkeypatch.setenv("BBH_ZYGOTE", "0")
+    run = labs.Run()
+    try:
+        run.planned = 200
+        assert not run.warm and run.zygote() is None and run.zygote(at_once=True) is None
+        assert run._zygote is None
+    finally:
+        run.close()
