@@ -390,14 +390,21 @@ def test_nothing_outside_a_submissions_scratch_space_changed(redteam):
 
 
 def _processes() -> list[tuple[int, int, str]]:
-    """(pid, parent pid, command line) of every process on the machine."""
-    rows = [
-        ln.split(None, 2)
-        for ln in subprocess.run(
-            ["ps", "-eo", "pid,ppid,args"], capture_output=True, text=True
-        ).stdout.splitlines()[1:]
-    ]
-    return [(int(r[0]), int(r[1]), r[2]) for r in rows if len(r) == 3]
+    """(pid, parent pid, command line) of every process on the machine, read from /proc (``ps`` cuts
+    its lines at $COLUMNS, and a long checkout path then hides "/grader/zygote.py")."""
+    rows = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            args = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:  # it ended while we read
+            continue
+        # the fields after the command name in parentheses (which may itself hold ") "): state, ppid
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        rows.append((int(d.name), ppid, args or stat[stat.index("(") + 1 : stat.rindex(")")]))
+    return rows
 
 
 def _under(pid: int, ancestor: int, rows) -> bool:
