@@ -65,6 +65,7 @@ from pdf import PDF_NAME, print_pdf  # noqa: E402
 
 DESKTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 390, "height": 844}
+TABLET = {"width": 900, "height": 844}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -578,6 +579,10 @@ def test_page_in_browser(browser, server, site, docname):
             problems += page.evaluate(JS_CHINESE_PAGE)
         problems += _check_animations(page)
         problems += _check_widgets(page)
+        # the same page at 900 px (a tablet; no touch, as at 1280): resized, not loaded again (a load
+        # per page and width cost 80 s of the suite); the layout follows the width as on a load
+        page.set_viewport_size(TABLET)
+        problems += [f"at 900 px: {p}" for p in _too_wide(page)]
         problems += visit.errors
         if visit.remote:
             problems.append(f"requests that left localhost: {sorted(set(visit.remote))}")
@@ -869,38 +874,48 @@ JS_PAGE_OVERFLOW = """() => {
 }"""
 
 
-@pytest.mark.browser
-@pytest.mark.parametrize("width", [390, 900])
-def test_no_page_scrolls_sideways_on_a_phone_or_tablet(browser, server, site, width):
-    """Every page at 390 px (a phone) and 900 px, in one context each (a new context per page
-    would cost a minute): the page never scrolls sideways, every code box keeps the code
-    size rule of JS_CODE_BOXES (it may scroll inside itself, within the screen), and formulas and
-    code keep their fonts (JS_FONTS)."""
-    phone = width < 600
-    context = browser.new_context(
-        viewport={"width": width, "height": 844},
-        **({"device_scale_factor": 2, "is_mobile": True, "has_touch": True} if phone else {}),
-    )
+def _too_wide(page) -> list[str]:
+    """What makes the page at its present width scroll sideways or break the code size rule
+    (JS_CODE_BOXES: a box may scroll inside itself, within the screen), and fonts (JS_FONTS)."""
     problems = []
+    extra, wide = page.evaluate(JS_PAGE_OVERFLOW)
+    if extra > 1:
+        problems.append(f"{extra} px wider than the screen: {wide}")
+    return problems + page.evaluate(JS_CODE_BOXES, False) + page.evaluate(JS_FONTS)
+
+
+@pytest.fixture(scope="module")
+def on_a_phone(browser, server, site):
+    """Every page at 390 px, in one phone context (a new context per page would cost a minute), each
+    loaded once: {"wide": what scrolls sideways, "figures": (problems, scales, opened) of
+    ``_figures_on_a_phone`` on the pages that show figures}. Chapter 1 of each edition waits for
+    MathJax, so that formulas' fonts are seen at this width too (every page waits at 1280 in
+    test_page_in_browser)."""
+    context = browser.new_context(viewport=PHONE, device_scale_factor=2, is_mobile=True, has_touch=True)
+    wide, figures = [], ([], [], 0)
+    with_figures = set(_figure_pages(site))
     try:
         page = context.new_page()
         for docname in DOCNAMES + ZH_DOCNAMES:
             page.goto(server + docname + ".html", wait_until="load")
-            extra, wide = page.evaluate(JS_PAGE_OVERFLOW)
-            if extra > 1:
-                problems.append(f"{docname} is {extra} px wider than the screen: {wide}")
-            problems += [f"{docname}: {p}" for p in page.evaluate(JS_CODE_BOXES, False)]
-            # fonts on every page: code always, formulas where typeset by now; chapter 1 of each
-            # edition waits for MathJax, so the formulas' fonts are seen at this width (every page
-            # waits at 1280 in test_page_in_browser: waiting here on all of them cost a minute)
             if docname.endswith("chapters/01_cat_mlp"):
                 page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise")
                 page.evaluate("() => MathJax.startup.promise")
                 assert page.locator('main mjx-container[jax="CHTML"] mjx-c').count() > 100, docname
-            problems += [f"{docname}: {p}" for p in page.evaluate(JS_FONTS)]
+            wide += [f"{docname}: {p}" for p in _too_wide(page)]
+            if docname in with_figures:
+                figures = _figures_on_a_phone(page, docname, *figures)
     finally:
         context.close()
-    assert not problems, f"at {width} px:\n  " + "\n  ".join(problems)
+    return {"wide": wide, "figures": figures}
+
+
+@pytest.mark.browser
+def test_no_page_scrolls_sideways_on_a_phone_or_tablet(on_a_phone):
+    """Every page at 390 px (``on_a_phone``; at 900 px: test_page_in_browser): the page never
+    scrolls sideways, every code box keeps the code size rule, and formulas and code keep their
+    fonts."""
+    assert not on_a_phone["wide"], "at 390 px:\n  " + "\n  ".join(on_a_phone["wide"])
 
 
 JS_WIDE_FORMULA = """() => {
@@ -984,69 +999,64 @@ def _figure_pages(site: Path) -> list[str]:
     return [d for d in DOCNAMES if found.search((site / (d + ".html")).read_text(encoding="utf-8"))]
 
 
+def _figures_on_a_phone(page, docname, problems, scales, opened):
+    """Each figure of the page (at 390 px) shown at its natural size, or opened at it by a tap; the
+    problems, scales and count of figures opened so far, with this page's added."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    page.evaluate(JS_IMAGES)
+    figures = page.locator(FIGURE_IMAGES)
+    for i in range(figures.count()):
+        img = figures.nth(i)
+        where = f"{docname} figure {i + 1}"
+        img.scroll_into_view_if_needed()
+        fig = img.evaluate(JS_FIGURE)
+        scales.append(fig["width"] / fig["natural"])
+        if fig["width"] >= fig["natural"] - 1:
+            continue  # shown at its size
+        if not fig["hint"] or fig["cursor"] != "zoom-in":
+            problems.append(
+                f"{where} at {scales[-1]:.2f} of its size has no visible hint "
+                f"(hint {fig['hint']}, cursor {fig['cursor']})"
+            )
+        img.tap()
+        try:
+            page.wait_for_function("() => document.querySelector('dialog.bbh-zoom')?.open", timeout=3000)
+        except PlaywrightTimeout:
+            problems.append(f"{where}: shown at {scales[-1]:.2f} of its size, and a tap does not open it")
+            continue
+        view = page.evaluate(JS_OPENED)
+        if not (view["complete"] and view["src"] == fig["src"] and view["natural"] == fig["natural"]):
+            problems.append(f"{where}: the overlay shows another image ({view['src'][:60]})")
+        if view["width"] < view["natural"] - 0.5 or not view["covers"] or not view["closeVisible"]:
+            problems.append(
+                f"{where}: opened at {view['width']:.0f} px for {view['natural']} px "
+                f"(covers {view['covers']}, × visible {view['closeVisible']})"
+            )
+        if fig["animated"]:
+            page.locator("dialog.bbh-zoom button[data-step='next']").click()
+            stepped = page.evaluate(JS_OPENED)
+            if stepped["src"] == view["src"] or stepped["src"] != img.evaluate("i => i.src"):
+                problems.append(f"{where}: › in the overlay did not show the animation's next frame")
+        # The first figure closes with ×, the others with Escape.
+        if opened == 0:
+            page.locator("dialog.bbh-zoom .bbh-zoom__close").tap()
+        else:
+            page.keyboard.press("Escape")
+        if page.evaluate(JS_OPENED) is not None:
+            problems.append(f"{where}: the overlay did not close")
+            page.evaluate("() => document.querySelector('dialog.bbh-zoom').close()")
+        opened += 1
+    return problems, scales, opened
+
+
 @pytest.mark.browser
-def test_every_figure_can_be_read_at_full_size_on_a_phone(browser, server, site, capsys):
+def test_every_figure_can_be_read_at_full_size_on_a_phone(on_a_phone, capsys):
     """At 390 px each figure of every page is shown at its natural size, or a tap on it opens it
     at its natural size (1 image px per CSS px, where tests/test_figures.py's 9 px rule holds)
     in an overlay the reader scrolls or pinches, with a visible hint, a zoom cursor, a × button
     and Escape to close; an animation's overlay steps through its frames."""
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
-
-    context = browser.new_context(viewport=PHONE, device_scale_factor=2, is_mobile=True, has_touch=True)
-    problems, scales, opened = [], [], 0
-    try:
-        page = context.new_page()
-        for docname in _figure_pages(site):
-            page.goto(server + docname + ".html", wait_until="load")
-            page.evaluate(JS_IMAGES)
-            figures = page.locator(FIGURE_IMAGES)
-            for i in range(figures.count()):
-                img = figures.nth(i)
-                where = f"{docname} figure {i + 1}"
-                img.scroll_into_view_if_needed()
-                fig = img.evaluate(JS_FIGURE)
-                scales.append(fig["width"] / fig["natural"])
-                if fig["width"] >= fig["natural"] - 1:
-                    continue  # shown at its size
-                if not fig["hint"] or fig["cursor"] != "zoom-in":
-                    problems.append(
-                        f"{where} at {scales[-1]:.2f} of its size has no visible hint "
-                        f"(hint {fig['hint']}, cursor {fig['cursor']})"
-                    )
-                img.tap()
-                try:
-                    page.wait_for_function(
-                        "() => document.querySelector('dialog.bbh-zoom')?.open", timeout=3000
-                    )
-                except PlaywrightTimeout:
-                    problems.append(
-                        f"{where}: shown at {scales[-1]:.2f} of its size, and a tap does not open it"
-                    )
-                    continue
-                view = page.evaluate(JS_OPENED)
-                if not (view["complete"] and view["src"] == fig["src"] and view["natural"] == fig["natural"]):
-                    problems.append(f"{where}: the overlay shows another image ({view['src'][:60]})")
-                if view["width"] < view["natural"] - 0.5 or not view["covers"] or not view["closeVisible"]:
-                    problems.append(
-                        f"{where}: opened at {view['width']:.0f} px for {view['natural']} px "
-                        f"(covers {view['covers']}, × visible {view['closeVisible']})"
-                    )
-                if fig["animated"]:
-                    page.locator("dialog.bbh-zoom button[data-step='next']").click()
-                    stepped = page.evaluate(JS_OPENED)
-                    if stepped["src"] == view["src"] or stepped["src"] != img.evaluate("i => i.src"):
-                        problems.append(f"{where}: › in the overlay did not show the animation's next frame")
-                # The first figure closes with ×, the others with Escape.
-                if opened == 0:
-                    page.locator("dialog.bbh-zoom .bbh-zoom__close").tap()
-                else:
-                    page.keyboard.press("Escape")
-                if page.evaluate(JS_OPENED) is not None:
-                    problems.append(f"{where}: the overlay did not close")
-                    page.evaluate("() => document.querySelector('dialog.bbh-zoom').close()")
-                opened += 1
-    finally:
-        context.close()
+    problems, scales, opened = on_a_phone["figures"]
     with capsys.disabled():
         small = [s for s in scales if s < 0.999]
         print(
