@@ -1748,6 +1748,31 @@ def test_a_module_reached_through_a_name_the_student_also_assigns_is_not_their_o
     assert any(x.startswith(".labcontract") for x in checked.review.get("ex3", [])), checked.review
 
 
+# A builtin off the list under a name the student binds: at the top level, or read as a global, the
+# reading may come before the binding (`exec = exec` reads the real one) or after a cell that failed
+# before it; a function's own argument or local is the function's (red team s8: `exec = exec`, then an
+# engine walking grad_fn nodes in an exec'd string, 11/11 with no review)
+SHADOWED = {
+    "exec = exec\nexec('y = 1')": True,
+    "def _(exec):\n    pass\n\nexec('y = 1')": True,  # a parameter elsewhere is not this scope's
+    "def f():\n    def g(exec):\n        pass\n    return exec('y = 1')": True,
+    "def f():\n    global exec\n    exec = print\n    return exec('y')": True,
+    "def f(x=exec):\n    return x": True,  # a default runs in the enclosing scope
+    "g = lambda exec: exec('y = 1')": False,  # the argument: whatever the caller passed, read there
+    "def f(input, weight):\n    return input @ weight": False,
+    "def f(x):\n    open = x + 1\n    return open * 2": False,
+}
+
+
+@pytest.mark.parametrize("code", SHADOWED)
+def test_a_builtin_off_the_list_is_the_students_own_only_where_a_function_binds_it(code):
+    import reach
+
+    sc = reach.scope([], [code])
+    found = [c for c, _, severity in reach.unlisted(code, sc, "any") if severity == "reach"]
+    assert bool(found) is SHADOWED[code], (code, found)
+
+
 @pytest.mark.sandbox
 def test_a_course_probe_called_by_the_answer_runs_no_backward_for_it():
     """The autograd guard lets a probe's backward through only when the grader called the probe (red team

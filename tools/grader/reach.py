@@ -361,6 +361,7 @@ class _Uses(ast.NodeVisitor):
 
     def __init__(self, scope: Scope):
         self.scope, self.found = scope, []
+        self.locals: list[set[str]] = []  # the names each enclosing function or lambda binds itself
 
     def add(self, kind: str, text: str, node) -> None:
         self.found.append((kind, text, getattr(node, "lineno", 0)))
@@ -391,9 +392,24 @@ class _Uses(ast.NodeVisitor):
 
     def visit_FunctionDef(self, node):
         self._defines(node.name, node)
-        self.generic_visit(node)
+        # decorators, defaults and annotations run in the enclosing scope; the body, in the function's own
+        for n in node.decorator_list:
+            self.visit(n)
+        self.visit(node.args)
+        if node.returns is not None:
+            self.visit(node.returns)
+        self.locals.append(_own_locals(node))
+        for n in node.body:
+            self.visit(n)
+        self.locals.pop()
 
     visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_Lambda(self, node):
+        self.visit(node.args)
+        self.locals.append(_own_locals(node))
+        self.visit(node.body)
+        self.locals.pop()
 
     def visit_Name(self, node):
         n = node.id
@@ -403,7 +419,13 @@ class _Uses(ast.NodeVisitor):
         if n in self.scope.imports:
             self.add("dotted", self.scope.imports[n], node)
         elif n in self.scope.own and (not _is_dunder(n) or n in HARMLESS_DUNDERS):
-            return  # the student's own name, `__radd__ = __add__` in their class too (red team 12)
+            # the student's own name, `__radd__ = __add__` in their class too (red team 12); but a builtin
+            # off the ordinary list (`exec`) is theirs only where a function binds it itself: at the top
+            # level or as a global, the reading may come before the binding or after a cell that failed
+            # before it (`exec = exec` read the real `exec`; red team s8)
+            if _builtin_off_list(n) and not any(n in names for names in self.locals):
+                self.add("builtin", n, node)
+            return
         elif n in self.scope.given and not _is_dunder(n):
             self.add("given", n, node)
         elif hasattr(builtins, n) or _is_dunder(n) or n in NEVER_ANY["builtins"]:
@@ -1091,6 +1113,53 @@ def classify(cells: list[tuple[int, str]], released: list[tuple[str, str | None]
 
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+
+
+def _builtin_off_list(name: str) -> bool:
+    """Whether ``name`` is a builtin's that the ordinary list leaves out (`exec`, `getattr`, `open`)."""
+    return (hasattr(builtins, name) or name in NEVER_ANY["builtins"]) and name not in ORDINARY_BUILTINS
+
+
+def _own_locals(fn: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> set[str]:
+    """The names a function or lambda binds in its own scope (its arguments, what its body assigns,
+    defines, imports or deletes; not what a nested function, lambda or class binds), less those it
+    declares global or nonlocal: as Python resolves them, these are the function's, not a builtin."""
+    a = fn.args
+    names = {x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg] if x is not None}
+    declared = set()
+    todo = list(fn.body) if isinstance(fn.body, list) else [fn.body]
+    while todo:
+        n = todo.pop()
+        if isinstance(n, (ast.Global, ast.Nonlocal)):
+            declared.update(n.names)
+        elif isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
+            names.add(n.id)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            names.update((x.asname or x.name).split(".")[0] for x in n.names)
+        elif isinstance(n, ast.ExceptHandler) and n.name:
+            names.add(n.name)
+        elif isinstance(n, (ast.MatchAs, ast.MatchStar)) and n.name:
+            names.add(n.name)
+        elif isinstance(n, ast.MatchMapping) and n.rest:
+            names.add(n.rest)
+        if isinstance(n, (*_SCOPES, *_COMPREHENSIONS)):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(n.name)
+            # what runs in this scope: decorators, defaults, a comprehension's first iterable
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                todo += n.decorator_list
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                todo += [*n.args.defaults, *filter(None, n.args.kw_defaults)]
+            if isinstance(n, ast.ClassDef):
+                todo += [*n.bases, *n.keywords]
+            if isinstance(n, _COMPREHENSIONS):
+                todo.append(n.generators[0].iter)
+            continue
+        todo += ast.iter_child_nodes(n)
+    return names - declared
+
+
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 # a container's methods that store what they are given in it (`tools.append(helper)` binds tools)
 STORING_METHODS = frozenset(
     ("append", "extend", "insert", "update", "setdefault", "add", "appendleft", "extendleft", "__setitem__")
