@@ -1979,7 +1979,7 @@ def test_a_match_statement_reads_attributes_by_name_and_is_read_so():
         assert construct in got, (code, got)
     # a pattern's captures are names the student bound: what reads them reaches what was stored there
     tree = reach.parse("match torch:\n    case object(_C=CC):\n        pass")
-    assert reach._binds(tree.body[0]) >= {"CC"}
+    assert reach.binds(tree.body[0]) >= {"CC"}
 
 
 def test_super_with_arguments_reaches_past_the_counting_wrappers_and_is_read_so():

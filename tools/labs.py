@@ -565,9 +565,14 @@ def _code(nb) -> list[str]:
     ]
 
 
+def graded_functions(lab: str) -> dict[str, set[str]]:
+    """{question: the names its hidden tests call}, as the lab's contract declares them."""
+    return {q.name: {t.function for t in q.tests} for q in contract(lab).questions()}
+
+
 def _exercise_answers(nb, lab: str) -> dict[str, str]:
     """{"ex1": the student's own code of exercise 1, ...}, each cut at MAX_ANSWER characters."""
-    answers = similarity.exercise_answers(nb, read_nb(student_path(lab)))
+    answers = similarity.exercise_answers(nb, read_nb(student_path(lab)), graded_functions(lab))
     return {ex: code[:MAX_ANSWER] for ex, code in answers.items()}
 
 

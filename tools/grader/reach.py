@@ -252,12 +252,22 @@ def _never(kind: str, text: str, tier: str) -> bool:
     return kind == "string"
 
 
-def parse(code: str) -> ast.Module | None:
-    """The cell as IPython runs it (`%magic` and `!shell` lines become calls), or None if it does not parse."""
+def as_run(code: str) -> str | None:
+    """The cell's text as IPython runs it (`%magic` and `!shell` lines become calls), or None where
+    IPython cannot transform it."""
     try:
         from IPython.core.inputtransformer2 import TransformerManager
 
-        return ast.parse(TransformerManager().transform_cell(code))
+        return TransformerManager().transform_cell(code)
+    except (SyntaxError, ValueError):
+        return None
+
+
+def parse(code: str) -> ast.Module | None:
+    """The cell as IPython runs it (``as_run``), parsed, or None if it does not parse."""
+    text = as_run(code)
+    try:
+        return None if text is None else ast.parse(text)
     except (SyntaxError, ValueError):
         return None  # code that does not parse cannot have run either: the cells that raised are noted apart
 
@@ -1187,7 +1197,7 @@ def _bodies(node: ast.AST):
             todo += ast.iter_child_nodes(n)
 
 
-def _binds(node: ast.stmt) -> set[str]:
+def binds(node: ast.stmt) -> set[str]:
     """The names a top-level statement binds (a def, a class, an import, an assignment, a loop's target)."""
     out = set()
     for n in _outer(node) if not isinstance(node, _SCOPES) else [node]:
@@ -1240,7 +1250,7 @@ def live_each(nodes: list[ast.stmt], roots: dict) -> dict:
     statement once."""
     binders: dict[str, list[int]] = {}
     for i, node in enumerate(nodes):
-        for n in _binds(node):
+        for n in binds(node):
             binders.setdefault(n, []).append(i)
     reads: dict[int, set[str]] = {}
     out = {}

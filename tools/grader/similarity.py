@@ -5,8 +5,8 @@ prompts, and disguised copies generated from them); a flag means "this pair stan
 rest of the class on an exercise with enough code to tell", never "these two wrote the same
 obvious three lines".
 
-**What is compared.** Each exercise separately (``exercise_answers`` splits a notebook at its
-"Exercise N" headings; cells equal to a released cell are not the student's). The code is
+**What is compared.** Each exercise separately (``exercise_answers``: the code its graded
+functions can run, wherever it stands; cells equal to a released cell are not the student's). The code is
 normalised so that what a copier changes cheaply does not count:
 
 * parsed (``ast``) and printed back one statement at a time: comments, docstrings, spacing,
@@ -90,9 +90,6 @@ SOLUTION_MIN_EXERCISES = 2  # ... and at least this many
 WHOLE = "all"  # the exercise name of an answer handed in as one text
 FIELDS = ("a", "b", "similarity", "threshold", "exercises", "tokens_overlap", "matched_lines")
 
-# spaces and tabs only, never a newline, around the heading's words: `^\s*` let each line start scan every
-# blank line after it (a markdown cell of 10⁵ newlines took minutes, 1 MB hours: no gradebook until then)
-_EXERCISE = re.compile(r"^[ \t]*#{1,6}[ \t]*Exercise[ \t]+(\d+)", re.IGNORECASE | re.MULTILINE)
 _TOKEN = re.compile(r"[A-Za-z_]\w*|\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+|\*\*|//|->|[=!<>]=|\S")
 
 
@@ -108,25 +105,47 @@ def _cells(nb):
     return nb.get("cells", []) if isinstance(nb, dict) else nb.cells
 
 
-def exercise_answers(nb, released) -> dict[str, str]:
-    """{"ex1": code, ...}: the code cells of each exercise that are not cells of the released notebook.
+def exercise_answers(nb, released, functions: dict) -> dict[str, str]:
+    """{"ex1": code, ...}: each exercise's answer, the student's code its graded functions can run.
 
-    A cell belongs to the exercise whose "Exercise N" heading comes last before it; code before
-    the first exercise is not an answer. A cell equal (stripped) to a released cell is given code
-    (a self-check), not the student's.
+    ``functions``: {"ex1": the names the grader calls, ...} (the lab's contract, ``labs.graded_functions``).
+    An exercise's answer is every top-level statement of the student's cells that those names can run
+    (``reach.live``: the definition, then the helpers and aliases it reads, transitively), wherever it
+    stands, less the definitions of another exercise's graded functions (an earlier exercise it calls is
+    that exercise's answer; a name several exercises call, the first one's). Headings are not read: code moved above exercise 1, or under a heading
+    rewritten (a no-break space in "Exercise 2"), is still the exercise's, and code nothing calls is no
+    one's. A cell equal (stripped) to a released cell is given code, not the student's; a cell that does
+    not parse ran nothing.
     """
+    reach = _reach()
     given = {_source(c).strip() for c in _cells(released) if c.get("cell_type") == "code"}
-    out: dict[str, list[str]] = {}
-    current = None
+    nodes, texts = [], []
     for c in _cells(nb):
         src = _source(c)
-        if c.get("cell_type") == "markdown":
-            m = _EXERCISE.search(src)
-            if m:
-                current = f"ex{int(m.group(1))}"
-        elif c.get("cell_type") == "code" and current and src.strip() and src.strip() not in given:
-            out.setdefault(current, []).append(src)
-    return {ex: "\n\n".join(srcs) for ex, srcs in out.items()}
+        if c.get("cell_type") != "code" or not src.strip() or src.strip() in given:
+            continue
+        text = reach.as_run(src)
+        tree = _parse(text) if text is not None else None
+        for node in getattr(tree, "body", []):
+            nodes.append(node)
+            texts.append(text.splitlines())
+    owner: dict[str, str] = {}  # a name several exercises call is the first one's (lab 10's tiled_backward)
+    for ex, names in functions.items():
+        for n in names:
+            owner.setdefault(n, ex)
+    out = {}
+    for ex, names in functions.items():
+        foreign = {n for n, o in owner.items() if o != ex}
+        ours = [i for i, node in enumerate(nodes) if not (reach.binds(node) & foreign)]
+        seen = reach.live([nodes[i] for i in ours], set(names))
+        parts = []
+        for i in sorted(ours[j] for j in seen):
+            node = nodes[i]
+            first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+            parts.append("\n".join(texts[i][first - 1 : node.end_lineno or node.lineno]))
+        if parts:
+            out[ex] = "\n\n".join(parts)
+    return out
 
 
 def given_code(released) -> str:
