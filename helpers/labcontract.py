@@ -31,6 +31,7 @@ import json
 import os
 import re
 import sys
+import threading
 from pathlib import Path
 
 import torch
@@ -1263,19 +1264,25 @@ def check_contract(lab: str, exercise: str, fn) -> None:
 # ------------------------------------------------------------------ hidden side
 
 
+_LOADING = threading.RLock()
+
+
 def module_at(name: str, path: Path):
-    """The module ``name`` loaded from the file ``path`` (once per process; sys.modules keeps it)."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        # registered before it runs: a lab's contract imports `contract`, which may import back
-        sys.modules[name] = module
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            del sys.modules[name]
-            raise
-    return sys.modules[name]
+    """The module ``name`` loaded from the file ``path`` (once per process; sys.modules keeps it). One
+    thread at a time: another thread would get the module half run (``grade --jobs 2`` read a
+    submission with a ``reach`` that had no ``as_run`` yet); the loading thread itself may import back."""
+    with _LOADING:
+        if name not in sys.modules:
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            # registered before it runs: a lab's contract imports `contract`, which may import back
+            sys.modules[name] = module
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[name]
+                raise
+        return sys.modules[name]
 
 
 def instructor_module(lab: str):

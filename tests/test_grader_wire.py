@@ -89,6 +89,25 @@ def test_oversized_messages_are_refused_before_reading_them():
         peer.receive()
 
 
+@pytest.mark.parametrize("write", ["in place", "through .data"])
+def test_a_module_changed_on_the_other_side_comes_back_as_it_was_changed(write):
+    """The sender's layer ends with the values the far side left, and its version counter moves only
+    where the far side's did: a write through ``.data`` (values only) reads the same on both sides, so
+    a hidden test sees what the self-check sees (lab 8 ex4: `layer.weight.data += …` got ✗ in the
+    self-check and 2/2 in the hidden tests, two newcomers)."""
+    a, b = wire.Peer(None, None), wire.Peer(None, None)
+    layer = torch.nn.Linear(3, 2).requires_grad_(False)
+    version = layer.weight._version
+    blobs = []
+    far = b.decode(a.encode(layer, blobs), blobs)
+    with torch.no_grad():
+        (far.weight if write == "in place" else far.weight.data).add_(1.0)
+    blobs = []
+    a.apply_echo(a.decode(b.encode(b.module_echo(), blobs), blobs))
+    assert torch.equal(layer.weight, far.weight)
+    assert (layer.weight._version != version) is (write == "in place")
+
+
 class Thing:
     """An object that stays on its side: the other side holds a handle."""
 

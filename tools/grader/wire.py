@@ -444,8 +444,8 @@ class Peer:
         token = int(node["token"])
         self.module_token[id(m)] = (token, m)  # the module itself too: an id alone could be reused
         if not any(t == token for t, *_ in self.received_modules):
-            first = {
-                (path, key, name): t
+            first = {  # each tensor as it arrived, and its version counter then
+                (path, key, name): (t, None if t is None else t._version)
                 for path, sub in m.named_modules()
                 for key in ("_parameters", "_buffers")
                 for name, t in getattr(sub, key).items()
@@ -457,19 +457,20 @@ class Peer:
         """[token, rows] for each module received by value: what the student's code left in it.
 
         One row per submodule: its path, training flag, hooks (as handles), and per parameter
-        or buffer its value and whether it is still the tensor object that arrived.
+        or buffer its value, whether it is still the tensor object that arrived, and whether its
+        version counter moved (a write through ``.data`` changes the values and not the counter).
         """
         out = []
         for token, m, first in self.received_modules:
             rows = []
             for path, sub in m.named_modules(remove_duplicate=False):
-                slots = {
-                    key: {
-                        name: [t, t is not None and first.get((path, key, name)) is t]
-                        for name, t in getattr(sub, key).items()
-                    }
-                    for key in ("_parameters", "_buffers")
-                }
+                slots = {}
+                for key in ("_parameters", "_buffers"):
+                    slots[key] = {}
+                    for name, t in getattr(sub, key).items():
+                        was, version = first.get((path, key, name), (None, None))
+                        same = t is not None and was is t
+                        slots[key][name] = [t, same, not same or t._version != version]
                 rows.append(
                     {
                         "path": path,
@@ -498,7 +499,8 @@ class Peer:
                 sub.training = bool(row["training"])
                 for key in ("_parameters", "_buffers"):
                     slots = getattr(sub, key)
-                    for name, (t, same) in row[key].items():
+                    for name, entry in row[key].items():
+                        t, same, moved = (list(entry) + [True])[:3]
                         cur = slots.get(name)
                         if (
                             same
@@ -507,7 +509,9 @@ class Peer:
                             and cur.shape == t.shape
                         ):
                             with torch.no_grad():
-                                cur.copy_(t)
+                                # as it was changed there: in place (its counter moves), or through .data
+                                # (values only), so a check of the version counter here sees what it would there
+                                (cur if moved else cur.data).copy_(t)
                             cur.requires_grad_(t.requires_grad)
                             cur.grad = t.grad
                         else:
