@@ -813,6 +813,39 @@ def test_a_grading_stopped_with_sigterm_leaves_no_folder_and_no_process(tmp_path
     assert not _leftovers()
 
 
+def test_a_notebook_of_very_many_cells_is_refused_before_it_is_built(tmp_path):
+    """Reading a notebook runs in the grading process, outside any submission's limits: 1,150,000 empty
+    cells (58 MB) took 10 minutes and 7.6 GB there before the sandbox started, 21.7 × the clean run
+    (red team s8). Counted first (JSON objects and lists, then cells), refused with one line; what a
+    student's run printed is dropped (the notebook runs again)."""
+    honest = json.loads(_submission(LAB))
+    many = dict(
+        honest, cells=honest["cells"] + [{"cell_type": "markdown", "metadata": {}, "source": ""}] * 300_000
+    )
+    (tmp_path / "many.ipynb").write_text(json.dumps(many))
+    over = dict(honest, cells=honest["cells"] + [{"cell_type": "raw", "source": ""}] * labs.MAX_CELLS)
+    (tmp_path / "over.ipynb").write_text(json.dumps(over))
+    printed = json.loads(_submission(LAB))
+    code = next(c for c in printed["cells"] if c["cell_type"] == "code")
+    code["outputs"] = [{"output_type": "stream", "name": "stdout", "text": "✓ all done"}] * 3
+    (tmp_path / "printed.ipynb").write_text(json.dumps(printed))
+    assert labs.read_submission(tmp_path / "many.ipynb") == (
+        None,
+        (
+            "corrupt",
+            f"{2 * 300_000 + json.dumps(honest).count('{') + json.dumps(honest).count('[')} "
+            "JSON objects and lists: far more than a lab notebook holds",
+        ),
+    )
+    n = len(over["cells"])
+    assert labs.read_submission(tmp_path / "over.ipynb")[1] == (
+        "corrupt",
+        f"{n} cells: more than the {labs.MAX_CELLS} a lab notebook may hold",
+    )
+    nb, bad = labs.read_submission(tmp_path / "printed.ipynb")
+    assert bad is None and all(c.outputs == [] for c in nb.cells if c.cell_type == "code")
+
+
 _RUNS: list = []
 
 
@@ -1771,6 +1804,28 @@ def test_a_builtin_off_the_list_is_the_students_own_only_where_a_function_binds_
     sc = reach.scope([], [code])
     found = [c for c, _, severity in reach.unlisted(code, sc, "any") if severity == "reach"]
     assert bool(found) is SHADOWED[code], (code, found)
+
+
+# Attributes named by strings built at run time, through what the list held whole (red team s8:
+# functools.update_wrapper(holder, x, (), ("grad" + "_fn",)) is getattr(x, "grad_fn"); a class made by
+# type(name, bases, {...}) has the attributes, dunders too, of a dict's string keys): read, not run
+BY_STRINGS = {
+    "import functools\nfunctools.update_wrapper(box, x, (), (name,))": True,
+    "from functools import wraps\nf = wraps(x, (name,))(f)": True,
+    "H = type('H', (), {k: f})": True,
+    "H = type('H', (object,), {}, **kw)": True,
+    "k = type(x).__name__ if False else type(x)": False,
+    "import functools\ng = functools.partial(f, 2)\ny = functools.reduce(g, [1, 2])": False,
+}
+
+
+@pytest.mark.parametrize("code", BY_STRINGS)
+def test_an_attribute_named_by_a_string_built_at_run_time_is_off_the_list(code):
+    import reach
+
+    sc = reach.scope([], [code])
+    found = [c for c, _, _ in reach.unlisted(code, sc, "any") if "__name__" not in c]
+    assert bool(found) is BY_STRINGS[code], (code, found)
 
 
 @pytest.mark.sandbox

@@ -526,6 +526,13 @@ def _row(name, status, qs, scores=None, notes=(), graded="", flags="", review=No
 
 
 MAX_NOTEBOOK = 64 << 20  # bytes: a lab notebook with outputs is well under 1 MiB
+# cells: a lab has under 100, a student's scratch cells add some dozens. Reading a notebook runs in this
+# process, outside any submission's limits: 1,150,000 empty cells (58 MB) took 10 minutes and 7.6 GB
+# here before its sandbox started (red team s8), so the count is checked before anything is built
+MAX_CELLS = 2000
+# JSON objects and lists ("{" and "[", strings' included: an upper bound, counted in milliseconds): building
+# them is what costs (1.15 M cells took 39 s to parse here, a lab notebook holds some thousands)
+MAX_NESTS = 200_000
 MAX_ANSWER = 200_000  # characters of a student's own code compared for similarity
 
 
@@ -536,7 +543,18 @@ def read_submission(path: Path):
     if path.stat().st_size > MAX_NOTEBOOK:
         return None, ("corrupt", f"{path.stat().st_size >> 20} MiB: too large for a lab notebook")
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        data = path.read_bytes()
+        nests = data.count(b"{") + data.count(b"[")
+        if nests > MAX_NESTS:
+            return None, ("corrupt", f"{nests} JSON objects and lists: far more than a lab notebook holds")
+        raw = json.loads(data.decode("utf-8"))
+        cells = raw.get("cells") if isinstance(raw, dict) else None
+        if isinstance(cells, list) and len(cells) > MAX_CELLS:
+            return None, ("corrupt", f"{len(cells)} cells: more than the {MAX_CELLS} a lab notebook may hold")
+        for cell in cells if isinstance(cells, list) else ():
+            if isinstance(cell, dict) and cell.get("cell_type") == "code":
+                # what the student's run printed is never graded (the notebook runs again): not kept
+                cell["outputs"], cell["execution_count"] = [], None
         nb = nbformat.from_dict(raw)
         if not isinstance(nb.get("cells"), list) or nb.get("nbformat") != 4:
             raise ValueError("no cells list or not nbformat 4")
@@ -812,7 +830,8 @@ def run_harness(run: Run, lab: str, name: str, nb, timeout: float, skip, unsafe:
     home, ctl = work / "home", work / "ctl"
     home.mkdir()
     ctl.mkdir()
-    nbformat.write(nb, home / "submission.ipynb")
+    # as JSON, not nbformat.write: its schema check runs in pure Python, cell by cell, in this process
+    (home / "submission.ipynb").write_text(json.dumps(nb, ensure_ascii=False), encoding="utf-8")
     limits = {"cpu_s": int(timeout * 2) + 30}
     zygote = None
     if unsafe:

@@ -140,12 +140,14 @@ NEVER_ANY = {
         "dir",
         "get_ipython",
         "__builtins__",
+        "type(name, bases, namespace)",  # TYPE3: a class built from strings (``visit_Call``; red team s8)
         # super(torch.Tensor, t).tolist() is TensorBase's own method, under the wrappers that count the
         # values read out of tensors (red team 8); a bare `super()` in a class's method is read as
         # ordinary (``visit_Call``): it reaches only past the student's own class
         "super",
     ),
 }
+TYPE3 = "type(name, bases, namespace)"
 # modules that other modules hand on as attributes (`torch.sys`, `os.sys`)
 REACHING_MODULES = {"sys", "os", "builtins", "gc", "importlib", "ctypes", "inspect", "subprocess"}
 # and, where an exercise asks for the gradient by hand ("autograd" in its by_hand list): what computes
@@ -471,6 +473,13 @@ class _Uses(ast.NodeVisitor):
         )
         if bare_super and "super" not in self.scope.own:
             return
+        if (
+            isinstance(node.func, ast.Name)
+            and node.func.id == "type"
+            and not any("type" in names for names in self.locals)
+            and len(node.args) + len(node.keywords) != 1
+        ):  # type(name, bases, namespace) builds a class whose attributes (dunders too) are strings
+            self.add("builtin", TYPE3, node)
         if magic is None:
             self.generic_visit(node)
         elif magic:  # %time, %%timeit: the code they run is read as the cell's own
@@ -669,6 +678,9 @@ NOT_MATH = re.compile(
     r"|compile|script|jit|vmap|func|autograd|library|deterministic|anomaly|autocast|thread|^set_(?!rng_state)"
     # quantized tensors hand out their scale as a Python float, 22 bits of a value a call (red team 12)
     r"|quantiz|^q_|int_repr|dequantiz"
+    # what copies attributes named by strings: functools.update_wrapper(w, obj, (), (name,)) is
+    # getattr(obj, name) for any name built at run time (red team s8: grad_fn nodes walked so, 11/11)
+    r"|wrap"
     r"|" + COMPLEX.pattern
 )
 
@@ -1029,12 +1041,6 @@ def main(argv: list[str]) -> int:
             for k, names in kinds.items():
                 print(t, k, len(names), sorted(names))
     return 1 if refused else 0
-
-
-if __name__ == "__main__":
-    import sys
-
-    raise SystemExit(main(sys.argv[1:]))
 
 
 # ------------------------------------------------------------------ a submission's cells
@@ -1400,3 +1406,9 @@ def plan(
     out.reach, out.gradient = sorted(reach), sorted(gradient)
     out.review = {q: sorted(v) for q, v in review.items() if v}
     return out
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))

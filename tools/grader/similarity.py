@@ -88,6 +88,7 @@ SOLUTION_SIM = 0.95  # an exercise "matches the solutions" at or above this
 SOLUTION_SHARE = 0.75  # flagged against the solutions: this share of the tellable exercises match
 SOLUTION_MIN_EXERCISES = 2  # ... and at least this many
 WHOLE = "all"  # the exercise name of an answer handed in as one text
+MAX_READ = 1_000_000  # characters of a notebook's own code cells read for its answers (a lab's: some 10,000)
 FIELDS = ("a", "b", "similarity", "threshold", "exercises", "tokens_overlap", "matched_lines")
 
 _TOKEN = re.compile(r"[A-Za-z_]\w*|\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+|\*\*|//|->|[=!<>]=|\S")
@@ -119,11 +120,14 @@ def exercise_answers(nb, released, functions: dict) -> dict[str, str]:
     """
     reach = _reach()
     given = {_source(c).strip() for c in _cells(released) if c.get("cell_type") == "code"}
-    nodes, texts = [], []
+    nodes, texts, left = [], [], MAX_READ
     for c in _cells(nb):
         src = _source(c)
         if c.get("cell_type") != "code" or not src.strip() or src.strip() in given:
             continue
+        left -= len(src)
+        if left < 0:  # read in the grading process, outside the submission's limits: bounded
+            break
         text = reach.as_run(src)
         tree = _parse(text) if text is not None else None
         for node in getattr(tree, "body", []):
