@@ -195,8 +195,9 @@ _GLOSSES = {  # a pattern of the message's first line: what it means in the lear
     "than the code asked for, e.g. fewer gradients than the flags it zips them with)",
     # autograd's check of what a custom Function's backward returned, by position
     r"returned an invalid gradient at index (\d+)": " (backward returns one gradient per input of forward, "
-    "in forward's order, None where none is needed: the one at position {0}, counting from 0, is shaped "
-    "like another input's; gradients out of order, or one left out?)",
+    "in forward's order, each shaped like its input, None where none is needed: the one at position {0}, "
+    "counting from 0, is not; gradients out of order, one left out, or one not reshaped back to its "
+    "input's shape?)",
 }
 
 

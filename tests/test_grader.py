@@ -1816,6 +1816,8 @@ BY_STRINGS = {
     "H = type('H', (object,), {}, **kw)": True,
     "k = type(x).__name__ if False else type(x)": False,
     "import functools\ng = functools.partial(f, 2)\ny = functools.reduce(g, [1, 2])": False,
+    "import numpy as np": False,  # an unused import (a newcomer's lab 1 went to review for it)
+    "import numpy as np\ny = np.sqrt(2.0)": True,  # what is taken from it is read
 }
 
 

@@ -225,7 +225,9 @@ def _is_dunder(name: str) -> bool:
 
 # a notebook may end a cell the way scripts do (`import sys; sys.exit()`): the worker makes it end the cell
 EXITS = {"sys.exit", "os._exit"}
-BARE_IMPORTS = {"sys", "os"}  # `import sys` alone reaches nothing: what is then taken from it is read
+# `import sys` alone reaches nothing: what is then taken from it is read. NumPy too: a newcomer's unused
+# `import numpy as np` sent all of lab 1 to review (0/11 shown, every self-check ✓); `np.` anything is read
+BARE_IMPORTS = {"sys", "os", "numpy"}
 
 
 def _never(kind: str, text: str, tier: str) -> bool:

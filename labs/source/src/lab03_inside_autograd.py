@@ -199,8 +199,9 @@ check_contract("lab03", "ex1b", power)
 #
 # Write `relu(a)`, `tanh(a)` and `exp(a)` in the same pattern (use `math.tanh`, `math.exp`),
 # with `+=` again: in `relu(x) + relu(x)` both ReLUs add their share into `x.grad`. Derive
-# each local derivative first, and write the tanh and exp ones in terms of the output. At
-# exactly 0, take ReLU's derivative to be what PyTorch takes: 0. The checks use each once
+# each local derivative first. Write tanh's in terms of the output (the checks use inputs where
+# $\cosh a$ overflows); exp's may be written so too, which saves a second `exp` (no check sees
+# which you chose). At exactly 0, take ReLU's derivative to be what PyTorch takes: 0. The checks use each once
 # (with `.grad` already 0.5), twice on one Value, chained (`op(op(x)·2 − 0.5)`), for
 # negative inputs, at exactly 0 and a hair above it (ReLU: $10^{-300}$ passes too), where tanh
 # saturates ($|a| \ge 4$), and where $\cosh a$ overflows a float ($|a| > 710$).
