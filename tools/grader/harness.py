@@ -451,6 +451,20 @@ def kind(exc: BaseException, hidden: bool = False) -> str:
     return k if k in (HIDDEN_KINDS if hidden else SAFE_KINDS) else "an exception"
 
 
+def read_plan(cells: list, spec: dict, qs: list) -> "reach.Plan":
+    """What the grader reads in a submission's cells before any of them runs (``reach.plan``): against
+    the released notebook and its earlier releases, each question's graded functions followed, not the
+    earlier exercises' its hidden tests replace by their references."""
+    return reach.plan(
+        cells,
+        released_cells(spec, qs),
+        {q.name: list(q.by_hand) for q in qs},
+        {q.name: {t.function for t in q.tests} for q in qs},
+        earlier_given(spec),
+        {q.name: set(q.replaced) for q in qs},
+    )
+
+
 def grade(spec: dict) -> dict:
     """Run every hidden test against the worker; per-question scores, per-case results, notes."""
     qs = questions(Path(spec["source"]), spec.get("cases"))
@@ -466,13 +480,7 @@ def grade(spec: dict) -> dict:
     except (OSError, ValueError, RecursionError) as e:
         return {"status": "crashed", "message": f"the notebook could not be read ({type(e).__name__})"}
     # read once: what is checked here is what every start of the worker runs
-    checked = reach.plan(
-        cells,
-        released_cells(spec, qs),
-        {q.name: list(q.by_hand) for q in qs},
-        {q.name: {t.function for t in q.tests} for q in qs},
-        earlier_given(spec),
-    )
+    checked = read_plan(cells, spec, qs)
     review = _review(checked, qs, spec.get("distrust", ()))
 
     def start():

@@ -1280,12 +1280,22 @@ def live_each(nodes: list[ast.stmt], roots: dict) -> dict:
     return out
 
 
-def _reached(parts: list[tuple[Cell, ast.stmt]], functions: dict) -> list[set[str]]:
-    """For each statement, the questions whose graded functions can run it (``live`` from their names)."""
+def _reached(parts: list[tuple[Cell, ast.stmt]], functions: dict, replaced: dict) -> list[set[str]]:
+    """For each statement, the questions whose graded functions can run it (``live`` from their names),
+    not following the definitions of ``replaced[q]``: an earlier exercise's functions, which q's hidden
+    tests replace by their references (a mistake there is that exercise's alone)."""
+    nodes = [node for _, node in parts]
     out = [set() for _ in parts]
-    for q, seen in live_each([node for _, node in parts], functions).items():
+    plain = {q: names for q, names in functions.items() if not replaced.get(q)}
+    for q, seen in live_each(nodes, plain).items():
         for i in seen:
             out[i].add(q)
+    for q, names in functions.items():
+        if q in plain:
+            continue
+        keep = [i for i, node in enumerate(nodes) if not (binds(node) & set(replaced[q]))]
+        for j in live([nodes[i] for i in keep], names):
+            out[keep[j]].add(q)
     return out
 
 
@@ -1317,6 +1327,7 @@ def plan(
     by_hand: dict,
     functions: dict | None = None,
     earlier: dict | None = None,
+    replaced: dict | None = None,
 ) -> Plan:
     """Read a submission's code cells against the released ones: what each is, what goes to review.
 
@@ -1330,6 +1341,10 @@ def plan(
     * against the list of each by-hand exercise whose graded functions can run it (the function, the
       helpers and aliases it reads, transitively): off that list, that exercise goes to review.
       Without ``functions``, a statement in a by-hand exercise's part of the notebook is that exercise's.
+
+    ``replaced``: {question: the earlier exercises' functions its hidden tests replace by their references}:
+    their definitions are not read as that question's (a forbidden call in exercise 3 sent a correct
+    exercise 4, graded with exercise 3's reference, to review).
 
     ``earlier``: the given cells of every release of the lab (``given_record``'s form): a notebook handed
     in from an earlier release has that release's given cells, which are the course's code too (a cell
@@ -1351,7 +1366,9 @@ def plan(
     if functions is None:
         reached = [{c.owner} if by_hand.get(c.owner) else set() for c, _ in parts]
     else:
-        reached = _reached(parts, {q: functions.get(q, ()) for q, names in by_hand.items() if names})
+        reached = _reached(
+            parts, {q: functions.get(q, ()) for q, names in by_hand.items() if names}, replaced or {}
+        )
     # what a by-hand list names is guarded at run time in the exercises that refuse it: read only where reached
     guarded = {n for names in by_hand.values() for n in names if "." in n}
     # read a cell at a time (and a group of its statements that the same exercises reach), not a statement

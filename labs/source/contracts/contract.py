@@ -317,6 +317,8 @@ class Question:
     points: float
     by_hand: tuple = ()
     tests: list = field(default_factory=list)
+    # the earlier exercises' functions its answers call, which its hidden tests replace by their references
+    replaced: set = field(default_factory=set)
 
 
 @functools.lru_cache(maxsize=None)
@@ -412,6 +414,9 @@ class Contract:
             q.tests += [
                 HiddenTest(self.lab, e.name, e.function, c.name, e.in_place, params=params) for c in e.classes
             ]
+            q.replaced |= {self.exercises[c].function for c in e.calls}
+        for q in out.values():
+            q.replaced -= {t.function for t in q.tests}
         for q in out.values():  # a question's points are shared evenly by its hidden tests
             for t in q.tests:
                 t.points = q.points / len(q.tests)
