@@ -2239,12 +2239,41 @@ def test_a_notebook_from_an_earlier_release_is_read_against_that_releases_given_
         lab, sol, insert=[(1, EARLIER_LAB8_GIVEN.replace("check(\n", "print(expected)\ncheck(\n"))]
     )
     for text in (as_then, debug):
-        assert plan(text, {}).reach  # read as the student's own: getattr
+        alone = plan(text, {})  # read as the student's own
+        assert alone.reach or alone.review, alone
         checked = plan(text, earlier)
         assert not checked.reach and not checked.review, checked
     assert [c.kind for c in plan(as_then, earlier).cells].count("added") == 0
     hostile = _submission(lab, sol, insert=[(1, EARLIER_LAB8_GIVEN + "\ngetattr(torch, 'sys')\n")])
-    assert any(x.startswith("getattr") for x in plan(hostile, earlier).reach)
+    assert any(x.startswith("torch.sys") for x in plan(hostile, earlier).reach)  # getattr by a constant
+
+
+def test_an_earlier_releases_line_that_names_a_reach_is_not_excused_in_a_students_cell():
+    """Red team s8: lab 9's old given lines `ns, saved_names = globals(), (...)` and
+    `ns.update({n: getattr(watch, n) for n in saved_names})`, pasted into a cell of the student's
+    beside lines rebinding `watch` and `saved_names`, were excused as the course's code: the worker's
+    module reached, the by-hand guards switched off, torch's checkpoint scored 2/2. An old line that
+    names what reaches around the grader is read; the other old lines are still the course's."""
+    import reach
+
+    earlier = {
+        "cells": [],
+        "lines": [
+            "ns, saved_names = globals(), ('checkpoint_rng',)",
+            "ns.update({n: getattr(watch, n) for n in saved_names})",
+            "scale = 2.0 ** 16",
+        ],
+    }
+    released = [("x = 1", None), ("def f(x):\n    ...", "ex1")]
+    attack = "watch = torch\nns, saved_names = globals(), ('checkpoint_rng',)\nsaved_names = ('sys',)\n"
+    attack += "ns.update({n: getattr(watch, n) for n in saved_names})"
+    answer = (3, "def f(x):\n    return 2 * x")
+    checked = reach.plan([(1, "x = 1"), (2, attack), answer], released, {"ex1": ["autograd"]}, None, earlier)
+    assert {"globals (cell 2)", "getattr (cell 2)"} <= set(checked.reach), checked.reach
+    honest = reach.plan(
+        [(1, "x = 1"), (2, "scale = 2.0 ** 16"), answer], released, {"ex1": ["autograd"]}, None, earlier
+    )
+    assert not honest.reach and not honest.review, honest
 
 
 def test_an_edited_given_cell_counts_only_the_lines_the_student_wrote():
@@ -2253,7 +2282,7 @@ def test_an_edited_given_cell_counts_only_the_lines_the_student_wrote():
     checked = _plan_with_given(GIVEN_WITH_GETATTR, debug)
     assert not checked.review and not checked.reach, (checked.review, checked.reach)
     assert [c.kind for c in checked.cells] == ["edited", "answer"]
-    added = LINE_WITH_GETATTR + "    getattr(grads, 'x', None)\n"
+    added = LINE_WITH_GETATTR + "    getattr(grads, 'x' + name, None)\n"
     hostile = GIVEN_WITH_GETATTR.replace(LINE_WITH_GETATTR, added)
     assert any(x.startswith("getattr") for x in _plan_with_given(GIVEN_WITH_GETATTR, hostile).reach)
     # unchanged, the given cell is the course's code: not read at all

@@ -475,6 +475,25 @@ class _Uses(ast.NodeVisitor):
         )
         if bare_super and "super" not in self.scope.own:
             return
+        if (  # getattr(x, "shape") is x.shape: read as that attribute (a self-check's line, lab 8's once)
+            isinstance(node.func, ast.Name)
+            and node.func.id == "getattr"
+            and "getattr" not in self.scope.own
+            and 2 <= len(node.args) <= 3
+            and not node.keywords
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+            and node.args[1].value.isidentifier()
+        ):
+            path = self.scope.path(node.args[0])
+            if path is not None:  # getattr(torch, "sys") is torch.sys
+                self.add("dotted", f"{path}.{node.args[1].value}", node)
+            else:
+                self.add("attr", node.args[1].value, node)
+                self.visit(node.args[0])
+            for a in node.args[2:]:
+                self.visit(a)
+            return
         if (
             isinstance(node.func, ast.Name)
             and node.func.id == "type"
@@ -1299,6 +1318,18 @@ def _reached(parts: list[tuple[Cell, ast.stmt]], functions: dict, replaced: dict
     return out
 
 
+def _names_a_reach(line: str) -> bool:
+    """Whether a line's text names, as a word, a builtin, module or attribute that can reach around the
+    grader (``NEVER_ANY``), or holds a dunder: read as text, since a line of a cell may not parse alone."""
+    words = set(re.findall(r"[A-Za-z_]\w*", line))
+    never = {
+        *NEVER_ANY["builtins"],
+        *NEVER_ANY["attributes"],
+        *(d.split(".")[0] for d in NEVER_ANY["dotted"]),
+    }
+    return bool(words & never) or any(_is_dunder(w) and w not in HARMLESS_DUNDERS for w in words)
+
+
 def _guarded(construct: str, guarded: set[str]) -> bool:
     """Whether a construct (as ``describe`` names it) is, or is a module of, a name a by-hand list guards."""
     text = construct.removeprefix("import ")
@@ -1355,7 +1386,11 @@ def plan(
     for c in out.cells:
         if c.kind in ("edited", "added") and given_key(c.source) in past:
             c.kind, c.released = "given", c.source  # as an earlier release handed it out
-    past_lines = "\n".join((earlier or {}).get("lines", ()))
+    # an earlier release's line is excused where it stands in a cell the student wrote or changed, unless it
+    # names what could reach around the grader: its names may be the student's by now (red team s8 pasted
+    # lab 9's old `ns, saved_names = globals(), …` and `getattr(watch, n)` lines, rebound `watch` and
+    # `saved_names` on lines of their own, and switched the by-hand guards off with nothing read)
+    past_lines = "\n".join(ln for ln in (earlier or {}).get("lines", ()) if not _names_a_reach(ln))
     own = [c for c in out.cells if c.kind != "given"]
     given = [r for r, o in released if o is None]
     sc = scope(given, [c.source for c in own])
