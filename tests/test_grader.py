@@ -1809,6 +1809,8 @@ BY_STRINGS = {
     "H = type('H', (object,), {}, **kw)": True,
     "k = type(x).__name__ if False else type(x)": False,
     "import functools\ng = functools.partial(f, 2)\ny = functools.reduce(g, [1, 2])": False,
+    # singledispatch's register evaluates a string annotation: `def g(x: "getattr")` handed getattr back
+    "import functools\n@functools.singledispatch\ndef f(x):\n    pass": True,
     "import numpy as np": False,  # an unused import (a newcomer's lab 1 went to review for it)
     "import numpy as np\ny = np.sqrt(2.0)": True,  # what is taken from it is read
 }
@@ -2287,6 +2289,25 @@ def test_an_edited_given_cell_counts_only_the_lines_the_student_wrote():
     assert any(x.startswith("getattr") for x in _plan_with_given(GIVEN_WITH_GETATTR, hostile).reach)
     # unchanged, the given cell is the course's code: not read at all
     assert not _plan_with_given(GIVEN_WITH_GETATTR, GIVEN_WITH_GETATTR).reach
+
+
+def test_a_line_that_starts_with_a_magics_name_runs_as_the_reader_reads_it(tmp_path):
+    """Red team s8: `time fetch = getattr` ran as %time (IPython's automagic) while the reader, which
+    sees what IPython's transformer makes of a cell, could not parse it and read nothing. The worker
+    runs with automagic off: the line is the SyntaxError the reader read, and binds nothing."""
+    import reach
+
+    assert reach.parse("time fetch = getattr") is None
+    code = (
+        "import sys, json\nsys.path.insert(0, %r)\nimport worker\n"
+        "errors = worker.run_notebook([[1, 'time fetch = getattr'], [2, 'ok = 1']])\n"
+        "ns = worker.STATE['ns']\n"
+        "open(sys.argv[1], 'w').write(json.dumps([[e['cell'], e['ename']] for e in errors] + "
+        "[['fetch' in ns, ns.get('ok')]]))\n"
+    ) % str(ROOT / "tools" / "grader")
+    out = tmp_path / "out.json"
+    subprocess.run([sys.executable, "-c", code, str(out)], timeout=300)
+    assert json.loads(out.read_text()) == [[1, "SyntaxError"], [False, 1]]
 
 
 def test_the_runtime_guards_cover_forward_ad_functorch_the_functional_api_kernels_and_aliases(tmp_path):

@@ -497,7 +497,8 @@ def test_the_grader_splits_a_notebook_by_exercise():
     exs = corpus(lab)["ben"]
     got = similarity.exercise_answers(handed_in(lab, exs), released(lab), labs.graded_functions(lab))
     assert sorted(got) == sorted(exs)
-    assert got["ex6"].strip() == exs["ex6"].strip()
+    # as code: comments, docstrings and long strings are no one's evidence (similarity._plain)
+    assert got["ex6"] == "\n\n".join(similarity._plain(n) for n in ast.parse(exs["ex6"]).body)
     # an untouched released notebook has no answers at all
     assert similarity.exercise_answers(released(lab), released(lab), labs.graded_functions(lab)) == {}
 
@@ -695,6 +696,42 @@ def test_a_copy_moved_above_exercise_1_or_under_rewritten_headings_is_still_each
     assert sorted(sol) == sorted(fns), sorted(sol)
     assert similarity.exercise_answers(moved, rel, fns) == sol
     assert similarity.exercise_answers(renamed, rel, fns) == sol
+
+
+@pytest.mark.parametrize("lab", CORPUS_LABS[:3])
+def test_a_copy_padded_inside_its_functions_gives_the_plain_copys_answers(lab):
+    """Red team s8: a 200,000-character comment (or docstring) as the first line of each def filled the
+    length at which an answer is cut, and the copied code was never compared. Answers are code: comments,
+    docstrings and long strings are gone before anything is cut."""
+    rel, fns = released(lab), labs.graded_functions(lab)
+    sol_nb = labs.solution_notebook(lab)
+    sol = similarity.exercise_answers(sol_nb, rel, fns)
+    pad = "x" * 200_000
+    doc = '"' * 3
+    for c in sol_nb.cells:
+        if c.cell_type == "code":
+            c.source = re.sub(
+                r"^(\s*)(def .*:\n)",
+                lambda m: f"{m[1]}{m[2]}{m[1]}    # {pad}\n{m[1]}    {doc}{pad}{doc}\n",
+                c.source,
+                flags=re.M,
+            )
+    assert any(pad in c.source for c in sol_nb.cells)
+    assert similarity.exercise_answers(sol_nb, rel, fns) == sol
+
+
+def test_a_cell_ipython_cannot_transform_is_no_answer_and_stops_nothing():
+    """Red team s8: 501 `%time 1` lines make IPython's transformer raise RuntimeError; read in the grading
+    process, it ended the class's run with no gradebook. Such a cell is unread, as one that does not parse."""
+    nb = {
+        "cells": [
+            {"cell_type": "code", "source": "\n".join(["%time 1"] * 501)},
+            {"cell_type": "code", "source": "def f(x):\n    return x"},
+        ]
+    }
+    assert similarity.exercise_answers(nb, {"cells": []}, {"ex1": {"f"}}) == {
+        "ex1": "def f(x):\n    return x"
+    }
 
 
 def test_two_long_identical_answers_show_at_most_matched_most_statements():

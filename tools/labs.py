@@ -589,8 +589,12 @@ def graded_functions(lab: str) -> dict[str, set[str]]:
 
 
 def _exercise_answers(nb, lab: str) -> dict[str, str]:
-    """{"ex1": the student's own code of exercise 1, ...}, each cut at MAX_ANSWER characters."""
-    answers = similarity.exercise_answers(nb, read_nb(student_path(lab)), graded_functions(lab))
+    """{"ex1": the student's own code of exercise 1, ...}, each cut at MAX_ANSWER characters; {} where
+    the notebook's code cannot be read (it is graded all the same: a copy check never stops a run)."""
+    try:
+        answers = similarity.exercise_answers(nb, read_nb(student_path(lab)), graded_functions(lab))
+    except Exception:  # noqa: BLE001 - a submission's text must not abort the class's run
+        return {}
     return {ex: code[:MAX_ANSWER] for ex, code in answers.items()}
 
 
@@ -970,8 +974,10 @@ def grade_submission(
     notes += [note] if note else []
     nb.metadata.setdefault("otter", {})["assignment_name"] = lab
     answer = answer_text(nb, lab)
-    answers = _exercise_answers(nb, lab)
     out = run_harness(run, lab, sub.student, nb, timeout, skip, unsafe)
+    # each exercise's code, as the harness read it (under the submission's limits), cut for comparing
+    got = out.get("answers") if isinstance(out.get("answers"), dict) else {}
+    answers = {str(q): v[:MAX_ANSWER] for q, v in got.items() if isinstance(v, str)}
     # what the harness read in the student's own cells that could reach around the grader's checks
     flags = [str(x) for x in out.get("reach", []) if isinstance(x, str)]
     detail = {"questions": out.get("questions", {}), "answer": answer, "answers": answers}

@@ -263,7 +263,7 @@ def as_run(code: str) -> str | None:
         from IPython.core.inputtransformer2 import TransformerManager
 
         return TransformerManager().transform_cell(code)
-    except (SyntaxError, ValueError):
+    except Exception:  # noqa: BLE001 - IPython's own errors (501 `%time` lines raise RuntimeError): unread
         return None
 
 
@@ -700,8 +700,9 @@ NOT_MATH = re.compile(
     # quantized tensors hand out their scale as a Python float, 22 bits of a value a call (red team 12)
     r"|quantiz|^q_|int_repr|dequantiz"
     # what copies attributes named by strings: functools.update_wrapper(w, obj, (), (name,)) is
-    # getattr(obj, name) for any name built at run time (red team s8: grad_fn nodes walked so, 11/11)
-    r"|wrap"
+    # getattr(obj, name) for any name built at run time (red team s8: grad_fn nodes walked so, 11/11);
+    # what evaluates string annotations: functools.singledispatch's register (it handed back getattr)
+    r"|wrap|dispatch"
     r"|" + COMPLEX.pattern
 )
 

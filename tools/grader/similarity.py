@@ -88,7 +88,6 @@ SOLUTION_SIM = 0.95  # an exercise "matches the solutions" at or above this
 SOLUTION_SHARE = 0.75  # flagged against the solutions: this share of the tellable exercises match
 SOLUTION_MIN_EXERCISES = 2  # ... and at least this many
 WHOLE = "all"  # the exercise name of an answer handed in as one text
-MAX_READ = 1_000_000  # characters of a notebook's own code cells read for its answers (a lab's: some 10,000)
 FIELDS = ("a", "b", "similarity", "threshold", "exercises", "tokens_overlap", "matched_lines")
 
 _TOKEN = re.compile(r"[A-Za-z_]\w*|\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+|\*\*|//|->|[=!<>]=|\S")
@@ -120,19 +119,14 @@ def exercise_answers(nb, released, functions: dict) -> dict[str, str]:
     """
     reach = _reach()
     given = {_source(c).strip() for c in _cells(released) if c.get("cell_type") == "code"}
-    nodes, texts, left = [], [], MAX_READ
+    nodes = []  # read in the harness, under the submission's limits (harness.answers)
     for c in _cells(nb):
         src = _source(c)
         if c.get("cell_type") != "code" or not src.strip() or src.strip() in given:
             continue
-        left -= len(src)
-        if left < 0:  # read in the grading process, outside the submission's limits: bounded
-            break
         text = reach.as_run(src)
         tree = _parse(text) if text is not None else None
-        for node in getattr(tree, "body", []):
-            nodes.append(node)
-            texts.append(text.splitlines())
+        nodes += getattr(tree, "body", [])
     owner: dict[str, str] = {}  # a name several exercises call is the first one's (lab 10's tiled_backward)
     for ex, names in functions.items():
         for n in names:
@@ -142,14 +136,43 @@ def exercise_answers(nb, released, functions: dict) -> dict[str, str]:
         foreign = {n for n, o in owner.items() if o != ex}
         ours = [i for i, node in enumerate(nodes) if not (reach.binds(node) & foreign)]
         seen = reach.live([nodes[i] for i in ours], set(names))
-        parts = []
-        for i in sorted(ours[j] for j in seen):
-            node = nodes[i]
-            first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-            parts.append("\n".join(texts[i][first - 1 : node.end_lineno or node.lineno]))
+        parts = [_plain(nodes[i]) for i in sorted(ours[j] for j in seen)]
         if parts:
             out[ex] = "\n\n".join(parts)
     return out
+
+
+class _Plain(ast.NodeTransformer):
+    """Docstrings and other bare string statements dropped, long strings cut: what a copy pads an
+    answer with must not fill the length at which an answer is cut (a 200,000-character comment or
+    docstring in each def hid a copy; red team s8)."""
+
+    def visit_Expr(self, node):
+        if isinstance(node.value, ast.Constant) and isinstance(node.value.value, (str, bytes)):
+            return None
+        return self.generic_visit(node)
+
+    def visit_Constant(self, node):
+        if isinstance(node.value, (str, bytes)) and len(node.value) > 80:
+            return ast.copy_location(ast.Constant(node.value[:80]), node)
+        return node
+
+    def generic_visit(self, node):
+        super().generic_visit(node)
+        for f in ("body", "orelse", "finalbody"):
+            if getattr(node, f, None) == [] and f == "body":
+                node.body = [ast.Pass()]
+        return node
+
+
+def _plain(node: ast.stmt) -> str:
+    """A statement as code, comments, docstrings and long strings gone (``_Plain``)."""
+    import copy
+
+    try:
+        return ast.unparse(ast.fix_missing_locations(_Plain().visit(copy.deepcopy(node))))
+    except (RecursionError, ValueError):
+        return ""
 
 
 def given_code(released) -> str:

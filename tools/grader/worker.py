@@ -273,6 +273,10 @@ def run_notebook(cells: list, cell_timeout: float | None = None, own_namespace: 
     os._exit = os.abort = no_exit  # a notebook that exits mid-way ends that cell, not its grading
     shell = InteractiveShell.instance()
     shell.showtraceback = lambda *a, **k: None
+    # a line that starts with a magic's name (`time x = f()`) runs as that magic only with automagic on,
+    # which IPython's transformer, and so the grader's reader, does not see: off, it is the SyntaxError the
+    # reader reads (red team s8 ran `time fetch = getattr` unread)
+    shell.automagic = False
     errors = []
     running = [False]
 
