@@ -1380,12 +1380,14 @@ def backward_and_saved(
 
 @probe
 def at_each(answer, args, kwargs, steps=()):
-    """(float(answer(s, *args, **kwargs)) for s in steps as a float64 tensor, the values' type names): a schedule."""
+    """(the values' type names, float(answer(s, *args, **kwargs)) for s in steps as a float64 tensor): a
+    schedule. The type first: a tensor returned for a float also rounds the values, and the ✗ names
+    the cause first (a newcomer's float32 `torch.cos` was told "lr per step is wrong" by 5e-10)."""
     values = [answer(s, *args, **kwargs) for s in steps]
     if all(v is None or v is Ellipsis for v in values):
         raise Stub("returned None")
     kinds = ", ".join(sorted({type(v).__name__ for v in values}))
-    return torch.tensor([float(v) for v in values], dtype=torch.float64), kinds
+    return kinds, torch.tensor([float(v) for v in values], dtype=torch.float64)
 
 
 @probe

@@ -404,7 +404,7 @@ ex4 = Exercise(
     "(step, warmup, period, lr_max, lr_min=0.0, mult=2)",
     "Exercise 4 · lr_at",
     lr_at,
-    ("lr per step", "type of the values"),
+    ("type of the values", "lr per step"),
     [
         CaseClass(
             "mult is left at its default (2)",
