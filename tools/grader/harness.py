@@ -451,6 +451,11 @@ def kind(exc: BaseException, hidden: bool = False) -> str:
     return k if k in (HIDDEN_KINDS if hidden else SAFE_KINDS) else "an exception"
 
 
+def graded_functions(qs: list) -> dict[str, set[str]]:
+    """{question: the names its hidden tests call}."""
+    return {q.name: {t.function for t in q.tests} for q in qs}
+
+
 def read_plan(cells: list, spec: dict, qs: list) -> "reach.Plan":
     """What the grader reads in a submission's cells before any of them runs (``reach.plan``): against
     the released notebook and its earlier releases, each question's graded functions followed, not the
@@ -459,7 +464,7 @@ def read_plan(cells: list, spec: dict, qs: list) -> "reach.Plan":
         cells,
         released_cells(spec, qs),
         {q.name: list(q.by_hand) for q in qs},
-        {q.name: {t.function for t in q.tests} for q in qs},
+        graded_functions(qs),
         earlier_given(spec),
         {q.name: set(q.replaced) for q in qs},
     )
@@ -703,7 +708,7 @@ def answers(spec: dict) -> dict[str, str]:
         qs = questions(Path(spec["source"]))
         nb = {"cells": [{"cell_type": "code", "source": src} for _, src in read_cells(spec["notebook"])]}
         released = {"cells": [{"cell_type": "code", "source": r} for r, _ in released_cells(spec, qs)]}
-        return similarity.exercise_answers(nb, released, {q.name: {t.function for t in q.tests} for q in qs})
+        return similarity.exercise_answers(nb, released, graded_functions(qs))
     except Exception:  # noqa: BLE001 - no answers read: no copy check for this one, its grade stands
         return {}
 
