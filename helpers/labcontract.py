@@ -794,6 +794,20 @@ def disagreement(got, expected, outputs, atol: float, rtol: float) -> str | None
     return None
 
 
+def failed_part(got, expected, outputs, atol: float, rtol: float) -> str:
+    """What ``disagreement`` found wrong, in words that carry no value the answer chose (a hidden test's
+    note: an output's name, the memory budget, the kind of value), never a number or a returned string."""
+    got_parts, exp_parts = _parts(got, len(outputs)), _parts(expected, len(outputs))
+    if got_parts is None:
+        return "the returned dict's keys" if isinstance(got, dict) else "the kind of value returned"
+    for name, g, e in zip(outputs, got_parts, exp_parts):
+        if _differs(name, g, e, atol, rtol):
+            if isinstance(g, str) and re.fullmatch(r"over its [\d.e+-]+ MiB memory budget", g):
+                return "the call's memory budget"
+            return name
+    return "the returned value"
+
+
 def _differs(name: str, g, e, atol: float, rtol: float) -> str | None:
     """Why one output ``g`` is not ``e``: a tensor, a number (an int stays an int), None, a str, or a
     list/tuple/dict of those."""

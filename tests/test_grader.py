@@ -1414,6 +1414,13 @@ def test_a_mistake_seen_only_through_the_boundary_loses_points(name):
         for q, (p, n) in got.items()
         if q not in mutated and not (lab.startswith("lab09") and q == "ex4")
     ), got
+    # every point lost comes with a reason in the student's feedback, in the grader's words
+    notes = NOTES[_mutant_group(name)]
+    assert any(
+        n.startswith((f"{ex}: hidden test", f"{ex}: your")) or f" in {ex}, which" in n for n in notes
+    ), notes
+    if name in SAYS:
+        assert any(f"{ex}: hidden test" in n and SAYS[name] in n for n in notes), notes
 
 
 @pytest.mark.sandbox
@@ -1521,8 +1528,19 @@ def _graded_with_mistakes(group: tuple) -> dict:
         e.question for e in c.exercises.values() if any(c.exercises[x].question in mutated for x in e.calls)
     }
     skip = [q.name for q in c.questions() if q.name not in mutated | callers]
-    got, _ = _grade_in_harness(lab, [edit for m in group for edit in MUTANTS[m][2]], skip=skip)
+    got, notes = _grade_in_harness(lab, [edit for m in group for edit in MUTANTS[m][2]], skip=skip)
+    NOTES[group] = notes
     return got
+
+
+NOTES: dict = {}  # a group's notes, as the student's feedback shows them
+
+# what the note of a failing hidden test says failed (issue 32: rule zeros came with no reason)
+SAYS = {
+    "the n x n Jacobian built (lab 4)": "(the call's memory budget)",
+    "g @ B computed twice (lab 8)": "(the stated rule on the multiply–adds of every matrix product)",
+    "grad_V without the transpose of P (lab 6 ex3, called by ex4)": "(grad_V)",
+}
 
 
 @pytest.mark.sandbox

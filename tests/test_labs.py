@@ -58,6 +58,50 @@ def test_student_notebooks_are_not_stale():
         assert labs.stale(lab) is None
 
 
+def _prompts(nb) -> dict:
+    """{question: its prose before the first hint}, in a released notebook (the heading names the question)."""
+    out, q = {}, None
+    for c in nb.cells:
+        if c.cell_type == "markdown" and (m := re.match(r"## Exercise (\d+)", c.source)):
+            q = f"ex{m.group(1)}"
+            out[q] = c.source.split("<details>")[0]
+    return out
+
+
+def test_every_prompt_says_what_its_exercise_may_not_call_and_which_of_its_calls_are_replaced():
+    """A reader found rules the contracts held and no prompt said (lab 4's RMSNorm may not call
+    F.rms_norm, forward included; lab 9's checkpoint helpers; lab 2 ex3 named chapter 2's
+    linear_backward as given): the paragraph is now written from the declaration at release."""
+    for lab in LABS:
+        C, prompts = labs.contract(lab), _prompts(labs.read_nb(labs.student_path(lab)))
+        for q, _ in labs.questions(lab):
+            prompt = prompts[q]
+            assert C.rule_line(q) in prompt, (lab, q)
+            for b in C.declared[q]:
+                said = "autograd" if b == "autograd" else b.rsplit(".", 1)[1]
+                assert said in prompt.split("**Not allowed here:**")[1], (lab, q, b)
+            for e in C.of_question(q):
+                for c in e.calls:
+                    assert f"`{C.exercises[c].function}` in place of yours" in prompt or (
+                        f"`{C.exercises[c].function}`" in prompt.split("The hidden tests run it with")[1]
+                    ), (lab, q, c)
+    C = labs.contract("lab04_custom_functions")
+    assert "`F.rms_norm`" in C.rule_line("ex3") and "autograd" in C.rule_line("ex3")
+    assert "`.step` of any `torch.optim` class" in labs.contract("lab11_training_by_hand").rule_line("ex1")
+    assert labs.contract("lab05_losses_and_flow").rule_line("ex3") == ""  # nothing declared: no paragraph
+
+
+def test_a_rule_paragraph_goes_after_what_is_given_or_else_before_the_first_hint():
+    given = "Goal.\n\n**You are given:** x.\n\nWrite f.\n\n<details>h</details>"
+    assert (
+        labs.with_rule(given, "R")
+        == "Goal.\n\n**You are given:** x.\n\nR\n\nWrite f.\n\n<details>h</details>"
+    )
+    assert labs.with_rule("Write f.\n\n<details>h</details>", "R") == "Write f.\n\nR\n\n<details>h</details>"
+    assert labs.with_rule("Write f.", "R") == "Write f.\n\nR"
+    assert labs.with_rule("Write f.", "") == "Write f."
+
+
 def test_student_notebooks_hold_no_grader_cells_and_carry_the_lab_name():
     for lab in LABS:
         nb = labs.read_nb(labs.student_path(lab))

@@ -261,6 +261,18 @@ def without_solution(code: str) -> str:
     return "\n".join(out)
 
 
+def with_rule(prompt: str, rule: str) -> str:
+    """A question's prompt with its contract's rule paragraph (``Contract.rule_line``) after the paragraph that
+    says what is given, or else before the first hint: what may not be called is read off the declaration."""
+    if not rule:
+        return prompt
+    paras = prompt.split("\n\n")
+    at = next((i + 1 for i, p in enumerate(paras) if p.startswith("**You are given:**")), None)
+    if at is None:
+        at = next((i for i, p in enumerate(paras) if p.lstrip().startswith("<details>")), len(paras))
+    return "\n\n".join([*paras[:at], rule, *paras[at:]])
+
+
 def student_notebook(lab: str):
     """labs/LAB.ipynb as the source makes it: the markers gone, each solution cell an answer cell
     without its solution, our Colab setup cell first, no outputs, the lab's name in the metadata."""
@@ -268,7 +280,7 @@ def student_notebook(lab: str):
     nb = nbformat.v4.new_notebook(metadata={k: v for k, v in src.metadata.items() if k != "jupytext"})
     # the name the grader recognises a submission by (``identify``); otter's key, kept for handed-out notebooks
     nb.metadata["otter"] = {"assignment_name": lab}
-    where = "setup"
+    where, rule = "setup", ""
     for cell in src.cells:
         if cell.cell_type == "raw":
             text = cell.source.strip()
@@ -279,13 +291,15 @@ def student_notebook(lab: str):
                         f"{lab}: a question's marker holds only its name (points, by_hand, in_place are "
                         f"declared in labs/source/contracts/{lab}.py), got {sorted(conf)}"
                     )
+                rule = contract(lab).rule_line(str(conf["name"]))
             where = next((r for m, r in REGION_MARKERS if text.startswith(m)), where)
             continue
         meta = {
             k: v for k, v in cell.metadata.items() if k not in ("lines_to_next_cell", "editable", "deletable")
         }
         if cell.cell_type == "markdown":
-            new = nbformat.v4.new_markdown_cell(cell.source, metadata=meta)
+            new = nbformat.v4.new_markdown_cell(with_rule(cell.source, rule), metadata=meta)
+            rule = ""  # the question's first prose cell carries it
         elif where == "solution":
             tags = [*meta.get("tags", []), ANSWER_TAG]
             new = nbformat.v4.new_code_cell(without_solution(cell.source), metadata={**meta, "tags": tags})

@@ -520,7 +520,7 @@ def grade(spec: dict) -> dict:
     for q in qs:
         if q.name in skip:
             continue
-        passed, raised, edited, shapes = [], {}, [], []
+        passed, raised, edited, shapes, failed = [], {}, [], [], {}
         student.peer.exercise = q.name
         for k, case in enumerate(q.tests, 1):
             ok, mismatched = False, []
@@ -534,8 +534,9 @@ def grade(spec: dict) -> dict:
                     torch.manual_seed(0)
                     exec(compile_test(case.code, f"<{q.name} test {k}>"), ns)
                 ok = True
-            except AssertionError:
-                pass
+            except AssertionError as e:  # the contract's CaseFailed: which class, which part, in our words
+                if getattr(e, "case_class", None):
+                    failed.setdefault((e.case_class, e.part), []).append(k)
             except InPlaceEdit:
                 edited.append(k)
             except (TimeoutError, EOFError, wire.WireError) as e:
@@ -577,6 +578,13 @@ def grade(spec: dict) -> dict:
             result["notes"].append(
                 f"{q.name}: a result of the wrong shape, or with no elements, in {_tests(shapes)} "
                 "(shapes must match: the self-check prints both)"
+            )
+        if failed:
+            said = [f"when {c}" + (f" ({part})" if part else "") for (c, part) in failed]
+            more = f"; and {len(said) - 3} more classes" if len(said) > 3 else ""
+            ks = sorted(k for v in failed.values() for k in v)
+            result["notes"].append(
+                f"{q.name}: {_tests(ks)} {'fails' if len(ks) == 1 else 'fail'}: " + "; ".join(said[:3]) + more
             )
         if raised:
             first = min(raised, key=lambda w: raised[w][0])

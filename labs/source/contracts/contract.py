@@ -52,6 +52,7 @@ from helpers.labcontract import (  # noqa: E402  (one owner: the student side's)
     decode,
     disagreement,
     encode,
+    failed_part,
     measured,
     not_by_hand,
     not_in_place,
@@ -309,6 +310,51 @@ class HiddenTest:
         )
 
 
+def _listed(items: list[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _in_words(by_hand: tuple) -> str:
+    """A by_hand declaration as a learner reads it: autograd spelled out, torch.nn.functional as F, and a
+    family (an optimizer's step, a class's operators) said once."""
+    words, rest = [], [b for b in by_hand if b != "autograd"]
+    if "autograd" in by_hand:
+        words += [
+            "autograd (`.backward()`, `torch.autograd.grad`)",
+            "a backward pass, Jacobian or finite difference of the course's `helpers` that this lab's code "
+            "does not import for you",
+        ]
+    by_last: dict = {}
+    for b in rest:  # torch.optim.SGD.step, torch.optim.Adam.step, ...: "`.step` of any `torch.optim` class"
+        head, mid, last = b.rsplit(".", 2) if b.count(".") >= 2 else ("", "", b)
+        if mid[:1].isupper():
+            by_last.setdefault((head, last), []).append(b)
+    family = {b for group in by_last.values() if len(group) >= 3 for b in group}
+    words += [f"`.{last}` of any `{head}` class" for (head, last), g in by_last.items() if len(g) >= 3]
+    by_owner: dict = {}
+    for b in rest:
+        if b not in family:
+            owner, name = b.rsplit(".", 1)
+            by_owner.setdefault(owner, []).append(name)
+    for owner, names in by_owner.items():
+        if owner.split(".")[-1][:1].isupper() and len(names) >= 3:  # a class's methods: Value's operators
+            words.append(f"`{owner}`'s " + ", ".join(f"`{n}`" for n in names))
+        else:
+            short = owner.replace("torch.nn.functional", "F")
+            words += [f"`{short}.{n}`" for n in names]
+    return "; ".join(words)
+
+
+class CaseFailed(AssertionError):
+    """A hidden case's failure, with what the student's feedback may say of it: the case class (the
+    self-check names the same classes) and the part that failed (``failed_part``, or a stated rule)."""
+
+    def __init__(self, message: str, case_class: str, part: str | None):
+        super().__init__(message)
+        self.case_class, self.part = case_class, part
+
+
 @dataclass
 class Question:
     """A question of the lab: its name (the gradebook's column), points, guard and hidden tests."""
@@ -390,6 +436,8 @@ class Contract:
         # none of the course's own backward passes but those its lab gives (red team 6: lab 1's backward as
         # helpers.numgrad.linear_backward, lab 10's as helpers.attention.attention_backward, full marks)
         given = given_helpers(lab)
+        # as declared, before the line below adds the course's backwards: what the prompt's rule line names
+        self.declared = {e.name: e.by_hand for e in exercises}
         for e in exercises:
             if e.question == e.name and "autograd" in e.by_hand:
                 more = [b for b in course_backwards() if b not in given and b not in e.by_hand]
@@ -421,6 +469,25 @@ class Contract:
             for t in q.tests:
                 t.points = q.points / len(q.tests)
         return list(out.values())
+
+    def rule_line(self, question: str) -> str:
+        """The prompt's paragraph of what a question's answer may not call and which of its calls the hidden
+        tests replace, in words, from the declaration (the released notebook carries it: no prose to drift)."""
+        exs = self.of_question(question)
+        banned = _in_words(self.declared.get(question, ()))
+        replaced = [f"`{self.exercises[c].function}`" for e in exs for c in e.calls]
+        out = []
+        if banned:
+            out.append(
+                f"**Not allowed here:** {banned}. An answer that calls any of them, directly or through a "
+                "function of yours, gets ✗ from the self-check and 0 for the exercise."
+            )
+        if replaced:
+            out.append(
+                f"The hidden tests run it with the course's {_listed(list(dict.fromkeys(replaced)))} in "
+                "place of yours, so a mistake in an earlier exercise costs points there, once."
+            )
+        return " ".join(out)
 
     def of_question(self, question: str) -> list[Exercise]:
         """The exercises (graded functions) of one question of the source."""
@@ -539,9 +606,13 @@ class Contract:
             if not_derived and peer is not None:  # right values or not: the exercise's points go (harness.py)
                 peer.used.setdefault(peer.exercise, not_derived)
             why = disagreement(got, expected, ex.outputs, cls.atol, cls.rtol)
+            part = failed_part(got, expected, ex.outputs, cls.atol, cls.rtol) if why else None
             if why is None and seen is not None:
                 why = broken_rule(rules, seen, bounds)
-            assert why is None, f"{ex.title} fails when {name}: {why}"
+                broken = next((r for r in rules if broken_rule({r: rules[r]}, seen, bounds)), None)
+                part = f"the stated rule on {RULES[broken]}" if broken else None
+            if why is not None:
+                raise CaseFailed(f"{ex.title} fails when {name}: {why}", name, part)
 
     # ------------------------------------------------------------------ record
 

@@ -21,7 +21,7 @@ promise (labs/source/src/lab08_lora.py):
 Products are watched by ``helpers.labcontract.products_formed`` (a TorchDispatchMode) in the learner's
 process for the self-check and in the tests' own process. Across the grader's boundary what must not be
 formed is measured by the kernel: the classes "out = 2¹⁷ …" and "in = 2¹⁷ …" are at sizes where an out × in
-matrix or an unasked gradient (8 MiB or more) does not fit the call's budget (``cap``, 2 MiB), and the
+matrix or an unasked gradient (3 MiB or more) does not fit the call's budget (``cap``, 2 MiB), and the
 worker runs the call in a child whose address space may grow by that much only (tools/grader/worker.py).
 ex5's answer calls the learner's ``lora_backward`` (ex2): its hidden tests put ex2's reference there
 (``calls``), and the source's solution of ex5 runs with ex2's beside it (``_solution_function``, since

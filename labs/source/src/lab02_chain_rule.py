@@ -21,9 +21,9 @@
 # yet. Your instructor grades the notebook you hand in with hidden tests that call the same
 # functions on other inputs.
 #
-# **By hand** means derived: exercises 2–4 may not call autograd, and an estimate by finite
-# differences (exercise 1's tool: the forward run again for each input entry) does not count
-# there either. One kind of case of each of them is large, and there the self-check and the
+# **By hand** means derived: no exercise may call autograd (exercise 1 writes its own differences,
+# without chapter 2's `numerical_grad`), and in exercises 2–4 an estimate by finite differences
+# (exercise 1's tool: the forward run again for each input entry) does not count either. One kind of case of each of them is large, and there the self-check and the
 # hidden tests count the tensor entries your code writes: at most 10 × what the course's backward
 # writes, room enough for any derived backward on rows and matrices (loops over rows or samples and float64 copies included; a loop over every single entry may not fit).
 # Values read out of tensors into Python or NumPy there (`.item()`, `float()`, `.tolist()`,
@@ -152,7 +152,8 @@ def directional_derivatives(f, x, U, eps=1e-6):
 # against the same central difference, so the check tells them apart. With `eps` left at its
 # default $10^{-6}$ the case is $\sum_i x_i^3$, whose central difference is exact but for
 # $\varepsilon^2$ terms and round-off, checked to $10^{-8}$: a one-sided difference, off by about
-# $3\varepsilon\,\sum_i x_i u_i^2 \approx 10^{-6}$, fails there too.
+# $3\varepsilon\,\sum_i x_i u_i^2$, fails there too: this case's directions are long (every
+# $u_i \ge 10$), so that term lies far above $10^{-8}$.
 
 # %%
 check_contract("lab02", "ex1", directional_derivatives)
@@ -267,7 +268,8 @@ check_contract("lab02", "ex2", dense_backward)
 # through the tanh.
 #
 # **You are given:** `grad_Y` (B, D), `X`, `W` (nothing saved: recompute the tanh from them),
-# and the linear layer's backward of chapter 2 and of exercise 2.
+# and your `dense_backward` of exercise 2 (chapter 2's `linear_backward` is the same idea in
+# `nn.Linear`'s layout, and not allowed here: the branch through $W$ is yours to derive).
 #
 # A residual block: $Y = \tanh(X W^\top) + X$ with `X` (B, D) for any $B \ge 1$ and a square
 # `W` (D, D), any values (0 included). `X` is

@@ -34,9 +34,9 @@
 # Values read out of tensors into Python or NumPy there (`.item()`, `float()`, `.tolist()`,
 # `.numpy()`, printing) count too, at most 8 (a count or a norm, not a tensor), and comparisons
 # read out (`if h[i] > 0`) at most two per entry: work done outside tensors cannot be measured. In
-# exercises 1 and 2 that case also counts the entries `exp`, `log`, `sqrt`, softmax and such compute,
-# at most 2 × what the course's code computes: a difference of the forward along one direction is not
-# a backward either. A backward over any of these limits scores 0 for its exercise, as one that calls autograd does;
+# exercises 1 and 2 that case also counts the entries `exp`, `log`, `sqrt`, softmax and such compute:
+# none at all in exercise 1 (a backward from `P` needs none), in exercise 2 at most 2 × what the
+# course's code computes. A difference of the forward along one direction is not a backward either. A backward over any of these limits scores 0 for its exercise, as one that calls autograd does;
 # so does one that calls a backward pass of the course's `helpers`, unless the lab's own code uses it for you and the exercise does not name it.
 
 # %% tags=["remove-cell"]
@@ -247,8 +247,8 @@ class Softmax(torch.autograd.Function):
 # %% [markdown]
 # **Self-check 2** runs `Softmax.apply` and autograd on one recorded case of each promise: `Z`
 # 2-D, 1-D, with 3 or 4 dims, a row of ±1000 logits, float32. For each it compares `P`,
-# `grad_Z` (for a random `grad_P`), the number of tensors saved (1) and whether `grad_P` was
-# left unchanged.
+# `grad_Z` (for a random `grad_P`) and whether `grad_P` was left unchanged; one case of its own
+# counts the tensors saved for backward (1).
 
 # %%
 check_contract("lab04", "ex2", Softmax)
@@ -324,7 +324,8 @@ check_contract("lab04", "ex2", Softmax)
 # In a scratch cell (delete it before handing in): float64 `x` (2, 3) and `weight` (3,) with
 # `requires_grad=True`, `eps = 0.05`, then
 # `torch.autograd.gradcheck(lambda x, w: RMSNorm.apply(x, w, 0.05), (x, weight))` must be
-# `True`. Compare with autograd through `F.rms_norm(x, (3,), weight, 0.05)` for a 3-D `x`,
+# `True`. Compare with autograd through `F.rms_norm(x, (3,), weight, 0.05)` (here, in the
+# scratch cell: your `RMSNorm` may not call it, forward included) for a 3-D `x`,
 # with a row of zeros, and with `weight.requires_grad_(False)` (then `weight.grad` stays
 # `None`). Call `y.backward(G)` with a random `G`, keep `G.clone()` and check with
 # `torch.equal` that `G` did not change. To check yours against:
@@ -389,8 +390,8 @@ class RMSNorm(torch.autograd.Function):
 # **Self-check 3** runs `RMSNorm.apply` and autograd on one recorded case of each promise: `x`
 # 3-D, 2-D, 1-D, 4-D; an `eps` other than 1e-5; only `x`, or only `weight`, needing a gradient
 # (the other's gradient is then `None`); a row of zeros; float32. For each it compares `y`,
-# `grad_x`, `grad_weight`, the number of tensors saved (2) and whether `grad_y` was left
-# unchanged; a ✗ names a factor such as $1/\text{rows}$ or $\sqrt D$, or a missing path through
+# `grad_x`, `grad_weight` and whether `grad_y` was left unchanged, and one case of its own
+# counts the tensors saved for backward (2); a ✗ names a factor such as $1/\text{rows}$ or $\sqrt D$, or a missing path through
 # $r$, when your numbers show one.
 
 # %%

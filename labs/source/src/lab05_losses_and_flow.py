@@ -1,8 +1,8 @@
 # %% [markdown]
 # # Lab 5 · Losses and the flow of gradients: diagnose a broken model
 #
-# A model that stopped learning: its loss is stuck near $\log C$ and its early layers barely
-# move. You write the tools that find out why (the cross-entropy gradient, a gradient-flow
+# When a model stops learning (its loss stuck near $\log C$, its early layers barely moving),
+# these are the tools that find out why. You write them (the cross-entropy gradient, a gradient-flow
 # recorder keyed by name, a detector for the layer where the gradient collapses, clipping by
 # global norm), each for every kind of input its prompt names. This lab goes with
 # [Chapter 5](../chapters/05_losses_and_flow.ipynb): its sections 5.1–5.4 derive the loss

@@ -448,7 +448,8 @@ check_contract("lab06", "ex3", attention_backward)
 #
 # Every flag is tried at each of its values, its default included: no mask at all
 # (`causal=False`, `key_padding_mask=None`); `causal=True` with `Nq` = `Nk`, `Nq` < `Nk` and
-# `Nq` > `Nk`, in each alignment, with and without a window; padding alone and with a causal
+# `Nq` > `Nk` top-left aligned, and `Nq` < `Nk` bottom-right aligned (a KV cache), each with and
+# without a window; padding alone and with a causal
 # mask; a batch row whose keys are all padding (its gradients are zeros, not NaN); `align`
 # and `window` given with `causal=False` (then there is no mask). `scale` is one per head
 # (H, 1, 1) or 0-dim, `Bias` (H, Nq, Nk) or (Nq, Nk).

@@ -94,8 +94,8 @@ from helpers.numgrad import linear_backward
 # Derive $\partial L/\partial x$ yourself, one path at a time: the direct path ($\mu$ and $\sigma$
 # held fixed), the path through $\mu$, the path through $\sigma$ (chapter 7 did it for one row).
 # $\sum_i \hat x_i = 0$ holds for any `eps` and simplifies it; $\sum_i \hat x_i^2 = D$ holds only
-# at `eps` = 0 (on a `(2, 4, 6)` example it is 5.9996 to 6.0000 per row with `eps` 1e-5, and
-# only 1.4350 to 5.7914 with `eps` 0.5), so do not use it. When `grad_x` is wrong, the
+# at `eps` = 0 (it is $D \cdot \mathrm{var}/(\mathrm{var} + \varepsilon)$ per row, far from $D$ where a
+# row's variance is not large beside `eps`), so do not use it. When `grad_x` is wrong, the
 # self-check says which path is missing.
 #
 # <details><summary>Hint 1 of 4 · the idea: three paths, one row at a time</summary>

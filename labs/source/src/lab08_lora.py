@@ -254,8 +254,8 @@ def lora_backward(g, x, W, A, B, s, needs=(True, True, True)):
 # **Self-check 2** (recorded reference outputs, autograd's through $y = x\,(W + s\,BA)^\top$;
 # one case of each promise: `needs` left at its default and given as each of its 8
 # combinations, r = 1, one row, float32, and two cases too large to cheat: out = 2¹⁷ and
-# in = 2¹⁷, where an out × in matrix or a gradient nobody asked for would take 8 MiB, four times
-# the call's memory budget. Besides the three gradients (`"None"` where not asked for) it reports
+# in = 2¹⁷, where an out × in matrix or a gradient nobody asked for would take 3 MiB or more,
+# over the call's memory budget of 2 MiB. Besides the three gradients (`"None"` where not asked for) it reports
 # the matrix products your function formed, watched while it runs: whether one was out × in,
 # and whether one had the shape of a gradient nobody asked for):
 

@@ -637,7 +637,8 @@ check_contract("lab09", "ex4", checkpoint_stack)
 #
 # `loss_fn(*params)` computes a loss whose forward runs in float16 from float32 parameters
 # (like chapter 9's `fp16_forward_loss`; the self-check uses `fp16_tanh_loss`,
-# `fp16_linear_loss`, `fp16_uneven_loss` and `fp16_tiny_loss` from `helpers.labcontract`). Write
+# `fp16_linear_loss`, `fp16_uneven_loss`, `fp16_tiny_loss` and `fp16_bias_overflow_loss` from
+# `helpers.labcontract`). Write
 # `scaled_step(params, loss_fn, scale, tracker, lr, growth_interval=2000)`, one SGD step with
 # dynamic loss scaling, for a list of one or more parameters:
 # 1. the scaled gradients: `torch.autograd.grad(scale * loss_fn(*params), params)`;

@@ -389,7 +389,8 @@ check_contract("lab10", "ex2b", tiled_forward)
 #
 # * show that $D_i = dO_i \cdot O_i$ (write $dP_{ik}$ as a dot product of row $i$ of $dO$ with row
 #   $k$ of $V$, swap the sums, and recognise $O_i = \sum_k P_{ik} V_k$). Write your one-line
-#   derivation in the Markdown cell below the code;
+#   derivation in the Markdown cell below the code (it is for you and your instructor to read:
+#   no test grades it);
 # * derive $\partial\,\text{Loss}/\partial\,\text{slopes}_h$. The bias $-m_h |i - j|$ is added to
 #   $S$ after the scale:
 #   what is the gradient of the bias entries, and how do the entries of one head add up to
