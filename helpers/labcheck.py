@@ -555,6 +555,16 @@ def _slice_ratio(name: str, a, b, atol: float, rtol: float) -> str | None:
     return None
 
 
+def _as_tensor(m):
+    """A recorded mistake as the diagnosis compares it: a number output's (a scale, a count) as a 0-dim
+    float64 tensor, like the got and expected numbers it is held against; anything else as it is."""
+    return (
+        torch.tensor(float(m), dtype=torch.float64)
+        if isinstance(m, (int, float)) and not isinstance(m, bool)
+        else m
+    )
+
+
 def _diagnose(
     name: str, a, b, atol: float, rtol: float, factors, terms, boolean: bool = False, mistakes=()
 ) -> str | None:
@@ -569,10 +579,10 @@ def _diagnose(
     found = list(
         dict.fromkeys(
             label
-            for label, m in mistakes
+            for label, m in ((label, _as_tensor(m)) for label, m in mistakes)
             if isinstance(m, torch.Tensor)
             and m.shape == a.shape
-            and close(a, m, atol, rtol, equal_nan=True).all()
+            and close(a, m.to(a.dtype), atol, rtol, equal_nan=True).all()
         )
     )
     if len(found) == 1:

@@ -1388,6 +1388,17 @@ MUTANTS = {
             )
         ],
     ),
+    # red team s8 (A6): the step made of the two helpers loss_scale_step calls, 3/3 with nothing read
+    "scaled_step from helpers.precision's parts (lab 9)": (
+        "lab09_memory_checkpointing",
+        "ex5",
+        [
+            (
+                "    grads = [g * (1.0 / scale) for g in scaled]",
+                "    from helpers.precision import unscale_grads\n    grads, _ = unscale_grads(scaled, scale)",
+            )
+        ],
+    ),
     "micro-batch losses summed (lab 11)": (
         "lab11_training_by_hand",
         "ex5",

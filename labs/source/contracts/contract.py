@@ -741,9 +741,10 @@ def _wrong_outputs(ex: Exercise, cls: CaseClass, case: Case, expected, known: di
         if parts is None or disagreement(got, expected, ex.outputs, cls.atol, cls.rtol) is None:
             continue
         for name, g, e in zip(ex.outputs, parts, exp_parts):
-            if isinstance(g, torch.Tensor) and g.shape == e.shape and g.dtype == e.dtype:
+            number = type(g) is type(e) and type(e) in (int, float)  # a scale, a count: named like a tensor
+            if number or isinstance(g, torch.Tensor) and g.shape == e.shape and g.dtype == e.dtype:
                 if disagreement(g, e, (name,), cls.atol, cls.rtol) is not None:
-                    out.setdefault(name, {})[label] = encode(g.detach())
+                    out.setdefault(name, {})[label] = g if number else encode(g.detach())
     return out
 
 

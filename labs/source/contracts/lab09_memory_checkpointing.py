@@ -576,7 +576,13 @@ ex5 = Exercise(
     probe="scaler_step",
     in_place=True,
     points=3,
-    by_hand=("helpers.precision.loss_scale_step",),
+    # the step and the two parts it is made of: each is what the exercise asks for (red team s8 answered
+    # with unscale_grads and update_scale, 3/3 with nothing read)
+    by_hand=(
+        "helpers.precision.loss_scale_step",
+        "helpers.precision.unscale_grads",
+        "helpers.precision.update_scale",
+    ),
 )
 
 for _ex in (ex2, ex3):
