@@ -256,9 +256,18 @@ def _never(kind: str, text: str, tier: str) -> bool:
     return kind == "string"
 
 
+# a line IPython transforms (a magic, a shell escape, an assigned one, a help request): it transforms one
+# per pass over the whole cell and gives up after 500 passes, so a cell of more is unread at once (501
+# `%time 1` lines took 13 s to be refused)
+_TRANSFORMED = re.compile(r"^\s*[%!]|=\s*[%!]|\?\s*$", re.M)
+_PASSES = 500
+
+
 def as_run(code: str) -> str | None:
     """The cell's text as IPython runs it (`%magic` and `!shell` lines become calls), or None where
     IPython cannot transform it."""
+    if len(_TRANSFORMED.findall(code)) > _PASSES:
+        return None
     try:
         from IPython.core.inputtransformer2 import TransformerManager
 
