@@ -473,9 +473,9 @@ check_contract("lab03", "ex3b", backward)
 # <details><summary>Hint 1 of 3 · the idea: storages, not tensors</summary>
 #
 # `pack` is called once per saved tensor, often a view. All three rules talk about
-# *storages*: key each saved tensor by its storage, add a storage's bytes the first time its
-# key shows up, and put the inputs' keys in the "seen" set before `f` runs. `pack` returns
-# `t` unchanged and `unpack` returns what it gets; the total lives outside `pack`.
+# *storages*, not tensors: two saved views of one storage cost its bytes once, and an input's
+# storage costs nothing. What must `pack` remember between calls to apply them, and where can
+# that memory live, since `pack` itself must return `t` unchanged?
 #
 # </details>
 #

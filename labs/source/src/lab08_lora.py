@@ -91,9 +91,10 @@ from helpers.labcontract import check_contract
 # <details><summary>Hint 1 of 3 · the idea: W is a constant, sBA a product</summary>
 #
 # $W$ is frozen and does not depend on $A$ or $B$: only $s\,BA$ matters, and
-# $\partial L/\partial(s\,BA) = \partial L/\partial W'$. Treat $s\,B$ as $P$ and $A$ as $Q$ in the
-# product rule above, then $B$ as $P$ and $s\,A$ as $Q$. Write the shapes under each factor:
-# (out, r) (r, in).
+# $\partial L/\partial(s\,BA) = \partial L/\partial W'$. The product rule above has two factors:
+# decide which of $B$, $A$ plays $P$ and which $Q$, and which factor the scalar $s$ can ride on.
+# Write the shapes under each factor, (out, r) (r, in), and let them tell you which side a
+# transpose goes on.
 #
 # </details>
 #

@@ -847,9 +847,9 @@ check_contract("lab10", "ex5c", tiled_backward)
 # <details><summary>Hint 1 of 4 · the idea: read `tiled_backward`'s signature</summary>
 #
 # Every tensor `tiled_backward` takes, except `grad_O`, must come from `ctx.saved_tensors`;
-# `grad_O` arrives as `backward`'s argument. Each is an input or an output of `forward`, and
-# none is $N \times N$: `Q`, `K`, `V`, `O` are `(B, H, N, d)`, `L` is `(B, H, Nq)`, the slopes
-# `(H,)`. The four non-tensor arguments go on `ctx` as attributes.
+# `grad_O` arrives as `backward`'s argument. List them: each is an input or an output of
+# `forward`, so write each one's shape and check that none is $N \times N$. The arguments that
+# are not tensors cannot be saved that way: where else can `backward` find them?
 #
 # </details>
 #

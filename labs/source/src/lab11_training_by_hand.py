@@ -432,16 +432,16 @@ check_contract("lab11", "ex3", adamw_step)
 # cycle it falls and how far into it; then check a few steps against the list above (with
 # $W = 3$, $T_0 = 4$, `mult` $= 2$: restarts at steps 3, 7, 15, 31).
 #
-# <details><summary>Hint 1 of 4 · the idea: peel off whole cycles</summary>
+# <details><summary>Hint 1 of 5 · the idea: which cycle, and where in it</summary>
 #
-# Split the steps into the warm-up and the rest. After the warm-up, count from the first
-# cycle's start ($s - W$) and peel off whole cycles while what is left is at least the current
-# cycle's length, multiplying that length by `mult` after each one. What is left is the
-# position inside the current cycle; the length you stopped at is that cycle's length.
+# Split the steps into the warm-up and the rest. After the warm-up, a step lies in one cycle,
+# at some position inside it, and the cycles grow: $T_0$, $T_0 \cdot$ `mult`, $T_0 \cdot$
+# `mult`², …. Once you know the length of the step's cycle and its position there, the rate is
+# chapter 11.5's schedule again.
 #
 # </details>
 #
-# <details><summary>Hint 2 of 4 · a step: the warm-up</summary>
+# <details><summary>Hint 2 of 5 · a step: the warm-up</summary>
 #
 # For $s < W$: chapter 11.5's linear climb, which counts $s + 1$ of $W$ steps, so step 0
 # already has $\eta_{\max}/W$ and step $W - 1$ has $\eta_{\max}$. With $W = 0$ no step is in
@@ -449,7 +449,16 @@ check_contract("lab11", "ex3", adamw_step)
 #
 # </details>
 #
-# <details><summary>Hint 3 of 4 · a step: inside one cycle</summary>
+# <details><summary>Hint 3 of 5 · a step: finding the cycle</summary>
+#
+# Count from the first cycle's start ($s - W$) and peel off whole cycles while what is left is
+# at least the current cycle's length, multiplying that length by `mult` after each one. What
+# is left is the position inside the current cycle; the length you stopped at is that cycle's
+# length.
+#
+# </details>
+#
+# <details><summary>Hint 4 of 5 · a step: inside one cycle</summary>
 #
 # At position $r$ of a cycle of $T$ steps ($0 \le r < T$), use chapter 11.5's half cosine with
 # $s - W$ replaced by $r$ and $T - W$ by $T$: it gives $\eta_{\max}$ at $r = 0$, and would give
@@ -457,7 +466,7 @@ check_contract("lab11", "ex3", adamw_step)
 #
 # </details>
 #
-# <details><summary>Hint 4 of 4 · check yourself: against torch's scheduler</summary>
+# <details><summary>Hint 5 of 5 · check yourself: against torch's scheduler</summary>
 #
 # In a scratch cell: with $W = 3$, $T_0 = 4$, `mult = 2`, `lr_max = 1`, steps 0, 2, 3, 5, 7,
 # 15 and 31 must give 1/3, 1, 1, 0.5, 1, 1, 1. With $W = 0$, step a
