@@ -310,7 +310,7 @@ class HiddenTest:
         )
 
 
-def _listed(items: list[str]) -> str:
+def _and_joined(items: list[str]) -> str:
     """'a', 'a and b', 'a, b and c'."""
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
@@ -484,7 +484,7 @@ class Contract:
             )
         if replaced:
             out.append(
-                f"The hidden tests run it with the course's {_listed(list(dict.fromkeys(replaced)))} in "
+                f"The hidden tests run it with the course's {_and_joined(list(dict.fromkeys(replaced)))} in "
                 "place of yours, so a mistake in an earlier exercise costs points there, once."
             )
         return " ".join(out)
