@@ -1001,3 +1001,18 @@ def test_the_trace_says_whether_a_product_was_formed_in_forward_or_in_backward()
         y.sum().backward()  # grad_x (3, 8), grad_W (64, 8)
     products = mode.seen["products"]
     assert (3, 64, "forward") in products and (64, 8, "backward") in products, products
+
+
+def test_a_hidden_cases_note_names_the_part_that_failed_and_no_value_the_answer_chose():
+    """Issue 32: rule zeros came with no reason. ``failed_part`` says which output, the memory budget or
+    the kind of value, never a number or a string the answer returned (it could carry hidden inputs)."""
+    e = (torch.zeros(2), torch.ones(3))
+    outs = ("grad_x", "grad_W")
+    assert labcontract.failed_part((torch.zeros(2), torch.zeros(3)), e, outs, 1e-8, 0) == "grad_W"
+    assert (
+        labcontract.failed_part((labcontract._over(2 << 20), e[1]), e, outs, 1e-8, 0)
+        == "the call's memory budget"
+    )
+    assert labcontract.failed_part(("hidden input 0.123", e[1]), e, outs, 1e-8, 0) == "grad_x"
+    assert labcontract.failed_part({"grad_x": e[0]}, e, outs, 1e-8, 0) == "the returned dict's keys"
+    assert labcontract.failed_part([e[0]], e, outs, 1e-8, 0) == "the kind of value returned"
