@@ -2164,6 +2164,25 @@ def test_a_magic_hides_nothing_from_the_allow_list():
         assert [(x, s) for x, _, s in reach.unlisted(code, sc, "any")] == [("get_ipython", "reach")], code
 
 
+def test_a_cell_of_more_magic_lines_than_any_honest_one_is_unread_and_sent_to_review():
+    """Issue 33: IPython transforms one magic line per pass over the whole cell, so reading grows with the
+    square of their number (499 `%time 1` lines: 12 s quiet, 43 s busy, inside its own limits). More than
+    `_MOST_TRANSFORMED` lines in a cell are not transformed at all; the cell is unread, which sends what it
+    can reach to review (it runs all the same: IPython gives up at 500). A comment that ends in a question
+    mark is no help request and does not count."""
+    import reach
+
+    most = reach._MOST_TRANSFORMED
+    sc = reach.scope(["import torch"], [])
+    assert reach.as_run("\n".join(["%time 1"] * most)) is not None
+    assert reach.as_run("\n".join(["%time 1"] * (most + 1))) == reach._UNREAD
+    assert [(x, s) for x, _, s in reach.unlisted("\n".join(["%time 1"] * (most + 1)), sc, "any")] == [
+        ("get_ipython", "reach")
+    ]
+    asked = "\n".join(["x = 1  # is this right?", "# and this?"] * most)
+    assert reach.as_run(asked) is not None and "x = 1" in reach.as_run(asked)
+
+
 def test_the_guards_switched_off_from_a_cell_the_student_added_anywhere_send_every_by_hand_exercise_to_review():
     for code in GUARDS_OFF.values():
         checked = _plan(LAB, _submission(LAB, _solutions(LAB), insert=[(0, code)]))

@@ -91,6 +91,25 @@ def test_every_prompt_says_what_its_exercise_may_not_call_and_which_of_its_calls
     assert labs.contract("lab05_losses_and_flow").rule_line("ex3") == ""  # nothing declared: no paragraph
 
 
+def test_every_self_check_lists_every_case_class_its_exercise_draws():
+    """A reader found seven self-check texts that listed fewer kinds of case than the contract drew (labs 1, 3,
+    6, 8, 9, 10, 11): the list is now written from the declaration at release, one bullet per class, in the
+    self-check's paragraph (the one right after the question), and in no other cell."""
+    for lab in LABS:
+        C, nb = labs.contract(lab), labs.read_nb(labs.student_path(lab))
+        checks = [
+            c.source for c in nb.cells if c.cell_type == "markdown" and c.source.startswith("**Self-check")
+        ]
+        assert len(checks) == len(labs.questions(lab)), lab
+        for (q, _), text in zip(labs.questions(lab), checks, strict=True):
+            assert text.startswith(f"**Self-check {q.removeprefix('ex')}**"), (lab, q)
+            assert C.promise_list(q) in text, (lab, q)
+            bullets = [line for line in text.splitlines() if line.startswith("- ")]
+            assert bullets == [f"- {c.name}" for e in C.of_question(q) for c in e.classes], (lab, q)
+    several = labs.contract("lab10_flash_attention").promise_list("ex1")
+    assert "For `merge_stats`, one" in several and "For `online_softmax_stats`, one" in several
+
+
 def test_a_rule_paragraph_goes_after_what_is_given_or_else_before_the_first_hint():
     given = "Goal.\n\n**You are given:** x.\n\nWrite f.\n\n<details>h</details>"
     assert (

@@ -280,7 +280,7 @@ def student_notebook(lab: str):
     nb = nbformat.v4.new_notebook(metadata={k: v for k, v in src.metadata.items() if k != "jupytext"})
     # the name the grader recognises a submission by (``identify``); otter's key, kept for handed-out notebooks
     nb.metadata["otter"] = {"assignment_name": lab}
-    where, rule = "setup", ""
+    where, rule, question = "setup", "", None
     for cell in src.cells:
         if cell.cell_type == "raw":
             text = cell.source.strip()
@@ -291,14 +291,19 @@ def student_notebook(lab: str):
                         f"{lab}: a question's marker holds only its name (points, by_hand, in_place are "
                         f"declared in labs/source/contracts/{lab}.py), got {sorted(conf)}"
                     )
-                rule = contract(lab).rule_line(str(conf["name"]))
+                question = str(conf["name"])
+                rule = contract(lab).rule_line(question)
             where = next((r for m, r in REGION_MARKERS if text.startswith(m)), where)
             continue
         meta = {
             k: v for k, v in cell.metadata.items() if k not in ("lines_to_next_cell", "editable", "deletable")
         }
         if cell.cell_type == "markdown":
-            new = nbformat.v4.new_markdown_cell(with_rule(cell.source, rule), metadata=meta)
+            text = with_rule(cell.source, rule)
+            if text.startswith("**Self-check") and question:
+                first, _, rest = text.partition("\n\n")  # the list goes after the first paragraph
+                text = "\n\n".join(x for x in (first, contract(lab).promise_list(question), rest) if x)
+            new = nbformat.v4.new_markdown_cell(text, metadata=meta)
             rule = ""  # the question's first prose cell carries it
         elif where == "solution":
             tags = [*meta.get("tags", []), ANSWER_TAG]

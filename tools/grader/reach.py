@@ -34,6 +34,7 @@ from __future__ import annotations
 import ast
 import builtins
 import difflib
+import functools
 import hashlib
 import re
 import sys
@@ -257,17 +258,21 @@ def _never(kind: str, text: str, tier: str) -> bool:
 
 
 # a line IPython transforms (a magic, a shell escape, an assigned one, a help request): it transforms one
-# per pass over the whole cell and gives up after 500 passes, so a cell of more is unread at once (501
-# `%time 1` lines took 13 s to be refused)
-_TRANSFORMED = re.compile(r"^\s*[%!]|=\s*[%!]|\?\s*$", re.M)
-_PASSES = 500
+# per pass over the whole cell, so a cell's reading grows with the square of their number (501 `%time 1`
+# lines took 13 s to be refused, 499 took 12 s to be read, 43 s on a busy machine). No honest cell holds
+# dozens: a cell of more than 64 is not transformed (64 take about half a second) but read as one call into
+# IPython the reader cannot see into, which sends what it can reach to review: it runs all the same
+_TRANSFORMED = re.compile(r"^\s*[%!]|=\s*[%!]|^[^#\n]*\?\s*$", re.M)
+_MOST_TRANSFORMED = 64
+_UNREAD = "get_ipython()  # more lines for IPython to transform than the reader reads\n"
 
 
+@functools.lru_cache(maxsize=1024)
 def as_run(code: str) -> str | None:
     """The cell's text as IPython runs it (`%magic` and `!shell` lines become calls), or None where
-    IPython cannot transform it."""
-    if len(_TRANSFORMED.findall(code)) > _PASSES:
-        return None
+    IPython cannot transform it (read once per text: the plan reads a cell several times)."""
+    if len(_TRANSFORMED.findall(code)) > _MOST_TRANSFORMED:
+        return _UNREAD
     try:
         from IPython.core.inputtransformer2 import TransformerManager
 

@@ -489,6 +489,18 @@ class Contract:
             )
         return " ".join(out)
 
+    def promise_list(self, question: str) -> str:
+        """The self-check's list of what it tries, one bullet per case class, from the declaration (the
+        released notebook carries it after the self-check's paragraph: a list written by hand fell behind)."""
+        exs = self.of_question(question)
+        out = []
+        for e in exs:
+            head = f"For `{e.function}`, one" if len(exs) > 1 else "One"
+            out.append(f"{head} recorded case of each promise, when:\n")
+            out += [f"- {c.name}" for c in e.classes]
+            out.append("")
+        return "\n".join(out).strip()
+
     def of_question(self, question: str) -> list[Exercise]:
         """The exercises (graded functions) of one question of the source."""
         return [e for e in self.exercises.values() if e.question == question]

@@ -139,9 +139,8 @@ def forward_pass(x, W1, b1, W2, b2, y_true):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 1** (recorded reference outputs, one case of each promise: the seed's cat with
-# another target, every unit active, a dead unit, several outputs, a wider hidden layer,
-# float32):
+# **Self-check 1** compares your function with reference outputs recorded from the course's own
+# solution.
 
 # %%
 check_contract("lab01", "ex1", forward_pass)
@@ -216,8 +215,8 @@ def grad_loss(y_hat, y_true):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 2** (recorded reference outputs: one entry, several entries, a 2-D `y_hat`,
-# float32):
+# **Self-check 2** compares your function with reference outputs recorded from the course's own
+# solution.
 
 # %%
 check_contract("lab01", "ex2", grad_loss)
@@ -301,8 +300,8 @@ def layer2_backward(grad_y_hat, a, W2):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 3** (recorded reference outputs: the cat's sizes, a longer `a`, several
-# outputs, a square `W2`, float32):
+# **Self-check 3** compares your function with reference outputs recorded from the course's own
+# solution.
 
 # %%
 check_contract("lab01", "ex3", layer2_backward)
@@ -380,9 +379,8 @@ def relu_backward(grad_a, h):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 4** (recorded reference outputs: a 1-D `h`, a 2-D `h`, an `h` of 3 or more dims, an `h`
-# with entries exactly `0.0`, one with entries `-0.0`, one with entries a hair from 0 (±1e-300
-# to ±1e-3), float32):
+# **Self-check 4** compares your function with reference outputs recorded from the course's own
+# solution.
 
 # %%
 check_contract("lab01", "ex4", relu_backward)
@@ -460,8 +458,8 @@ def layer1_backward(grad_h, x):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 5** (recorded reference outputs: the cat's sizes, another length of `x`, more
-# units, a square `grad_W1`, a dead unit, float32):
+# **Self-check 5** compares your function with reference outputs recorded from the course's own
+# solution.
 
 # %%
 check_contract("lab01", "ex5", layer1_backward)
@@ -566,8 +564,8 @@ def cat_backward_batch(X, W1, b1, W2, b2, Y):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 6** (recorded reference outputs: one sample, several samples, a pre-activation
-# exactly 0, other layer sizes, several outputs, float32):
+# **Self-check 6** compares your function with reference outputs recorded from the course's own
+# solution.
 
 # %%
 check_contract("lab01", "ex6", cat_backward_batch)

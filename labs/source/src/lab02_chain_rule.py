@@ -63,8 +63,8 @@ from helpers.labcontract import check_contract
 # **You are given:** `f` (a tensor to a 0-dim tensor), the point `x`, the directions `U`
 # (k, *x.shape) and the step `eps`.
 #
-# Chapter 2's `numerical_grad` moves every entry $x_i$ by $\pm h$ in turn: $2n$ evaluations for
-# $n$ entries, too many for a layer's weights. A cheaper check moves **all** entries at once,
+# Chapter 2's `numerical_grad` moves every entry $x_i$ by $\pm h$ in turn (its step `h` is the
+# $\varepsilon$ of this lab): $2n$ evaluations for $n$ entries, too many for a layer's weights. A cheaper check moves **all** entries at once,
 # along a direction $u$ (a tensor of the shape of $x$): the central difference of
 # $g(t) = f(x + t\,u)$ at $t = 0$ estimates $g'(0) = u^\top \nabla f(x) = \sum_i u_i\,
 # \partial f/\partial x_i$, the **directional derivative**. A gradient to test, say
@@ -143,17 +143,17 @@ def directional_derivatives(f, x, U, eps=1e-6):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 1** compares your function with reference outputs recorded from the course's
-# own solution, on one case of each promise above: one direction and several, an `x` with 2
-# or more dims, `eps` left at its default and given large, an `x` in float32. A `✗` names the
-# kind of case that fails before any number. With $\varepsilon = 10^{-2}$ a central difference
-# is off the true slope by about $\varepsilon^2 = 10^{-4}$ (times $g'''(0)/6$) and a one-sided
-# one by about $\varepsilon = 10^{-2}$: both far outside the check's tolerance, $10^{-9}$
-# against the same central difference, so the check tells them apart. With `eps` left at its
-# default $10^{-6}$ the case is $\sum_i x_i^3$, whose central difference is exact but for
-# $\varepsilon^2$ terms and round-off, checked to $10^{-8}$: a one-sided difference, off by about
-# $3\varepsilon\,\sum_i x_i u_i^2$, fails there too: this case's directions are long (every
-# $u_i \ge 10$), so that term lies far above $10^{-8}$.
+# **Self-check 1** compares your function with reference outputs recorded from the course's own
+# solution. A `✗` names the kind of case that fails before any number.
+#
+# With $\varepsilon = 10^{-2}$ a central difference is off the true slope by about
+# $\varepsilon^2 = 10^{-4}$ (times $g'''(0)/6$) and a one-sided one by about $\varepsilon =
+# 10^{-2}$: both far outside the check's tolerance, $10^{-9}$ against the same central
+# difference, so the check tells them apart. With `eps` left at its default $10^{-6}$ the case
+# is $\sum_i x_i^3$, whose central difference is exact but for $\varepsilon^2$ terms and
+# round-off, checked to $10^{-8}$: a one-sided difference, off by about $3\varepsilon\,\sum_i
+# x_i u_i^2$, fails there too: this case's directions are long (every $u_i \ge 10$), so that
+# term lies far above $10^{-8}$.
 
 # %%
 check_contract("lab02", "ex1", directional_derivatives)
@@ -247,9 +247,8 @@ def dense_backward(X, W, grad_Y):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 2** (recorded reference outputs, one case of each promise: `X` 1-D, 2-D, 3-D,
-# with 4 or more dims, with a leading dim of size 1; a square `W`; float32; a
-# non-contiguous `X`):
+# **Self-check 2** compares your function with reference outputs recorded from the course's own
+# solution.
 
 # %%
 check_contract("lab02", "ex2", dense_backward)
@@ -337,8 +336,8 @@ def residual_backward(grad_Y, X, W):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 3** (recorded reference outputs: one row, more rows than features, fewer rows
-# than features, `W = 0`, and entries of $XW^\top$ far past ±355, where $\tanh$ is saturated):
+# **Self-check 3** compares your function with reference outputs recorded from the course's own
+# solution.
 
 # %%
 check_contract("lab02", "ex3", residual_backward)
@@ -432,9 +431,8 @@ def unrepeat(grad, shape, reps):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 4** (recorded reference outputs: `reps` as long as `x.dim()`, some reps of 1,
-# `reps` one longer and two or three longer than `x.dim()`, a dim of size 1 repeated, a 0-dim
-# `x`):
+# **Self-check 4** compares your function with reference outputs recorded from the course's own
+# solution.
 
 # %%
 check_contract("lab02", "ex4", unrepeat)

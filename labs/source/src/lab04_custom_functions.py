@@ -22,9 +22,10 @@
 # reference on all of them, `✗` names the kinds of case that fail before any number, then what
 # is off in the first one, or `·` not implemented yet. A `Function` is judged by what autograd
 # gets from it: its output, the gradients of its inputs, the number of tensors it saves for
-# backward where the exercise says what to save, and whether its backward left the incoming
-# gradient unchanged. Your instructor grades the notebook you hand in with hidden tests that
-# run the same kinds of case on other values.
+# backward where the exercise says what to save, and, in the self-check, whether its backward
+# left the incoming gradient unchanged (the hidden tests hand your backward a copy of it, so
+# they cannot see a write into it: the self-check's ✗ is the one warning). Your instructor grades
+# the notebook you hand in with hidden tests that run the same kinds of case on other values.
 #
 # **By hand** means derived: a graded backward may not call autograd, and an estimate by finite
 # differences (the forward run again for each input entry) does not count either. One kind of
@@ -134,11 +135,11 @@ def softmax_backward(P, grad_P):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 1** compares your function with reference outputs recorded from the course's
-# own solution, on one case of each promise above: `P` 2-D, 1-D, with 3 or 4 dims, a
-# `grad_P` constant along each row, `P` in float32, and rows of n = 1024, where $J$ would take
-# 8 MiB: the check watches the tensors your function makes, and the grader gives the call
-# 2 MiB.
+# **Self-check 1** compares your function with reference outputs recorded from the course's own
+# solution.
+#
+# Where n = 1024, $J$ would take 8 MiB: the check watches the tensors your function makes, and
+# the grader gives the call 2 MiB.
 
 # %%
 check_contract("lab04", "ex1", softmax_backward)
@@ -245,10 +246,11 @@ class Softmax(torch.autograd.Function):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 2** runs `Softmax.apply` and autograd on one recorded case of each promise: `Z`
-# 2-D, 1-D, with 3 or 4 dims, a row of ±1000 logits, float32. For each it compares `P`,
-# `grad_Z` (for a random `grad_P`) and whether `grad_P` was left unchanged; one case of its own
-# counts the tensors saved for backward (1).
+# **Self-check 2** runs `Softmax.apply` and autograd and compares with recorded reference
+# outputs.
+#
+# For each case it compares `P`, `grad_Z` (for a random `grad_P`) and whether `grad_P` was left
+# unchanged; one case of its own counts the tensors saved for backward (1).
 
 # %%
 check_contract("lab04", "ex2", Softmax)
@@ -387,12 +389,13 @@ class RMSNorm(torch.autograd.Function):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 3** runs `RMSNorm.apply` and autograd on one recorded case of each promise: `x`
-# 3-D, 2-D, 1-D, 4-D; an `eps` other than 1e-5; only `x`, or only `weight`, needing a gradient
-# (the other's gradient is then `None`); a row of zeros; float32. For each it compares `y`,
-# `grad_x`, `grad_weight` and whether `grad_y` was left unchanged, and one case of its own
-# counts the tensors saved for backward (2); a ✗ names a factor such as $1/\text{rows}$ or $\sqrt D$, or a missing path through
-# $r$, when your numbers show one.
+# **Self-check 3** runs `RMSNorm.apply` and autograd and compares with recorded reference
+# outputs.
+#
+# For each case it compares `y`, `grad_x`, `grad_weight` (a gradient not asked for must be
+# `None`) and whether `grad_y` was left unchanged, and one case of its own counts the tensors
+# saved for backward (2); a ✗ names a factor such as $1/\text{rows}$ or $\sqrt D$, or a missing
+# path through $r$, when your numbers show one.
 
 # %%
 check_contract("lab04", "ex3", RMSNorm)
@@ -519,11 +522,11 @@ class CrossEntropy(torch.autograd.Function):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 4** runs `CrossEntropy.apply` and autograd on one recorded case of each
-# promise: no row ignored; some rows ignored with `ignore_index = -100`; `ignore_index = -1`;
-# an `ignore_index` that is a class index; rows of ±1000 logits; a `grad_L` other than 1; a single row; float32. For
-# each it compares `L`, `grad_logits` and whether `grad_L` was left unchanged; a ✗ names a
-# factor such as $N$ or $N/R$ when your numbers show one.
+# **Self-check 4** runs `CrossEntropy.apply` and autograd and compares with recorded reference
+# outputs.
+#
+# For each case it compares `L`, `grad_logits` and whether `grad_L` was left unchanged; a ✗
+# names a factor such as $N$ or $N/R$ when your numbers show one.
 
 # %%
 check_contract("lab04", "ex4", CrossEntropy)

@@ -163,11 +163,9 @@ def ce_grad(logits, target, ignore_index=-100, label_smoothing=0.0):
 
 # %% [markdown]
 # **Self-check 1** compares your function with reference outputs recorded from the course's
-# solution, on one case of each promise above: the plain loss, label smoothing, rows ignored
-# with the default `ignore_index`, with another one and with a class index, smoothing and
-# ignored rows together, every row ignored, large logits, float32. A `✗` names the kinds of case
-# that fail before any number, then what is wrong in the first of them: a constant factor
-# ($N$, $N/R$), a flipped sign, or a known mistake in $q$ or the softmax.
+# solution. A `✗` names the kinds of case that fail before any number, then what is wrong in the
+# first of them: a constant factor ($N$, $N/R$), a flipped sign, or a known mistake in $q$ or
+# the softmax.
 
 # %%
 check_contract("lab05", "ex1", ce_grad)
@@ -288,12 +286,14 @@ def record_output_grad_norms(model, X, y):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 2** builds fresh models of each kind the prompt names (an `nn.Sequential` of
-# `Linear` and `ReLU`, chapter 5's `deep_mlp` with nested blocks, its LayerNorm-and-residual
-# variant, a `Sequential` that starts with `Flatten`), runs your recorder on each and compares
-# its dict with the recorded one, key by key; then it counts the hooks left on the model, which
-# must be none. One more case gives a label out of range, so the loss raises after the forward
-# ran: the error must reach you, and still no hook may be left (`try`/`finally`).
+# **Self-check 2** builds fresh models (an `nn.Sequential` of `Linear` and `ReLU`, chapter 5's
+# `deep_mlp` with nested blocks, its LayerNorm-and-residual variant, a `Sequential` that starts
+# with `Flatten`), runs your recorder on each and compares its dict with the recorded one, key
+# by key.
+#
+# Then it counts the hooks left on the model, which must be none. In the case whose loss raises
+# (a label out of range, after the forward ran), the error must reach you, and still no hook may
+# be left (`try`/`finally`).
 
 # %%
 check_contract("lab05", "ex2", record_output_grad_norms)
@@ -388,12 +388,8 @@ def steepest_drop(norms, names):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 3** runs your function on made-up profiles, one of each kind: a collapse with
-# the norms in forward order, at the first layer a ratio has and at the last (the head), the
-# same in backward order, names that sort otherwise (nested
-# blocks; ten or more layers named by index), a profile whose largest absolute drop is not its
-# smallest ratio, and one with no collapse whose head has the smallest norm; the reference is the
-# layer each was built to collapse at (or, without a collapse, the smallest ratio).
+# **Self-check 3** runs your function on made-up profiles. The reference is the layer each was
+# built to collapse at (or, without a collapse, the smallest ratio).
 
 # %%
 check_contract("lab05", "ex3", steepest_drop)
@@ -484,12 +480,9 @@ def clip_by_global_norm(params, max_norm):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 4** builds parameters whose `.grad` hold recorded gradients, one case of each
-# kind: clipping happens, nothing to clip, one parameter, a parameter without a gradient, tiny
-# gradients, `max_norm` between ‖g‖ and ‖g‖ + 10⁻⁶, all-zero gradients, float32; it compares
-# the norm you return and every gradient after your call with
-# `torch.nn.utils.clip_grad_norm_`'s, and checks that each `.grad` is still the same tensor
-# (scaled in place).
+# **Self-check 4** builds parameters whose `.grad` hold recorded gradients and compares the norm
+# you return and every gradient after your call with `torch.nn.utils.clip_grad_norm_`'s, and
+# checks that each `.grad` is still the same tensor (scaled in place).
 
 # %%
 check_contract("lab05", "ex4", clip_by_global_norm)

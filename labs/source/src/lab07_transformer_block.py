@@ -175,10 +175,11 @@ def layernorm_backward(x, mu, rstd, weight, grad_y):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 1** (recorded reference outputs, one case of each promise: `x` 3-D, 2-D, 1-D and
-# with 4 dims; `mu`, `rstd` computed with a large `eps`; float32. A wrong `grad_x` is compared
-# with autograd's share along each path, from a LayerNorm with $\mu$ or $\sigma$ detached, so a
-# ✗ can say which path is missing):
+# **Self-check 1** compares your function with reference outputs recorded from the course's own
+# solution.
+#
+# A wrong `grad_x` is compared with autograd's share along each path, from a LayerNorm with
+# $\mu$ or $\sigma$ detached, so a ✗ can say which path is missing.
 
 # %%
 check_contract("lab07", "ex1", layernorm_backward)
@@ -287,9 +288,8 @@ def ffn_backward(h, W1, b1, W2, b2, grad_F, activation="relu"):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 2** (recorded reference outputs, one case of each promise: `h` 3-D with
-# `activation="relu"`, the activation left at its default, `"gelu"`, `h` 2-D and with 4 dims,
-# `d_ff` = d, float32; the five gradients are compared in the order you return them):
+# **Self-check 2** compares your function with reference outputs recorded from the course's own
+# solution; the five gradients are compared in the order you return them.
 
 # %%
 check_contract("lab07", "ex2", ffn_backward)
@@ -408,11 +408,12 @@ def ffn_sublayer_backward(X1, mu2, rstd2, params, grad_Y, activation="relu"):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 3** (recorded reference outputs, one case of each promise: `"relu"` given and left
-# at its default, `"gelu"`, statistics from a large `eps`, `linear2.weight` = 0; the dict is
-# compared key by key in the order backward computes them, from `linear2.weight` to `X1`, so the
-# first gradient named wrong is where your backward first goes off; forgetting the skip path
-# shows up as `X1 matches the expected value minus the skip path`):
+# **Self-check 3** compares your function with reference outputs recorded from the course's own
+# solution.
+#
+# The dict is compared key by key in the order backward computes them, from `linear2.weight` to
+# `X1`, so the first gradient named wrong is where your backward first goes off; forgetting the
+# skip path shows up as `X1 matches the expected value minus the skip path`.
 
 # %%
 check_contract("lab07", "ex3", ffn_sublayer_backward)
@@ -528,11 +529,9 @@ def tied_embedding_backward(idx, grad_X0, Hf, grad_logits, n_ctx, start=0):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 4** (recorded reference outputs: autograd through both uses of `wte`,
-# `X0 = F.embedding(idx, wte) + wpe[start:start + N]` and `logits = Hf @ wte.T`; one case of
-# each promise: repeated tokens with `start` > 0, all tokens different, one token everywhere,
-# `start` left at its default, the chunk at the end of the context, one sequence, float32; a
-# missing use is named):
+# **Self-check 4** compares your function with reference outputs recorded from autograd through
+# both uses of `wte`, `X0 = F.embedding(idx, wte) + wpe[start:start + N]` and `logits = Hf @
+# wte.T`; a missing use is named.
 
 # %%
 check_contract("lab07", "ex4", tied_embedding_backward)
@@ -727,12 +726,13 @@ def block_backward(grad_Y, cache):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 5** (recorded reference outputs: autograd on the block, the same as
-# `nn.TransformerEncoderLayer(norm_first=True, batch_first=True, dropout=0)` in float64; one
-# case of each promise: ReLU with several heads, GELU, a causal mask, one head, a large `eps`,
-# one sequence; the 13 gradients are compared by name in the order backward computes them,
-# from `linear2.weight` to `X`, so the first one named wrong, e.g. `self_attn.in_proj_weight
-# matches its Q and K rows swapped …`, is where your backward first goes off):
+# **Self-check 5** compares your function with reference outputs recorded from autograd on the
+# block, the same as `nn.TransformerEncoderLayer(norm_first=True, batch_first=True, dropout=0)`
+# in float64.
+#
+# The 13 gradients are compared by name in the order backward computes them, from
+# `linear2.weight` to `X`, so the first one named wrong, e.g. `self_attn.in_proj_weight matches
+# its Q and K rows swapped …`, is where your backward first goes off.
 
 # %%
 check_contract("lab07", "ex5", block_backward)

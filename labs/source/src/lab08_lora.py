@@ -141,9 +141,8 @@ def grads_from_W_prime(grad_Wp, A, B, s):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 1** (recorded reference outputs, autograd through $W + s\,BA$ with a random
-# $\partial L/\partial W'$; one case of each promise: out, in, r all different, r = 1, a square
-# $W'$, s = 1, float32):
+# **Self-check 1** compares your function with reference outputs recorded from autograd through
+# $W + s\,BA$ with a random $\partial L/\partial W'$.
 
 # %%
 check_contract("lab08", "ex1", grads_from_W_prime)
@@ -252,13 +251,14 @@ def lora_backward(g, x, W, A, B, s, needs=(True, True, True)):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 2** (recorded reference outputs, autograd's through $y = x\,(W + s\,BA)^\top$;
-# one case of each promise: `needs` left at its default and given as each of its 8
-# combinations, r = 1, one row, float32, and two cases too large to cheat: out = 2¹⁷ and
-# in = 2¹⁷, where an out × in matrix or a gradient nobody asked for would take 3 MiB or more,
-# over the call's memory budget of 2 MiB. Besides the three gradients (`"None"` where not asked for) it reports
-# the matrix products your function formed, watched while it runs: whether one was out × in,
-# and whether one had the shape of a gradient nobody asked for):
+# **Self-check 2** compares your function with reference outputs recorded from autograd through
+# $y = x\,(W + s\,BA)^\top$.
+#
+# In the two cases with out = 2¹⁷ or in = 2¹⁷, an out × in matrix or a gradient nobody asked for
+# would take 3 MiB or more, over the call's memory budget of 2 MiB. Besides the three gradients
+# (`"None"` where not asked for) the check reports the matrix products your function formed,
+# watched while it runs: whether one was out × in, and whether one had the shape of a gradient
+# nobody asked for.
 
 # %%
 check_contract("lab08", "ex2", lora_backward)
@@ -347,9 +347,8 @@ def init_adapter(W, r, seed):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 3** (recorded reference outputs, `helpers.lora.LoRALinear`'s initialisation
-# drawn with each case's seed; one case of each promise: `W` in float64 and in float32, r = 1,
-# a square `W`):
+# **Self-check 3** compares your function with reference outputs recorded from
+# `helpers.lora.LoRALinear`'s initialisation, drawn with each case's seed.
 
 # %%
 check_contract("lab08", "ex3", init_adapter)
@@ -442,11 +441,11 @@ def unmerge_(layer, A, B, s):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 4** (recorded reference outputs: the layer after $W + s\,BA$ and, for
-# `unmerge_`, a merged layer after $-s\,BA$; one case of each promise for each function: a
-# trainable layer, a frozen one, one without a bias, float32, r = 1. Each line reports what
-# your function returned, the weight and bias after it, whether `weight` is still the same
-# `Parameter`, its `requires_grad`, and whether it carries a graph):
+# **Self-check 4** compares each function with reference outputs recorded from the course's own
+# solution: the layer after $W + s\,BA$ and, for `unmerge_`, a merged layer after $-s\,BA$.
+#
+# Each line reports what your function returned, the weight and bias after it, whether `weight`
+# is still the same `Parameter`, its `requires_grad`, and whether it carries a graph.
 
 # %%
 check_contract("lab08", "ex4", merge_)
@@ -591,13 +590,14 @@ class LoRALinearFn(torch.autograd.Function):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 5** (recorded reference outputs: the output and the gradients autograd gets
-# through a reference `Function` for the inputs that need one (`"None"` for the others); one case
-# of each promise: `x` 3-D, 2-D and 4-D, `W` frozen and trainable, `x` plain data, only `x`
-# asking, r = 1, float32, and in = 2¹⁷ with only `B` training, where an out × in matrix, ∂L/∂x
-# or ∂L/∂A would take 8 MiB. It also reports the matrix products formed forward and backward,
-# watched while they run: whether one was out × in while `W` was frozen, and whether one had
-# the shape of $\partial L/\partial x$ while `x` asked for none):
+# **Self-check 5** compares with reference outputs recorded from a reference `Function`: the
+# output and the gradients autograd gets through it for the inputs that need one (`"None"` for
+# the others).
+#
+# Where in = 2¹⁷, an out × in matrix, ∂L/∂x or ∂L/∂A would take 8 MiB. The check also reports
+# the matrix products formed forward and backward, watched while they run: whether one was out ×
+# in while `W` was frozen, and whether one had the shape of $\partial L/\partial x$ while `x`
+# asked for none.
 
 # %%
 check_contract("lab08", "ex5", LoRALinearFn)

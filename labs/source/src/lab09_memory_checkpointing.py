@@ -151,8 +151,7 @@ def predict_saved_bytes(B, d, d_ff, activation, bytes_per_element):
 
 # %% [markdown]
 # **Self-check 1** compares your function with the bytes `SavedTensors` measured while the block
-# ran on the CPU (parameters excluded), recorded for one case of each promise: ReLU, GELU,
-# 8 and 2 bytes per element, one row, `d_ff = d`. The numbers must be equal, and an `int`.
+# ran on the CPU (parameters excluded), recorded. The numbers must be equal, and an `int`.
 
 # %%
 check_contract("lab09", "ex1", predict_saved_bytes)
@@ -318,13 +317,14 @@ class StackCheckpoint(torch.autograd.Function):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 2** runs `StackCheckpoint.apply(ffn_block, every, x, *params)` and autograd on one
-# recorded case of each promise: $L$ a multiple of `every`, a shorter last segment, `every = 1`,
-# `every` ≥ $L$, a data `x`, a frozen weight matrix and bias, a 3-D `x`, float32. For each it compares the
-# output, the gradients, the most blocks holding a graph at once, the order the segments are
-# re-run in, how many re-runs of block 0 made a data `x` require a gradient (it must be none), and the
-# bytes saved besides the parameters (one `x`). The tolerance is `atol 1e-12` in float64:
-# backward repeats the very same operations in the same order.
+# **Self-check 2** runs `StackCheckpoint.apply(ffn_block, every, x, *params)` and autograd and
+# compares with recorded reference outputs.
+#
+# For each case it compares the output, the gradients, the most blocks holding a graph at once,
+# the order the segments are re-run in, how many re-runs of block 0 made a data `x` require a
+# gradient (it must be none), and the bytes saved besides the parameters (one `x`). The
+# tolerance is `atol 1e-12` in float64: backward repeats the very same operations in the same
+# order.
 
 # %%
 check_contract("lab09", "ex2", StackCheckpoint)
@@ -475,11 +475,11 @@ def checkpoint_rng(fn, x, *params):
 
 # %% [markdown]
 # **Self-check 3** seeds the generator, runs `checkpoint_rng(fn, x, *params)` and autograd, then
-# draws 4 random numbers, on one recorded case of each promise: a block with dropout, a draw
-# between forward and backward, a block without dropout, a data `x`, a frozen weight matrix and bias, a 3-D
-# `x`, float32. It compares the output, the gradients, how many re-runs made a data `x`
-# require a gradient (it must be none) and the numbers drawn after backward with those of the
-# same block without checkpointing.
+# draws 4 random numbers, and compares with recorded reference outputs.
+#
+# It compares the output, the gradients, how many re-runs made a data `x` require a gradient (it
+# must be none) and the numbers drawn after backward with those of the same block without
+# checkpointing.
 
 # %%
 check_contract("lab09", "ex3", checkpoint_rng)
@@ -589,11 +589,12 @@ def checkpoint_stack(x, layers, segment):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 4** seeds the generator and runs `checkpoint_stack` and autograd on one recorded
-# case of each promise: $L$ a multiple of `segment`, a shorter last segment, `segment = 1`,
-# `segment` ≥ $L$, a 3-D `x`, float32. It compares the output and the gradients with the stack
-# without checkpointing (the same masks), and the bytes your forward saved besides the
-# parameters, in units of `x`'s bytes ($\lceil L/\text{segment}\rceil$).
+# **Self-check 4** seeds the generator, runs `checkpoint_stack` and autograd, and compares with
+# recorded reference outputs.
+#
+# It compares the output and the gradients with the stack without checkpointing (the same
+# masks), and the bytes your forward saved besides the parameters, in units of `x`'s bytes
+# ($\lceil L/\text{segment}\rceil$).
 
 # %%
 check_contract("lab09", "ex4", checkpoint_stack)
@@ -719,14 +720,11 @@ def scaled_step(params, loss_fn, scale, tracker, lr, growth_interval=2000):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 5** runs one step of your `scaled_step` on fresh parameters for one recorded case
-# of each promise: a clean step below `growth_interval`, a step whose gradients overflow (with a
-# tracker that is not 0), one where only some gradient entries overflow, one where only the
-# second parameter's do, the clean step that
-# reaches `growth_interval`, `growth_interval` left
-# at its default, a loss whose float16 gradients underflow unless scaled. It compares the
-# returned scale, tracker and stepped (`"stepped"` or `"skipped"` for a bool) and the parameters
-# after the step.
+# **Self-check 5** runs one step of your `scaled_step` on fresh parameters and compares with
+# recorded reference outputs.
+#
+# It compares the returned scale, tracker and stepped (`"stepped"` or `"skipped"` for a bool)
+# and the parameters after the step.
 
 # %%
 check_contract("lab09", "ex5", scaled_step)

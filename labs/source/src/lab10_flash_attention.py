@@ -188,11 +188,8 @@ def online_softmax_stats(x, block):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 1**, one line per function, against outputs recorded from the course's own
-# solution on one case of each promise: for the merge, the larger max in part a, in part b,
-# equal maxima, 3-D statistics, an empty part on either side and two empty parts; for the
-# one-pass statistics, a block that divides `n` and one that does not, `block = 1`, a block of
-# `n` or more, a 1-D `x`, a late maximum in the short last block, and entries near 1000.
+# **Self-check 1**, one line per function, compares with outputs recorded from the course's own
+# solution.
 
 # %%
 check_contract("lab10", "ex1", merge_stats)
@@ -355,12 +352,8 @@ def tiled_forward(Q, K, V, slopes, block_q=16, block_k=16, causal=False, window=
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 2**, one line per function, against outputs recorded from the course's own
-# solution (which builds the full scores and bias), on one case of each promise: tiles on,
-# below and above the diagonal, one head, a slope of 0 and float32 slopes for the bias; for
-# the forward, `N` a multiple of both blocks and not, fewer and more queries than keys,
-# blocks of 1, a block longer than `N`, the default blocks (16, with `N` = 17 to 20), B > 1
-# with H > 2, slopes of 0, scores in the thousands, and `causal=False, window=None` passed.
+# **Self-check 2**, one line per function, compares with outputs recorded from the course's own
+# solution (which builds the full scores and bias).
 
 # %%
 check_contract("lab10", "ex2", alibi_tile)
@@ -501,11 +494,9 @@ def attention_backward_from_L(Q, K, V, O, L, grad_O, slopes):
 # ...
 
 # %% [markdown]
-# **Self-check 3**, one line per function, against outputs recorded from the course's own
-# solution (autograd through the full scores for the gradients; `O` and `L` are the exact
-# ones, so this check does not depend on your Exercise 2), on one case of each promise:
-# `row_D` with B, H, d > 1, `d = 1` and one row; the backward with `Nq = Nk`, `Nq < Nk`,
-# `Nq > Nk`, B > 1 (`grad_slopes` sums over the batch), slopes of 0 and a steep slope.
+# **Self-check 3**, one line per function, compares with outputs recorded from the course's own
+# solution (autograd through the full scores for the gradients; `O` and `L` are the exact ones,
+# so this check does not depend on your Exercise 2).
 
 # %%
 check_contract("lab10", "ex3", row_D)
@@ -667,11 +658,8 @@ def tiled_backward(
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 4**, against outputs recorded from the course's own solution (autograd through
-# the full scores; `O` and `L` exact), on one case of each promise: `N` a multiple of both
-# blocks and not, `Nq < Nk` and `Nq > Nk`, blocks of 1, a block longer than `N`, the default
-# blocks, B > 1 (`grad_slopes` from every batch), slopes of 0, and `causal=False,
-# window=None` passed.
+# **Self-check 4** compares with outputs recorded from the course's own solution (autograd
+# through the full scores; `O` and `L` exact).
 
 # %%
 check_contract("lab10", "ex4", tiled_backward)
@@ -792,12 +780,9 @@ def causal_tile_mask(q0, k0, bq, bk, window=None, device=None):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 5**, one line per function, against outputs recorded from the course's own
-# solution, on one case of each promise: tiles across, wholly above and wholly below the
-# diagonal, a window and `window = 1`; then your `tiled_forward` and `tiled_backward` with
-# `causal=True` for `Nq = Nk`, `Nq < Nk` (top-left: lab 6's bottom-right is not asked for),
-# `Nq > Nk`, a window, `window = 1`, rows that see no key in the first tile they visit (a NaN
-# there fails), and B > 1.
+# **Self-check 5**, one line per function, compares with outputs recorded from the course's own
+# solution. Causal means top-left here (lab 6's bottom-right is not asked for); a NaN in a row
+# that sees no key in its first tile fails.
 
 # %%
 check_contract("lab10", "ex5", causal_tile_mask)
@@ -942,13 +927,14 @@ def flash_attn(Q, K, V, slopes, causal=False, window=None, block_q=16, block_k=1
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 6**, one line per graded name, against outputs recorded from the course's own
-# solution: what `FlashAttentionFn.apply` returns and which of its outputs autograd tracks
+# **Self-check 6**, one line per graded name, compares with outputs recorded from the course's
+# own solution.
+#
+# It compares what `FlashAttentionFn.apply` returns and which of its outputs autograd tracks
 # (`O` only: `L` marked non-differentiable), the gradients autograd gets from it (the slopes
 # included), and the shapes of the tensors it keeps for backward (`Q, K, V, O`, `L` and
-# `slopes`, saved, none held on `ctx` as an attribute: nothing $N \times N$), with `causal=False`, `causal=True`, a window,
-# `Nq > Nk`, B > 1 and only `V` needing a gradient; then the same through `flash_attn`, also
-# with its defaults.
+# `slopes`, saved, none held on `ctx` as an attribute: nothing $N \times N$); then the same
+# through `flash_attn`.
 
 # %%
 check_contract("lab10", "ex6", FlashAttentionFn)

@@ -163,10 +163,8 @@ def sgd_step(
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 1** (recorded reference outputs, one step of `torch.optim.SGD` from a given
-# state for each promise: momentum left at 0 and given as 0 with weight decay, a later step
-# and the first, dampening on the first step and on a later one, Nesterov on both, weight
-# decay with momentum on both, a 2-D `theta`; atol 1e-12):
+# **Self-check 1** compares one step of your function from a given state with one of
+# `torch.optim.SGD`, recorded (atol 1e-12).
 
 # %%
 check_contract("lab11", "ex1", sgd_step)
@@ -286,10 +284,8 @@ def adam_step(
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 2** (recorded reference outputs, one step of `torch.optim.Adam(amsgrad=True)`
-# from a given state for each promise: the first step, a later one, `v_max` above the new $v$
-# and below it, `betas` given, `eps` given, $\epsilon$ alone in the denominator, L2 weight
-# decay, a 2-D `theta`; atol 1e-14, rtol 1e-12):
+# **Self-check 2** compares one step of your function from a given state with one of
+# `torch.optim.Adam(amsgrad=True)`, recorded (atol 1e-14, rtol 1e-12).
 
 # %%
 check_contract("lab11", "ex2", adam_step)
@@ -385,15 +381,13 @@ def adamw_step(
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 3** (recorded reference outputs, one step of
-# `torch.optim.AdamW(amsgrad=True)` for each promise: a later step, `weight_decay` at its
-# default and 0, the first step, `v_max` above the new $v$, a weight the loss ignores,
-# `betas` and `eps` given, a 2-D `theta`).
+# **Self-check 3** compares one step of your function with one of
+# `torch.optim.AdamW(amsgrad=True)`, recorded.
 #
-# Try the idle weight yourself: a weight at 1 with $g = 0$, ten steps of $\eta = \lambda =
-# 0.1$. Your `adamw_step` leaves it at $(1-0.01)^{10}$; your `adam_step(...,
-# weight_decay=0.1)` (L2) turns $\lambda\theta$ into a step of about $\eta$, and ten of them
-# take it most of the way to 0.
+# Try the idle weight yourself: a weight at 1 with $g = 0$, ten steps of $\eta = \lambda = 0.1$.
+# Your `adamw_step` leaves it at $(1-0.01)^{10}$; your `adam_step(..., weight_decay=0.1)` (L2)
+# turns $\lambda\theta$ into a step of about $\eta$, and ten of them take it most of the way to
+# 0.
 
 # %%
 check_contract("lab11", "ex3", adamw_step)
@@ -507,11 +501,9 @@ def lr_at(step, warmup, period, lr_max, lr_min=0.0, mult=2):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 4** (recorded reference outputs, every step of the warm-up and three cycles
-# of a schedule for each promise: `mult` left at its default, 3 and 1, no warm-up, `lr_min`
-# left at its default, steps deep in later cycles (for `mult` 2 and 3, each cycle's first step
-# included); the reference agrees with torch's `LinearLR` warm-up followed by
-# `CosineAnnealingWarmRestarts`):
+# **Self-check 4** compares every step of the warm-up and three cycles of a schedule with
+# recorded reference outputs; the reference agrees with torch's `LinearLR` warm-up followed by
+# `CosineAnnealingWarmRestarts`.
 
 # %%
 check_contract("lab11", "ex4", lr_at)
@@ -628,11 +620,9 @@ def train(model, opt, X, Y, steps, micro, max_norm=1.0):
 # # END QUESTION
 
 # %% [markdown]
-# **Self-check 5** (recorded reference outputs: the parameters and losses of one full batch,
-# with the same model and optimizer, for each promise: `micro` dividing `B`, a smaller last
-# micro-batch, `micro = 1`, `micro > B`, an active clip, `max_norm` left at its default
-# (active), one step, AdamW. The model is rebuilt from recorded weights and the optimizer
-# from its recorded settings, over the model's parameters):
+# **Self-check 5** compares the parameters and losses of one full batch, with the same model and
+# optimizer, with recorded reference outputs. The model is rebuilt from recorded weights and the
+# optimizer from its recorded settings, over the model's parameters.
 
 # %%
 check_contract("lab11", "ex5", train)
