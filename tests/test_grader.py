@@ -2183,6 +2183,48 @@ def test_a_cell_of_more_magic_lines_than_any_honest_one_is_unread_and_sent_to_re
     assert reach.as_run(asked) is not None and "x = 1" in reach.as_run(asked)
 
 
+def test_a_module_reached_through_a_helper_or_a_library_class_changed_sends_every_by_hand_exercise_to_review():
+    """Red team s10 (lab 4, 10/10 with no backward written, no flag): finite differences run in a thread,
+    which the work rules' dispatch trace (thread-local) cannot see. `threading` was reached as
+    `helpers.attention.torch.utils.data.dataloader.threading` (any `helpers.` path was the course's), and
+    hidden from the by-hand reading as `torch.Tensor.join = staticmethod(...)`, called as `grad_P.join(...)`.
+    A refused module is refused at any depth of a path, a `helpers.` path is the course's only where it
+    names what the course defines, and an assignment into a module or an object in one is off every list."""
+    import reach
+
+    assert reach._course_helper("helpers.cat_mlp.cat_params") and reach._course_helper(
+        "helpers.lora.LoRALinear"
+    )
+    assert not reach._course_helper("helpers.attention.torch") and not reach._course_helper(
+        "helpers.attention.math"
+    )
+    for code, said in (
+        (
+            "import helpers.attention\nTH = helpers.attention.torch.utils.data.dataloader.threading",
+            "threading",
+        ),
+        (
+            "import torch\nT = torch.Tensor\nT.join = staticmethod(lambda fn, *a: fn(*a))",
+            "an assignment to torch",
+        ),
+        ("import torch\ntorch.Tensor.format = staticmethod(print)", "an assignment to torch.Tensor.format"),
+    ):
+        checked = _plan(LAB, _submission(LAB, _solutions(LAB), insert=[(0, code)]))
+        assert any(said in x for x in checked.reach), (code, checked.reach)
+    # torch.library behind a helper: off the list (every by-hand exercise to review), not the course's
+    checked = _plan(
+        LAB,
+        _submission(
+            LAB,
+            _solutions(LAB),
+            insert=[(0, "import helpers.attention\nL = helpers.attention.torch.library")],
+        ),
+    )
+    assert checked.review and all(any("torch.library" in x for x in v) for v in checked.review.values()), (
+        checked.review
+    )
+
+
 def test_the_guards_switched_off_from_a_cell_the_student_added_anywhere_send_every_by_hand_exercise_to_review():
     for code in GUARDS_OFF.values():
         checked = _plan(LAB, _submission(LAB, _solutions(LAB), insert=[(0, code)]))

@@ -38,6 +38,7 @@ import functools
 import hashlib
 import re
 import sys
+import types
 from dataclasses import dataclass, field
 
 # plain attribute names a dunder check would otherwise flag, but which any answer may use
@@ -151,6 +152,8 @@ NEVER_ANY = {
 TYPE3 = "type(name, bases, namespace)"
 # modules that other modules hand on as attributes (`torch.sys`, `os.sys`)
 REACHING_MODULES = {"sys", "os", "builtins", "gc", "importlib", "ctypes", "inspect", "subprocess"}
+# the modules of NEVER_ANY's paths, refused wherever they stand in a path, not only at its start
+NEVER_SEGMENTS = {d for d in NEVER_ANY["dotted"] if "." not in d}
 # and, where an exercise asks for the gradient by hand ("autograd" in its by_hand list): what computes
 # one without autograd's engine, whose guard sees only backward passes (forward-mode AD, a node called
 # directly, functorch's transforms, the functional API, an aten alias of a fused kernel)
@@ -242,9 +245,12 @@ def _never(kind: str, text: str, tier: str) -> bool:
             _is_dunder(p) for p in parts
         ):
             return True  # torch._functorch, collections._sys, a module's __dict__
-        # `torch.sys.modules`, `os.sys`: a module that imported one of these hands it on
+        # `torch.sys.modules`, `os.sys`, `helpers.attention.torch.utils.data.dataloader.threading`: a module
+        # that imported one of these hands it on, however deep (red team s10 started a thread so)
         return any(text == d or text.startswith(d + ".") for s in sets for d in s["dotted"]) or any(
-            p in s["attributes"] or p in REACHING_MODULES for s in sets for p in parts[1:]
+            p in s["attributes"] or p in REACHING_MODULES or p in NEVER_SEGMENTS
+            for s in sets
+            for p in parts[1:]
         )
     if kind == "attr":
         return (
@@ -254,7 +260,7 @@ def _never(kind: str, text: str, tier: str) -> bool:
         )
     if kind in ("builtin", "given"):
         return any(text in s["builtins"] for s in sets) or _is_dunder(text)
-    return kind == "string"
+    return kind in ("string", "store")
 
 
 # a line IPython transforms (a magic, a shell escape, an assigned one, a help request): it transforms one
@@ -406,6 +412,11 @@ class _Uses(ast.NodeVisitor):
 
     def visit_Attribute(self, node):
         path = self.scope.path(node)
+        if path is not None and not isinstance(node.ctx, ast.Load):
+            # `T = torch.Tensor; T.join = staticmethod(f)`: the library changed under every later call, an
+            # allowed name made to run the student's code where no by-hand list reads it (red team s10)
+            self.add("store", path, node)
+            return
         if path is not None:
             self.add("dotted", path, node)
             return
@@ -584,8 +595,22 @@ COURSE_HELPERS = re.compile(r"helpers(\.(?!labcontract\b)[A-Za-z]\w*)*")
 
 
 def _course_helper(text: str) -> bool:
-    """Whether a module path is the course's helpers or a public name in one (`helpers.cat_mlp.cat_params`)."""
-    return COURSE_HELPERS.fullmatch(text) is not None
+    """Whether a module path is the course's helpers or a public name the course defines in one
+    (`helpers.cat_mlp.cat_params`, `helpers.lora.LoRALinear.merge`), not a module or function a helper
+    imported (`helpers.attention.torch` is torch, with everything under it: red team s10)."""
+    import importlib
+
+    if COURSE_HELPERS.fullmatch(text) is None:
+        return False
+    parts = text.split(".")
+    if len(parts) <= 2:
+        return True
+    try:
+        obj = getattr(importlib.import_module(".".join(parts[:2])), parts[2])
+    except Exception:  # noqa: BLE001 - not a name the course defines
+        return False
+    home = obj.__name__ if isinstance(obj, types.ModuleType) else getattr(obj, "__module__", None)
+    return isinstance(home, str) and (home == "helpers" or home.startswith("helpers."))
 
 
 def _course_forward(text: str) -> bool:
@@ -617,6 +642,8 @@ def describe(kind: str, text: str) -> str:
         return f"a string holding {text}"
     if kind == "complex":
         return f"a complex number ({text})"
+    if kind == "store":
+        return f"an assignment to {text}"
     return text
 
 
@@ -753,8 +780,19 @@ VETTED = {
         "itertools",
         "typing",
         "copy",
+        # plain Python an honest answer reaches for (the honest corpus: a queue for a graph walk, a count
+        # of uses, an isinstance against numbers.Real)
+        "collections",
+        "numbers",
     ),
     "dotted": (
+        "collections.deque",
+        "collections.Counter",
+        "collections.defaultdict",
+        "collections.OrderedDict",
+        "numbers.Number",
+        "numbers.Real",
+        "numbers.Integral",
         "torch.Tensor",
         "torch.no_grad",
         "torch.finfo",
@@ -794,6 +832,12 @@ VETTED = {
         "insert",
         "format",
         "join",
+        "popleft",
+        "appendleft",
+        "most_common",
+        "setdefault",
+        "from_iterable",  # itertools.chain's
+        "__name__",  # type(x).__name__ in an error message
     ),
 }
 

@@ -32,8 +32,8 @@ def attention_backward(Q, K, V, P, grad_O, scale, Bias):
     dS = (dP - (P * dP).sum(-1, keepdim=True)) * P
     # S = A * scale + Bias,   A = Q K^T
     A = Q @ K.mT
-    dBias = helpers.numgrad.unbroadcast(dS, Bias.shape)
-    dscale = helpers.numgrad.unbroadcast(A * dS, scale.shape)
+    dBias = unbroadcast(dS, Bias.shape)
+    dscale = unbroadcast(A * dS, scale.shape)
     dA = scale * dS
     dQ = dA @ K
     dK = dA.mT @ Q

@@ -77,7 +77,7 @@ def train(model, opt, X, Y, steps, micro, max_norm=1.0):
             mb_loss = F.mse_loss(model(x_mb), y_mb)
             (weight * mb_loss).backward()
             step_loss += weight * mb_loss.item()
-        nn.utils.clip_grad_norm_(model.parameters(), max_norm=max_norm)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=max_norm)
         opt.step()
         history.append(float(step_loss))
     return history
