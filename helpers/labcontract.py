@@ -935,9 +935,13 @@ def by_hand(fn, forbidden=()):
     names = [n for n in forbidden if n != "autograd"]
     if "autograd" in forbidden:
         names += ["torch.autograd.backward", "torch.autograd.grad", "torch.Tensor.backward"]
+    # the work rules' trace sees its own thread only, so no thread may start (the grader's worker refuses
+    # one too: red team s10 ran finite differences in a thread for 10/10)
+    names.append("threading.Thread.start")
 
     def refuse(name):
         what = "autograd" if name.startswith(("torch.autograd.", "torch.Tensor.backward")) else name
+        what = "a thread" if name == "threading.Thread.start" else what
         said = f"uses {what} ({name.rsplit('.', 1)[1]}), where this exercise asks for it by hand"
 
         def refused(*args, **kwargs):

@@ -443,6 +443,13 @@ def test_by_hand_refuses_what_the_exercise_forbids_only_while_the_answer_runs():
     )
     exec("def by_reference(*a):\n    return backward(*a)", space)
     exec("def honest(x):\n    return 2 * x", space)
+    exec(
+        "import threading\ndef in_a_thread(x):\n    out = []\n"
+        "    t = threading.Thread(target=lambda: out.append(2 * x))\n    t.start()\n    t.join()\n    return out[0]",
+        space,
+    )
+    with pytest.raises(labcontract.ByHand, match=r"uses a thread \(start\)"):
+        labcontract.by_hand(space["in_a_thread"], ["autograd"])(torch.ones(2))
     guarded = labcontract.by_hand(space["by_autograd"], ["autograd", "helpers.cat_mlp.backward"])
     with pytest.raises(labcontract.ByHand, match=r"uses autograd \(backward\)"):
         guarded(torch.ones(3))

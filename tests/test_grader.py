@@ -1768,6 +1768,23 @@ EX3_PROBE = OWN_ATTR_BOX + (
     "                                         wrt=(0, 1, 2), grad_output=grad_y_hat, method=None)\n"
     "    return out[1], out[3], out[2]"
 )
+# red team s10: the same probe started in a thread, whose stack ends before the worker's start
+EX3_PROBE_IN_A_THREAD = OWN_ATTR_BOX + (
+    "import threading\n"
+    "def layer2_backward(grad_y_hat, a, W2):\n    h, keep = store['h'], []\n"
+    "    f = lambda W, v, b: (keep.extend((W, v, b)), W @ v + b)[1]\n"
+    "    th = threading.Thread(target=h.labcontract.backward_through, args=(f, (W2, a, grad_y_hat * 0), {}),\n"
+    "                          kwargs={'wrt': (0, 1, 2), 'grad_output': grad_y_hat, 'method': None})\n"
+    "    th.start()\n    th.join()\n"
+    "    return keep[0].grad, keep[2].grad, keep[1].grad"
+)
+EX3_IN_A_THREAD = (
+    "import threading\nimport torch\n"
+    "def layer2_backward(grad_y_hat, a, W2):\n    out = []\n"
+    "    th = threading.Thread(target=lambda: out.append((torch.outer(grad_y_hat, a), grad_y_hat.clone(),\n"
+    "                                                     W2.T @ grad_y_hat)))\n"
+    "    th.start()\n    th.join()\n    return out[0]"
+)
 
 OFF_THE_LIST = {  # name: (lab 1's ex3 answer, the construct named, whether every by-hand exercise goes too)
     "forward AD's C twins as own attributes": (EX3_DUAL_TWINS, "._make_dual", False),
@@ -1863,6 +1880,15 @@ def test_a_course_probe_called_by_the_answer_runs_no_backward_for_it():
     assert out["questions"]["ex3"]["score"] == 0, out["questions"]
     assert any("used autograd in ex3" in n for n in out["notes"]), out["notes"]
     assert out["questions"]["ex4"]["score"] == 2, out["questions"]  # the others keep their points
+    # in a thread (red team s10: 17/17 on lab 10 so): the walk ends before the worker's start frame
+    out = _harness_grade(LAB, _submission(LAB, sol[:2] + [EX3_PROBE_IN_A_THREAD] + sol[3:]))
+    assert out["questions"]["ex3"]["score"] == 0, out["questions"]
+    assert any("used a thread in ex3" in n for n in out["notes"]), out["notes"]
+    # any thread at all, right values or not: the work rules' trace sees its own thread only
+    out = _harness_grade(LAB, _submission(LAB, sol[:2] + [EX3_IN_A_THREAD] + sol[3:]))
+    assert out["questions"]["ex3"]["score"] == 0, out["questions"]
+    assert any("used a thread in ex3" in n for n in out["notes"]), out["notes"]
+    assert out["questions"]["ex4"]["score"] == 2, out["questions"]
 
 
 def test_a_self_check_line_copied_into_a_cell_the_student_added_is_not_sent_to_review():

@@ -721,6 +721,7 @@ _forward_hooks _forward_pre_hooks
 # autograd, alias memory, serialise, compile or trace, or change a global setting. A student who
 # writes `torch.linalg.solve` or `x.unsqueeze_(0)` did ordinary tensor work.
 MATH_NAMESPACES = (
+    "math",
     "torch.optim",
     "torch.optim.Optimizer",
     "itertools",
@@ -794,6 +795,7 @@ VETTED = {
         "numbers.Real",
         "numbers.Integral",
         "torch.Tensor",
+        "torch.testing.assert_close",  # a scratch check: allclose with a message
         "torch.no_grad",
         "torch.finfo",
         "math.inf",
@@ -814,6 +816,9 @@ VETTED = {
     # plain Python on lists, dicts and strings
     "attributes": tuple(VETTED_TENSOR.split())
     + tuple(public_math())
+    # every public method of Python's lists, dicts, sets, tuples and strings (red team s10: a scratch
+    # cell's `losses.clear()` or `name.strip()` sent every by-hand exercise to review)
+    + tuple(n for t in (list, dict, set, frozenset, tuple, str) for n in dir(t) if not n.startswith("_"))
     + (
         "fft",
         "state",  # an optimizer's (the labs' hints print opt.state[p])

@@ -50,6 +50,9 @@ DTYPES = {
 }
 
 
+# what the worker's guard reports when a by-hand exercise's call starts a thread (a word of the protocol:
+# the harness repeats it to the student, as it repeats the names a by-hand list holds)
+THREAD = "a thread"
 REPLIED = object()  # a handler's result: the reply has been sent already (by a forked child)
 
 

@@ -90,7 +90,9 @@ def _from_probe() -> bool:
         if not f.f_code.co_filename.startswith(TRUSTED_DIRS):
             return False
         f = f.f_back
-    return True
+    # a stack that ends before the worker's start is another thread's: a probe an answer started there
+    # (red team s10 laundered autograd through check_contract in a thread: 17/17 on lab 10)
+    return f is START
 
 
 STATE = {"exercise": None, "forbidden": {}, "violations": {}, "ours": False, "bound": {}}
@@ -210,11 +212,28 @@ def _guard_aliases(guarded: dict) -> None:
                     pass
 
 
+def _no_thread(start):
+    """A by-hand exercise's call may start no thread: the work rules' trace and this module's frame walk see
+    their own thread only (red team s10: finite differences in a thread, 10/10 on lab 4)."""
+
+    def start_new_thread(*args, **kwargs):
+        if STATE["exercise"] is not None and STATE["forbidden"].get(STATE["exercise"]):
+            _violate(wire.THREAD)
+        return start(*args, **kwargs)
+
+    return start_new_thread
+
+
 def install_guards(forbidden: dict) -> None:
     """Guard autograd and the named reference functions ('helpers.cat_mlp.backward') before student code runs."""
+    import _thread
+    import threading
+
     import torch.autograd.variable as variable
 
     STATE["forbidden"] = {ex: set(names) for ex, names in forbidden.items()}
+    # every Python thread starts here (threading.Thread.start calls threading._start_new_thread)
+    _thread.start_new_thread = threading._start_new_thread = _no_thread(_thread.start_new_thread)
     variable.Variable._execution_engine = _Engine(variable.Variable._execution_engine)
     # a second, unguarded engine (`torch._C._ImperativeEngine()`) takes `_C`: reach.py refuses it
     guarded: dict = {}
