@@ -1936,6 +1936,20 @@ def test_honest_answers_written_otherwise_than_the_solutions_are_not_sent_to_rev
     assert not checked.review and not checked.reach and not checked.gradient, checked.review
 
 
+def test_a_scratch_cell_of_plain_python_and_torch_testing_is_not_sent_to_review():
+    """Red team s10: the published solutions plus one scratch cell (`torch.testing.assert_close`, a list's
+    `.clear()`, a string's `.strip().lower()`) went wholly to review (10 of 10 pending on lab 4). Every public
+    method of Python's containers and strings and math's functions are ordinary."""
+    scratch = (
+        "import math\nlosses = [1.0, 2.0]\nlosses.reverse()\nlosses.clear()\nd = {}\nd.setdefault('a', 1)\n"
+        "s = {1}\ns.discard(1)\nname = ' Softmax '.strip().lower().replace('s', 'S')\n"
+        "assert name.startswith('S') and math.fsum([0.1] * 10) == 1.0\n"
+        "torch.testing.assert_close(torch.ones(2), torch.ones(2))"
+    )
+    checked = _plan(LAB, _submission(LAB, _solutions(LAB), insert=[(5, scratch)]))
+    assert not checked.review and not checked.reach and not checked.gradient, (checked.review, checked.reach)
+
+
 BY_HAND_1 = {"ex1", "ex2", "ex3", "ex4", "ex5", "ex6"}  # lab 1: every exercise is by hand
 
 
