@@ -221,7 +221,12 @@ ex2 = Exercise(
             lambda p, s: _ffn_case(p[0], *p[1], s, p[2], dtype=F32),
             **F32_TOL,
         ),
-        large_class("h (4, 8, 16), d_ff 64", lambda s: _ffn_case((4, 8), 16, 64, s, "gelu"), **F64_TOL),
+        # the activation named: a learner whose GELU was wrong read this class as a size problem (s10)
+        large_class(
+            'h (4, 8, 16), d_ff 64, activation="gelu"',
+            lambda s: _ffn_case((4, 8), 16, 64, s, "gelu"),
+            **F64_TOL,
+        ),
         # each activation's path measured: a newcomer's ReLU branch read every entry with .item() (✓ before)
         large_class(
             'h (4, 8, 16), d_ff 64, activation="relu"',
