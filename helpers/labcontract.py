@@ -200,6 +200,9 @@ def _boundary(answer):
     return peer if callable(getattr(type(peer), "capped", None)) else None
 
 
+# what a broken work rule costs, said where the rule is (dropped where the learner's earlier answer broke it
+# and the hidden tests run the course's in its place)
+GRADED = "0 points for the exercise when graded"
 OVER = "over its {} MiB memory budget"  # a capped call's output where it needed more (failed_part reads it)
 
 
@@ -548,25 +551,25 @@ def broken_rule(rules: dict, seen: dict, bounds: dict) -> str | None:
                 return (
                     f"writes {seen['writes']:,} tensor entries where {bounds[rule]:,.0f} suffice: its work grows "
                     "with the number of inputs times a forward pass (finite differences, not a backward): "
-                    "0 points for the exercise when graded"
+                    f"{GRADED}"
                 )
             if rule == "exits":
                 return (
                     f"reads {seen['exits']:,} values out of tensors into Python or NumPy (.item(), float(), "
                     f".tolist(), .numpy(), printing) where {bounds[rule]:,.0f} suffice: work done there is not "
-                    "measured, so a backward must compute with tensors (0 points for the exercise when graded)"
+                    f"measured, so a backward must compute with tensors ({GRADED})"
                 )
             if rule == "branches":
                 return (
                     f"reads {seen['branches']:,} comparisons out of tensors (if h[i] > 0, bool(), a mask's "
                     f".tolist()) where {bounds[rule]:,.0f} suffice (two per entry): that many rebuild values "
-                    "bit by bit (0 points for the exercise when graded)"
+                    f"bit by bit ({GRADED})"
                 )
             if rule == "nonlinear":
                 return (
                     f"evaluates exp, log, sqrt, softmax and such on {seen['nonlinear']:,} entries where "
                     f"{bounds[rule]:,.0f} suffice: the forward run again (a difference along one direction, "
-                    "not a backward): 0 points for the exercise when graded"
+                    f"not a backward): {GRADED}"
                 )
             _, op, shape = seen["reads"]
             return f"uses {op} on a {tuple(shape)} tensor at once, where no step needs more than {bounds[rule]:,.0f} entries"
@@ -1230,7 +1233,13 @@ def evaluate_contract(lab: str, exercise: str, fn) -> CheckResult:
         )
     else:
         head = f"✗ {title} fails in every case class ({_listed(fails, sep=CLASSES)})"
-    return CheckResult("fail", f"{head}: {detail}{_earlier_failing(lab, exercise, fn)}")
+    earlier, replaced = _earlier_failing(lab, exercise, fn)
+    if earlier and replaced:
+        # graded, the course's answers to those exercises run in place of the learner's, so a rule broken
+        # through them costs nothing here (a newcomer's Jacobian in lab 4 ex1 read as ex2's "0 points")
+        detail = detail.replace(f": {GRADED}", "").replace(f" ({GRADED})", "")
+        earlier += " (graded, this exercise runs with the course's in place of yours)"
+    return CheckResult("fail", f"{head}: {detail}{earlier}")
 
 
 def _names_used(obj, depth: int = 0) -> set[str]:
@@ -1255,26 +1264,30 @@ def _names_used(obj, depth: int = 0) -> set[str]:
     return names
 
 
-def _earlier_failing(lab: str, exercise: str, fn) -> str:
-    """' — your causal_mask (Exercise 1) fails its own self-check: fix it first' when fn calls the learner's
-    answers to earlier exercises that are wrong (each one named: one bug, not two), else ''."""
+def _earlier_failing(lab: str, exercise: str, fn) -> tuple[str, bool]:
+    """(' — your causal_mask (Exercise 1) fails its own self-check: fix it first', whether the hidden tests
+    run the course's answers to all of them in place of the learner's) when fn calls the learner's answers
+    to earlier exercises that are wrong (each one named: one bug, not two), else ('', False)."""
     space = getattr(fn, "__globals__", None) or getattr(getattr(fn, "forward", None), "__globals__", None)
     if not space:
-        return ""
+        return "", False
     exercises = load(lab)["exercises"]
+    calls = set(exercises[exercise].get("calls", ()))
     order = list(exercises)
     used = _names_used(fn)
-    failing = []
+    failing, names = [], set()
     for name in order[: order.index(exercise)]:
         spec = exercises[name]
         other = space.get(spec["function"])
         if spec["function"] in used and other is not None and other is not fn:
             if evaluate_contract(lab, name, other).status in ("fail", "error"):
                 failing.append(f"{spec['function']} ({spec['title'].split(' · ')[0]})")
+                names.add(name)
     if not failing:
-        return ""
+        return "", False
     verb = "fails its own self-check" if len(failing) == 1 else "fail their own self-checks"
-    return f" — your {' and your '.join(failing)} {verb}: fix {'it' if len(failing) == 1 else 'them'} first"
+    said = f" — your {' and your '.join(failing)} {verb}: fix {'it' if len(failing) == 1 else 'them'} first"
+    return said, names <= calls
 
 
 def check_contract(lab: str, exercise: str, fn) -> None:

@@ -797,7 +797,7 @@ def test_a_cross_caused_by_an_earlier_answer_says_so():
         mutants._run(code, space)
     line = labcontract.evaluate_contract("lab06", "ex4", space["attention_grads"]).line
     assert line.startswith("✗") and line.endswith(
-        "your causal_mask (Exercise 1) fails its own self-check: fix it first"
+        "your causal_mask (Exercise 1) fails its own self-check: fix it first" + REPLACED
     ), line
     # two earlier answers wrong: both named (issue 32: only the first was)
     wrong_ex3 = [
@@ -809,11 +809,52 @@ def test_a_cross_caused_by_an_earlier_answer_says_so():
     line = labcontract.evaluate_contract("lab06", "ex4", space["attention_grads"]).line
     assert line.endswith(
         "your causal_mask (Exercise 1) and your attention_backward (Exercise 3) fail their own self-checks: "
-        "fix them first"
+        "fix them first" + REPLACED
     ), line
     for code in [*sols["ex1"], *sols["ex3"]]:
         mutants._run(code, space)
     assert labcontract.evaluate_contract("lab06", "ex4", space["attention_grads"]).line.startswith("✓")
+
+
+REPLACED = " (graded, this exercise runs with the course's in place of yours)"
+
+
+def test_a_rule_broken_through_an_earlier_answer_the_hidden_tests_replace_costs_nothing_here():
+    """Learner A, s10: lab 4 ex1 built the n × n Jacobian; ex2's Softmax, which calls it, read "writes … (finite
+    differences, not a backward): 0 points for the exercise when graded", and the hidden tests gave ex2 2/2
+    (they run the course's softmax_backward in its place: ex2 `calls` ex1). The ✗ names ex1 and says so."""
+    import mutants
+
+    setup, sols = contract._solutions("lab04_custom_functions")
+    jacobian = [
+        c.replace(
+            "    inner = (grad_P * P).sum(-1, keepdim=True)  # (..., 1): one ⟨g, p⟩ per row\n"
+            "    return P * (grad_P - inner)  # (..., n)",
+            "    J = torch.diag_embed(P) - P[..., :, None] * P[..., None, :]\n"
+            "    return (J @ grad_P[..., None])[..., 0]",
+        )
+        for c in sols["ex1"]
+    ]
+    calling = [  # the learner's Softmax.backward calls their softmax_backward, as the prompt allows
+        c.replace(
+            "        inner = (grad_P * P).sum(-1, keepdim=True)  # (..., 1)\n"
+            "        return P * (grad_P - inner)  # (..., n)",
+            "        return softmax_backward(P, grad_P)",
+        )
+        for c in sols["ex2"]
+    ]
+    assert jacobian != sols["ex1"] and calling != sols["ex2"]
+    space: dict = {"__name__": "__learner__"}
+    for code in [*setup, *jacobian, *calling]:
+        mutants._run(code, space)
+    line = labcontract.evaluate_contract("lab04", "ex2", space["Softmax"]).line
+    assert line.startswith("✗") and "writes" in line, line
+    assert labcontract.GRADED not in line, line
+    assert line.endswith(
+        "your softmax_backward (Exercise 1) fails its own self-check: fix it first" + REPLACED
+    )
+    # where nothing replaces the earlier answer, the cost stands (lab 1's exercises call none)
+    assert "calls" not in labcontract.load("lab01")["exercises"]["ex6"]
 
 
 def test_an_exercise_is_graded_with_the_references_of_the_earlier_ones_it_calls():

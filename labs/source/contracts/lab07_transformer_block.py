@@ -99,7 +99,10 @@ def _ln_case(lead, D: int, seed: int, eps: float = 1e-5, dtype=F64) -> Case:
     return Case(args, factors={"rows": rows} if rows > 1 else {}, terms=terms)
 
 
-leads = hnp.array_shapes(min_dims=1, max_dims=3, min_side=2, max_side=4)
+# the leading dims of the classes about eps and dtype: (B, N), as the main class's, not 1 to 3 dims (its public
+# case drew 2-D x and its hidden ones 3-D, so a grad_weight summed over dim 0 only passed the self-check
+# and failed the hidden tests: a learner's, s10)
+leads = hnp.array_shapes(min_dims=2, max_dims=2, min_side=2, max_side=4)
 ex1 = Exercise(
     "ex1",
     "layernorm_backward",
