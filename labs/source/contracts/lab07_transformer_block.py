@@ -78,8 +78,8 @@ def _held(x, w, b, eps, hold_mu, hold_sigma):
     return (x - mu) * rstd * w + b
 
 
-def _ln_case(lead, D: int, seed: int, eps: float = 1e-5, dtype=F64) -> Case:
-    x = randn(*lead, D, seed=seed, dtype=F64) * 2 + 1
+def _ln_case(lead, D: int, seed: int, eps: float = 1e-5, dtype=F64, spread: float = 2.0) -> Case:
+    x = randn(*lead, D, seed=seed, dtype=F64) * spread + 1
     w = 1 + 0.3 * randn(D, seed=seed + 1, dtype=F64)
     b = 0.5 * randn(D, seed=seed + 2, dtype=F64)
     g = randn(*lead, D, seed=seed + 3, dtype=F64)
@@ -139,7 +139,9 @@ ex1 = Exercise(
         CaseClass(
             "x is float32",
             st.tuples(leads, st.integers(3, 7)),
-            lambda p, s: _ln_case(p[0], p[1], s, dtype=F32),
+            # rows of small spread: the saved rstd's eps shows at float32's tolerance in every case, not in
+            # the public case only (a 1/σ recomputed without eps: public ✗, hidden ✓ before)
+            lambda p, s: _ln_case(p[0], p[1], s, dtype=F32, spread=0.05),
             **F32_TOL,
         ),
         large_class("x (4, 8, 64)", lambda s: _ln_case((4, 8), 64, s), **F64_TOL),
