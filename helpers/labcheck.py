@@ -365,15 +365,20 @@ def _compare_one(
         return f"{name}: expected a torch.Tensor, got {type(got).__name__}", None
     got_t = got.detach()
     if tuple(got_t.shape) != tuple(exp_t.shape):
+        # a hint only where the values say it: a learner's elementwise a·g for an outer product has the
+        # outer product's entries count, and "a reshape or keepdim?" sent them the wrong way (s10)
         hint = ""
-        if (
-            got_t.dim() == 2
-            and tuple(got_t.shape[::-1]) == tuple(exp_t.shape)
-            and got_t.shape[0] != got_t.shape[1]
-        ):
-            hint = " (transposed?)"
-        elif got_t.numel() == exp_t.numel():
-            hint = " (same numbers of elements: a reshape or keepdim?)"
+        if got_t.numel() == exp_t.numel() and (got_t.is_floating_point() or got_t.dtype == exp_t.dtype):
+            tol = tolerance(exp_t.dtype if exp_t.is_floating_point() else torch.float64, atol, rtol)
+            b = exp_t.to("cpu", torch.float64)
+
+            def matches(x):
+                return bool(close(x.to("cpu", torch.float64), b, *tol, equal_nan=True).all())
+
+            if got_t.dim() == 2 and tuple(got_t.shape[::-1]) == tuple(exp_t.shape) and matches(got_t.T):
+                hint = " (transposed?)"
+            elif matches(got_t.reshape(exp_t.shape)):
+                hint = " (the right values in another shape: a reshape or keepdim?)"
         return f"{name} has shape {tuple(got_t.shape)}, expected {tuple(exp_t.shape)}{hint}", None
     # A float 0/1 mask is not a bool mask (masked_fill(~mask) fails on it): bool must stay bool.
     if (exp_t.is_floating_point() or exp_t.dtype == torch.bool) and got_t.dtype != exp_t.dtype:

@@ -55,9 +55,14 @@ def test_shape_dtype_and_type_mismatches_say_what_was_expected():
         in evaluate(lambda x: x.T, X, args=(X,), outputs=("grad_W",)).line
     )
     assert (
-        "has shape (6,), expected (2, 3) (same numbers of elements"
+        "has shape (6,), expected (2, 3) (the right values in another shape"
         in evaluate(lambda x: x.flatten(), X, args=(X,)).line
     )
+    # as many entries, other values: the shapes, no hint (s10: an elementwise a·g for an outer product)
+    line = evaluate(lambda x: x.flatten() + 1, X, args=(X,)).line
+    assert line.endswith("has shape (6,), expected (2, 3)"), line
+    line = evaluate(lambda x: x.T + 1, X, args=(X,), outputs=("grad_W",)).line
+    assert line.endswith("grad_W has shape (3, 2), expected (2, 3)"), line
     assert "has dtype torch.float32, expected torch.float64" in evaluate(X.float(), X).line
     mask = torch.ones(2, 3, dtype=torch.bool).tril()
     assert "has dtype torch.float32, expected torch.bool" in evaluate(mask.float(), mask).line
