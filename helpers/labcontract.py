@@ -875,7 +875,9 @@ def changed_tensor(t: torch.Tensor, value: torch.Tensor, version: int) -> bool:
         t._version != version
         or t.shape != value.shape
         or t.dtype != value.dtype
-        or not torch.equal(t.detach(), value.detach())
+        or t.device != value.device
+        # a meta tensor holds no values: its version counter says whether it was written
+        or (t.device.type != "meta" and not torch.equal(t.detach(), value.detach()))
     )
 
 

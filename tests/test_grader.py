@@ -1936,20 +1936,6 @@ def test_honest_answers_written_otherwise_than_the_solutions_are_not_sent_to_rev
     assert not checked.review and not checked.reach and not checked.gradient, checked.review
 
 
-def test_a_scratch_cell_of_plain_python_and_torch_testing_is_not_sent_to_review():
-    """Red team s10: the published solutions plus one scratch cell (`torch.testing.assert_close`, a list's
-    `.clear()`, a string's `.strip().lower()`) went wholly to review (10 of 10 pending on lab 4). Every public
-    method of Python's containers and strings and math's functions are ordinary."""
-    scratch = (
-        "import math\nlosses = [1.0, 2.0]\nlosses.reverse()\nlosses.clear()\nd = {}\nd.setdefault('a', 1)\n"
-        "s = {1}\ns.discard(1)\nname = ' Softmax '.strip().lower().replace('s', 'S')\n"
-        "assert name.startswith('S') and math.fsum([0.1] * 10) == 1.0\n"
-        "torch.testing.assert_close(torch.ones(2), torch.ones(2))"
-    )
-    checked = _plan(LAB, _submission(LAB, _solutions(LAB), insert=[(5, scratch)]))
-    assert not checked.review and not checked.reach and not checked.gradient, (checked.review, checked.reach)
-
-
 BY_HAND_1 = {"ex1", "ex2", "ex3", "ex4", "ex5", "ex6"}  # lab 1: every exercise is by hand
 
 
@@ -2083,7 +2069,15 @@ def test_checking_a_by_hand_answer_against_autograd_in_a_scratch_cell_is_not_sen
         "print(torch.autograd.gradcheck(torch.tanh, (x64,)))\n"
         "print(torch.autograd.functional.jacobian(torch.tanh, x64))\nprint(y_hat.grad_fn)"
     )
-    checked = _plan(LAB, _submission(LAB, _solutions(LAB), insert=[(2, scratch), (4, more)]))
+    # red team s10 (lab 4's solutions and this cell: 10 of 10 pending): every public method of Python's
+    # containers and strings, math's functions and torch.testing.assert_close are ordinary
+    plain = (
+        "import math\nlosses = [1.0, 2.0]\nlosses.reverse()\nlosses.clear()\nd = {}\nd.setdefault('a', 1)\n"
+        "s = {1}\ns.discard(1)\nname = ' Softmax '.strip().lower().replace('s', 'S')\n"
+        "assert name.startswith('S') and math.fsum([0.1] * 10) == 1.0\n"
+        "torch.testing.assert_close(torch.ones(2), torch.ones(2))"
+    )
+    checked = _plan(LAB, _submission(LAB, _solutions(LAB), insert=[(2, scratch), (4, more), (5, plain)]))
     assert not checked.review and not checked.reach and not checked.gradient, checked
 
 
@@ -2235,6 +2229,7 @@ def test_a_module_reached_through_a_helper_or_a_library_class_changed_sends_ever
     assert reach._course_helper("helpers.cat_mlp.cat_params") and reach._course_helper(
         "helpers.lora.LoRALinear"
     )
+    assert reach._course_helper("helpers.block.BLOCK_PARAM_NAMES")  # the course's data
     assert not reach._course_helper("helpers.attention.torch") and not reach._course_helper(
         "helpers.attention.math"
     )
@@ -2371,8 +2366,9 @@ def test_a_notebook_from_an_earlier_release_is_read_against_that_releases_given_
         lab, sol, insert=[(1, EARLIER_LAB8_GIVEN.replace("check(\n", "print(expected)\ncheck(\n"))]
     )
     for text in (as_then, debug):
-        alone = plan(text, {})  # read as the student's own
-        assert alone.reach or alone.review, alone
+        # read as the student's own (its `type(grads).__name__` sent it to review until s10 vetted __name__)
+        alone = plan(text, {})
+        assert [c.kind for c in alone.cells].count("added") == 1, alone
         checked = plan(text, earlier)
         assert not checked.reach and not checked.review, checked
     assert [c.kind for c in plan(as_then, earlier).cells].count("added") == 0

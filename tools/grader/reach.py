@@ -609,6 +609,8 @@ def _course_helper(text: str) -> bool:
         obj = getattr(importlib.import_module(".".join(parts[:2])), parts[2])
     except Exception:  # noqa: BLE001 - not a name the course defines
         return False
+    if not isinstance(obj, types.ModuleType) and not callable(obj):
+        return True  # the course's data (helpers.block.BLOCK_PARAM_NAMES)
     home = obj.__name__ if isinstance(obj, types.ModuleType) else getattr(obj, "__module__", None)
     return isinstance(home, str) and (home == "helpers" or home.startswith("helpers."))
 

@@ -275,14 +275,15 @@ ex2 = Exercise(
 
 
 def init_adapter(W, r, seed):
-    """(A, B): A (r, in) = (2u − 1)/√in with u = rand(seed) in float64, B (out, r) zeros; W's dtype."""
+    """(A, B): A (r, in) = (2u − 1)/√in with u = rand(seed) in float64, B (out, r) zeros; W's dtype and device."""
     out, n_in = W.shape
     u = rand(r, n_in, seed=seed, dtype=torch.float64)
-    return ((2 * u - 1) / math.sqrt(n_in)).to(W.dtype), torch.zeros(out, r, dtype=W.dtype)
+    A = ((2 * u - 1) / math.sqrt(n_in)).to(dtype=W.dtype, device=W.device)
+    return A, torch.zeros(out, r, dtype=W.dtype, device=W.device)
 
 
-def _init_case(out, n_in, r, seed_arg, seed, dtype=F64) -> Case:
-    W = randn(out, n_in, seed=seed, dtype=dtype)
+def _init_case(out, n_in, r, seed_arg, seed, dtype=F64, device="cpu") -> Case:
+    W = randn(out, n_in, seed=seed, dtype=dtype).to(device)
     return Case((W, r, seed_arg), factors={"√in": math.sqrt(n_in)})
 
 
@@ -325,6 +326,15 @@ ex3 = Exercise(
             lambda p, s: _init_case(p[0], p[0], p[1], p[2], s),
             atol=0,
             rtol=1e-12,
+        ),
+        # the prompt's "W's device": a newcomer's A and B made on the CPU whatever W's (s10, ✓ before); the
+        # meta device holds no values, so this class sees where they are made, their shapes and dtypes
+        CaseClass(
+            "W is on the meta device (A and B made there)",
+            st.tuples(sizes3, seeds),
+            lambda p, s: _init_case(*p[0], p[1], s, device="meta"),
+            atol=0,
+            rtol=0,
         ),
     ],
     points=2,

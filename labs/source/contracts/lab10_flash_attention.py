@@ -218,8 +218,8 @@ ex1b = Exercise(
 
 def alibi_tile(q0, k0, bq, bk, slopes):
     """(H, bq, bk): −slopes[h]·|j − i| for the global indices of the tile."""
-    i = torch.arange(q0, q0 + bq, dtype=slopes.dtype)[:, None]
-    j = torch.arange(k0, k0 + bk, dtype=slopes.dtype)[None, :]
+    i = torch.arange(q0, q0 + bq, dtype=slopes.dtype, device=slopes.device)[:, None]
+    j = torch.arange(k0, k0 + bk, dtype=slopes.dtype, device=slopes.device)[None, :]
     return -slopes[:, None, None] * (j - i).abs()
 
 
@@ -233,6 +233,8 @@ def _tile_case(p, seed, kind):
     slopes = _slopes(H, seed, F32 if kind == "f32" else F64)
     if kind == "zero":
         slopes[0] = 0.0
+    if kind == "meta":  # no values there: the class sees where the tile is made, its shape and dtype
+        slopes = slopes.to("meta")
     return Case((q0, k0, bq, bk, slopes))
 
 
@@ -278,6 +280,8 @@ ex2 = Exercise(
         _tile_class("there is one head (H = 1)", "any", H=st.just(1)),
         _tile_class("a slope is 0", "any", "zero"),
         _tile_class("the slopes are float32", "any", "f32"),
+        # the prompt's "on slopes' device": a newcomer's tile made on the CPU whatever the slopes' (s10, ✓ before)
+        _tile_class("the slopes are on the meta device (the tile is made there)", "any", "meta"),
     ],
     question="ex2",
     points=3,
