@@ -110,10 +110,26 @@ class Stub(NotImplementedError):
     """Raised by the course's checks when an answer is still the stub (it returned None or `...`)."""
 
 
-def _is_todo_error(e: BaseException) -> bool:
+def own_codes(fn) -> set:
+    """The code objects of ``fn``: a function's and those nested in it, or an autograd.Function's methods'."""
+    if isinstance(fn, type):
+        methods = [getattr(v, "__func__", v) for v in vars(fn).values()]
+        return set().union(*(own_codes(m) for m in methods if inspect.isfunction(inspect.unwrap(m))))
+    code = getattr(inspect.unwrap(fn), "__code__", None) if callable(fn) else None
+    out, todo = set(), [code] if code is not None else []
+    while todo:
+        c = todo.pop()
+        out.add(c)
+        todo += [k for k in c.co_consts if inspect.iscode(k)]
+    return out
+
+
+def _is_todo_error(e: BaseException, own: set | None = None) -> bool:
     """The answer is still a stub: a TypeError caused by a `...` still in the code, a ``Stub``, or a
-    NotImplementedError the learner's own ``raise`` statement raised. One torch or a library raised
-    (an operator with no kernel, ``nn.Module.forward`` left undefined) is an error in the answer."""
+    NotImplementedError the learner's own ``raise`` statement raised, in the answer itself where ``own``
+    (its ``own_codes``) is given. One torch or a library raised (an operator with no kernel,
+    ``nn.Module.forward`` left undefined) is an error in the answer, and so is one an earlier exercise's
+    stub raised (learner A, s10: lab 10's FlashAttentionFn read "not implemented yet" for ex5's stub)."""
     if isinstance(e, TypeError):
         return "ellipsis" in str(e).lower()
     if isinstance(e, Stub) or not isinstance(e, NotImplementedError):
@@ -121,6 +137,8 @@ def _is_todo_error(e: BaseException) -> bool:
     frames = [f for f, _ in traceback.walk_tb(e.__traceback__)]
     if not frames or _frame_kind(frames[-1]) != "learner":
         return False  # raised inside torch, a package or the course's code
+    if own is not None and frames[-1].f_code not in own:
+        return False  # another of the learner's functions, an earlier exercise's stub
     code, line = frames[-1].f_code, frames[-1].f_lineno
     text = linecache.getline(code.co_filename, line, frames[-1].f_globals).strip()
     # no source to read (exec'd text): the learner's own; else the line must raise it itself

@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from helpers.checks import close
-from helpers.labcheck import CheckResult, Stub, _is_todo_error, error_text, evaluate, on_device
+from helpers.labcheck import CheckResult, Stub, _is_todo_error, error_text, evaluate, on_device, own_codes
 
 __all__ = [
     "check_contract",
@@ -1073,7 +1073,7 @@ def _run_case(fn, case: dict, spec: dict) -> tuple[str, str | None]:
     except ByHand as e:
         return "fail", str(e)
     except Exception as e:  # noqa: BLE001 - a learner's error is a verdict
-        return ("todo", None) if _is_todo_error(e) else ("error", error_text(e))
+        return ("todo", None) if _is_todo_error(e, own_codes(fn)) else ("error", error_text(e))
     if (
         got is None
         or got is Ellipsis

@@ -686,3 +686,17 @@ def test_got_and_expected_are_printed_with_enough_digits_to_differ(got, expected
     ).line
     g, e = line.split("(got ")[1].split(", expected ")
     assert g != e.split(";")[0].split(",")[0], line
+
+
+def test_only_the_answers_own_stub_reads_not_implemented():
+    """Learner A, s10: lab 10's FlashAttentionFn, written, read "· not implemented yet" because it called
+    exercise 5's untouched stub. A NotImplementedError is the answer's stub only where the answer raised it."""
+    from helpers import labcheck
+
+    space: dict = {}
+    exec("def stub(x):\n    raise NotImplementedError\n\ndef later(x):\n    return stub(x) + 1\n", space)
+    with pytest.raises(NotImplementedError) as info:
+        space["later"](1)
+    assert labcheck._is_todo_error(info.value)  # read without the answer: any learner's raise
+    assert not labcheck._is_todo_error(info.value, labcheck.own_codes(space["later"]))
+    assert labcheck._is_todo_error(info.value, labcheck.own_codes(space["stub"]))

@@ -541,7 +541,8 @@ check_contract("lab07", "ex4", tied_embedding_backward)
 #
 # Exercise 5 walks this forward backward. It is `nn.TransformerEncoderLayer(norm_first=True,
 # batch_first=True, dropout=0)` written out (the course checks that the two agree to 1e-10 in
-# float64), with the parameters in a dict keyed by that module's names (`BLOCK_PARAM_NAMES`);
+# float64), with the parameters in a dict keyed by that module's names (`BLOCK_PARAM_NAMES` of
+# `helpers.block`: `from helpers.block import BLOCK_PARAM_NAMES` to use them);
 # `SA` is multi-head self-attention with the packed `in_proj` of `nn.MultiheadAttention` (rows
 # $0$ to $d-1$ make $Q$, $d$ to $2d-1$ $K$, $2d$ to $3d-1$ $V$):
 #
