@@ -24,6 +24,11 @@ JOBS=${TEST_JOBS:-$(( cores < 4 ? cores : 4 ))}
 # with a thread per core each spun OpenMP threads on cores the other worker needed: on 2 cores the
 # chapters' nbval took 154 s of CPU, 130 s with one thread each); the notebooks' kernels inherit it
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( cores / JOBS > 1 ? cores / JOBS : 1 ))}
+# matplotlib's font cache, this clone's own, built before any kernel starts: a cache another environment wrote
+# (its mpl-data fonts deleted since) made every figure cell print "findfont: ... not found" (nbval fails on stderr)
+export MPLCONFIGDIR=${MPLCONFIGDIR:-$PWD/_build/matplotlib}
+mkdir -p "$MPLCONFIGDIR"
+"$PY" -c "import matplotlib.font_manager" 2>/dev/null || true
 status=0
 # the time per stage is written here by tests/conftest.py and printed last, below pytest's summary
 export BBH_STAGES_FILE=${BBH_STAGES_FILE:-_build/test-stages.txt}

@@ -36,6 +36,7 @@ import builtins
 import difflib
 import functools
 import hashlib
+import os
 import re
 import sys
 import types
@@ -205,7 +206,18 @@ COMPLEX = re.compile(r"complex|cfloat|cdouble|chalf|imag|^real$|view_as_real|pol
 def _names_module(name: str) -> bool:
     """Whether ``name`` is a module's (``hub``, ``labcontract``, ``zipfile``): assigning ``box.hub = None``
     somewhere does not make ``x.hub`` the student's own attribute (red team 5 reached torch.hub so)."""
-    return name in sys.modules or any(m.endswith("." + name) for m in list(sys.modules))
+    # the standard library's names and torch's and the course's modules, not whatever else the reading process
+    # has imported (matplotlib.scale made an honest `ctx.scale` read as a module in the test run, not in grading)
+    return (
+        name in sys.stdlib_module_names
+        or name in _COURSE_MODULES
+        or any(m.endswith("." + name) and m.split(".")[0] in ("torch", "helpers") for m in list(sys.modules))
+    )
+
+
+# the course's helper modules by name, whether or not this process imported them
+_HELPERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "helpers")
+_COURSE_MODULES = {n.removesuffix(".py") for n in (os.listdir(_HELPERS) if os.path.isdir(_HELPERS) else ())}
 
 
 def _unseen(kind: str, text: str) -> bool:
